@@ -1,0 +1,90 @@
+//! The error type shared by every rollcall table and provider.
+
+use std::error::Error as StdError;
+
+/// A boxed error from a backend client, kept as the `source` of [`Error::Backend`].
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// Errors of the membership and reminder tables and of option validation.
+///
+/// A concurrency conflict (a stale etag, a row that already exists on insert) is
+/// **not** an error: conditional writes answer `Ok(false)` for it. An `Err` always means
+/// the operation could not be carried out and nothing is known about its outcome
+/// beyond what the variant says.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The storage backend failed or could not be reached (connection refused,
+    /// timeout, server error). Transient: the caller may retry.
+    #[error("storage backend error: {message}")]
+    Backend {
+        /// What was being done and what went wrong.
+        message: String,
+        /// The client library's error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// A stored row or value could not be decoded. Nothing was changed; other rows
+    /// remain readable.
+    #[error("corrupt value at key `{key}`: {reason}")]
+    Corrupt {
+        /// The backend key (or row key) that holds the bad value.
+        key: String,
+        /// Why it does not decode.
+        reason: String,
+    },
+    /// An option, a store URL or an argument is invalid.
+    #[error("invalid configuration: `{field}`: {reason}")]
+    InvalidConfig {
+        /// The offending field, option or URL part (e.g. `num_votes_for_death_declaration`).
+        field: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// The operation or store is not available in this build or provider (e.g. a
+    /// store URL whose provider feature is compiled out).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+}
+
+impl Error {
+    /// A [`Error::Backend`] without a source.
+    pub fn backend(message: impl Into<String>) -> Self {
+        Error::Backend {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A [`Error::Backend`] wrapping a client error.
+    pub fn backend_with(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Error::Backend {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// A [`Error::Corrupt`] for `key`.
+    pub fn corrupt(key: impl Into<String>, reason: impl ToString) -> Self {
+        Error::Corrupt {
+            key: key.into(),
+            reason: reason.to_string(),
+        }
+    }
+
+    /// A [`Error::InvalidConfig`] naming `field`.
+    pub fn invalid_config(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::InvalidConfig {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// True for errors worth retrying (currently only [`Error::Backend`]).
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Backend { .. })
+    }
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

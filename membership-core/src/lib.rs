@@ -1,0 +1,33 @@
+//! # rollcall-membership-core
+//!
+//! The data model, storage contracts and options shared by every part of rollcall:
+//!
+//! - **Model**: [`SiloAddress`] (`ip:port@generation`), [`SiloStatus`],
+//!   [`MembershipEntry`] (the Orleans silo-instance columns), [`TableVersion`],
+//!   [`Etag`], [`MembershipSnapshot`], [`ReminderEntry`] and its ring hash
+//!   [`actor_hash`], wall-clock [`Timestamp`]s and the [`Clock`] abstraction.
+//! - **Contracts**: [`MembershipTable`], [`ReminderTable`] and [`SystemStore`], which
+//!   every provider implements and the shared conformance suite checks.
+//! - **Options**: [`ClusterMembershipOptions`] and [`ReminderOptions`] with Orleans'
+//!   defaults and `validate()`.
+//!
+//! Reference semantics: the Orleans cluster membership protocol ("Cluster Management
+//! in Orleans") and the Orleans runtime tables.
+
+#![warn(missing_docs)]
+
+mod error;
+mod membership;
+mod options;
+mod reminder;
+mod silo;
+mod table;
+mod time;
+
+pub use error::{BoxError, Error, Result};
+pub use membership::{Etag, MembershipEntry, MembershipSnapshot, SuspectVote, TableVersion};
+pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};
+pub use reminder::{actor_hash, hash_in_range, ReminderEntry};
+pub use silo::{SiloAddress, SiloStatus};
+pub use table::{validate_id, MembershipTable, ProtocolMode, ReminderTable, SystemStore};
+pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp, TokioClock};

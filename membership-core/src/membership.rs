@@ -1,0 +1,266 @@
+//! Membership table rows: [`MembershipEntry`], [`TableVersion`], [`Etag`] and
+//! [`MembershipSnapshot`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{SiloAddress, SiloStatus, Timestamp};
+
+/// An opaque optimistic-concurrency token of one stored row.
+///
+/// Each provider chooses its form (a counter, an etcd `mod_revision`, a random
+/// string); callers only compare etags for equality and hand them back to conditional
+/// writes. Never empty for a row that exists.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Etag(String);
+
+impl Etag {
+    /// Wraps a provider's token.
+    pub fn new(s: impl Into<String>) -> Self {
+        Etag(s.into())
+    }
+
+    /// The token text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// True for the empty etag (no stored row).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Display for Etag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for Etag {
+    fn from(s: &str) -> Self {
+        Etag(s.to_owned())
+    }
+}
+
+impl From<String> for Etag {
+    fn from(s: String) -> Self {
+        Etag(s)
+    }
+}
+
+/// The membership **version row**: a counter bumped by exactly 1 in the same
+/// conditional transaction as every row write, plus its etag.
+///
+/// It totally orders all membership views (Orleans "extended" protocol, *Cluster
+/// Management in Orleans*, "the table version"). A writer reads the table, computes
+/// [`TableVersion::next`] and passes it to `insert_row`/`update_row`; the write
+/// succeeds only if the version row still has the etag that was read.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TableVersion {
+    /// Number of successful row writes since the cluster's table was created.
+    pub version: u64,
+    /// Etag of the version row as read.
+    pub etag: Etag,
+}
+
+impl TableVersion {
+    /// The version a writer proposes after reading `self`: `version + 1`, carrying the
+    /// etag that was read (the write's precondition).
+    pub fn next(&self) -> TableVersion {
+        TableVersion {
+            version: self.version.saturating_add(1),
+            etag: self.etag.clone(),
+        }
+    }
+}
+
+/// One suspicion written into a suspect's row: who suspected it and when (by the
+/// voter's clock). Orleans keeps these as the parallel columns `SuspectingSilos` /
+/// `SuspectingTimes`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SuspectVote {
+    /// The silo that voted.
+    pub silo: SiloAddress,
+    /// When it voted (wall clock of the voter, ms precision).
+    pub time: Timestamp,
+}
+
+/// One row of the membership table: the Orleans silo-instance columns
+/// (*Orleans runtime tables*, `SiloInstanceTableEntry`).
+///
+/// The row key is [`MembershipEntry::silo`]; the partition is the cluster id the table
+/// was opened for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MembershipEntry {
+    /// Silo identity (`Address`, `Port`, `Generation` columns).
+    pub silo: SiloAddress,
+    /// Lifecycle status (`Status`).
+    pub status: SiloStatus,
+    /// Suspicions against this silo, oldest first (`SuspectingSilos`,
+    /// `SuspectingTimes`).
+    #[serde(default)]
+    pub suspect_votes: Vec<SuspectVote>,
+    /// Silo-to-client (gateway) port; 0 = not a gateway (`ProxyPort`).
+    #[serde(default)]
+    pub proxy_port: u16,
+    /// Host name of the machine (`HostName`); diagnostics only.
+    #[serde(default)]
+    pub host_name: String,
+    /// Silo name given by the host (`InstanceName`); diagnostics only.
+    #[serde(default)]
+    pub silo_name: String,
+    /// Role / application name (`RoleName`); diagnostics only.
+    #[serde(default)]
+    pub role_name: String,
+    /// Update zone (`UpdateZone`).
+    #[serde(default)]
+    pub update_zone: u32,
+    /// Fault zone (`FaultZone`).
+    #[serde(default)]
+    pub fault_zone: u32,
+    /// When the silo process started (`StartTime`).
+    pub start_time: Timestamp,
+    /// Last IAmAlive heartbeat (`IAmAliveTime`), written blindly by
+    /// `update_i_am_alive`.
+    pub i_am_alive_time: Timestamp,
+}
+
+impl MembershipEntry {
+    /// A row for `silo` in `status` with the given start time, IAmAlive = start time,
+    /// no votes, no gateway and empty names.
+    pub fn new(silo: SiloAddress, status: SiloStatus, start_time: Timestamp) -> Self {
+        MembershipEntry {
+            silo,
+            status,
+            suspect_votes: Vec::new(),
+            proxy_port: 0,
+            host_name: String::new(),
+            silo_name: String::new(),
+            role_name: String::new(),
+            update_zone: 0,
+            fault_zone: 0,
+            start_time,
+            i_am_alive_time: start_time,
+        }
+    }
+
+    /// The later of the IAmAlive and the start time: the last sign of life the table
+    /// holds for this silo.
+    pub fn last_alive(&self) -> Timestamp {
+        self.i_am_alive_time.max(self.start_time)
+    }
+}
+
+/// A consistent view of a cluster's membership table: every row with its etag, and
+/// the version row, all read at one instant (`read_all`), or one row plus the version
+/// (`read_row`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MembershipSnapshot {
+    /// The version row at the time of the read.
+    pub version: TableVersion,
+    /// Rows keyed by silo, each with its etag.
+    pub entries: BTreeMap<SiloAddress, (MembershipEntry, Etag)>,
+}
+
+impl MembershipSnapshot {
+    /// The row and etag of `silo`, if present.
+    pub fn get(&self, silo: &SiloAddress) -> Option<&(MembershipEntry, Etag)> {
+        self.entries.get(silo)
+    }
+
+    /// The row of `silo`, if present.
+    pub fn entry(&self, silo: &SiloAddress) -> Option<&MembershipEntry> {
+        self.entries.get(silo).map(|(e, _)| e)
+    }
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// True when there is no row.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// All rows, ordered by silo address.
+    pub fn rows(&self) -> impl Iterator<Item = &MembershipEntry> {
+        self.entries.values().map(|(e, _)| e)
+    }
+
+    /// The rows whose status is Active, ordered by silo address.
+    pub fn active(&self) -> impl Iterator<Item = &MembershipEntry> {
+        self.rows().filter(|e| e.status == SiloStatus::Active)
+    }
+
+    /// The gateways: Active rows with a non-zero proxy port.
+    pub fn gateways(&self) -> impl Iterator<Item = &MembershipEntry> {
+        self.active().filter(|e| e.proxy_port != 0)
+    }
+
+    /// The status of `silo`, if it has a row.
+    pub fn status_of(&self, silo: &SiloAddress) -> Option<SiloStatus> {
+        self.entry(silo).map(|e| e.status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn silo(s: &str) -> SiloAddress {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn next_version_keeps_etag_and_adds_one() {
+        let v = TableVersion {
+            version: 41,
+            etag: "e41".into(),
+        };
+        let n = v.next();
+        assert_eq!(n.version, 42);
+        assert_eq!(n.etag, v.etag);
+    }
+
+    #[test]
+    fn snapshot_filters_active_and_gateways() {
+        let t = Timestamp::from_millis(1);
+        let mut snap = MembershipSnapshot::default();
+        for (addr, status, proxy) in [
+            ("127.0.0.1:1@1", SiloStatus::Active, 0),
+            ("127.0.0.1:2@1", SiloStatus::Active, 3000),
+            ("127.0.0.1:3@1", SiloStatus::Dead, 3001),
+            ("127.0.0.1:4@1", SiloStatus::Joining, 3002),
+        ] {
+            let mut e = MembershipEntry::new(silo(addr), status, t);
+            e.proxy_port = proxy;
+            snap.entries.insert(e.silo, (e, Etag::new("x")));
+        }
+        assert_eq!(snap.active().count(), 2);
+        let gws: Vec<_> = snap.gateways().map(|e| e.silo.port()).collect();
+        assert_eq!(gws, vec![2]);
+        assert_eq!(snap.status_of(&silo("127.0.0.1:3@1")), Some(SiloStatus::Dead));
+        assert_eq!(snap.status_of(&silo("127.0.0.1:9@1")), None);
+    }
+
+    #[test]
+    fn entry_json_round_trip() {
+        let mut e = MembershipEntry::new(
+            silo("10.1.2.3:11111@99"),
+            SiloStatus::Active,
+            Timestamp::from_millis(1_795_000_000_001),
+        );
+        e.suspect_votes.push(SuspectVote {
+            silo: silo("10.1.2.4:11111@98"),
+            time: Timestamp::from_millis(1_795_000_000_500),
+        });
+        e.host_name = "h".into();
+        let json = serde_json::to_string(&e).unwrap();
+        assert_eq!(serde_json::from_str::<MembershipEntry>(&json).unwrap(), e);
+    }
+}

@@ -1,0 +1,386 @@
+//! Tunables of the membership protocol ([`ClusterMembershipOptions`]) and of the
+//! reminder service ([`ReminderOptions`]), with Orleans' production defaults.
+//!
+//! Both deserialise from any serde format with human-readable durations
+//! (`probe_timeout = "5s"`), fill missing fields with the defaults, reject unknown
+//! fields, and have a `validate()` that names the offending field.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// Options of the membership protocol. Defaults are Orleans' production-tuned
+/// `ClusterMembershipOptions` (*Cluster Management in Orleans*, "Configuration").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterMembershipOptions {
+    /// Initial probe timeout and probe period. Default 5 s.
+    #[serde(with = "humantime_serde")]
+    pub probe_timeout: Duration,
+    /// Lower bound of the adaptive probe timeout. Default `probe_timeout / 2`.
+    #[serde(with = "humantime_serde")]
+    pub min_probe_timeout: Option<Duration>,
+    /// Upper bound of the adaptive probe timeout. Default `probe_timeout * 4`.
+    #[serde(with = "humantime_serde")]
+    pub max_probe_timeout: Option<Duration>,
+    /// Missed probes after which a silo votes against its target; the indirect probe
+    /// is tried after `limit - 1`. Default 3.
+    pub num_missed_probes_limit: u32,
+    /// How many silos each silo probes. Default 10.
+    pub num_probed_silos: u32,
+    /// Fresh votes needed to declare a silo Dead (capped at half the active silos,
+    /// rounded up). Default 2.
+    pub num_votes_for_death_declaration: u32,
+    /// Age after which a vote no longer counts, measured against the newest vote.
+    /// Default 2 min.
+    #[serde(with = "humantime_serde")]
+    pub death_vote_expiration: Duration,
+    /// Period of the full table re-read. Default 60 s.
+    #[serde(with = "humantime_serde")]
+    pub table_refresh_timeout: Duration,
+    /// Period of the IAmAlive heartbeat write. Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub i_am_alive_publish_period: Duration,
+    /// IAmAlive periods a silo may miss before it counts as stale (and is probed by
+    /// everyone). Default 3.
+    pub num_missed_table_i_am_alive_limit: u32,
+    /// How long a silo may stay Joining (validating connectivity) before it gives up,
+    /// and others suspect it. Default 5 min.
+    #[serde(with = "humantime_serde")]
+    pub max_join_attempt_time: Duration,
+    /// Gossip "re-read the table" after each successful write. Default true.
+    pub use_liveness_gossip: bool,
+    /// Try an indirect probe through another silo before voting. Default true.
+    pub enable_indirect_probes: bool,
+    /// Lengthen the probe timeout while the local silo itself is degraded.
+    /// Default true.
+    pub extend_probe_timeout_during_degradation: bool,
+    /// Period of the local health self-check. Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub local_health_monitoring_period: Duration,
+    /// Age after which Dead rows are deleted by the defunct-row cleanup. Default 7 days.
+    #[serde(with = "humantime_serde")]
+    pub defunct_silo_expiration: Duration,
+    /// Period of the defunct-row cleanup. Default 1 h.
+    #[serde(with = "humantime_serde")]
+    pub defunct_silo_cleanup_period: Duration,
+    /// Dead rows kept at most, newest first, before older ones are deleted early.
+    /// Default 25.
+    pub max_defunct_silo_entries: u32,
+    /// Use the version row (extended protocol). Default true.
+    pub use_version_row: bool,
+}
+
+impl Default for ClusterMembershipOptions {
+    fn default() -> Self {
+        ClusterMembershipOptions {
+            probe_timeout: Duration::from_secs(5),
+            min_probe_timeout: None,
+            max_probe_timeout: None,
+            num_missed_probes_limit: 3,
+            num_probed_silos: 10,
+            num_votes_for_death_declaration: 2,
+            death_vote_expiration: Duration::from_secs(120),
+            table_refresh_timeout: Duration::from_secs(60),
+            i_am_alive_publish_period: Duration::from_secs(30),
+            num_missed_table_i_am_alive_limit: 3,
+            max_join_attempt_time: Duration::from_secs(300),
+            use_liveness_gossip: true,
+            enable_indirect_probes: true,
+            extend_probe_timeout_during_degradation: true,
+            local_health_monitoring_period: Duration::from_secs(10),
+            defunct_silo_expiration: Duration::from_secs(7 * 24 * 3600),
+            defunct_silo_cleanup_period: Duration::from_secs(3600),
+            max_defunct_silo_entries: 25,
+            use_version_row: true,
+        }
+    }
+}
+
+fn require_positive(field: &str, d: Duration) -> Result<()> {
+    if d.is_zero() {
+        return Err(Error::invalid_config(field, "must be greater than zero"));
+    }
+    Ok(())
+}
+
+fn require_at_least_one(field: &str, n: u32) -> Result<()> {
+    if n == 0 {
+        return Err(Error::invalid_config(field, "must be at least 1"));
+    }
+    Ok(())
+}
+
+impl ClusterMembershipOptions {
+    /// The lower bound of the adaptive probe timeout (`min_probe_timeout`, or
+    /// `probe_timeout / 2`).
+    pub fn effective_min_probe_timeout(&self) -> Duration {
+        self.min_probe_timeout.unwrap_or(self.probe_timeout / 2)
+    }
+
+    /// The upper bound of the adaptive probe timeout (`max_probe_timeout`, or
+    /// `probe_timeout * 4`).
+    pub fn effective_max_probe_timeout(&self) -> Duration {
+        self.max_probe_timeout
+            .unwrap_or_else(|| self.probe_timeout.saturating_mul(4))
+    }
+
+    /// The [`ProtocolMode`](crate::ProtocolMode) selected by `use_version_row`.
+    pub fn protocol_mode(&self) -> crate::ProtocolMode {
+        if self.use_version_row {
+            crate::ProtocolMode::Extended
+        } else {
+            crate::ProtocolMode::Basic
+        }
+    }
+
+    /// Checks the options.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the first offending field: a zero period or
+    /// count; `min_probe_timeout > probe_timeout` or `probe_timeout >
+    /// max_probe_timeout`; `num_votes_for_death_declaration > num_probed_silos` (the
+    /// votes could never be cast: the rule of Orleans' options validator);
+    /// `death_vote_expiration` shorter than the time needed to collect the votes
+    /// (`num_missed_probes_limit * probe_timeout`).
+    pub fn validate(&self) -> Result<()> {
+        require_positive("probe_timeout", self.probe_timeout)?;
+        let (min, max) = (
+            self.effective_min_probe_timeout(),
+            self.effective_max_probe_timeout(),
+        );
+        require_positive("min_probe_timeout", min)?;
+        if min > self.probe_timeout {
+            return Err(Error::invalid_config(
+                "min_probe_timeout",
+                format!("{min:?} is greater than probe_timeout {:?}", self.probe_timeout),
+            ));
+        }
+        if max < self.probe_timeout {
+            return Err(Error::invalid_config(
+                "max_probe_timeout",
+                format!("{max:?} is less than probe_timeout {:?}", self.probe_timeout),
+            ));
+        }
+        require_at_least_one("num_missed_probes_limit", self.num_missed_probes_limit)?;
+        require_at_least_one("num_probed_silos", self.num_probed_silos)?;
+        require_at_least_one(
+            "num_votes_for_death_declaration",
+            self.num_votes_for_death_declaration,
+        )?;
+        if self.num_votes_for_death_declaration > self.num_probed_silos {
+            return Err(Error::invalid_config(
+                "num_votes_for_death_declaration",
+                format!(
+                    "{} is greater than num_probed_silos {}: not enough probers to ever cast that many votes",
+                    self.num_votes_for_death_declaration, self.num_probed_silos
+                ),
+            ));
+        }
+        require_positive("death_vote_expiration", self.death_vote_expiration)?;
+        let collect = self.probe_timeout.saturating_mul(self.num_missed_probes_limit);
+        if self.death_vote_expiration < collect {
+            return Err(Error::invalid_config(
+                "death_vote_expiration",
+                format!(
+                    "{:?} expires votes before a second prober can miss {} probes ({collect:?})",
+                    self.death_vote_expiration, self.num_missed_probes_limit
+                ),
+            ));
+        }
+        require_positive("table_refresh_timeout", self.table_refresh_timeout)?;
+        require_positive("i_am_alive_publish_period", self.i_am_alive_publish_period)?;
+        require_at_least_one(
+            "num_missed_table_i_am_alive_limit",
+            self.num_missed_table_i_am_alive_limit,
+        )?;
+        require_positive("max_join_attempt_time", self.max_join_attempt_time)?;
+        require_positive(
+            "local_health_monitoring_period",
+            self.local_health_monitoring_period,
+        )?;
+        require_positive("defunct_silo_expiration", self.defunct_silo_expiration)?;
+        require_positive("defunct_silo_cleanup_period", self.defunct_silo_cleanup_period)?;
+        Ok(())
+    }
+}
+
+/// What the reminder service does with ticks missed while no silo delivered them
+/// (an outage, a restart).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum MissedTickPolicy {
+    /// Skip missed occurrences; deliver the next one on schedule (Orleans).
+    #[default]
+    Skip,
+    /// Deliver one tick at once on recovery, then continue on schedule.
+    FireOnce,
+}
+
+/// Options of the reminder service. Defaults follow Orleans' `ReminderOptions`
+/// where it has them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReminderOptions {
+    /// Smallest period accepted without a warning. Default 1 min (Orleans).
+    #[serde(with = "humantime_serde")]
+    pub minimum_period: Duration,
+    /// Period of the reconciliation with the table. Default 5 min (Orleans
+    /// `RefreshReminderListPeriod`).
+    #[serde(with = "humantime_serde")]
+    pub refresh_reminder_list_period: Duration,
+    /// How long the service may take to load its ranges at start-up. Default 5 min.
+    #[serde(with = "humantime_serde")]
+    pub initialization_timeout: Duration,
+    /// Only reminders due within this window are kept in memory. Default 1 h; must be
+    /// at least `refresh_reminder_list_period`.
+    #[serde(with = "humantime_serde")]
+    pub loading_window: Duration,
+    /// Points each silo takes on the consistent-hash ring. Default 30.
+    pub ring_points_per_silo: u32,
+    /// Missed-tick behaviour. Default [`MissedTickPolicy::Skip`].
+    pub missed_tick_policy: MissedTickPolicy,
+    /// Ticks due at start-up are spread uniformly over this window. Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub startup_jitter: Duration,
+}
+
+impl Default for ReminderOptions {
+    fn default() -> Self {
+        ReminderOptions {
+            minimum_period: Duration::from_secs(60),
+            refresh_reminder_list_period: Duration::from_secs(300),
+            initialization_timeout: Duration::from_secs(300),
+            loading_window: Duration::from_secs(3600),
+            ring_points_per_silo: 30,
+            missed_tick_policy: MissedTickPolicy::Skip,
+            startup_jitter: Duration::from_secs(10),
+        }
+    }
+}
+
+impl ReminderOptions {
+    /// Checks the options.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the first offending field: a zero period,
+    /// `ring_points_per_silo` outside 1..=1024, or a `loading_window` shorter than
+    /// `refresh_reminder_list_period` (reminders due between two refreshes would be
+    /// missed).
+    pub fn validate(&self) -> Result<()> {
+        require_positive("minimum_period", self.minimum_period)?;
+        require_positive("refresh_reminder_list_period", self.refresh_reminder_list_period)?;
+        require_positive("initialization_timeout", self.initialization_timeout)?;
+        if !(1..=1024).contains(&self.ring_points_per_silo) {
+            return Err(Error::invalid_config(
+                "ring_points_per_silo",
+                "must be in 1..=1024",
+            ));
+        }
+        if self.loading_window < self.refresh_reminder_list_period {
+            return Err(Error::invalid_config(
+                "loading_window",
+                format!(
+                    "{:?} is shorter than refresh_reminder_list_period {:?}",
+                    self.loading_window, self.refresh_reminder_list_period
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(r: Result<()>) -> String {
+        match r {
+            Err(Error::InvalidConfig { field, .. }) => field,
+            other => panic!("expected InvalidConfig, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_orleans_and_valid() {
+        let o = ClusterMembershipOptions::default();
+        o.validate().unwrap();
+        assert_eq!(o.probe_timeout, Duration::from_secs(5));
+        assert_eq!(o.effective_min_probe_timeout(), Duration::from_millis(2500));
+        assert_eq!(o.effective_max_probe_timeout(), Duration::from_secs(20));
+        assert_eq!(o.num_votes_for_death_declaration, 2);
+        ReminderOptions::default().validate().unwrap();
+    }
+
+    #[test]
+    fn deserialises_human_durations_and_fills_defaults() {
+        let o: ClusterMembershipOptions = serde_json::from_str(
+            r#"{"probe_timeout":"1s","death_vote_expiration":"90s","min_probe_timeout":"200ms"}"#,
+        )
+        .unwrap();
+        assert_eq!(o.probe_timeout, Duration::from_secs(1));
+        assert_eq!(o.death_vote_expiration, Duration::from_secs(90));
+        assert_eq!(o.effective_min_probe_timeout(), Duration::from_millis(200));
+        assert_eq!(o.num_probed_silos, 10);
+        o.validate().unwrap();
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_durations_are_rejected() {
+        assert!(serde_json::from_str::<ClusterMembershipOptions>(r#"{"probe_timout":"1s"}"#).is_err());
+        assert!(serde_json::from_str::<ClusterMembershipOptions>(r#"{"probe_timeout":"soon"}"#).is_err());
+        assert!(serde_json::from_str::<ReminderOptions>(r#"{"missed_tick_policy":"Sometimes"}"#).is_err());
+    }
+
+    #[test]
+    fn validate_names_the_offending_field() {
+        let base = ClusterMembershipOptions::default;
+        let o = ClusterMembershipOptions {
+            num_votes_for_death_declaration: 11,
+            ..base()
+        };
+        assert_eq!(field_of(o.validate()), "num_votes_for_death_declaration");
+        let o = ClusterMembershipOptions {
+            min_probe_timeout: Some(Duration::from_secs(6)),
+            ..base()
+        };
+        assert_eq!(field_of(o.validate()), "min_probe_timeout");
+        let o = ClusterMembershipOptions {
+            max_probe_timeout: Some(Duration::from_secs(1)),
+            ..base()
+        };
+        assert_eq!(field_of(o.validate()), "max_probe_timeout");
+        let o = ClusterMembershipOptions {
+            probe_timeout: Duration::ZERO,
+            ..base()
+        };
+        assert_eq!(field_of(o.validate()), "probe_timeout");
+        let o = ClusterMembershipOptions {
+            num_missed_probes_limit: 0,
+            ..base()
+        };
+        assert_eq!(field_of(o.validate()), "num_missed_probes_limit");
+        let o = ClusterMembershipOptions {
+            death_vote_expiration: Duration::from_secs(1),
+            ..base()
+        };
+        assert_eq!(field_of(o.validate()), "death_vote_expiration");
+        let o = ClusterMembershipOptions {
+            table_refresh_timeout: Duration::ZERO,
+            ..base()
+        };
+        assert_eq!(field_of(o.validate()), "table_refresh_timeout");
+
+        let r = ReminderOptions {
+            loading_window: Duration::from_secs(1),
+            ..ReminderOptions::default()
+        };
+        assert_eq!(field_of(r.validate()), "loading_window");
+        let r = ReminderOptions {
+            ring_points_per_silo: 0,
+            ..ReminderOptions::default()
+        };
+        assert_eq!(field_of(r.validate()), "ring_points_per_silo");
+    }
+}

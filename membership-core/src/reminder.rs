@@ -1,0 +1,163 @@
+//! Reminder rows ([`ReminderEntry`]), the actor-id hash and hash ranges.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Etag, Result, Timestamp};
+
+/// The stable 32-bit hash that places an actor id on the reminder ring.
+///
+/// Algorithm: **xxHash32 with seed 0 over the UTF-8 bytes of the actor id**
+/// (XXH32 as specified by Yann Collet's xxHash, the same value on every platform,
+/// endianness and release). It is stored with each reminder and decides which silo
+/// owns it, so it must never change; the test vectors below pin it.
+///
+/// ```
+/// use rollcall_membership_core::actor_hash;
+/// assert_eq!(actor_hash(""), 0x02CC_5D05);
+/// assert_eq!(actor_hash("abc"), 0x32D1_53FF);
+/// ```
+pub fn actor_hash(actor_id: &str) -> u32 {
+    xxhash_rust::xxh32::xxh32(actor_id.as_bytes(), 0)
+}
+
+/// Whether `hash` lies in the ring range `(begin, end]`.
+///
+/// When `begin < end` that is `begin < hash <= end`; when `begin >= end` the range
+/// wraps around: `hash > begin || hash <= end`, so `(x, x)` is the whole ring.
+/// This is the `read_rows_in_range` contract of every reminder table.
+pub fn hash_in_range(hash: u32, begin: u32, end: u32) -> bool {
+    if begin < end {
+        begin < hash && hash <= end
+    } else {
+        hash > begin || hash <= end
+    }
+}
+
+/// One durable reminder: a row of the reminder table (Orleans runtime table
+/// "Reminders": service id, grain reference, reminder name, start time, period,
+/// grain hash), keyed by (service id, actor id, name).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReminderEntry {
+    /// The service (application) the reminder belongs to; reminder tables are
+    /// partitioned by it.
+    pub service_id: String,
+    /// The actor the ticks are delivered to; any UTF-8 text.
+    pub actor_id: String,
+    /// The reminder's name, unique per actor; any UTF-8 text.
+    pub name: String,
+    /// First tick time (UTC, ms precision).
+    pub start_at: Timestamp,
+    /// Tick period; `None` for a one-shot reminder. Serialised as a human-readable
+    /// duration (`"1m"`, `"500ms"`).
+    #[serde(with = "humantime_serde", default)]
+    pub period: Option<Duration>,
+    /// [`actor_hash`] of `actor_id`: the reminder's position on the ring.
+    pub hash: u32,
+    /// Etag as last read or written; ignored by `upsert_row`, which returns the new one.
+    #[serde(default)]
+    pub etag: Etag,
+}
+
+impl ReminderEntry {
+    /// A reminder with `hash = actor_hash(actor_id)` and an empty etag.
+    pub fn new(
+        service_id: impl Into<String>,
+        actor_id: impl Into<String>,
+        name: impl Into<String>,
+        start_at: Timestamp,
+        period: Option<Duration>,
+    ) -> Self {
+        let actor_id = actor_id.into();
+        ReminderEntry {
+            service_id: service_id.into(),
+            hash: actor_hash(&actor_id),
+            actor_id,
+            name: name.into(),
+            start_at,
+            period,
+            etag: Etag::default(),
+        }
+    }
+
+    /// Checks that this entry may be written to the reminder table of `service_id`:
+    /// same service, non-empty actor id and name, and `hash == actor_hash(actor_id)`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the offending field (`service_id`, `actor_id`,
+    /// `name` or `hash`).
+    pub fn validate_for(&self, service_id: &str) -> Result<()> {
+        if self.service_id != service_id {
+            return Err(Error::invalid_config(
+                "service_id",
+                format!(
+                    "entry of service `{}` written to the table of `{service_id}`",
+                    self.service_id
+                ),
+            ));
+        }
+        if self.actor_id.is_empty() {
+            return Err(Error::invalid_config("actor_id", "must not be empty"));
+        }
+        if self.name.is_empty() {
+            return Err(Error::invalid_config("name", "must not be empty"));
+        }
+        let expected = actor_hash(&self.actor_id);
+        if self.hash != expected {
+            return Err(Error::invalid_config(
+                "hash",
+                format!(
+                    "{:#010x} is not actor_hash(actor_id) = {expected:#010x}",
+                    self.hash
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_test_vectors() {
+        // XXH32, seed 0: published reference values.
+        assert_eq!(actor_hash(""), 0x02CC_5D05);
+        assert_eq!(actor_hash("abc"), 0x32D1_53FF);
+        // Pinned: rollcall's own vectors (must never change between releases).
+        assert_eq!(actor_hash("a"), 0x550D_7456);
+        assert_eq!(actor_hash("user/42"), actor_hash("user/42"));
+        assert_ne!(actor_hash("user/42"), actor_hash("user/43"));
+    }
+
+    #[test]
+    fn range_semantics() {
+        assert!(hash_in_range(5, 4, 5));
+        assert!(!hash_in_range(4, 4, 5));
+        assert!(!hash_in_range(6, 4, 5));
+        // wrapping
+        assert!(hash_in_range(u32::MAX, 10, 2));
+        assert!(hash_in_range(0, 10, 2));
+        assert!(hash_in_range(2, 10, 2));
+        assert!(!hash_in_range(3, 10, 2));
+        assert!(!hash_in_range(10, 10, 2));
+        // (x, x) is everything
+        for h in [0, 1, 7, u32::MAX] {
+            assert!(hash_in_range(h, 0, 0));
+            assert!(hash_in_range(h, 7, 7));
+        }
+        // (0, MAX] misses only 0
+        assert!(!hash_in_range(0, 0, u32::MAX));
+    }
+
+    #[test]
+    fn entry_json_round_trip_with_and_without_period() {
+        for period in [Some(Duration::from_millis(90_500)), None] {
+            let e = ReminderEntry::new("svc", "actör/1", "n", Timestamp::from_millis(7), period);
+            let json = serde_json::to_string(&e).unwrap();
+            assert_eq!(serde_json::from_str::<ReminderEntry>(&json).unwrap(), e);
+        }
+    }
+}

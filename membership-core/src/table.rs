@@ -1,0 +1,194 @@
+//! The storage contracts: [`MembershipTable`], [`ReminderTable`] and the
+//! [`SystemStore`] that opens them.
+//!
+//! Every provider (memory, Redis, etcd, DynamoDB) implements these traits and passes
+//! the shared conformance suite (`rollcall-tests`), which checks each rule written
+//! here against a real server.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::{
+    Etag, MembershipEntry, MembershipSnapshot, ReminderEntry, Result, SiloAddress, TableVersion, Timestamp,
+};
+
+/// Whether writes are ordered by the version row.
+///
+/// *Cluster Management in Orleans* describes a basic protocol (each write conditioned
+/// on the row's etag alone) and an extended one (every write also bumps a shared
+/// version row in the same transaction, which totally orders all views). The extended
+/// protocol is the default; the basic one avoids the single contended version row in
+/// very large clusters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ProtocolMode {
+    /// Every write is conditioned on the row etag **and** the version-row etag and
+    /// bumps the version by exactly 1.
+    #[default]
+    Extended,
+    /// Writes are conditioned on the row etag alone; the version row is neither
+    /// checked nor written, so `read_all` always reports the version the cluster had
+    /// when basic mode was first used (0 for a new cluster).
+    Basic,
+}
+
+/// The membership table of **one cluster** (the Orleans `IMembershipTable`, with the
+/// version row of the extended protocol).
+///
+/// # Contract
+/// - [`read_all`](Self::read_all) returns every row of the cluster and the version row
+///   as **one atomic snapshot**: no row written at version `v` is ever seen together
+///   with a table version `< v`.
+/// - [`insert_row`](Self::insert_row) atomically creates the row and sets the version
+///   row to `next_version`; `Ok(false)`, with no side effect, if the row exists or the
+///   version row's etag is not `next_version.etag` (or its version is not
+///   `next_version.version - 1`).
+/// - [`update_row`](Self::update_row) atomically replaces the row and sets the version;
+///   `Ok(false)`, with no side effect, if the row is missing, its etag is not `etag`, or
+///   the version precondition fails.
+/// - Every successful write advances the version by exactly 1; of concurrent writers
+///   that read the same version, exactly one wins, whichever rows they write.
+/// - [`update_i_am_alive`](Self::update_i_am_alive) is one blind write of the IAmAlive
+///   column: it never changes the version and never invalidates etags read before it.
+/// - `Ok(false)` means a concurrency conflict and nothing else; a backend failure is
+///   `Err(Error::Backend)`, a row that does not decode `Err(Error::Corrupt)`.
+/// - In [`ProtocolMode::Basic`] the version preconditions are not checked and the
+///   version row is not written.
+///
+/// Tables of different clusters in one store never see each other's rows.
+#[async_trait]
+pub trait MembershipTable: Send + Sync + std::fmt::Debug {
+    /// The cluster this table belongs to (the partition key).
+    fn cluster_id(&self) -> &str;
+
+    /// Prepares the backend (creates the version row, and the table itself where the
+    /// backend needs one and `try_create` is true). Idempotent; call before anything
+    /// else.
+    ///
+    /// # Errors
+    /// [`Error::Backend`](crate::Error::Backend) if the backend is unreachable.
+    async fn init(&self, try_create: bool) -> Result<()>;
+
+    /// The row of `silo` (if any) and the version row, read atomically. The snapshot
+    /// holds 0 or 1 entries.
+    async fn read_row(&self, silo: &SiloAddress) -> Result<MembershipSnapshot>;
+
+    /// Every row of the cluster and the version row, as one atomic snapshot. A new
+    /// cluster reads as 0 rows, version 0 and a non-empty version etag.
+    async fn read_all(&self) -> Result<MembershipSnapshot>;
+
+    /// Inserts `entry` if no row exists for `entry.silo`, and sets the version row to
+    /// `next_version`, in one conditional transaction. `Ok(false)` on conflict.
+    async fn insert_row(&self, entry: &MembershipEntry, next_version: &TableVersion) -> Result<bool>;
+
+    /// Replaces the row of `entry.silo` if its etag is `etag`, and sets the version
+    /// row to `next_version`, in one conditional transaction. `Ok(false)` on conflict
+    /// or a missing row.
+    async fn update_row(
+        &self,
+        entry: &MembershipEntry,
+        etag: &Etag,
+        next_version: &TableVersion,
+    ) -> Result<bool>;
+
+    /// Writes `time` into the IAmAlive column of `silo`'s row: a blind write that
+    /// neither checks nor changes etags or the version. A missing row is left missing
+    /// (`Ok(())`).
+    async fn update_i_am_alive(&self, silo: &SiloAddress, time: Timestamp) -> Result<()>;
+
+    /// Deletes the Dead rows whose last sign of life (the later of IAmAlive and start
+    /// time) is strictly older than `before`. Never touches other rows or the version.
+    /// Returns how many rows were deleted.
+    async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize>;
+
+    /// Deletes every row and the version row of `cluster_id` (which may be another
+    /// cluster than this table's) and nothing else.
+    async fn delete_cluster(&self, cluster_id: &str) -> Result<()>;
+}
+
+/// The reminder table of **one service** (the Orleans `IReminderTable`).
+///
+/// # Contract
+/// - Key = (service id, actor id, name). Actor ids and names are arbitrary UTF-8.
+/// - [`read_rows_in_range`](Self::read_rows_in_range)`(begin, end)` returns the rows
+///   whose hash is in `(begin, end]`; when `begin >= end` the range wraps:
+///   `hash > begin || hash <= end`, so `(0, 0)` is every row (see
+///   [`hash_in_range`](crate::hash_in_range)).
+/// - [`upsert_row`](Self::upsert_row) writes unconditionally and returns a new etag,
+///   distinct from every etag that row had before.
+/// - [`remove_row`](Self::remove_row) deletes only if the etag matches: `Ok(false)` on
+///   a stale etag or a missing row.
+/// - Tables of different services in one store never see each other's rows.
+#[async_trait]
+pub trait ReminderTable: Send + Sync + std::fmt::Debug {
+    /// The service this table belongs to.
+    fn service_id(&self) -> &str;
+
+    /// Prepares the backend. Idempotent.
+    async fn init(&self) -> Result<()>;
+
+    /// Every reminder of `actor_id`.
+    async fn read_rows_for(&self, actor_id: &str) -> Result<Vec<ReminderEntry>>;
+
+    /// Every reminder whose hash lies in the ring range `(begin, end]` (wrapping when
+    /// `begin >= end`).
+    async fn read_rows_in_range(&self, begin: u32, end: u32) -> Result<Vec<ReminderEntry>>;
+
+    /// One reminder, or `None` if it does not exist.
+    async fn read_row(&self, actor_id: &str, name: &str) -> Result<Option<ReminderEntry>>;
+
+    /// Inserts or replaces the reminder `(entry.actor_id, entry.name)` (its
+    /// `service_id` must be this table's; `entry.etag` is ignored) and returns its new
+    /// etag.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for an entry of another
+    /// service.
+    async fn upsert_row(&self, entry: &ReminderEntry) -> Result<Etag>;
+
+    /// Deletes the reminder if its etag is `etag`. `Ok(false)` if it is missing or the
+    /// etag is stale.
+    async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool>;
+
+    /// Deletes every reminder of this service (for tests and tooling).
+    async fn clear(&self) -> Result<()>;
+}
+
+/// A storage backend that opens membership tables per cluster and reminder tables
+/// per service. `rollcall::connect(url)` returns one.
+pub trait SystemStore: Send + Sync + std::fmt::Debug {
+    /// A short name of the provider (`"memory"`, `"redis"`, ...).
+    fn provider(&self) -> &'static str;
+
+    /// The membership table of `cluster_id`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for an empty or otherwise
+    /// unusable cluster id; [`Error::Unsupported`](crate::Error::Unsupported) if the
+    /// provider is not available.
+    fn membership_table(&self, cluster_id: &str, mode: ProtocolMode) -> Result<Arc<dyn MembershipTable>>;
+
+    /// The reminder table of `service_id`.
+    ///
+    /// # Errors
+    /// As for [`membership_table`](Self::membership_table).
+    fn reminder_table(&self, service_id: &str) -> Result<Arc<dyn ReminderTable>>;
+}
+
+/// Checks a cluster or service id: non-empty, at most 256 bytes, no control
+/// characters.
+///
+/// # Errors
+/// [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming `field`.
+pub fn validate_id(field: &str, id: &str) -> Result<()> {
+    if id.is_empty() {
+        return Err(crate::Error::invalid_config(field, "must not be empty"));
+    }
+    if id.len() > 256 {
+        return Err(crate::Error::invalid_config(field, "longer than 256 bytes"));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(crate::Error::invalid_config(field, "contains control characters"));
+    }
+    Ok(())
+}

@@ -1,0 +1,323 @@
+//! # rollcall-provider-memory
+//!
+//! In-process membership and reminder tables: the embedded default, the reference
+//! implementation the other providers are compared against, and the store of tests
+//! and simulations.
+//!
+//! A [`MemoryStore`] is a cheap-to-clone handle (an `Arc`) on one set of tables; many
+//! silos in one process share it by cloning. Each cluster id and each service id is
+//! isolated. Etags are drawn from one store-wide counter, so an etag is never reused.
+//!
+//! ```
+//! use rollcall_membership_core::{ProtocolMode, SystemStore};
+//! use rollcall_provider_memory::MemoryStore;
+//!
+//! let store = MemoryStore::new();
+//! let table = store.membership_table("my-cluster", ProtocolMode::Extended).unwrap();
+//! assert_eq!(table.cluster_id(), "my-cluster");
+//! ```
+
+#![warn(missing_docs)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use rollcall_membership_core::{
+    actor_hash, validate_id, Error, Etag, MembershipEntry, MembershipSnapshot, MembershipTable, ProtocolMode,
+    ReminderEntry, ReminderTable, Result, SiloAddress, SiloStatus, SystemStore, TableVersion, Timestamp,
+};
+
+#[derive(Debug, Default)]
+struct Cluster {
+    version: TableVersion,
+    rows: BTreeMap<SiloAddress, (MembershipEntry, Etag)>,
+}
+
+/// Reminders of one service, keyed by (hash, actor id, name) so that hash-range reads
+/// are ordered range scans.
+type Service = BTreeMap<(u32, String, String), ReminderEntry>;
+
+#[derive(Debug, Default)]
+struct Inner {
+    clusters: Mutex<HashMap<String, Cluster>>,
+    services: Mutex<HashMap<String, Service>>,
+    next_etag: AtomicU64,
+    unavailable: AtomicBool,
+}
+
+/// The in-memory [`SystemStore`]. Clone it to share the same tables.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave a half-written row: every write
+    // below is a single map operation after all checks.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes every table operation of this store fail with [`Error::Backend`] (true)
+    /// or work again (false), as a real backend does during an outage. For tests of
+    /// "the table is unreachable".
+    pub fn set_unavailable(&self, unavailable: bool) {
+        self.inner.unavailable.store(unavailable, Ordering::SeqCst);
+    }
+
+    fn check_available(&self) -> Result<()> {
+        if self.inner.unavailable.load(Ordering::SeqCst) {
+            Err(Error::backend("memory store is marked unavailable"))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn new_etag(&self) -> Etag {
+        Etag::new(format!(
+            "{}",
+            self.inner.next_etag.fetch_add(1, Ordering::Relaxed) + 1
+        ))
+    }
+
+    /// Runs `f` on the state of `cluster_id`, creating it (version 0, fresh etag) on
+    /// first use.
+    fn with_cluster<R>(&self, cluster_id: &str, f: impl FnOnce(&mut Cluster) -> R) -> Result<R> {
+        self.check_available()?;
+        let mut clusters = lock(&self.inner.clusters);
+        let cluster = clusters.entry(cluster_id.to_owned()).or_insert_with(|| Cluster {
+            version: TableVersion {
+                version: 0,
+                etag: self.new_etag(),
+            },
+            rows: BTreeMap::new(),
+        });
+        Ok(f(cluster))
+    }
+
+    fn with_service<R>(&self, service_id: &str, f: impl FnOnce(&mut Service) -> R) -> Result<R> {
+        self.check_available()?;
+        let mut services = lock(&self.inner.services);
+        Ok(f(services.entry(service_id.to_owned()).or_default()))
+    }
+}
+
+impl SystemStore for MemoryStore {
+    fn provider(&self) -> &'static str {
+        "memory"
+    }
+
+    fn membership_table(&self, cluster_id: &str, mode: ProtocolMode) -> Result<Arc<dyn MembershipTable>> {
+        validate_id("cluster_id", cluster_id)?;
+        Ok(Arc::new(MemoryMembershipTable {
+            store: self.clone(),
+            cluster_id: cluster_id.to_owned(),
+            mode,
+        }))
+    }
+
+    fn reminder_table(&self, service_id: &str) -> Result<Arc<dyn ReminderTable>> {
+        validate_id("service_id", service_id)?;
+        Ok(Arc::new(MemoryReminderTable {
+            store: self.clone(),
+            service_id: service_id.to_owned(),
+        }))
+    }
+}
+
+/// The membership table of one cluster in a [`MemoryStore`].
+#[derive(Clone, Debug)]
+pub struct MemoryMembershipTable {
+    store: MemoryStore,
+    cluster_id: String,
+    mode: ProtocolMode,
+}
+
+impl MemoryMembershipTable {
+    /// Whether `next` may follow the stored version (always true in basic mode).
+    fn version_ok(&self, stored: &TableVersion, next: &TableVersion) -> bool {
+        self.mode == ProtocolMode::Basic
+            || (stored.etag == next.etag && stored.version.checked_add(1) == Some(next.version))
+    }
+
+    fn commit(&self, cluster: &mut Cluster, entry: &MembershipEntry, next: &TableVersion) {
+        let etag = self.store.new_etag();
+        cluster.rows.insert(entry.silo, (entry.clone(), etag));
+        if self.mode == ProtocolMode::Extended {
+            cluster.version = TableVersion {
+                version: next.version,
+                etag: self.store.new_etag(),
+            };
+        }
+    }
+}
+
+#[async_trait]
+impl MembershipTable for MemoryMembershipTable {
+    fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    async fn init(&self, _try_create: bool) -> Result<()> {
+        self.store.with_cluster(&self.cluster_id, |_| ())
+    }
+
+    async fn read_row(&self, silo: &SiloAddress) -> Result<MembershipSnapshot> {
+        self.store.with_cluster(&self.cluster_id, |c| MembershipSnapshot {
+            version: c.version.clone(),
+            entries: c
+                .rows
+                .get(silo)
+                .map(|row| (*silo, row.clone()))
+                .into_iter()
+                .collect(),
+        })
+    }
+
+    async fn read_all(&self) -> Result<MembershipSnapshot> {
+        self.store.with_cluster(&self.cluster_id, |c| MembershipSnapshot {
+            version: c.version.clone(),
+            entries: c.rows.clone(),
+        })
+    }
+
+    async fn insert_row(&self, entry: &MembershipEntry, next_version: &TableVersion) -> Result<bool> {
+        self.store.with_cluster(&self.cluster_id, |c| {
+            if c.rows.contains_key(&entry.silo) || !self.version_ok(&c.version, next_version) {
+                return false;
+            }
+            self.commit(c, entry, next_version);
+            true
+        })
+    }
+
+    async fn update_row(
+        &self,
+        entry: &MembershipEntry,
+        etag: &Etag,
+        next_version: &TableVersion,
+    ) -> Result<bool> {
+        self.store.with_cluster(&self.cluster_id, |c| {
+            let row_ok = c.rows.get(&entry.silo).is_some_and(|(_, stored)| stored == etag);
+            if !row_ok || !self.version_ok(&c.version, next_version) {
+                return false;
+            }
+            self.commit(c, entry, next_version);
+            true
+        })
+    }
+
+    async fn update_i_am_alive(&self, silo: &SiloAddress, time: Timestamp) -> Result<()> {
+        self.store.with_cluster(&self.cluster_id, |c| {
+            if let Some((entry, _)) = c.rows.get_mut(silo) {
+                entry.i_am_alive_time = time;
+            }
+        })
+    }
+
+    async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
+        self.store.with_cluster(&self.cluster_id, |c| {
+            let n = c.rows.len();
+            c.rows
+                .retain(|_, (e, _)| !(e.status == SiloStatus::Dead && e.last_alive() < before));
+            n - c.rows.len()
+        })
+    }
+
+    async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
+        self.store.check_available()?;
+        lock(&self.store.inner.clusters).remove(cluster_id);
+        Ok(())
+    }
+}
+
+/// The reminder table of one service in a [`MemoryStore`].
+#[derive(Clone, Debug)]
+pub struct MemoryReminderTable {
+    store: MemoryStore,
+    service_id: String,
+}
+
+fn key_of(actor_id: &str, name: &str) -> (u32, String, String) {
+    (actor_hash(actor_id), actor_id.to_owned(), name.to_owned())
+}
+
+#[async_trait]
+impl ReminderTable for MemoryReminderTable {
+    fn service_id(&self) -> &str {
+        &self.service_id
+    }
+
+    async fn init(&self) -> Result<()> {
+        self.store.with_service(&self.service_id, |_| ())
+    }
+
+    async fn read_rows_for(&self, actor_id: &str) -> Result<Vec<ReminderEntry>> {
+        let h = actor_hash(actor_id);
+        self.store.with_service(&self.service_id, |s| {
+            s.range((h, String::new(), String::new())..)
+                .take_while(|((hash, _, _), _)| *hash == h)
+                .filter(|((_, actor, _), _)| actor == actor_id)
+                .map(|(_, e)| e.clone())
+                .collect()
+        })
+    }
+
+    async fn read_rows_in_range(&self, begin: u32, end: u32) -> Result<Vec<ReminderEntry>> {
+        // Rows with hash > b, in hash order.
+        fn above(s: &Service, b: u32) -> impl Iterator<Item = &ReminderEntry> {
+            let first = b.checked_add(1);
+            first
+                .into_iter()
+                .flat_map(move |f| s.range((f, String::new(), String::new())..).map(|(_, e)| e))
+        }
+        self.store.with_service(&self.service_id, |s| {
+            if begin < end {
+                above(s, begin).take_while(|e| e.hash <= end).cloned().collect()
+            } else {
+                // Wrapping: (begin, MAX] then [0, end].
+                let low = s.values().take_while(|e| e.hash <= end);
+                above(s, begin).chain(low).cloned().collect()
+            }
+        })
+    }
+
+    async fn read_row(&self, actor_id: &str, name: &str) -> Result<Option<ReminderEntry>> {
+        self.store
+            .with_service(&self.service_id, |s| s.get(&key_of(actor_id, name)).cloned())
+    }
+
+    async fn upsert_row(&self, entry: &ReminderEntry) -> Result<Etag> {
+        entry.validate_for(&self.service_id)?;
+        let etag = self.store.new_etag();
+        let mut stored = entry.clone();
+        stored.etag = etag.clone();
+        self.store.with_service(&self.service_id, |s| {
+            s.insert(key_of(&entry.actor_id, &entry.name), stored);
+        })?;
+        Ok(etag)
+    }
+
+    async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
+        self.store.with_service(&self.service_id, |s| {
+            let key = key_of(actor_id, name);
+            if s.get(&key).is_some_and(|e| &e.etag == etag) {
+                s.remove(&key);
+                true
+            } else {
+                false
+            }
+        })
+    }
+
+    async fn clear(&self) -> Result<()> {
+        self.store.with_service(&self.service_id, |s| s.clear())
+    }
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Installs and starts the real backends rollcall's provider tests run against:
+# redis-server, etcd and moto_server (DynamoDB API), each on a free loopback port.
+#
+#   source scripts/backends.sh && backends_install && backends_start
+#   ... ROLLCALL_REDIS_URL / ROLLCALL_ETCD_ENDPOINTS / ROLLCALL_DYNAMODB_ENDPOINT are exported ...
+#   backends_stop
+#
+# Installs with apt-get (Debian packages redis-server, redis-tools, etcd-server,
+# protobuf-compiler) when root, and moto[server] with pip into ./.venv.
+# Not root and something missing: prints what to install, or how to use Docker
+# instead (cargo test --features rollcall-tests/docker with a running Docker daemon).
+
+ROLLCALL_ROOT=${ROLLCALL_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+BACKENDS_DIR="$ROLLCALL_ROOT/.backends"
+BACKEND_PIDS=()
+
+backends_log() { echo "[backends] $*" >&2; }
+
+backends_install() {
+  local missing=()
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+  command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+  command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+  if ((${#missing[@]})); then
+    if [ "$(id -u)" = 0 ]; then
+      backends_log "installing ${missing[*]} with apt-get"
+      apt-get update -qq >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+      backends_log "missing ${missing[*]} and not root: install them with your package manager"
+      backends_log "or, with a Docker daemon running: cargo test --workspace --all-features (the fixtures use testcontainers)"
+      return 1
+    fi
+  fi
+  # Debian's etcd-server package starts a system etcd on 2379; ours use their own ports.
+  if [ ! -x "$ROLLCALL_ROOT/.venv/bin/moto_server" ]; then
+    backends_log "installing moto[server] into .venv"
+    python3 -m venv "$ROLLCALL_ROOT/.venv"
+    "$ROLLCALL_ROOT/.venv/bin/pip" install -q --disable-pip-version-check 'moto[server,dynamodb]>=5,<6'
+  fi
+}
+
+backends_free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+backends_wait_port() { # port name
+  local i
+  for i in $(seq 1 300); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  backends_log "$2 did not open port $1; its log:"
+  cat "$BACKENDS_DIR/$2.log" >&2 || true
+  return 1
+}
+
+backends_start() {
+  rm -rf "$BACKENDS_DIR"
+  mkdir -p "$BACKENDS_DIR"
+  local rp ep pp mp
+  rp=$(backends_free_port)
+  redis-server --port "$rp" --bind 127.0.0.1 --save "" --appendonly no --dir "$BACKENDS_DIR" \
+    >"$BACKENDS_DIR/redis.log" 2>&1 &
+  BACKEND_PIDS+=($!)
+  ep=$(backends_free_port); pp=$(backends_free_port)
+  etcd --name rollcall-test --data-dir "$BACKENDS_DIR/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ep" --advertise-client-urls "http://127.0.0.1:$ep" \
+    --listen-peer-urls "http://127.0.0.1:$pp" --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
+    --initial-cluster "rollcall-test=http://127.0.0.1:$pp" >"$BACKENDS_DIR/etcd.log" 2>&1 &
+  BACKEND_PIDS+=($!)
+  mp=$(backends_free_port)
+  "$ROLLCALL_ROOT/.venv/bin/moto_server" -H 127.0.0.1 -p "$mp" >"$BACKENDS_DIR/moto.log" 2>&1 &
+  BACKEND_PIDS+=($!)
+  backends_wait_port "$rp" redis && backends_wait_port "$ep" etcd && backends_wait_port "$mp" moto || return 1
+  export ROLLCALL_REDIS_URL="redis://127.0.0.1:$rp"
+  export ROLLCALL_ETCD_ENDPOINTS="127.0.0.1:$ep"
+  export ROLLCALL_DYNAMODB_ENDPOINT="http://127.0.0.1:$mp"
+  export PATH="$ROLLCALL_ROOT/.venv/bin:$PATH"
+  backends_log "redis $ROLLCALL_REDIS_URL, etcd $ROLLCALL_ETCD_ENDPOINTS, dynamodb (moto) $ROLLCALL_DYNAMODB_ENDPOINT"
+}
+
+backends_stop() {
+  local pid
+  for pid in "${BACKEND_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${BACKEND_PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
+  BACKEND_PIDS=()
+}

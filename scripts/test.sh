@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# rollcall's test command: installs what is missing, starts real backends
+# (redis-server, etcd, moto_server) on free loopback ports, runs every test of the
+# workspace with all features against them, and stops them.
+#
+#   scripts/test.sh [extra nextest/cargo test args]
+#
+# Set ROLLCALL_REQUIRE_BACKENDS=1 (CI sets CI=true) to make a missing backend fail.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=scripts/backends.sh
+source scripts/backends.sh
+
+backends_install
+trap backends_stop EXIT
+backends_start
+
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --all-features --no-fail-fast "$@"
+  # nextest does not run doctests.
+  cargo test --workspace --all-features --doc
+else
+  cargo test --workspace --all-features --no-fail-fast "$@"
+fi

@@ -1,0 +1,51 @@
+//! # rollcall
+//!
+//! Orleans-style **cluster membership** and **durable reminders** for actix
+//! applications, on the store you already operate.
+//!
+//! This facade re-exports the model and contracts of
+//! [`rollcall-membership-core`](rollcall_membership_core) and picks a storage provider
+//! from a URL with [`connect`]:
+//!
+//! | URL | provider | feature |
+//! |---|---|---|
+//! | `memory://` | in-process tables (one shared store per process) | `memory` (default) |
+//! | `redis://[user:pass@]host:port/db`, `rediss://...` | Redis | `redis` |
+//! | `etcd://host:port[,host:port]` | etcd | `etcd` |
+//! | `dynamodb://table?endpoint=...` | DynamoDB | `dynamodb` |
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> rollcall::Result<()> {
+//! use rollcall::{MembershipEntry, ProtocolMode, SiloStatus, Timestamp};
+//!
+//! let store = rollcall::connect("memory://").await?;
+//! let table = store.membership_table("demo-cluster", ProtocolMode::Extended)?;
+//! table.init(true).await?;
+//! let snapshot = table.read_all().await?;
+//! let me = "127.0.0.1:11111@1".parse()?;
+//! let row = MembershipEntry::new(me, SiloStatus::Joining, Timestamp::now());
+//! assert!(table.insert_row(&row, &snapshot.version.next()).await?);
+//! assert_eq!(table.read_all().await?.version.version, 1);
+//! # Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
+
+mod connect;
+
+pub use connect::{connect, StoreUrl};
+pub use rollcall_membership_core::*;
+
+/// The DynamoDB provider.
+#[cfg(feature = "dynamodb")]
+pub use rollcall_provider_dynamodb as dynamodb;
+/// The etcd provider.
+#[cfg(feature = "etcd")]
+pub use rollcall_provider_etcd as etcd;
+/// The in-memory provider.
+#[cfg(feature = "memory")]
+pub use rollcall_provider_memory as memory;
+/// The Redis provider.
+#[cfg(feature = "redis")]
+pub use rollcall_provider_redis as redis;

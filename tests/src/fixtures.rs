@@ -1,0 +1,325 @@
+//! Real backends for provider tests.
+//!
+//! [`redis`], [`etcd`] and [`dynamodb`] each find a server, in this order:
+//!
+//! 1. an endpoint from the environment: `ROLLCALL_REDIS_URL` (`redis://127.0.0.1:6379`),
+//!    `ROLLCALL_ETCD_ENDPOINTS` (`127.0.0.1:2379[,...]`), `ROLLCALL_DYNAMODB_ENDPOINT`
+//!    (`http://127.0.0.1:5000`, a moto or DynamoDB Local server);
+//! 2. a container started with testcontainers when the crate is built with the
+//!    `docker` feature and a Docker daemon answers;
+//! 3. a local server process (`redis-server`, `etcd`, `moto_server`) started on a free
+//!    loopback port, found on `PATH` or in the workspace's `.venv/bin`;
+//! 4. otherwise the test is skipped with a loud message, **except** that it panics
+//!    when `CI` or `ROLLCALL_REQUIRE_BACKENDS=1` is set: a missing backend must fail
+//!    a CI run, never pass it silently.
+//!
+//! The returned [`Backend`] owns whatever was started and stops it on drop. Tests
+//! sharing one server use their own cluster / service ids.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+
+/// Which backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Redis (`redis-server`).
+    Redis,
+    /// etcd (`etcd`).
+    Etcd,
+    /// DynamoDB API (`moto_server`).
+    DynamoDb,
+}
+
+impl Kind {
+    fn env_var(self) -> &'static str {
+        match self {
+            Kind::Redis => "ROLLCALL_REDIS_URL",
+            Kind::Etcd => "ROLLCALL_ETCD_ENDPOINTS",
+            Kind::DynamoDb => "ROLLCALL_DYNAMODB_ENDPOINT",
+        }
+    }
+
+    fn binary(self) -> &'static str {
+        match self {
+            Kind::Redis => "redis-server",
+            Kind::Etcd => "etcd",
+            Kind::DynamoDb => "moto_server",
+        }
+    }
+}
+
+/// A running backend: where to reach it, and what to stop when dropped.
+#[derive(Debug)]
+pub struct Backend {
+    /// The backend kind.
+    pub kind: Kind,
+    /// How to reach it: a `redis://` URL, comma-separated etcd `host:port`s, or an
+    /// `http://` DynamoDB endpoint.
+    pub endpoint: String,
+    /// How it was obtained (`env`, `docker`, `local`), for messages.
+    pub source: &'static str,
+    _guard: Guard,
+}
+
+#[allow(dead_code)] // fields are held only to be dropped
+enum Guard {
+    None,
+    Process {
+        child: Child,
+        dir: TempDir,
+    },
+    #[cfg(feature = "docker")]
+    Container(Box<dyn std::any::Any + Send + Sync>),
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Guard::None => f.write_str("None"),
+            Guard::Process { child, .. } => write!(f, "Process({:?})", child.id()),
+            #[cfg(feature = "docker")]
+            Guard::Container(_) => f.write_str("Container"),
+        }
+    }
+}
+
+/// A directory removed on drop.
+#[derive(Debug)]
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// True when a missing backend must fail the run (`CI` or
+/// `ROLLCALL_REQUIRE_BACKENDS=1`).
+pub fn backends_required() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "0" && v != "false")
+        || std::env::var("ROLLCALL_REQUIRE_BACKENDS").is_ok_and(|v| v == "1" || v == "true")
+}
+
+/// A Redis server, or `None` (skip) when there is none and backends are not required.
+pub async fn redis() -> Option<Backend> {
+    find(Kind::Redis).await
+}
+
+/// An etcd server, or `None` (skip) when there is none and backends are not required.
+pub async fn etcd() -> Option<Backend> {
+    find(Kind::Etcd).await
+}
+
+/// A DynamoDB-compatible server, or `None` (skip) when there is none and backends are
+/// not required.
+pub async fn dynamodb() -> Option<Backend> {
+    find(Kind::DynamoDb).await
+}
+
+async fn find(kind: Kind) -> Option<Backend> {
+    if let Ok(endpoint) = std::env::var(kind.env_var()) {
+        if !endpoint.trim().is_empty() {
+            return Some(Backend {
+                kind,
+                endpoint: endpoint.trim().to_owned(),
+                source: "env",
+                _guard: Guard::None,
+            });
+        }
+    }
+    let mut tried = Vec::new();
+    #[cfg(feature = "docker")]
+    match docker::start(kind).await {
+        Ok(b) => return Some(b),
+        Err(why) => tried.push(format!("docker: {why}")),
+    }
+    #[cfg(not(feature = "docker"))]
+    tried.push("docker: the `docker` feature of rollcall-tests is off".to_owned());
+    match start_local(kind).await {
+        Ok(b) => return Some(b),
+        Err(why) => tried.push(format!("local {}: {why}", kind.binary())),
+    }
+    let msg = format!(
+        "no {kind:?} backend: set {} or run scripts/test.sh (tried: {})",
+        kind.env_var(),
+        tried.join("; ")
+    );
+    if backends_required() {
+        panic!("{msg} -- CI / ROLLCALL_REQUIRE_BACKENDS is set, so a missing backend fails the run");
+    }
+    eprintln!("\n!!!!! SKIPPING: {msg}\n");
+    None
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn find_binary(name: &str) -> Option<PathBuf> {
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let extra = [workspace.join(".venv/bin"), workspace.join(".backends/bin")];
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(extra)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Waits until `addr` accepts TCP connections.
+pub async fn wait_for_port(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("nothing listens on {addr} after {timeout:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn start_local(kind: Kind) -> Result<Backend, String> {
+    let bin = find_binary(kind.binary()).ok_or_else(|| "not found on PATH or in .venv/bin".to_owned())?;
+    let port = free_port().map_err(|e| e.to_string())?;
+    let dir = std::env::temp_dir().join(format!("{}-{}", crate::unique_id(kind.binary()), port));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let dir = TempDir(dir);
+    let mut cmd = Command::new(&bin);
+    let endpoint = match kind {
+        Kind::Redis => {
+            cmd.args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(&dir.0);
+            format!("redis://127.0.0.1:{port}")
+        }
+        Kind::Etcd => {
+            let peer = free_port().map_err(|e| e.to_string())?;
+            let client_url = format!("http://127.0.0.1:{port}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            cmd.arg("--data-dir")
+                .arg(dir.0.join("data"))
+                .args([
+                    "--listen-client-urls",
+                    &client_url,
+                    "--advertise-client-urls",
+                    &client_url,
+                ])
+                .args([
+                    "--listen-peer-urls",
+                    &peer_url,
+                    "--initial-advertise-peer-urls",
+                    &peer_url,
+                ])
+                .args(["--initial-cluster", &format!("default={peer_url}")]);
+            format!("127.0.0.1:{port}")
+        }
+        Kind::DynamoDb => {
+            cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+            format!("http://127.0.0.1:{port}")
+        }
+    };
+    let log = std::fs::File::create(dir.0.join("server.log")).map_err(|e| e.to_string())?;
+    let log2 = log.try_clone().map_err(|e| e.to_string())?;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("spawn {}: {e}", bin.display()))?;
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    if let Err(e) = wait_for_port(addr, Duration::from_secs(30)).await {
+        let _ = child.start_kill();
+        let log = std::fs::read_to_string(dir.0.join("server.log")).unwrap_or_default();
+        return Err(format!("{e}; server log:\n{log}"));
+    }
+    Ok(Backend {
+        kind,
+        endpoint,
+        source: "local",
+        _guard: Guard::Process { child, dir },
+    })
+}
+
+#[cfg(feature = "docker")]
+mod docker {
+    use testcontainers::core::{ContainerPort, WaitFor};
+    use testcontainers::runners::AsyncRunner;
+    use testcontainers::{GenericImage, ImageExt};
+
+    use super::{Backend, Guard, Kind};
+
+    fn daemon_answers() -> bool {
+        std::process::Command::new("docker")
+            .args(["info", "--format", "{{.ServerVersion}}"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    pub(super) async fn start(kind: Kind) -> Result<Backend, String> {
+        if !daemon_answers() {
+            return Err("no Docker daemon answers".into());
+        }
+        let (image, port, ready) = match kind {
+            Kind::Redis => (
+                GenericImage::new("redis", "7-alpine"),
+                6379,
+                WaitFor::message_on_stdout("Ready to accept connections"),
+            ),
+            Kind::Etcd => (
+                GenericImage::new("quay.io/coreos/etcd", "v3.5.17"),
+                2379,
+                WaitFor::message_on_stderr("ready to serve client requests"),
+            ),
+            Kind::DynamoDb => (
+                GenericImage::new("motoserver/moto", "5.0.28"),
+                5000,
+                WaitFor::seconds(2),
+            ),
+        };
+        let image = image
+            .with_exposed_port(ContainerPort::Tcp(port))
+            .with_wait_for(ready);
+        let request = match kind {
+            Kind::Etcd => image.with_cmd([
+                "etcd",
+                "--listen-client-urls=http://0.0.0.0:2379",
+                "--advertise-client-urls=http://127.0.0.1:2379",
+            ]),
+            _ => image.with_cmd(Vec::<String>::new()),
+        };
+        let container = request.start().await.map_err(|e| e.to_string())?;
+        let host_port = container
+            .get_host_port_ipv4(port)
+            .await
+            .map_err(|e| e.to_string())?;
+        let endpoint = match kind {
+            Kind::Redis => format!("redis://127.0.0.1:{host_port}"),
+            Kind::Etcd => format!("127.0.0.1:{host_port}"),
+            Kind::DynamoDb => format!("http://127.0.0.1:{host_port}"),
+        };
+        Ok(Backend {
+            kind,
+            endpoint,
+            source: "docker",
+            _guard: Guard::Container(Box::new(container)),
+        })
+    }
+}

@@ -1,0 +1,532 @@
+//! Membership table conformance scenarios (PROTOCOL.md, "Table contract").
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollcall_membership_core::{
+    Etag, MembershipEntry, MembershipTable, ProtocolMode, SiloAddress, SiloStatus, SuspectVote, TableVersion,
+    Timestamp,
+};
+use tokio::sync::Barrier;
+
+use crate::{unique_id, Store};
+
+/// Opens and initialises a table under a fresh cluster id.
+pub async fn fresh_table(store: &Store, mode: ProtocolMode) -> Arc<dyn MembershipTable> {
+    let table = store
+        .membership_table(&unique_id("cluster"), mode)
+        .expect("open membership table");
+    table.init(true).await.expect("init membership table");
+    table
+}
+
+/// `10.0.<n/250>.<n%250+1>:11111@<gen>`: distinct silos for tests.
+pub fn silo(n: u32, generation: u64) -> SiloAddress {
+    format!("10.0.{}.{}:11111@{}", n / 250, n % 250 + 1, generation)
+        .parse()
+        .expect("valid silo address")
+}
+
+/// A row with every column set to a non-default value derived from `n`.
+pub fn full_entry(n: u32) -> MembershipEntry {
+    let base = 1_795_000_000_000 + u64::from(n) * 1000;
+    MembershipEntry {
+        silo: silo(n, 1_700_000_000_000 + u64::from(n)),
+        status: SiloStatus::Active,
+        suspect_votes: vec![
+            SuspectVote {
+                silo: silo(n + 1000, 7),
+                time: Timestamp::from_millis(base + 123),
+            },
+            SuspectVote {
+                silo: silo(n + 2000, 3),
+                time: Timestamp::from_millis(base + 45),
+            },
+        ],
+        proxy_port: 30000 + (n % 1000) as u16,
+        host_name: format!("host-{n}.example"),
+        silo_name: format!("silo-{n} ünïcode"),
+        role_name: "role/\"quoted\"".into(),
+        update_zone: n % 7 + 1,
+        fault_zone: n % 5 + 2,
+        start_time: Timestamp::from_millis(base + 1),
+        i_am_alive_time: Timestamp::from_millis(base + 999),
+    }
+}
+
+async fn insert(table: &dyn MembershipTable, entry: &MembershipEntry) {
+    let snap = table.read_all().await.expect("read_all");
+    assert!(
+        table
+            .insert_row(entry, &snap.version.next())
+            .await
+            .expect("insert_row"),
+        "insert of {} at a fresh version must succeed",
+        entry.silo
+    );
+}
+
+async fn row_and_etag(table: &dyn MembershipTable, s: &SiloAddress) -> (MembershipEntry, Etag, TableVersion) {
+    let snap = table.read_row(s).await.expect("read_row");
+    let (e, etag) = snap.get(s).cloned().unwrap_or_else(|| panic!("row {s} missing"));
+    (e, etag, snap.version)
+}
+
+/// Scenario 1: A new cluster reads as 0 rows, version 0 and a non-empty version etag.
+pub async fn empty_cluster(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    let snap = table.read_all().await.expect("read_all");
+    assert_eq!(snap.len(), 0);
+    assert_eq!(snap.version.version, 0);
+    assert!(!snap.version.etag.is_empty(), "version etag must not be empty");
+    let one = table.read_row(&silo(1, 1)).await.expect("read_row");
+    assert!(one.is_empty());
+    assert_eq!(one.version, snap.version);
+}
+
+/// Scenario 2: Insert answers true, then 1 row, version 1 and a changed version etag.
+pub async fn insert_row_bumps_version(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    let before = table.read_all().await.expect("read_all");
+    let e = full_entry(1);
+    assert!(table
+        .insert_row(&e, &before.version.next())
+        .await
+        .expect("insert"));
+    let after = table.read_all().await.expect("read_all");
+    assert_eq!(after.len(), 1);
+    assert_eq!(after.version.version, 1);
+    assert_ne!(
+        after.version.etag, before.version.etag,
+        "version etag must change"
+    );
+    assert_eq!(after.entry(&e.silo), Some(&e));
+}
+
+/// Scenario 3: A duplicate insert (stale or fresh version) and a new row at a stale version
+/// answer false and change nothing.
+pub async fn duplicate_and_stale_inserts_have_no_effect(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    let v0 = table.read_all().await.expect("read_all").version;
+    let e = full_entry(1);
+    assert!(table.insert_row(&e, &v0.next()).await.expect("insert"));
+    let snap = table.read_all().await.expect("read_all");
+
+    let mut dup = e.clone();
+    dup.host_name = "changed".into();
+    assert!(!table
+        .insert_row(&dup, &v0.next())
+        .await
+        .expect("dup, stale version"));
+    assert!(!table
+        .insert_row(&dup, &snap.version.next())
+        .await
+        .expect("dup, fresh version"));
+    let other = full_entry(2);
+    assert!(!table
+        .insert_row(&other, &v0.next())
+        .await
+        .expect("new row, stale version"));
+
+    assert_eq!(
+        table.read_all().await.expect("read_all"),
+        snap,
+        "a failed insert must have no side effect"
+    );
+}
+
+/// Scenario 4: read_row returns every column exactly as written (times to the ms, vote
+/// order) and a non-empty etag.
+pub async fn read_row_returns_every_column(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    let mut e = full_entry(3);
+    e.status = SiloStatus::ShuttingDown;
+    insert(&*table, &e).await;
+    let (read, etag, version) = row_and_etag(&*table, &e.silo).await;
+    assert_eq!(read, e);
+    assert_eq!(read.suspect_votes[0].time.as_millis() % 1000, 123, "ms precision");
+    assert!(!etag.is_empty());
+    assert_eq!(version.version, 1);
+    // Minimal row: default columns survive too.
+    let bare = MembershipEntry::new(silo(4, 9), SiloStatus::Joining, Timestamp::from_millis(1));
+    insert(&*table, &bare).await;
+    assert_eq!(row_and_etag(&*table, &bare.silo).await.0, bare);
+}
+
+/// Scenario 5: update_row: right etags commit; a stale row etag, a stale version etag, a
+/// version number that skips, or a missing row answer false and change nothing.
+pub async fn update_row_preconditions(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    let e = full_entry(5);
+    insert(&*table, &e).await;
+    let (_, etag1, v1) = row_and_etag(&*table, &e.silo).await;
+
+    let mut changed = e.clone();
+    changed.status = SiloStatus::Dead;
+    assert!(table
+        .update_row(&changed, &etag1, &v1.next())
+        .await
+        .expect("update"));
+    let snap = table.read_all().await.expect("read_all");
+    assert_eq!(snap.entry(&e.silo), Some(&changed));
+    assert_eq!(snap.version.version, 2);
+    let etag2 = snap.get(&e.silo).expect("row").1.clone();
+    assert_ne!(etag2, etag1, "row etag must change on update");
+
+    let mut again = changed.clone();
+    again.host_name = "nope".into();
+    assert!(!table
+        .update_row(&again, &etag1, &snap.version.next())
+        .await
+        .expect("stale row etag"));
+    assert!(!table
+        .update_row(&again, &etag2, &v1.next())
+        .await
+        .expect("stale version etag"));
+    let skip = TableVersion {
+        version: snap.version.version + 2,
+        etag: snap.version.etag.clone(),
+    };
+    assert!(!table
+        .update_row(&again, &etag2, &skip)
+        .await
+        .expect("skipping version"));
+    let missing = full_entry(6);
+    assert!(!table
+        .update_row(&missing, &etag2, &snap.version.next())
+        .await
+        .expect("missing row"));
+
+    assert_eq!(
+        table.read_all().await.expect("read_all"),
+        snap,
+        "failed updates must have no side effect"
+    );
+}
+
+/// Scenario 6: A run of 50 mixed successful writes advances the version by exactly 1 each.
+pub async fn every_write_advances_version_by_one(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    for i in 0..50u32 {
+        let snap = table.read_all().await.expect("read_all");
+        assert_eq!(snap.version.version, u64::from(i));
+        let n = i % 5;
+        let ok = match snap.get(&full_entry(n).silo) {
+            None => table.insert_row(&full_entry(n), &snap.version.next()).await,
+            Some((e, etag)) => {
+                let mut e = e.clone();
+                e.update_zone = i;
+                table.update_row(&e, etag, &snap.version.next()).await
+            }
+        };
+        assert!(ok.expect("write"), "write {i} must succeed");
+    }
+    assert_eq!(table.read_all().await.expect("read_all").version.version, 50);
+}
+
+/// Scenario 7: 20 concurrent inserts of one row at one version: exactly one succeeds.
+pub async fn concurrent_inserts_have_one_winner(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    let v = table.read_all().await.expect("read_all").version;
+    let barrier = Arc::new(Barrier::new(20));
+    let tasks: Vec<_> = (0..20u32)
+        .map(|i| {
+            let (table, barrier, v) = (table.clone(), barrier.clone(), v.clone());
+            tokio::spawn(async move {
+                let mut e = full_entry(7);
+                e.host_name = format!("writer-{i}");
+                barrier.wait().await;
+                table.insert_row(&e, &v.next()).await.expect("insert")
+            })
+        })
+        .collect();
+    let mut wins = 0;
+    for t in tasks {
+        wins += usize::from(t.await.expect("task"));
+    }
+    assert_eq!(wins, 1, "exactly one concurrent insert must win");
+    let snap = table.read_all().await.expect("read_all");
+    assert_eq!((snap.len(), snap.version.version), (1, 1));
+}
+
+/// Scenario 8: 20 workers loop read-modify-write on one row until each succeeds: the version
+/// ends 20 higher and all 20 changes are present.
+pub async fn concurrent_read_modify_write_loses_nothing(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    let mut target = full_entry(8);
+    target.suspect_votes.clear();
+    insert(&*table, &target).await;
+    let tasks: Vec<_> = (0..20u32)
+        .map(|i| {
+            let table = table.clone();
+            let s = target.silo;
+            tokio::spawn(async move {
+                let mut attempts = 0u32;
+                loop {
+                    attempts += 1;
+                    assert!(attempts < 10_000, "worker {i} never succeeded");
+                    let (mut e, etag, v) = row_and_etag(&*table, &s).await;
+                    e.suspect_votes.push(SuspectVote {
+                        silo: silo(100 + i, 1),
+                        time: Timestamp::from_millis(u64::from(i)),
+                    });
+                    if table.update_row(&e, &etag, &v.next()).await.expect("update") {
+                        return;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let snap = table.read_all().await.expect("read_all");
+    assert_eq!(snap.version.version, 21);
+    let mut voters: Vec<_> = snap
+        .entry(&target.silo)
+        .expect("row")
+        .suspect_votes
+        .iter()
+        .map(|v| v.silo)
+        .collect();
+    voters.sort();
+    voters.dedup();
+    assert_eq!(voters.len(), 20, "every worker's change must be present");
+}
+
+/// Scenario 9: Workers updating different rows from the same read version: exactly one
+/// winner per round.
+pub async fn different_rows_same_version_one_winner(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    const WORKERS: u32 = 8;
+    for n in 0..WORKERS {
+        insert(&*table, &full_entry(20 + n)).await;
+    }
+    for round in 0..5u32 {
+        let snap = Arc::new(table.read_all().await.expect("read_all"));
+        let barrier = Arc::new(Barrier::new(WORKERS as usize));
+        let tasks: Vec<_> = (0..WORKERS)
+            .map(|n| {
+                let (table, snap, barrier) = (table.clone(), snap.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    let s = full_entry(20 + n).silo;
+                    let (e, etag) = snap.get(&s).cloned().expect("row");
+                    let mut e = e;
+                    e.update_zone = round;
+                    barrier.wait().await;
+                    table
+                        .update_row(&e, &etag, &snap.version.next())
+                        .await
+                        .expect("update")
+                })
+            })
+            .collect();
+        let mut wins = 0;
+        for t in tasks {
+            wins += usize::from(t.await.expect("task"));
+        }
+        assert_eq!(
+            wins, 1,
+            "round {round}: exactly one writer of a shared version must win"
+        );
+        let after = table.read_all().await.expect("read_all");
+        assert_eq!(after.version.version, snap.version.version + 1);
+    }
+}
+
+/// Scenario 10: Readers racing writers never see a row written at version `v` with a table
+/// version below `v` (each writer records the version it writes at in the row).
+pub async fn snapshots_are_atomic(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    const WRITERS: u32 = 4;
+    const WRITES_EACH: u32 = 25;
+    for n in 0..WRITERS {
+        let snap = table.read_all().await.expect("read_all");
+        let mut e = full_entry(40 + n);
+        e.update_zone = u32::try_from(snap.version.version + 1).expect("small");
+        assert!(table.insert_row(&e, &snap.version.next()).await.expect("insert"));
+    }
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|n| {
+            let table = table.clone();
+            tokio::spawn(async move {
+                let s = full_entry(40 + n).silo;
+                let mut ok = 0;
+                while ok < WRITES_EACH {
+                    let snap = table.read_all().await.expect("read_all");
+                    let (mut e, etag) = snap.get(&s).cloned().expect("row");
+                    let next = snap.version.next();
+                    e.update_zone = u32::try_from(next.version).expect("small");
+                    if table.update_row(&e, &etag, &next).await.expect("update") {
+                        ok += 1;
+                    }
+                }
+            })
+        })
+        .collect();
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (table, done) = (table.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut reads = 0u32;
+                while !done.load(std::sync::atomic::Ordering::SeqCst) || reads == 0 {
+                    let snap = table.read_all().await.expect("read_all");
+                    for e in snap.rows() {
+                        assert!(
+                            u64::from(e.update_zone) <= snap.version.version,
+                            "torn read: row {} written at version {} seen with table version {}",
+                            e.silo,
+                            e.update_zone,
+                            snap.version.version
+                        );
+                    }
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.expect("writer");
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    for r in readers {
+        assert!(r.await.expect("reader") > 0);
+    }
+    let snap = table.read_all().await.expect("read_all");
+    assert_eq!(snap.version.version, u64::from(WRITERS * (WRITES_EACH + 1)));
+}
+
+/// Scenario 11: update_i_am_alive stores the exact time, leaves the version alone, and etags
+/// read before it still commit. A missing row stays missing.
+pub async fn i_am_alive_is_a_blind_write(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    let e = full_entry(11);
+    insert(&*table, &e).await;
+    let (_, etag, v) = row_and_etag(&*table, &e.silo).await;
+    let t = Timestamp::from_millis(1_796_000_000_777);
+    table
+        .update_i_am_alive(&e.silo, t)
+        .await
+        .expect("update_i_am_alive");
+    let snap = table.read_all().await.expect("read_all");
+    assert_eq!(snap.entry(&e.silo).expect("row").i_am_alive_time, t);
+    assert_eq!(snap.version, v, "IAmAlive must not touch the version row");
+    let mut next = snap.entry(&e.silo).expect("row").clone();
+    next.status = SiloStatus::ShuttingDown;
+    assert!(
+        table.update_row(&next, &etag, &v.next()).await.expect("update"),
+        "an etag read before update_i_am_alive must still commit"
+    );
+    let ghost = silo(999, 1);
+    table
+        .update_i_am_alive(&ghost, t)
+        .await
+        .expect("update_i_am_alive of a missing row");
+    assert!(
+        table.read_row(&ghost).await.expect("read_row").is_empty(),
+        "must not create a row"
+    );
+}
+
+/// Scenario 12: cleanup_defunct deletes Dead rows strictly older than the cutoff, and nothing
+/// else (not live rows, not the version).
+pub async fn cleanup_defunct_removes_only_old_dead_rows(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    let cutoff = Timestamp::from_millis(1_795_000_500_000);
+    let mk = |n: u32, status: SiloStatus, alive: Timestamp| {
+        let mut e = full_entry(n);
+        e.status = status;
+        e.start_time = Timestamp::from_millis(1_000);
+        e.i_am_alive_time = alive;
+        e
+    };
+    let old_dead = mk(
+        1,
+        SiloStatus::Dead,
+        cutoff.saturating_sub(Duration::from_millis(1)),
+    );
+    let at_cutoff = mk(2, SiloStatus::Dead, cutoff);
+    let new_dead = mk(3, SiloStatus::Dead, cutoff.saturating_add(Duration::from_secs(1)));
+    let old_active = mk(4, SiloStatus::Active, Timestamp::from_millis(5_000));
+    let old_stopping = mk(5, SiloStatus::Stopping, Timestamp::from_millis(5_000));
+    for e in [&old_dead, &at_cutoff, &new_dead, &old_active, &old_stopping] {
+        insert(&*table, e).await;
+    }
+    let version = table.read_all().await.expect("read_all").version;
+    let removed = table.cleanup_defunct(cutoff).await.expect("cleanup_defunct");
+    assert_eq!(removed, 1);
+    let snap = table.read_all().await.expect("read_all");
+    assert!(snap.get(&old_dead.silo).is_none());
+    for e in [&at_cutoff, &new_dead, &old_active, &old_stopping] {
+        assert!(snap.get(&e.silo).is_some(), "{} must survive", e.silo);
+    }
+    assert_eq!(snap.version, version);
+}
+
+/// Scenario 13: delete_cluster removes that cluster's rows and version, and nothing of
+/// another cluster in the same store; clusters never see each other's rows.
+pub async fn delete_cluster_and_isolation(store: Store) {
+    let a = fresh_table(&store, ProtocolMode::Extended).await;
+    let b = fresh_table(&store, ProtocolMode::Extended).await;
+    insert(&*a, &full_entry(1)).await;
+    insert(&*a, &full_entry(2)).await;
+    insert(&*b, &full_entry(1)).await; // same silo, other cluster
+    let a_snap = a.read_all().await.expect("read_all");
+    let b_snap = b.read_all().await.expect("read_all");
+    assert_eq!((a_snap.len(), a_snap.version.version), (2, 2));
+    assert_eq!((b_snap.len(), b_snap.version.version), (1, 1));
+
+    a.delete_cluster(b.cluster_id()).await.expect("delete_cluster");
+    assert_eq!(
+        a.read_all().await.expect("read_all"),
+        a_snap,
+        "deleting b must not touch a"
+    );
+    b.init(true).await.expect("re-init");
+    let b_after = b.read_all().await.expect("read_all");
+    assert_eq!((b_after.len(), b_after.version.version), (0, 0));
+    a.delete_cluster(a.cluster_id())
+        .await
+        .expect("delete own cluster");
+    a.init(true).await.expect("re-init");
+    assert!(a.read_all().await.expect("read_all").is_empty());
+}
+
+/// Scenario 14: Basic mode (version row disabled): writes are conditioned on the row etag
+/// alone, so writers of different rows at one read version all win.
+pub async fn basic_mode_checks_row_etag_only(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Basic).await;
+    let v0 = table.read_all().await.expect("read_all").version;
+    assert!(table
+        .insert_row(&full_entry(1), &v0.next())
+        .await
+        .expect("insert"));
+    assert!(table
+        .insert_row(&full_entry(2), &v0.next())
+        .await
+        .expect("insert with an old version"));
+    assert!(
+        !table
+            .insert_row(&full_entry(2), &v0.next())
+            .await
+            .expect("duplicate"),
+        "duplicate insert must fail"
+    );
+    let snap = table.read_all().await.expect("read_all");
+    for n in [1, 2] {
+        let (e, etag) = snap.get(&full_entry(n).silo).cloned().expect("row");
+        let mut e = e;
+        e.update_zone = 99;
+        assert!(
+            table.update_row(&e, &etag, &v0.next()).await.expect("update"),
+            "row-etag-only update of row {n} with a stale version must commit"
+        );
+        assert!(!table
+            .update_row(&e, &etag, &v0.next())
+            .await
+            .expect("stale row etag"));
+    }
+}

@@ -1,0 +1,305 @@
+//! Reminder table conformance scenarios (REMINDERS.md, "Model and table").
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use rollcall_membership_core::{hash_in_range, Error, Etag, ReminderEntry, ReminderTable, Timestamp};
+use tokio::sync::Barrier;
+
+use crate::{unique_id, Store};
+
+/// Opens and initialises a reminder table under a fresh service id.
+pub async fn fresh_table(store: &Store) -> Arc<dyn ReminderTable> {
+    let table = store
+        .reminder_table(&unique_id("service"))
+        .expect("open reminder table");
+    table.init().await.expect("init reminder table");
+    table
+}
+
+/// A reminder of `table`'s service.
+pub fn reminder(
+    table: &dyn ReminderTable,
+    actor: &str,
+    name: &str,
+    period: Option<Duration>,
+) -> ReminderEntry {
+    ReminderEntry::new(
+        table.service_id(),
+        actor,
+        name,
+        Timestamp::from_millis(1_795_000_000_321),
+        period,
+    )
+}
+
+fn keys(rows: &[ReminderEntry]) -> BTreeSet<(String, String)> {
+    rows.iter()
+        .map(|e| (e.actor_id.clone(), e.name.clone()))
+        .collect()
+}
+
+/// Round trip of every column with an awkward name and a non-ASCII actor id.
+pub async fn round_trip_odd_names(store: Store) {
+    let table = fresh_table(&store).await;
+    for (actor, name, period) in [
+        (
+            "grain/Ünïcødé-演员-🦀",
+            r"foo/bar\#b_a_z?",
+            Some(Duration::from_millis(90_500)),
+        ),
+        ("plain", "one-shot", None),
+        (
+            "with space and 'quotes\"",
+            "*?[]{}%:",
+            Some(Duration::from_secs(86_400 * 180)),
+        ),
+    ] {
+        let e = reminder(&*table, actor, name, period);
+        let etag = table.upsert_row(&e).await.expect("upsert");
+        assert!(!etag.is_empty());
+        let read = table
+            .read_row(actor, name)
+            .await
+            .expect("read_row")
+            .expect("row present");
+        assert_eq!(
+            read,
+            ReminderEntry {
+                etag: etag.clone(),
+                ..e.clone()
+            }
+        );
+        assert_eq!(
+            table.read_rows_for(actor).await.expect("read_rows_for"),
+            vec![read]
+        );
+    }
+}
+
+/// Every upsert of a row yields a new etag, distinct from all earlier ones.
+pub async fn every_upsert_yields_a_new_etag(store: Store) {
+    let table = fresh_table(&store).await;
+    let mut e = reminder(&*table, "a", "r", Some(Duration::from_secs(60)));
+    let mut seen = BTreeSet::new();
+    for i in 0..10u64 {
+        e.start_at = Timestamp::from_millis(1_000 + i);
+        let etag = table.upsert_row(&e).await.expect("upsert");
+        assert!(seen.insert(etag.clone()), "etag {etag} reused");
+        let read = table.read_row("a", "r").await.expect("read").expect("row");
+        assert_eq!((read.etag, read.start_at), (etag, e.start_at));
+    }
+}
+
+/// remove_row with a stale etag or a wrong name answers false; the right etag
+/// removes; removing again answers false.
+pub async fn remove_row_preconditions(store: Store) {
+    let table = fresh_table(&store).await;
+    let e = reminder(&*table, "actor", "r", None);
+    let first = table.upsert_row(&e).await.expect("upsert");
+    let second = table.upsert_row(&e).await.expect("upsert");
+    assert!(!table.remove_row("actor", "r", &first).await.expect("stale etag"));
+    assert!(!table
+        .remove_row("actor", "other", &second)
+        .await
+        .expect("wrong name"));
+    assert!(!table
+        .remove_row("other", "r", &second)
+        .await
+        .expect("wrong actor"));
+    assert!(table.read_row("actor", "r").await.expect("read").is_some());
+    assert!(table.remove_row("actor", "r", &second).await.expect("right etag"));
+    assert!(table.read_row("actor", "r").await.expect("read").is_none());
+    assert!(!table.remove_row("actor", "r", &second).await.expect("again"));
+    assert!(
+        table.read_rows_in_range(0, 0).await.expect("range").is_empty(),
+        "removed row must leave the range index"
+    );
+}
+
+/// 5 actors x 5 concurrent upserts: 5 distinct etags each, and the stored etag is
+/// one of them.
+pub async fn concurrent_upserts_yield_distinct_etags(store: Store) {
+    let table = fresh_table(&store).await;
+    let barrier = Arc::new(Barrier::new(25));
+    let tasks: Vec<_> = (0..25u32)
+        .map(|i| {
+            let (table, barrier) = (table.clone(), barrier.clone());
+            tokio::spawn(async move {
+                let actor = format!("actor-{}", i % 5);
+                let mut e = reminder(&*table, &actor, "r", Some(Duration::from_secs(60)));
+                e.start_at = Timestamp::from_millis(u64::from(i));
+                barrier.wait().await;
+                (actor, table.upsert_row(&e).await.expect("upsert"))
+            })
+        })
+        .collect();
+    let mut by_actor: std::collections::BTreeMap<String, BTreeSet<Etag>> = Default::default();
+    for t in tasks {
+        let (actor, etag) = t.await.expect("task");
+        by_actor.entry(actor).or_default().insert(etag);
+    }
+    assert_eq!(by_actor.len(), 5);
+    for (actor, etags) in by_actor {
+        assert_eq!(
+            etags.len(),
+            5,
+            "{actor}: concurrent upserts must yield distinct etags"
+        );
+        let stored = table.read_row(&actor, "r").await.expect("read").expect("row");
+        assert!(
+            etags.contains(&stored.etag),
+            "{actor}: stored etag must be one of those returned"
+        );
+    }
+}
+
+/// 1,000 reminders; `(0, MAX)`, `(0, 0)` and 1,000 random ranges (wrapping ones
+/// included) return exactly the rows whose hash is in `(begin, end]`.
+pub async fn range_reads_match_the_contract(store: Store) {
+    let table = fresh_table(&store).await;
+    let seed: u64 = rand::rng().random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut all = Vec::new();
+    for i in 0..1000u32 {
+        let e = reminder(
+            &*table,
+            &format!("actor-{i}-{}", rng.random::<u32>()),
+            &format!("r{}", i % 3),
+            None,
+        );
+        table.upsert_row(&e).await.expect("upsert");
+        all.push(e);
+    }
+    let expect = |b: u32, e: u32| -> BTreeSet<(String, String)> {
+        all.iter()
+            .filter(|r| hash_in_range(r.hash, b, e))
+            .map(|r| (r.actor_id.clone(), r.name.clone()))
+            .collect()
+    };
+    let everything = table.read_rows_in_range(0, 0).await.expect("range");
+    assert_eq!(everything.len(), 1000, "(0, 0) is the whole ring");
+    assert_eq!(keys(&everything), expect(0, 0));
+    let upto_max = table.read_rows_in_range(0, u32::MAX).await.expect("range");
+    assert_eq!(keys(&upto_max), expect(0, u32::MAX));
+    let mut hashes: Vec<u32> = all.iter().map(|r| r.hash).collect();
+    hashes.sort_unstable();
+    for i in 0..1000 {
+        // Mix arbitrary bounds with bounds on stored hashes (edges of (begin, end]).
+        let pick = |rng: &mut rand::rngs::StdRng| {
+            if rng.random_bool(0.5) {
+                hashes[rng.random_range(0..hashes.len())]
+            } else {
+                rng.random()
+            }
+        };
+        let (b, e) = match i {
+            0 => (u32::MAX, 0),
+            1 => (u32::MAX, u32::MAX),
+            2 => (hashes[0], hashes[0]),
+            _ => (pick(&mut rng), pick(&mut rng)),
+        };
+        let rows = table.read_rows_in_range(b, e).await.expect("range");
+        assert_eq!(rows.len(), keys(&rows).len(), "duplicate rows for ({b}, {e}]");
+        assert_eq!(keys(&rows), expect(b, e), "range ({b}, {e}] (seed {seed})");
+        for r in &rows {
+            assert!(!r.etag.is_empty());
+        }
+    }
+}
+
+/// read_rows_for returns exactly one actor's rows.
+pub async fn read_rows_for_returns_one_actor(store: Store) {
+    let table = fresh_table(&store).await;
+    for actor in ["alpha", "alphabet", "beta", "alph"] {
+        for name in ["x", "y", "z"] {
+            table
+                .upsert_row(&reminder(&*table, actor, name, None))
+                .await
+                .expect("upsert");
+        }
+    }
+    let rows = table.read_rows_for("alpha").await.expect("read_rows_for");
+    assert_eq!(rows.len(), 3);
+    assert!(rows.iter().all(|r| r.actor_id == "alpha"));
+    assert!(table
+        .read_rows_for("gamma")
+        .await
+        .expect("read_rows_for")
+        .is_empty());
+}
+
+/// read_row of a missing key is `None`.
+pub async fn read_row_of_missing_key_is_none(store: Store) {
+    let table = fresh_table(&store).await;
+    assert!(table
+        .read_row("nobody", "nothing")
+        .await
+        .expect("read_row")
+        .is_none());
+    table
+        .upsert_row(&reminder(&*table, "somebody", "r", None))
+        .await
+        .expect("upsert");
+    assert!(table
+        .read_row("somebody", "other")
+        .await
+        .expect("read_row")
+        .is_none());
+}
+
+/// Two services in one store never see each other's rows; clear empties one only.
+pub async fn services_are_isolated(store: Store) {
+    let a = fresh_table(&store).await;
+    let b = fresh_table(&store).await;
+    let ea = a
+        .upsert_row(&reminder(&*a, "shared-actor", "r", None))
+        .await
+        .expect("upsert");
+    b.upsert_row(&reminder(&*b, "shared-actor", "r", None))
+        .await
+        .expect("upsert");
+    b.upsert_row(&reminder(&*b, "only-b", "r", None))
+        .await
+        .expect("upsert");
+    assert_eq!(a.read_rows_in_range(0, 0).await.expect("range").len(), 1);
+    assert_eq!(b.read_rows_in_range(0, 0).await.expect("range").len(), 2);
+    assert!(a.read_row("only-b", "r").await.expect("read").is_none());
+    assert_eq!(
+        a.read_row("shared-actor", "r")
+            .await
+            .expect("read")
+            .expect("row")
+            .service_id,
+        a.service_id()
+    );
+    b.clear().await.expect("clear");
+    assert!(b.read_rows_in_range(0, 0).await.expect("range").is_empty());
+    assert_eq!(
+        a.read_row("shared-actor", "r")
+            .await
+            .expect("read")
+            .expect("row")
+            .etag,
+        ea
+    );
+}
+
+/// An entry of another service or with a wrong hash is refused with
+/// `Error::InvalidConfig` and writes nothing.
+pub async fn invalid_entries_are_rejected(store: Store) {
+    let table = fresh_table(&store).await;
+    let mut foreign = reminder(&*table, "a", "r", None);
+    foreign.service_id = "someone-else".into();
+    let mut bad_hash = reminder(&*table, "a", "r", None);
+    bad_hash.hash = bad_hash.hash.wrapping_add(1);
+    for (e, field) in [(foreign, "service_id"), (bad_hash, "hash")] {
+        match table.upsert_row(&e).await {
+            Err(Error::InvalidConfig { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("expected InvalidConfig({field}), got {other:?}"),
+        }
+    }
+    assert!(table.read_rows_in_range(0, 0).await.expect("range").is_empty());
+}

@@ -1,0 +1,98 @@
+//! The backend fixtures find (or start) a real server that answers its protocol.
+//! Under `CI` / `ROLLCALL_REQUIRE_BACKENDS=1` a missing server fails these tests.
+
+use std::time::Duration;
+
+use rollcall_tests::fixtures;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn host_port(endpoint: &str) -> String {
+    let no_scheme = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
+    let first = no_scheme.split(',').next().unwrap_or_default();
+    let first = first.rsplit_once('@').map_or(first, |(_, h)| h);
+    first.split('/').next().unwrap_or_default().to_owned()
+}
+
+/// Sends `request`; reads one chunk, or everything until the server closes when
+/// `until_eof`.
+async fn exchange(endpoint: &str, request: &[u8], until_eof: bool) -> String {
+    let addr = host_port(endpoint);
+    let mut s = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(&addr))
+        .await
+        .expect("connect timeout")
+        .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    s.write_all(request).await.expect("write");
+    let mut buf = Vec::new();
+    let read = async {
+        if until_eof {
+            s.read_to_end(&mut buf).await.map(|_| ())
+        } else {
+            let mut chunk = [0u8; 512];
+            s.read(&mut chunk)
+                .await
+                .map(|n| buf.extend_from_slice(&chunk[..n]))
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("read timeout")
+        .expect("read");
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+#[tokio::test]
+async fn redis_fixture_answers_ping() {
+    let Some(b) = fixtures::redis().await else { return };
+    let reply = exchange(&b.endpoint, b"PING\r\n", false).await;
+    assert!(
+        reply.starts_with("+PONG"),
+        "{} ({}) answered {reply:?}",
+        b.endpoint,
+        b.source
+    );
+}
+
+#[tokio::test]
+async fn etcd_fixture_answers_version() {
+    let Some(b) = fixtures::etcd().await else { return };
+    let reply = exchange(
+        &b.endpoint,
+        b"GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        true,
+    )
+    .await;
+    assert!(
+        reply.starts_with("HTTP/1.1 200") && reply.contains("etcdserver"),
+        "{} ({}) answered {reply:?}",
+        b.endpoint,
+        b.source
+    );
+}
+
+#[tokio::test]
+async fn dynamodb_fixture_answers_http() {
+    let Some(b) = fixtures::dynamodb().await else {
+        return;
+    };
+    let body = r#"{}"#;
+    let req = format!(
+        "POST / HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Amz-Target: DynamoDB_20120810.ListTables\r\n\
+         Content-Type: application/x-amz-json-1.0\r\nAuthorization: AWS4-HMAC-SHA256 Credential=test/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=0\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let reply = exchange(&b.endpoint, req.as_bytes(), true).await;
+    assert!(
+        reply.starts_with("HTTP/1."),
+        "{} ({}) answered {reply:?}",
+        b.endpoint,
+        b.source
+    );
+    assert!(
+        reply.contains("TableNames"),
+        "{} ({}) is not a DynamoDB API: {reply:?}",
+        b.endpoint,
+        b.source
+    );
+}
