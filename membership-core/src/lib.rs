@@ -16,14 +16,18 @@
 
 #![warn(missing_docs)]
 
+mod agents;
 mod error;
 mod membership;
 mod options;
+pub mod protocol;
 mod reminder;
 mod silo;
 mod table;
 mod time;
+pub mod transport;
 
+pub use agents::{MembershipChanged, OnDeclaredDead, Silo, SiloBuilder, SiloError, SiloHandle};
 pub use error::{BoxError, Error, Result};
 pub use membership::{Etag, MembershipEntry, MembershipSnapshot, SuspectVote, TableVersion};
 pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};

@@ -16,6 +16,7 @@
 pub mod fixtures;
 pub mod membership_table;
 pub mod reminder_table;
+pub mod sim;
 
 use std::sync::Arc;
 

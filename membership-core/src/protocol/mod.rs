@@ -1,0 +1,67 @@
+//! The sans-io protocol core: pure functions and small state machines that decide
+//! what the membership agents do. No sockets, no clocks, no actors: callers pass a
+//! [`MembershipSnapshot`](crate::MembershipSnapshot), probe outcomes, the current
+//! time and the options, and get decisions back (pattern: `foca`'s SWIM core).
+//!
+//! - [`targets`]: which silos to probe (several consistent-hash rings + suspects);
+//! - [`phi`]: the adaptive (phi-accrual) probe timeout;
+//! - [`votes`]: suspect / declare-dead decisions with clock-skew tolerant freshness;
+//! - [`join`]: what a joining silo must write (older generations Dead);
+//! - [`health`]: the Lifeguard-style local health score.
+
+pub mod health;
+pub mod join;
+pub mod phi;
+pub mod targets;
+pub mod votes;
+
+use std::time::Duration;
+
+use crate::{ClusterMembershipOptions, MembershipEntry, Timestamp};
+
+/// Whether `entry`'s IAmAlive is stale at `now`: older than
+/// `i_am_alive_publish_period * num_missed_table_i_am_alive_limit` (Orleans
+/// `NumMissedTableIAmAliveLimit`).
+pub fn is_i_am_alive_stale(
+    entry: &MembershipEntry,
+    now: Timestamp,
+    options: &ClusterMembershipOptions,
+) -> bool {
+    let limit = options
+        .i_am_alive_publish_period
+        .saturating_mul(options.num_missed_table_i_am_alive_limit);
+    now.saturating_duration_since(entry.last_alive()) > limit
+}
+
+/// Whether `entry` is a silo stuck in Joining: Joining (or Created) for longer than
+/// `max_join_attempt_time` since its start.
+pub fn is_stuck_joining(entry: &MembershipEntry, now: Timestamp, options: &ClusterMembershipOptions) -> bool {
+    matches!(
+        entry.status,
+        crate::SiloStatus::Joining | crate::SiloStatus::Created
+    ) && now.saturating_duration_since(entry.start_time) > options.max_join_attempt_time
+}
+
+/// Exponential backoff with full jitter: a delay in `[0, min(cap, base * 2^attempt)]`
+/// chosen by `unit` in `[0, 1)` (the caller's random number).
+pub fn backoff_delay(attempt: u32, base: Duration, cap: Duration, unit: f64) -> Duration {
+    let exp = base.saturating_mul(1u32 << attempt.min(16));
+    let ceiling = exp.min(cap);
+    ceiling.mul_f64(unit.clamp(0.0, 1.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let b = Duration::from_millis(10);
+        let cap = Duration::from_secs(1);
+        assert_eq!(backoff_delay(0, b, cap, 1.0), Duration::from_millis(10));
+        assert_eq!(backoff_delay(3, b, cap, 1.0), Duration::from_millis(80));
+        assert_eq!(backoff_delay(30, b, cap, 1.0), cap);
+        assert_eq!(backoff_delay(3, b, cap, 0.0), Duration::ZERO);
+        assert_eq!(backoff_delay(3, b, cap, 0.5), Duration::from_millis(40));
+    }
+}

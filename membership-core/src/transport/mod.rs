@@ -1,0 +1,200 @@
+//! The probe transport: how silos ask each other "are you alive?".
+//!
+//! Silos talk to each other only for liveness: [`ProbeRequest::Ping`],
+//! [`ProbeRequest::IndirectPing`] and [`ProbeRequest::Gossip`] ("re-read the
+//! table"). A [`Transport`] sends one request and waits for its response; it also
+//! serves a [`ProbeHandler`] on a local endpoint. Two implementations:
+//! [`tcp::TcpTransport`] for real deployments and [`sim::SimNetwork`], an in-process
+//! network with loss, delay, partitions and frozen silos for tests and simulations
+//! (it runs under tokio's paused clock).
+
+pub mod sim;
+pub mod tcp;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::SiloAddress;
+
+/// A request from one silo's membership agents to another silo's probe server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProbeRequest {
+    /// "Are you `target`, and alive?" The responder checks that it *is* `target`
+    /// (same generation): a restarted process must not keep its predecessor alive.
+    Ping {
+        /// The prober.
+        from: SiloAddress,
+        /// The silo the prober believes it talks to.
+        target: SiloAddress,
+    },
+    /// "Please ping `target` for me and tell me whether it answered" (indirect
+    /// probe through an intermediary).
+    IndirectPing {
+        /// The prober asking for help.
+        from: SiloAddress,
+        /// The suspect to ping.
+        target: SiloAddress,
+        /// How long the intermediary may wait for the suspect, in milliseconds.
+        timeout_ms: u32,
+    },
+    /// "The membership table changed (now at `version`): re-read it."
+    Gossip {
+        /// The writer.
+        from: SiloAddress,
+        /// The table version after its write.
+        version: u64,
+    },
+}
+
+/// A probe server's answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ProbeResponse {
+    /// Answer to a ping: the responder's identity and local health score (0..=8).
+    Pong {
+        /// Who answered.
+        responder: SiloAddress,
+        /// Its local health score; 0 = healthy.
+        health: u8,
+    },
+    /// Answer to a ping addressed to another generation than the responder's.
+    WrongSilo {
+        /// Who is actually listening on that endpoint.
+        responder: SiloAddress,
+    },
+    /// Answer to an indirect ping.
+    IndirectResult {
+        /// Whether the suspect answered the intermediary.
+        target_answered: bool,
+        /// The intermediary's own health score; a non-zero score makes a negative
+        /// result "unknown" rather than a vote.
+        intermediary_health: u8,
+    },
+    /// Gossip received.
+    GossipAck,
+}
+
+/// Why a request got no response.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// No response within the timeout.
+    #[error("no response within {0:?}")]
+    Timeout(Duration),
+    /// The peer could not be reached (connection refused, reset, no route).
+    #[error("peer unreachable: {0}")]
+    Unreachable(String),
+    /// The peer sent bytes that are not a valid frame.
+    #[error("bad frame: {0}")]
+    Codec(String),
+    /// The local endpoint could not be served.
+    #[error("cannot serve {addr}: {reason}")]
+    Bind {
+        /// The endpoint.
+        addr: SocketAddr,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The server side: answers requests arriving at a silo's probe endpoint.
+#[async_trait]
+pub trait ProbeHandler: Send + Sync {
+    /// Answers one request.
+    async fn handle(&self, request: ProbeRequest) -> ProbeResponse;
+}
+
+/// A served endpoint; serving stops when it is dropped.
+pub struct Listener {
+    /// The address actually bound (port 0 resolved).
+    pub local_addr: SocketAddr,
+    _guard: Box<dyn Send + Sync>,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("local_addr", &self.local_addr)
+            .finish()
+    }
+}
+
+/// Sends probe requests and serves probe handlers.
+#[async_trait]
+pub trait Transport: Send + Sync + std::fmt::Debug + 'static {
+    /// Sends `request` to the probe endpoint `to` and waits at most `timeout` for the
+    /// response.
+    ///
+    /// # Errors
+    /// [`TransportError::Timeout`], [`TransportError::Unreachable`] or
+    /// [`TransportError::Codec`]; never panics on what the peer sends.
+    async fn request(
+        &self,
+        to: SocketAddr,
+        request: ProbeRequest,
+        timeout: Duration,
+    ) -> Result<ProbeResponse, TransportError>;
+
+    /// Serves `handler` at `listen` until the returned [`Listener`] is dropped.
+    ///
+    /// # Errors
+    /// [`TransportError::Bind`] if the endpoint cannot be served.
+    async fn serve(
+        &self,
+        listen: SocketAddr,
+        handler: Arc<dyn ProbeHandler>,
+    ) -> Result<Listener, TransportError>;
+}
+
+/// Frame format version (first byte of every frame).
+pub const FRAME_VERSION: u8 = 1;
+/// Largest frame accepted, in bytes; larger frames close the connection.
+pub const MAX_FRAME_BYTES: usize = 16 * 1024;
+
+/// Encodes a message as a frame payload: the version byte, then postcard.
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, TransportError> {
+    let mut out = vec![FRAME_VERSION];
+    out.extend(postcard::to_stdvec(msg).map_err(|e| TransportError::Codec(e.to_string()))?);
+    Ok(out)
+}
+
+/// Decodes a frame payload made by [`encode`].
+///
+/// # Errors
+/// [`TransportError::Codec`] for an empty frame, an unknown version byte or a
+/// payload that does not decode.
+pub fn decode<T: for<'de> Deserialize<'de>>(frame: &[u8]) -> Result<T, TransportError> {
+    match frame.split_first() {
+        None => Err(TransportError::Codec("empty frame".into())),
+        Some((&FRAME_VERSION, payload)) => {
+            postcard::from_bytes(payload).map_err(|e| TransportError::Codec(e.to_string()))
+        }
+        Some((v, _)) => Err(TransportError::Codec(format!("unknown frame version {v}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_garbage_is_an_error() {
+        let from: SiloAddress = "127.0.0.1:1@1".parse().unwrap();
+        let req = ProbeRequest::IndirectPing {
+            from,
+            target: from,
+            timeout_ms: 1500,
+        };
+        let bytes = encode(&req).unwrap();
+        assert_eq!(decode::<ProbeRequest>(&bytes).unwrap(), req);
+        assert!(decode::<ProbeRequest>(&[]).is_err());
+        assert!(decode::<ProbeRequest>(&[9, 0, 0]).is_err());
+        assert!(decode::<ProbeRequest>(&[FRAME_VERSION, 0xff, 0xff, 0xff]).is_err());
+        let mut rng_bytes = vec![FRAME_VERSION];
+        rng_bytes.extend((0..200u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8));
+        let _ = decode::<ProbeRequest>(&rng_bytes); // must not panic
+    }
+}

@@ -1,0 +1,465 @@
+//! Cluster scenarios of the membership protocol: silos on a simulated network in
+//! virtual time (tests 1-9) and on real TCP (10-11).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rollcall_membership_core::transport::{ProbeHandler, ProbeRequest, ProbeResponse, Transport};
+use rollcall_membership_core::{ClusterMembershipOptions, MembershipEntry, SiloAddress, SiloStatus};
+use rollcall_tests::sim::{all_see_dead, endpoint, run_virtual, wait_for, SimCluster};
+
+fn dead_rows(snap: &rollcall_membership_core::MembershipSnapshot) -> Vec<SiloAddress> {
+    snap.rows()
+        .filter(|e| e.status == SiloStatus::Dead)
+        .map(|e| e.silo)
+        .collect()
+}
+
+/// Detection bound from the options: `num_missed_probes_limit x probe_timeout` for
+/// the probes, plus two table writes and one gossip round (1 s each of allowance
+/// for backoff on the in-memory table).
+fn detection_bound(o: &ClusterMembershipOptions) -> Duration {
+    o.probe_timeout * o.num_missed_probes_limit + Duration::from_secs(2) + Duration::from_secs(1)
+}
+
+#[test]
+fn t01_five_silos_join_and_versions_strictly_increase() {
+    run_virtual(|| async {
+        let mut c = SimCluster::new(ClusterMembershipOptions::default());
+        let seen: Arc<Mutex<Vec<Vec<u64>>>> = Arc::default();
+        for i in 1..=5u8 {
+            let h = c.start(i, 1).await.expect("join");
+            let mut rx = h.subscribe();
+            let seen = seen.clone();
+            let slot = {
+                let mut s = seen.lock().unwrap();
+                s.push(vec![rx.borrow_and_update().version.version]);
+                s.len() - 1
+            };
+            actix::spawn(async move {
+                while rx.changed().await.is_ok() {
+                    let v = rx.borrow_and_update().version.version;
+                    seen.lock().unwrap()[slot].push(v);
+                }
+            });
+        }
+        let ok = wait_for(Duration::from_secs(120), || {
+            c.silos
+                .iter()
+                .all(|s| s.status() == SiloStatus::Active && s.snapshot().active().count() == 5)
+        })
+        .await;
+        assert!(ok.is_some(), "all 5 silos must be Active in every view");
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        let snap = c.table_snapshot().await;
+        assert_eq!(snap.active().count(), 5);
+        // 5 inserts + 5 status changes, nothing else (no false suspicion).
+        assert_eq!(snap.version.version, 10);
+        let seen = seen.lock().unwrap();
+        assert!(
+            seen[0].len() >= 5,
+            "the first silo must see the others join: {:?}",
+            seen[0]
+        );
+        for (i, versions) in seen.iter().enumerate() {
+            assert_eq!(
+                versions.last(),
+                Some(&10),
+                "subscriber {i} must reach the final version: {versions:?}"
+            );
+            assert!(
+                versions.windows(2).all(|w| w[0] < w[1]),
+                "subscriber {i} saw {versions:?}"
+            );
+        }
+    });
+}
+
+#[test]
+fn t02_crashed_silo_is_declared_dead_within_the_bound() {
+    run_virtual(|| async {
+        let o = ClusterMembershipOptions::default();
+        let bound = detection_bound(&o);
+        let mut c = SimCluster::new(o);
+        c.start_many(5).await;
+        tokio::time::sleep(Duration::from_millis(12_345)).await; // crash at an arbitrary phase
+        let victim = c.silos[4].clone();
+        victim.kill();
+        let survivors = c.silos[..4].to_vec();
+        let took = wait_for(Duration::from_secs(300), || {
+            all_see_dead(&survivors, &victim.address())
+        })
+        .await;
+        let took = took.expect("survivors never saw the crashed silo Dead");
+        assert!(took <= bound, "detection took {took:?}, bound {bound:?}");
+        let snap = c.table_snapshot().await;
+        assert_eq!(dead_rows(&snap), vec![victim.address()]);
+        assert!(snap.entry(&victim.address()).unwrap().suspect_votes.len() >= 2);
+        assert!(survivors.iter().all(|s| s.status() == SiloStatus::Active));
+    });
+}
+
+#[test]
+fn t03_frozen_silo_declared_dead_stops_when_it_resumes() {
+    run_virtual(|| async {
+        let mut c = SimCluster::new(ClusterMembershipOptions::default());
+        c.start_many(5).await;
+        let frozen = c.silos[2].clone();
+        let history: Arc<Mutex<Vec<SiloStatus>>> = Arc::default();
+        {
+            let (mut rx, history) = (frozen.subscribe_status(), history.clone());
+            actix::spawn(async move {
+                while rx.changed().await.is_ok() {
+                    history.lock().unwrap().push(*rx.borrow_and_update());
+                }
+            });
+        }
+        c.net.freeze(frozen.address().endpoint());
+        let others: Vec<_> = c
+            .silos
+            .iter()
+            .filter(|s| s.address() != frozen.address())
+            .cloned()
+            .collect();
+        wait_for(Duration::from_secs(300), || {
+            all_see_dead(&others, &frozen.address())
+        })
+        .await
+        .expect("the frozen silo must be declared Dead");
+        c.net.resume(frozen.address().endpoint());
+        wait_for(Duration::from_secs(300), || {
+            frozen.status() == SiloStatus::Dead && frozen.is_stopped()
+        })
+        .await
+        .expect("the resumed silo must read its Dead row and stop");
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        assert_eq!(frozen.status(), SiloStatus::Dead);
+        let history = history.lock().unwrap().clone();
+        let dead_at = history
+            .iter()
+            .position(|s| *s == SiloStatus::Dead)
+            .expect("Dead in the status history");
+        assert!(
+            history[dead_at..].iter().all(|s| *s == SiloStatus::Dead),
+            "came back after Dead: {history:?}"
+        );
+        let snap = c.table_snapshot().await;
+        assert_eq!(snap.status_of(&frozen.address()), Some(SiloStatus::Dead));
+        assert_eq!(dead_rows(&snap).len(), 1, "only the frozen silo is Dead");
+    });
+}
+
+#[test]
+fn t04_five_percent_loss_for_thirty_minutes_kills_nobody() {
+    run_virtual(|| async {
+        let mut c = SimCluster::new(ClusterMembershipOptions::default());
+        c.start_many(5).await;
+        c.net.set_drop_probability(0.05);
+        tokio::time::sleep(Duration::from_secs(30 * 60)).await;
+        let snap = c.table_snapshot().await;
+        let (delivered, dropped) = c.net.counters();
+        assert!(
+            dropped > 100,
+            "the network must really have dropped messages ({dropped}/{delivered})"
+        );
+        assert!(
+            dead_rows(&snap).is_empty(),
+            "false positives: {:?}",
+            dead_rows(&snap)
+        );
+        assert!(c.silos.iter().all(|s| s.status() == SiloStatus::Active));
+    });
+}
+
+#[test]
+fn t05_unreachable_table_kills_nobody_and_writes_resume() {
+    run_virtual(|| async {
+        let mut c = SimCluster::new(ClusterMembershipOptions::default());
+        c.start_many(4).await;
+        c.store.set_unavailable(true);
+        tokio::time::sleep(Duration::from_secs(5 * 60)).await;
+        assert!(c.silos.iter().all(|s| s.status() == SiloStatus::Active));
+        c.store.set_unavailable(false);
+        let outage_end = c.now();
+        let snap = c.table_snapshot().await;
+        assert!(dead_rows(&snap).is_empty());
+        // Heartbeats resume...
+        let table = c.table.clone();
+        let mut fresh = false;
+        for _ in 0..120 {
+            let s = table.read_all().await.unwrap();
+            if s.rows().all(|e| e.i_am_alive_time > outage_end) {
+                fresh = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        assert!(fresh, "IAmAlive writes must resume after the outage");
+        // ... and so do row writes: a fifth silo joins.
+        let fifth = c.start(5, 1).await.expect("join after the outage");
+        assert_eq!(fifth.status(), SiloStatus::Active);
+        let snap = c.table_snapshot().await;
+        let dead: Vec<_> = snap.rows().filter(|e| e.status == SiloStatus::Dead).collect();
+        assert!(dead.is_empty(), "{dead:#?}");
+    });
+}
+
+#[test]
+fn t06_asymmetric_partition_is_bridged_by_indirect_probes() {
+    run_virtual(|| async {
+        let mut c = SimCluster::new(ClusterMembershipOptions::default());
+        c.start_many(5).await;
+        let (a, b) = (c.silos[0].address().endpoint(), c.silos[1].address().endpoint());
+        c.net.block(a, b); // a cannot reach b; b reaches a, but a's answers are lost
+        tokio::time::sleep(Duration::from_secs(10 * 60)).await;
+        let snap = c.table_snapshot().await;
+        assert!(
+            dead_rows(&snap).is_empty(),
+            "indirect probes must prevent a death: {:?}",
+            dead_rows(&snap)
+        );
+        let (_, dropped) = c.net.counters();
+        assert!(dropped > 50, "the partition must have dropped probes");
+    });
+}
+
+#[test]
+fn t07_restart_on_same_endpoint_kills_old_generation() {
+    run_virtual(|| async {
+        let mut c = SimCluster::new(ClusterMembershipOptions::default());
+        c.start_many(3).await;
+        let old = c.silos[0].clone();
+        old.kill();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let new = c.start(1, 2).await.expect("restart joins");
+        assert_eq!(new.address().endpoint(), old.address().endpoint());
+        assert_eq!(new.status(), SiloStatus::Active);
+        let snap = c.table_snapshot().await;
+        assert_eq!(snap.status_of(&old.address()), Some(SiloStatus::Dead));
+        assert_eq!(snap.status_of(&new.address()), Some(SiloStatus::Active));
+        // And nobody probes the old generation into a false "alive".
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        let snap = c.table_snapshot().await;
+        assert_eq!(dead_rows(&snap), vec![old.address()]);
+    });
+}
+
+#[test]
+fn t08_two_silos_need_one_vote_three_need_two() {
+    run_virtual(|| async {
+        let mut c = SimCluster::new(ClusterMembershipOptions::default());
+        c.start_many(2).await;
+        let victim = c.silos[1].clone();
+        victim.kill();
+        let survivor = [c.silos[0].clone()];
+        wait_for(Duration::from_secs(120), || {
+            all_see_dead(&survivor, &victim.address())
+        })
+        .await
+        .expect("a lone survivor must declare its peer Dead");
+        let row = c
+            .table_snapshot()
+            .await
+            .entry(&victim.address())
+            .cloned()
+            .unwrap();
+        assert_eq!(row.suspect_votes.len(), 1, "{:?}", row.suspect_votes);
+    });
+    run_virtual(|| async {
+        let options = ClusterMembershipOptions {
+            enable_indirect_probes: false,
+            ..Default::default()
+        };
+        let mut c = SimCluster::new(options);
+        c.start_many(3).await;
+        let victim = c.silos[2].clone();
+        victim.kill();
+        let survivors = c.silos[..2].to_vec();
+        wait_for(Duration::from_secs(120), || {
+            all_see_dead(&survivors, &victim.address())
+        })
+        .await
+        .expect("two survivors must declare the third Dead");
+        let row = c
+            .table_snapshot()
+            .await
+            .entry(&victim.address())
+            .cloned()
+            .unwrap();
+        let mut voters: Vec<_> = row.suspect_votes.iter().map(|v| v.silo).collect();
+        voters.sort();
+        voters.dedup();
+        assert_eq!(voters.len(), 2, "{:?}", row.suspect_votes);
+    });
+}
+
+/// Answers pings as `me` but never finishes joining.
+struct StuckJoiner(SiloAddress);
+
+#[async_trait::async_trait]
+impl ProbeHandler for StuckJoiner {
+    async fn handle(&self, request: ProbeRequest) -> ProbeResponse {
+        match request {
+            ProbeRequest::Ping { .. } => ProbeResponse::Pong {
+                responder: self.0,
+                health: 0,
+            },
+            ProbeRequest::IndirectPing { .. } => ProbeResponse::IndirectResult {
+                target_answered: true,
+                intermediary_health: 0,
+            },
+            ProbeRequest::Gossip { .. } => ProbeResponse::GossipAck,
+        }
+    }
+}
+
+#[test]
+fn t09_silo_stuck_in_joining_is_evicted() {
+    run_virtual(|| async {
+        let options = ClusterMembershipOptions {
+            max_join_attempt_time: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let mut c = SimCluster::new(options.clone());
+        c.start_many(3).await;
+        let stuck: SiloAddress = format!("{}@1", endpoint(9)).parse().unwrap();
+        let transport = c.net.transport(endpoint(9));
+        let _listener = transport
+            .serve(endpoint(9), Arc::new(StuckJoiner(stuck)))
+            .await
+            .unwrap();
+        let snap = c.table.read_all().await.unwrap();
+        let row = MembershipEntry::new(stuck, SiloStatus::Joining, c.now());
+        assert!(c.table.insert_row(&row, &snap.version.next()).await.unwrap());
+        tokio::time::sleep(options.max_join_attempt_time / 2).await;
+        assert_eq!(
+            c.table_snapshot().await.status_of(&stuck),
+            Some(SiloStatus::Joining),
+            "not evicted too early"
+        );
+        let observers = c.silos.clone();
+        wait_for(Duration::from_secs(300), || all_see_dead(&observers, &stuck))
+            .await
+            .expect("a silo stuck in Joining must be evicted although it answers pings");
+    });
+}
+
+fn fast_options() -> ClusterMembershipOptions {
+    ClusterMembershipOptions {
+        probe_timeout: Duration::from_millis(400),
+        table_refresh_timeout: Duration::from_secs(5),
+        i_am_alive_publish_period: Duration::from_secs(2),
+        local_health_monitoring_period: Duration::from_secs(1),
+        ..Default::default()
+    }
+}
+
+async fn tcp_silo(
+    table: Arc<dyn rollcall_membership_core::MembershipTable>,
+) -> rollcall_membership_core::SiloHandle {
+    rollcall_membership_core::Silo::builder("tcp", table)
+        .listen("127.0.0.1:0".parse().unwrap())
+        .options(fast_options())
+        .on_declared_dead(rollcall_membership_core::OnDeclaredDead::StopSilo)
+        .start()
+        .await
+        .expect("tcp silo joins")
+}
+
+fn tcp_table() -> Arc<dyn rollcall_membership_core::MembershipTable> {
+    use rollcall_membership_core::{ProtocolMode, SystemStore};
+    rollcall_provider_memory::MemoryStore::new()
+        .membership_table("tcp", ProtocolMode::Extended)
+        .unwrap()
+}
+
+#[actix::test]
+async fn t10_real_tcp_three_silos_one_killed_is_declared_dead() {
+    let table = tcp_table();
+    let mut silos = Vec::new();
+    for _ in 0..3 {
+        silos.push(tcp_silo(table.clone()).await);
+    }
+    let victim = silos.pop().unwrap();
+    victim.kill();
+    let took = wait_for(Duration::from_secs(30), || {
+        all_see_dead(&silos, &victim.address())
+    })
+    .await;
+    assert!(
+        took.is_some(),
+        "the two survivors must declare the killed silo Dead over TCP"
+    );
+    let row = table
+        .read_all()
+        .await
+        .unwrap()
+        .entry(&victim.address())
+        .cloned()
+        .unwrap();
+    assert_eq!(row.status, SiloStatus::Dead);
+    assert!(silos.iter().all(|s| s.status() == SiloStatus::Active));
+}
+
+#[actix::test]
+async fn t11_garbage_and_oversized_frames_do_not_stop_the_probe_server() {
+    use tokio::io::AsyncWriteExt;
+    let table = tcp_table();
+    let silo = tcp_silo(table.clone()).await;
+    let ep = silo.address().endpoint();
+    // Garbage with a plausible length prefix, then a frame of an unknown version,
+    // then a 1 GiB length prefix, each on its own connection, plus raw noise.
+    let mut frames: Vec<Vec<u8>> = vec![
+        [&8u32.to_be_bytes()[..], b"\x01\xff\xfe\xfd\x00\x13\x37\x42"].concat(),
+        [&3u32.to_be_bytes()[..], b"\x09ab"].concat(),
+        (1u32 << 30).to_be_bytes().to_vec(),
+    ];
+    frames.push(
+        (0..4096u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
+            .collect(),
+    );
+    let mut conns = Vec::new();
+    for f in &frames {
+        let mut s = tokio::net::TcpStream::connect(ep).await.unwrap();
+        s.write_all(f).await.unwrap();
+        conns.push(s);
+    }
+    let transport = rollcall_membership_core::transport::tcp::TcpTransport::new();
+    let me: SiloAddress = "127.0.0.1:1@1".parse().unwrap();
+    for _ in 0..3 {
+        let r = transport
+            .request(
+                ep,
+                ProbeRequest::Ping {
+                    from: me,
+                    target: silo.address(),
+                },
+                Duration::from_secs(2),
+            )
+            .await
+            .expect("the probe server still answers");
+        assert_eq!(
+            r,
+            ProbeResponse::Pong {
+                responder: silo.address(),
+                health: 0
+            }
+        );
+    }
+    // A ping for another generation is answered as such, not as alive.
+    let other = SiloAddress::new(ep, silo.address().generation() + 1);
+    let r = transport
+        .request(
+            ep,
+            ProbeRequest::Ping {
+                from: me,
+                target: other,
+            },
+            Duration::from_secs(2),
+        )
+        .await;
+    assert!(matches!(r, Ok(ProbeResponse::WrongSilo { .. })), "{r:?}");
+    assert_eq!(silo.status(), SiloStatus::Active);
+    drop(conns);
+}
