@@ -18,7 +18,7 @@ use crate::Error;
 /// Text form: `ip:port@generation`, with IPv6 addresses in brackets
 /// (`[::1]:11111@1795000000000`). It is the row key of the membership table.
 /// Ordered by (ip, port, generation).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SiloAddress {
     endpoint: SocketAddr,
     generation: u64,
@@ -59,6 +59,13 @@ impl SiloAddress {
 impl fmt::Display for SiloAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}@{}", self.endpoint, self.generation)
+    }
+}
+
+impl fmt::Debug for SiloAddress {
+    /// The text form, as in `Display` (`10.0.0.1:11111@1795000000000`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
     }
 }
 

@@ -1,0 +1,30 @@
+//! A silo in an actix application (the README's example).
+//!
+//! Run two or more in separate terminals on one Redis to see them find each other:
+//! `cargo run --example silo --features redis -- redis://127.0.0.1:6379 127.0.0.1:11111`
+//! (with the default memory store, each process is its own one-silo cluster).
+
+use rollcall::{ProtocolMode, Silo};
+
+#[actix::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let store_url = args.next().unwrap_or_else(|| "memory://".into());
+    let listen = args.next().unwrap_or_else(|| "127.0.0.1:11111".into());
+
+    let store = rollcall::connect(&store_url).await?; // or redis://, etcd://, dynamodb://
+    let table = store.membership_table("orders", ProtocolMode::Extended)?;
+    let silo = Silo::builder("orders", table)
+        .listen(listen.parse()?) // the probe port
+        .start()
+        .await?; // returns once Active
+    println!("{} is {}", silo.address(), silo.status());
+
+    let mut membership = silo.subscribe(); // tokio watch; versions only grow
+    while membership.changed().await.is_ok() {
+        let view = membership.borrow_and_update().clone();
+        let alive: Vec<_> = view.active().map(|e| e.silo).collect();
+        println!("table version {}: {alive:?}", view.version.version);
+    }
+    Ok(())
+}

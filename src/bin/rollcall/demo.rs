@@ -1,0 +1,182 @@
+//! `rollcall demo`: a local cluster, one crash, and its detection, narrated.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rollcall::transport::tcp::TcpTransport;
+use rollcall::{
+    ClusterMembershipOptions, MembershipSnapshot, OnDeclaredDead, ProtocolMode, Silo, SiloHandle, SiloStatus,
+    Timestamp,
+};
+
+use crate::view;
+
+/// Arguments of `rollcall demo`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct DemoArgs {
+    /// Number of silos (at least 2).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(2..=200))]
+    silos: u16,
+    /// Store URL; the default is an embedded in-memory table.
+    #[arg(long, default_value = "memory://demo")]
+    store: String,
+    /// Cluster id (default: `demo-<start time>`).
+    #[arg(long)]
+    cluster: Option<String>,
+    /// Short probe timeouts (500 ms) so the demo finishes in seconds; otherwise
+    /// Orleans' production defaults (5 s probes).
+    #[arg(long)]
+    fast: bool,
+}
+
+struct Timeline {
+    start: Instant,
+}
+
+impl Timeline {
+    fn say(&self, version: Option<u64>, what: impl std::fmt::Display) {
+        let v = version
+            .map(|v| format!("v{v:<4}"))
+            .unwrap_or_else(|| "     ".into());
+        println!("{:>8.3}s  {v} {what}", self.start.elapsed().as_secs_f64());
+    }
+}
+
+/// Runs the demo; `Ok(true)` when the cluster converged on the crash.
+pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
+    let options = if args.fast {
+        crate::fast_options()
+    } else {
+        ClusterMembershipOptions::default()
+    };
+    let cluster = args
+        .cluster
+        .unwrap_or_else(|| format!("demo-{}", Timestamp::now().as_millis()));
+    let store = rollcall::connect(&args.store).await?;
+    let table = store.membership_table(&cluster, ProtocolMode::Extended)?;
+    table.init(true).await?;
+    let tl = Arc::new(Timeline {
+        start: Instant::now(),
+    });
+    println!(
+        "rollcall demo: {} silos, cluster `{cluster}` on {} ({} provider); probe timeout {:?}, \
+         a silo votes after {} missed probes, {} votes declare death",
+        args.silos,
+        args.store,
+        store.provider(),
+        options.probe_timeout,
+        options.num_missed_probes_limit,
+        options.num_votes_for_death_declaration
+    );
+
+    // Narrate every change of the table, as seen by polling it.
+    let watcher = {
+        let (table, tl, opts) = (table.clone(), tl.clone(), options.clone());
+        actix::spawn(async move {
+            let mut last = MembershipSnapshot::default();
+            loop {
+                if let Ok(snap) = table.read_all().await {
+                    if snap.version.version != last.version.version {
+                        let now = Timestamp::now();
+                        let active = rollcall::protocol::votes::active_non_stale(&snap, now, &opts);
+                        let required = rollcall::protocol::votes::required_votes(active, &opts);
+                        for line in view::changes(&last, &snap, required) {
+                            tl.say(Some(snap.version.version), line);
+                        }
+                        last = snap;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+
+    let transport = Arc::new(TcpTransport::new());
+    let mut silos: Vec<SiloHandle> = Vec::new();
+    for i in 0..args.silos {
+        let silo = Silo::builder(cluster.clone(), table.clone())
+            .listen("127.0.0.1:0".parse()?)
+            .transport(transport.clone())
+            .options(options.clone())
+            .host_name("localhost")
+            .silo_name(format!("silo-{i}"))
+            .on_declared_dead(OnDeclaredDead::StopSilo)
+            .start()
+            .await?;
+        silos.push(silo);
+        // Pace the joins a little so the timeline shows each one.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    let all_active = |silos: &[SiloHandle]| {
+        silos
+            .iter()
+            .all(|s| s.status() == SiloStatus::Active && s.snapshot().active().count() == silos.len())
+    };
+    while !all_active(&silos) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tl.say(
+        None,
+        format!("all {} silos are Active in every silo's view", silos.len()),
+    );
+    // Let the probes run a while so the adaptive timeouts have samples.
+    tokio::time::sleep(options.probe_timeout * 6).await;
+
+    let victim = silos.pop().ok_or_else(|| anyhow::anyhow!("no silo"))?;
+    tl.say(
+        None,
+        format!(
+            "killing {} abruptly: its probe port closes, nothing is written",
+            victim.address()
+        ),
+    );
+    let killed_at = Instant::now();
+    victim.kill();
+    let limit = options.probe_timeout * (options.num_missed_probes_limit + 4) + Duration::from_secs(10);
+    let mut converged = false;
+    while killed_at.elapsed() < limit {
+        if silos
+            .iter()
+            .all(|s| s.snapshot().status_of(&victim.address()) == Some(SiloStatus::Dead))
+        {
+            converged = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = killed_at.elapsed();
+    tokio::time::sleep(Duration::from_millis(50)).await; // let the narrator catch up
+    if converged {
+        tl.say(
+            None,
+            format!(
+                "every survivor sees {} Dead: detection took {:.2}s ({} x probe timeout = {:.2}s)",
+                victim.address(),
+                took.as_secs_f64(),
+                options.num_missed_probes_limit,
+                (options.probe_timeout * options.num_missed_probes_limit).as_secs_f64()
+            ),
+        );
+    } else {
+        tl.say(
+            None,
+            format!(
+                "NOT CONVERGED: {} is not Dead everywhere after {took:?}",
+                victim.address()
+            ),
+        );
+    }
+    let snap = table.read_all().await?;
+    println!();
+    print!("{}", view::table(&cluster, &snap, Timestamp::now()));
+    watcher.abort();
+    for s in &silos {
+        let _ = s.shutdown().await;
+    }
+    println!(
+        "\nsurvivors shut down gracefully; `rollcall status --store {} --cluster {cluster}` shows the table",
+        args.store
+    );
+    Ok(converged && silos.iter().all(|s| s.status() == SiloStatus::Dead))
+}

@@ -1,0 +1,89 @@
+//! `rollcall silo`: one silo process.
+
+use std::net::SocketAddr;
+
+use rollcall::{ClusterMembershipOptions, OnDeclaredDead, ProtocolMode, Silo, SiloStatus};
+
+/// Arguments of `rollcall silo`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct SiloArgs {
+    /// Store URL.
+    #[arg(long)]
+    store: String,
+    /// Cluster id.
+    #[arg(long, default_value = "rollcall")]
+    cluster: String,
+    /// Probe endpoint to listen on.
+    #[arg(long, default_value = "127.0.0.1:11111")]
+    listen: SocketAddr,
+    /// Endpoint other silos use (needed when listening on 0.0.0.0).
+    #[arg(long)]
+    advertise: Option<SocketAddr>,
+    /// Options as JSON (e.g. '{"probe_timeout":"2s"}'); unknown fields are errors.
+    #[arg(long)]
+    options: Option<String>,
+    /// Short probe timeouts (500 ms), as in `demo --fast`.
+    #[arg(long)]
+    fast: bool,
+}
+
+pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
+    let options: ClusterMembershipOptions = match (&args.options, args.fast) {
+        (Some(json), _) => serde_json_options(json)?,
+        (None, true) => crate::fast_options(),
+        (None, false) => ClusterMembershipOptions::default(),
+    };
+    let system = actix::System::new();
+    let silo = system.block_on(async {
+        let store = rollcall::connect(&args.store).await?;
+        let table = store.membership_table(&args.cluster, ProtocolMode::Extended)?;
+        let mut builder = Silo::builder(args.cluster.clone(), table)
+            .listen(args.listen)
+            .options(options)
+            .on_declared_dead(OnDeclaredDead::StopSystem { exit_code: 70 });
+        if let Some(a) = args.advertise {
+            builder = builder.advertise(a);
+        }
+        anyhow::Ok(builder.start().await?)
+    })?;
+    println!("silo {} is Active in cluster {}", silo.address(), args.cluster);
+    let handle = silo.clone();
+    system.block_on(async move {
+        actix::spawn(async move {
+            let mut status = handle.subscribe_status();
+            let mut snapshots = handle.subscribe();
+            loop {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {
+                        println!("Ctrl-C: shutting down gracefully");
+                        if let Err(e) = handle.shutdown().await {
+                            eprintln!("graceful shutdown failed: {e}");
+                        }
+                        actix::System::current().stop();
+                        return;
+                    }
+                    r = snapshots.changed() => {
+                        if r.is_err() { return; }
+                        let s = snapshots.borrow_and_update().clone();
+                        println!("table version {}: {} active", s.version.version, s.active().count());
+                    }
+                    r = status.changed() => {
+                        if r.is_err() { return; }
+                        if *status.borrow_and_update() == SiloStatus::Dead {
+                            eprintln!("this silo was declared Dead; exiting");
+                        }
+                    }
+                }
+            }
+        });
+    });
+    let code = system.run_with_code()?;
+    std::process::exit(code);
+}
+
+fn serde_json_options(json: &str) -> anyhow::Result<ClusterMembershipOptions> {
+    let o: ClusterMembershipOptions =
+        serde_json::from_str(json).map_err(|e| anyhow::anyhow!("--options: {e}"))?;
+    o.validate()?;
+    Ok(o)
+}
