@@ -463,3 +463,188 @@ async fn t11_garbage_and_oversized_frames_do_not_stop_the_probe_server() {
     assert_eq!(silo.status(), SiloStatus::Active);
     drop(conns);
 }
+
+#[test]
+fn t12_defunct_rows_are_cleaned_up_by_the_first_active_silo() {
+    run_virtual(|| async {
+        let options = ClusterMembershipOptions {
+            defunct_silo_expiration: Duration::from_secs(600),
+            defunct_silo_cleanup_period: Duration::from_secs(60),
+            max_defunct_silo_entries: 1,
+            ..Default::default()
+        };
+        let mut c = SimCluster::new(options);
+        c.start_many(5).await;
+        let (v4, v5) = (c.silos[3].clone(), c.silos[4].clone());
+        v5.kill();
+        let observers = c.silos[..3].to_vec();
+        wait_for(Duration::from_secs(120), || {
+            all_see_dead(&observers, &v5.address())
+        })
+        .await
+        .expect("v5 Dead");
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        v4.kill();
+        wait_for(Duration::from_secs(120), || {
+            all_see_dead(&observers, &v4.address())
+        })
+        .await
+        .expect("v4 Dead");
+        // Two Dead rows, at most one kept: the older (v5) goes at the next cleanup,
+        // although it is younger than defunct_silo_expiration.
+        let mut removed = false;
+        for _ in 0..180 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if c.table_snapshot().await.entry(&v5.address()).is_none() {
+                removed = true;
+                break;
+            }
+        }
+        assert!(
+            removed,
+            "the oldest Dead row beyond max_defunct_silo_entries must be removed"
+        );
+        let snap = c.table_snapshot().await;
+        assert_eq!(
+            snap.status_of(&v4.address()),
+            Some(SiloStatus::Dead),
+            "the newest Dead row is kept"
+        );
+        assert_eq!(snap.active().count(), 3, "live rows are never removed");
+        // After defunct_silo_expiration the last one goes too.
+        tokio::time::sleep(Duration::from_secs(12 * 60)).await;
+        let snap = c.table_snapshot().await;
+        assert!(
+            snap.entry(&v4.address()).is_none(),
+            "expired Dead row must be removed"
+        );
+        assert_eq!(snap.active().count(), 3);
+    });
+}
+
+#[test]
+fn t13_graceful_shutdown_and_stop_need_no_votes() {
+    run_virtual(|| async {
+        let mut c = SimCluster::new(ClusterMembershipOptions::default());
+        c.start_many(4).await;
+        let (leaving, stopping) = (c.silos[3].clone(), c.silos[2].clone());
+        let version = c.table_snapshot().await.version.version;
+        leaving.shutdown().await.expect("graceful shutdown");
+        stopping.stop().await.expect("ungraceful stop");
+        assert_eq!(leaving.status(), SiloStatus::Dead);
+        assert!(leaving.is_stopped() && stopping.is_stopped());
+        let snap = c.table_snapshot().await;
+        for s in [&leaving, &stopping] {
+            let row = snap.entry(&s.address()).unwrap();
+            assert_eq!(row.status, SiloStatus::Dead);
+            assert!(
+                row.suspect_votes.is_empty(),
+                "left on its own, nobody voted: {:?}",
+                row.suspect_votes
+            );
+        }
+        assert_eq!(
+            snap.version.version,
+            version + 4,
+            "two writes each (leaving status, then Dead)"
+        );
+        let observers = c.silos[..2].to_vec();
+        let took = wait_for(Duration::from_secs(5), || {
+            all_see_dead(&observers, &leaving.address()) && all_see_dead(&observers, &stopping.address())
+        })
+        .await;
+        assert!(took.is_some(), "gossip must tell the others at once");
+    });
+}
+
+#[test]
+fn t14_unreachable_active_silo_makes_join_fail_with_a_typed_error() {
+    run_virtual(|| async {
+        let options = ClusterMembershipOptions {
+            max_join_attempt_time: Duration::from_secs(30),
+            ..Default::default()
+        };
+        let mut c = SimCluster::new(options);
+        // An Active row whose process is gone, and nobody left to declare it Dead.
+        let ghost: SiloAddress = format!("{}@1", endpoint(200)).parse().unwrap();
+        let snap = c.table.read_all().await.unwrap();
+        let row = MembershipEntry::new(ghost, SiloStatus::Active, c.now());
+        assert!(c.table.insert_row(&row, &snap.version.next()).await.unwrap());
+        match c.start(1, 1).await {
+            Err(rollcall_membership_core::SiloError::JoinTimeout { unreachable, waited }) => {
+                assert_eq!(unreachable, vec![ghost]);
+                assert!(waited >= Duration::from_secs(30));
+            }
+            other => panic!("expected JoinTimeout, got {other:?}"),
+        }
+        let me: SiloAddress = format!("{}@1", endpoint(1)).parse().unwrap();
+        assert_eq!(
+            c.table_snapshot().await.status_of(&me),
+            Some(SiloStatus::Dead),
+            "a failed join writes itself Dead"
+        );
+    });
+}
+
+#[test]
+fn t15_declared_dead_stops_the_actix_system_with_an_error_code() {
+    use rollcall_membership_core::{OnDeclaredDead, ProtocolMode, Silo, SystemStore};
+    let store = rollcall_provider_memory::MemoryStore::new();
+    let table = store.membership_table("sys", ProtocolMode::Extended).unwrap();
+    let system = actix::System::new();
+    let silo = system
+        .block_on(
+            Silo::builder("sys", table.clone())
+                .listen("127.0.0.1:0".parse().unwrap())
+                .options(fast_options())
+                .on_declared_dead(OnDeclaredDead::default())
+                .start(),
+        )
+        .expect("join");
+    let me = silo.address();
+    system.block_on(async move {
+        // Another silo's verdict, written into the table; the silo notices on refresh.
+        let snap = table.read_all().await.unwrap();
+        let (row, etag) = snap.get(&me).cloned().unwrap();
+        let dead = MembershipEntry {
+            status: SiloStatus::Dead,
+            ..row
+        };
+        assert!(table
+            .update_row(&dead, &etag, &snap.version.next())
+            .await
+            .unwrap());
+        let _ = silo.refresh().await;
+    });
+    assert_eq!(system.run_with_code().unwrap(), 70);
+}
+
+#[test]
+fn t16_actors_receive_membership_changes() {
+    use actix::{Actor, Context, Handler};
+    use rollcall_membership_core::MembershipChanged;
+    struct Counter(Arc<Mutex<Vec<u64>>>);
+    impl Actor for Counter {
+        type Context = Context<Self>;
+    }
+    impl Handler<MembershipChanged> for Counter {
+        type Result = ();
+        fn handle(&mut self, msg: MembershipChanged, _: &mut Context<Self>) {
+            self.0.lock().unwrap().push(msg.0.version.version);
+        }
+    }
+    run_virtual(|| async {
+        let mut c = SimCluster::new(ClusterMembershipOptions::default());
+        c.start_many(1).await;
+        let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+        let counter = Counter(seen.clone()).start();
+        c.silos[0].subscribe_recipient(counter.recipient());
+        c.start(2, 1).await.unwrap();
+        c.start(3, 1).await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.first(), Some(&2), "the current snapshot at once: {seen:?}");
+        assert_eq!(seen.last(), Some(&6), "{seen:?}");
+        assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    });
+}

@@ -516,7 +516,19 @@ impl SiloHandle {
     /// [`SiloError::Table`] if the writes fail (the agents stop anyway);
     /// [`SiloError::Stopped`] if already stopped.
     pub async fn shutdown(&self) -> Result<(), SiloError> {
-        let r = ask(&self.oracle, Shutdown).await;
+        let r = ask(&self.oracle, Shutdown { graceful: true }).await;
+        self.stop.send_replace(true);
+        r?
+    }
+
+    /// Ungraceful stop: writes Stopping then Dead (so nobody has to detect the
+    /// departure), gossips and stops every agent at once, without waiting for
+    /// anything else of the application.
+    ///
+    /// # Errors
+    /// As [`shutdown`](Self::shutdown).
+    pub async fn stop(&self) -> Result<(), SiloError> {
+        let r = ask(&self.oracle, Shutdown { graceful: false }).await;
         self.stop.send_replace(true);
         r?
     }

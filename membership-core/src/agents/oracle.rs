@@ -86,7 +86,7 @@ impl MembershipOracle {
         if matches!(status, SiloStatus::Created | SiloStatus::Dead) || *self.stop_tx.borrow() {
             return;
         }
-        if status == SiloStatus::ShuttingDown {
+        if matches!(status, SiloStatus::ShuttingDown | SiloStatus::Stopping) {
             return; // leaving on our own: our Dead row is our doing
         }
         let own = self.current.entry(&self.me);
@@ -494,22 +494,31 @@ impl Handler<Subscribe> for MembershipOracle {
     }
 }
 
-/// Graceful shutdown: ShuttingDown, then Dead, then stop.
+/// Leaving: ShuttingDown (graceful) or Stopping (ungraceful), then Dead, then stop.
 #[derive(Message)]
 #[rtype(result = "Result<(), SiloError>")]
-pub(crate) struct Shutdown;
+pub(crate) struct Shutdown {
+    pub(crate) graceful: bool,
+}
 
 impl Handler<Shutdown> for MembershipOracle {
     type Result = AtomicResponse<Self, Result<(), SiloError>>;
 
-    fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) -> Self::Result {
+    fn handle(&mut self, msg: Shutdown, _: &mut Context<Self>) -> Self::Result {
         let (table, clock, me) = (self.table.clone(), self.clock.clone(), self.me);
         let cluster = self.cluster_id.clone();
         let was = self.status();
-        self.status_tx.send_replace(SiloStatus::ShuttingDown);
+        let leaving = if msg.graceful {
+            SiloStatus::ShuttingDown
+        } else {
+            SiloStatus::Stopping
+        };
+        if was != SiloStatus::Dead {
+            self.status_tx.send_replace(leaving);
+        }
         let fut = async move {
             let mut last = None;
-            for target in [SiloStatus::ShuttingDown, SiloStatus::Dead] {
+            for target in [leaving, SiloStatus::Dead] {
                 if was == SiloStatus::Dead {
                     break;
                 }

@@ -11,6 +11,7 @@
 //!   measuring against `now` would make every silo stale at once and let a single
 //!   vote declare death right after the outage (found by the table-outage scenario
 //!   test; Orleans measures against `now`);
+//! - each voter counts once (its newest vote), even if a stored row holds more;
 //! - a voter adds its own vote (replacing an older one of its own) and, after a
 //!   failed indirect probe, the intermediary's; stale votes are dropped; if the fresh
 //!   votes reach the requirement the row is written Dead, otherwise with the votes;
@@ -102,6 +103,9 @@ pub fn decide_vote(
         votes.retain(|old| old.silo != *v);
         votes.push(SuspectVote { silo: *v, time: now });
     }
+    // One vote per voter (the newest), whatever the stored row held.
+    votes.sort_by(|a, b| a.silo.cmp(&b.silo).then(b.time.cmp(&a.time)));
+    votes.dedup_by_key(|v| v.silo);
     votes.sort_by_key(|v| v.time);
     let keep = (options.num_votes_for_death_declaration as usize).max(1);
     if votes.len() > keep {
