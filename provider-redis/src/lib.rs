@@ -1,29 +1,136 @@
 //! # rollcall-provider-redis
 //!
-//! Membership and reminder tables on Redis (see `shared/design/PROVIDERS.md` for the
-//! mapping). **Not implemented yet**: [`RedisStore::connect`] answers
-//! [`Error::Unsupported`]; the provider's own issue fills it in.
+//! Membership and reminder tables on Redis, standalone or Redis Cluster.
+//!
+//! - **Conditional writes** use `WATCH` / `MULTI` / `EXEC` on a dedicated pooled
+//!   connection (deadpool-redis; WATCH state is per connection, so never on the shared
+//!   multiplexed one): WATCH row + version, read both, compare etags, then
+//!   `MULTI / SET row / SET version / EXEC`. A nil EXEC (a watched key changed) is
+//!   `Ok(false)`; connection and server errors are [`Error::Backend`].
+//! - **Atomic `read_all`**: one read-only Lua script returns the version, the index,
+//!   every row and the IAmAlive hash at one instant.
+//! - **Heartbeats** (`update_i_am_alive`) are one blind `HSET` into a hash of their
+//!   own, so they change neither row etags nor the version and never conflict.
+//! - **Reminders**: one JSON value per reminder plus a sorted set scored by the actor
+//!   hash; a hash range is one `ZRANGEBYSCORE` (two when it wraps).
+//! - **Redis Cluster**: all keys of one cluster (or service) share a hash tag, so they
+//!   live in one slot; the provider sends each operation to the master of that slot
+//!   (from `CLUSTER SLOTS`, refreshed on `MOVED`), where transactions work as on a
+//!   single server.
+//! - Values are JSON, readable with `redis-cli`; see [`keys`](crate#key-layout) below.
+//!
+//! ## Key layout
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `<prefix>:{m:<cluster>}:version` | string | `{"version":N,"etag":"..."}` |
+//! | `<prefix>:{m:<cluster>}:silos` | set | silo addresses with a row (the index) |
+//! | `<prefix>:{m:<cluster>}:silo:<ip:port@gen>` | string | the row as JSON, with its `etag` |
+//! | `<prefix>:{m:<cluster>}:alive` | hash | silo -> IAmAlive time (RFC 3339) |
+//! | `<prefix>:{r:<service>}:ring` | sorted set | `<actor>/<name>` scored by the actor hash |
+//! | `<prefix>:{r:<service>}:rem:<actor>/<name>` | string | the reminder as JSON, with its `etag` |
+//!
+//! Ids are escaped (`%`, `{`, `}`, `/`, `:` and control characters as `%XX`).
+//! The default prefix is `rollcall`.
+//!
+//! ```no_run
+//! # async fn run() -> rollcall_membership_core::Result<()> {
+//! use rollcall_membership_core::ProtocolMode;
+//! let store = rollcall_provider_redis::RedisStore::connect("redis://127.0.0.1:6379/0?pool_size=8").await?;
+//! let table = store.membership_table("orders", ProtocolMode::Extended)?;
+//! # Ok(()) }
+//! ```
 
 #![warn(missing_docs)]
 
+mod config;
+mod conn;
+mod keys;
+mod membership;
+mod reminders;
+
 use std::sync::Arc;
 
-use rollcall_membership_core::{Error, Result, SystemStore};
+pub use config::RedisConfig;
+pub use membership::RedisMembershipTable;
+pub use reminders::RedisReminderTable;
+use rollcall_membership_core::{
+    validate_id, Error, MembershipTable, ProtocolMode, ReminderTable, Result, SystemStore,
+};
 
-/// A Redis-backed [`SystemStore`] (placeholder).
-#[derive(Debug)]
+/// A fresh random etag (128 bits, hex).
+pub(crate) fn new_etag() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// The Redis [`SystemStore`]. Cheap to clone.
+#[derive(Clone, Debug)]
 pub struct RedisStore {
-    _private: (),
+    router: Arc<conn::Router>,
+    config: RedisConfig,
 }
 
 impl RedisStore {
-    /// Connects to the store named by `url`.
+    /// Opens the store named by `url` (see [`RedisConfig`] for the forms) and checks
+    /// that the server answers.
     ///
     /// # Errors
-    /// Always [`Error::Unsupported`] in this release: the provider is not implemented.
+    /// [`Error::InvalidConfig`] for a bad URL; [`Error::Backend`] if the server (or,
+    /// for a cluster, no seed node) answers.
     pub async fn connect(url: &str) -> Result<Arc<dyn SystemStore>> {
-        Err(Error::Unsupported(format!(
-            "the Redis provider is not implemented yet (store URL `{url}`)"
+        Ok(Arc::new(Self::open(url).await?))
+    }
+
+    /// As [`connect`](Self::connect), returning the concrete type.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn open(url: &str) -> Result<RedisStore> {
+        let config = RedisConfig::from_url(url)?;
+        let router = Arc::new(conn::Router::new(&config)?);
+        let node = router.node("").await?;
+        let mut con = node.shared().await?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut con)
+            .await
+            .map_err(|e| conn::backend("PING", e))?;
+        Ok(RedisStore { router, config })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+}
+
+impl SystemStore for RedisStore {
+    fn provider(&self) -> &'static str {
+        "redis"
+    }
+
+    fn membership_table(&self, cluster_id: &str, mode: ProtocolMode) -> Result<Arc<dyn MembershipTable>> {
+        validate_id("cluster_id", cluster_id)?;
+        Ok(Arc::new(RedisMembershipTable::new(
+            self.router.clone(),
+            &self.config.key_prefix,
+            cluster_id,
+            mode,
         )))
     }
+
+    fn reminder_table(&self, service_id: &str) -> Result<Arc<dyn ReminderTable>> {
+        validate_id("service_id", service_id)?;
+        Ok(Arc::new(RedisReminderTable::new(
+            self.router.clone(),
+            &self.config.key_prefix,
+            service_id,
+        )))
+    }
+}
+
+#[allow(unused)]
+fn _assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<RedisStore>();
+    let _ = Error::backend("");
 }

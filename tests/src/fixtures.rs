@@ -32,6 +32,8 @@ pub enum Kind {
     Etcd,
     /// DynamoDB API (`moto_server`).
     DynamoDb,
+    /// A 3-master Redis Cluster (`redis-server --cluster-enabled yes` x3 + `redis-cli --cluster create`).
+    RedisCluster,
 }
 
 impl Kind {
@@ -40,6 +42,7 @@ impl Kind {
             Kind::Redis => "ROLLCALL_REDIS_URL",
             Kind::Etcd => "ROLLCALL_ETCD_ENDPOINTS",
             Kind::DynamoDb => "ROLLCALL_DYNAMODB_ENDPOINT",
+            Kind::RedisCluster => "ROLLCALL_REDIS_CLUSTER_URL",
         }
     }
 
@@ -48,6 +51,7 @@ impl Kind {
             Kind::Redis => "redis-server",
             Kind::Etcd => "etcd",
             Kind::DynamoDb => "moto_server",
+            Kind::RedisCluster => "redis-server",
         }
     }
 }
@@ -72,6 +76,10 @@ enum Guard {
         child: Child,
         dir: TempDir,
     },
+    Processes {
+        children: Vec<Child>,
+        dir: TempDir,
+    },
     #[cfg(feature = "docker")]
     Container(Box<dyn std::any::Any + Send + Sync>),
 }
@@ -81,6 +89,7 @@ impl std::fmt::Debug for Guard {
         match self {
             Guard::None => f.write_str("None"),
             Guard::Process { child, .. } => write!(f, "Process({:?})", child.id()),
+            Guard::Processes { children, .. } => write!(f, "Processes({})", children.len()),
             #[cfg(feature = "docker")]
             Guard::Container(_) => f.write_str("Container"),
         }
@@ -107,6 +116,12 @@ pub fn backends_required() -> bool {
 /// A Redis server, or `None` (skip) when there is none and backends are not required.
 pub async fn redis() -> Option<Backend> {
     find(Kind::Redis).await
+}
+
+/// A 3-master Redis Cluster (`redis+cluster://` URL), or `None` (skip) when there is
+/// none and backends are not required.
+pub async fn redis_cluster() -> Option<Backend> {
+    find(Kind::RedisCluster).await
 }
 
 /// An etcd server, or `None` (skip) when there is none and backends are not required.
@@ -184,9 +199,121 @@ pub async fn wait_for_port(addr: SocketAddr, timeout: Duration) -> Result<(), St
     }
 }
 
+/// Starts a local server of `kind` on `port` (a free one if `None`), owned by the
+/// returned [`Backend`]: dropping it, or [`Backend::stop`], kills the process.
+pub async fn start_local_on(kind: Kind, port: Option<u16>) -> Result<Backend, String> {
+    if kind == Kind::RedisCluster {
+        return start_local_redis_cluster().await;
+    }
+    start_local_inner(kind, port).await
+}
+
+impl Backend {
+    /// Kills a locally started server at once (as a crash) and waits for it to exit.
+    pub async fn stop(&mut self) {
+        match &mut self._guard {
+            Guard::Process { child, .. } => {
+                let _ = child.kill().await;
+            }
+            Guard::Processes { children, .. } => {
+                for c in children {
+                    let _ = c.kill().await;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 async fn start_local(kind: Kind) -> Result<Backend, String> {
+    start_local_on(kind, None).await
+}
+
+async fn start_local_redis_cluster() -> Result<Backend, String> {
+    let server = find_binary("redis-server").ok_or("redis-server not found")?;
+    let cli = find_binary("redis-cli").ok_or("redis-cli not found")?;
+    let dir = std::env::temp_dir().join(crate::unique_id("redis-cluster"));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let dir = TempDir(dir);
+    let mut children = Vec::new();
+    let mut ports = Vec::new();
+    for i in 0..3 {
+        let port = free_port().map_err(|e| e.to_string())?;
+        let node_dir = dir.0.join(format!("n{i}"));
+        std::fs::create_dir_all(&node_dir).map_err(|e| e.to_string())?;
+        let log = std::fs::File::create(node_dir.join("server.log")).map_err(|e| e.to_string())?;
+        let child = Command::new(&server)
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"])
+            .arg("--dir")
+            .arg(&node_dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("spawn redis-server: {e}"))?;
+        children.push(child);
+        ports.push(port);
+    }
+    for p in &ports {
+        wait_for_port(([127, 0, 0, 1], *p).into(), Duration::from_secs(30)).await?;
+    }
+    let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let out = Command::new(&cli)
+        .args(["--cluster", "create"])
+        .args(&nodes)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .await
+        .map_err(|e| format!("redis-cli --cluster create: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        ));
+    }
+    // Wait until every node reports cluster_state:ok.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for p in &ports {
+        loop {
+            let info = Command::new(&cli)
+                .args(["-p", &p.to_string(), "cluster", "info"])
+                .output()
+                .await
+                .map_err(|e| e.to_string())?;
+            if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("node {p} never reached cluster_state:ok"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(Backend {
+        kind: Kind::RedisCluster,
+        endpoint: format!("redis+cluster://{}", nodes.join(",")),
+        source: "local",
+        _guard: Guard::Processes { children, dir },
+    })
+}
+
+async fn start_local_inner(kind: Kind, port: Option<u16>) -> Result<Backend, String> {
     let bin = find_binary(kind.binary()).ok_or_else(|| "not found on PATH or in .venv/bin".to_owned())?;
-    let port = free_port().map_err(|e| e.to_string())?;
+    let port = match port {
+        Some(p) => p,
+        None => free_port().map_err(|e| e.to_string())?,
+    };
     let dir = std::env::temp_dir().join(format!("{}-{}", crate::unique_id(kind.binary()), port));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let dir = TempDir(dir);
@@ -232,6 +359,7 @@ async fn start_local(kind: Kind) -> Result<Backend, String> {
             cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
             format!("http://127.0.0.1:{port}")
         }
+        Kind::RedisCluster => return Err("use start_local_redis_cluster".into()),
     };
     let log = std::fs::File::create(dir.0.join("server.log")).map_err(|e| e.to_string())?;
     let log2 = log.try_clone().map_err(|e| e.to_string())?;
@@ -277,6 +405,9 @@ mod docker {
         if !daemon_answers() {
             return Err("no Docker daemon answers".into());
         }
+        if kind == Kind::RedisCluster {
+            return Err("a Redis Cluster is started as local processes only".into());
+        }
         let (image, port, ready) = match kind {
             Kind::Redis => (
                 GenericImage::new("redis", "7-alpine"),
@@ -288,7 +419,7 @@ mod docker {
                 2379,
                 WaitFor::message_on_stderr("ready to serve client requests"),
             ),
-            Kind::DynamoDb => (
+            Kind::DynamoDb | Kind::RedisCluster => (
                 GenericImage::new("motoserver/moto", "5.0.28"),
                 5000,
                 WaitFor::seconds(2),
@@ -313,7 +444,7 @@ mod docker {
         let endpoint = match kind {
             Kind::Redis => format!("redis://127.0.0.1:{host_port}"),
             Kind::Etcd => format!("127.0.0.1:{host_port}"),
-            Kind::DynamoDb => format!("http://127.0.0.1:{host_port}"),
+            Kind::DynamoDb | Kind::RedisCluster => format!("http://127.0.0.1:{host_port}"),
         };
         Ok(Backend {
             kind,

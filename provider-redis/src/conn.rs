@@ -1,0 +1,269 @@
+//! Connections: per node, a pool of dedicated connections for WATCH transactions
+//! (deadpool-redis) and one auto-reconnecting multiplexed connection for plain reads
+//! and heartbeats. In Redis Cluster mode, the node that owns a hash tag's slot is
+//! found with `CLUSTER SLOTS` and refreshed on a `MOVED` redirection.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use redis::aio::ConnectionManager;
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+use rollcall_membership_core::{Error, Result};
+use tokio::sync::{OnceCell, RwLock};
+
+use crate::config::{redact, RedisConfig};
+use crate::keys::slot;
+
+/// A Redis client error as a rollcall error.
+pub(crate) fn backend(what: &str, e: RedisError) -> Error {
+    Error::backend_with(format!("redis: {what}"), e)
+}
+
+fn is_moved(e: &Error) -> bool {
+    if let Error::Backend { source: Some(s), .. } = e {
+        if let Some(re) = s.downcast_ref::<RedisError>() {
+            return matches!(
+                re.kind(),
+                ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+            );
+        }
+    }
+    false
+}
+
+/// One Redis server.
+pub(crate) struct Node {
+    pub(crate) url: String,
+    client: redis::Client,
+    pool: deadpool_redis::Pool,
+    shared: OnceCell<ConnectionManager>,
+    timeout: std::time::Duration,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node").field("url", &redact(&self.url)).finish()
+    }
+}
+
+/// A pooled connection held for one transaction.
+pub(crate) type Dedicated = deadpool_redis::Connection;
+
+impl Node {
+    fn new(url: &str, cfg: &RedisConfig) -> Result<Node> {
+        let client = redis::Client::open(url)
+            .map_err(|e| Error::invalid_config("store_url", format!("{}: {e}", redact(url))))?;
+        let mut pool_cfg = deadpool_redis::Config::from_url(url);
+        let mut pc = deadpool_redis::PoolConfig::new(cfg.pool_size);
+        pc.timeouts.wait = Some(cfg.timeout);
+        pc.timeouts.create = Some(cfg.timeout);
+        pc.timeouts.recycle = Some(cfg.timeout);
+        pool_cfg.pool = Some(pc);
+        let pool = pool_cfg
+            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+            .map_err(|e| Error::invalid_config("store_url", format!("{}: {e}", redact(url))))?;
+        Ok(Node {
+            url: url.to_owned(),
+            client,
+            pool,
+            shared: OnceCell::new(),
+            timeout: cfg.timeout,
+        })
+    }
+
+    /// The shared multiplexed connection (reconnects by itself after failures).
+    pub(crate) async fn shared(&self) -> Result<ConnectionManager> {
+        let cfg = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(1);
+        self.shared
+            .get_or_try_init(|| async { self.client.get_connection_manager_with_config(cfg).await })
+            .await
+            .cloned()
+            .map_err(|e| backend(&format!("connect to {}", redact(&self.url)), e))
+    }
+
+    /// A dedicated pooled connection (for WATCH ... EXEC).
+    pub(crate) async fn dedicated(&self) -> Result<Dedicated> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| Error::backend_with(format!("redis: pooled connection to {}", redact(&self.url)), e))
+    }
+
+    /// Bounds an operation by the configured timeout.
+    pub(crate) async fn timed<T>(&self, what: &str, fut: impl Future<Output = Result<T>>) -> Result<T> {
+        tokio::time::timeout(self.timeout, fut).await.unwrap_or_else(|_| {
+            Err(Error::backend(format!(
+                "redis: {what} timed out after {:?}",
+                self.timeout
+            )))
+        })
+    }
+}
+
+/// Finds the node for a hash tag.
+#[derive(Debug)]
+pub(crate) enum Router {
+    Standalone(Arc<Node>),
+    Cluster(Box<ClusterRouter>),
+}
+
+#[derive(Debug)]
+pub(crate) struct ClusterRouter {
+    cfg: RedisConfig,
+    /// (first slot, last slot, node URL), from CLUSTER SLOTS.
+    slots: RwLock<Vec<(u16, u16, String)>>,
+    nodes: Mutex<HashMap<String, Arc<Node>>>,
+    scheme_and_auth: String,
+}
+
+impl Router {
+    pub(crate) fn new(cfg: &RedisConfig) -> Result<Router> {
+        if !cfg.cluster {
+            let url = cfg
+                .nodes
+                .first()
+                .ok_or_else(|| Error::invalid_config("store_url", "no node"))?;
+            return Ok(Router::Standalone(Arc::new(Node::new(url, cfg)?)));
+        }
+        let seed = cfg
+            .nodes
+            .first()
+            .ok_or_else(|| Error::invalid_config("store_url", "no seed node"))?;
+        let (scheme, rest) = seed.split_once("://").unwrap_or(("redis", seed));
+        let auth = rest
+            .rsplit_once('@')
+            .map(|(a, _)| format!("{a}@"))
+            .unwrap_or_default();
+        Ok(Router::Cluster(Box::new(ClusterRouter {
+            cfg: cfg.clone(),
+            slots: RwLock::new(Vec::new()),
+            nodes: Mutex::new(HashMap::new()),
+            scheme_and_auth: format!("{scheme}://{auth}"),
+        })))
+    }
+
+    /// The node owning `tag`'s slot.
+    pub(crate) async fn node(&self, tag: &str) -> Result<Arc<Node>> {
+        match self {
+            Router::Standalone(n) => Ok(n.clone()),
+            Router::Cluster(c) => c.node_for(slot(tag), false).await,
+        }
+    }
+
+    /// Runs `op` on the node of `tag`; after a MOVED/ASK redirection (resharding),
+    /// refreshes the slot map and runs it once more.
+    pub(crate) async fn run<T, F, Fut>(&self, tag: &str, op: F) -> Result<T>
+    where
+        F: Fn(Arc<Node>) -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let node = self.node(tag).await?;
+        match op(node).await {
+            Err(e) if is_moved(&e) => {
+                if let Router::Cluster(c) = self {
+                    let node = c.node_for(slot(tag), true).await?;
+                    return op(node).await;
+                }
+                Err(e)
+            }
+            other => other,
+        }
+    }
+}
+
+impl ClusterRouter {
+    async fn node_for(&self, slot: u16, refresh: bool) -> Result<Arc<Node>> {
+        if refresh || self.slots.read().await.is_empty() {
+            self.refresh().await?;
+        }
+        let url = self
+            .slots
+            .read()
+            .await
+            .iter()
+            .find(|(lo, hi, _)| (*lo..=*hi).contains(&slot))
+            .map(|(_, _, u)| u.clone())
+            .ok_or_else(|| Error::backend(format!("redis cluster: no node serves slot {slot}")))?;
+        let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = nodes.get(&url) {
+            return Ok(n.clone());
+        }
+        let node = Arc::new(Node::new(&url, &self.cfg)?);
+        nodes.insert(url, node.clone());
+        Ok(node)
+    }
+
+    /// Reads CLUSTER SLOTS from the first seed that answers.
+    async fn refresh(&self) -> Result<()> {
+        let mut last = None;
+        for seed in &self.cfg.nodes {
+            let fetch = async {
+                let client = redis::Client::open(seed.as_str()).map_err(|e| backend("open seed", e))?;
+                let mut con = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| backend(&format!("connect to seed {}", redact(seed)), e))?;
+                let v: redis::Value = redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut con)
+                    .await
+                    .map_err(|e| backend("CLUSTER SLOTS", e))?;
+                parse_slots(&v, &self.scheme_and_auth)
+            };
+            match tokio::time::timeout(self.cfg.timeout, fetch).await {
+                Ok(Ok(map)) if !map.is_empty() => {
+                    *self.slots.write().await = map;
+                    return Ok(());
+                }
+                Ok(Ok(_)) => last = Some(Error::backend("redis cluster: CLUSTER SLOTS is empty")),
+                Ok(Err(e)) => last = Some(e),
+                Err(_) => {
+                    last = Some(Error::backend(format!(
+                        "redis cluster: seed {} timed out",
+                        redact(seed)
+                    )))
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::backend("redis cluster: no seed node")))
+    }
+}
+
+/// Parses a CLUSTER SLOTS reply: `[[start, end, [ip, port, id, ...], replicas...], ...]`.
+fn parse_slots(v: &redis::Value, scheme_and_auth: &str) -> Result<Vec<(u16, u16, String)>> {
+    use redis::Value;
+    let bad = |why: &str| Error::corrupt("CLUSTER SLOTS", why);
+    let Value::Array(ranges) = v else {
+        return Err(bad("not an array"));
+    };
+    let mut out = Vec::new();
+    for r in ranges {
+        let Value::Array(parts) = r else {
+            return Err(bad("range is not an array"));
+        };
+        let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(Value::Array(master))) =
+            (parts.first(), parts.get(1), parts.get(2))
+        else {
+            return Err(bad("range without start, end and master"));
+        };
+        let ip = match master.first() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => return Err(bad("master without ip")),
+        };
+        let Some(Value::Int(port)) = master.get(1) else {
+            return Err(bad("master without port"));
+        };
+        let (lo, hi) = (
+            u16::try_from(*lo).map_err(|_| bad("slot"))?,
+            u16::try_from(*hi).map_err(|_| bad("slot"))?,
+        );
+        let host = if ip.contains(':') { format!("[{ip}]") } else { ip };
+        out.push((lo, hi, format!("{scheme_and_auth}{host}:{port}")));
+    }
+    Ok(out)
+}

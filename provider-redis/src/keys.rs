@@ -1,0 +1,120 @@
+//! Key layout.
+//!
+//! Every key of one cluster (or one reminder service) shares a hash tag, so all of
+//! them live in one Redis Cluster slot and multi-key transactions work there too:
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `<prefix>:{m:<cluster>}:version` | string | `{"version":N,"etag":"..."}` |
+//! | `<prefix>:{m:<cluster>}:silos` | set | silo addresses with a row (the index; no `KEYS` scans) |
+//! | `<prefix>:{m:<cluster>}:silo:<ip:port@gen>` | string | the row as JSON, with its `etag` |
+//! | `<prefix>:{m:<cluster>}:alive` | hash | silo address -> IAmAlive time (RFC 3339) |
+//! | `<prefix>:{r:<service>}:ring` | sorted set | `<actor>/<name>` scored by the 32-bit actor hash |
+//! | `<prefix>:{r:<service>}:rem:<actor>/<name>` | string | the reminder as JSON, with its `etag` |
+//!
+//! Ids, actor ids and names are escaped (`%`, `{`, `}`, `/`, `:` and control
+//! characters as `%XX`) so that no id can break the hash tag or collide with
+//! another key.
+
+/// Escapes `%`, `{`, `}`, `/`, `:` and control characters as `%XX`.
+pub(crate) fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '%' | '{' | '}' | '/' | ':') || c.is_control() {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Keys of one cluster's membership table.
+#[derive(Clone, Debug)]
+pub(crate) struct MembershipKeys {
+    /// The hash tag content (`m:<escaped cluster>`), for slot routing.
+    pub(crate) tag: String,
+    base: String,
+}
+
+impl MembershipKeys {
+    pub(crate) fn new(prefix: &str, cluster: &str) -> Self {
+        let tag = format!("m:{}", escape(cluster));
+        MembershipKeys {
+            base: format!("{prefix}:{{{tag}}}"),
+            tag,
+        }
+    }
+    pub(crate) fn version(&self) -> String {
+        format!("{}:version", self.base)
+    }
+    pub(crate) fn index(&self) -> String {
+        format!("{}:silos", self.base)
+    }
+    pub(crate) fn alive(&self) -> String {
+        format!("{}:alive", self.base)
+    }
+    pub(crate) fn row_prefix(&self) -> String {
+        format!("{}:silo:", self.base)
+    }
+    pub(crate) fn row(&self, silo: &str) -> String {
+        format!("{}{silo}", self.row_prefix())
+    }
+}
+
+/// Keys of one service's reminder table.
+#[derive(Clone, Debug)]
+pub(crate) struct ReminderKeys {
+    pub(crate) tag: String,
+    base: String,
+}
+
+impl ReminderKeys {
+    pub(crate) fn new(prefix: &str, service: &str) -> Self {
+        let tag = format!("r:{}", escape(service));
+        ReminderKeys {
+            base: format!("{prefix}:{{{tag}}}"),
+            tag,
+        }
+    }
+    pub(crate) fn ring(&self) -> String {
+        format!("{}:ring", self.base)
+    }
+    /// The ring member of a reminder: `<escaped actor>/<escaped name>`.
+    pub(crate) fn member(actor: &str, name: &str) -> String {
+        format!("{}/{}", escape(actor), escape(name))
+    }
+    pub(crate) fn row(&self, member: &str) -> String {
+        format!("{}:rem:{member}", self.base)
+    }
+}
+
+/// The Redis Cluster slot of a hash tag (CRC16-XMODEM mod 16384).
+pub(crate) fn slot(tag: &str) -> u16 {
+    crc16::State::<crc16::XMODEM>::calculate(tag.as_bytes()) % 16384
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_cannot_break_the_hash_tag() {
+        let k = MembershipKeys::new("rollcall", "a}b{c:d/e%");
+        assert_eq!(k.version(), "rollcall:{m:a%7Db%7Bc%3Ad%2Fe%25}:version");
+        assert_eq!(ReminderKeys::member("x/y", "n:m"), "x%2Fy/n%3Am");
+        assert_ne!(ReminderKeys::member("a/b", "c"), ReminderKeys::member("a", "b/c"));
+        assert_eq!(escape("ü\n"), "ü%0A");
+    }
+
+    #[test]
+    fn slots_match_redis() {
+        // Values from the Redis Cluster specification / CLUSTER KEYSLOT.
+        assert_eq!(slot("123456789"), 12739);
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot(""), 0);
+    }
+}

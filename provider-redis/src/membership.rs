@@ -1,0 +1,488 @@
+//! The membership table on Redis.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use redis::Value;
+use rollcall_membership_core::{
+    Error, Etag, MembershipEntry, MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress,
+    SiloStatus, TableVersion, Timestamp,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::conn::{backend, Dedicated, Node, Router};
+use crate::keys::MembershipKeys;
+use crate::new_etag;
+
+/// The stored version row.
+#[derive(Serialize, Deserialize)]
+struct StoredVersion {
+    version: u64,
+    etag: String,
+}
+
+/// A stored row: the entry's columns plus its etag.
+#[derive(Serialize, Deserialize)]
+struct StoredRow {
+    #[serde(flatten)]
+    entry: MembershipEntry,
+    etag: String,
+}
+
+/// The version of a cluster whose version key does not exist yet.
+fn initial_version() -> TableVersion {
+    TableVersion {
+        version: 0,
+        etag: Etag::new("0"),
+    }
+}
+
+/// Atomic snapshot: version, index, every row and the IAmAlive hash in one script.
+const READ_ALL: &str = r"
+local version = redis.call('GET', KEYS[1])
+local ids = redis.call('SMEMBERS', KEYS[2])
+local rows = {}
+for i, id in ipairs(ids) do rows[i] = redis.call('GET', ARGV[1] .. id) end
+local alive = redis.call('HGETALL', KEYS[3])
+return {version, ids, rows, alive}
+";
+
+/// Blind IAmAlive write, only for a silo that has a row.
+const I_AM_ALIVE: &str = r"
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then
+  redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+end
+return 0
+";
+
+/// One planned row write.
+struct WriteRow<'a> {
+    entry: &'a MembershipEntry,
+    expected: Option<&'a Etag>,
+    next: &'a TableVersion,
+    row_json: &'a str,
+}
+
+/// The membership table of one cluster on Redis.
+#[derive(Debug, Clone)]
+pub struct RedisMembershipTable {
+    router: Arc<Router>,
+    keys: MembershipKeys,
+    prefix: String,
+    cluster_id: String,
+    mode: ProtocolMode,
+}
+
+fn text(v: &Value, key: &str) -> Result<Option<String>> {
+    match v {
+        Value::Nil => Ok(None),
+        Value::BulkString(b) => String::from_utf8(b.clone())
+            .map(Some)
+            .map_err(|_| Error::corrupt(key, "value is not UTF-8")),
+        Value::SimpleString(s) => Ok(Some(s.clone())),
+        other => Err(Error::corrupt(key, format!("unexpected reply {other:?}"))),
+    }
+}
+
+fn decode_version(raw: Option<&str>, key: &str) -> Result<TableVersion> {
+    match raw {
+        None => Ok(initial_version()),
+        Some(s) => {
+            let v: StoredVersion = serde_json::from_str(s).map_err(|e| Error::corrupt(key, e))?;
+            if v.etag.is_empty() {
+                return Err(Error::corrupt(key, "empty etag"));
+            }
+            Ok(TableVersion {
+                version: v.version,
+                etag: Etag::new(v.etag),
+            })
+        }
+    }
+}
+
+fn decode_row(raw: &str, key: &str, silo: Option<&SiloAddress>) -> Result<(MembershipEntry, Etag)> {
+    let row: StoredRow = serde_json::from_str(raw).map_err(|e| Error::corrupt(key, e))?;
+    if let Some(s) = silo {
+        if row.entry.silo != *s {
+            return Err(Error::corrupt(
+                key,
+                format!("row holds silo {} under the key of {s}", row.entry.silo),
+            ));
+        }
+    }
+    if row.etag.is_empty() {
+        return Err(Error::corrupt(key, "empty etag"));
+    }
+    Ok((row.entry, Etag::new(row.etag)))
+}
+
+fn encode_row(entry: &MembershipEntry, etag: &str) -> Result<String> {
+    serde_json::to_string(&StoredRow {
+        entry: entry.clone(),
+        etag: etag.to_owned(),
+    })
+    .map_err(|e| Error::backend(format!("encode row: {e}")))
+}
+
+fn encode_version(version: u64) -> Result<(String, String)> {
+    let etag = new_etag();
+    let json = serde_json::to_string(&StoredVersion {
+        version,
+        etag: etag.clone(),
+    })
+    .map_err(|e| Error::backend(format!("encode version: {e}")))?;
+    Ok((json, etag))
+}
+
+/// Clears any WATCH left on a pooled connection, then watches `keys`.
+async fn watch(con: &mut Dedicated, keys: &[&str]) -> Result<()> {
+    redis::pipe()
+        .cmd("UNWATCH")
+        .ignore()
+        .cmd("WATCH")
+        .arg(keys)
+        .ignore()
+        .query_async::<()>(&mut **con)
+        .await
+        .map_err(|e| backend("WATCH", e))
+}
+
+async fn unwatch(con: &mut Dedicated) -> Result<bool> {
+    redis::cmd("UNWATCH")
+        .query_async::<()>(&mut **con)
+        .await
+        .map_err(|e| backend("UNWATCH", e))?;
+    Ok(false)
+}
+
+impl RedisMembershipTable {
+    pub(crate) fn new(router: Arc<Router>, prefix: &str, cluster_id: &str, mode: ProtocolMode) -> Self {
+        RedisMembershipTable {
+            router,
+            keys: MembershipKeys::new(prefix, cluster_id),
+            prefix: prefix.to_owned(),
+            cluster_id: cluster_id.to_owned(),
+            mode,
+        }
+    }
+
+    fn version_ok(&self, stored: &TableVersion, next: &TableVersion) -> bool {
+        self.mode == ProtocolMode::Basic
+            || (stored.etag == next.etag && stored.version.checked_add(1) == Some(next.version))
+    }
+
+    async fn write_row(
+        &self,
+        entry: &MembershipEntry,
+        expected: Option<&Etag>,
+        next: &TableVersion,
+    ) -> Result<bool> {
+        let what = if expected.is_some() {
+            "update_row"
+        } else {
+            "insert_row"
+        };
+        let row_json = encode_row(entry, &new_etag())?;
+        let write = WriteRow {
+            entry,
+            expected,
+            next,
+            row_json: &row_json,
+        };
+        self.router
+            .run(&self.keys.tag, |node: Arc<Node>| {
+                let write = &write;
+                async move {
+                    node.timed(what, async {
+                        let mut con = node.dedicated().await?;
+                        let r = self.write_on(&mut con, write).await;
+                        if r.is_err() {
+                            // Never hand a connection with unknown WATCH state back to the pool.
+                            drop(deadpool_redis::Connection::take(con));
+                        }
+                        r
+                    })
+                    .await
+                }
+            })
+            .await
+    }
+
+    /// WATCH row (+ version), read, compare etags, MULTI / SET row / SET version / EXEC.
+    async fn write_on(&self, con: &mut Dedicated, w: &WriteRow<'_>) -> Result<bool> {
+        let id = w.entry.silo.to_string();
+        let row_key = self.keys.row(&id);
+        let version_key = self.keys.version();
+        let extended = self.mode == ProtocolMode::Extended;
+        let watched: Vec<&str> = if extended {
+            vec![row_key.as_str(), version_key.as_str()]
+        } else {
+            vec![row_key.as_str()]
+        };
+        watch(con, &watched).await?;
+        let (row, version): (Option<String>, Option<String>) = redis::pipe()
+            .get(&row_key)
+            .get(&version_key)
+            .query_async(&mut **con)
+            .await
+            .map_err(|e| backend("read before write", e))?;
+        match (w.expected, row.as_deref()) {
+            (None, Some(_)) | (Some(_), None) => return unwatch(con).await,
+            (Some(etag), Some(raw)) => {
+                let (_, stored) = decode_row(raw, &row_key, None)?;
+                if stored != *etag {
+                    return unwatch(con).await;
+                }
+            }
+            (None, None) => {}
+        }
+        let mut tx = redis::pipe();
+        tx.atomic()
+            .set(&row_key, w.row_json)
+            .ignore()
+            .sadd(self.keys.index(), &id)
+            .ignore()
+            .hset(self.keys.alive(), &id, w.entry.i_am_alive_time.to_string())
+            .ignore();
+        if extended {
+            let stored = decode_version(version.as_deref(), &version_key)?;
+            if !self.version_ok(&stored, w.next) {
+                return unwatch(con).await;
+            }
+            let (json, _) = encode_version(w.next.version)?;
+            tx.set(&version_key, json).ignore();
+        }
+        tx.cmd("PING");
+        // EXEC answers nil when a watched key changed.
+        let committed: Option<(String,)> =
+            tx.query_async(&mut **con).await.map_err(|e| backend("EXEC", e))?;
+        Ok(committed.is_some())
+    }
+
+    async fn read(&self, only: Option<&SiloAddress>) -> Result<MembershipSnapshot> {
+        let keys = self.keys.clone();
+        let reply: Value = self
+            .router
+            .run(&keys.tag, |node: Arc<Node>| {
+                let keys = keys.clone();
+                async move {
+                    node.timed("read_all", async {
+                        let mut con = node.shared().await?;
+                        redis::Script::new(READ_ALL)
+                            .key(keys.version())
+                            .key(keys.index())
+                            .key(keys.alive())
+                            .arg(keys.row_prefix())
+                            .invoke_async(&mut con)
+                            .await
+                            .map_err(|e| backend("read_all", e))
+                    })
+                    .await
+                }
+            })
+            .await?;
+        let parts = match reply {
+            Value::Array(p) if p.len() == 4 => p,
+            other => {
+                return Err(Error::corrupt(
+                    self.keys.version(),
+                    format!("unexpected read_all reply {other:?}"),
+                ))
+            }
+        };
+        let version = decode_version(
+            text(&parts[0], &self.keys.version())?.as_deref(),
+            &self.keys.version(),
+        )?;
+        let (Value::Array(ids), Value::Array(rows), Value::Array(alive)) = (&parts[1], &parts[2], &parts[3])
+        else {
+            return Err(Error::corrupt(self.keys.index(), "unexpected read_all reply"));
+        };
+        let mut alive_times: HashMap<String, String> = HashMap::new();
+        for kv in alive.chunks(2) {
+            if let [k, v] = kv {
+                if let (Some(k), Some(v)) = (text(k, &self.keys.alive())?, text(v, &self.keys.alive())?) {
+                    alive_times.insert(k, v);
+                }
+            }
+        }
+        let mut snap = MembershipSnapshot {
+            version,
+            entries: Default::default(),
+        };
+        for (id, row) in ids.iter().zip(rows) {
+            let Some(id) = text(id, &self.keys.index())? else {
+                continue;
+            };
+            let key = self.keys.row(&id);
+            let silo: SiloAddress = id.parse().map_err(|e| Error::corrupt(self.keys.index(), e))?;
+            if only.is_some_and(|o| *o != silo) {
+                continue;
+            }
+            let Some(raw) = text(row, &key)? else { continue };
+            let (mut entry, etag) = decode_row(&raw, &key, Some(&silo))?;
+            if let Some(t) = alive_times.get(&id) {
+                entry.i_am_alive_time = t.parse().map_err(|e| Error::corrupt(self.keys.alive(), e))?;
+            }
+            snap.entries.insert(silo, (entry, etag));
+        }
+        Ok(snap)
+    }
+}
+
+#[async_trait]
+impl MembershipTable for RedisMembershipTable {
+    fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    async fn init(&self, _try_create: bool) -> Result<()> {
+        let key = self.keys.version();
+        let (json, _) = encode_version(0)?;
+        self.router
+            .run(&self.keys.tag, |node: Arc<Node>| {
+                let (key, json) = (key.clone(), json.clone());
+                async move {
+                    node.timed("init", async {
+                        let mut con = node.shared().await?;
+                        redis::cmd("SET")
+                            .arg(&key)
+                            .arg(&json)
+                            .arg("NX")
+                            .query_async::<Option<String>>(&mut con)
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| backend("init", e))
+                    })
+                    .await
+                }
+            })
+            .await
+    }
+
+    async fn read_row(&self, silo: &SiloAddress) -> Result<MembershipSnapshot> {
+        self.read(Some(silo)).await
+    }
+
+    async fn read_all(&self) -> Result<MembershipSnapshot> {
+        self.read(None).await
+    }
+
+    async fn insert_row(&self, entry: &MembershipEntry, next_version: &TableVersion) -> Result<bool> {
+        self.write_row(entry, None, next_version).await
+    }
+
+    async fn update_row(
+        &self,
+        entry: &MembershipEntry,
+        etag: &Etag,
+        next_version: &TableVersion,
+    ) -> Result<bool> {
+        self.write_row(entry, Some(etag), next_version).await
+    }
+
+    async fn update_i_am_alive(&self, silo: &SiloAddress, time: Timestamp) -> Result<()> {
+        let (index, alive, id, t) = (
+            self.keys.index(),
+            self.keys.alive(),
+            silo.to_string(),
+            time.to_string(),
+        );
+        self.router
+            .run(&self.keys.tag, |node: Arc<Node>| {
+                let (index, alive, id, t) = (index.clone(), alive.clone(), id.clone(), t.clone());
+                async move {
+                    node.timed("update_i_am_alive", async {
+                        let mut con = node.shared().await?;
+                        redis::Script::new(I_AM_ALIVE)
+                            .key(index)
+                            .key(alive)
+                            .arg(id)
+                            .arg(t)
+                            .invoke_async::<i64>(&mut con)
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| backend("update_i_am_alive", e))
+                    })
+                    .await
+                }
+            })
+            .await
+    }
+
+    async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
+        let snap = self.read(None).await?;
+        // Dead is final: nobody writes a Dead row again, so no WATCH is needed.
+        let ids: Vec<String> = snap
+            .rows()
+            .filter(|e| e.status == SiloStatus::Dead && e.last_alive() < before)
+            .map(|e| e.silo.to_string())
+            .collect();
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let keys = self.keys.clone();
+        let ids_ref = &ids;
+        self.router
+            .run(&keys.tag, |node: Arc<Node>| {
+                let keys = keys.clone();
+                async move {
+                    node.timed("cleanup_defunct", async {
+                        let mut con = node.shared().await?;
+                        let mut tx = redis::pipe();
+                        tx.atomic();
+                        for id in ids_ref {
+                            tx.del(keys.row(id))
+                                .ignore()
+                                .srem(keys.index(), id)
+                                .ignore()
+                                .hdel(keys.alive(), id)
+                                .ignore();
+                        }
+                        tx.query_async::<()>(&mut con)
+                            .await
+                            .map_err(|e| backend("cleanup_defunct", e))
+                    })
+                    .await
+                }
+            })
+            .await?;
+        Ok(ids.len())
+    }
+
+    async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
+        let keys = MembershipKeys::new(&self.prefix, cluster_id);
+        self.router
+            .run(&keys.tag, |node: Arc<Node>| {
+                let keys = keys.clone();
+                async move {
+                    node.timed("delete_cluster", async {
+                        let mut con = node.shared().await?;
+                        let ids: Vec<String> = redis::cmd("SMEMBERS")
+                            .arg(keys.index())
+                            .query_async(&mut con)
+                            .await
+                            .map_err(|e| backend("delete_cluster", e))?;
+                        for chunk in ids.chunks(500) {
+                            let rows: Vec<String> = chunk.iter().map(|id| keys.row(id)).collect();
+                            redis::cmd("DEL")
+                                .arg(rows)
+                                .query_async::<()>(&mut con)
+                                .await
+                                .map_err(|e| backend("delete_cluster", e))?;
+                        }
+                        redis::cmd("DEL")
+                            .arg(keys.index())
+                            .arg(keys.alive())
+                            .arg(keys.version())
+                            .query_async::<()>(&mut con)
+                            .await
+                            .map_err(|e| backend("delete_cluster", e))
+                    })
+                    .await
+                }
+            })
+            .await
+    }
+}

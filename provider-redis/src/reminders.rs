@@ -1,0 +1,273 @@
+//! The reminder table on Redis: one key per reminder plus a sorted set of members
+//! scored by the 32-bit actor hash (exact in a double) for ring-range reads.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use rollcall_membership_core::{actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result};
+
+use crate::conn::{backend, Node, Router};
+use crate::keys::{escape, ReminderKeys};
+use crate::new_etag;
+
+/// The reminder table of one service on Redis.
+#[derive(Debug, Clone)]
+pub struct RedisReminderTable {
+    router: Arc<Router>,
+    keys: ReminderKeys,
+    service_id: String,
+}
+
+fn decode(raw: &str, key: &str) -> Result<ReminderEntry> {
+    let e: ReminderEntry = serde_json::from_str(raw).map_err(|e| Error::corrupt(key, e))?;
+    if e.etag.is_empty() {
+        return Err(Error::corrupt(key, "empty etag"));
+    }
+    if e.hash != actor_hash(&e.actor_id) {
+        return Err(Error::corrupt(key, "hash does not match actor id"));
+    }
+    Ok(e)
+}
+
+impl RedisReminderTable {
+    pub(crate) fn new(router: Arc<Router>, prefix: &str, service_id: &str) -> Self {
+        RedisReminderTable {
+            router,
+            keys: ReminderKeys::new(prefix, service_id),
+            service_id: service_id.to_owned(),
+        }
+    }
+
+    /// Runs `op` with the shared connection of this service's node.
+    async fn shared<T, F, Fut>(&self, what: &'static str, op: F) -> Result<T>
+    where
+        F: Fn(redis::aio::ConnectionManager, ReminderKeys) -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let op = &op;
+        self.router
+            .run(&self.keys.tag, |node: Arc<Node>| {
+                let keys = self.keys.clone();
+                async move {
+                    node.timed(what, async { op(node.shared().await?, keys).await })
+                        .await
+                }
+            })
+            .await
+    }
+
+    /// Reads the rows of ring `members`; rows removed meanwhile are skipped.
+    async fn rows_of(&self, members: Vec<String>) -> Result<Vec<ReminderEntry>> {
+        let mut out = Vec::with_capacity(members.len());
+        for chunk in members.chunks(1000) {
+            let keys: Vec<String> = chunk.iter().map(|m| self.keys.row(m)).collect();
+            let values: Vec<Option<String>> = self
+                .shared("read rows", |mut con, _| {
+                    let keys = keys.clone();
+                    async move {
+                        redis::cmd("MGET")
+                            .arg(keys)
+                            .query_async(&mut con)
+                            .await
+                            .map_err(|e| backend("MGET", e))
+                    }
+                })
+                .await?;
+            for (key, v) in keys.iter().zip(values) {
+                if let Some(raw) = v {
+                    out.push(decode(&raw, key)?);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn members_between(&self, min: String, max: String) -> Result<Vec<String>> {
+        self.shared("ring range", |mut con, keys| {
+            let (min, max) = (min.clone(), max.clone());
+            async move {
+                redis::cmd("ZRANGEBYSCORE")
+                    .arg(keys.ring())
+                    .arg(min)
+                    .arg(max)
+                    .query_async(&mut con)
+                    .await
+                    .map_err(|e| backend("ZRANGEBYSCORE", e))
+            }
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl ReminderTable for RedisReminderTable {
+    fn service_id(&self) -> &str {
+        &self.service_id
+    }
+
+    async fn init(&self) -> Result<()> {
+        self.shared("init", |mut con, _| async move {
+            redis::cmd("PING")
+                .query_async::<String>(&mut con)
+                .await
+                .map(|_| ())
+                .map_err(|e| backend("PING", e))
+        })
+        .await
+    }
+
+    async fn read_rows_for(&self, actor_id: &str) -> Result<Vec<ReminderEntry>> {
+        let h = actor_hash(actor_id);
+        let prefix = format!("{}/", escape(actor_id));
+        let members: Vec<String> = self
+            .members_between(h.to_string(), h.to_string())
+            .await?
+            .into_iter()
+            .filter(|m| m.starts_with(&prefix))
+            .collect();
+        self.rows_of(members).await
+    }
+
+    async fn read_rows_in_range(&self, begin: u32, end: u32) -> Result<Vec<ReminderEntry>> {
+        let members = if begin < end {
+            self.members_between(format!("({begin}"), end.to_string()).await?
+        } else {
+            let mut high = self.members_between(format!("({begin}"), "+inf".into()).await?;
+            high.extend(self.members_between("-inf".into(), end.to_string()).await?);
+            high
+        };
+        self.rows_of(members).await
+    }
+
+    async fn read_row(&self, actor_id: &str, name: &str) -> Result<Option<ReminderEntry>> {
+        let key = self.keys.row(&ReminderKeys::member(actor_id, name));
+        let raw: Option<String> = self
+            .shared("read_row", |mut con, _| {
+                let key = key.clone();
+                async move {
+                    redis::cmd("GET")
+                        .arg(key)
+                        .query_async(&mut con)
+                        .await
+                        .map_err(|e| backend("GET", e))
+                }
+            })
+            .await?;
+        raw.map(|r| decode(&r, &key)).transpose()
+    }
+
+    async fn upsert_row(&self, entry: &ReminderEntry) -> Result<Etag> {
+        entry.validate_for(&self.service_id)?;
+        let etag = Etag::new(new_etag());
+        let stored = ReminderEntry {
+            etag: etag.clone(),
+            ..entry.clone()
+        };
+        let json =
+            serde_json::to_string(&stored).map_err(|e| Error::backend(format!("encode reminder: {e}")))?;
+        let member = ReminderKeys::member(&entry.actor_id, &entry.name);
+        let hash = entry.hash;
+        self.shared("upsert_row", |mut con, keys| {
+            let (json, member) = (json.clone(), member.clone());
+            async move {
+                redis::pipe()
+                    .atomic()
+                    .set(keys.row(&member), json)
+                    .ignore()
+                    .zadd(keys.ring(), &member, f64::from(hash))
+                    .ignore()
+                    .query_async::<()>(&mut con)
+                    .await
+                    .map_err(|e| backend("upsert_row", e))
+            }
+        })
+        .await?;
+        Ok(etag)
+    }
+
+    async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
+        let member = ReminderKeys::member(actor_id, name);
+        let keys = self.keys.clone();
+        let (row_key, ring) = (keys.row(&member), keys.ring());
+        self.router
+            .run(&keys.tag, |node: Arc<Node>| {
+                let (row_key, ring, member) = (row_key.clone(), ring.clone(), member.clone());
+                async move {
+                    node.timed("remove_row", async {
+                        let mut con = node.dedicated().await?;
+                        let r = async {
+                            redis::pipe()
+                                .cmd("UNWATCH")
+                                .ignore()
+                                .cmd("WATCH")
+                                .arg(&row_key)
+                                .ignore()
+                                .query_async::<()>(&mut *con)
+                                .await
+                                .map_err(|e| backend("WATCH", e))?;
+                            let raw: Option<String> = redis::cmd("GET")
+                                .arg(&row_key)
+                                .query_async(&mut *con)
+                                .await
+                                .map_err(|e| backend("GET", e))?;
+                            let matches = match raw {
+                                Some(r) => decode(&r, &row_key)?.etag == *etag,
+                                None => false,
+                            };
+                            if !matches {
+                                redis::cmd("UNWATCH")
+                                    .query_async::<()>(&mut *con)
+                                    .await
+                                    .map_err(|e| backend("UNWATCH", e))?;
+                                return Ok(false);
+                            }
+                            let done: Option<(String,)> = redis::pipe()
+                                .atomic()
+                                .del(&row_key)
+                                .ignore()
+                                .zrem(&ring, &member)
+                                .ignore()
+                                .cmd("PING")
+                                .query_async(&mut *con)
+                                .await
+                                .map_err(|e| backend("EXEC", e))?;
+                            Ok(done.is_some())
+                        }
+                        .await;
+                        if r.is_err() {
+                            drop(deadpool_redis::Connection::take(con));
+                        }
+                        r
+                    })
+                    .await
+                }
+            })
+            .await
+    }
+
+    async fn clear(&self) -> Result<()> {
+        self.shared("clear", |mut con, keys| async move {
+            let members: Vec<String> = redis::cmd("ZRANGE")
+                .arg(keys.ring())
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut con)
+                .await
+                .map_err(|e| backend("ZRANGE", e))?;
+            for chunk in members.chunks(500) {
+                let rows: Vec<String> = chunk.iter().map(|m| keys.row(m)).collect();
+                redis::cmd("DEL")
+                    .arg(rows)
+                    .query_async::<()>(&mut con)
+                    .await
+                    .map_err(|e| backend("DEL", e))?;
+            }
+            redis::cmd("DEL")
+                .arg(keys.ring())
+                .query_async::<()>(&mut con)
+                .await
+                .map_err(|e| backend("DEL", e))
+        })
+        .await
+    }
+}

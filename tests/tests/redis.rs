@@ -1,0 +1,223 @@
+//! The Redis provider: the whole conformance suite on a real redis-server and on a
+//! real 3-master Redis Cluster, plus Redis-specific behaviour.
+#![cfg(feature = "redis")]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollcall_membership_core::{Error, MembershipEntry, ProtocolMode, SiloStatus, Timestamp};
+use rollcall_tests::fixtures::{self, Backend};
+use rollcall_tests::membership_table::{full_entry, silo};
+use rollcall_tests::{unique_id, Store};
+
+async fn store_on(b: &Backend) -> Store {
+    rollcall::connect(&b.endpoint)
+        .await
+        .unwrap_or_else(|e| panic!("connect {}: {e}", b.endpoint))
+}
+
+async fn redis() -> Option<(Store, Backend)> {
+    let b = fixtures::redis().await?;
+    Some((store_on(&b).await, b))
+}
+
+async fn redis_cluster() -> Option<(Store, Backend)> {
+    let b = fixtures::redis_cluster().await?;
+    Some((store_on(&b).await, b))
+}
+
+mod standalone {
+    rollcall_tests::conformance_tests!(super::redis().await);
+}
+
+mod cluster {
+    rollcall_tests::conformance_tests!(super::redis_cluster().await);
+}
+
+async fn raw(b: &Backend) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(b.endpoint.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn heartbeats_never_conflict_with_row_writes() {
+    let Some((store, _b)) = redis().await else { return };
+    let table = store
+        .membership_table(&unique_id("hb"), ProtocolMode::Extended)
+        .unwrap();
+    table.init(true).await.unwrap();
+    for n in 0..10 {
+        let snap = table.read_all().await.unwrap();
+        assert!(table
+            .insert_row(&full_entry(n), &snap.version.next())
+            .await
+            .unwrap());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut beats = Vec::new();
+    for n in 0..10 {
+        let (table, stop) = (table.clone(), stop.clone());
+        beats.push(tokio::spawn(async move {
+            let mut count = 0u64;
+            while !stop.load(Ordering::SeqCst) {
+                let t = Timestamp::from_millis(1_800_000_000_000 + count);
+                table.update_i_am_alive(&full_entry(n).silo, t).await.unwrap();
+                count += 1;
+            }
+            count
+        }));
+    }
+    // One writer, so every conflict would come from a heartbeat.
+    for i in 0..50u32 {
+        let snap = table.read_all().await.unwrap();
+        let (e, etag) = snap.get(&full_entry(i % 10).silo).cloned().unwrap();
+        let e = MembershipEntry { update_zone: i, ..e };
+        assert!(
+            table.update_row(&e, &etag, &snap.version.next()).await.unwrap(),
+            "write {i} conflicted with a heartbeat"
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut total = 0;
+    for b in beats {
+        total += b.await.unwrap();
+    }
+    assert!(
+        total >= 50,
+        "heartbeats must really have run concurrently ({total})"
+    );
+    assert_eq!(table.read_all().await.unwrap().version.version, 60);
+}
+
+#[tokio::test]
+async fn garbage_row_is_corrupt_naming_the_key_and_other_clusters_still_read() {
+    let Some((store, b)) = redis().await else { return };
+    let (bad_id, good_id) = (unique_id("bad"), unique_id("good"));
+    let bad = store.membership_table(&bad_id, ProtocolMode::Extended).unwrap();
+    let good = store.membership_table(&good_id, ProtocolMode::Extended).unwrap();
+    for t in [&bad, &good] {
+        t.init(true).await.unwrap();
+        let snap = t.read_all().await.unwrap();
+        assert!(t.insert_row(&full_entry(1), &snap.version.next()).await.unwrap());
+    }
+    let key = format!("rollcall:{{m:{bad_id}}}:silo:{}", full_entry(1).silo);
+    let mut con = raw(&b).await;
+    redis::cmd("SET")
+        .arg(&key)
+        .arg("{not json")
+        .query_async::<()>(&mut con)
+        .await
+        .unwrap();
+    match bad.read_all().await {
+        Err(Error::Corrupt { key: k, .. }) => assert_eq!(k, key),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let snap = bad.read_row(&full_entry(1).silo).await;
+    assert!(matches!(snap, Err(Error::Corrupt { .. })), "{snap:?}");
+    // A conditional write on a corrupt row is an error too, never a silent overwrite.
+    let v = good.read_all().await.unwrap(); // the other cluster is fine
+    assert_eq!(v.len(), 1);
+    let r = bad
+        .update_row(&full_entry(1), &"x".into(), &v.version.next())
+        .await;
+    assert!(matches!(r, Err(Error::Corrupt { .. })), "{r:?}");
+    let raw_value: String = redis::cmd("GET").arg(&key).query_async(&mut con).await.unwrap();
+    assert_eq!(raw_value, "{not json", "nothing was overwritten");
+}
+
+#[tokio::test]
+async fn killed_server_is_a_backend_error_and_the_provider_recovers() {
+    let port = fixtures::free_port().unwrap();
+    let mut server = match fixtures::start_local_on(fixtures::Kind::Redis, Some(port)).await {
+        Ok(s) => s,
+        Err(e) if fixtures::backends_required() => panic!("redis-server needed: {e}"),
+        Err(e) => return eprintln!("SKIPPING: {e}"),
+    };
+    let store = rollcall::connect(&format!("{}?timeout_ms=1000", server.endpoint))
+        .await
+        .unwrap();
+    let table = store.membership_table("kill", ProtocolMode::Extended).unwrap();
+    table.init(true).await.unwrap();
+    let snap = table.read_all().await.unwrap();
+    assert!(table
+        .insert_row(&full_entry(1), &snap.version.next())
+        .await
+        .unwrap());
+    let reminders = store.reminder_table("kill").unwrap();
+
+    server.stop().await;
+    let e = silo(2, 1);
+    let insert = table
+        .insert_row(
+            &MembershipEntry::new(e, SiloStatus::Joining, Timestamp::from_millis(1)),
+            &snap.version.next().next(),
+        )
+        .await;
+    assert!(
+        matches!(insert, Err(Error::Backend { .. })),
+        "a dead server must be an error, not Ok(false): {insert:?}"
+    );
+    assert!(matches!(table.read_all().await, Err(Error::Backend { .. })));
+    assert!(matches!(
+        table
+            .update_i_am_alive(&full_entry(1).silo, Timestamp::from_millis(5))
+            .await,
+        Err(Error::Backend { .. })
+    ));
+    assert!(matches!(
+        reminders.read_rows_in_range(0, 0).await,
+        Err(Error::Backend { .. })
+    ));
+
+    // Same port, empty server: the provider reconnects by itself.
+    let _server = fixtures::start_local_on(fixtures::Kind::Redis, Some(port))
+        .await
+        .expect("restart redis-server");
+    let mut ok = false;
+    for _ in 0..50 {
+        if let Ok(s) = table.read_all().await {
+            assert!(table.insert_row(&full_entry(3), &s.version.next()).await.unwrap());
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ok, "the provider must recover when the server is back");
+    assert_eq!(reminders.read_rows_in_range(0, 0).await.unwrap().len(), 0);
+}
+
+#[tokio::test]
+async fn values_are_json_readable_with_redis_cli() {
+    let Some((store, b)) = redis().await else { return };
+    let id = unique_id("json");
+    let table = store.membership_table(&id, ProtocolMode::Extended).unwrap();
+    table.init(true).await.unwrap();
+    let snap = table.read_all().await.unwrap();
+    assert!(table
+        .insert_row(&full_entry(1), &snap.version.next())
+        .await
+        .unwrap());
+    let mut con = raw(&b).await;
+    let row: String = redis::cmd("GET")
+        .arg(format!("rollcall:{{m:{id}}}:silo:{}", full_entry(1).silo))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&row).unwrap();
+    assert_eq!(v["status"], "Active");
+    assert_eq!(v["host_name"], "host-1.example");
+    assert!(v["etag"].as_str().is_some_and(|e| !e.is_empty()));
+    let version: String = redis::cmd("GET")
+        .arg(format!("rollcall:{{m:{id}}}:version"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&version).unwrap()["version"],
+        1
+    );
+}
