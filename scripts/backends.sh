@@ -23,6 +23,7 @@ backends_install() {
   command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
   command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
   command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+  command -v openssl >/dev/null 2>&1 || missing+=(openssl)
   if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ]; then
       backends_log "installing ${missing[*]} with apt-get"
@@ -44,6 +45,21 @@ backends_install() {
 
 backends_free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# A free port P below 45000 whose cluster bus port P+10000 is free too (Redis Cluster).
+backends_free_cluster_port() {
+  python3 -c '
+import random, socket
+for _ in range(1000):
+    p = random.randint(20000, 45000)
+    try:
+        for q in (p, p + 10000):
+            s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
+        print(p); break
+    except OSError:
+        pass
+'
 }
 
 backends_wait_port() { # port name
@@ -74,12 +90,34 @@ backends_start() {
   mp=$(backends_free_port)
   "$ROLLCALL_ROOT/.venv/bin/moto_server" -H 127.0.0.1 -p "$mp" >"$BACKENDS_DIR/moto.log" 2>&1 &
   BACKEND_PIDS+=($!)
+  # A 3-master Redis Cluster for the cluster-mode conformance run.
+  local cports=() cp i
+  for i in 1 2 3; do
+    cp=$(backends_free_cluster_port)
+    mkdir -p "$BACKENDS_DIR/rc$i"
+    redis-server --port "$cp" --bind 127.0.0.1 --save "" --appendonly no --cluster-enabled yes \
+      --cluster-node-timeout 5000 --dir "$BACKENDS_DIR/rc$i" >"$BACKENDS_DIR/redis-cluster-$i.log" 2>&1 &
+    BACKEND_PIDS+=($!)
+    cports+=("$cp")
+  done
   backends_wait_port "$rp" redis && backends_wait_port "$ep" etcd && backends_wait_port "$mp" moto || return 1
+  for cp in "${cports[@]}"; do backends_wait_port "$cp" "redis-cluster" || return 1; done
+  redis-cli --cluster create "${cports[@]/#/127.0.0.1:}" --cluster-replicas 0 --cluster-yes \
+    >"$BACKENDS_DIR/redis-cluster-create.log" 2>&1 || { cat "$BACKENDS_DIR/redis-cluster-create.log" >&2; return 1; }
+  for cp in "${cports[@]}"; do
+    for i in $(seq 1 100); do
+      redis-cli -p "$cp" cluster info 2>/dev/null | grep -q cluster_state:ok && break
+      sleep 0.1
+    done
+  done
+  local cluster_nodes
+  cluster_nodes=$(printf '127.0.0.1:%s,' "${cports[@]}")
+  export ROLLCALL_REDIS_CLUSTER_URL="redis+cluster://${cluster_nodes%,}"
   export ROLLCALL_REDIS_URL="redis://127.0.0.1:$rp"
   export ROLLCALL_ETCD_ENDPOINTS="127.0.0.1:$ep"
   export ROLLCALL_DYNAMODB_ENDPOINT="http://127.0.0.1:$mp"
   export PATH="$ROLLCALL_ROOT/.venv/bin:$PATH"
-  backends_log "redis $ROLLCALL_REDIS_URL, etcd $ROLLCALL_ETCD_ENDPOINTS, dynamodb (moto) $ROLLCALL_DYNAMODB_ENDPOINT"
+  backends_log "redis $ROLLCALL_REDIS_URL, redis cluster $ROLLCALL_REDIS_CLUSTER_URL, etcd $ROLLCALL_ETCD_ENDPOINTS, dynamodb (moto) $ROLLCALL_DYNAMODB_ENDPOINT"
 }
 
 backends_stop() {

@@ -81,3 +81,134 @@ fn bad_input_is_a_clear_error() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("num_votes_for_death_declaration"), "{stderr}");
 }
+
+/// Child processes killed when the test ends, however it ends.
+#[cfg(feature = "redis")]
+struct Procs(Vec<std::process::Child>);
+
+#[cfg(feature = "redis")]
+impl Drop for Procs {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `rollcall status` output: (table version, lines of silos).
+#[cfg(feature = "redis")]
+fn status(store: &str, cluster: &str) -> (u64, Vec<String>) {
+    let out = rollcall()
+        .args(["status", "--store", store, "--cluster", cluster])
+        .output()
+        .expect("run rollcall status");
+    assert!(
+        out.status.success(),
+        "status failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let version = text
+        .split("table version ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no version in {text}"));
+    (version, text.lines().skip(2).map(str::to_owned).collect())
+}
+
+/// Three `rollcall silo` processes on a real redis-server; one SIGKILLed; the other
+/// two declare it Dead within the bound, as `rollcall status` shows.
+#[cfg(feature = "redis")]
+#[test]
+fn redis_multi_process_cluster_declares_a_killed_silo_dead() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let Some(backend) = rt.block_on(rollcall_tests::fixtures::redis()) else {
+        return;
+    };
+    let store = backend.endpoint.clone();
+    let cluster = rollcall_tests::unique_id("procs");
+    let ports: Vec<u16> = (0..3)
+        .map(|_| rollcall_tests::fixtures::free_port().unwrap())
+        .collect();
+    let mut procs = Procs(Vec::new());
+    for p in &ports {
+        let child = rollcall()
+            .args([
+                "silo",
+                "--store",
+                &store,
+                "--cluster",
+                &cluster,
+                "--listen",
+                &format!("127.0.0.1:{p}"),
+                "--fast",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn rollcall silo");
+        procs.0.push(child);
+    }
+    let active = |lines: &[String]| lines.iter().filter(|l| l.contains(" Active ")).count();
+    let started = Instant::now();
+    let (mut last_version, mut lines) = status(&store, &cluster);
+    while active(&lines) < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "3 silos never became Active: {lines:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        let (v, l) = status(&store, &cluster);
+        assert!(
+            v >= last_version,
+            "table version went back from {last_version} to {v}"
+        );
+        (last_version, lines) = (v, l);
+    }
+    std::thread::sleep(Duration::from_secs(2)); // let the probes settle
+
+    let victim_port = ports[2];
+    procs.0[2].kill().expect("SIGKILL the silo process");
+    let killed = Instant::now();
+    // --fast: 3 missed probes x 500 ms, plus two table writes and a gossip round
+    // (1 s each of allowance on a busy 2-core machine), plus `status` polling.
+    let bound = Duration::from_millis(3 * 500) + Duration::from_secs(3) + Duration::from_secs(1);
+    let victim = format!("127.0.0.1:{victim_port} ");
+    loop {
+        let (v, l) = status(&store, &cluster);
+        assert!(
+            v >= last_version,
+            "table version went back from {last_version} to {v}"
+        );
+        last_version = v;
+        let row = l
+            .iter()
+            .find(|line| line.starts_with(&victim))
+            .cloned()
+            .expect("victim row");
+        if row.contains(" Dead ") {
+            assert!(row.contains("s ago)"), "the Dead row shows its voters: {row}");
+            assert_eq!(active(&l), 2, "the two others stay Active: {l:#?}");
+            break;
+        }
+        assert!(
+            killed.elapsed() <= bound,
+            "not declared Dead within {bound:?}: {l:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        killed.elapsed() <= bound,
+        "declared Dead only after {:?} (bound {bound:?})",
+        killed.elapsed()
+    );
+}

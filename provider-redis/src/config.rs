@@ -14,6 +14,10 @@ use rollcall_membership_core::{Error, Result};
 /// | `rediss://...` | the same over TLS |
 /// | `redis+cluster://[user:pass@]host:port,host:port` | Redis Cluster, seed nodes (`rediss+cluster://` for TLS) |
 ///
+/// TLS verifies the server against the Mozilla root certificates (webpki-roots);
+/// `#insecure` at the end of a `rediss` URL skips verification (self-signed test
+/// servers only).
+///
 /// Query parameters (all optional): `prefix` (key prefix, default `rollcall`),
 /// `pool_size` (pooled connections per node for transactions, default 16),
 /// `timeout_ms` (connect, pool wait and response timeout, default 5000).
@@ -29,6 +33,8 @@ pub struct RedisConfig {
     pub pool_size: usize,
     /// Connect, pool-wait and response timeout.
     pub timeout: Duration,
+    /// TLS (`rediss`).
+    pub tls: bool,
 }
 
 impl RedisConfig {
@@ -52,6 +58,15 @@ impl RedisConfig {
                 ))
             }
         };
+        let (rest, fragment) = match rest.split_once('#') {
+            Some((r, "insecure")) if tls => (r, "#insecure"),
+            Some((_, f)) => {
+                return Err(bad(&format!(
+                    "unknown fragment `#{f}` (only `#insecure`, with rediss)"
+                )))
+            }
+            None => (rest, ""),
+        };
         let (main, query) = rest.split_once('?').unwrap_or((rest, ""));
         let mut cfg = RedisConfig {
             nodes: Vec::new(),
@@ -59,6 +74,7 @@ impl RedisConfig {
             key_prefix: "rollcall".into(),
             pool_size: 16,
             timeout: Duration::from_secs(5),
+            tls: false,
         };
         for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
             match k.as_ref() {
@@ -100,11 +116,16 @@ impl RedisConfig {
                 return Err(bad("Redis Cluster has no databases: remove the /db part"));
             }
             for h in hosts.split(',').filter(|h| !h.is_empty()) {
-                cfg.nodes.push(format!("{node_scheme}://{auth}{h}"));
+                cfg.nodes.push(
+                    format!("{node_scheme}://{auth}{h}{}", if tls { "/" } else { "" }).to_owned() + fragment,
+                );
             }
         } else {
-            cfg.nodes.push(format!("{node_scheme}://{auth}{hosts}"));
+            let slash = if tls && !hosts.contains('/') { "/" } else { "" };
+            cfg.nodes
+                .push(format!("{node_scheme}://{auth}{hosts}{slash}{fragment}"));
         }
+        cfg.tls = tls;
         if cfg.nodes.is_empty() || hosts.is_empty() {
             return Err(bad("missing host"));
         }
@@ -144,7 +165,14 @@ mod tests {
             ("app", 4, Duration::from_millis(250))
         );
         let c = RedisConfig::from_url("rediss://u:p@h:6380").unwrap();
-        assert_eq!(c.nodes, vec!["rediss://u:p@h:6380"]);
+        assert_eq!(c.nodes, vec!["rediss://u:p@h:6380/"]);
+        assert!(c.tls);
+        let c = RedisConfig::from_url("rediss://h:6380?timeout_ms=9#insecure").unwrap();
+        assert_eq!(c.nodes, vec!["rediss://h:6380/#insecure"]);
+        assert!(
+            RedisConfig::from_url("redis://h:6380#insecure").is_err(),
+            "#insecure only with TLS"
+        );
         let c = RedisConfig::from_url("redis+cluster://u:p@a:7000,b:7001").unwrap();
         assert!(c.cluster);
         assert_eq!(c.nodes, vec!["redis://u:p@a:7000", "redis://u:p@b:7001"]);

@@ -118,6 +118,8 @@ pub(crate) struct ClusterRouter {
     slots: RwLock<Vec<(u16, u16, String)>>,
     nodes: Mutex<HashMap<String, Arc<Node>>>,
     scheme_and_auth: String,
+    /// `/#insecure` or `/` for TLS nodes, empty otherwise.
+    suffix: String,
 }
 
 impl Router {
@@ -138,11 +140,19 @@ impl Router {
             .rsplit_once('@')
             .map(|(a, _)| format!("{a}@"))
             .unwrap_or_default();
+        let suffix = if seed.ends_with("#insecure") {
+            "/#insecure"
+        } else if cfg.tls {
+            "/"
+        } else {
+            ""
+        };
         Ok(Router::Cluster(Box::new(ClusterRouter {
             cfg: cfg.clone(),
             slots: RwLock::new(Vec::new()),
             nodes: Mutex::new(HashMap::new()),
             scheme_and_auth: format!("{scheme}://{auth}"),
+            suffix: suffix.to_owned(),
         })))
     }
 
@@ -212,7 +222,7 @@ impl ClusterRouter {
                     .query_async(&mut con)
                     .await
                     .map_err(|e| backend("CLUSTER SLOTS", e))?;
-                parse_slots(&v, &self.scheme_and_auth)
+                parse_slots(&v, &self.scheme_and_auth, &self.suffix)
             };
             match tokio::time::timeout(self.cfg.timeout, fetch).await {
                 Ok(Ok(map)) if !map.is_empty() => {
@@ -234,7 +244,7 @@ impl ClusterRouter {
 }
 
 /// Parses a CLUSTER SLOTS reply: `[[start, end, [ip, port, id, ...], replicas...], ...]`.
-fn parse_slots(v: &redis::Value, scheme_and_auth: &str) -> Result<Vec<(u16, u16, String)>> {
+fn parse_slots(v: &redis::Value, scheme_and_auth: &str, suffix: &str) -> Result<Vec<(u16, u16, String)>> {
     use redis::Value;
     let bad = |why: &str| Error::corrupt("CLUSTER SLOTS", why);
     let Value::Array(ranges) = v else {
@@ -263,7 +273,7 @@ fn parse_slots(v: &redis::Value, scheme_and_auth: &str) -> Result<Vec<(u16, u16,
             u16::try_from(*hi).map_err(|_| bad("slot"))?,
         );
         let host = if ip.contains(':') { format!("[{ip}]") } else { ip };
-        out.push((lo, hi, format!("{scheme_and_auth}{host}:{port}")));
+        out.push((lo, hi, format!("{scheme_and_auth}{host}:{port}{suffix}")));
     }
     Ok(out)
 }

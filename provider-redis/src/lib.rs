@@ -87,6 +87,11 @@ impl RedisStore {
     /// As [`connect`](Self::connect).
     pub async fn open(url: &str) -> Result<RedisStore> {
         let config = RedisConfig::from_url(url)?;
+        if config.tls {
+            // rustls needs a process-wide crypto provider; keep one the application
+            // installed already.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         let router = Arc::new(conn::Router::new(&config)?);
         let node = router.node("").await?;
         let mut con = node.shared().await?;

@@ -1,6 +1,6 @@
 //! Real backends for provider tests.
 //!
-//! [`redis`], [`etcd`] and [`dynamodb`] each find a server, in this order:
+//! [`redis()`], [`redis_cluster()`], [`etcd()`] and [`dynamodb()`] each find a server, in this order:
 //!
 //! 1. an endpoint from the environment: `ROLLCALL_REDIS_URL` (`redis://127.0.0.1:6379`),
 //!    `ROLLCALL_ETCD_ENDPOINTS` (`127.0.0.1:2379[,...]`), `ROLLCALL_DYNAMODB_ENDPOINT`
@@ -185,6 +185,22 @@ fn find_binary(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// A free port below 45000 whose Redis Cluster bus port (`port + 10000`) is free too.
+pub fn free_cluster_port() -> std::io::Result<u16> {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    for _ in 0..1000 {
+        let p: u16 = rng.random_range(20000..45000);
+        if TcpListener::bind(("127.0.0.1", p)).is_ok() && TcpListener::bind(("127.0.0.1", p + 10000)).is_ok()
+        {
+            return Ok(p);
+        }
+    }
+    Err(std::io::Error::other(
+        "no free port pair for a Redis Cluster node",
+    ))
+}
+
 /// Waits until `addr` accepts TCP connections.
 pub async fn wait_for_port(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
     let deadline = Instant::now() + timeout;
@@ -238,7 +254,7 @@ async fn start_local_redis_cluster() -> Result<Backend, String> {
     let mut children = Vec::new();
     let mut ports = Vec::new();
     for i in 0..3 {
-        let port = free_port().map_err(|e| e.to_string())?;
+        let port = free_cluster_port().map_err(|e| e.to_string())?;
         let node_dir = dir.0.join(format!("n{i}"));
         std::fs::create_dir_all(&node_dir).map_err(|e| e.to_string())?;
         let log = std::fs::File::create(node_dir.join("server.log")).map_err(|e| e.to_string())?;
