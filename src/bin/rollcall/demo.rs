@@ -120,7 +120,8 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         None,
         format!("all {} silos are Active in every silo's view", silos.len()),
     );
-    // Let the probes run a while so the adaptive timeouts have samples.
+    // Let the probes run a while so the adaptive (phi-accrual) timeouts have their
+    // minimum of round-trip samples: the crash is then detected at steady state.
     tokio::time::sleep(options.probe_timeout * 6).await;
 
     let victim = silos.pop().ok_or_else(|| anyhow::anyhow!("no silo"))?;
