@@ -185,6 +185,22 @@ fn find_binary(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// `redis-server` (found like the other backends) bound to 127.0.0.1, without
+/// persistence, working in `dir`; callers add the ports (and TLS or cluster flags).
+///
+/// # Errors
+/// When `redis-server` is not found.
+pub fn redis_server_command(dir: &std::path::Path) -> Result<Command, String> {
+    let bin = find_binary("redis-server").ok_or("redis-server not found on PATH")?;
+    let mut cmd = Command::new(bin);
+    cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    Ok(cmd)
+}
+
 /// A free port below 45000 whose Redis Cluster bus port (`port + 10000`) is free too.
 pub fn free_cluster_port() -> std::io::Result<u16> {
     use rand::Rng;
@@ -246,7 +262,6 @@ async fn start_local(kind: Kind) -> Result<Backend, String> {
 }
 
 async fn start_local_redis_cluster() -> Result<Backend, String> {
-    let server = find_binary("redis-server").ok_or("redis-server not found")?;
     let cli = find_binary("redis-cli").ok_or("redis-cli not found")?;
     let dir = std::env::temp_dir().join(crate::unique_id("redis-cluster"));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
@@ -258,24 +273,11 @@ async fn start_local_redis_cluster() -> Result<Backend, String> {
         let node_dir = dir.0.join(format!("n{i}"));
         std::fs::create_dir_all(&node_dir).map_err(|e| e.to_string())?;
         let log = std::fs::File::create(node_dir.join("server.log")).map_err(|e| e.to_string())?;
-        let child = Command::new(&server)
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+        let child = redis_server_command(&node_dir)?
+            .args(["--port", &port.to_string()])
             .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"])
-            .arg("--dir")
-            .arg(&node_dir)
-            .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
-            .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("spawn redis-server: {e}"))?;
         children.push(child);
@@ -336,18 +338,8 @@ async fn start_local_inner(kind: Kind, port: Option<u16>) -> Result<Backend, Str
     let mut cmd = Command::new(&bin);
     let endpoint = match kind {
         Kind::Redis => {
-            cmd.args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&dir.0);
+            cmd = redis_server_command(&dir.0)?;
+            cmd.args(["--port", &port.to_string()]);
             format!("redis://127.0.0.1:{port}")
         }
         Kind::Etcd => {

@@ -100,6 +100,37 @@ impl SimCluster {
         self.table.read_all().await.expect("read_all")
     }
 
+    /// Kills `self.silos[i]` abruptly and waits (at most `limit`, virtual) until every
+    /// other started silo that is still running sees it Dead; returns its row as
+    /// stored and how long detection took.
+    ///
+    /// # Panics
+    /// If the survivors never agree.
+    pub async fn kill_and_await_dead(
+        &self,
+        i: usize,
+        limit: Duration,
+    ) -> (rollcall_membership_core::MembershipEntry, Duration) {
+        let victim = self.silos[i].clone();
+        victim.kill();
+        let survivors: Vec<SiloHandle> = self
+            .silos
+            .iter()
+            .filter(|s| s.address() != victim.address() && !s.is_stopped())
+            .cloned()
+            .collect();
+        let took = wait_for(limit, || all_see_dead(&survivors, &victim.address()))
+            .await
+            .unwrap_or_else(|| panic!("survivors never saw {} Dead", victim.address()));
+        let row = self
+            .table_snapshot()
+            .await
+            .entry(&victim.address())
+            .cloned()
+            .expect("victim row");
+        (row, took)
+    }
+
     /// Now, on the virtual wall clock.
     pub fn now(&self) -> Timestamp {
         self.clock.now()

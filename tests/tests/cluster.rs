@@ -83,19 +83,12 @@ fn t02_crashed_silo_is_declared_dead_within_the_bound() {
         let mut c = SimCluster::new(o);
         c.start_many(5).await;
         tokio::time::sleep(Duration::from_millis(12_345)).await; // crash at an arbitrary phase
-        let victim = c.silos[4].clone();
-        victim.kill();
-        let survivors = c.silos[..4].to_vec();
-        let took = wait_for(Duration::from_secs(300), || {
-            all_see_dead(&survivors, &victim.address())
-        })
-        .await;
-        let took = took.expect("survivors never saw the crashed silo Dead");
+        let (row, took) = c.kill_and_await_dead(4, Duration::from_secs(300)).await;
         assert!(took <= bound, "detection took {took:?}, bound {bound:?}");
         let snap = c.table_snapshot().await;
-        assert_eq!(dead_rows(&snap), vec![victim.address()]);
-        assert!(snap.entry(&victim.address()).unwrap().suspect_votes.len() >= 2);
-        assert!(survivors.iter().all(|s| s.status() == SiloStatus::Active));
+        assert_eq!(dead_rows(&snap), vec![row.silo]);
+        assert!(row.suspect_votes.len() >= 2);
+        assert!(c.silos[..4].iter().all(|s| s.status() == SiloStatus::Active));
     });
 }
 
@@ -249,21 +242,13 @@ fn t08_two_silos_need_one_vote_three_need_two() {
     run_virtual(|| async {
         let mut c = SimCluster::new(ClusterMembershipOptions::default());
         c.start_many(2).await;
-        let victim = c.silos[1].clone();
-        victim.kill();
-        let survivor = [c.silos[0].clone()];
-        wait_for(Duration::from_secs(120), || {
-            all_see_dead(&survivor, &victim.address())
-        })
-        .await
-        .expect("a lone survivor must declare its peer Dead");
-        let row = c
-            .table_snapshot()
-            .await
-            .entry(&victim.address())
-            .cloned()
-            .unwrap();
-        assert_eq!(row.suspect_votes.len(), 1, "{:?}", row.suspect_votes);
+        let (row, _) = c.kill_and_await_dead(1, Duration::from_secs(120)).await;
+        assert_eq!(
+            row.suspect_votes.len(),
+            1,
+            "a lone survivor's vote suffices: {:?}",
+            row.suspect_votes
+        );
     });
     run_virtual(|| async {
         let options = ClusterMembershipOptions {
@@ -272,24 +257,16 @@ fn t08_two_silos_need_one_vote_three_need_two() {
         };
         let mut c = SimCluster::new(options);
         c.start_many(3).await;
-        let victim = c.silos[2].clone();
-        victim.kill();
-        let survivors = c.silos[..2].to_vec();
-        wait_for(Duration::from_secs(120), || {
-            all_see_dead(&survivors, &victim.address())
-        })
-        .await
-        .expect("two survivors must declare the third Dead");
-        let row = c
-            .table_snapshot()
-            .await
-            .entry(&victim.address())
-            .cloned()
-            .unwrap();
+        let (row, _) = c.kill_and_await_dead(2, Duration::from_secs(120)).await;
         let mut voters: Vec<_> = row.suspect_votes.iter().map(|v| v.silo).collect();
         voters.sort();
         voters.dedup();
-        assert_eq!(voters.len(), 2, "{:?}", row.suspect_votes);
+        assert_eq!(
+            voters.len(),
+            2,
+            "two survivors must both vote: {:?}",
+            row.suspect_votes
+        );
     });
 }
 

@@ -253,32 +253,20 @@ async fn tls_server() -> Option<(tokio::process::Child, std::path::PathBuf, u16)
         return None;
     }
     let port = fixtures::free_port().unwrap();
-    let child = tokio::process::Command::new("redis-server")
-        .args([
-            "--port",
-            "0",
-            "--tls-port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .arg("--tls-cert-file")
-        .arg(&cert)
-        .arg("--tls-key-file")
-        .arg(&key)
-        .arg("--tls-ca-cert-file")
-        .arg(&cert)
-        .args(["--tls-auth-clients", "no"])
-        .arg("--dir")
-        .arg(&dir)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn();
+    let child = fixtures::redis_server_command(&dir).and_then(|mut cmd| {
+        cmd.args(["--port", "0", "--tls-port", &port.to_string()])
+            .arg("--tls-cert-file")
+            .arg(&cert)
+            .arg("--tls-key-file")
+            .arg(&key)
+            .arg("--tls-ca-cert-file")
+            .arg(&cert)
+            .args(["--tls-auth-clients", "no"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| e.to_string())
+    });
     let child = match child {
         Ok(c) => c,
         Err(e) if fixtures::backends_required() => panic!("redis-server needed: {e}"),
