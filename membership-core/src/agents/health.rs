@@ -2,7 +2,6 @@
 //! `local_health_monitoring_period` (see [`crate::protocol::health`]).
 
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{Actor, AsyncContext, Context};
@@ -10,7 +9,7 @@ use tokio::sync::watch;
 
 use crate::protocol::health::{local_health_score, HealthInputs};
 use crate::protocol::votes::fresh_votes;
-use crate::{Clock, ClusterMembershipOptions, MembershipSnapshot, SiloAddress, SiloStatus};
+use crate::SiloStatus;
 
 use super::stop_on_signal;
 
@@ -31,40 +30,36 @@ impl SharedHealth {
 }
 
 pub(crate) struct LocalHealthMonitor {
-    pub(crate) me: SiloAddress,
-    pub(crate) options: Arc<ClusterMembershipOptions>,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) health: Arc<SharedHealth>,
-    pub(crate) latest: watch::Receiver<MembershipSnapshot>,
-    pub(crate) status: watch::Receiver<SiloStatus>,
+    pub(crate) shared: super::SiloShared,
     pub(crate) stop: watch::Receiver<bool>,
     pub(crate) last_tick: tokio::time::Instant,
 }
 
 impl LocalHealthMonitor {
     fn check(&mut self) {
-        let period = self.options.local_health_monitoring_period;
+        let period = self.shared.options.local_health_monitoring_period;
         let now_tokio = tokio::time::Instant::now();
         let lateness = now_tokio.saturating_duration_since(self.last_tick + period);
         self.last_tick = now_tokio;
-        let snap = self.latest.borrow();
-        let now = self.clock.now();
+        let sh = &self.shared;
+        let snap = sh.latest.borrow();
+        let now = sh.clock.now();
         let suspected = snap
-            .entry(&self.me)
-            .is_some_and(|e| !fresh_votes(e, now, &self.options).is_empty());
-        let others_active = snap.active().any(|e| e.silo != self.me);
+            .entry(&sh.me)
+            .is_some_and(|e| !fresh_votes(e, now, &sh.options).is_empty());
+        let others_active = snap.active().any(|e| e.silo != sh.me);
         let inputs = HealthInputs {
-            probes_sent: self.health.probes_sent.swap(0, Ordering::Relaxed),
-            probes_answered: self.health.probes_answered.swap(0, Ordering::Relaxed),
-            probes_received: self.health.probes_received.swap(0, Ordering::Relaxed),
-            expecting_probes: *self.status.borrow() == SiloStatus::Active && others_active,
+            probes_sent: sh.health.probes_sent.swap(0, Ordering::Relaxed),
+            probes_answered: sh.health.probes_answered.swap(0, Ordering::Relaxed),
+            probes_received: sh.health.probes_received.swap(0, Ordering::Relaxed),
+            expecting_probes: *sh.status.borrow() == SiloStatus::Active && others_active,
             suspected,
             event_loop_delay: lateness.min(Duration::from_secs(3600)),
         };
         let score = local_health_score(&inputs);
-        let before = self.health.score.swap(score, Ordering::Relaxed);
+        let before = sh.health.score.swap(score, Ordering::Relaxed);
         if score != before {
-            tracing::info!(silo = %self.me, score, ?inputs, "local health score changed");
+            tracing::info!(cluster = %sh.cluster, silo = %sh.me, score, ?inputs, "local health score changed");
         }
     }
 }
@@ -75,6 +70,8 @@ impl Actor for LocalHealthMonitor {
     fn started(&mut self, ctx: &mut Self::Context) {
         stop_on_signal(self.stop.clone(), ctx);
         self.last_tick = tokio::time::Instant::now();
-        ctx.run_interval(self.options.local_health_monitoring_period, |act, _| act.check());
+        ctx.run_interval(self.shared.options.local_health_monitoring_period, |act, _| {
+            act.check()
+        });
     }
 }

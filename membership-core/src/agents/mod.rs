@@ -110,6 +110,20 @@ impl Default for OnDeclaredDead {
     }
 }
 
+/// What every agent of one silo shares.
+#[derive(Clone)]
+pub(crate) struct SiloShared {
+    pub(crate) cluster: Arc<str>,
+    pub(crate) me: SiloAddress,
+    pub(crate) options: Arc<ClusterMembershipOptions>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) health: Arc<SharedHealth>,
+    /// Every snapshot the oracle reads (IAmAlive changes included).
+    pub(crate) latest: watch::Receiver<MembershipSnapshot>,
+    pub(crate) status: watch::Receiver<SiloStatus>,
+}
+
 /// A new membership snapshot (a new table version), sent to actix subscribers.
 #[derive(Message, Clone, Debug)]
 #[rtype(result = "()")]
@@ -364,18 +378,8 @@ impl SiloBuilder {
             stop_tx.send_replace(true);
             return Err(e);
         }
-        LocalHealthMonitor {
-            me,
-            options: options.clone(),
-            clock: self.clock.clone(),
-            health: health.clone(),
-            latest: latest_rx.clone(),
-            status: status_rx.clone(),
-            stop: stop_tx.subscribe(),
-            last_tick: tokio::time::Instant::now(),
-        }
-        .start();
-        ClusterHealthMonitor {
+        let shared = SiloShared {
+            cluster: Arc::from(self.cluster_id.as_str()),
             me,
             options,
             clock: self.clock,
@@ -383,6 +387,15 @@ impl SiloBuilder {
             health,
             latest: latest_rx,
             status: status_rx,
+        };
+        LocalHealthMonitor {
+            shared: shared.clone(),
+            stop: stop_tx.subscribe(),
+            last_tick: tokio::time::Instant::now(),
+        }
+        .start();
+        ClusterHealthMonitor {
+            shared,
             oracle,
             stop: stop_tx.subscribe(),
             agents: BTreeMap::new(),

@@ -3,28 +3,19 @@
 //! silos stuck in Joining.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use actix::{Actor, Addr, AsyncContext, Context, Handler, Message};
 use tokio::sync::watch;
 
 use crate::protocol::is_stuck_joining;
 use crate::protocol::targets::select_probe_targets;
-use crate::transport::Transport;
-use crate::{Clock, ClusterMembershipOptions, MembershipSnapshot, SiloAddress, SiloStatus};
+use crate::{SiloAddress, SiloStatus};
 
-use super::health::SharedHealth;
 use super::oracle::{MembershipOracle, Suspect, SuspectReason};
 use super::probe::{ProbeAgent, ProbeFailed, StopProbing};
 
 pub(crate) struct ClusterHealthMonitor {
-    pub(crate) me: SiloAddress,
-    pub(crate) options: Arc<ClusterMembershipOptions>,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) transport: Arc<dyn Transport>,
-    pub(crate) health: Arc<SharedHealth>,
-    pub(crate) latest: watch::Receiver<MembershipSnapshot>,
-    pub(crate) status: watch::Receiver<SiloStatus>,
+    pub(crate) shared: super::SiloShared,
     pub(crate) oracle: Addr<MembershipOracle>,
     pub(crate) stop: watch::Receiver<bool>,
     pub(crate) agents: BTreeMap<SiloAddress, Addr<ProbeAgent>>,
@@ -35,14 +26,15 @@ impl ClusterHealthMonitor {
     /// (`vote_stuck`) also votes against silos stuck in Joining (at most once per
     /// probe period, so votes cannot feed back into more votes).
     fn reevaluate(&mut self, ctx: &mut Context<Self>, vote_stuck: bool) {
-        let active = *self.status.borrow() == SiloStatus::Active;
+        let sh = &self.shared;
+        let active = *sh.status.borrow() == SiloStatus::Active;
         let (targets, stuck) = if active {
-            let snap = self.latest.borrow();
-            let now = self.clock.now();
-            let targets = select_probe_targets(&self.me, &snap, now, &self.options);
+            let snap = sh.latest.borrow();
+            let now = sh.clock.now();
+            let targets = select_probe_targets(&sh.me, &snap, now, &sh.options);
             let stuck: Vec<SiloAddress> = snap
                 .rows()
-                .filter(|e| e.silo != self.me && is_stuck_joining(e, now, &self.options))
+                .filter(|e| e.silo != sh.me && is_stuck_joining(e, now, &sh.options))
                 .map(|e| e.silo)
                 .collect();
             (targets, stuck)
@@ -58,17 +50,8 @@ impl ClusterHealthMonitor {
         });
         for t in targets {
             if !self.agents.contains_key(&t) {
-                tracing::debug!(silo = %self.me, target = %t, "start probing");
-                let agent = ProbeAgent::new(
-                    self.me,
-                    t,
-                    self.transport.clone(),
-                    self.options.clone(),
-                    self.health.clone(),
-                    self.latest.clone(),
-                    ctx.address().recipient(),
-                )
-                .start();
+                tracing::debug!(cluster = %self.shared.cluster, silo = %self.shared.me, target = %t, "start probing");
+                let agent = ProbeAgent::new(self.shared.clone(), t, ctx.address().recipient()).start();
                 self.agents.insert(t, agent);
             }
         }
@@ -87,9 +70,15 @@ impl Actor for ClusterHealthMonitor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         super::stop_on_signal(self.stop.clone(), ctx);
-        ctx.run_interval(self.options.probe_timeout, |act, ctx| act.reevaluate(ctx, true));
+        ctx.run_interval(self.shared.options.probe_timeout, |act, ctx| {
+            act.reevaluate(ctx, true)
+        });
         // React at once to every new snapshot and status.
-        let (mut latest, mut status, addr) = (self.latest.clone(), self.status.clone(), ctx.address());
+        let (mut latest, mut status, addr) = (
+            self.shared.latest.clone(),
+            self.shared.status.clone(),
+            ctx.address(),
+        );
         actix::spawn(async move {
             loop {
                 tokio::select! {
@@ -128,7 +117,7 @@ impl Handler<ProbeFailed> for ClusterHealthMonitor {
     type Result = ();
 
     fn handle(&mut self, msg: ProbeFailed, _: &mut Context<Self>) {
-        if !self.agents.contains_key(&msg.target) || *self.status.borrow() != SiloStatus::Active {
+        if !self.agents.contains_key(&msg.target) || *self.shared.status.borrow() != SiloStatus::Active {
             return;
         }
         self.oracle.do_send(Suspect {

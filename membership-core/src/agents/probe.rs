@@ -7,13 +7,10 @@ use std::time::Duration;
 
 use actix::{Actor, ActorFutureExt, AsyncContext, Context, Message, Recipient, WrapFuture};
 use rand::seq::IndexedRandom;
-use tokio::sync::watch;
 
 use crate::protocol::phi::ProbeTimeout;
 use crate::transport::{ProbeRequest, ProbeResponse, Transport};
-use crate::{ClusterMembershipOptions, MembershipSnapshot, SiloAddress, SiloStatus};
-
-use super::health::SharedHealth;
+use crate::{SiloAddress, SiloStatus};
 
 /// Sent by a probe agent when its target should get a vote.
 #[derive(Message, Debug, Clone)]
@@ -76,12 +73,8 @@ enum Indirect {
 }
 
 pub(crate) struct ProbeAgent {
-    pub(crate) me: SiloAddress,
+    pub(crate) shared: super::SiloShared,
     pub(crate) target: SiloAddress,
-    pub(crate) transport: Arc<dyn Transport>,
-    pub(crate) options: Arc<ClusterMembershipOptions>,
-    pub(crate) health: Arc<SharedHealth>,
-    pub(crate) latest: watch::Receiver<MembershipSnapshot>,
     pub(crate) on_failure: Recipient<ProbeFailed>,
     pub(crate) timeout: ProbeTimeout,
     pub(crate) missed: u32,
@@ -90,26 +83,19 @@ pub(crate) struct ProbeAgent {
 
 impl ProbeAgent {
     pub(crate) fn new(
-        me: SiloAddress,
+        shared: super::SiloShared,
         target: SiloAddress,
-        transport: Arc<dyn Transport>,
-        options: Arc<ClusterMembershipOptions>,
-        health: Arc<SharedHealth>,
-        latest: watch::Receiver<MembershipSnapshot>,
         on_failure: Recipient<ProbeFailed>,
     ) -> Self {
+        let options = &shared.options;
         let timeout = ProbeTimeout::new(
             options.probe_timeout,
             options.effective_min_probe_timeout(),
             options.effective_max_probe_timeout(),
         );
         ProbeAgent {
-            me,
             target,
-            transport,
-            options,
-            health,
-            latest,
+            shared,
             on_failure,
             timeout,
             missed: 0,
@@ -119,17 +105,17 @@ impl ProbeAgent {
 
     fn current_timeout(&self) -> Duration {
         self.timeout.timeout(
-            self.health.score(),
-            self.options.extend_probe_timeout_during_degradation,
+            self.shared.health.score(),
+            self.shared.options.extend_probe_timeout_during_degradation,
         )
     }
 
     /// A random Active silo other than us and the target.
     fn pick_intermediary(&self) -> Option<SiloAddress> {
-        let snap = self.latest.borrow();
+        let snap = self.shared.latest.borrow();
         let candidates: Vec<SiloAddress> = snap
             .rows()
-            .filter(|e| e.status == SiloStatus::Active && e.silo != self.me && e.silo != self.target)
+            .filter(|e| e.status == SiloStatus::Active && e.silo != self.shared.me && e.silo != self.target)
             .map(|e| e.silo)
             .collect();
         candidates.choose(&mut rand::rng()).copied()
@@ -140,16 +126,17 @@ impl ProbeAgent {
             return;
         }
         self.in_flight = true;
-        let limit = self.options.num_missed_probes_limit;
+        let limit = self.shared.options.num_missed_probes_limit;
         let timeout = self.current_timeout();
-        let (transport, me, target) = (self.transport.clone(), self.me, self.target);
+        let (transport, me, target) = (self.shared.transport.clone(), self.shared.me, self.target);
         // Before the last allowed miss, probe directly and indirectly at once.
-        let indirect_via = if self.options.enable_indirect_probes && limit > 1 && self.missed + 1 == limit {
-            self.pick_intermediary()
-        } else {
-            None
-        };
-        self.health.probes_sent.fetch_add(1, Ordering::Relaxed);
+        let indirect_via =
+            if self.shared.options.enable_indirect_probes && limit > 1 && self.missed + 1 == limit {
+                self.pick_intermediary()
+            } else {
+                None
+            };
+        self.shared.health.probes_sent.fetch_add(1, Ordering::Relaxed);
         let fut = async move {
             let direct = direct_probe(&transport, me, target, timeout);
             let indirect = async {
@@ -182,15 +169,15 @@ impl ProbeAgent {
     }
 
     fn on_result(&mut self, direct: Direct, indirect: Indirect, ctx: &mut Context<Self>) {
-        let limit = self.options.num_missed_probes_limit;
+        let limit = self.shared.options.num_missed_probes_limit;
         match (direct, indirect) {
             (Direct::Answered(rtt), _) => {
-                self.health.probes_answered.fetch_add(1, Ordering::Relaxed);
+                self.shared.health.probes_answered.fetch_add(1, Ordering::Relaxed);
                 self.timeout.record(rtt);
                 self.missed = 0;
             }
             (Direct::WrongSilo, _) => {
-                self.health.probes_answered.fetch_add(1, Ordering::Relaxed);
+                self.shared.health.probes_answered.fetch_add(1, Ordering::Relaxed);
                 self.missed = 0;
                 let _ = self.on_failure.try_send(ProbeFailed {
                     target: self.target,
@@ -199,12 +186,14 @@ impl ProbeAgent {
                 });
             }
             (Direct::Missed, Indirect::Answered) => {
-                tracing::debug!(silo = %self.me, target = %self.target, "direct probe missed, indirect probe answered");
+                tracing::debug!(cluster = %self.shared.cluster, silo = %self.shared.me, target = %self.target,
+                    "direct probe missed, indirect probe answered");
                 self.missed = 0;
             }
             (Direct::Missed, indirect) => {
                 self.missed += 1;
-                tracing::debug!(silo = %self.me, target = %self.target, missed = self.missed, "probe missed");
+                tracing::debug!(cluster = %self.shared.cluster, silo = %self.shared.me, target = %self.target,
+                    missed = self.missed, "probe missed");
                 if self.missed >= limit {
                     self.missed = 0;
                     let intermediary = match indirect {
@@ -229,7 +218,7 @@ impl Actor for ProbeAgent {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        ctx.run_interval(self.options.probe_timeout, |act, ctx| act.probe(ctx));
+        ctx.run_interval(self.shared.options.probe_timeout, |act, ctx| act.probe(ctx));
     }
 }
 
