@@ -76,6 +76,14 @@ impl TableVersion {
             etag: self.etag.clone(),
         }
     }
+
+    /// The version precondition of a conditional write, as every provider checks it:
+    /// `next` may follow this stored version if it carries this version's etag and
+    /// is exactly one higher. Always true in [`ProtocolMode::Basic`](crate::ProtocolMode::Basic).
+    pub fn admits(&self, next: &TableVersion, mode: crate::ProtocolMode) -> bool {
+        mode == crate::ProtocolMode::Basic
+            || (self.etag == next.etag && self.version.checked_add(1) == Some(next.version))
+    }
 }
 
 /// One suspicion written into a suspect's row: who suspected it and when (by the
@@ -153,6 +161,12 @@ impl MembershipEntry {
     pub fn last_alive(&self) -> Timestamp {
         self.i_am_alive_time.max(self.start_time)
     }
+
+    /// Whether `cleanup_defunct(before)` deletes this row: Dead, with its last sign of
+    /// life strictly older than `before`.
+    pub fn is_defunct(&self, before: Timestamp) -> bool {
+        self.status == SiloStatus::Dead && self.last_alive() < before
+    }
 }
 
 /// A consistent view of a cluster's membership table: every row with its etag, and
@@ -225,6 +239,38 @@ mod tests {
         let n = v.next();
         assert_eq!(n.version, 42);
         assert_eq!(n.etag, v.etag);
+    }
+
+    #[test]
+    fn version_precondition() {
+        use crate::ProtocolMode::{Basic, Extended};
+        let v = TableVersion {
+            version: 4,
+            etag: "e4".into(),
+        };
+        assert!(v.admits(&v.next(), Extended));
+        assert!(!v.admits(
+            &TableVersion {
+                version: 5,
+                etag: "other".into()
+            },
+            Extended
+        ));
+        assert!(!v.admits(
+            &TableVersion {
+                version: 6,
+                etag: "e4".into()
+            },
+            Extended
+        ));
+        assert!(!v.admits(
+            &TableVersion {
+                version: 4,
+                etag: "e4".into()
+            },
+            Extended
+        ));
+        assert!(v.admits(&TableVersion::default(), Basic));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use rollcall_membership_core::{
     actor_hash, validate_id, Error, Etag, MembershipEntry, MembershipSnapshot, MembershipTable, ProtocolMode,
-    ReminderEntry, ReminderTable, Result, SiloAddress, SiloStatus, SystemStore, TableVersion, Timestamp,
+    ReminderEntry, ReminderTable, Result, SiloAddress, SystemStore, TableVersion, Timestamp,
 };
 
 #[derive(Debug, Default)]
@@ -142,11 +142,6 @@ pub struct MemoryMembershipTable {
 
 impl MemoryMembershipTable {
     /// Whether `next` may follow the stored version (always true in basic mode).
-    fn version_ok(&self, stored: &TableVersion, next: &TableVersion) -> bool {
-        self.mode == ProtocolMode::Basic
-            || (stored.etag == next.etag && stored.version.checked_add(1) == Some(next.version))
-    }
-
     fn commit(&self, cluster: &mut Cluster, entry: &MembershipEntry, next: &TableVersion) {
         let etag = self.store.new_etag();
         cluster.rows.insert(entry.silo, (entry.clone(), etag));
@@ -190,7 +185,7 @@ impl MembershipTable for MemoryMembershipTable {
 
     async fn insert_row(&self, entry: &MembershipEntry, next_version: &TableVersion) -> Result<bool> {
         self.store.with_cluster(&self.cluster_id, |c| {
-            if c.rows.contains_key(&entry.silo) || !self.version_ok(&c.version, next_version) {
+            if c.rows.contains_key(&entry.silo) || !c.version.admits(next_version, self.mode) {
                 return false;
             }
             self.commit(c, entry, next_version);
@@ -206,7 +201,7 @@ impl MembershipTable for MemoryMembershipTable {
     ) -> Result<bool> {
         self.store.with_cluster(&self.cluster_id, |c| {
             let row_ok = c.rows.get(&entry.silo).is_some_and(|(_, stored)| stored == etag);
-            if !row_ok || !self.version_ok(&c.version, next_version) {
+            if !row_ok || !c.version.admits(next_version, self.mode) {
                 return false;
             }
             self.commit(c, entry, next_version);
@@ -225,8 +220,7 @@ impl MembershipTable for MemoryMembershipTable {
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
         self.store.with_cluster(&self.cluster_id, |c| {
             let n = c.rows.len();
-            c.rows
-                .retain(|_, (e, _)| !(e.status == SiloStatus::Dead && e.last_alive() < before));
+            c.rows.retain(|_, (e, _)| !e.is_defunct(before));
             n - c.rows.len()
         })
     }

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use redis::Value;
 use rollcall_membership_core::{
     Error, Etag, MembershipEntry, MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress,
-    SiloStatus, TableVersion, Timestamp,
+    TableVersion, Timestamp,
 };
 use serde::{Deserialize, Serialize};
 
@@ -167,11 +167,6 @@ impl RedisMembershipTable {
         }
     }
 
-    fn version_ok(&self, stored: &TableVersion, next: &TableVersion) -> bool {
-        self.mode == ProtocolMode::Basic
-            || (stored.etag == next.etag && stored.version.checked_add(1) == Some(next.version))
-    }
-
     async fn write_row(
         &self,
         entry: &MembershipEntry,
@@ -247,7 +242,7 @@ impl RedisMembershipTable {
             .ignore();
         if extended {
             let stored = decode_version(version.as_deref(), &version_key)?;
-            if !self.version_ok(&stored, w.next) {
+            if !stored.admits(w.next, self.mode) {
                 return unwatch(con).await;
             }
             let (json, _) = encode_version(w.next.version)?;
@@ -416,7 +411,7 @@ impl MembershipTable for RedisMembershipTable {
         // Dead is final: nobody writes a Dead row again, so no WATCH is needed.
         let ids: Vec<String> = snap
             .rows()
-            .filter(|e| e.status == SiloStatus::Dead && e.last_alive() < before)
+            .filter(|e| e.is_defunct(before))
             .map(|e| e.silo.to_string())
             .collect();
         if ids.is_empty() {
