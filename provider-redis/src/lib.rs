@@ -6,7 +6,7 @@
 //!   connection (deadpool-redis; WATCH state is per connection, so never on the shared
 //!   multiplexed one): WATCH row + version, read both, compare etags, then
 //!   `MULTI / SET row / SET version / EXEC`. A nil EXEC (a watched key changed) is
-//!   `Ok(false)`; connection and server errors are [`Error::Backend`].
+//!   `Ok(false)`; connection and server errors are [`Error::Backend`](rollcall_membership_core::Error::Backend).
 //! - **Atomic `read_all`**: one read-only Lua script returns the version, the index,
 //!   every row and the IAmAlive hash at one instant.
 //! - **Heartbeats** (`update_i_am_alive`) are one blind `HSET` into a hash of their
@@ -55,7 +55,7 @@ pub use config::RedisConfig;
 pub use membership::RedisMembershipTable;
 pub use reminders::RedisReminderTable;
 use rollcall_membership_core::{
-    validate_id, Error, MembershipTable, ProtocolMode, ReminderTable, Result, SystemStore,
+    validate_id, MembershipTable, ProtocolMode, ReminderTable, Result, SystemStore,
 };
 
 /// A fresh random etag (128 bits, hex).
@@ -75,7 +75,7 @@ impl RedisStore {
     /// that the server answers.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a bad URL; [`Error::Backend`] if the server (or,
+    /// [`Error::InvalidConfig`](rollcall_membership_core::Error::InvalidConfig) for a bad URL; [`Error::Backend`](rollcall_membership_core::Error::Backend) if the server (or,
     /// for a cluster, no seed node) answers.
     pub async fn connect(url: &str) -> Result<Arc<dyn SystemStore>> {
         Ok(Arc::new(Self::open(url).await?))
@@ -131,11 +131,4 @@ impl SystemStore for RedisStore {
             service_id,
         )))
     }
-}
-
-#[allow(unused)]
-fn _assert_send_sync() {
-    fn is<T: Send + Sync>() {}
-    is::<RedisStore>();
-    let _ = Error::backend("");
 }

@@ -48,6 +48,14 @@ local alive = redis.call('HGETALL', KEYS[3])
 return {version, ids, rows, alive}
 ";
 
+/// One row and the version, atomically, in the reply shape of [`READ_ALL`].
+const READ_ROW: &str = r"
+local version = redis.call('GET', KEYS[1])
+local row = redis.call('GET', KEYS[2])
+if not row then return {version, {}, {}, {}} end
+return {version, {ARGV[1]}, {row}, {ARGV[1], redis.call('HGET', KEYS[3], ARGV[1])}}
+";
+
 /// Blind IAmAlive write, only for a silo that has a row.
 const I_AM_ALIVE: &str = r"
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then
@@ -255,23 +263,44 @@ impl RedisMembershipTable {
         Ok(committed.is_some())
     }
 
+    /// The whole table (`only == None`, [`READ_ALL`]) or one row ([`READ_ROW`]), with
+    /// the version, as one atomic snapshot.
     async fn read(&self, only: Option<&SiloAddress>) -> Result<MembershipSnapshot> {
-        let keys = self.keys.clone();
+        let keys = &self.keys;
+        let (what, source, script_keys, args) = match only {
+            None => (
+                "read_all",
+                READ_ALL,
+                [keys.version(), keys.index(), keys.alive()],
+                keys.row_prefix(),
+            ),
+            Some(silo) => {
+                let id = silo.to_string();
+                (
+                    "read_row",
+                    READ_ROW,
+                    [keys.version(), keys.row(&id), keys.alive()],
+                    id,
+                )
+            }
+        };
         let reply: Value = self
             .router
             .run(&keys.tag, |node: Arc<Node>| {
-                let keys = keys.clone();
+                let (script_keys, args) = (&script_keys, &args);
                 async move {
-                    node.timed("read_all", async {
+                    node.timed(what, async {
                         let mut con = node.shared().await?;
-                        redis::Script::new(READ_ALL)
-                            .key(keys.version())
-                            .key(keys.index())
-                            .key(keys.alive())
-                            .arg(keys.row_prefix())
+                        let script = redis::Script::new(source);
+                        let mut invocation = script.prepare_invoke();
+                        for k in script_keys {
+                            invocation.key(k);
+                        }
+                        invocation.arg(args);
+                        invocation
                             .invoke_async(&mut con)
                             .await
-                            .map_err(|e| backend("read_all", e))
+                            .map_err(|e| backend(what, e))
                     })
                     .await
                 }
@@ -312,9 +341,6 @@ impl RedisMembershipTable {
             };
             let key = self.keys.row(&id);
             let silo: SiloAddress = id.parse().map_err(|e| Error::corrupt(self.keys.index(), e))?;
-            if only.is_some_and(|o| *o != silo) {
-                continue;
-            }
             let Some(raw) = text(row, &key)? else { continue };
             let (mut entry, etag) = decode_row(&raw, &key, Some(&silo))?;
             if let Some(t) = alive_times.get(&id) {

@@ -54,7 +54,8 @@ pub fn full_entry(n: u32) -> MembershipEntry {
     }
 }
 
-async fn insert(table: &dyn MembershipTable, entry: &MembershipEntry) {
+/// Inserts `entry` at the version just read, asserting that the insert commits.
+pub async fn insert(table: &dyn MembershipTable, entry: &MembershipEntry) {
     let snap = table.read_all().await.expect("read_all");
     assert!(
         table

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rollcall_membership_core::{Error, MembershipEntry, ProtocolMode, SiloStatus, Timestamp};
 use rollcall_tests::fixtures::{self, Backend};
-use rollcall_tests::membership_table::{full_entry, silo};
+use rollcall_tests::membership_table::{full_entry, insert, silo};
 use rollcall_tests::{unique_id, Store};
 
 async fn store_on(b: &Backend) -> Store {
@@ -51,11 +51,7 @@ async fn heartbeats_never_conflict_with_row_writes() {
         .unwrap();
     table.init(true).await.unwrap();
     for n in 0..10 {
-        let snap = table.read_all().await.unwrap();
-        assert!(table
-            .insert_row(&full_entry(n), &snap.version.next())
-            .await
-            .unwrap());
+        insert(&*table, &full_entry(n)).await;
     }
     let stop = Arc::new(AtomicBool::new(false));
     let mut beats = Vec::new();
@@ -101,9 +97,9 @@ async fn garbage_row_is_corrupt_naming_the_key_and_other_clusters_still_read() {
     let good = store.membership_table(&good_id, ProtocolMode::Extended).unwrap();
     for t in [&bad, &good] {
         t.init(true).await.unwrap();
-        let snap = t.read_all().await.unwrap();
-        assert!(t.insert_row(&full_entry(1), &snap.version.next()).await.unwrap());
+        insert(&**t, &full_entry(1)).await;
     }
+    insert(&*bad, &full_entry(2)).await;
     let key = format!("rollcall:{{m:{bad_id}}}:silo:{}", full_entry(1).silo);
     let mut con = raw(&b).await;
     redis::cmd("SET")
@@ -118,6 +114,13 @@ async fn garbage_row_is_corrupt_naming_the_key_and_other_clusters_still_read() {
     }
     let snap = bad.read_row(&full_entry(1).silo).await;
     assert!(matches!(snap, Err(Error::Corrupt { .. })), "{snap:?}");
+    // read_row reads only its own row: a healthy neighbour stays readable.
+    let other = bad
+        .read_row(&full_entry(2).silo)
+        .await
+        .expect("read_row of a healthy row");
+    assert_eq!(other.entry(&full_entry(2).silo), Some(&full_entry(2)));
+    assert_eq!(other.version.version, 2);
     // A conditional write on a corrupt row is an error too, never a silent overwrite.
     let v = good.read_all().await.unwrap(); // the other cluster is fine
     assert_eq!(v.len(), 1);
@@ -196,11 +199,7 @@ async fn values_are_json_readable_with_redis_cli() {
     let id = unique_id("json");
     let table = store.membership_table(&id, ProtocolMode::Extended).unwrap();
     table.init(true).await.unwrap();
-    let snap = table.read_all().await.unwrap();
-    assert!(table
-        .insert_row(&full_entry(1), &snap.version.next())
-        .await
-        .unwrap());
+    insert(&*table, &full_entry(1)).await;
     let mut con = raw(&b).await;
     let row: String = redis::cmd("GET")
         .arg(format!("rollcall:{{m:{id}}}:silo:{}", full_entry(1).silo))

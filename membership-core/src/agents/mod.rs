@@ -42,7 +42,6 @@ use actix::{Actor, ActorContext, ActorFutureExt, Addr, AsyncContext, Context, Me
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use crate::protocol::targets::is_monitored;
 use crate::transport::tcp::TcpTransport;
 use crate::transport::{Transport, TransportError};
 use crate::{
@@ -568,7 +567,7 @@ impl SiloHandle {
         self.snapshot
             .borrow()
             .rows()
-            .filter(|e| e.silo != self.address && is_monitored(e.status) && e.status == SiloStatus::Active)
+            .filter(|e| e.silo != self.address && e.status == SiloStatus::Active)
             .map(|e| e.silo)
             .collect()
     }
