@@ -4,7 +4,7 @@
 //! `cargo run --example silo --features redis -- redis://127.0.0.1:6379 127.0.0.1:11111`
 //! (with the default memory store, each process is its own one-silo cluster).
 
-use rollcall::{ProtocolMode, Silo};
+use rollcall::Silo;
 
 #[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -13,8 +13,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listen = args.next().unwrap_or_else(|| "127.0.0.1:11111".into());
 
     let store = rollcall::connect(&store_url).await?; // or redis://, etcd://, dynamodb://
-    let table = store.membership_table("orders", ProtocolMode::Extended)?;
-    let silo = Silo::builder("orders", table)
+    let silo = Silo::builder(store, "orders")
         .listen(listen.parse()?) // the probe port
         .start()
         .await?; // returns once Active

@@ -88,3 +88,40 @@ impl Error {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Errors of a silo's lifecycle and of the calls on its handle.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SiloError {
+    /// The membership table failed (after the silo's retries), or an option is
+    /// invalid.
+    #[error(transparent)]
+    Table(#[from] Error),
+    /// The probe endpoint could not be served.
+    #[error(transparent)]
+    Transport(#[from] crate::transport::TransportError),
+    /// Some Active silos stayed unreachable for `max_join_attempt_time`; this silo
+    /// wrote itself Dead and stopped.
+    #[error("could not reach {unreachable:?} within max_join_attempt_time ({waited:?})")]
+    JoinTimeout {
+        /// The silos that never answered.
+        unreachable: Vec<crate::SiloAddress>,
+        /// How long the silo tried.
+        waited: std::time::Duration,
+    },
+    /// A newer generation of this endpoint is in the table: this process is stale.
+    #[error("superseded by the newer generation {by}")]
+    Superseded {
+        /// The newer silo.
+        by: crate::SiloAddress,
+    },
+    /// The cluster declared this silo Dead.
+    #[error("this silo was declared Dead")]
+    DeclaredDead,
+    /// The call did not complete within its documented bound.
+    #[error("no answer within {0:?}")]
+    Timeout(std::time::Duration),
+    /// The silo's agents have stopped.
+    #[error("the silo is stopped")]
+    Stopped,
+}

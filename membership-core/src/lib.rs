@@ -16,7 +16,7 @@
 
 #![warn(missing_docs)]
 
-mod agents;
+pub mod agents;
 mod error;
 mod membership;
 mod options;
@@ -27,8 +27,8 @@ mod table;
 mod time;
 pub mod transport;
 
-pub use agents::{MembershipChanged, OnDeclaredDead, Silo, SiloBuilder, SiloError, SiloHandle};
-pub use error::{BoxError, Error, Result};
+pub use agents::{MembershipChanged, OnDeclaredDead, Silo, SiloBuilder, SiloHandle, Subscription};
+pub use error::{BoxError, Error, Result, SiloError};
 pub use membership::{Etag, MembershipEntry, MembershipSnapshot, SuspectVote, TableVersion};
 pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};
 pub use reminder::{actor_hash, hash_in_range, ReminderEntry};

@@ -16,10 +16,17 @@ use crate::{Error, Result};
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClusterMembershipOptions {
-    /// Initial probe timeout and probe period. Default 5 s.
+    /// The probe timeout `T`: how long one probe waits for its answer (at least; see
+    /// `min_probe_timeout`). Probes of one target are sent every `T / 2`. A target is
+    /// voted against only once its probes have gone unanswered for
+    /// `num_missed_probes_limit x T`, so with the defaults a silo unresponsive for less
+    /// than that (a GC pause, a stall) is never declared Dead. Default 5 s.
     #[serde(with = "humantime_serde")]
     pub probe_timeout: Duration,
-    /// Lower bound of the adaptive probe timeout. Default `probe_timeout / 2`.
+    /// Lower bound of the adaptive probe timeout. Default `probe_timeout`: the
+    /// adaptive timeout only lengthens. A smaller value is an opt-in for faster
+    /// detection on a low-latency network; it lowers the tolerated stall to
+    /// `num_missed_probes_limit x min_probe_timeout`.
     #[serde(with = "humantime_serde")]
     pub min_probe_timeout: Option<Duration>,
     /// Upper bound of the adaptive probe timeout. Default `probe_timeout * 4`.
@@ -69,8 +76,19 @@ pub struct ClusterMembershipOptions {
     /// Dead rows kept at most, newest first, before older ones are deleted early.
     /// Default 25.
     pub max_defunct_silo_entries: u32,
-    /// Use the version row (extended protocol). Default true.
+    /// Use the version row (extended protocol). Default true. The silo opens its
+    /// membership table in the [`ProtocolMode`](crate::ProtocolMode) this selects.
     pub use_version_row: bool,
+    /// Longest a single membership-table operation may take before the silo treats it
+    /// as failed (and retries it later). Bounds [`SiloHandle::refresh`](crate::SiloHandle::refresh).
+    /// Default 5 s.
+    #[serde(with = "humantime_serde")]
+    pub table_operation_timeout: Duration,
+    /// Longest a graceful [`shutdown`](crate::SiloHandle::shutdown) or
+    /// [`stop`](crate::SiloHandle::stop) tries to write the leaving and Dead statuses
+    /// before the silo stops anyway (logging it). Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
 }
 
 impl Default for ClusterMembershipOptions {
@@ -95,6 +113,8 @@ impl Default for ClusterMembershipOptions {
             defunct_silo_cleanup_period: Duration::from_secs(3600),
             max_defunct_silo_entries: 25,
             use_version_row: true,
+            table_operation_timeout: Duration::from_secs(5),
+            shutdown_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -115,9 +135,15 @@ fn require_at_least_one(field: &str, n: u32) -> Result<()> {
 
 impl ClusterMembershipOptions {
     /// The lower bound of the adaptive probe timeout (`min_probe_timeout`, or
-    /// `probe_timeout / 2`).
+    /// `probe_timeout`).
     pub fn effective_min_probe_timeout(&self) -> Duration {
-        self.min_probe_timeout.unwrap_or(self.probe_timeout / 2)
+        self.min_probe_timeout.unwrap_or(self.probe_timeout)
+    }
+
+    /// How often each target is probed: `probe_timeout / 2`, so that a probe is
+    /// always outstanding while a target is silent.
+    pub fn probe_period(&self) -> Duration {
+        self.probe_timeout / 2
     }
 
     /// The upper bound of the adaptive probe timeout (`max_probe_timeout`, or
@@ -203,6 +229,8 @@ impl ClusterMembershipOptions {
         )?;
         require_positive("defunct_silo_expiration", self.defunct_silo_expiration)?;
         require_positive("defunct_silo_cleanup_period", self.defunct_silo_cleanup_period)?;
+        require_positive("table_operation_timeout", self.table_operation_timeout)?;
+        require_positive("shutdown_timeout", self.shutdown_timeout)?;
         Ok(())
     }
 }
@@ -307,7 +335,8 @@ mod tests {
         let o = ClusterMembershipOptions::default();
         o.validate().unwrap();
         assert_eq!(o.probe_timeout, Duration::from_secs(5));
-        assert_eq!(o.effective_min_probe_timeout(), Duration::from_millis(2500));
+        assert_eq!(o.effective_min_probe_timeout(), Duration::from_secs(5));
+        assert_eq!(o.probe_period(), Duration::from_millis(2500));
         assert_eq!(o.effective_max_probe_timeout(), Duration::from_secs(20));
         assert_eq!(o.num_votes_for_death_declaration, 2);
         ReminderOptions::default().validate().unwrap();

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use rollcall_membership_core::transport::sim::SimNetwork;
 use rollcall_membership_core::{
-    Clock, ClusterMembershipOptions, MembershipSnapshot, MembershipTable, OnDeclaredDead, ProtocolMode, Silo,
-    SiloAddress, SiloError, SiloHandle, SiloStatus, SystemStore, Timestamp, TokioClock,
+    Clock, ClusterMembershipOptions, MembershipSnapshot, MembershipTable, OnDeclaredDead, Silo, SiloAddress,
+    SiloError, SiloHandle, SiloStatus, SystemStore, Timestamp, TokioClock,
 };
 use rollcall_provider_memory::MemoryStore;
 
@@ -33,6 +33,8 @@ pub fn run_virtual<F: Future>(f: impl FnOnce() -> F) -> F::Output {
 
 /// Silos of one cluster on one [`SimNetwork`] and one [`MemoryStore`].
 pub struct SimCluster {
+    /// The seed of the network and of every silo's protocol RNG.
+    pub seed: u64,
     /// The network.
     pub net: SimNetwork,
     /// The store (shared by every silo).
@@ -53,14 +55,21 @@ pub fn endpoint(n: u8) -> SocketAddr {
 }
 
 impl SimCluster {
-    /// An empty cluster with these options (network seed 7).
+    /// An empty cluster with these options (seed 7).
     pub fn new(options: ClusterMembershipOptions) -> Self {
+        Self::with_seed(options, 7)
+    }
+
+    /// An empty cluster with these options whose network and silos draw every random
+    /// choice from `seed`: a run is a function of the seed and the scenario.
+    pub fn with_seed(options: ClusterMembershipOptions, seed: u64) -> Self {
         let store = MemoryStore::new();
         let table = store
-            .membership_table("sim", ProtocolMode::Extended)
+            .membership_table("sim", options.protocol_mode())
             .expect("table");
         SimCluster {
-            net: SimNetwork::new(7),
+            seed,
+            net: SimNetwork::new(seed),
             store,
             table,
             options,
@@ -72,9 +81,14 @@ impl SimCluster {
     /// Starts a silo at `endpoint(n)` with `generation` (joins; returns when Active).
     pub async fn start(&mut self, n: u8, generation: u64) -> Result<SiloHandle, SiloError> {
         let addr = endpoint(n);
-        let handle = Silo::builder("sim", self.table.clone())
+        let handle = Silo::builder(Arc::new(self.store.clone()), "sim")
             .listen(addr)
             .generation(generation)
+            .seed(
+                self.seed
+                    .wrapping_mul(1_000_003)
+                    .wrapping_add(u64::from(n) << 32 | generation),
+            )
             .transport(Arc::new(self.net.transport(addr)))
             .options(self.options.clone())
             .clock(self.clock.clone())

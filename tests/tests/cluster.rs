@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rollcall_membership_core::transport::{ProbeHandler, ProbeRequest, ProbeResponse, Transport};
-use rollcall_membership_core::{ClusterMembershipOptions, MembershipEntry, SiloAddress, SiloStatus};
+use rollcall_membership_core::{
+    ClusterMembershipOptions, MembershipEntry, SiloAddress, SiloStatus, SystemStore,
+};
 use rollcall_tests::sim::{all_see_dead, endpoint, run_virtual, wait_for, SimCluster};
 
 fn dead_rows(snap: &rollcall_membership_core::MembershipSnapshot) -> Vec<SiloAddress> {
@@ -302,7 +304,7 @@ fn t09_silo_stuck_in_joining_is_evicted() {
         let stuck: SiloAddress = format!("{}@1", endpoint(9)).parse().unwrap();
         let transport = c.net.transport(endpoint(9));
         let _listener = transport
-            .serve(endpoint(9), Arc::new(StuckJoiner(stuck)))
+            .serve(endpoint(9), "sim", Arc::new(StuckJoiner(stuck)))
             .await
             .unwrap();
         let snap = c.table.read_all().await.unwrap();
@@ -331,10 +333,8 @@ fn fast_options() -> ClusterMembershipOptions {
     }
 }
 
-async fn tcp_silo(
-    table: Arc<dyn rollcall_membership_core::MembershipTable>,
-) -> rollcall_membership_core::SiloHandle {
-    rollcall_membership_core::Silo::builder("tcp", table)
+async fn tcp_silo(store: &Arc<dyn SystemStore>) -> rollcall_membership_core::SiloHandle {
+    rollcall_membership_core::Silo::builder(store.clone(), "tcp")
         .listen("127.0.0.1:0".parse().unwrap())
         .options(fast_options())
         .on_declared_dead(rollcall_membership_core::OnDeclaredDead::StopSilo)
@@ -343,19 +343,23 @@ async fn tcp_silo(
         .expect("tcp silo joins")
 }
 
-fn tcp_table() -> Arc<dyn rollcall_membership_core::MembershipTable> {
-    use rollcall_membership_core::{ProtocolMode, SystemStore};
-    rollcall_provider_memory::MemoryStore::new()
-        .membership_table("tcp", ProtocolMode::Extended)
-        .unwrap()
+/// A fresh memory store and its "tcp" cluster table.
+fn tcp_store() -> (
+    Arc<dyn SystemStore>,
+    Arc<dyn rollcall_membership_core::MembershipTable>,
+) {
+    use rollcall_membership_core::ProtocolMode;
+    let store: Arc<dyn SystemStore> = Arc::new(rollcall_provider_memory::MemoryStore::new());
+    let table = store.membership_table("tcp", ProtocolMode::Extended).unwrap();
+    (store, table)
 }
 
 #[actix::test]
 async fn t10_real_tcp_three_silos_one_killed_is_declared_dead() {
-    let table = tcp_table();
+    let (store, table) = tcp_store();
     let mut silos = Vec::new();
     for _ in 0..3 {
-        silos.push(tcp_silo(table.clone()).await);
+        silos.push(tcp_silo(&store).await);
     }
     let victim = silos.pop().unwrap();
     victim.kill();
@@ -381,8 +385,8 @@ async fn t10_real_tcp_three_silos_one_killed_is_declared_dead() {
 #[actix::test]
 async fn t11_garbage_and_oversized_frames_do_not_stop_the_probe_server() {
     use tokio::io::AsyncWriteExt;
-    let table = tcp_table();
-    let silo = tcp_silo(table.clone()).await;
+    let (store, _table) = tcp_store();
+    let silo = tcp_silo(&store).await;
     let ep = silo.address().endpoint();
     // Garbage with a plausible length prefix, then a frame of an unknown version,
     // then a 1 GiB length prefix, each on its own connection, plus raw noise.
@@ -408,6 +412,7 @@ async fn t11_garbage_and_oversized_frames_do_not_stop_the_probe_server() {
         let r = transport
             .request(
                 ep,
+                "tcp",
                 ProbeRequest::Ping {
                     from: me,
                     target: silo.address(),
@@ -429,6 +434,7 @@ async fn t11_garbage_and_oversized_frames_do_not_stop_the_probe_server() {
     let r = transport
         .request(
             ep,
+            "tcp",
             ProbeRequest::Ping {
                 from: me,
                 target: other,
@@ -565,13 +571,13 @@ fn t14_unreachable_active_silo_makes_join_fail_with_a_typed_error() {
 
 #[test]
 fn t15_declared_dead_stops_the_actix_system_with_an_error_code() {
-    use rollcall_membership_core::{OnDeclaredDead, ProtocolMode, Silo, SystemStore};
+    use rollcall_membership_core::{OnDeclaredDead, ProtocolMode, Silo};
     let store = rollcall_provider_memory::MemoryStore::new();
     let table = store.membership_table("sys", ProtocolMode::Extended).unwrap();
     let system = actix::System::new();
     let silo = system
         .block_on(
-            Silo::builder("sys", table.clone())
+            Silo::builder(Arc::new(store.clone()), "sys")
                 .listen("127.0.0.1:0".parse().unwrap())
                 .options(fast_options())
                 .on_declared_dead(OnDeclaredDead::default())
@@ -615,7 +621,7 @@ fn t16_actors_receive_membership_changes() {
         c.start_many(1).await;
         let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
         let counter = Counter(seen.clone()).start();
-        c.silos[0].subscribe_recipient(counter.recipient());
+        let _subscription = c.silos[0].subscribe_recipient(counter.recipient());
         c.start(2, 1).await.unwrap();
         c.start(3, 1).await.unwrap();
         tokio::time::sleep(Duration::from_secs(1)).await;

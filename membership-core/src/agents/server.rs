@@ -1,25 +1,30 @@
-//! The probe server: answers pings, performs indirect pings for others, and turns
-//! gossip into table refreshes.
+//! The probe server: answers pings, performs indirect pings for others, and hands
+//! gossip to the membership agent. It runs on the transport's tasks, not in an
+//! actor, and holds no protocol state: the answers come from
+//! [`answer_ping`](crate::protocol::probe::answer_ping) and the shared health score.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use actix::Addr;
 use async_trait::async_trait;
 
+use crate::protocol::probe::answer_ping;
+use crate::protocol::PingOutcome;
 use crate::transport::{ProbeHandler, ProbeRequest, ProbeResponse, Transport};
 use crate::SiloAddress;
 
-use super::health::SharedHealth;
-use super::oracle::{GossipReceived, MembershipOracle};
-use super::probe::{direct_probe, Direct};
+use super::executor::{GossipReceived, MembershipAgent, SharedHealth};
 
 pub(crate) struct ProbeServer {
-    pub(crate) me: Arc<std::sync::OnceLock<SiloAddress>>,
+    /// This silo, once its generation is known (set right after the bind).
+    pub(crate) me: Arc<OnceLock<SiloAddress>>,
+    pub(crate) cluster: Arc<str>,
     pub(crate) health: Arc<SharedHealth>,
     pub(crate) transport: Arc<dyn Transport>,
-    pub(crate) oracle: Addr<MembershipOracle>,
+    /// The agent, once it exists.
+    pub(crate) agent: Arc<OnceLock<Addr<MembershipAgent>>>,
     /// Upper bound on an indirect ping's timeout, whatever the requester asks.
     pub(crate) max_indirect_timeout: Duration,
 }
@@ -31,32 +36,39 @@ impl ProbeHandler for ProbeServer {
             // Not started yet: we are nobody's target.
             return ProbeResponse::GossipAck;
         };
+        let health = self.health.score.load(Ordering::Relaxed);
         match request {
             ProbeRequest::Ping { target, .. } => {
-                if target != me {
-                    return ProbeResponse::WrongSilo { responder: me };
+                if target == me {
+                    self.health.probes_received.fetch_add(1, Ordering::Relaxed);
                 }
-                self.health.probes_received.fetch_add(1, Ordering::Relaxed);
-                ProbeResponse::Pong {
-                    responder: me,
-                    health: self.health.score(),
-                }
+                answer_ping(me, target, health)
             }
             ProbeRequest::IndirectPing {
                 target, timeout_ms, ..
             } => {
                 let timeout = Duration::from_millis(u64::from(timeout_ms)).min(self.max_indirect_timeout);
-                let answered = matches!(
-                    direct_probe(&self.transport, me, target, timeout).await,
-                    Direct::Answered(_)
-                );
+                let started = tokio::time::Instant::now();
+                let response = self
+                    .transport
+                    .request(
+                        target.endpoint(),
+                        &self.cluster,
+                        ProbeRequest::Ping { from: me, target },
+                        timeout,
+                    )
+                    .await;
+                let outcome = PingOutcome::from_response(&target, &response, started.elapsed());
                 ProbeResponse::IndirectResult {
-                    target_answered: answered,
-                    intermediary_health: self.health.score(),
+                    target_answered: matches!(outcome, PingOutcome::Answered { .. }),
+                    intermediary_health: health,
                 }
             }
             ProbeRequest::Gossip { version, .. } => {
-                let _ = self.oracle.try_send(GossipReceived { version });
+                if let Some(agent) = self.agent.get() {
+                    // A full mailbox drops the gossip: the periodic refresh covers it.
+                    let _ = agent.try_send(GossipReceived { version });
+                }
                 ProbeResponse::GossipAck
             }
         }

@@ -1,19 +1,31 @@
-//! The sans-io protocol core: pure functions and small state machines that decide
-//! what the membership agents do. No sockets, no clocks, no actors: callers pass a
-//! [`MembershipSnapshot`](crate::MembershipSnapshot), probe outcomes, the current
-//! time and the options, and get decisions back (pattern: `foca`'s SWIM core).
+//! The sans-io protocol core: the whole membership protocol of a silo as state
+//! machines and pure functions. No sockets, no clocks, no actors: callers feed events
+//! with the current time and get actions back; randomness is injected (pattern:
+//! `foca`'s SWIM core). The actix agents (`agents/`) only execute the actions.
 //!
+//! - [`machine`]: [`SiloMachine`], the silo's state machine: events in, actions out;
+//!   it composes the pieces below;
+//! - [`probe`]: the probe cycle of one target (pings, indirect probe, suspicion);
+//! - [`probe_timeout`]: the adaptive probe timeout from round-trip samples;
 //! - [`targets`]: which silos to probe (several consistent-hash rings + suspects);
-//! - [`phi`]: the adaptive (phi-accrual) probe timeout;
 //! - [`votes`]: suspect / declare-dead decisions with clock-skew tolerant freshness;
 //! - [`join`]: what a joining silo must write (older generations Dead);
+//! - [`refresh`]: coalesced table reads;
+//! - [`cleanup`]: the defunct-row cutoff;
 //! - [`health`]: the Lifeguard-style local health score.
 
+pub mod cleanup;
 pub mod health;
 pub mod join;
-pub mod phi;
+pub mod machine;
+pub mod probe;
+pub mod probe_timeout;
+pub mod refresh;
 pub mod targets;
 pub mod votes;
+
+pub use machine::{Action, Event, RowWrite, SiloMachine, StopReason, Timer};
+pub use probe::{IndirectOutcome, PingOutcome, SuspectReason};
 
 use std::time::Duration;
 

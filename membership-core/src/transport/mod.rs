@@ -9,6 +9,8 @@
 //! (it runs under tokio's paused clock).
 
 pub mod sim;
+#[cfg(test)]
+mod suite;
 pub mod tcp;
 
 use std::net::SocketAddr;
@@ -90,6 +92,9 @@ pub enum TransportError {
     /// The peer sent bytes that are not a valid frame.
     #[error("bad frame: {0}")]
     Codec(String),
+    /// The peer refused the request: it serves another cluster.
+    #[error("refused by the peer: {0}")]
+    Refused(String),
     /// The local endpoint could not be served.
     #[error("cannot serve {addr}: {reason}")]
     Bind {
@@ -103,7 +108,7 @@ pub enum TransportError {
 /// The server side: answers requests arriving at a silo's probe endpoint.
 #[async_trait]
 pub trait ProbeHandler: Send + Sync {
-    /// Answers one request.
+    /// Answers one request. Requests on one connection may be handled concurrently.
     async fn handle(&self, request: ProbeRequest) -> ProbeResponse;
 }
 
@@ -123,36 +128,61 @@ impl std::fmt::Debug for Listener {
 }
 
 /// Sends probe requests and serves probe handlers.
+///
+/// Every request travels in a [`Frame`] that carries a request id and the cluster
+/// id: a reply is matched to its request by id (a late reply to a timed-out request
+/// is discarded, never handed to the next request), and a server refuses frames of
+/// another cluster ([`TransportError::Refused`]).
 #[async_trait]
 pub trait Transport: Send + Sync + std::fmt::Debug + 'static {
-    /// Sends `request` to the probe endpoint `to` and waits at most `timeout` for the
-    /// response.
+    /// Sends `request`, on behalf of a silo of `cluster`, to the probe endpoint `to`
+    /// and waits at most `timeout` for its response.
     ///
     /// # Errors
-    /// [`TransportError::Timeout`], [`TransportError::Unreachable`] or
+    /// [`TransportError::Timeout`], [`TransportError::Unreachable`] (nothing listens
+    /// there: answered at once, before the timeout), [`TransportError::Refused`] or
     /// [`TransportError::Codec`]; never panics on what the peer sends.
     async fn request(
         &self,
         to: SocketAddr,
+        cluster: &str,
         request: ProbeRequest,
         timeout: Duration,
     ) -> Result<ProbeResponse, TransportError>;
 
-    /// Serves `handler` at `listen` until the returned [`Listener`] is dropped.
+    /// Serves `handler` for the silos of `cluster` at `listen` until the returned
+    /// [`Listener`] is dropped.
     ///
     /// # Errors
     /// [`TransportError::Bind`] if the endpoint cannot be served.
     async fn serve(
         &self,
         listen: SocketAddr,
+        cluster: &str,
         handler: Arc<dyn ProbeHandler>,
     ) -> Result<Listener, TransportError>;
 }
 
 /// Frame format version (first byte of every frame).
-pub const FRAME_VERSION: u8 = 1;
+pub const FRAME_VERSION: u8 = 2;
 /// Largest frame accepted, in bytes; larger frames close the connection.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024;
+
+/// What travels on the wire: a request or a response with the id that pairs them
+/// and the sender's cluster id.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Frame<T> {
+    /// Request id, chosen by the requester, echoed by the response.
+    pub id: u64,
+    /// The sender's cluster id.
+    pub cluster: String,
+    /// The message.
+    pub body: T,
+}
+
+/// The body of a response frame: the handler's answer, or why the server refused
+/// the request (a frame of another cluster).
+pub type ResponseBody = Result<ProbeResponse, String>;
 
 /// Encodes a message as a frame payload: the version byte, then postcard.
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, TransportError> {
@@ -176,6 +206,47 @@ pub fn decode<T: for<'de> Deserialize<'de>>(frame: &[u8]) -> Result<T, Transport
     }
 }
 
+/// The server side of one frame, shared by every transport: decodes the request
+/// frame, refuses another cluster's, asks `handler`, encodes the response frame.
+///
+/// # Errors
+/// [`TransportError::Codec`] for bytes that are not a request frame (nothing is
+/// answered then).
+pub(crate) async fn answer_frame(
+    cluster: &str,
+    handler: &dyn ProbeHandler,
+    bytes: &[u8],
+) -> Result<Vec<u8>, TransportError> {
+    let frame: Frame<ProbeRequest> = decode(bytes)?;
+    let body: ResponseBody = if frame.cluster == cluster {
+        Ok(handler.handle(frame.body).await)
+    } else {
+        Err(format!(
+            "this endpoint serves cluster `{cluster}`, not `{}`",
+            frame.cluster
+        ))
+    };
+    encode(&Frame {
+        id: frame.id,
+        cluster: cluster.to_owned(),
+        body,
+    })
+}
+
+/// The client side of a response frame: its id, and the answer or refusal.
+pub(crate) fn read_response(
+    bytes: &[u8],
+) -> Result<(u64, Result<ProbeResponse, TransportError>), TransportError> {
+    let frame: Frame<ResponseBody> = decode(bytes)?;
+    Ok((frame.id, frame.body.map_err(TransportError::Refused)))
+}
+
+/// A process-wide source of request ids (unique per process, never reused).
+pub(crate) fn next_request_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +261,15 @@ mod tests {
         };
         let bytes = encode(&req).unwrap();
         assert_eq!(decode::<ProbeRequest>(&bytes).unwrap(), req);
+        let frame = Frame {
+            id: u64::MAX,
+            cluster: "c".to_owned(),
+            body: req.clone(),
+        };
+        assert_eq!(
+            decode::<Frame<ProbeRequest>>(&encode(&frame).unwrap()).unwrap(),
+            frame
+        );
         assert!(decode::<ProbeRequest>(&[]).is_err());
         assert!(decode::<ProbeRequest>(&[9, 0, 0]).is_err());
         assert!(decode::<ProbeRequest>(&[FRAME_VERSION, 0xff, 0xff, 0xff]).is_err());

@@ -2,7 +2,11 @@
 //!
 //! Every silo gets a [`SimTransport`] bound to its endpoint on one shared
 //! [`SimNetwork`]. Messages are delivered by calling the destination's handler after
-//! the configured one-way delay. The network can drop messages at random (per link or
+//! the configured one-way delay. Every request and response is encoded into a wire
+//! [`Frame`] and decoded again on the other side by the same functions the TCP
+//! transport uses, so each simulation also exercises the codec, the request ids and
+//! the cluster check. An endpoint where nothing is served answers
+//! [`TransportError::Unreachable`] after one delay, as a refused TCP connection does. The network can drop messages at random (per link or
 //! everywhere), block links one way or both (partitions), and **freeze** an endpoint
 //! (a stalled process: nothing goes in or out until it resumes). It only uses tokio
 //! timers, so under a paused clock (`start_paused`) minutes of protocol run in
@@ -18,10 +22,30 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::watch;
 
-use super::{Listener, ProbeHandler, ProbeRequest, ProbeResponse, Transport, TransportError};
+use super::{
+    answer_frame, encode, next_request_id, read_response, Frame, Listener, ProbeHandler, ProbeRequest,
+    ProbeResponse, Transport, TransportError,
+};
+
+/// One message seen by the network, for [`SimNetwork::take_log`]: when (virtual
+/// time since the network was created), from where, to where, the message, and
+/// whether it was lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoggedMessage {
+    /// Virtual time since the network was created.
+    pub at: Duration,
+    /// Sender.
+    pub from: SocketAddr,
+    /// Destination.
+    pub to: SocketAddr,
+    /// The message, as text (`Debug` of the request or response).
+    pub message: String,
+    /// True when the network dropped it.
+    pub lost: bool,
+}
 
 struct State {
-    handlers: HashMap<SocketAddr, Arc<dyn ProbeHandler>>,
+    handlers: HashMap<SocketAddr, (Arc<str>, Arc<dyn ProbeHandler>)>,
     drop_all: f64,
     drop_link: HashMap<(SocketAddr, SocketAddr), f64>,
     blocked: HashSet<(SocketAddr, SocketAddr)>,
@@ -30,6 +54,8 @@ struct State {
     rng: StdRng,
     delivered: u64,
     dropped: u64,
+    log: Option<Vec<LoggedMessage>>,
+    created: tokio::time::Instant,
 }
 
 /// The simulated network. Cheap to clone; clones are the same network.
@@ -63,6 +89,8 @@ impl SimNetwork {
                 rng: StdRng::seed_from_u64(seed),
                 delivered: 0,
                 dropped: 0,
+                log: None,
+                created: tokio::time::Instant::now(),
             })),
         }
     }
@@ -131,6 +159,16 @@ impl SimNetwork {
         }
     }
 
+    /// Starts recording every message (see [`take_log`](Self::take_log)).
+    pub fn record(&self) {
+        self.lock().log.get_or_insert_with(Vec::new);
+    }
+
+    /// The messages recorded since [`record`](Self::record) or the last call.
+    pub fn take_log(&self) -> Vec<LoggedMessage> {
+        self.lock().log.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
     /// Messages delivered and dropped so far.
     pub fn counters(&self) -> (u64, u64) {
         let s = self.lock();
@@ -144,8 +182,8 @@ impl SimNetwork {
         }
     }
 
-    /// Whether one message from `from` to `to` gets through (counts it).
-    fn passes(&self, from: SocketAddr, to: SocketAddr) -> bool {
+    /// Whether one message from `from` to `to` gets through (counts and logs it).
+    fn passes(&self, from: SocketAddr, to: SocketAddr, message: &dyn std::fmt::Debug) -> bool {
         let mut s = self.lock();
         let p = s.drop_link.get(&(from, to)).copied().unwrap_or(s.drop_all);
         let lost = s.blocked.contains(&(from, to)) || (p > 0.0 && s.rng.random_bool(p));
@@ -154,31 +192,65 @@ impl SimNetwork {
         } else {
             s.delivered += 1;
         }
+        let at = s.created.elapsed();
+        if let Some(log) = s.log.as_mut() {
+            log.push(LoggedMessage {
+                at,
+                from,
+                to,
+                message: format!("{message:?}"),
+                lost,
+            });
+        }
         !lost
     }
 
+    /// Carries one request frame to `to` and its response frame back. `None` when a
+    /// message was lost (the sender learns it only by its timeout).
     async fn deliver(
         &self,
         from: SocketAddr,
         to: SocketAddr,
-        request: ProbeRequest,
-    ) -> Option<ProbeResponse> {
+        request: &Frame<ProbeRequest>,
+    ) -> Option<Result<ProbeResponse, TransportError>> {
+        let bytes = match encode(request) {
+            Ok(b) => b,
+            Err(e) => return Some(Err(e)),
+        };
         self.wait_unfrozen(from).await;
         let delay = self.lock().delay;
         tokio::time::sleep(delay).await;
-        if !self.passes(from, to) {
+        if !self.passes(from, to, &request.body) {
             return None;
         }
         self.wait_unfrozen(to).await;
-        let handler = self.lock().handlers.get(&to).cloned()?;
-        let response = handler.handle(request).await;
+        let Some((cluster, handler)) = self.lock().handlers.get(&to).cloned() else {
+            // Nothing listens there: refused, like a closed TCP port.
+            return Some(Err(TransportError::Unreachable(format!(
+                "{to}: connection refused"
+            ))));
+        };
+        let reply = match answer_frame(&cluster, handler.as_ref(), &bytes).await {
+            Ok(r) => r,
+            Err(_) => return None, // a garbage frame is dropped by the server
+        };
         self.wait_unfrozen(to).await;
         tokio::time::sleep(delay).await;
-        if !self.passes(to, from) {
+        let (id, answer) = match read_response(&reply) {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        if !self.passes(to, from, &answer) {
             return None;
         }
         self.wait_unfrozen(from).await;
-        Some(response)
+        if id != request.id {
+            return Some(Err(TransportError::Codec(format!(
+                "reply id {id} does not match request id {}",
+                request.id
+            ))));
+        }
+        Some(answer)
     }
 }
 
@@ -212,11 +284,17 @@ impl Transport for SimTransport {
     async fn request(
         &self,
         to: SocketAddr,
+        cluster: &str,
         request: ProbeRequest,
         timeout: Duration,
     ) -> Result<ProbeResponse, TransportError> {
+        let frame = Frame {
+            id: next_request_id(),
+            cluster: cluster.to_owned(),
+            body: request,
+        };
         let delivery = async {
-            match self.net.deliver(self.local, to, request).await {
+            match self.net.deliver(self.local, to, &frame).await {
                 Some(r) => r,
                 // A lost message: the sender only learns by its timeout.
                 None => std::future::pending().await,
@@ -224,12 +302,13 @@ impl Transport for SimTransport {
         };
         tokio::time::timeout(timeout, delivery)
             .await
-            .map_err(|_| TransportError::Timeout(timeout))
+            .map_err(|_| TransportError::Timeout(timeout))?
     }
 
     async fn serve(
         &self,
         listen: SocketAddr,
+        cluster: &str,
         handler: Arc<dyn ProbeHandler>,
     ) -> Result<Listener, TransportError> {
         let mut s = self.net.lock();
@@ -239,7 +318,7 @@ impl Transport for SimTransport {
                 reason: "address in use".into(),
             });
         }
-        s.handlers.insert(listen, handler);
+        s.handlers.insert(listen, (Arc::from(cluster), handler));
         Ok(Listener {
             local_addr: listen,
             _guard: Box::new(Unregister {

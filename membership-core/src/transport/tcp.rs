@@ -1,30 +1,44 @@
 //! Probe transport over TCP (tokio): length-delimited frames of at most
-//! [`MAX_FRAME_BYTES`], each a version byte plus a postcard-encoded message; one
-//! reused connection per peer, one request in flight per connection.
+//! [`MAX_FRAME_BYTES`], each a version byte plus a postcard-encoded [`Frame`].
 //!
-//! A frame that does not decode is dropped with a warning (the connection stays up);
+//! **Client.** One reused connection per peer, multiplexed: every request gets a
+//! process-unique id, a connection task writes frames and hands each response frame
+//! to the request waiting for that id. A request that times out only forgets its id,
+//! so its late reply is dropped by the connection task and can never be taken for
+//! the answer to a later request (a slow peer cannot misattribute replies). At most
+//! [`MAX_PENDING_PER_PEER`] requests wait on one connection; more fail at once.
+//!
+//! **Server.** Each connection answers up to [`MAX_IN_FLIGHT_PER_CONNECTION`]
+//! requests concurrently (an indirect ping that waits for a third silo does not hold
+//! up the pings behind it); replies go out in completion order with their ids. A
+//! frame that does not decode is dropped with a warning (the connection stays up);
 //! an oversized or malformed length prefix closes that connection. Nothing a peer
 //! sends can panic the server.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures_util::stream::FuturesUnordered;
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 use super::{
-    decode, encode, Listener, ProbeHandler, ProbeRequest, ProbeResponse, Transport, TransportError,
-    MAX_FRAME_BYTES,
+    answer_frame, encode, next_request_id, read_response, Frame, Listener, ProbeHandler, ProbeRequest,
+    ProbeResponse, Transport, TransportError, MAX_FRAME_BYTES,
 };
 
-type Conn = Framed<TcpStream, LengthDelimitedCodec>;
-type Slot = Arc<tokio::sync::Mutex<Option<Conn>>>;
+/// Requests that may wait for replies on one peer connection at once.
+pub const MAX_PENDING_PER_PEER: usize = 1024;
+/// Requests one server connection answers concurrently; further frames wait in the
+/// socket until one finishes.
+pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 32;
 
 fn codec() -> LengthDelimitedCodec {
     LengthDelimitedCodec::builder()
@@ -32,10 +46,30 @@ fn codec() -> LengthDelimitedCodec {
         .new_codec()
 }
 
+type Waiters = HashMap<u64, oneshot::Sender<Result<ProbeResponse, TransportError>>>;
+
+/// One multiplexed client connection.
+#[derive(Debug)]
+struct Peer {
+    outgoing: mpsc::Sender<Bytes>,
+    waiters: Arc<Mutex<Waiters>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The TCP [`Transport`]. Cheap to clone; clones share the connection cache.
 #[derive(Clone, Debug, Default)]
 pub struct TcpTransport {
-    conns: Arc<Mutex<HashMap<SocketAddr, Slot>>>,
+    peers: Arc<Mutex<HashMap<SocketAddr, Arc<Peer>>>>,
 }
 
 impl TcpTransport {
@@ -44,38 +78,115 @@ impl TcpTransport {
         Self::default()
     }
 
-    fn slot(&self, to: SocketAddr) -> Slot {
-        let mut conns = self.conns.lock().unwrap_or_else(|p| p.into_inner());
-        conns.entry(to).or_default().clone()
-    }
-
-    async fn exchange(slot: &Slot, to: SocketAddr, frame: Bytes) -> Result<ProbeResponse, TransportError> {
-        let mut guard = slot.lock().await;
-        if guard.is_none() {
-            let stream = TcpStream::connect(to)
-                .await
-                .map_err(|e| TransportError::Unreachable(format!("{to}: {e}")))?;
-            let _ = stream.set_nodelay(true);
-            *guard = Some(Framed::new(stream, codec()));
-        }
-        let Some(conn) = guard.as_mut() else {
-            return Err(TransportError::Unreachable(format!("{to}: no connection")));
-        };
-        let result = async {
-            conn.send(frame)
-                .await
-                .map_err(|e| TransportError::Unreachable(format!("{to}: {e}")))?;
-            match conn.next().await {
-                Some(Ok(bytes)) => decode::<ProbeResponse>(&bytes),
-                Some(Err(e)) => Err(TransportError::Codec(format!("{to}: {e}"))),
-                None => Err(TransportError::Unreachable(format!("{to}: connection closed"))),
+    /// The live connection to `to`, connecting if there is none.
+    async fn peer(&self, to: SocketAddr) -> Result<Arc<Peer>, TransportError> {
+        if let Some(p) = lock(&self.peers).get(&to) {
+            if !p.task.is_finished() {
+                return Ok(p.clone());
             }
         }
-        .await;
-        if result.is_err() {
-            *guard = None;
+        let stream = TcpStream::connect(to)
+            .await
+            .map_err(|e| TransportError::Unreachable(format!("{to}: {e}")))?;
+        let _ = stream.set_nodelay(true);
+        let waiters: Arc<Mutex<Waiters>> = Arc::default();
+        let (outgoing, rx) = mpsc::channel(64);
+        let task = tokio::spawn(run_client_connection(
+            Framed::new(stream, codec()),
+            to,
+            rx,
+            waiters.clone(),
+        ));
+        let peer = Arc::new(Peer {
+            outgoing,
+            waiters,
+            task,
+        });
+        let mut peers = lock(&self.peers);
+        // Another request may have connected meanwhile: keep one connection.
+        match peers.get(&to) {
+            Some(existing) if !existing.task.is_finished() => Ok(existing.clone()),
+            _ => {
+                peers.insert(to, peer.clone());
+                Ok(peer)
+            }
         }
-        result
+    }
+
+    async fn exchange(&self, to: SocketAddr, id: u64, frame: Bytes) -> Result<ProbeResponse, TransportError> {
+        let peer = self.peer(to).await?;
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut waiters = lock(&peer.waiters);
+            if waiters.len() >= MAX_PENDING_PER_PEER {
+                return Err(TransportError::Unreachable(format!(
+                    "{to}: {MAX_PENDING_PER_PEER} requests already wait for this peer"
+                )));
+            }
+            waiters.insert(id, tx);
+        }
+        let _forget = Forget {
+            waiters: &peer.waiters,
+            id,
+        };
+        peer.outgoing
+            .send(frame)
+            .await
+            .map_err(|_| TransportError::Unreachable(format!("{to}: connection closed")))?;
+        rx.await
+            .unwrap_or_else(|_| Err(TransportError::Unreachable(format!("{to}: connection closed"))))
+    }
+}
+
+/// Removes a request's id from its peer's waiters when the request ends (answered,
+/// failed or timed out): a later reply with that id is then dropped.
+struct Forget<'a> {
+    waiters: &'a Mutex<Waiters>,
+    id: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        lock(self.waiters).remove(&self.id);
+    }
+}
+
+/// Writes request frames and routes response frames to their waiters by id, until
+/// the connection fails; then every waiter learns it at once.
+async fn run_client_connection(
+    mut conn: Framed<TcpStream, LengthDelimitedCodec>,
+    to: SocketAddr,
+    mut outgoing: mpsc::Receiver<Bytes>,
+    waiters: Arc<Mutex<Waiters>>,
+) {
+    let why = loop {
+        tokio::select! {
+            biased;
+            incoming = conn.next() => match incoming {
+                Some(Ok(bytes)) => match read_response(&bytes) {
+                    Ok((id, answer)) => {
+                        // No waiter: the request timed out; its reply is dropped here.
+                        if let Some(w) = lock(&waiters).remove(&id) {
+                            let _ = w.send(answer);
+                        }
+                    }
+                    Err(e) => tracing::debug!(%to, error = %e, "probe client: undecodable reply dropped"),
+                },
+                Some(Err(e)) => break format!("{to}: {e}"),
+                None => break format!("{to}: connection closed"),
+            },
+            frame = outgoing.recv() => match frame {
+                Some(frame) => {
+                    if let Err(e) = conn.send(frame).await {
+                        break format!("{to}: {e}");
+                    }
+                }
+                None => return,
+            },
+        }
+    };
+    for (_, w) in lock(&waiters).drain() {
+        let _ = w.send(Err(TransportError::Unreachable(why.clone())));
     }
 }
 
@@ -84,26 +195,26 @@ impl Transport for TcpTransport {
     async fn request(
         &self,
         to: SocketAddr,
+        cluster: &str,
         request: ProbeRequest,
         timeout: Duration,
     ) -> Result<ProbeResponse, TransportError> {
-        let frame = Bytes::from(encode(&request)?);
-        let slot = self.slot(to);
-        match tokio::time::timeout(timeout, Self::exchange(&slot, to, frame)).await {
+        let id = next_request_id();
+        let frame = Bytes::from(encode(&Frame {
+            id,
+            cluster: cluster.to_owned(),
+            body: request,
+        })?);
+        match tokio::time::timeout(timeout, self.exchange(to, id, frame)).await {
             Ok(r) => r,
-            Err(_) => {
-                // The response may still arrive later: never reuse that connection.
-                if let Ok(mut g) = slot.try_lock() {
-                    *g = None;
-                }
-                Err(TransportError::Timeout(timeout))
-            }
+            Err(_) => Err(TransportError::Timeout(timeout)),
         }
     }
 
     async fn serve(
         &self,
         listen: SocketAddr,
+        cluster: &str,
         handler: Arc<dyn ProbeHandler>,
     ) -> Result<Listener, TransportError> {
         let listener = TcpListener::bind(listen)
@@ -116,6 +227,7 @@ impl Transport for TcpTransport {
             addr: listen,
             reason: e.to_string(),
         })?;
+        let cluster: Arc<str> = Arc::from(cluster);
         let task = tokio::spawn(async move {
             // Dropping the JoinSet (when this task is aborted) aborts every connection.
             let mut connections = JoinSet::new();
@@ -124,7 +236,7 @@ impl Transport for TcpTransport {
                     accepted = listener.accept() => match accepted {
                         Ok((stream, peer)) => {
                             let _ = stream.set_nodelay(true);
-                            connections.spawn(serve_connection(stream, peer, handler.clone()));
+                            connections.spawn(serve_connection(stream, peer, cluster.clone(), handler.clone()));
                         }
                         Err(e) => {
                             tracing::warn!(%local_addr, error = %e, "probe server: accept failed");
@@ -150,27 +262,39 @@ impl Drop for AbortOnDrop {
     }
 }
 
-async fn serve_connection(stream: TcpStream, peer: SocketAddr, handler: Arc<dyn ProbeHandler>) {
+async fn serve_connection(
+    stream: TcpStream,
+    peer: SocketAddr,
+    cluster: Arc<str>,
+    handler: Arc<dyn ProbeHandler>,
+) {
     let mut conn = Framed::new(stream, codec());
-    while let Some(frame) = conn.next().await {
-        let bytes = match frame {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!(%peer, error = %e, "probe server: unreadable frame, closing connection");
-                return;
+    let mut in_flight = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            biased;
+            Some(answer) = in_flight.next(), if !in_flight.is_empty() => {
+                let answer: Result<Vec<u8>, TransportError> = answer;
+                match answer {
+                    Ok(out) => {
+                        if conn.send(Bytes::from(out)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => tracing::warn!(%peer, error = %e, "probe server: garbage frame dropped"),
+                }
             }
-        };
-        let request = match decode::<ProbeRequest>(&bytes) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(%peer, error = %e, len = bytes.len(), "probe server: garbage frame dropped");
-                continue;
-            }
-        };
-        let response = handler.handle(request).await;
-        let Ok(out) = encode(&response) else { return };
-        if conn.send(Bytes::from(out)).await.is_err() {
-            return;
+            frame = conn.next(), if in_flight.len() < MAX_IN_FLIGHT_PER_CONNECTION => match frame {
+                Some(Ok(bytes)) => {
+                    let (cluster, handler) = (cluster.clone(), handler.clone());
+                    in_flight.push(async move { answer_frame(&cluster, handler.as_ref(), &bytes).await });
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(%peer, error = %e, "probe server: unreadable frame, closing connection");
+                    return;
+                }
+                None => return,
+            },
         }
     }
 }

@@ -5,8 +5,7 @@ use std::time::{Duration, Instant};
 
 use rollcall::transport::tcp::TcpTransport;
 use rollcall::{
-    ClusterMembershipOptions, MembershipSnapshot, OnDeclaredDead, ProtocolMode, Silo, SiloHandle, SiloStatus,
-    Timestamp,
+    ClusterMembershipOptions, MembershipSnapshot, OnDeclaredDead, Silo, SiloHandle, SiloStatus, Timestamp,
 };
 
 use crate::view;
@@ -53,7 +52,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         .cluster
         .unwrap_or_else(|| format!("demo-{}", Timestamp::now().as_millis()));
     let store = rollcall::connect(&args.store).await?;
-    let table = store.membership_table(&cluster, ProtocolMode::Extended)?;
+    let table = store.membership_table(&cluster, options.protocol_mode())?;
     table.init(true).await?;
     let tl = Arc::new(Timeline {
         start: Instant::now(),
@@ -95,7 +94,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     let transport = Arc::new(TcpTransport::new());
     let mut silos: Vec<SiloHandle> = Vec::new();
     for i in 0..args.silos {
-        let silo = Silo::builder(cluster.clone(), table.clone())
+        let silo = Silo::builder(store.clone(), cluster.clone())
             .listen("127.0.0.1:0".parse()?)
             .transport(transport.clone())
             .options(options.clone())
@@ -120,8 +119,8 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         None,
         format!("all {} silos are Active in every silo's view", silos.len()),
     );
-    // Let the probes run a while so the adaptive (phi-accrual) timeouts have their
-    // minimum of round-trip samples: the crash is then detected at steady state.
+    // Let the probes run a while so the adaptive timeouts have their minimum of
+    // round-trip samples: the crash is then detected at steady state.
     tokio::time::sleep(options.probe_timeout * 6).await;
 
     let victim = silos.pop().ok_or_else(|| anyhow::anyhow!("no silo"))?;

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 
-use rollcall::{ClusterMembershipOptions, OnDeclaredDead, ProtocolMode, Silo, SiloStatus};
+use rollcall::{ClusterMembershipOptions, OnDeclaredDead, Silo, SiloStatus};
 
 /// Arguments of `rollcall silo`.
 #[derive(Debug, clap::Args)]
@@ -36,8 +36,7 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
     let system = actix::System::new();
     let silo = system.block_on(async {
         let store = rollcall::connect(&args.store).await?;
-        let table = store.membership_table(&args.cluster, ProtocolMode::Extended)?;
-        let mut builder = Silo::builder(args.cluster.clone(), table)
+        let mut builder = Silo::builder(store, args.cluster.clone())
             .listen(args.listen)
             .options(options)
             .on_declared_dead(OnDeclaredDead::StopSystem { exit_code: 70 });

@@ -1,19 +1,26 @@
-//! The adaptive probe timeout (phi-accrual failure detection).
+//! The adaptive probe timeout, estimated from the round-trip times of answered
+//! probes.
 //!
-//! Round-trip times of answered probes are kept in a sliding window. The timeout is
-//! the time `t` at which the phi-accrual suspicion level (Hayashibara et al., *The φ
-//! Accrual Failure Detector*, 2004; with the logistic approximation of the normal CDF
-//! used by Akka and Cassandra) reaches [`PHI_THRESHOLD`]:
-//! `phi(t) = -log10(1 - F((t - mean) / stddev))`. Until enough samples exist the
-//! configured `probe_timeout` is used. The result is clamped to `[min, max]` and then,
-//! when the local silo is degraded, multiplied by `1 + health score` (Lifeguard,
-//! Dadgar et al. 2018: a slow local silo waits longer before suspecting others).
+//! Round trips are kept in a sliding window of [`WINDOW`] samples. The estimate is a
+//! high quantile of their distribution, `mean + k * stddev`, with `k` chosen so that
+//! under a normal approximation a healthy reply comes later than the estimate with
+//! probability `10^-THRESHOLD` (the same tail bound the phi-accrual detector of
+//! Hayashibara et al. uses as its suspicion level, with the logistic approximation
+//! of the normal CDF used by Akka and Cassandra). This is **not** phi-accrual
+//! detection: it only sizes the timeout of each probe. Until [`MIN_SAMPLES`] samples
+//! exist the configured `probe_timeout` is used. The result is clamped to
+//! `[min, max]` (by default `[probe_timeout, 4 * probe_timeout]`, so adaptivity only
+//! ever lengthens a timeout; a `min_probe_timeout` below `probe_timeout` is an
+//! explicit opt-in) and then, when the local silo is degraded, multiplied by
+//! `1 + health score` (Lifeguard, Dadgar et al. 2018: a slow local silo waits longer
+//! before suspecting others).
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
-/// Suspicion level at which a probe counts as missed (Akka's default).
-pub const PHI_THRESHOLD: f64 = 8.0;
+/// The tail bound, as a negative power of ten: a healthy reply is later than the
+/// estimate with probability `10^-8` (Akka's phi threshold).
+pub const THRESHOLD: f64 = 8.0;
 /// Samples needed before the window replaces the initial timeout.
 pub const MIN_SAMPLES: usize = 5;
 /// Window size.
@@ -40,7 +47,7 @@ fn threshold_y(threshold: f64) -> f64 {
     hi
 }
 
-/// Adaptive probe timeout of one probed silo.
+/// Adaptive probe timeout of one probed silo: an RTT quantile estimate, clamped.
 #[derive(Clone, Debug)]
 pub struct ProbeTimeout {
     samples: VecDeque<f64>,
@@ -90,7 +97,7 @@ impl ProbeTimeout {
             // A floor on the deviation: perfectly regular samples must not give a
             // timeout equal to the mean.
             let std = var.sqrt().max(mean / 4.0).max(1.0);
-            Duration::from_secs_f64((mean + threshold_y(PHI_THRESHOLD) * std) / 1000.0)
+            Duration::from_secs_f64((mean + threshold_y(THRESHOLD) * std) / 1000.0)
         };
         let clamped = base.clamp(self.min, self.max);
         if extend {
@@ -150,8 +157,8 @@ mod tests {
 
     #[test]
     fn threshold_matches_phi_definition() {
-        let y = threshold_y(PHI_THRESHOLD);
+        let y = threshold_y(THRESHOLD);
         let phi = -tail(y).log10();
-        assert!((phi - PHI_THRESHOLD).abs() < 1e-6, "{phi}");
+        assert!((phi - THRESHOLD).abs() < 1e-6, "{phi}");
     }
 }

@@ -1,0 +1,386 @@
+//! The public silo API: [`Silo::builder`], [`SiloBuilder`], [`SiloHandle`].
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), rollcall_membership_core::SiloError> {
+//! use std::sync::Arc;
+//! use rollcall_membership_core::{Silo, SystemStore};
+//! # let store: Arc<dyn SystemStore> = unimplemented!();
+//! let silo = Silo::builder(store, "orders")
+//!     .listen("0.0.0.0:11111".parse().unwrap())
+//!     .advertise("10.0.0.7:11111".parse().unwrap())
+//!     .start()
+//!     .await?; // returns once this silo is Active
+//! let mut changes = silo.subscribe();
+//! while changes.changed().await.is_ok() {
+//!     let snapshot = changes.borrow().clone();
+//!     println!("version {}: {} active", snapshot.version.version, snapshot.active().count());
+//! }
+//! # Ok(()) }
+//! ```
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{Addr, Message, Recipient};
+use tokio::sync::{oneshot, watch};
+
+use crate::transport::Transport;
+use crate::{
+    Clock, ClusterMembershipOptions, MembershipSnapshot, SiloAddress, SiloError, SiloStatus, SystemClock,
+    SystemStore,
+};
+
+use super::executor::{MembershipAgent, RefreshCall, ShutdownCall};
+
+/// What a silo does when it reads its own row as Dead (Orleans: the silo kills
+/// itself; the "perfect failure detector" property).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnDeclaredDead {
+    /// Stop the silo's agents, log why, and stop the actix `System` with this exit
+    /// code. The default (code 70, `EX_SOFTWARE`).
+    StopSystem {
+        /// The process exit code `System::run` returns.
+        exit_code: i32,
+    },
+    /// Stop only this silo's agents (its status becomes Dead); the application keeps
+    /// running and learns it from [`SiloHandle::subscribe_status`].
+    StopSilo,
+}
+
+impl Default for OnDeclaredDead {
+    fn default() -> Self {
+        OnDeclaredDead::StopSystem { exit_code: 70 }
+    }
+}
+
+/// A new membership snapshot (a new table version), sent to actix subscribers.
+#[derive(Message, Clone, Debug)]
+#[rtype(result = "()")]
+pub struct MembershipChanged(pub Arc<MembershipSnapshot>);
+
+/// Entry point: `Silo::builder(store, cluster_id)`.
+#[derive(Debug)]
+pub struct Silo;
+
+impl Silo {
+    /// A builder for a silo of `cluster_id` whose membership table lives in `store`.
+    /// The silo opens the table itself, in the [`ProtocolMode`](crate::ProtocolMode)
+    /// its options select (`use_version_row`), so the cluster and the mode are each
+    /// configured exactly once.
+    pub fn builder(store: Arc<dyn SystemStore>, cluster_id: impl Into<String>) -> SiloBuilder {
+        SiloBuilder {
+            cluster_id: cluster_id.into(),
+            store,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise: None,
+            generation: None,
+            transport: None,
+            options: ClusterMembershipOptions::default(),
+            clock: Arc::new(SystemClock),
+            host_name: None,
+            silo_name: None,
+            role_name: String::new(),
+            proxy_port: 0,
+            update_zone: 0,
+            fault_zone: 0,
+            on_declared_dead: OnDeclaredDead::default(),
+            seed: None,
+        }
+    }
+}
+
+/// Configures and starts one silo. See [`Silo::builder`].
+#[derive(Debug)]
+pub struct SiloBuilder {
+    pub(super) cluster_id: String,
+    pub(super) store: Arc<dyn SystemStore>,
+    pub(super) listen: SocketAddr,
+    pub(super) advertise: Option<SocketAddr>,
+    pub(super) generation: Option<u64>,
+    pub(super) transport: Option<Arc<dyn Transport>>,
+    pub(super) options: ClusterMembershipOptions,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) host_name: Option<String>,
+    pub(super) silo_name: Option<String>,
+    pub(super) role_name: String,
+    pub(super) proxy_port: u16,
+    pub(super) update_zone: u32,
+    pub(super) fault_zone: u32,
+    pub(super) on_declared_dead: OnDeclaredDead,
+    pub(super) seed: Option<u64>,
+}
+
+impl SiloBuilder {
+    /// The probe endpoint to serve. Default `127.0.0.1:0` (any free port).
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = addr;
+        self
+    }
+
+    /// The endpoint other silos use to reach this one (default: the bound address;
+    /// required when listening on `0.0.0.0`).
+    pub fn advertise(mut self, addr: SocketAddr) -> Self {
+        self.advertise = Some(addr);
+        self
+    }
+
+    /// The generation (default: the clock's current time in ms since the epoch).
+    pub fn generation(mut self, generation: u64) -> Self {
+        self.generation = Some(generation);
+        self
+    }
+
+    /// The probe transport (default: [`TcpTransport`](crate::transport::tcp::TcpTransport)).
+    pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
+        self.transport = Some(transport);
+        self
+    }
+
+    /// Protocol options (validated by [`start`](Self::start)); they also select the
+    /// table's protocol mode.
+    pub fn options(mut self, options: ClusterMembershipOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The wall clock (default [`SystemClock`]; tests use [`TokioClock`](crate::TokioClock)).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Seeds the protocol's random choices (backoff jitter, indirect-probe
+    /// intermediaries). Default: from the OS. Simulations set it to be reproducible.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Host name column (default: `$HOSTNAME` or empty).
+    pub fn host_name(mut self, name: impl Into<String>) -> Self {
+        self.host_name = Some(name.into());
+        self
+    }
+
+    /// Silo name column (default: the silo address).
+    pub fn silo_name(mut self, name: impl Into<String>) -> Self {
+        self.silo_name = Some(name.into());
+        self
+    }
+
+    /// Role name column.
+    pub fn role_name(mut self, name: impl Into<String>) -> Self {
+        self.role_name = name.into();
+        self
+    }
+
+    /// Gateway (client) port; 0 = not a gateway.
+    pub fn proxy_port(mut self, port: u16) -> Self {
+        self.proxy_port = port;
+        self
+    }
+
+    /// Update and fault zones.
+    pub fn zones(mut self, update_zone: u32, fault_zone: u32) -> Self {
+        self.update_zone = update_zone;
+        self.fault_zone = fault_zone;
+        self
+    }
+
+    /// What to do when declared dead (default [`OnDeclaredDead::StopSystem`]).
+    pub fn on_declared_dead(mut self, policy: OnDeclaredDead) -> Self {
+        self.on_declared_dead = policy;
+        self
+    }
+}
+
+/// A running silo. Cheap to clone.
+///
+/// Bounds: [`snapshot`](Self::snapshot), [`latest_snapshot`](Self::latest_snapshot),
+/// [`status`](Self::status) never wait; [`refresh`](Self::refresh) answers within
+/// `2 x table_operation_timeout`; [`shutdown`](Self::shutdown) and
+/// [`stop`](Self::stop) within `shutdown_timeout + table_operation_timeout`, whatever
+/// the table does.
+#[derive(Clone, Debug)]
+pub struct SiloHandle {
+    pub(super) cluster_id: String,
+    pub(super) address: SiloAddress,
+    pub(super) agent: Addr<MembershipAgent>,
+    pub(super) options: Arc<ClusterMembershipOptions>,
+    pub(super) snapshot: watch::Receiver<MembershipSnapshot>,
+    pub(super) latest: watch::Receiver<MembershipSnapshot>,
+    pub(super) status: watch::Receiver<SiloStatus>,
+    pub(super) stop: Arc<watch::Sender<bool>>,
+}
+
+/// Delivers [`MembershipChanged`] to an actor until dropped. See
+/// [`SiloHandle::subscribe_recipient`].
+#[derive(Debug)]
+#[must_use = "the subscription ends when this guard is dropped"]
+pub struct Subscription {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SiloHandle {
+    /// This silo's identity (`ip:port@generation`).
+    pub fn address(&self) -> SiloAddress {
+        self.address
+    }
+
+    /// The cluster id.
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    /// This silo's own status as it knows it (Joining, Active, ..., Dead). Never waits.
+    pub fn status(&self) -> SiloStatus {
+        *self.status.borrow()
+    }
+
+    /// The latest membership snapshot (newest table version seen). Never waits.
+    pub fn snapshot(&self) -> MembershipSnapshot {
+        self.snapshot.borrow().clone()
+    }
+
+    /// A `tokio::sync::watch` of membership snapshots; it changes on every new table
+    /// version, so versions seen by one receiver strictly increase.
+    pub fn subscribe(&self) -> watch::Receiver<MembershipSnapshot> {
+        self.snapshot.clone()
+    }
+
+    /// A watch of this silo's own status; it ends at Dead.
+    pub fn subscribe_status(&self) -> watch::Receiver<SiloStatus> {
+        self.status.clone()
+    }
+
+    /// Sends [`MembershipChanged`] to an actix actor: the current snapshot at once,
+    /// then every new table version, until the returned guard is dropped or the actor
+    /// stops. A forwarding task reads the [`subscribe`](Self::subscribe) watch and
+    /// awaits room in the actor's mailbox, so a busy actor is never sent a stale
+    /// snapshot last: versions it has not taken yet coalesce into the newest.
+    /// Must run inside an actix `System` (or a tokio `LocalSet`).
+    pub fn subscribe_recipient(&self, recipient: Recipient<MembershipChanged>) -> Subscription {
+        let mut rx = self.snapshot.clone();
+        let task = actix::spawn(async move {
+            loop {
+                let snapshot = Arc::new(rx.borrow_and_update().clone());
+                if recipient.send(MembershipChanged(snapshot)).await.is_err() {
+                    return; // the actor stopped
+                }
+                if rx.changed().await.is_err() {
+                    return; // the silo stopped and its last snapshot was delivered
+                }
+            }
+        });
+        Subscription { task }
+    }
+
+    /// Reads the table now and returns the newest snapshot (the read starts after
+    /// this call, so it sees every write committed before it).
+    ///
+    /// # Errors
+    /// [`SiloError::Table`] if the read fails; [`SiloError::Timeout`] after
+    /// `2 x table_operation_timeout`; [`SiloError::Stopped`].
+    pub async fn refresh(&self) -> Result<MembershipSnapshot, SiloError> {
+        let bound = self.options.table_operation_timeout.saturating_mul(2);
+        let (tx, rx) = oneshot::channel();
+        let call = async {
+            self.agent
+                .send(RefreshCall(tx))
+                .await
+                .map_err(|_| SiloError::Stopped)?;
+            rx.await.map_err(|_| SiloError::Stopped)?
+        };
+        tokio::time::timeout(bound, call)
+            .await
+            .unwrap_or(Err(SiloError::Timeout(bound)))
+    }
+
+    /// The newest snapshot this silo has read, including IAmAlive changes that do
+    /// not bump the version. Never waits on the table.
+    ///
+    /// # Errors
+    /// None today; kept fallible for API stability.
+    pub async fn latest_snapshot(&self) -> Result<MembershipSnapshot, SiloError> {
+        Ok(self.latest.borrow().clone())
+    }
+
+    async fn leave(&self, graceful: bool) -> Result<(), SiloError> {
+        let bound = self.shutdown_bound();
+        let (tx, rx) = oneshot::channel();
+        let call = async {
+            self.agent
+                .send(ShutdownCall { graceful, reply: tx })
+                .await
+                .map_err(|_| SiloError::Stopped)?;
+            rx.await.map_err(|_| SiloError::Stopped)?
+        };
+        let r = tokio::time::timeout(bound, call)
+            .await
+            .unwrap_or(Err(SiloError::Timeout(bound)));
+        self.stop.send_replace(true);
+        r
+    }
+
+    /// The bound of [`shutdown`](Self::shutdown) and [`stop`](Self::stop):
+    /// `shutdown_timeout + table_operation_timeout` (a write already sent finishes
+    /// first) plus one second of slack.
+    pub fn shutdown_bound(&self) -> Duration {
+        self.options.shutdown_timeout + self.options.table_operation_timeout + Duration::from_secs(1)
+    }
+
+    /// Graceful shutdown: writes ShuttingDown then Dead, gossips, stops every agent.
+    /// Returns within [`shutdown_bound`](Self::shutdown_bound) whatever the table does.
+    ///
+    /// # Errors
+    /// [`SiloError::Table`] or [`SiloError::Timeout`] if the writes failed or did not
+    /// finish in `shutdown_timeout` (the agents stop anyway); [`SiloError::Stopped`]
+    /// if already stopped.
+    pub async fn shutdown(&self) -> Result<(), SiloError> {
+        self.leave(true).await
+    }
+
+    /// Ungraceful stop: writes Stopping then Dead (so nobody has to detect the
+    /// departure), gossips and stops every agent, without waiting for anything else
+    /// of the application. Same bound as [`shutdown`](Self::shutdown).
+    ///
+    /// # Errors
+    /// As [`shutdown`](Self::shutdown).
+    pub async fn stop(&self) -> Result<(), SiloError> {
+        self.leave(false).await
+    }
+
+    /// Abrupt stop, as a crash: every agent and the probe listener stop at once and
+    /// nothing is written to the table.
+    pub fn kill(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// True once the silo's agents were told to stop (shutdown, kill, declared dead).
+    pub fn is_stopped(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// Waits until the silo stops.
+    pub async fn stopped(&self) {
+        let mut rx = self.stop.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Active silos in the latest snapshot, other than this one.
+    pub fn active_peers(&self) -> Vec<SiloAddress> {
+        self.snapshot
+            .borrow()
+            .rows()
+            .filter(|e| e.silo != self.address && e.status == SiloStatus::Active)
+            .map(|e| e.silo)
+            .collect()
+    }
+}

@@ -1,0 +1,309 @@
+//! The membership agent: the one actor per silo that runs the silo's
+//! [`SiloMachine`] and carries out its actions. It decides nothing.
+//!
+//! What it owns: the machine, the table handle, the transport, the watch channels
+//! the handle reads, and the probe listener. What may block it: nothing. Every
+//! table call and probe runs as a future spawned on the actor's context (the actor
+//! keeps handling messages meanwhile), each bounded by a timeout
+//! (`table_operation_timeout` for the table, the ping's own timeout for probes), and
+//! its result comes back as an [`Event`]. How much runs at once is bounded by the
+//! machine: at most two table reads, one row write, one IAmAlive write, one cleanup,
+//! [`MAX_OUTSTANDING`](crate::protocol::probe::MAX_OUTSTANDING) pings per target,
+//! and one gossip per live silo per committed write. Its mailbox takes the calls of
+//! the [`SiloHandle`](super::SiloHandle) (awaited with a bound) and gossip from the
+//! probe server (`try_send`: dropped when full; the periodic refresh covers it).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
+use tokio::sync::{oneshot, watch};
+
+use crate::protocol::{
+    Action, Event, IndirectOutcome, PingOutcome, RowWrite, SiloMachine, StopReason, Timer,
+};
+use crate::transport::{Listener, ProbeRequest, Transport};
+use crate::{Clock, Error, MembershipSnapshot, MembershipTable, SiloAddress, SiloError, SiloStatus};
+
+use super::OnDeclaredDead;
+
+/// What the agent shares with the probe server (lock-free).
+#[derive(Debug, Default)]
+pub(crate) struct SharedHealth {
+    /// The local health score, 0 (healthy) ..= 8.
+    pub(crate) score: AtomicU8,
+    /// Pings received since the last health check.
+    pub(crate) probes_received: AtomicU32,
+}
+
+/// The watch channels the agent publishes on.
+pub(crate) struct Outputs {
+    /// Every snapshot read (IAmAlive changes included).
+    pub(crate) latest: watch::Sender<MembershipSnapshot>,
+    /// Snapshots with a new table version (or, in basic mode, new content).
+    pub(crate) snapshot: watch::Sender<MembershipSnapshot>,
+    pub(crate) status: watch::Sender<SiloStatus>,
+    pub(crate) stop: Arc<watch::Sender<bool>>,
+}
+
+pub(crate) struct MembershipAgent {
+    pub(crate) machine: SiloMachine,
+    pub(crate) cluster: Arc<str>,
+    pub(crate) me: SiloAddress,
+    pub(crate) table: Arc<dyn MembershipTable>,
+    pub(crate) transport: Arc<dyn Transport>,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) table_timeout: Duration,
+    /// How long a gossip message may wait for its ack (`probe_timeout`).
+    pub(crate) gossip_timeout: Duration,
+    pub(crate) health: Arc<SharedHealth>,
+    pub(crate) outputs: Outputs,
+    pub(crate) joined: Option<oneshot::Sender<Result<(), SiloError>>>,
+    pub(crate) calls: HashMap<u64, Call>,
+    pub(crate) next_call: u64,
+    pub(crate) listener: Option<Listener>,
+    pub(crate) on_declared_dead: OnDeclaredDead,
+}
+
+/// A handle call waiting for the machine's answer.
+pub(crate) enum Call {
+    Refresh(oneshot::Sender<Result<MembershipSnapshot, SiloError>>),
+    Shutdown(oneshot::Sender<Result<(), SiloError>>),
+}
+
+/// Bounds a table call by `timeout`.
+async fn bounded<T>(
+    timeout: Duration,
+    what: &'static str,
+    call: impl std::future::Future<Output = crate::Result<T>>,
+) -> crate::Result<T> {
+    tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| {
+        Err(Error::backend(format!(
+            "{what} did not answer within {timeout:?}"
+        )))
+    })
+}
+
+impl MembershipAgent {
+    fn feed(&mut self, event: Event, ctx: &mut Context<Self>) {
+        let actions = self.machine.handle(self.clock.now(), event);
+        for action in actions {
+            self.execute(action, ctx);
+        }
+    }
+
+    /// Runs `fut` on the actor's context and feeds its result back as an event.
+    fn spawn_event(
+        &mut self,
+        ctx: &mut Context<Self>,
+        fut: impl std::future::Future<Output = Event> + 'static,
+    ) {
+        ctx.spawn(fut.into_actor(self).map(|event, act, ctx| act.feed(event, ctx)));
+    }
+
+    fn execute(&mut self, action: Action, ctx: &mut Context<Self>) {
+        let (table, timeout) = (self.table.clone(), self.table_timeout);
+        match action {
+            Action::ReadTable { id } => self.spawn_event(ctx, async move {
+                let result = bounded(timeout, "read_all", table.read_all()).await;
+                Event::TableRead { id, result }
+            }),
+            Action::WriteRow {
+                id,
+                write,
+                next_version,
+            } => self.spawn_event(ctx, async move {
+                let result = match &write {
+                    RowWrite::Insert(e) => {
+                        bounded(timeout, "insert_row", table.insert_row(e, &next_version)).await
+                    }
+                    RowWrite::Update(e, etag) => {
+                        bounded(timeout, "update_row", table.update_row(e, etag, &next_version)).await
+                    }
+                };
+                Event::RowWritten { id, result }
+            }),
+            Action::WriteIAmAlive { time } => {
+                let me = self.me;
+                self.spawn_event(ctx, async move {
+                    Event::IAmAliveWritten(
+                        bounded(timeout, "update_i_am_alive", table.update_i_am_alive(&me, time)).await,
+                    )
+                })
+            }
+            Action::CleanupDefunct { before } => self.spawn_event(ctx, async move {
+                Event::CleanupDone(bounded(timeout, "cleanup_defunct", table.cleanup_defunct(before)).await)
+            }),
+            Action::Ping { target, seq, timeout } => {
+                let (transport, cluster, me) = (self.transport.clone(), self.cluster.clone(), self.me);
+                self.spawn_event(ctx, async move {
+                    let started = tokio::time::Instant::now();
+                    let request = ProbeRequest::Ping { from: me, target };
+                    let response = transport
+                        .request(target.endpoint(), &cluster, request, timeout)
+                        .await;
+                    let outcome = PingOutcome::from_response(&target, &response, started.elapsed());
+                    Event::PingResult { target, seq, outcome }
+                })
+            }
+            Action::IndirectPing {
+                via,
+                target,
+                seq,
+                timeout,
+            } => {
+                let (transport, cluster, me) = (self.transport.clone(), self.cluster.clone(), self.me);
+                self.spawn_event(ctx, async move {
+                    // The intermediary gets 80% of our wait, so its answer can reach us.
+                    let timeout_ms = u32::try_from(timeout.mul_f64(0.8).as_millis()).unwrap_or(u32::MAX);
+                    let request = ProbeRequest::IndirectPing {
+                        from: me,
+                        target,
+                        timeout_ms,
+                    };
+                    let response = transport
+                        .request(via.endpoint(), &cluster, request, timeout)
+                        .await;
+                    let outcome = IndirectOutcome::from_response(&response);
+                    Event::IndirectResult { target, seq, outcome }
+                })
+            }
+            Action::Gossip { to, version } => {
+                for silo in to {
+                    let (transport, cluster, me) = (self.transport.clone(), self.cluster.clone(), self.me);
+                    let timeout = self.gossip_timeout;
+                    // Detached: a leaving silo's last gossip must outlive its agent.
+                    // Each is bounded by `probe_timeout`.
+                    actix::spawn(async move {
+                        let request = ProbeRequest::Gossip { from: me, version };
+                        let _ = transport
+                            .request(silo.endpoint(), &cluster, request, timeout)
+                            .await;
+                    });
+                }
+            }
+            Action::Publish {
+                snapshot,
+                new_version,
+            } => {
+                if new_version {
+                    self.outputs.snapshot.send_replace(snapshot.clone());
+                }
+                self.outputs.latest.send_replace(snapshot);
+            }
+            Action::SetStatus(status) => {
+                self.outputs.status.send_replace(status);
+            }
+            Action::SetHealthScore(score) => self.health.score.store(score, Ordering::Relaxed),
+            Action::Schedule { timer, after } => {
+                ctx.run_later(after, move |act, ctx| {
+                    let event = match timer {
+                        Timer::HealthCheck => Event::HealthCheck {
+                            probes_received: act.health.probes_received.swap(0, Ordering::Relaxed),
+                        },
+                        timer => Event::Timer(timer),
+                    };
+                    act.feed(event, ctx);
+                });
+            }
+            Action::JoinFinished(result) => {
+                if let Some(tx) = self.joined.take() {
+                    let _ = tx.send(result);
+                }
+            }
+            Action::AnswerRefresh { request, result } => {
+                if let Some(Call::Refresh(tx)) = self.calls.remove(&request) {
+                    let _ = tx.send(result);
+                }
+            }
+            Action::AnswerShutdown { request, result } => {
+                if let Some(Call::Shutdown(tx)) = self.calls.remove(&request) {
+                    let _ = tx.send(result);
+                }
+            }
+            Action::Stop(reason) => {
+                self.listener = None;
+                self.outputs.stop.send_replace(true);
+                if let (StopReason::DeclaredDead, OnDeclaredDead::StopSystem { exit_code }) =
+                    (reason, self.on_declared_dead)
+                {
+                    actix::System::current().stop_with_code(exit_code);
+                }
+                ctx.stop();
+            }
+        }
+    }
+
+    fn call(&mut self, call: Call, event: impl FnOnce(u64) -> Event, ctx: &mut Context<Self>) {
+        self.next_call += 1;
+        let request = self.next_call;
+        self.calls.insert(request, call);
+        self.feed(event(request), ctx);
+    }
+}
+
+impl Actor for MembershipAgent {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        super::stop_on_signal(self.outputs.stop.subscribe(), ctx);
+        self.feed(Event::Start, ctx);
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.listener = None;
+        self.outputs.stop.send_replace(true);
+        tracing::debug!(cluster = %self.cluster, silo = %self.me, "membership agent stopped");
+    }
+}
+
+/// Re-read the table now (answered by the machine).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct RefreshCall(pub(crate) oneshot::Sender<Result<MembershipSnapshot, SiloError>>);
+
+impl Handler<RefreshCall> for MembershipAgent {
+    type Result = ();
+
+    fn handle(&mut self, msg: RefreshCall, ctx: &mut Context<Self>) {
+        self.call(Call::Refresh(msg.0), |request| Event::Refresh { request }, ctx);
+    }
+}
+
+/// Leave the cluster.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct ShutdownCall {
+    pub(crate) graceful: bool,
+    pub(crate) reply: oneshot::Sender<Result<(), SiloError>>,
+}
+
+impl Handler<ShutdownCall> for MembershipAgent {
+    type Result = ();
+
+    fn handle(&mut self, msg: ShutdownCall, ctx: &mut Context<Self>) {
+        let graceful = msg.graceful;
+        self.call(
+            Call::Shutdown(msg.reply),
+            |request| Event::Shutdown { request, graceful },
+            ctx,
+        );
+    }
+}
+
+/// Gossip from a peer: the table is at `version` now.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct GossipReceived {
+    pub(crate) version: u64,
+}
+
+impl Handler<GossipReceived> for MembershipAgent {
+    type Result = ();
+
+    fn handle(&mut self, msg: GossipReceived, ctx: &mut Context<Self>) {
+        self.feed(Event::GossipReceived { version: msg.version }, ctx);
+    }
+}

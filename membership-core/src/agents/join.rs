@@ -1,0 +1,144 @@
+//! The join driver behind [`SiloBuilder::start`]: opens the table, serves the probe
+//! endpoint, starts the membership agent and waits for the machine's verdict on the
+//! join (Active, or why not). The join itself (older generations Dead, own row
+//! Joining, connectivity validation, Active) is decided by the
+//! [`SiloMachine`](crate::protocol::SiloMachine).
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use actix::{AsyncContext, Context};
+use rand::Rng;
+use tokio::sync::{oneshot, watch};
+
+use crate::protocol::SiloMachine;
+use crate::transport::tcp::TcpTransport;
+use crate::{Error, MembershipEntry, MembershipSnapshot, SiloAddress, SiloError, SiloStatus};
+
+use super::api::{SiloBuilder, SiloHandle};
+use super::executor::{MembershipAgent, Outputs, SharedHealth};
+use super::server::ProbeServer;
+
+impl SiloBuilder {
+    /// Starts the silo and runs its join: open the cluster's membership table (in the
+    /// mode the options select), serve the probe endpoint, insert our row (Joining),
+    /// declare older generations of our endpoint Dead, ping every Active silo until
+    /// all answer (retrying until `max_join_attempt_time`), then become Active and
+    /// start probing. Must run inside an actix `System`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] (as [`SiloError::Table`]) for invalid options or
+    /// cluster id; [`SiloError::Transport`] if the endpoint cannot be served;
+    /// [`SiloError::Superseded`], [`SiloError::DeclaredDead`],
+    /// [`SiloError::JoinTimeout`]; table errors after the machine's retries.
+    pub async fn start(self) -> Result<SiloHandle, SiloError> {
+        self.options.validate()?;
+        crate::validate_id("cluster_id", &self.cluster_id)?;
+        let table = self
+            .store
+            .membership_table(&self.cluster_id, self.options.protocol_mode())?;
+        let options = Arc::new(self.options);
+        let cluster: Arc<str> = Arc::from(self.cluster_id.as_str());
+        let transport = self.transport.unwrap_or_else(|| Arc::new(TcpTransport::new()));
+        let health = Arc::new(SharedHealth::default());
+        let me_cell = Arc::new(OnceLock::new());
+        let agent_cell = Arc::new(OnceLock::new());
+        let server = ProbeServer {
+            me: me_cell.clone(),
+            cluster: cluster.clone(),
+            health: health.clone(),
+            transport: transport.clone(),
+            agent: agent_cell.clone(),
+            max_indirect_timeout: options.effective_max_probe_timeout(),
+        };
+        let listener = transport
+            .serve(self.listen, &self.cluster_id, Arc::new(server))
+            .await?;
+        let endpoint = match self.advertise {
+            Some(a) => a,
+            None if listener.local_addr.ip().is_unspecified() => {
+                return Err(Error::invalid_config(
+                    "advertise",
+                    "listening on an unspecified address needs advertise()",
+                )
+                .into())
+            }
+            None => listener.local_addr,
+        };
+        let generation = self.generation.unwrap_or_else(|| self.clock.now().as_millis());
+        let me = SiloAddress::new(endpoint, generation);
+        let _ = me_cell.set(me);
+
+        tokio::time::timeout(options.table_operation_timeout, table.init(true))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::backend(format!(
+                    "init did not answer within {:?}",
+                    options.table_operation_timeout
+                )))
+            })?;
+        let now = self.clock.now();
+        let mut own_row = MembershipEntry::new(me, SiloStatus::Created, now);
+        own_row.host_name = self
+            .host_name
+            .unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_default());
+        own_row.silo_name = self.silo_name.unwrap_or_else(|| me.to_string());
+        own_row.role_name = self.role_name;
+        own_row.proxy_port = self.proxy_port;
+        own_row.update_zone = self.update_zone;
+        own_row.fault_zone = self.fault_zone;
+
+        let seed = self.seed.unwrap_or_else(|| rand::rng().random());
+        let machine = SiloMachine::new(self.cluster_id.clone(), me, own_row, (*options).clone(), seed);
+        let (latest_tx, latest_rx) = watch::channel(MembershipSnapshot::default());
+        let (snapshot_tx, snapshot_rx) = watch::channel(MembershipSnapshot::default());
+        let (status_tx, status_rx) = watch::channel(SiloStatus::Created);
+        let stop_tx = Arc::new(watch::channel(false).0);
+        let (joined_tx, joined_rx) = oneshot::channel();
+        let ctx: Context<MembershipAgent> = Context::new();
+        let _ = agent_cell.set(ctx.address());
+        let agent = MembershipAgent {
+            machine,
+            cluster,
+            me,
+            table,
+            transport,
+            clock: self.clock,
+            table_timeout: options.table_operation_timeout,
+            gossip_timeout: options.probe_timeout,
+            health,
+            outputs: Outputs {
+                latest: latest_tx,
+                snapshot: snapshot_tx,
+                status: status_tx,
+                stop: stop_tx.clone(),
+            },
+            joined: Some(joined_tx),
+            calls: HashMap::new(),
+            next_call: 0,
+            listener: Some(listener),
+            on_declared_dead: self.on_declared_dead,
+        };
+        let agent = ctx.run(agent);
+        let handle = SiloHandle {
+            cluster_id: self.cluster_id,
+            address: me,
+            agent,
+            options,
+            snapshot: snapshot_rx,
+            latest: latest_rx,
+            status: status_rx,
+            stop: stop_tx.clone(),
+        };
+        // The machine bounds the join: every write job gives up after a bounded number
+        // of attempts and connectivity validation after max_join_attempt_time.
+        match joined_rx.await {
+            Ok(Ok(())) => Ok(handle),
+            Ok(Err(e)) => {
+                stop_tx.send_replace(true);
+                Err(e)
+            }
+            Err(_) => Err(SiloError::Stopped),
+        }
+    }
+}

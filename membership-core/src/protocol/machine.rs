@@ -1,0 +1,1337 @@
+//! The silo's membership state machine: the whole protocol of one silo, sans-io.
+//!
+//! [`SiloMachine::handle`] takes one [`Event`] (a timer, a table result, a probe
+//! result, gossip, a call from the application) with the current time and returns
+//! the [`Action`]s to carry out (read the table, write a row, send a ping, publish a
+//! snapshot, schedule a timer, stop). Randomness (backoff jitter, the choice of an
+//! indirect-probe intermediary) comes from an RNG seeded at construction, so a run is
+//! a function of its seed and its inputs. The actix agents only execute the actions
+//! and feed the results back (pattern: `foca`'s `Foca::handle_*` + `Runtime`).
+//!
+//! What it holds and bounds:
+//! - the **view** (newest snapshot read; a read older than the view is ignored), its
+//!   publication, and the self-Dead check (a silo that reads itself Dead stops);
+//! - **refreshes**, coalesced by [`Refresher`] (one read in flight, one pending);
+//! - **writes**, one job at a time ([`MAX_QUEUED_JOBS`] queued at most): the join,
+//!   own-status changes, and votes, **one job per suspect** (repeated suspicions
+//!   merge). A job reads, plans, writes conditionally, and on a conflict or error
+//!   retries after a jittered backoff **timer**: nothing ever waits in a loop;
+//! - the **join**: older generations Dead, own row inserted, connectivity validated
+//!   against every Active silo until `max_join_attempt_time`, then Active;
+//! - **probing**: one [`ProbeCycle`] per target chosen by [`select_probe_targets`];
+//! - **local health**, IAmAlive, defunct cleanup, gossip after each write;
+//! - **leaving**: ShuttingDown (or Stopping) then Dead, bounded by `shutdown_timeout`.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use rand::{Rng, SeedableRng};
+
+use crate::{
+    ClusterMembershipOptions, Error, Etag, MembershipEntry, MembershipSnapshot, ProtocolMode, SiloAddress,
+    SiloError, SiloStatus, SuspectVote, TableVersion, Timestamp,
+};
+
+use super::cleanup::defunct_cutoff;
+use super::health::{local_health_score, HealthInputs};
+use super::join::{plan_join, JoinPlan};
+use super::probe::{IndirectOutcome, PingOutcome, ProbeCycle, SuspectReason, Verdict};
+use super::refresh::Refresher;
+use super::targets::{is_monitored, select_probe_targets};
+use super::votes::{active_non_stale, decide_vote, fresh_votes, VoteDecision};
+use super::{backoff_delay, is_stuck_joining};
+
+/// Write jobs queued at most (besides the one running); a vote beyond that is dropped
+/// with a warning (the next probe window suspects again).
+pub const MAX_QUEUED_JOBS: usize = 256;
+/// Attempts of one write job before it gives up.
+pub const MAX_WRITE_ATTEMPTS: u32 = 30;
+const BACKOFF_BASE: Duration = Duration::from_millis(10);
+const BACKOFF_CAP: Duration = Duration::from_secs(2);
+
+/// A timer the machine asked for with [`Action::Schedule`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Timer {
+    /// Probe period: send the next pings.
+    ProbeTick,
+    /// `table_refresh_timeout`: the periodic full read.
+    Refresh,
+    /// A failed refresh is retried.
+    RefreshRetry,
+    /// `i_am_alive_publish_period`.
+    IAmAlive,
+    /// `defunct_silo_cleanup_period`.
+    Cleanup,
+    /// `local_health_monitoring_period`; the executor answers it with
+    /// [`Event::HealthCheck`].
+    HealthCheck,
+    /// The backoff of write attempt `n` is over.
+    WriteRetry(u64),
+    /// Next round of join connectivity validation.
+    JoinRetry,
+    /// `shutdown_timeout` is over.
+    ShutdownDeadline,
+}
+
+/// An input of the machine.
+#[derive(Debug)]
+pub enum Event {
+    /// Begin the join.
+    Start,
+    /// A scheduled timer fired.
+    Timer(Timer),
+    /// A table read asked for with [`Action::ReadTable`] finished.
+    TableRead {
+        /// The read's id.
+        id: u64,
+        /// The snapshot, or why the read failed (or timed out).
+        result: Result<MembershipSnapshot, Error>,
+    },
+    /// A row write asked for with [`Action::WriteRow`] finished.
+    RowWritten {
+        /// The write's id.
+        id: u64,
+        /// `Ok(true)` committed, `Ok(false)` conflict, `Err` failed or timed out.
+        result: Result<bool, Error>,
+    },
+    /// The IAmAlive write finished.
+    IAmAliveWritten(Result<(), Error>),
+    /// The defunct cleanup finished (rows removed).
+    CleanupDone(Result<usize, Error>),
+    /// A ping asked for with [`Action::Ping`] finished.
+    PingResult {
+        /// The pinged silo.
+        target: SiloAddress,
+        /// The ping's sequence number.
+        seq: u64,
+        /// What happened.
+        outcome: PingOutcome,
+    },
+    /// An indirect probe asked for with [`Action::IndirectPing`] finished.
+    IndirectResult {
+        /// The suspect.
+        target: SiloAddress,
+        /// The probe's sequence number.
+        seq: u64,
+        /// What the intermediary said.
+        outcome: IndirectOutcome,
+    },
+    /// A peer gossiped "the table is at `version` now".
+    GossipReceived {
+        /// The peer's table version.
+        version: u64,
+    },
+    /// The health timer fired; pings this silo received since the last check.
+    HealthCheck {
+        /// Pings received from other silos.
+        probes_received: u32,
+    },
+    /// The application asked for a fresh read ([`Action::AnswerRefresh`] answers).
+    Refresh {
+        /// The caller's request id.
+        request: u64,
+    },
+    /// The application asked the silo to leave ([`Action::AnswerShutdown`] answers).
+    Shutdown {
+        /// The caller's request id.
+        request: u64,
+        /// ShuttingDown (true) or Stopping (false) before Dead.
+        graceful: bool,
+    },
+}
+
+/// One conditional row write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RowWrite {
+    /// `insert_row`.
+    Insert(MembershipEntry),
+    /// `update_row` conditioned on the etag.
+    Update(MembershipEntry, Etag),
+}
+
+/// Why the silo stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The cluster declared this silo Dead (or removed its row).
+    DeclaredDead,
+    /// It left on request ([`Event::Shutdown`]).
+    Left,
+    /// Its join failed.
+    JoinFailed,
+}
+
+/// An output of the machine, for the executor to carry out.
+#[derive(Debug)]
+pub enum Action {
+    /// `read_all()`; answer with [`Event::TableRead`].
+    ReadTable {
+        /// The read's id.
+        id: u64,
+    },
+    /// A conditional write with the version row set to `next_version`; answer with
+    /// [`Event::RowWritten`].
+    WriteRow {
+        /// The write's id.
+        id: u64,
+        /// The row.
+        write: RowWrite,
+        /// The version row to write with it.
+        next_version: TableVersion,
+    },
+    /// `update_i_am_alive(me, time)`; answer with [`Event::IAmAliveWritten`].
+    WriteIAmAlive {
+        /// The IAmAlive time.
+        time: Timestamp,
+    },
+    /// `cleanup_defunct(before)`; answer with [`Event::CleanupDone`].
+    CleanupDefunct {
+        /// The cutoff.
+        before: Timestamp,
+    },
+    /// Ping `target` within `timeout`; answer with [`Event::PingResult`].
+    Ping {
+        /// The silo to ping.
+        target: SiloAddress,
+        /// Sequence number to echo.
+        seq: u64,
+        /// How long to wait.
+        timeout: Duration,
+    },
+    /// Ask `via` to ping `target`; answer with [`Event::IndirectResult`].
+    IndirectPing {
+        /// The intermediary.
+        via: SiloAddress,
+        /// The suspect.
+        target: SiloAddress,
+        /// Sequence number to echo.
+        seq: u64,
+        /// How long to wait for the intermediary.
+        timeout: Duration,
+    },
+    /// Send "re-read the table, now at `version`" to these silos (fire and forget).
+    Gossip {
+        /// Recipients.
+        to: Vec<SiloAddress>,
+        /// The version after our write.
+        version: u64,
+    },
+    /// A snapshot was read; `new_version` when subscribers must hear of it (a new
+    /// table version, or in basic mode new content).
+    Publish {
+        /// The newest view.
+        snapshot: MembershipSnapshot,
+        /// Whether it is a new version.
+        new_version: bool,
+    },
+    /// This silo's own status changed.
+    SetStatus(SiloStatus),
+    /// This silo's local health score changed (0..=8).
+    SetHealthScore(u8),
+    /// Deliver `timer` after `after`.
+    Schedule {
+        /// Which timer.
+        timer: Timer,
+        /// When, from now.
+        after: Duration,
+    },
+    /// The join ended: Active (`Ok`) or failed.
+    JoinFinished(Result<(), SiloError>),
+    /// Answer to [`Event::Refresh`]: the newest view after a read that started after
+    /// the request, or why it failed.
+    AnswerRefresh {
+        /// The request id.
+        request: u64,
+        /// The result.
+        result: Result<MembershipSnapshot, SiloError>,
+    },
+    /// Answer to [`Event::Shutdown`].
+    AnswerShutdown {
+        /// The request id.
+        request: u64,
+        /// `Err` when the leaving writes failed or did not finish in time (the silo
+        /// stops anyway).
+        result: Result<(), SiloError>,
+    },
+    /// Stop every agent and the probe endpoint. The last action.
+    Stop(StopReason),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Job {
+    Join,
+    OwnStatus(SiloStatus),
+    Vote {
+        suspect: SiloAddress,
+        intermediary: Option<SiloAddress>,
+        reason: SuspectReason,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum JobPhase {
+    Reading(u64),
+    Writing { id: u64, completes: bool, version: u64 },
+    Backoff(u64),
+}
+
+#[derive(Debug)]
+struct Running {
+    job: Job,
+    attempt: u32,
+    phase: JobPhase,
+}
+
+#[derive(Debug)]
+enum Plan {
+    /// Write this; `true` when the job is done once it commits.
+    Write(RowWrite, bool),
+    Done,
+    Abort(SiloError),
+}
+
+#[derive(Debug, Default)]
+struct Validation {
+    started: Option<Timestamp>,
+    outstanding: BTreeMap<u64, SiloAddress>,
+    unreachable: Vec<SiloAddress>,
+    awaiting_refresh: bool,
+}
+
+#[derive(Debug)]
+enum Lifecycle {
+    Created,
+    /// Job::Join runs: older generations Dead, own row inserted.
+    JoiningTable,
+    Validating(Validation),
+    /// OwnStatus(Active) runs.
+    Activating,
+    Active,
+    /// Leaving: the leaving status, then Dead, then one final read.
+    Leaving {
+        requests: Vec<u64>,
+        leaving: SiloStatus,
+        error: Option<SiloError>,
+        final_read: bool,
+    },
+    /// The join failed: writing our row Dead before reporting `error`.
+    FailingJoin(Option<SiloError>),
+    Stopped,
+}
+
+/// The state machine of one silo. See the [module docs](self).
+#[derive(Debug)]
+pub struct SiloMachine {
+    cluster: String,
+    me: SiloAddress,
+    options: ClusterMembershipOptions,
+    own_row: MembershipEntry,
+    rng: StdRng,
+    next_id: u64,
+    status: SiloStatus,
+    lifecycle: Lifecycle,
+    view: MembershipSnapshot,
+    has_view: bool,
+    refresher: Refresher,
+    refresh_retry_scheduled: bool,
+    queue: VecDeque<Job>,
+    running: Option<Running>,
+    probes: BTreeMap<SiloAddress, ProbeCycle>,
+    health: u8,
+    probes_sent: u32,
+    probes_answered: u32,
+    last_health_check: Option<Timestamp>,
+    alive_in_flight: bool,
+    cleanup_in_flight: bool,
+    /// The time of the event being handled.
+    now: Timestamp,
+    out: Vec<Action>,
+}
+
+impl SiloMachine {
+    /// A machine for silo `me` of `cluster`; `own_row` holds the columns of its row
+    /// (names, zones, start time); `seed` seeds its RNG.
+    pub fn new(
+        cluster: impl Into<String>,
+        me: SiloAddress,
+        own_row: MembershipEntry,
+        options: ClusterMembershipOptions,
+        seed: u64,
+    ) -> Self {
+        SiloMachine {
+            cluster: cluster.into(),
+            me,
+            options,
+            own_row,
+            rng: StdRng::seed_from_u64(seed),
+            next_id: 1,
+            status: SiloStatus::Created,
+            lifecycle: Lifecycle::Created,
+            view: MembershipSnapshot::default(),
+            has_view: false,
+            refresher: Refresher::default(),
+            refresh_retry_scheduled: false,
+            queue: VecDeque::new(),
+            running: None,
+            probes: BTreeMap::new(),
+            health: 0,
+            probes_sent: 0,
+            probes_answered: 0,
+            last_health_check: None,
+            alive_in_flight: false,
+            cleanup_in_flight: false,
+            now: Timestamp::EPOCH,
+            out: Vec::new(),
+        }
+    }
+
+    /// This silo's own status.
+    pub fn status(&self) -> SiloStatus {
+        self.status
+    }
+
+    /// The newest snapshot read.
+    pub fn view(&self) -> &MembershipSnapshot {
+        &self.view
+    }
+
+    /// The silos being probed.
+    pub fn probe_targets(&self) -> Vec<SiloAddress> {
+        self.probes.keys().copied().collect()
+    }
+
+    /// Write jobs queued or running (bounded by [`MAX_QUEUED_JOBS`] + 1).
+    pub fn pending_writes(&self) -> usize {
+        self.queue.len() + usize::from(self.running.is_some())
+    }
+
+    /// True once the machine has emitted [`Action::Stop`].
+    pub fn is_stopped(&self) -> bool {
+        matches!(self.lifecycle, Lifecycle::Stopped)
+    }
+
+    fn mode(&self) -> ProtocolMode {
+        self.options.protocol_mode()
+    }
+
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    fn schedule(&mut self, timer: Timer, after: Duration) {
+        self.out.push(Action::Schedule { timer, after });
+    }
+
+    fn set_status(&mut self, status: SiloStatus) {
+        if self.status != status {
+            self.status = status;
+            self.out.push(Action::SetStatus(status));
+        }
+    }
+
+    /// Feeds one event at `now`; returns what to do.
+    pub fn handle(&mut self, now: Timestamp, event: Event) -> Vec<Action> {
+        self.now = now;
+        if self.is_stopped() {
+            match event {
+                Event::Refresh { request } => self.out.push(Action::AnswerRefresh {
+                    request,
+                    result: Err(SiloError::Stopped),
+                }),
+                Event::Shutdown { request, .. } => self.out.push(Action::AnswerShutdown {
+                    request,
+                    result: Ok(()),
+                }),
+                _ => {}
+            }
+            return std::mem::take(&mut self.out);
+        }
+        match event {
+            Event::Start => self.start(),
+            Event::Timer(timer) => self.on_timer(now, timer),
+            Event::TableRead { id, result } => self.on_read(now, id, result),
+            Event::RowWritten { id, result } => self.on_written(now, id, result),
+            Event::IAmAliveWritten(result) => {
+                self.alive_in_flight = false;
+                if let Err(e) = result {
+                    tracing::warn!(cluster = %self.cluster, silo = %self.me, error = %e, "IAmAlive write failed");
+                }
+            }
+            Event::CleanupDone(result) => {
+                self.cleanup_in_flight = false;
+                match result {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::info!(cluster = %self.cluster, silo = %self.me, removed = n, "defunct silo rows removed")
+                    }
+                    Err(e) => {
+                        tracing::warn!(cluster = %self.cluster, silo = %self.me, error = %e, "defunct cleanup failed")
+                    }
+                }
+            }
+            Event::PingResult { target, seq, outcome } => self.on_ping(now, target, seq, outcome),
+            Event::IndirectResult { target, seq, outcome } => {
+                if let Some(cycle) = self.probes.get_mut(&target) {
+                    cycle.on_indirect(seq, outcome);
+                }
+            }
+            Event::GossipReceived { version } => {
+                if self.mode() == ProtocolMode::Basic || version > self.view.version.version {
+                    self.refresh(None);
+                }
+            }
+            Event::HealthCheck { probes_received } => self.on_health_check(now, probes_received),
+            Event::Refresh { request } => self.refresh(Some(request)),
+            Event::Shutdown { request, graceful } => self.shutdown(now, request, graceful),
+        }
+        std::mem::take(&mut self.out)
+    }
+
+    // ---- lifecycle -------------------------------------------------------------
+
+    fn start(&mut self) {
+        if !matches!(self.lifecycle, Lifecycle::Created) {
+            return;
+        }
+        tracing::info!(cluster = %self.cluster, silo = %self.me, "joining");
+        self.set_status(SiloStatus::Joining);
+        self.lifecycle = Lifecycle::JoiningTable;
+        let o = &self.options;
+        let timers = [
+            (Timer::Refresh, o.table_refresh_timeout),
+            (Timer::IAmAlive, o.i_am_alive_publish_period),
+            (Timer::Cleanup, o.defunct_silo_cleanup_period),
+            (Timer::HealthCheck, o.local_health_monitoring_period),
+        ];
+        for (timer, after) in timers {
+            self.schedule(timer, after);
+        }
+        self.enqueue(Job::Join);
+    }
+
+    fn joining(&self) -> bool {
+        matches!(
+            self.lifecycle,
+            Lifecycle::JoiningTable | Lifecycle::Validating(_) | Lifecycle::Activating
+        )
+    }
+
+    fn stop(&mut self, reason: StopReason) {
+        self.lifecycle = Lifecycle::Stopped;
+        self.probes.clear();
+        self.queue.clear();
+        self.running = None;
+        self.out.push(Action::Stop(reason));
+    }
+
+    fn join_failed(&mut self, error: SiloError) {
+        tracing::error!(cluster = %self.cluster, silo = %self.me, error = %error, "join failed");
+        if matches!(error, SiloError::Superseded { .. } | SiloError::DeclaredDead) {
+            self.set_status(SiloStatus::Dead);
+            self.out.push(Action::JoinFinished(Err(error)));
+            self.stop(StopReason::JoinFailed);
+        } else {
+            self.lifecycle = Lifecycle::FailingJoin(Some(error));
+            self.enqueue(Job::OwnStatus(SiloStatus::Dead));
+        }
+    }
+
+    fn declared_dead(&mut self) {
+        let voters: Vec<String> = self
+            .view
+            .entry(&self.me)
+            .map(|e| e.suspect_votes.iter().map(|v| v.silo.to_string()).collect())
+            .unwrap_or_default();
+        tracing::error!(
+            cluster = %self.cluster, silo = %self.me, ?voters, version = self.view.version.version,
+            "this silo was declared Dead by the cluster; stopping"
+        );
+        if self.joining() {
+            self.out.push(Action::JoinFinished(Err(SiloError::DeclaredDead)));
+        }
+        self.set_status(SiloStatus::Dead);
+        self.stop(StopReason::DeclaredDead);
+    }
+
+    fn shutdown(&mut self, now: Timestamp, request: u64, graceful: bool) {
+        if let Lifecycle::Leaving { requests, .. } = &mut self.lifecycle {
+            requests.push(request);
+            return;
+        }
+        let _ = now;
+        if self.joining() || matches!(self.lifecycle, Lifecycle::FailingJoin(_)) {
+            let error = match std::mem::replace(&mut self.lifecycle, Lifecycle::Created) {
+                Lifecycle::FailingJoin(Some(e)) => e,
+                _ => SiloError::Stopped,
+            };
+            self.out.push(Action::JoinFinished(Err(error)));
+        }
+        let leaving = if graceful {
+            SiloStatus::ShuttingDown
+        } else {
+            SiloStatus::Stopping
+        };
+        tracing::info!(cluster = %self.cluster, silo = %self.me, to = %leaving, "leaving");
+        self.set_status(leaving);
+        self.probes.clear();
+        // Votes and join steps are moot now; a write already sent must finish first.
+        self.queue.clear();
+        if self
+            .running
+            .as_ref()
+            .is_some_and(|r| !matches!(r.phase, JobPhase::Writing { .. }))
+        {
+            self.running = None;
+        }
+        self.lifecycle = Lifecycle::Leaving {
+            requests: vec![request],
+            leaving,
+            error: None,
+            final_read: false,
+        };
+        self.schedule(Timer::ShutdownDeadline, self.options.shutdown_timeout);
+        self.enqueue(Job::OwnStatus(leaving));
+    }
+
+    fn finish_leaving(&mut self, timed_out: bool) {
+        let Lifecycle::Leaving { requests, error, .. } =
+            std::mem::replace(&mut self.lifecycle, Lifecycle::Stopped)
+        else {
+            return;
+        };
+        let mut error = error;
+        if timed_out {
+            tracing::warn!(cluster = %self.cluster, silo = %self.me, timeout = ?self.options.shutdown_timeout,
+                "leaving: the table did not take our last writes in time; stopping anyway");
+            error.get_or_insert(SiloError::Timeout(self.options.shutdown_timeout));
+        }
+        self.set_status(SiloStatus::Dead);
+        let n = requests.len();
+        for (i, request) in requests.into_iter().enumerate() {
+            let result = match &error {
+                None => Ok(()),
+                Some(e) if i + 1 < n => Err(SiloError::Table(Error::backend(e.to_string()))),
+                Some(_) => Err(error.take().unwrap_or(SiloError::Stopped)),
+            };
+            self.out.push(Action::AnswerShutdown { request, result });
+        }
+        self.stop(StopReason::Left);
+    }
+
+    // ---- timers ------------------------------------------------------------------
+
+    fn on_timer(&mut self, now: Timestamp, timer: Timer) {
+        let o = &self.options;
+        match timer {
+            Timer::Refresh => {
+                let p = o.table_refresh_timeout;
+                self.schedule(Timer::Refresh, p);
+                self.refresh(None);
+            }
+            Timer::RefreshRetry => {
+                self.refresh_retry_scheduled = false;
+                self.refresh(None);
+            }
+            Timer::IAmAlive => {
+                let p = o.i_am_alive_publish_period;
+                self.schedule(Timer::IAmAlive, p);
+                if matches!(self.status, SiloStatus::Joining | SiloStatus::Active) && !self.alive_in_flight {
+                    self.alive_in_flight = true;
+                    self.out.push(Action::WriteIAmAlive { time: now });
+                }
+            }
+            Timer::Cleanup => {
+                let p = o.defunct_silo_cleanup_period;
+                self.schedule(Timer::Cleanup, p);
+                if self.status == SiloStatus::Active && !self.cleanup_in_flight {
+                    if let Some(before) = defunct_cutoff(&self.me, &self.view, now, &self.options) {
+                        self.cleanup_in_flight = true;
+                        self.out.push(Action::CleanupDefunct { before });
+                    }
+                }
+            }
+            Timer::HealthCheck => {} // the executor answers with Event::HealthCheck
+            Timer::ProbeTick => self.probe_tick(now),
+            Timer::WriteRetry(n) => {
+                if let Some(r) = self.running.as_mut() {
+                    if r.phase == JobPhase::Backoff(n) {
+                        let id = self.next_id + 1;
+                        self.next_id = id;
+                        r.phase = JobPhase::Reading(id);
+                        self.out.push(Action::ReadTable { id });
+                    }
+                }
+            }
+            Timer::JoinRetry => {
+                if let Lifecycle::Validating(v) = &mut self.lifecycle {
+                    v.awaiting_refresh = true;
+                    self.refresh(None);
+                }
+            }
+            Timer::ShutdownDeadline => {
+                if matches!(self.lifecycle, Lifecycle::Leaving { .. }) {
+                    self.finish_leaving(true);
+                }
+            }
+        }
+    }
+
+    fn on_health_check(&mut self, now: Timestamp, probes_received: u32) {
+        let period = self.options.local_health_monitoring_period;
+        self.schedule(Timer::HealthCheck, period);
+        let lateness = match self.last_health_check {
+            Some(last) => now.saturating_duration_since(last.saturating_add(period)),
+            None => Duration::ZERO,
+        };
+        self.last_health_check = Some(now);
+        let suspected = self
+            .view
+            .entry(&self.me)
+            .is_some_and(|e| !fresh_votes(e, now, &self.options).is_empty());
+        let inputs = HealthInputs {
+            probes_sent: std::mem::take(&mut self.probes_sent),
+            probes_answered: std::mem::take(&mut self.probes_answered),
+            probes_received,
+            expecting_probes: self.status == SiloStatus::Active
+                && self.view.active().any(|e| e.silo != self.me),
+            suspected,
+            event_loop_delay: lateness.min(Duration::from_secs(3600)),
+        };
+        let score = local_health_score(&inputs);
+        if score != self.health {
+            tracing::info!(cluster = %self.cluster, silo = %self.me, score, ?inputs, "local health score changed");
+            self.health = score;
+            self.out.push(Action::SetHealthScore(score));
+        }
+    }
+
+    // ---- the view ------------------------------------------------------------------
+
+    fn refresh(&mut self, waiter: Option<u64>) {
+        let id = self.id();
+        if let Some(id) = self.refresher.request(waiter, id) {
+            self.out.push(Action::ReadTable { id });
+        }
+    }
+
+    /// Takes a snapshot read from the table: keeps the newest, publishes it, and
+    /// checks whether we have been declared dead.
+    fn apply(&mut self, now: Timestamp, snap: MembershipSnapshot) {
+        let extended = self.mode() == ProtocolMode::Extended;
+        if extended && self.has_view && snap.version.version < self.view.version.version {
+            return; // an older read that raced a newer one
+        }
+        let new_version = !self.has_view
+            || if extended {
+                snap.version.version > self.view.version.version
+            } else {
+                content_changed(&self.view, &snap)
+            };
+        self.view = snap;
+        self.has_view = true;
+        self.out.push(Action::Publish {
+            snapshot: self.view.clone(),
+            new_version,
+        });
+        if self.check_self() && new_version {
+            self.update_targets(now);
+        }
+    }
+
+    /// Perfect failure detection: a silo that reads itself Dead (or finds its row
+    /// gone once it is Active) stops. False once stopped.
+    fn check_self(&mut self) -> bool {
+        if !matches!(self.status, SiloStatus::Joining | SiloStatus::Active) {
+            return true;
+        }
+        let declared = match self.view.entry(&self.me) {
+            Some(e) => e.status == SiloStatus::Dead,
+            None => self.status == SiloStatus::Active,
+        };
+        if declared {
+            self.declared_dead();
+            return false;
+        }
+        true
+    }
+
+    fn on_read(&mut self, now: Timestamp, id: u64, result: Result<MembershipSnapshot, Error>) {
+        let next = self.next_id + 1;
+        if let Some((waiters, again)) = self.refresher.finished(id, next) {
+            if again.is_some() {
+                self.next_id = next;
+            }
+            match result {
+                Ok(snap) => {
+                    self.apply(now, snap);
+                    for request in waiters {
+                        self.out.push(Action::AnswerRefresh {
+                            request,
+                            result: if self.is_stopped() {
+                                Err(SiloError::DeclaredDead)
+                            } else {
+                                Ok(self.view.clone())
+                            },
+                        });
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(cluster = %self.cluster, silo = %self.me, error = %e, "membership table read failed");
+                    // Do not wait a whole table_refresh_timeout on a stale view.
+                    if !self.refresh_retry_scheduled {
+                        self.refresh_retry_scheduled = true;
+                        self.schedule(Timer::RefreshRetry, self.options.probe_timeout);
+                    }
+                    let n = waiters.len();
+                    let mut e = Some(e);
+                    for (i, request) in waiters.into_iter().enumerate() {
+                        let err = if i + 1 < n {
+                            Error::backend(e.as_ref().map(ToString::to_string).unwrap_or_default())
+                        } else {
+                            e.take().unwrap_or_else(|| Error::backend("read failed"))
+                        };
+                        self.out.push(Action::AnswerRefresh {
+                            request,
+                            result: Err(SiloError::Table(err)),
+                        });
+                    }
+                }
+            }
+            if let Some(id) = again {
+                self.out.push(Action::ReadTable { id });
+            }
+            self.after_refresh(now);
+            return;
+        }
+        if self
+            .running
+            .as_ref()
+            .is_some_and(|r| r.phase == JobPhase::Reading(id))
+        {
+            self.job_read(now, result);
+        }
+    }
+
+    /// Steps that waited for a refresh: the next join round; the final read of a
+    /// leaving silo.
+    fn after_refresh(&mut self, now: Timestamp) {
+        match &mut self.lifecycle {
+            Lifecycle::Validating(v) if v.awaiting_refresh => {
+                v.awaiting_refresh = false;
+                self.validation_round(now);
+            }
+            Lifecycle::Leaving { final_read: true, .. } => self.finish_leaving(false),
+            _ => {}
+        }
+    }
+
+    fn gossip(&mut self, version: u64) {
+        if !self.options.use_liveness_gossip {
+            return;
+        }
+        let to: Vec<SiloAddress> = self
+            .view
+            .rows()
+            .filter(|e| e.silo != self.me && is_monitored(e.status))
+            .map(|e| e.silo)
+            .collect();
+        if !to.is_empty() {
+            self.out.push(Action::Gossip { to, version });
+        }
+    }
+
+    // ---- writes ----------------------------------------------------------------------
+
+    fn enqueue(&mut self, job: Job) {
+        if let Job::Vote {
+            suspect,
+            intermediary,
+            ..
+        } = &job
+        {
+            let running = self.running.as_mut().map(|r| &mut r.job);
+            for queued in running.into_iter().chain(self.queue.iter_mut()) {
+                if let Job::Vote {
+                    suspect: s,
+                    intermediary: i,
+                    ..
+                } = queued
+                {
+                    if s == suspect {
+                        if i.is_none() {
+                            *i = *intermediary;
+                        }
+                        return; // merged: one vote job per suspect
+                    }
+                }
+            }
+            if self.queue.len() >= MAX_QUEUED_JOBS {
+                tracing::warn!(cluster = %self.cluster, silo = %self.me, %suspect, "write queue full; vote dropped");
+                return;
+            }
+            self.queue.push_back(job);
+        } else {
+            self.queue.push_front(job);
+        }
+        self.pump();
+    }
+
+    fn pump(&mut self) {
+        if self.running.is_some() {
+            return;
+        }
+        if let Some(job) = self.queue.pop_front() {
+            let id = self.id();
+            self.running = Some(Running {
+                job,
+                attempt: 0,
+                phase: JobPhase::Reading(id),
+            });
+            self.out.push(Action::ReadTable { id });
+        }
+    }
+
+    fn job_read(&mut self, now: Timestamp, result: Result<MembershipSnapshot, Error>) {
+        let snap = match result {
+            Ok(s) => s,
+            Err(e) => return self.job_retry(Some(e)),
+        };
+        let Some(job) = self.running.as_ref().map(|r| r.job.clone()) else {
+            return;
+        };
+        let plan = self.plan(&job, &snap, now);
+        let next_version = snap.version.next();
+        self.apply(now, snap);
+        if self.running.is_none() {
+            return; // the read showed us Dead: stopped
+        }
+        match plan {
+            Plan::Done => self.job_finished(Ok(())),
+            Plan::Abort(e) => self.job_finished(Err(e)),
+            Plan::Write(write, completes) => {
+                let id = self.id();
+                if let Some(r) = self.running.as_mut() {
+                    r.phase = JobPhase::Writing {
+                        id,
+                        completes,
+                        version: next_version.version,
+                    };
+                }
+                self.out.push(Action::WriteRow {
+                    id,
+                    write,
+                    next_version,
+                });
+            }
+        }
+    }
+
+    fn on_written(&mut self, now: Timestamp, id: u64, result: Result<bool, Error>) {
+        let Some(JobPhase::Writing {
+            id: wid,
+            completes,
+            version,
+        }) = self.running.as_ref().map(|r| r.phase)
+        else {
+            return;
+        };
+        if wid != id {
+            return;
+        }
+        let _ = now;
+        match result {
+            Ok(true) => {
+                self.gossip(version);
+                if completes {
+                    self.job_finished(Ok(()));
+                } else {
+                    // A multi-row job (the join): read again for the next row.
+                    let id = self.id();
+                    if let Some(r) = self.running.as_mut() {
+                        r.phase = JobPhase::Reading(id);
+                    }
+                    self.out.push(Action::ReadTable { id });
+                }
+                self.refresh(None);
+            }
+            Ok(false) => self.job_retry(None),
+            Err(e) => self.job_retry(Some(e)),
+        }
+    }
+
+    fn job_retry(&mut self, error: Option<Error>) {
+        let Some(r) = self.running.as_mut() else {
+            return;
+        };
+        r.attempt += 1;
+        let attempt = r.attempt;
+        let fatal = error.as_ref().is_some_and(|e| !e.is_transient());
+        if attempt >= MAX_WRITE_ATTEMPTS || fatal {
+            let e = error.unwrap_or_else(|| {
+                Error::backend(format!(
+                    "membership write gave up after {MAX_WRITE_ATTEMPTS} conflicting attempts"
+                ))
+            });
+            return self.job_finished(Err(SiloError::Table(e)));
+        }
+        if let Some(e) = &error {
+            tracing::debug!(cluster = %self.cluster, silo = %self.me, error = %e, attempt, "membership write failed; retrying");
+        }
+        let n = self.id();
+        let unit: f64 = self.rng.random();
+        if let Some(r) = self.running.as_mut() {
+            r.phase = JobPhase::Backoff(n);
+        }
+        self.schedule(
+            Timer::WriteRetry(n),
+            backoff_delay(attempt, BACKOFF_BASE, BACKOFF_CAP, unit),
+        );
+    }
+
+    fn job_finished(&mut self, result: Result<(), SiloError>) {
+        let Some(done) = self.running.take() else {
+            return;
+        };
+        match done.job {
+            Job::Join => match (&self.lifecycle, result) {
+                (Lifecycle::JoiningTable, Ok(())) => {
+                    self.lifecycle = Lifecycle::Validating(Validation::default());
+                    self.validation_round(self.now);
+                }
+                (Lifecycle::JoiningTable, Err(e)) => self.join_failed(e),
+                _ => {}
+            },
+            Job::OwnStatus(target) => self.own_status_written(target, result),
+            Job::Vote { suspect, .. } => {
+                if let Err(e) = result {
+                    tracing::warn!(cluster = %self.cluster, silo = %self.me, %suspect, error = %e, "vote not written");
+                }
+            }
+        }
+        if !self.is_stopped() {
+            self.pump();
+        }
+    }
+
+    fn own_status_written(&mut self, target: SiloStatus, result: Result<(), SiloError>) {
+        match &mut self.lifecycle {
+            Lifecycle::Activating if target == SiloStatus::Active => match result {
+                Ok(()) => {
+                    tracing::info!(cluster = %self.cluster, silo = %self.me, "active");
+                    self.lifecycle = Lifecycle::Active;
+                    self.set_status(SiloStatus::Active);
+                    self.out.push(Action::JoinFinished(Ok(())));
+                    let period = self.options.probe_period();
+                    self.schedule(Timer::ProbeTick, period);
+                    self.refresh(None);
+                }
+                Err(e) => self.join_failed(e),
+            },
+            Lifecycle::Leaving {
+                leaving,
+                error,
+                final_read,
+                ..
+            } => {
+                if let Err(e) = result {
+                    tracing::warn!(cluster = %self.cluster, silo = %self.me, to = %target, error = %e, "leaving: status write failed");
+                    error.get_or_insert(e);
+                }
+                if target == *leaving {
+                    self.enqueue(Job::OwnStatus(SiloStatus::Dead));
+                } else {
+                    // Dead is written: one last read so subscribers see it, then stop.
+                    *final_read = true;
+                    self.refresh(None);
+                }
+            }
+            Lifecycle::FailingJoin(error) => {
+                let error = error.take().unwrap_or(SiloError::Stopped);
+                self.set_status(SiloStatus::Dead);
+                self.out.push(Action::JoinFinished(Err(error)));
+                self.stop(StopReason::JoinFailed);
+            }
+            _ => {}
+        }
+    }
+
+    fn plan(&self, job: &Job, snap: &MembershipSnapshot, now: Timestamp) -> Plan {
+        let me = self.me;
+        match job {
+            Job::Join => match plan_join(&me, snap) {
+                JoinPlan::Superseded { by } => Plan::Abort(SiloError::Superseded { by }),
+                JoinPlan::AlreadyInserted {
+                    status: SiloStatus::Dead,
+                } => Plan::Abort(SiloError::DeclaredDead),
+                JoinPlan::AlreadyInserted { .. } => Plan::Done,
+                JoinPlan::Proceed { declare_dead } => match declare_dead.into_iter().next() {
+                    Some((mut old, etag)) => {
+                        tracing::info!(cluster = %self.cluster, silo = %me, old = %old.silo, "declaring older generation Dead");
+                        old.suspect_votes.push(SuspectVote { silo: me, time: now });
+                        Plan::Write(RowWrite::Update(old, etag), false)
+                    }
+                    None => {
+                        let mut row = self.own_row.clone();
+                        row.status = SiloStatus::Joining;
+                        row.i_am_alive_time = now;
+                        Plan::Write(RowWrite::Insert(row), true)
+                    }
+                },
+            },
+            Job::OwnStatus(target) => {
+                let leaving = matches!(
+                    target,
+                    SiloStatus::ShuttingDown | SiloStatus::Stopping | SiloStatus::Dead
+                );
+                let Some((row, etag)) = snap.get(&me) else {
+                    return if leaving {
+                        Plan::Done
+                    } else {
+                        Plan::Abort(SiloError::DeclaredDead)
+                    };
+                };
+                if row.status == *target {
+                    return Plan::Done;
+                }
+                if row.status == SiloStatus::Dead || !row.status.can_transition_to(*target) {
+                    return if leaving {
+                        Plan::Done
+                    } else {
+                        Plan::Abort(SiloError::DeclaredDead)
+                    };
+                }
+                tracing::info!(cluster = %self.cluster, silo = %me, from = %row.status, to = %target, "status change");
+                let mut r = row.clone();
+                r.status = *target;
+                r.i_am_alive_time = now;
+                Plan::Write(RowWrite::Update(r, etag.clone()), true)
+            }
+            Job::Vote {
+                suspect,
+                intermediary,
+                reason,
+            } => self.plan_vote(*suspect, *intermediary, *reason, snap, now),
+        }
+    }
+
+    fn plan_vote(
+        &self,
+        suspect: SiloAddress,
+        intermediary: Option<SiloAddress>,
+        reason: SuspectReason,
+        snap: &MembershipSnapshot,
+        now: Timestamp,
+    ) -> Plan {
+        let (me, options) = (self.me, &self.options);
+        if self.status != SiloStatus::Active || suspect == me {
+            return Plan::Done;
+        }
+        let Some((row, etag)) = snap.get(&suspect) else {
+            return Plan::Done;
+        };
+        // The suspicion was formed on an older view: check it still holds.
+        if reason == SuspectReason::StuckJoining && !is_stuck_joining(row, now, options) {
+            return Plan::Done;
+        }
+        let active = active_non_stale(snap, now, options);
+        // Our own vote from less than a probe timeout ago already says this.
+        let voted_recently = row
+            .suspect_votes
+            .iter()
+            .any(|v| v.silo == me && now.saturating_duration_since(v.time) < options.probe_timeout);
+        match decide_vote(row, &me, intermediary.as_ref(), now, active, options) {
+            VoteDecision::AlreadyDead => Plan::Done,
+            VoteDecision::Vote(_) if voted_recently && intermediary.is_none() => Plan::Done,
+            VoteDecision::Vote(r) => {
+                tracing::info!(cluster = %self.cluster, silo = %me, %suspect, votes = r.suspect_votes.len(),
+                    ?intermediary, ?reason, "voting: suspect");
+                Plan::Write(RowWrite::Update(r, etag.clone()), true)
+            }
+            VoteDecision::DeclareDead(r) => {
+                tracing::warn!(cluster = %self.cluster, silo = %me, %suspect, votes = r.suspect_votes.len(),
+                    ?reason, "voting: declaring Dead");
+                Plan::Write(RowWrite::Update(r, etag.clone()), true)
+            }
+        }
+    }
+
+    // ---- join validation ------------------------------------------------------------
+
+    /// Pings every Active silo (Orleans: "validate initial connectivity").
+    fn validation_round(&mut self, now: Timestamp) {
+        let peers: Vec<SiloAddress> = self
+            .view
+            .active()
+            .map(|e| e.silo)
+            .filter(|s| *s != self.me)
+            .collect();
+        let timeout = self.options.probe_timeout;
+        let mut pings = Vec::new();
+        for peer in &peers {
+            pings.push((self.id(), *peer));
+        }
+        let Lifecycle::Validating(v) = &mut self.lifecycle else {
+            return;
+        };
+        v.started.get_or_insert(now);
+        v.unreachable.clear();
+        if peers.is_empty() {
+            self.activate();
+            return;
+        }
+        for (seq, peer) in pings {
+            v.outstanding.insert(seq, peer);
+            self.out.push(Action::Ping {
+                target: peer,
+                seq,
+                timeout,
+            });
+        }
+    }
+
+    fn activate(&mut self) {
+        self.lifecycle = Lifecycle::Activating;
+        self.enqueue(Job::OwnStatus(SiloStatus::Active));
+    }
+
+    fn on_validation_ping(&mut self, now: Timestamp, seq: u64, target: SiloAddress, outcome: PingOutcome) {
+        let max = self.options.max_join_attempt_time;
+        let retry = self.options.probe_timeout;
+        let Lifecycle::Validating(v) = &mut self.lifecycle else {
+            return;
+        };
+        if v.outstanding.remove(&seq).is_none() {
+            return; // a ping of an earlier round
+        }
+        if !matches!(outcome, PingOutcome::Answered { .. }) {
+            v.unreachable.push(target);
+        }
+        if !v.outstanding.is_empty() {
+            return;
+        }
+        if v.unreachable.is_empty() {
+            return self.activate();
+        }
+        let waited = now.saturating_duration_since(v.started.unwrap_or(now));
+        if waited >= max {
+            let mut unreachable = std::mem::take(&mut v.unreachable);
+            unreachable.sort();
+            return self.join_failed(SiloError::JoinTimeout { unreachable, waited });
+        }
+        tracing::warn!(cluster = %self.cluster, silo = %self.me, unreachable = ?v.unreachable,
+            "joining: some Active silos do not answer yet; retrying");
+        self.schedule(Timer::JoinRetry, retry);
+    }
+
+    // ---- probing ----------------------------------------------------------------------
+
+    fn update_targets(&mut self, now: Timestamp) {
+        if self.status != SiloStatus::Active {
+            self.probes.clear();
+            return;
+        }
+        let targets = select_probe_targets(&self.me, &self.view, now, &self.options);
+        self.probes.retain(|t, _| targets.contains(t));
+        for t in targets {
+            if !self.probes.contains_key(&t) {
+                tracing::debug!(cluster = %self.cluster, silo = %self.me, target = %t, "start probing");
+                self.probes.insert(t, ProbeCycle::new(t, &self.options));
+            }
+        }
+    }
+
+    fn probe_tick(&mut self, now: Timestamp) {
+        if self.status != SiloStatus::Active {
+            return;
+        }
+        self.schedule(Timer::ProbeTick, self.options.probe_period());
+        self.update_targets(now);
+        let stuck: Vec<SiloAddress> = self
+            .view
+            .rows()
+            .filter(|e| e.silo != self.me && is_stuck_joining(e, now, &self.options))
+            .map(|e| e.silo)
+            .collect();
+        for suspect in stuck {
+            self.enqueue(Job::Vote {
+                suspect,
+                intermediary: None,
+                reason: SuspectReason::StuckJoining,
+            });
+        }
+        let targets: Vec<SiloAddress> = self.probes.keys().copied().collect();
+        for target in targets {
+            let seq = self.id();
+            let (health, options) = (self.health, &self.options);
+            let Some(cycle) = self.probes.get_mut(&target) else {
+                continue;
+            };
+            if let Some(timeout) = cycle.tick(seq, now, health, options) {
+                self.probes_sent += 1;
+                self.out.push(Action::Ping { target, seq, timeout });
+            }
+        }
+    }
+
+    fn on_ping(&mut self, now: Timestamp, target: SiloAddress, seq: u64, outcome: PingOutcome) {
+        if matches!(self.lifecycle, Lifecycle::Validating(_)) {
+            return self.on_validation_ping(now, seq, target, outcome);
+        }
+        let (health, options) = (self.health, &self.options);
+        let Some(cycle) = self.probes.get_mut(&target) else {
+            return; // no longer a target
+        };
+        let timeout = cycle.current_timeout(health, options);
+        let verdict = cycle.on_ping(seq, outcome, now, health, options);
+        if matches!(outcome, PingOutcome::Answered { .. } | PingOutcome::WrongSilo) {
+            self.probes_answered += 1;
+        }
+        match verdict {
+            Verdict::Nothing => {}
+            Verdict::AskIntermediary => {
+                let candidates: Vec<SiloAddress> = self
+                    .view
+                    .active()
+                    .map(|e| e.silo)
+                    .filter(|s| *s != self.me && *s != target)
+                    .collect();
+                let via = candidates.choose(&mut self.rng).copied();
+                let seq = self.id();
+                if let Some(cycle) = self.probes.get_mut(&target) {
+                    cycle.indirect_sent(via.map(|v| (seq, v)));
+                }
+                if let Some(via) = via {
+                    self.out.push(Action::IndirectPing {
+                        via,
+                        target,
+                        seq,
+                        timeout,
+                    });
+                }
+            }
+            Verdict::Suspect { reason, intermediary } => {
+                tracing::debug!(cluster = %self.cluster, silo = %self.me, %target, ?reason, ?intermediary, "suspect");
+                self.enqueue(Job::Vote {
+                    suspect: target,
+                    intermediary,
+                    reason,
+                });
+            }
+        }
+    }
+}
+
+/// Basic mode has no version to compare: the view changed if a row appeared,
+/// disappeared, or changed status or votes.
+fn content_changed(old: &MembershipSnapshot, new: &MembershipSnapshot) -> bool {
+    old.entries.len() != new.entries.len()
+        || old
+            .entries
+            .iter()
+            .zip(new.entries.iter())
+            .any(|((a, (ea, _)), (b, (eb, _)))| {
+                a != b || ea.status != eb.status || ea.suspect_votes != eb.suspect_votes
+            })
+}
