@@ -1,16 +1,18 @@
 //! Probe transport over TCP (tokio): length-delimited frames of at most
 //! [`MAX_FRAME_BYTES`], each a version byte plus a postcard-encoded [`Frame`].
 //!
-//! **Client.** One reused connection per peer, multiplexed: every request gets a
-//! process-unique id, a connection task writes frames and hands each response frame
-//! to the request waiting for that id. A request that times out only forgets its id,
+//! **Client.** One reused connection per peer (one connect at a time; concurrent
+//! requests share it), multiplexed: every request gets a process-unique id, a writer
+//! task sends the frames and a reader task hands each response frame to the request
+//! waiting for that id. A request that times out only forgets its id,
 //! so its late reply is dropped by the connection task and can never be taken for
 //! the answer to a later request (a slow peer cannot misattribute replies). At most
 //! [`MAX_PENDING_PER_PEER`] requests wait on one connection; more fail at once.
 //!
 //! **Server.** Each connection answers up to [`MAX_IN_FLIGHT_PER_CONNECTION`]
-//! requests concurrently (an indirect ping that waits for a third silo does not hold
-//! up the pings behind it); replies go out in completion order with their ids. A
+//! requests concurrently, each in its own task (an indirect ping that waits for a
+//! third silo does not hold up the pings behind it); a writer task sends the replies
+//! in completion order with their ids, so a slow reader never stops the reading. A
 //! frame that does not decode is dropped with a warning (the connection stays up);
 //! an oversized or malformed length prefix closes that connection. Nothing a peer
 //! sends can panic the server.
@@ -22,12 +24,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures_util::stream::FuturesUnordered;
 use futures_util::{SinkExt, StreamExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinSet;
-use tokio_util::codec::{Framed, LengthDelimitedCodec};
+use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
 use super::{
     answer_frame, encode, next_request_id, read_response, Frame, Listener, ProbeHandler, ProbeRequest,
@@ -70,6 +72,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Clone, Debug, Default)]
 pub struct TcpTransport {
     peers: Arc<Mutex<HashMap<SocketAddr, Arc<Peer>>>>,
+    /// One connect at a time per peer: concurrent requests wait for it and share it.
+    connecting: Arc<Mutex<HashMap<SocketAddr, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 impl TcpTransport {
@@ -79,20 +83,32 @@ impl TcpTransport {
     }
 
     /// The live connection to `to`, connecting if there is none.
+    fn live_peer(&self, to: SocketAddr) -> Option<Arc<Peer>> {
+        lock(&self.peers)
+            .get(&to)
+            .filter(|p| !p.task.is_finished())
+            .cloned()
+    }
+
     async fn peer(&self, to: SocketAddr) -> Result<Arc<Peer>, TransportError> {
-        if let Some(p) = lock(&self.peers).get(&to) {
-            if !p.task.is_finished() {
-                return Ok(p.clone());
-            }
+        if let Some(p) = self.live_peer(to) {
+            return Ok(p);
+        }
+        let gate = lock(&self.connecting).entry(to).or_default().clone();
+        let _connecting = gate.lock().await;
+        if let Some(p) = self.live_peer(to) {
+            return Ok(p); // another request connected while we waited
         }
         let stream = TcpStream::connect(to)
             .await
             .map_err(|e| TransportError::Unreachable(format!("{to}: {e}")))?;
         let _ = stream.set_nodelay(true);
+        let (read, write) = stream.into_split();
         let waiters: Arc<Mutex<Waiters>> = Arc::default();
         let (outgoing, rx) = mpsc::channel(64);
         let task = tokio::spawn(run_client_connection(
-            Framed::new(stream, codec()),
+            FramedRead::new(read, codec()),
+            FramedWrite::new(write, codec()),
             to,
             rx,
             waiters.clone(),
@@ -102,15 +118,8 @@ impl TcpTransport {
             waiters,
             task,
         });
-        let mut peers = lock(&self.peers);
-        // Another request may have connected meanwhile: keep one connection.
-        match peers.get(&to) {
-            Some(existing) if !existing.task.is_finished() => Ok(existing.clone()),
-            _ => {
-                peers.insert(to, peer.clone());
-                Ok(peer)
-            }
-        }
+        lock(&self.peers).insert(to, peer.clone());
+        Ok(peer)
     }
 
     async fn exchange(&self, to: SocketAddr, id: u64, frame: Bytes) -> Result<ProbeResponse, TransportError> {
@@ -151,38 +160,36 @@ impl Drop for Forget<'_> {
     }
 }
 
-/// Writes request frames and routes response frames to their waiters by id, until
-/// the connection fails; then every waiter learns it at once.
+/// Routes response frames to their waiters by id (a writer task sends the request
+/// frames), until the connection fails; then every waiter learns it at once.
 async fn run_client_connection(
-    mut conn: Framed<TcpStream, LengthDelimitedCodec>,
+    mut read: FramedRead<OwnedReadHalf, LengthDelimitedCodec>,
+    mut write: FramedWrite<OwnedWriteHalf, LengthDelimitedCodec>,
     to: SocketAddr,
     mut outgoing: mpsc::Receiver<Bytes>,
     waiters: Arc<Mutex<Waiters>>,
 ) {
+    let writer = tokio::spawn(async move {
+        while let Some(frame) = outgoing.recv().await {
+            if write.send(frame).await.is_err() {
+                return;
+            }
+        }
+    });
+    let _writer = AbortOnDrop(writer);
     let why = loop {
-        tokio::select! {
-            biased;
-            incoming = conn.next() => match incoming {
-                Some(Ok(bytes)) => match read_response(&bytes) {
-                    Ok((id, answer)) => {
-                        // No waiter: the request timed out; its reply is dropped here.
-                        if let Some(w) = lock(&waiters).remove(&id) {
-                            let _ = w.send(answer);
-                        }
-                    }
-                    Err(e) => tracing::debug!(%to, error = %e, "probe client: undecodable reply dropped"),
-                },
-                Some(Err(e)) => break format!("{to}: {e}"),
-                None => break format!("{to}: connection closed"),
-            },
-            frame = outgoing.recv() => match frame {
-                Some(frame) => {
-                    if let Err(e) = conn.send(frame).await {
-                        break format!("{to}: {e}");
+        match read.next().await {
+            Some(Ok(bytes)) => match read_response(&bytes) {
+                Ok((id, answer)) => {
+                    // No waiter: the request timed out; its reply is dropped here.
+                    if let Some(w) = lock(&waiters).remove(&id) {
+                        let _ = w.send(answer);
                     }
                 }
-                None => return,
+                Err(e) => tracing::debug!(%to, error = %e, "probe client: undecodable reply dropped"),
             },
+            Some(Err(e)) => break format!("{to}: {e}"),
+            None => break format!("{to}: connection closed"),
         }
     };
     for (_, w) in lock(&waiters).drain() {
@@ -262,39 +269,53 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// Reads request frames and answers each in its own task (at most
+/// [`MAX_IN_FLIGHT_PER_CONNECTION`] at once); a writer task sends the replies in
+/// completion order.
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     cluster: Arc<str>,
     handler: Arc<dyn ProbeHandler>,
 ) {
-    let mut conn = Framed::new(stream, codec());
-    let mut in_flight = FuturesUnordered::new();
-    loop {
-        tokio::select! {
-            biased;
-            Some(answer) = in_flight.next(), if !in_flight.is_empty() => {
-                let answer: Result<Vec<u8>, TransportError> = answer;
-                match answer {
-                    Ok(out) => {
-                        if conn.send(Bytes::from(out)).await.is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => tracing::warn!(%peer, error = %e, "probe server: garbage frame dropped"),
-                }
+    let (read, write) = stream.into_split();
+    let mut read = FramedRead::new(read, codec());
+    let mut write = FramedWrite::new(write, codec());
+    let (replies, mut rx) = mpsc::channel::<Bytes>(MAX_IN_FLIGHT_PER_CONNECTION);
+    let writer = AbortOnDrop(tokio::spawn(async move {
+        while let Some(frame) = rx.recv().await {
+            if write.send(frame).await.is_err() {
+                return;
             }
-            frame = conn.next(), if in_flight.len() < MAX_IN_FLIGHT_PER_CONNECTION => match frame {
-                Some(Ok(bytes)) => {
-                    let (cluster, handler) = (cluster.clone(), handler.clone());
-                    in_flight.push(async move { answer_frame(&cluster, handler.as_ref(), &bytes).await });
-                }
-                Some(Err(e)) => {
-                    tracing::warn!(%peer, error = %e, "probe server: unreadable frame, closing connection");
-                    return;
-                }
-                None => return,
-            },
         }
+    }));
+    let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
+    let mut answering = JoinSet::new();
+    while let Some(frame) = read.next().await {
+        let bytes = match frame {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(%peer, error = %e, "probe server: unreadable frame, closing connection");
+                break;
+            }
+        };
+        let Ok(permit) = permits.clone().acquire_owned().await else {
+            break;
+        };
+        let (cluster, handler, replies) = (cluster.clone(), handler.clone(), replies.clone());
+        answering.spawn(async move {
+            let _permit = permit;
+            match answer_frame(&cluster, handler.as_ref(), &bytes).await {
+                Ok(out) => {
+                    let _ = replies.send(Bytes::from(out)).await;
+                }
+                Err(e) => tracing::warn!(%peer, error = %e, "probe server: garbage frame dropped"),
+            }
+        });
+        while answering.try_join_next().is_some() {}
     }
+    // The peer closed its side: finish the answers under way, then close.
+    drop(replies);
+    while answering.join_next().await.is_some() {}
+    let _ = writer;
 }
