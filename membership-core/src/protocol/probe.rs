@@ -16,6 +16,9 @@
 //! - once the window is `limit x T'` old and at least `limit` pings failed, the cycle
 //!   asks for a **vote** and starts a new window.
 //!
+//! A failure handled more than `2 x T'` after its ping was sent is discarded: this
+//! silo's own event loop was stalled, which is no evidence against the target.
+//!
 //! Why time: because pings overlap, the target has been silent for the whole window
 //! when it votes, so a silo that stalls for less than `limit x T'` (minus one round
 //! trip) is never voted against, however the stall lines up with the pings; while a
@@ -239,11 +242,17 @@ impl ProbeCycle {
                 }
             }
             PingOutcome::Failed => {
+                let limit = options.num_missed_probes_limit;
+                let t = self.current_timeout(health, options);
+                if now.saturating_duration_since(sent) > t.saturating_mul(2) {
+                    // We handle this failure long after its deadline: our own event
+                    // loop was stalled, and that says nothing about the target
+                    // (Lifeguard's self-awareness). Not counted.
+                    return Verdict::Nothing;
+                }
                 self.failed += 1;
                 let start = *self.window_start.get_or_insert(sent);
                 let silent = now.saturating_duration_since(start);
-                let limit = options.num_missed_probes_limit;
-                let t = self.current_timeout(health, options);
                 if self.failed >= limit && silent >= t.saturating_mul(limit) {
                     let intermediary = self.indirect_failed_via.take();
                     self.close_window();
@@ -410,6 +419,23 @@ mod tests {
             Verdict::Nothing
         );
         assert_eq!(c.failed, 1);
+    }
+
+    #[test]
+    fn failures_handled_late_after_our_own_stall_are_not_evidence() {
+        let o = opts();
+        let mut c = ProbeCycle::new(target(), &o);
+        for seq in 0..4 {
+            c.tick(seq, at(seq * 2500), 0, &o);
+        }
+        // We were frozen for a minute: every timeout is handled at once, late.
+        for seq in 0..4 {
+            assert_eq!(
+                c.on_ping(seq, PingOutcome::Failed, at(60_000), 0, &o),
+                Verdict::Nothing
+            );
+        }
+        assert!(!c.is_suspicious());
     }
 
     #[test]

@@ -1,0 +1,410 @@
+//! The membership protocol as state machines only: no actix, no tokio, no sockets.
+//!
+//! A small deterministic driver feeds [`SiloMachine`]s their events in time order,
+//! executes their table actions on the real in-memory provider (whose futures
+//! complete at once) and delivers every result after a latency drawn from a seeded
+//! RNG; pings are answered by the target's liveness. Property tests vary the
+//! latencies (so the order of events), the cluster size, message loss and the time
+//! of a crash.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rollcall_membership_core::protocol::{
+    Action, Event, IndirectOutcome, PingOutcome, RowWrite, SiloMachine, Timer,
+};
+use rollcall_membership_core::{
+    ClusterMembershipOptions, MembershipEntry, MembershipSnapshot, MembershipTable, SiloAddress, SiloStatus,
+    SystemStore, Timestamp,
+};
+use rollcall_provider_memory::MemoryStore;
+
+const T0: u64 = 1_795_000_000_000;
+
+struct World {
+    now: u64,
+    order: u64,
+    queue: BTreeMap<(u64, u64), (usize, Event)>,
+    machines: Vec<SiloMachine>,
+    addrs: Vec<SiloAddress>,
+    crashed: Vec<bool>,
+    stopped: Vec<bool>,
+    /// A stalled silo handles nothing before this time (ms); what reaches it waits.
+    stalled_until: Vec<u64>,
+    store: MemoryStore,
+    table: Arc<dyn MembershipTable>,
+    options: ClusterMembershipOptions,
+    rng: StdRng,
+    jitter_ms: u64,
+    loss: f64,
+    published: Vec<Vec<u64>>,
+    joined: Vec<Option<Result<(), String>>>,
+    max_pending_writes: usize,
+}
+
+fn now_or_fail<T>(f: impl std::future::Future<Output = T>) -> T {
+    f.now_or_never()
+        .expect("memory provider futures complete at once")
+}
+
+impl World {
+    fn new(options: ClusterMembershipOptions, seed: u64, jitter_ms: u64, loss: f64) -> Self {
+        let store = MemoryStore::new();
+        let table = store.membership_table("m", options.protocol_mode()).unwrap();
+        now_or_fail(table.init(true)).unwrap();
+        World {
+            now: 0,
+            order: 0,
+            queue: BTreeMap::new(),
+            machines: Vec::new(),
+            addrs: Vec::new(),
+            crashed: Vec::new(),
+            stopped: Vec::new(),
+            stalled_until: Vec::new(),
+            store,
+            table,
+            options,
+            rng: StdRng::seed_from_u64(seed),
+            jitter_ms,
+            loss,
+            published: Vec::new(),
+            joined: Vec::new(),
+            max_pending_writes: 0,
+        }
+    }
+
+    fn time(&self) -> Timestamp {
+        Timestamp::from_millis(T0 + self.now)
+    }
+
+    fn push(&mut self, after: u64, silo: usize, event: Event) {
+        self.order += 1;
+        self.queue.insert((self.now + after, self.order), (silo, event));
+    }
+
+    fn latency(&mut self) -> u64 {
+        1 + self.rng.random_range(0..=self.jitter_ms)
+    }
+
+    fn lost(&mut self) -> bool {
+        self.loss > 0.0 && self.rng.random_bool(self.loss)
+    }
+
+    fn add_silo(&mut self, n: u8) -> usize {
+        let me: SiloAddress = format!("10.0.0.{n}:11111@1").parse().unwrap();
+        let row = MembershipEntry::new(me, SiloStatus::Created, self.time());
+        let seed = self.rng.random();
+        self.machines
+            .push(SiloMachine::new("m", me, row, self.options.clone(), seed));
+        self.addrs.push(me);
+        self.crashed.push(false);
+        self.stopped.push(false);
+        self.stalled_until.push(0);
+        self.published.push(Vec::new());
+        self.joined.push(None);
+        let i = self.machines.len() - 1;
+        self.push(0, i, Event::Start);
+        i
+    }
+
+    fn alive(&self, i: usize) -> bool {
+        !self.crashed[i] && !self.stopped[i]
+    }
+
+    fn feed(&mut self, i: usize, event: Event) {
+        if !self.alive(i) {
+            return;
+        }
+        let now = self.time();
+        let actions = self.machines[i].handle(now, event);
+        self.max_pending_writes = self.max_pending_writes.max(self.machines[i].pending_writes());
+        for a in actions {
+            self.execute(i, a);
+        }
+    }
+
+    fn execute(&mut self, i: usize, action: Action) {
+        let lat = self.latency();
+        let table = self.table.clone();
+        match action {
+            Action::ReadTable { id } => {
+                let result = now_or_fail(table.read_all());
+                self.push(lat, i, Event::TableRead { id, result });
+            }
+            Action::WriteRow {
+                id,
+                write,
+                next_version,
+            } => {
+                let result = match &write {
+                    RowWrite::Insert(e) => now_or_fail(table.insert_row(e, &next_version)),
+                    RowWrite::Update(e, etag) => now_or_fail(table.update_row(e, etag, &next_version)),
+                };
+                self.push(lat, i, Event::RowWritten { id, result });
+            }
+            Action::WriteIAmAlive { time } => {
+                let me = self.addrs[i];
+                let r = now_or_fail(table.update_i_am_alive(&me, time));
+                self.push(lat, i, Event::IAmAliveWritten(r));
+            }
+            Action::CleanupDefunct { before } => {
+                let r = now_or_fail(table.cleanup_defunct(before));
+                self.push(lat, i, Event::CleanupDone(r));
+            }
+            Action::Ping { target, seq, timeout } => {
+                let j = self.addrs.iter().position(|a| *a == target);
+                let timeout_ms = timeout.as_millis() as u64;
+                let (after, outcome) = match j {
+                    Some(j) if self.alive(j) && !self.lost() => {
+                        // A stalled target answers when it resumes.
+                        let rtt = 2 * lat + self.stalled_until[j].saturating_sub(self.now);
+                        if rtt < timeout_ms {
+                            (
+                                rtt,
+                                PingOutcome::Answered {
+                                    rtt: Duration::from_millis(rtt),
+                                },
+                            )
+                        } else {
+                            (timeout_ms, PingOutcome::Failed)
+                        }
+                    }
+                    // A crashed silo's port is closed: refused at once.
+                    Some(j) if self.crashed[j] => (lat, PingOutcome::Failed),
+                    _ => (timeout_ms, PingOutcome::Failed),
+                };
+                self.push(after, i, Event::PingResult { target, seq, outcome });
+            }
+            Action::IndirectPing {
+                via,
+                target,
+                seq,
+                timeout,
+            } => {
+                let v = self.addrs.iter().position(|a| *a == via);
+                let t = self.addrs.iter().position(|a| *a == target);
+                let outcome = match (v, t) {
+                    (Some(v), Some(t)) if self.alive(v) && !self.lost() => {
+                        let reachable = self.alive(t)
+                            && self.stalled_until[t] <= self.now + timeout.as_millis() as u64 * 4 / 5;
+                        if reachable && !self.lost() {
+                            IndirectOutcome::Answered
+                        } else {
+                            IndirectOutcome::Failed {
+                                intermediary_health: 0,
+                            }
+                        }
+                    }
+                    _ => IndirectOutcome::Unknown,
+                };
+                let after = if outcome == IndirectOutcome::Unknown {
+                    timeout.as_millis() as u64
+                } else {
+                    4 * lat
+                };
+                self.push(after, i, Event::IndirectResult { target, seq, outcome });
+            }
+            Action::Gossip { to, version } => {
+                for silo in to {
+                    if let Some(j) = self.addrs.iter().position(|a| *a == silo) {
+                        if !self.lost() {
+                            let lat = self.latency();
+                            self.push(lat, j, Event::GossipReceived { version });
+                        }
+                    }
+                }
+            }
+            Action::Publish {
+                snapshot,
+                new_version,
+            } => {
+                if new_version {
+                    self.published[i].push(snapshot.version.version);
+                }
+            }
+            Action::Schedule { timer, after } => {
+                let event = match timer {
+                    Timer::HealthCheck => Event::HealthCheck { probes_received: 1 },
+                    t => Event::Timer(t),
+                };
+                self.push(after.as_millis() as u64, i, event);
+            }
+            Action::JoinFinished(r) => self.joined[i] = Some(r.map_err(|e| e.to_string())),
+            Action::Stop(_) => self.stopped[i] = true,
+            Action::SetStatus(_)
+            | Action::SetHealthScore(_)
+            | Action::AnswerRefresh { .. }
+            | Action::AnswerShutdown { .. } => {}
+        }
+    }
+
+    fn run_for(&mut self, ms: u64) {
+        let until = self.now + ms;
+        while let Some(entry) = self.queue.first_entry() {
+            if entry.key().0 > until {
+                break;
+            }
+            let ((at, _), (i, event)) = entry.remove_entry();
+            self.now = at;
+            if self.stalled_until[i] > at {
+                let wait = self.stalled_until[i] - at;
+                self.push(wait, i, event);
+                continue;
+            }
+            self.feed(i, event);
+        }
+        self.now = until;
+    }
+
+    fn table(&self) -> MembershipSnapshot {
+        now_or_fail(self.table.read_all()).unwrap()
+    }
+
+    fn dead(&self) -> Vec<SiloAddress> {
+        self.table()
+            .rows()
+            .filter(|e| e.status == SiloStatus::Dead)
+            .map(|e| e.silo)
+            .collect()
+    }
+
+    /// Runs in steps of `step` ms until `cond` holds (returns the time it took) or
+    /// `limit` ms pass.
+    fn run_until(&mut self, limit: u64, mut cond: impl FnMut(&World) -> bool) -> Option<u64> {
+        let start = self.now;
+        while self.now - start <= limit {
+            if cond(self) {
+                return Some(self.now - start);
+            }
+            self.run_for(10);
+        }
+        None
+    }
+}
+
+fn cluster(n: u8, seed: u64, jitter_ms: u64, loss: f64) -> World {
+    let mut w = World::new(ClusterMembershipOptions::default(), seed, jitter_ms, loss);
+    for k in 1..=n {
+        w.add_silo(k);
+        w.run_until(60_000, |w| w.joined.last().is_some_and(Option::is_some))
+            .expect("join finishes");
+        assert_eq!(w.joined.last().cloned().flatten(), Some(Ok(())), "silo {k} joins");
+    }
+    w
+}
+
+#[test]
+fn joins_detect_a_crash_within_the_bound_and_nobody_else_dies() {
+    let mut w = cluster(5, 1, 5, 0.0);
+    w.run_for(60_000);
+    assert!(w.machines.iter().all(|m| m.status() == SiloStatus::Active));
+    assert_eq!(w.table().active().count(), 5);
+    w.crashed[4] = true;
+    let victim = w.addrs[4];
+    let o = ClusterMembershipOptions::default();
+    // limit x T of silence, at most one probe period to notice, plus writes.
+    let bound = o.probe_timeout.as_millis() as u64 * 3 + o.probe_period().as_millis() as u64 + 500;
+    let took = w
+        .run_until(120_000, |w| w.dead().contains(&victim))
+        .expect("declared Dead");
+    assert!(took <= bound, "detection took {took} ms, bound {bound} ms");
+    w.run_for(600_000);
+    assert_eq!(w.dead(), vec![victim]);
+    for (i, versions) in w.published.iter().enumerate() {
+        assert!(
+            versions.windows(2).all(|p| p[0] < p[1]),
+            "silo {i} published {versions:?}"
+        );
+    }
+}
+
+/// Issue 7, defect 1 at the machine level: during a 20-minute outage with a crashed
+/// silo, a survivor holds at most one write job (its vote against the one suspect),
+/// however many probe windows fail.
+#[test]
+fn a_table_outage_never_piles_up_writes() {
+    let mut w = cluster(3, 2, 5, 0.0);
+    w.run_for(30_000);
+    let before = w.max_pending_writes;
+    w.store.set_unavailable(true);
+    w.crashed[2] = true;
+    w.run_for(20 * 60_000);
+    assert!(
+        w.max_pending_writes <= before.max(1),
+        "pending writes reached {}",
+        w.max_pending_writes
+    );
+    assert!(w.machines[..2].iter().all(|m| m.status() == SiloStatus::Active));
+    w.store.set_unavailable(false);
+    let victim = w.addrs[2];
+    let took = w.run_until(120_000, |w| w.dead().contains(&victim));
+    assert!(
+        took.is_some(),
+        "the crashed silo is declared Dead once the table is back"
+    );
+    assert_eq!(w.dead(), vec![victim]);
+}
+
+/// A silo stalled for less than `num_missed_probes_limit x probe_timeout` is never
+/// declared Dead (issue 8's rule; the stall tolerance the README states).
+#[test]
+fn a_stall_shorter_than_the_limit_kills_nobody() {
+    let o = ClusterMembershipOptions::default();
+    let tolerated = o.probe_timeout.as_millis() as u64 * 3;
+    let mut w = cluster(5, 3, 2, 0.0);
+    w.run_for(60_000);
+    for phase in [0u64, 700, 1300, 2100] {
+        w.run_for(phase);
+        // Stalled: it handles nothing (and answers nothing) until it resumes.
+        w.stalled_until[2] = w.now + tolerated - 100;
+        w.run_for(60_000);
+        assert!(
+            w.dead().is_empty(),
+            "a {} ms stall killed: {:?}",
+            tolerated - 100,
+            w.dead()
+        );
+    }
+    // ... while a stall well beyond it is detected, and the silo stops when it wakes.
+    w.stalled_until[2] = w.now + 3 * tolerated;
+    w.run_for(3 * tolerated + 60_000);
+    assert_eq!(w.dead(), vec![w.addrs[2]]);
+    assert!(w.stopped[2], "the stalled silo reads itself Dead and stops");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Whatever the latencies (hence the order of events), the loss and the moment of
+    /// the crash: only the crashed silo is ever Dead, it is Dead in the end, each
+    /// silo's published versions strictly increase, and write jobs stay bounded by
+    /// the cluster size.
+    #[test]
+    fn random_event_orders_keep_the_protocol_safe_and_live(
+        seed in any::<u64>(),
+        n in 3u8..=6,
+        jitter in 0u64..300,
+        loss in prop_oneof![Just(0.0), Just(0.02), Just(0.05)],
+        crash_at in 0u64..20_000,
+    ) {
+        let mut w = cluster(n, seed, jitter, loss);
+        w.run_for(crash_at);
+        let victim = usize::from(n) - 1;
+        w.crashed[victim] = true;
+        w.run_for(5 * 60_000);
+        let dead = w.dead();
+        prop_assert_eq!(dead, vec![w.addrs[victim]]);
+        for (i, versions) in w.published.iter().enumerate() {
+            prop_assert!(versions.windows(2).all(|p| p[0] < p[1]), "silo {} published {:?}", i, versions);
+        }
+        prop_assert!(w.max_pending_writes <= usize::from(n), "pending writes {}", w.max_pending_writes);
+        for i in 0..victim {
+            prop_assert_eq!(w.machines[i].status(), SiloStatus::Active);
+        }
+    }
+}
