@@ -1,7 +1,6 @@
 //! # rollcall-provider-dynamodb
 //!
-//! Membership and reminder tables on DynamoDB (see `shared/design/PROVIDERS.md` for the
-//! mapping). **Not implemented yet**: [`DynamoDbStore::connect`] answers
+//! Membership and reminder tables on DynamoDB (conditional puts and TransactWriteItems). **Not implemented yet**: [`DynamoDbStore::connect`] answers
 //! [`Error::Unsupported`]; the provider's own issue fills it in.
 
 #![warn(missing_docs)]

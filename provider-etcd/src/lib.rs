@@ -1,7 +1,6 @@
 //! # rollcall-provider-etcd
 //!
-//! Membership and reminder tables on etcd (see `shared/design/PROVIDERS.md` for the
-//! mapping). **Not implemented yet**: [`EtcdStore::connect`] answers
+//! Membership and reminder tables on etcd (Txn compares on `mod_revision`). **Not implemented yet**: [`EtcdStore::connect`] answers
 //! [`Error::Unsupported`]; the provider's own issue fills it in.
 
 #![warn(missing_docs)]

@@ -2,7 +2,7 @@
 //!
 //! The reminder service (ring ownership, loading, scheduling and delivery of ticks to
 //! actix actors). Not implemented yet: this crate only fixes its place in the
-//! workspace; see `shared/design/REMINDERS.md` for the semantics it will implement.
+//! workspace; see `docs/ARCHITECTURE.md` for where it fits.
 
 #![warn(missing_docs)]
 

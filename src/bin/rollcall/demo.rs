@@ -151,11 +151,14 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         tl.say(
             None,
             format!(
-                "every survivor sees {} Dead: detection took {:.2}s ({} x probe timeout = {:.2}s)",
+                "every survivor sees {} Dead: detection took {:.2}s (stalls under {} x probe timeout \
+                 = {:.2}s are tolerated; bound {:.2}s)",
                 victim.address(),
                 took.as_secs_f64(),
                 options.num_missed_probes_limit,
-                (options.probe_timeout * options.num_missed_probes_limit).as_secs_f64()
+                (options.probe_timeout * options.num_missed_probes_limit).as_secs_f64(),
+                (options.probe_timeout * options.num_missed_probes_limit + options.probe_period())
+                    .as_secs_f64()
             ),
         );
     } else {
