@@ -602,25 +602,39 @@ fn t15_declared_dead_stops_the_actix_system_with_an_error_code() {
     assert_eq!(system.run_with_code().unwrap(), 70);
 }
 
+/// An actor that records the table versions it is sent, with a mailbox of
+/// `capacity` messages.
+struct VersionRecorder {
+    seen: Arc<Mutex<Vec<u64>>>,
+    capacity: usize,
+}
+
+impl actix::Actor for VersionRecorder {
+    type Context = actix::Context<Self>;
+    fn started(&mut self, ctx: &mut actix::Context<Self>) {
+        ctx.set_mailbox_capacity(self.capacity);
+    }
+}
+
+impl actix::Handler<rollcall_membership_core::MembershipChanged> for VersionRecorder {
+    type Result = ();
+    fn handle(&mut self, msg: rollcall_membership_core::MembershipChanged, _: &mut actix::Context<Self>) {
+        self.seen.lock().unwrap().push(msg.0.version.version);
+    }
+}
+
 #[test]
 fn t16_actors_receive_membership_changes() {
-    use actix::{Actor, Context, Handler};
-    use rollcall_membership_core::MembershipChanged;
-    struct Counter(Arc<Mutex<Vec<u64>>>);
-    impl Actor for Counter {
-        type Context = Context<Self>;
-    }
-    impl Handler<MembershipChanged> for Counter {
-        type Result = ();
-        fn handle(&mut self, msg: MembershipChanged, _: &mut Context<Self>) {
-            self.0.lock().unwrap().push(msg.0.version.version);
-        }
-    }
+    use actix::Actor;
     run_virtual(|| async {
         let mut c = SimCluster::new(ClusterMembershipOptions::default());
         c.start_many(1).await;
         let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
-        let counter = Counter(seen.clone()).start();
+        let counter = VersionRecorder {
+            seen: seen.clone(),
+            capacity: 16,
+        }
+        .start();
         let _subscription = c.silos[0].subscribe_recipient(counter.recipient());
         c.start(2, 1).await.unwrap();
         c.start(3, 1).await.unwrap();
@@ -770,26 +784,16 @@ fn t19_a_simulation_is_a_function_of_its_seed() {
 /// one-slot mailbox, and stops delivering when its guard is dropped.
 #[test]
 fn t20_actor_subscription_keeps_the_latest_and_ends_with_its_guard() {
-    use actix::{Actor, Context, Handler};
-    use rollcall_membership_core::MembershipChanged;
-    struct Tiny(Arc<Mutex<Vec<u64>>>);
-    impl Actor for Tiny {
-        type Context = Context<Self>;
-        fn started(&mut self, ctx: &mut Context<Self>) {
-            ctx.set_mailbox_capacity(1);
-        }
-    }
-    impl Handler<MembershipChanged> for Tiny {
-        type Result = ();
-        fn handle(&mut self, msg: MembershipChanged, _: &mut Context<Self>) {
-            self.0.lock().unwrap().push(msg.0.version.version);
-        }
-    }
+    use actix::Actor;
     run_virtual(|| async {
         let mut c = SimCluster::new(ClusterMembershipOptions::default());
         c.start_many(1).await;
         let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
-        let actor = Tiny(seen.clone()).start();
+        let actor = VersionRecorder {
+            seen: seen.clone(),
+            capacity: 1,
+        }
+        .start();
         let guard = c.silos[0].subscribe_recipient(actor.recipient());
         for i in 2..=5 {
             c.start(i, 1).await.unwrap();

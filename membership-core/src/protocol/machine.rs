@@ -452,7 +452,7 @@ impl SiloMachine {
             Event::Start => self.start(),
             Event::Timer(timer) => self.on_timer(now, timer),
             Event::TableRead { id, result } => self.on_read(now, id, result),
-            Event::RowWritten { id, result } => self.on_written(now, id, result),
+            Event::RowWritten { id, result } => self.on_written(id, result),
             Event::IAmAliveWritten(result) => {
                 self.alive_in_flight = false;
                 if let Err(e) = result {
@@ -484,7 +484,7 @@ impl SiloMachine {
             }
             Event::HealthCheck { probes_received } => self.on_health_check(now, probes_received),
             Event::Refresh { request } => self.refresh(Some(request)),
-            Event::Shutdown { request, graceful } => self.shutdown(now, request, graceful),
+            Event::Shutdown { request, graceful } => self.shutdown(request, graceful),
         }
         std::mem::take(&mut self.out)
     }
@@ -555,12 +555,11 @@ impl SiloMachine {
         self.stop(StopReason::DeclaredDead);
     }
 
-    fn shutdown(&mut self, now: Timestamp, request: u64, graceful: bool) {
+    fn shutdown(&mut self, request: u64, graceful: bool) {
         if let Lifecycle::Leaving { requests, .. } = &mut self.lifecycle {
             requests.push(request);
             return;
         }
-        let _ = now;
         if self.joining() || matches!(self.lifecycle, Lifecycle::FailingJoin(_)) {
             let error = match std::mem::replace(&mut self.lifecycle, Lifecycle::Created) {
                 Lifecycle::FailingJoin(Some(e)) => e,
@@ -928,7 +927,7 @@ impl SiloMachine {
         }
     }
 
-    fn on_written(&mut self, now: Timestamp, id: u64, result: Result<bool, Error>) {
+    fn on_written(&mut self, id: u64, result: Result<bool, Error>) {
         let Some(JobPhase::Writing {
             id: wid,
             completes,
@@ -940,7 +939,6 @@ impl SiloMachine {
         if wid != id {
             return;
         }
-        let _ = now;
         match result {
             Ok(true) => {
                 self.gossip(version);
