@@ -53,8 +53,8 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
             let mut snapshots = handle.subscribe();
             loop {
                 tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {
-                        println!("Ctrl-C: shutting down gracefully");
+                    signal = leave_signal() => {
+                        println!("{signal}: shutting down gracefully");
                         if let Err(e) = handle.shutdown().await {
                             eprintln!("graceful shutdown failed: {e}");
                         }
@@ -78,6 +78,30 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
     });
     let code = system.run_with_code()?;
     std::process::exit(code);
+}
+
+/// Waits for Ctrl-C (SIGINT) or, on Unix, SIGTERM (what Kubernetes and systemd send)
+/// and names it.
+async fn leave_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => "Ctrl-C",
+                _ = term.recv() => "SIGTERM",
+            },
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                "Ctrl-C"
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "Ctrl-C"
+    }
 }
 
 fn serde_json_options(json: &str) -> anyhow::Result<ClusterMembershipOptions> {
