@@ -20,10 +20,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("{} is {}", silo.address(), silo.status());
 
     let mut membership = silo.subscribe(); // tokio watch; versions only grow
-    while membership.changed().await.is_ok() {
-        let view = membership.borrow_and_update().clone();
-        let alive: Vec<_> = view.active().map(|e| e.silo).collect();
-        println!("table version {}: {alive:?}", view.version.version);
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {
+                // Leave gracefully (ShuttingDown, then Dead): nobody has to detect us.
+                silo.shutdown().await?;
+                return Ok(());
+            }
+            changed = membership.changed() => {
+                if changed.is_err() {
+                    return Ok(()); // the silo stopped (declared Dead)
+                }
+                let view = membership.borrow_and_update().clone();
+                let alive: Vec<_> = view.active().map(|e| e.silo).collect();
+                println!("table version {}: {alive:?}", view.version.version);
+            }
+        }
     }
-    Ok(())
 }
