@@ -379,6 +379,10 @@ async fn t10_real_tcp_three_silos_one_killed_is_declared_dead() {
         .cloned()
         .unwrap();
     assert_eq!(row.status, SiloStatus::Dead);
+    assert!(
+        !row.host_name.is_empty(),
+        "the host column comes from the OS by default"
+    );
     assert!(silos.iter().all(|s| s.status() == SiloStatus::Active));
 }
 

@@ -157,7 +157,7 @@ impl SiloBuilder {
         self
     }
 
-    /// Host name column (default: `$HOSTNAME` or empty).
+    /// Host name column (default: the machine's host name, from the OS).
     pub fn host_name(mut self, name: impl Into<String>) -> Self {
         self.host_name = Some(name.into());
         self

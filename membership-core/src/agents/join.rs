@@ -81,7 +81,7 @@ impl SiloBuilder {
         let mut own_row = MembershipEntry::new(me, SiloStatus::Created, now);
         own_row.host_name = self
             .host_name
-            .unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_default());
+            .unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned());
         own_row.silo_name = self.silo_name.unwrap_or_else(|| me.to_string());
         own_row.role_name = self.role_name;
         own_row.proxy_port = self.proxy_port;
