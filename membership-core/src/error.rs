@@ -15,8 +15,10 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 #[non_exhaustive]
 pub enum Error {
     /// The storage backend failed or could not be reached (connection refused,
-    /// timeout, server error). Transient: the caller may retry.
-    #[error("storage backend error: {message}")]
+    /// timeout, server error). Transient: the caller may retry. Its `Display` ends
+    /// with the client error's own chain of causes (`: cause: cause ...`), so a log
+    /// line names what went wrong, e.g. a Redis `WRONGTYPE`.
+    #[error("storage backend error: {message}{}", cause_chain(source.as_deref()))]
     Backend {
         /// What was being done and what went wrong.
         message: String,
@@ -86,6 +88,18 @@ impl Error {
     }
 }
 
+/// `": cause: its cause ..."` for an error's source chain ("" without one).
+fn cause_chain(source: Option<&(dyn StdError + Send + Sync + 'static)>) -> String {
+    let mut out = String::new();
+    let mut next: Option<&(dyn StdError + 'static)> = source.map(|s| s as &(dyn StdError + 'static));
+    while let Some(e) = next {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        next = e.source();
+    }
+    out
+}
+
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -124,4 +138,34 @@ pub enum SiloError {
     /// The silo's agents have stopped.
     #[error("the silo is stopped")]
     Stopped,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("WRONGTYPE Operation against a key holding the wrong kind of value")]
+    struct WrongType(#[source] std::io::Error);
+
+    #[test]
+    fn backend_errors_show_their_causes() {
+        let inner = std::io::Error::other("connection 7");
+        let e = Error::backend_with("redis: read_all", WrongType(inner));
+        assert_eq!(
+            e.to_string(),
+            "storage backend error: redis: read_all: WRONGTYPE Operation against a key holding \
+             the wrong kind of value: connection 7"
+        );
+        assert_eq!(
+            Error::backend("timed out").to_string(),
+            "storage backend error: timed out"
+        );
+        // Through SiloError (transparent) too.
+        let s = SiloError::from(Error::backend_with(
+            "redis: read_all",
+            WrongType(std::io::Error::other("x")),
+        ));
+        assert!(s.to_string().contains("WRONGTYPE"), "{s}");
+    }
 }
