@@ -166,6 +166,18 @@ fn start_silos(store: &str, cluster: &str, n: usize) -> (Procs, Vec<u16>, u64) {
     (procs, ports, last_version)
 }
 
+/// The redis-server of the fixtures (kept alive with the runtime that found it), or
+/// `None` when the fixtures skip it (never when `CI` is set: then they fail).
+#[cfg(feature = "redis")]
+fn redis_fixture() -> Option<(tokio::runtime::Runtime, rollcall_tests::fixtures::Backend)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let backend = rt.block_on(rollcall_tests::fixtures::redis())?;
+    Some((rt, backend))
+}
+
 #[cfg(feature = "redis")]
 fn active(lines: &[String]) -> usize {
     lines.iter().filter(|l| l.contains(" Active ")).count()
@@ -180,11 +192,7 @@ fn active(lines: &[String]) -> usize {
 fn redis_multi_process_short_stall_is_survived_and_sigterm_leaves_gracefully() {
     use std::time::{Duration, Instant};
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let Some(backend) = rt.block_on(rollcall_tests::fixtures::redis()) else {
+    let Some((_rt, backend)) = redis_fixture() else {
         return;
     };
     let store = backend.endpoint.clone();
@@ -241,11 +249,7 @@ fn redis_multi_process_short_stall_is_survived_and_sigterm_leaves_gracefully() {
 fn redis_multi_process_cluster_declares_a_killed_silo_dead() {
     use std::time::{Duration, Instant};
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let Some(backend) = rt.block_on(rollcall_tests::fixtures::redis()) else {
+    let Some((_rt, backend)) = redis_fixture() else {
         return;
     };
     let store = backend.endpoint.clone();
