@@ -39,10 +39,11 @@ impl ProbeHandler for ProbeServer {
         let health = self.health.score.load(Ordering::Relaxed);
         match request {
             ProbeRequest::Ping { target, .. } => {
-                if target == me {
+                let answer = answer_ping(me, target, health);
+                if matches!(answer, ProbeResponse::Pong { .. }) {
                     self.health.probes_received.fetch_add(1, Ordering::Relaxed);
                 }
-                answer_ping(me, target, health)
+                answer
             }
             ProbeRequest::IndirectPing {
                 target, timeout_ms, ..

@@ -391,16 +391,6 @@ impl SiloMachine {
         self.status
     }
 
-    /// The newest snapshot read.
-    pub fn view(&self) -> &MembershipSnapshot {
-        &self.view
-    }
-
-    /// The silos being probed.
-    pub fn probe_targets(&self) -> Vec<SiloAddress> {
-        self.probes.keys().copied().collect()
-    }
-
     /// Write jobs queued or running (bounded by [`MAX_QUEUED_JOBS`] + 1).
     pub fn pending_writes(&self) -> usize {
         self.queue.len() + usize::from(self.running.is_some())
@@ -561,11 +551,12 @@ impl SiloMachine {
             return;
         }
         if self.joining() || matches!(self.lifecycle, Lifecycle::FailingJoin(_)) {
-            let error = match std::mem::replace(&mut self.lifecycle, Lifecycle::Created) {
-                Lifecycle::FailingJoin(Some(e)) => e,
-                _ => SiloError::Stopped,
+            let error = match &mut self.lifecycle {
+                Lifecycle::FailingJoin(e) => e.take(),
+                _ => None,
             };
-            self.out.push(Action::JoinFinished(Err(error)));
+            self.out
+                .push(Action::JoinFinished(Err(error.unwrap_or(SiloError::Stopped))));
         }
         let leaving = if graceful {
             SiloStatus::ShuttingDown
@@ -654,13 +645,12 @@ impl SiloMachine {
             Timer::HealthCheck => {} // the executor answers with Event::HealthCheck
             Timer::ProbeTick => self.probe_tick(now),
             Timer::WriteRetry(n) => {
-                if let Some(r) = self.running.as_mut() {
-                    if r.phase == JobPhase::Backoff(n) {
-                        let id = self.next_id + 1;
-                        self.next_id = id;
-                        r.phase = JobPhase::Reading(id);
-                        self.out.push(Action::ReadTable { id });
-                    }
+                if self
+                    .running
+                    .as_ref()
+                    .is_some_and(|r| r.phase == JobPhase::Backoff(n))
+                {
+                    self.read_for_job();
                 }
             }
             Timer::JoinRetry => {
@@ -757,11 +747,7 @@ impl SiloMachine {
     }
 
     fn on_read(&mut self, now: Timestamp, id: u64, result: Result<MembershipSnapshot, Error>) {
-        let next = self.next_id + 1;
-        if let Some((waiters, again)) = self.refresher.finished(id, next) {
-            if again.is_some() {
-                self.next_id = next;
-            }
+        if let Some(waiters) = self.refresher.finished(id) {
             match result {
                 Ok(snap) => {
                     self.apply(now, snap);
@@ -798,7 +784,9 @@ impl SiloMachine {
                     }
                 }
             }
-            if let Some(id) = again {
+            if self.refresher.has_pending() {
+                let id = self.id();
+                self.refresher.start_pending(id);
                 self.out.push(Action::ReadTable { id });
             }
             self.after_refresh(now);
@@ -882,12 +870,20 @@ impl SiloMachine {
             return;
         }
         if let Some(job) = self.queue.pop_front() {
-            let id = self.id();
             self.running = Some(Running {
                 job,
                 attempt: 0,
-                phase: JobPhase::Reading(id),
+                phase: JobPhase::Reading(0),
             });
+            self.read_for_job();
+        }
+    }
+
+    /// The running job (re)reads the table: every attempt plans from a fresh read.
+    fn read_for_job(&mut self) {
+        let id = self.id();
+        if let Some(r) = self.running.as_mut() {
+            r.phase = JobPhase::Reading(id);
             self.out.push(Action::ReadTable { id });
         }
     }
@@ -946,11 +942,7 @@ impl SiloMachine {
                     self.job_finished(Ok(()));
                 } else {
                     // A multi-row job (the join): read again for the next row.
-                    let id = self.id();
-                    if let Some(r) = self.running.as_mut() {
-                        r.phase = JobPhase::Reading(id);
-                    }
-                    self.out.push(Action::ReadTable { id });
+                    self.read_for_job();
                 }
                 self.refresh(None);
             }

@@ -36,23 +36,31 @@ impl Refresher {
     }
 
     /// Read `id` finished. Returns `None` if `id` is not the read in flight;
-    /// otherwise the waiters to answer with its result, and whether a pending read
-    /// must start now (with `next_id`).
-    pub fn finished(&mut self, id: u64, next_id: u64) -> Option<(Vec<u64>, Option<u64>)> {
+    /// otherwise the waiters to answer with its result. A pending read, if any, must
+    /// then be started with [`start_pending`](Self::start_pending).
+    pub fn finished(&mut self, id: u64) -> Option<Vec<u64>> {
         if self.in_flight != Some(id) {
             return None;
         }
-        let waiters = std::mem::take(&mut self.in_flight_waiters);
         self.in_flight = None;
-        let next = if self.pending {
-            self.pending = false;
-            self.in_flight = Some(next_id);
-            self.in_flight_waiters = std::mem::take(&mut self.pending_waiters);
-            Some(next_id)
-        } else {
-            None
-        };
-        Some((waiters, next))
+        Some(std::mem::take(&mut self.in_flight_waiters))
+    }
+
+    /// Starts the pending read, numbered `id`, if one is pending and none is in
+    /// flight; its waiters move onto it. Returns whether the caller must start it.
+    pub fn start_pending(&mut self, id: u64) -> bool {
+        if !self.pending || self.in_flight.is_some() {
+            return false;
+        }
+        self.pending = false;
+        self.in_flight = Some(id);
+        self.in_flight_waiters = std::mem::take(&mut self.pending_waiters);
+        true
+    }
+
+    /// Whether a read waits to start.
+    pub fn has_pending(&self) -> bool {
+        self.pending && self.in_flight.is_none()
     }
 }
 
@@ -67,13 +75,11 @@ mod tests {
         for w in 2..100 {
             assert_eq!(r.request(Some(w), 10 + w), None);
         }
-        let (waiters, next) = r.finished(10, 11).unwrap();
-        assert_eq!(waiters, vec![1]);
-        assert_eq!(next, Some(11));
-        assert_eq!(r.finished(10, 12), None, "a stale id is ignored");
-        let (waiters, next) = r.finished(11, 12).unwrap();
-        assert_eq!(waiters, (2..100).collect::<Vec<_>>());
-        assert_eq!(next, None);
+        assert_eq!(r.finished(10).unwrap(), vec![1]);
+        assert!(r.start_pending(11));
+        assert_eq!(r.finished(10), None, "a stale id is ignored");
+        assert_eq!(r.finished(11).unwrap(), (2..100).collect::<Vec<_>>());
+        assert!(!r.start_pending(12), "nothing pending");
         assert!(!r.is_reading());
     }
 }

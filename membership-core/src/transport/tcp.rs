@@ -282,7 +282,7 @@ async fn serve_connection(
     let mut read = FramedRead::new(read, codec());
     let mut write = FramedWrite::new(write, codec());
     let (replies, mut rx) = mpsc::channel::<Bytes>(MAX_IN_FLIGHT_PER_CONNECTION);
-    let writer = AbortOnDrop(tokio::spawn(async move {
+    let mut writer = AbortOnDrop(tokio::spawn(async move {
         while let Some(frame) = rx.recv().await {
             if write.send(frame).await.is_err() {
                 return;
@@ -314,8 +314,9 @@ async fn serve_connection(
         });
         while answering.try_join_next().is_some() {}
     }
-    // The peer closed its side: finish the answers under way, then close.
+    // The peer closed its side: finish the answers under way, let the writer send
+    // them (bounded: a peer that no longer reads must not hold the task), then close.
     drop(replies);
     while answering.join_next().await.is_some() {}
-    let _ = writer;
+    let _ = tokio::time::timeout(Duration::from_secs(1), &mut writer.0).await;
 }
