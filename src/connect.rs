@@ -126,11 +126,23 @@ impl StoreUrl {
     }
 }
 
+/// `url` with its password (if any) replaced by `***`, for logs and errors.
+fn redact(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Shows the URL with any password replaced by `***`.
 impl fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreUrl::Memory { name } => write!(f, "memory://{name}"),
-            StoreUrl::Redis { url } | StoreUrl::DynamoDb { url, .. } => f.write_str(url),
+            StoreUrl::Redis { url } | StoreUrl::DynamoDb { url, .. } => f.write_str(&redact(url)),
             StoreUrl::Etcd { endpoints } => write!(f, "etcd://{}", endpoints.join(",")),
         }
     }
@@ -184,6 +196,47 @@ pub async fn connect(url: &str) -> Result<Arc<dyn SystemStore>> {
         StoreUrl::DynamoDb { url, .. } => rollcall_provider_dynamodb::DynamoDbStore::connect(url).await,
         #[allow(unreachable_patterns)]
         _ => Err(compiled_out(&parsed)),
+    }
+}
+
+/// [`connect`], retried while the store is unreachable, for at most `within`.
+///
+/// A cluster and its store often start together (a Kubernetes rollout, a host
+/// reboot), so a silo should wait for its store the way Orleans waits up to
+/// `max_join_attempt_time` for its table. Transient failures
+/// ([`Error::Backend`]) are logged (`tracing` warn, the URL with its password
+/// redacted) and retried with exponential backoff from 100 ms up to 5 s; the last
+/// attempt starts no later than `within` after the call.
+///
+/// # Errors
+/// - [`Error::InvalidConfig`] / [`Error::Unsupported`] at once, as [`connect`];
+/// - [`Error::Backend`] naming the store URL and the last failure once `within`
+///   has passed.
+pub async fn connect_retrying(url: &str, within: std::time::Duration) -> Result<Arc<dyn SystemStore>> {
+    use std::time::Duration;
+    let shown = StoreUrl::parse(url)?.to_string();
+    let deadline = tokio::time::Instant::now() + within;
+    let mut delay = Duration::from_millis(100);
+    let mut attempt = 1u32;
+    loop {
+        match connect(url).await {
+            Ok(store) => return Ok(store),
+            Err(e) if e.is_transient() => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    return Err(Error::backend_with(
+                        format!("store {shown} unreachable for {within:?} ({attempt} attempts)"),
+                        e,
+                    ));
+                }
+                tracing::warn!(store = %shown, attempt, error = %e, retry_in = ?delay.min(left),
+                    "store unreachable; retrying");
+                tokio::time::sleep(delay.min(left)).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

@@ -34,7 +34,7 @@
 
 mod connect;
 
-pub use connect::{connect, StoreUrl};
+pub use connect::{connect, connect_retrying, StoreUrl};
 pub use rollcall_membership_core::*;
 
 /// The DynamoDB provider.

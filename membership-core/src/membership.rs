@@ -169,6 +169,24 @@ impl MembershipEntry {
     }
 }
 
+/// A row that is stored in the membership table but does not decode (bad JSON, a
+/// missing column, a key that names another silo). Providers report it instead of
+/// failing the whole read, so one bad row never blinds the cluster; nothing is ever
+/// written over it by a read.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CorruptRow {
+    /// The backend key (or row key) that holds the bad value.
+    pub key: String,
+    /// Why it does not decode.
+    pub reason: String,
+}
+
+impl fmt::Display for CorruptRow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.reason)
+    }
+}
+
 /// A consistent view of a cluster's membership table: every row with its etag, and
 /// the version row, all read at one instant (`read_all`), or one row plus the version
 /// (`read_row`).
@@ -178,6 +196,9 @@ pub struct MembershipSnapshot {
     pub version: TableVersion,
     /// Rows keyed by silo, each with its etag.
     pub entries: BTreeMap<SiloAddress, (MembershipEntry, Etag)>,
+    /// Rows that were read but do not decode, ordered by key. They are left out of
+    /// [`entries`](Self::entries); the protocol goes on with the rest.
+    pub corrupt: Vec<CorruptRow>,
 }
 
 impl MembershipSnapshot {

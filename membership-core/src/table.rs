@@ -51,7 +51,13 @@ pub enum ProtocolMode {
 /// - [`update_i_am_alive`](Self::update_i_am_alive) is one blind write of the IAmAlive
 ///   column: it never changes the version and never invalidates etags read before it.
 /// - `Ok(false)` means a concurrency conflict and nothing else; a backend failure is
-///   `Err(Error::Backend)`, a row that does not decode `Err(Error::Corrupt)`.
+///   `Err(Error::Backend)`.
+/// - A stored row that does not decode never fails a read: `read_all` and `read_row`
+///   return every decodable row and list the others in
+///   [`MembershipSnapshot::corrupt`] (key and reason), so one bad row cannot blind
+///   the cluster. A write whose precondition needs a corrupt row answers
+///   `Err(Error::Corrupt)` and overwrites nothing. Only an undecodable version row
+///   fails the read (`Err(Error::Corrupt)`): without it no view can be ordered.
 /// - In [`ProtocolMode::Basic`] the version preconditions are not checked and the
 ///   version row is not written.
 ///
@@ -74,7 +80,13 @@ pub trait MembershipTable: Send + Sync + std::fmt::Debug {
     async fn read_row(&self, silo: &SiloAddress) -> Result<MembershipSnapshot>;
 
     /// Every row of the cluster and the version row, as one atomic snapshot. A new
-    /// cluster reads as 0 rows, version 0 and a non-empty version etag.
+    /// cluster reads as 0 rows, version 0 and a non-empty version etag. Rows that do
+    /// not decode are listed in [`MembershipSnapshot::corrupt`], not returned as an
+    /// error.
+    ///
+    /// # Errors
+    /// [`Error::Backend`](crate::Error::Backend) if the backend fails;
+    /// [`Error::Corrupt`](crate::Error::Corrupt) only for an undecodable version row.
     async fn read_all(&self) -> Result<MembershipSnapshot>;
 
     /// Inserts `entry` if no row exists for `entry.silo`, and sets the version row to

@@ -377,6 +377,53 @@ fn a_stall_shorter_than_the_limit_kills_nobody() {
     assert!(w.stopped[2], "the stalled silo reads itself Dead and stops");
 }
 
+/// Issue 8, defect 3: the table loses its data (a Redis restarted empty) and other
+/// writers push its version past the survivors' views before they read it again.
+/// Every survivor logs the regression, writes its row again and keeps running;
+/// detection works afterwards. Before, they kept their old view and, once the
+/// version passed it, read their rows missing and all stopped "declared Dead".
+#[test]
+fn a_table_that_loses_its_data_is_survived() {
+    for push_past in [false, true] {
+        let mut w = cluster(4, 5, 5, 0.0);
+        w.run_for(30_000);
+        let old_version = w.table().version.version;
+        now_or_fail(w.table.delete_cluster("m")).unwrap();
+        now_or_fail(w.table.init(true)).unwrap();
+        if push_past {
+            // Someone else writes more versions than the survivors have seen.
+            for k in 0..old_version + 5 {
+                let ghost: SiloAddress = format!("10.9.0.{}:1@1", k + 1).parse().unwrap();
+                let mut row = MembershipEntry::new(ghost, SiloStatus::Dead, w.time());
+                row.i_am_alive_time = w.time();
+                let v = w.table().version.next();
+                assert!(now_or_fail(w.table.insert_row(&row, &v)).unwrap());
+            }
+            assert!(w.table().version.version > old_version);
+        }
+        let o = ClusterMembershipOptions::default();
+        let limit = (o.table_refresh_timeout * 2).as_millis() as u64;
+        let took = w.run_until(limit, |w| w.table().active().count() == 4);
+        assert!(
+            took.is_some(),
+            "push_past={push_past}: survivors re-register: {:?}",
+            w.table()
+        );
+        assert!(
+            !w.stopped.iter().any(|s| *s),
+            "push_past={push_past}: a survivor stopped"
+        );
+        w.crashed[3] = true;
+        let victim = w.addrs[3];
+        let took = w.run_until(60_000, |w| w.dead().contains(&victim));
+        assert!(
+            took.is_some(),
+            "push_past={push_past}: a crash is detected after the loss"
+        );
+        assert!(w.machines[..3].iter().all(|m| m.status() == SiloStatus::Active));
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 

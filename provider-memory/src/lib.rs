@@ -173,6 +173,8 @@ impl MembershipTable for MemoryMembershipTable {
                 .map(|row| (*silo, row.clone()))
                 .into_iter()
                 .collect(),
+            // Rows are stored typed: nothing here can fail to decode.
+            ..Default::default()
         })
     }
 
@@ -180,6 +182,7 @@ impl MembershipTable for MemoryMembershipTable {
         self.store.with_cluster(&self.cluster_id, |c| MembershipSnapshot {
             version: c.version.clone(),
             entries: c.rows.clone(),
+            ..Default::default()
         })
     }
 

@@ -87,8 +87,11 @@ impl ReminderKeys {
     pub(crate) fn member(actor: &str, name: &str) -> String {
         format!("{}/{}", escape(actor), escape(name))
     }
+    pub(crate) fn row_prefix(&self) -> String {
+        format!("{}:rem:", self.base)
+    }
     pub(crate) fn row(&self, member: &str) -> String {
-        format!("{}:rem:{member}", self.base)
+        format!("{}{member}", self.row_prefix())
     }
 }
 

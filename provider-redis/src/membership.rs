@@ -6,8 +6,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use redis::Value;
 use rollcall_membership_core::{
-    Error, Etag, MembershipEntry, MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress,
-    TableVersion, Timestamp,
+    CorruptRow, Error, Etag, MembershipEntry, MembershipSnapshot, MembershipTable, ProtocolMode, Result,
+    SiloAddress, TableVersion, Timestamp,
 };
 use serde::{Deserialize, Serialize};
 
@@ -64,6 +64,15 @@ end
 return 0
 ";
 
+/// Deletes every row, the index, the IAmAlive hash and the version of one cluster,
+/// atomically. KEYS = index, alive, version; ARGV[1] = row key prefix.
+const DELETE_CLUSTER: &str = r"
+local ids = redis.call('SMEMBERS', KEYS[1])
+for _, id in ipairs(ids) do redis.call('DEL', ARGV[1] .. id) end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+return #ids
+";
+
 /// One planned row write.
 struct WriteRow<'a> {
     entry: &'a MembershipEntry,
@@ -90,6 +99,17 @@ fn text(v: &Value, key: &str) -> Result<Option<String>> {
             .map_err(|_| Error::corrupt(key, "value is not UTF-8")),
         Value::SimpleString(s) => Ok(Some(s.clone())),
         other => Err(Error::corrupt(key, format!("unexpected reply {other:?}"))),
+    }
+}
+
+/// The [`CorruptRow`] of a decode error (`Error::Corrupt` carries key and reason).
+fn corrupt_row(e: Error) -> CorruptRow {
+    match e {
+        Error::Corrupt { key, reason } => CorruptRow { key, reason },
+        other => CorruptRow {
+            key: String::new(),
+            reason: other.to_string(),
+        },
     }
 }
 
@@ -323,31 +343,67 @@ impl RedisMembershipTable {
         else {
             return Err(Error::corrupt(self.keys.index(), "unexpected read_all reply"));
         };
-        let mut alive_times: HashMap<String, String> = HashMap::new();
+        // A bad row (or IAmAlive field) is reported in `corrupt` and the read goes on:
+        // one bad value must not blind the cluster.
+        let mut corrupt = Vec::new();
+        let mut alive_times: HashMap<String, Timestamp> = HashMap::new();
         for kv in alive.chunks(2) {
             if let [k, v] = kv {
-                if let (Some(k), Some(v)) = (text(k, &self.keys.alive())?, text(v, &self.keys.alive())?) {
-                    alive_times.insert(k, v);
+                let field = |id: &str| format!("{}#{id}", self.keys.alive());
+                match (text(k, &self.keys.alive()), text(v, &self.keys.alive())) {
+                    (Ok(Some(k)), Ok(Some(v))) => match v.parse() {
+                        Ok(t) => {
+                            alive_times.insert(k, t);
+                        }
+                        Err(e) => corrupt.push(CorruptRow {
+                            key: field(&k),
+                            reason: format!("IAmAlive time: {e}"),
+                        }),
+                    },
+                    (Err(e), _) | (_, Err(e)) => corrupt.push(corrupt_row(e)),
+                    _ => {}
                 }
             }
         }
         let mut snap = MembershipSnapshot {
             version,
-            entries: Default::default(),
+            ..Default::default()
         };
         for (id, row) in ids.iter().zip(rows) {
-            let Some(id) = text(id, &self.keys.index())? else {
-                continue;
+            let id = match text(id, &self.keys.index()) {
+                Ok(Some(id)) => id,
+                Ok(None) => continue,
+                Err(e) => {
+                    corrupt.push(corrupt_row(e));
+                    continue;
+                }
             };
             let key = self.keys.row(&id);
-            let silo: SiloAddress = id.parse().map_err(|e| Error::corrupt(self.keys.index(), e))?;
-            let Some(raw) = text(row, &key)? else { continue };
-            let (mut entry, etag) = decode_row(&raw, &key, Some(&silo))?;
-            if let Some(t) = alive_times.get(&id) {
-                entry.i_am_alive_time = t.parse().map_err(|e| Error::corrupt(self.keys.alive(), e))?;
+            let silo: SiloAddress = match id.parse() {
+                Ok(s) => s,
+                Err(e) => {
+                    corrupt.push(CorruptRow {
+                        key,
+                        reason: format!("not a silo address: {e}"),
+                    });
+                    continue;
+                }
+            };
+            let decoded = text(row, &key)
+                .and_then(|raw| raw.map(|raw| decode_row(&raw, &key, Some(&silo))).transpose());
+            match decoded {
+                Ok(Some((mut entry, etag))) => {
+                    if let Some(t) = alive_times.get(&id) {
+                        entry.i_am_alive_time = *t;
+                    }
+                    snap.entries.insert(silo, (entry, etag));
+                }
+                Ok(None) => {}
+                Err(e) => corrupt.push(corrupt_row(e)),
             }
-            snap.entries.insert(silo, (entry, etag));
         }
+        corrupt.sort();
+        snap.corrupt = corrupt;
         Ok(snap)
     }
 }
@@ -479,26 +535,17 @@ impl MembershipTable for RedisMembershipTable {
                 let keys = keys.clone();
                 async move {
                     node.timed("delete_cluster", async {
+                        // One script: a racing write commits wholly before (and is
+                        // deleted) or wholly after (and is complete) the delete.
                         let mut con = node.shared().await?;
-                        let ids: Vec<String> = redis::cmd("SMEMBERS")
-                            .arg(keys.index())
-                            .query_async(&mut con)
+                        redis::Script::new(DELETE_CLUSTER)
+                            .key(keys.index())
+                            .key(keys.alive())
+                            .key(keys.version())
+                            .arg(keys.row_prefix())
+                            .invoke_async::<i64>(&mut con)
                             .await
-                            .map_err(|e| backend("delete_cluster", e))?;
-                        for chunk in ids.chunks(500) {
-                            let rows: Vec<String> = chunk.iter().map(|id| keys.row(id)).collect();
-                            redis::cmd("DEL")
-                                .arg(rows)
-                                .query_async::<()>(&mut con)
-                                .await
-                                .map_err(|e| backend("delete_cluster", e))?;
-                        }
-                        redis::cmd("DEL")
-                            .arg(keys.index())
-                            .arg(keys.alive())
-                            .arg(keys.version())
-                            .query_async::<()>(&mut con)
-                            .await
+                            .map(|_| ())
                             .map_err(|e| backend("delete_cluster", e))
                     })
                     .await

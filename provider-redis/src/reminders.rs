@@ -10,6 +10,15 @@ use crate::conn::{backend, Node, Router};
 use crate::keys::{escape, ReminderKeys};
 use crate::new_etag;
 
+/// Deletes every reminder row and the ring of one service, atomically (a script runs
+/// without interleaving). KEYS[1] = ring, ARGV[1] = row key prefix.
+const CLEAR: &str = r"
+local members = redis.call('ZRANGE', KEYS[1], 0, -1)
+for _, m in ipairs(members) do redis.call('DEL', ARGV[1] .. m) end
+redis.call('DEL', KEYS[1])
+return #members
+";
+
 /// The reminder table of one service on Redis.
 #[derive(Debug, Clone)]
 pub struct RedisReminderTable {
@@ -246,27 +255,15 @@ impl ReminderTable for RedisReminderTable {
     }
 
     async fn clear(&self) -> Result<()> {
+        // One script, so a racing upsert lands wholly before or wholly after the clear.
         self.shared("clear", |mut con, keys| async move {
-            let members: Vec<String> = redis::cmd("ZRANGE")
-                .arg(keys.ring())
-                .arg(0)
-                .arg(-1)
-                .query_async(&mut con)
+            redis::Script::new(CLEAR)
+                .key(keys.ring())
+                .arg(keys.row_prefix())
+                .invoke_async::<i64>(&mut con)
                 .await
-                .map_err(|e| backend("ZRANGE", e))?;
-            for chunk in members.chunks(500) {
-                let rows: Vec<String> = chunk.iter().map(|m| keys.row(m)).collect();
-                redis::cmd("DEL")
-                    .arg(rows)
-                    .query_async::<()>(&mut con)
-                    .await
-                    .map_err(|e| backend("DEL", e))?;
-            }
-            redis::cmd("DEL")
-                .arg(keys.ring())
-                .query_async::<()>(&mut con)
-                .await
-                .map_err(|e| backend("DEL", e))
+                .map(|_| ())
+                .map_err(|e| backend("clear", e))
         })
         .await
     }

@@ -18,6 +18,10 @@ pub mod membership_table;
 pub mod reminder_table;
 pub mod sim;
 
+/// The Redis client the fixtures use, for tests that poke at a server directly.
+#[cfg(feature = "redis")]
+pub use redis;
+
 use std::sync::Arc;
 
 use rand::Rng;

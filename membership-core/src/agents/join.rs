@@ -19,9 +19,55 @@ use super::api::{SiloBuilder, SiloHandle};
 use super::executor::{MembershipAgent, Outputs, SharedHealth};
 use super::server::ProbeServer;
 
+/// `table.init`, each attempt bounded by `table_operation_timeout`, retried with
+/// backoff (100 ms doubling to 5 s, each failure logged) while the store fails
+/// transiently, until `max_join_attempt_time` has passed.
+async fn init_table(
+    table: &dyn crate::MembershipTable,
+    options: &crate::ClusterMembershipOptions,
+    cluster: &str,
+) -> Result<(), Error> {
+    let deadline = tokio::time::Instant::now() + options.max_join_attempt_time;
+    let mut delay = std::time::Duration::from_millis(100);
+    let mut attempt = 1u32;
+    loop {
+        let result = tokio::time::timeout(options.table_operation_timeout, table.init(true))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::backend(format!(
+                    "init did not answer within {:?}",
+                    options.table_operation_timeout
+                )))
+            });
+        match result {
+            Ok(()) => return Ok(()),
+            Err(e) if e.is_transient() => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    return Err(Error::backend_with(
+                        format!(
+                            "membership table of cluster {cluster} unreachable for max_join_attempt_time \
+                             ({:?}, {attempt} attempts)",
+                            options.max_join_attempt_time
+                        ),
+                        e,
+                    ));
+                }
+                tracing::warn!(%cluster, attempt, error = %e, "membership table init failed; retrying");
+                tokio::time::sleep(delay.min(left)).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 impl SiloBuilder {
     /// Starts the silo and runs its join: open the cluster's membership table (in the
-    /// mode the options select), serve the probe endpoint, insert our row (Joining),
+    /// mode the options select; a store that fails transiently is retried with
+    /// backoff, each failure logged, for up to `max_join_attempt_time`), serve the
+    /// probe endpoint, insert our row (Joining),
     /// declare older generations of our endpoint Dead, ping every Active silo until
     /// all answer (retrying until `max_join_attempt_time`), then become Active and
     /// start probing. Must run inside an actix `System`.
@@ -69,14 +115,7 @@ impl SiloBuilder {
         let me = SiloAddress::new(endpoint, generation);
         let _ = me_cell.set(me);
 
-        tokio::time::timeout(options.table_operation_timeout, table.init(true))
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::backend(format!(
-                    "init did not answer within {:?}",
-                    options.table_operation_timeout
-                )))
-            })?;
+        init_table(&*table, &options, &self.cluster_id).await?;
         let now = self.clock.now();
         let mut own_row = MembershipEntry::new(me, SiloStatus::Created, now);
         own_row.host_name = self

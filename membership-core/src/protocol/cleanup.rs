@@ -31,7 +31,20 @@ pub fn defunct_cutoff(
             cutoff = cutoff.max(*oldest_kept);
         }
     }
-    Some(cutoff)
+    Some(cutoff.min(now.saturating_sub(lost_row_grace(options))))
+}
+
+/// How recently a row must have shown a sign of life for the defunct cleanup to leave
+/// it alone: half of `defunct_silo_expiration`, but at most
+/// `max(10 × table_refresh_timeout, 1 h)`.
+///
+/// A silo reads its own row at least every `table_refresh_timeout`. If the row is
+/// missing while the silo saw it alive less than this long ago, the cleanup cannot
+/// have deleted it, so the table lost it (restarted empty, restored from an old
+/// backup, cluster deleted) and the silo writes it again instead of stopping.
+pub fn lost_row_grace(options: &ClusterMembershipOptions) -> std::time::Duration {
+    let cap = (options.table_refresh_timeout * 10).max(std::time::Duration::from_secs(3600));
+    (options.defunct_silo_expiration / 2).min(cap)
 }
 
 #[cfg(test)]
@@ -45,7 +58,7 @@ mod tests {
         let now = Timestamp::from_millis(10_000_000);
         let o = ClusterMembershipOptions {
             max_defunct_silo_entries: 2,
-            defunct_silo_expiration: Duration::from_secs(3600),
+            defunct_silo_expiration: Duration::from_secs(24 * 3600),
             ..Default::default()
         };
         let mut snap = MembershipSnapshot::default();
@@ -54,20 +67,33 @@ mod tests {
             let e = MembershipEntry::new(silo(n), SiloStatus::Active, now);
             snap.entries.insert(e.silo, (e, Etag::new("e")));
         }
-        for (n, age) in [(5u8, 10u64), (6, 20), (7, 30)] {
-            let e = MembershipEntry::new(
-                silo(n),
-                SiloStatus::Dead,
-                now.saturating_sub(Duration::from_secs(age)),
-            );
+        let hours = |h: u64| Duration::from_secs(h * 3600);
+        for (n, age) in [
+            (5u8, hours(2)),
+            (6, hours(3)),
+            (7, hours(4)),
+            (8, Duration::from_secs(60)),
+        ] {
+            let e = MembershipEntry::new(silo(n), SiloStatus::Dead, now.saturating_sub(age));
             snap.entries.insert(e.silo, (e, Etag::new("e")));
         }
         assert_eq!(defunct_cutoff(&silo(2), &snap, now, &o), None);
-        // 3 Dead rows, 2 kept: the cutoff is the second newest (20 s old): strictly
-        // older rows (the 30 s one) go.
+        // 4 Dead rows, 2 kept: the cutoff moves up to the second newest (2 h old):
+        // strictly older rows (3 h, 4 h) go.
         assert_eq!(
             defunct_cutoff(&silo(1), &snap, now, &o),
-            Some(now.saturating_sub(Duration::from_secs(20)))
+            Some(now.saturating_sub(hours(2)))
+        );
+        // With 1 kept, the cutoff would be the 1-minute-old row, but rows alive within
+        // the lost-row grace (1 h here) are never removed.
+        assert_eq!(lost_row_grace(&o), hours(1));
+        let one = ClusterMembershipOptions {
+            max_defunct_silo_entries: 1,
+            ..o.clone()
+        };
+        assert_eq!(
+            defunct_cutoff(&silo(1), &snap, now, &one),
+            Some(now.saturating_sub(hours(1)))
         );
     }
 }

@@ -30,11 +30,11 @@ use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::{
-    ClusterMembershipOptions, Error, Etag, MembershipEntry, MembershipSnapshot, ProtocolMode, SiloAddress,
-    SiloError, SiloStatus, SuspectVote, TableVersion, Timestamp,
+    ClusterMembershipOptions, CorruptRow, Error, Etag, MembershipEntry, MembershipSnapshot, ProtocolMode,
+    SiloAddress, SiloError, SiloStatus, SuspectVote, TableVersion, Timestamp,
 };
 
-use super::cleanup::defunct_cutoff;
+use super::cleanup::{defunct_cutoff, lost_row_grace};
 use super::health::{local_health_score, HealthInputs};
 use super::join::{plan_join, JoinPlan};
 use super::probe::{IndirectOutcome, PingOutcome, ProbeCycle, SuspectReason, Verdict};
@@ -343,6 +343,16 @@ pub struct SiloMachine {
     probes_answered: u32,
     last_health_check: Option<Timestamp>,
     alive_in_flight: bool,
+    /// The newest sign of life our own row carried when we last read it (non-Dead).
+    /// An IAmAlive write is no proof: it is a no-op on a missing row.
+    own_alive_mark: Option<Timestamp>,
+    /// The highest table version known (read, or committed by us).
+    known_version: u64,
+    /// Per read in flight: `known_version` when it was issued. A linearizable table
+    /// never answers such a read with a lower version, unless it lost data.
+    read_floors: BTreeMap<u64, u64>,
+    /// The corrupt rows of the last read, logged once per change.
+    corrupt_logged: Vec<CorruptRow>,
     cleanup_in_flight: bool,
     /// The time of the event being handled.
     now: Timestamp,
@@ -380,6 +390,10 @@ impl SiloMachine {
             probes_answered: 0,
             last_health_check: None,
             alive_in_flight: false,
+            own_alive_mark: None,
+            known_version: 0,
+            read_floors: BTreeMap::new(),
+            corrupt_logged: Vec::new(),
             cleanup_in_flight: false,
             now: Timestamp::EPOCH,
             out: Vec::new(),
@@ -701,16 +715,52 @@ impl SiloMachine {
     fn refresh(&mut self, waiter: Option<u64>) {
         let id = self.id();
         if let Some(id) = self.refresher.request(waiter, id) {
-            self.out.push(Action::ReadTable { id });
+            self.read_table(id);
         }
     }
 
+    /// Starts table read `id`, remembering the version it must not fall below.
+    fn read_table(&mut self, id: u64) {
+        // At most one refresh and one job read are in flight; stale entries (a result
+        // that never came) are dropped rather than kept forever.
+        while self.read_floors.len() >= 8 {
+            self.read_floors.pop_first();
+        }
+        self.read_floors.insert(id, self.known_version);
+        self.out.push(Action::ReadTable { id });
+    }
+
+    fn mark_alive(&mut self, t: Timestamp) {
+        self.own_alive_mark = Some(self.own_alive_mark.map_or(t, |m| m.max(t)));
+    }
+
     /// Takes a snapshot read from the table: keeps the newest, publishes it, and
-    /// checks whether we have been declared dead.
-    fn apply(&mut self, now: Timestamp, snap: MembershipSnapshot) {
+    /// checks whether we have been declared dead. `floor` is the version known when
+    /// the read was issued.
+    fn apply(&mut self, now: Timestamp, snap: MembershipSnapshot, floor: u64) {
         let extended = self.mode() == ProtocolMode::Extended;
+        self.log_corrupt(&snap);
         if extended && self.has_view && snap.version.version < self.view.version.version {
-            return; // an older read that raced a newer one
+            if snap.version.version >= floor {
+                return; // an older read that raced a newer one
+            }
+            // Issued after we knew `floor`, answered with less: the table went
+            // backwards (restored from an old backup, restarted empty, deleted).
+            tracing::error!(
+                cluster = %self.cluster, silo = %self.me, read = snap.version.version, known = floor,
+                "the membership table went backwards: it lost committed writes; taking its view and \
+                 re-registering this silo if its row is gone"
+            );
+            self.known_version = snap.version.version;
+            self.view.version.version = 0; // so the view below counts as new
+        }
+        if extended {
+            self.known_version = self.known_version.max(snap.version.version);
+        }
+        if let Some(own) = snap.entry(&self.me) {
+            if own.status != SiloStatus::Dead {
+                self.mark_alive(own.last_alive());
+            }
         }
         let new_version = !self.has_view
             || if extended {
@@ -729,15 +779,44 @@ impl SiloMachine {
         }
     }
 
-    /// Perfect failure detection: a silo that reads itself Dead (or finds its row
-    /// gone once it is Active) stops. False once stopped.
+    /// Logs the corrupt rows of a read, once per change of the set (not per read).
+    fn log_corrupt(&mut self, snap: &MembershipSnapshot) {
+        if snap.corrupt == self.corrupt_logged {
+            return;
+        }
+        for row in snap.corrupt.iter().filter(|r| !self.corrupt_logged.contains(r)) {
+            tracing::error!(cluster = %self.cluster, silo = %self.me, key = %row.key, reason = %row.reason,
+                "corrupt membership row ignored (the rest of the table is used)");
+        }
+        if snap.corrupt.is_empty() {
+            tracing::info!(cluster = %self.cluster, silo = %self.me, "no corrupt membership rows any more");
+        }
+        self.corrupt_logged = snap.corrupt.clone();
+    }
+
+    /// Whether our own row, missing from the table, was lost by the table rather than
+    /// deleted by the defunct cleanup: we read it alive less than
+    /// [`lost_row_grace`] ago, and the cleanup never deletes such a row.
+    fn own_row_was_lost(&self, now: Timestamp) -> bool {
+        self.own_alive_mark
+            .is_some_and(|m| now.saturating_duration_since(m) < lost_row_grace(&self.options))
+    }
+
+    /// Perfect failure detection: a silo that reads itself Dead stops. A missing own
+    /// row means the same, unless the table lost it (see `own_row_was_lost`): then the
+    /// silo writes its row again. False once stopped.
     fn check_self(&mut self) -> bool {
         if !matches!(self.status, SiloStatus::Joining | SiloStatus::Active) {
             return true;
         }
         let declared = match self.view.entry(&self.me) {
             Some(e) => e.status == SiloStatus::Dead,
-            None => self.status == SiloStatus::Active,
+            None if self.status != SiloStatus::Active => false,
+            None if self.own_row_was_lost(self.now) => {
+                self.reregister();
+                false
+            }
+            None => true,
         };
         if declared {
             self.declared_dead();
@@ -747,10 +826,11 @@ impl SiloMachine {
     }
 
     fn on_read(&mut self, now: Timestamp, id: u64, result: Result<MembershipSnapshot, Error>) {
+        let floor = self.read_floors.remove(&id).unwrap_or(0);
         if let Some(waiters) = self.refresher.finished(id) {
             match result {
                 Ok(snap) => {
-                    self.apply(now, snap);
+                    self.apply(now, snap, floor);
                     for request in waiters {
                         self.out.push(Action::AnswerRefresh {
                             request,
@@ -787,7 +867,7 @@ impl SiloMachine {
             if self.refresher.has_pending() {
                 let id = self.id();
                 self.refresher.start_pending(id);
-                self.out.push(Action::ReadTable { id });
+                self.read_table(id);
             }
             self.after_refresh(now);
             return;
@@ -797,7 +877,7 @@ impl SiloMachine {
             .as_ref()
             .is_some_and(|r| r.phase == JobPhase::Reading(id))
         {
-            self.job_read(now, result);
+            self.job_read(now, result, floor);
         }
     }
 
@@ -826,6 +906,18 @@ impl SiloMachine {
             .collect();
         if !to.is_empty() {
             self.out.push(Action::Gossip { to, version });
+        }
+    }
+
+    /// Queues the write of our own row (status Active) after the table lost it,
+    /// unless such a write is already queued or running.
+    fn reregister(&mut self) {
+        let job = Job::OwnStatus(SiloStatus::Active);
+        let queued = self.running.as_ref().is_some_and(|r| r.job == job) || self.queue.contains(&job);
+        if !queued && matches!(self.lifecycle, Lifecycle::Active) {
+            tracing::error!(cluster = %self.cluster, silo = %self.me, version = self.view.version.version,
+                "this silo's row is missing from the membership table, which lost data: re-registering");
+            self.enqueue(job);
         }
     }
 
@@ -884,11 +976,11 @@ impl SiloMachine {
         let id = self.id();
         if let Some(r) = self.running.as_mut() {
             r.phase = JobPhase::Reading(id);
-            self.out.push(Action::ReadTable { id });
+            self.read_table(id);
         }
     }
 
-    fn job_read(&mut self, now: Timestamp, result: Result<MembershipSnapshot, Error>) {
+    fn job_read(&mut self, now: Timestamp, result: Result<MembershipSnapshot, Error>, floor: u64) {
         let snap = match result {
             Ok(s) => s,
             Err(e) => return self.job_retry(Some(e)),
@@ -898,7 +990,7 @@ impl SiloMachine {
         };
         let plan = self.plan(&job, &snap, now);
         let next_version = snap.version.next();
-        self.apply(now, snap);
+        self.apply(now, snap, floor);
         if self.running.is_none() {
             return; // the read showed us Dead: stopped
         }
@@ -937,6 +1029,7 @@ impl SiloMachine {
         }
         match result {
             Ok(true) => {
+                self.known_version = self.known_version.max(version);
                 self.gossip(version);
                 if completes {
                     self.job_finished(Ok(()));
@@ -1078,6 +1171,12 @@ impl SiloMachine {
                 let Some((row, etag)) = snap.get(&me) else {
                     return if leaving {
                         Plan::Done
+                    } else if self.own_row_was_lost(now) {
+                        // The table lost our row (see `own_row_was_lost`): write it again.
+                        let mut row = self.own_row.clone();
+                        row.status = *target;
+                        row.i_am_alive_time = now;
+                        Plan::Write(RowWrite::Insert(row), true)
                     } else {
                         Plan::Abort(SiloError::DeclaredDead)
                     };

@@ -35,10 +35,12 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
     };
     let system = actix::System::new();
     let silo = system.block_on(async {
-        let store = rollcall::connect(&args.store).await?;
+        // A store that is not up yet (it often starts with the cluster) is waited
+        // for, as the join itself is: up to max_join_attempt_time.
+        let store = rollcall::connect_retrying(&args.store, options.max_join_attempt_time).await?;
         let mut builder = Silo::builder(store, args.cluster.clone())
             .listen(args.listen)
-            .options(options)
+            .options(options.clone())
             .on_declared_dead(OnDeclaredDead::StopSystem { exit_code: 70 });
         if let Some(a) = args.advertise {
             builder = builder.advertise(a);

@@ -118,9 +118,15 @@ fn status(store: &str, cluster: &str) -> (u64, Vec<String>) {
     (version, text.lines().skip(2).map(str::to_owned).collect())
 }
 
-/// Starts `n` `rollcall silo --fast` processes of `cluster` on `store` and waits until
-/// `rollcall status` shows them all Active; returns them, their ports and the table
-/// version then.
+/// Where silo `port` of `cluster` logs (its stderr) in the multi-process tests.
+#[cfg(feature = "redis")]
+fn log_path(cluster: &str, port: u16) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("{cluster}-{port}.log"))
+}
+
+/// Starts `n` `rollcall silo --fast` processes of `cluster` on `store` (stderr to
+/// [`log_path`]) and waits until `rollcall status` shows them all Active; returns
+/// them, their ports and the table version then.
 #[cfg(feature = "redis")]
 fn start_silos(store: &str, cluster: &str, n: usize) -> (Procs, Vec<u16>, u64) {
     use std::process::Stdio;
@@ -130,6 +136,7 @@ fn start_silos(store: &str, cluster: &str, n: usize) -> (Procs, Vec<u16>, u64) {
         .collect();
     let mut procs = Procs(Vec::new());
     for p in &ports {
+        let log = std::fs::File::create(log_path(cluster, *p)).expect("create silo log");
         let child = rollcall()
             .args([
                 "silo",
@@ -143,7 +150,7 @@ fn start_silos(store: &str, cluster: &str, n: usize) -> (Procs, Vec<u16>, u64) {
             ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("spawn rollcall silo");
         procs.0.push(child);
@@ -292,4 +299,219 @@ fn redis_multi_process_cluster_declares_a_killed_silo_dead() {
         "declared Dead only after {:?} (bound {bound:?})",
         killed.elapsed()
     );
+}
+
+/// Runs one Redis command against the fixture's server.
+#[cfg(feature = "redis")]
+fn redis_cmd(rt: &tokio::runtime::Runtime, endpoint: &str, cmd: &mut rollcall_tests::redis::Cmd) {
+    use rollcall_tests::redis;
+    rt.block_on(async {
+        let mut con = redis::Client::open(endpoint)
+            .expect("redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to redis");
+        cmd.query_async::<redis::Value>(&mut con)
+            .await
+            .expect("redis command");
+    });
+}
+
+/// SIGKILLs silo `i` and waits (bounded) until `rollcall status` shows it Dead while
+/// `survivors` others stay Active.
+#[cfg(feature = "redis")]
+fn kill_and_await_dead(procs: &mut Procs, i: usize, port: u16, store: &str, cluster: &str, survivors: usize) {
+    use std::time::{Duration, Instant};
+    procs.0[i].kill().expect("SIGKILL the silo");
+    let victim = format!("127.0.0.1:{port} ");
+    let killed = Instant::now();
+    loop {
+        let (_, lines) = status(store, cluster);
+        let row = lines.iter().find(|l| l.starts_with(&victim)).cloned();
+        if row.as_deref().is_some_and(|r| r.contains(" Dead ")) {
+            assert_eq!(active(&lines), survivors, "{lines:#?}");
+            return;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(15),
+            "the killed silo was not declared Dead: {lines:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Issue 8, defect 2, as found: one non-JSON row in Redis used to fail every
+/// `read_all`, so a silo killed meanwhile was never declared Dead. Now the corrupt
+/// row is skipped (and shown by `rollcall status`), the kill is detected, and each
+/// survivor logs the bad key once, not once per read.
+#[cfg(feature = "redis")]
+#[test]
+fn redis_multi_process_corrupt_row_does_not_blind_the_cluster() {
+    let Some((rt, backend)) = redis_fixture() else {
+        return;
+    };
+    let store = backend.endpoint.clone();
+    let cluster = rollcall_tests::unique_id("corrupt");
+    let (mut procs, ports, _) = start_silos(&store, &cluster, 3);
+    let base = format!("rollcall:{{m:{cluster}}}");
+    let bad_id = "10.9.9.9:11111@1";
+    redis_cmd(
+        &rt,
+        &store,
+        rollcall_tests::redis::cmd("SADD")
+            .arg(format!("{base}:silos"))
+            .arg(bad_id),
+    );
+    redis_cmd(
+        &rt,
+        &store,
+        rollcall_tests::redis::cmd("SET")
+            .arg(format!("{base}:silo:{bad_id}"))
+            .arg("{not json"),
+    );
+    let (_, lines) = status(&store, &cluster);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("CORRUPT ") && l.contains(bad_id)),
+        "status shows the corrupt row: {lines:#?}"
+    );
+    kill_and_await_dead(&mut procs, 2, ports[2], &store, &cluster, 2);
+    for p in &ports[..2] {
+        let log = std::fs::read_to_string(log_path(&cluster, *p)).unwrap_or_default();
+        let mentions = log
+            .lines()
+            .filter(|l| l.contains("corrupt membership row"))
+            .count();
+        assert_eq!(mentions, 1, "logged once per change, not per read:\n{log}");
+    }
+}
+
+/// Issue 8, defect 3, as found: the table loses its data (here: every key of the
+/// cluster deleted, as a Redis restarted empty). The silos used to keep their old
+/// view, miss a crash, and all exit 70 once the version passed their view. Now each
+/// writes its row again, keeps running, and a later crash is detected.
+#[cfg(feature = "redis")]
+#[test]
+fn redis_multi_process_lost_table_is_survived() {
+    use std::time::{Duration, Instant};
+    let Some((rt, backend)) = redis_fixture() else {
+        return;
+    };
+    let store = backend.endpoint.clone();
+    let cluster = rollcall_tests::unique_id("lost");
+    let (mut procs, ports, _) = start_silos(&store, &cluster, 3);
+    let pattern = format!("rollcall:{{m:{cluster}}}*");
+    redis_cmd(
+        &rt,
+        &store,
+        rollcall_tests::redis::cmd("EVAL")
+            .arg("for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end return 0")
+            .arg(0)
+            .arg(&pattern),
+    );
+    assert_eq!(status(&store, &cluster).0, 0, "the table is empty");
+    // --fast reads the table every 10 s at least.
+    let started = Instant::now();
+    loop {
+        let (_, lines) = status(&store, &cluster);
+        if active(&lines) == 3 {
+            break;
+        }
+        for c in &mut procs.0 {
+            assert!(
+                c.try_wait().expect("wait").is_none(),
+                "a silo exited after the loss"
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "silos did not re-register: {lines:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    kill_and_await_dead(&mut procs, 2, ports[2], &store, &cluster, 2);
+    let log = std::fs::read_to_string(log_path(&cluster, ports[0])).unwrap_or_default();
+    assert!(
+        log.contains("re-registering"),
+        "the loss is logged as an error:\n{log}"
+    );
+}
+
+/// Issue 8, defect 8, as found: a silo started before its store used to exit at
+/// once. Now it waits (up to max_join_attempt_time) and joins when the store comes
+/// up; with no store at all it fails after that time, naming the store.
+#[cfg(feature = "redis")]
+#[test]
+fn redis_multi_process_silo_waits_for_a_late_store() {
+    use rollcall_tests::fixtures::{free_port, start_local_on, Kind};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let Some((rt, _backend)) = redis_fixture() else {
+        return;
+    };
+    // No store at all: a clear failure after max_join_attempt_time.
+    let nowhere = format!("redis://127.0.0.1:{}", free_port().unwrap());
+    let started = Instant::now();
+    let out = rollcall()
+        .args(["silo", "--store", &nowhere, "--cluster", "late", "--listen"])
+        .arg(format!("127.0.0.1:{}", free_port().unwrap()))
+        .args([
+            "--options",
+            r#"{"max_join_attempt_time":"2s","probe_timeout":"500ms"}"#,
+        ])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run rollcall silo");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "gave up before max_join_attempt_time"
+    );
+    assert!(stderr.contains(&nowhere), "the error names the store: {stderr}");
+    assert!(
+        stderr.matches("retrying").count() >= 2,
+        "each failure is logged: {stderr}"
+    );
+
+    // The store comes up 2 s after the silo: the silo joins.
+    let port = free_port().unwrap();
+    let store = format!("redis://127.0.0.1:{port}");
+    let cluster = rollcall_tests::unique_id("late");
+    let listen = free_port().unwrap();
+    let child = rollcall()
+        .args([
+            "silo",
+            "--store",
+            &store,
+            "--cluster",
+            &cluster,
+            "--fast",
+            "--listen",
+        ])
+        .arg(format!("127.0.0.1:{listen}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn rollcall silo");
+    let mut procs = Procs(vec![child]);
+    std::thread::sleep(Duration::from_secs(2)); // the store is down meanwhile
+    assert!(
+        procs.0[0].try_wait().unwrap().is_none(),
+        "the silo waits for its store"
+    );
+    let _late = rt
+        .block_on(start_local_on(Kind::Redis, Some(port)))
+        .expect("start the late redis-server");
+    let started = Instant::now();
+    while active(&status(&store, &cluster).1) < 1 {
+        assert!(procs.0[0].try_wait().unwrap().is_none(), "the silo gave up");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the silo never joined"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

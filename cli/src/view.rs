@@ -1,0 +1,193 @@
+//! Text views of the membership table and of its changes.
+
+use std::fmt::Write;
+
+use rollcall::{MembershipEntry, MembershipSnapshot, SiloStatus, Timestamp};
+
+fn age(now: Timestamp, t: Timestamp) -> String {
+    let d = now.saturating_duration_since(t);
+    if d.as_secs() >= 120 {
+        format!("{}m ago", d.as_secs() / 60)
+    } else {
+        format!("{:.1}s ago", d.as_secs_f64())
+    }
+}
+
+/// The table as `rollcall status` prints it: a header line, a column header, one
+/// line per row (columns as wide as their widest value, so IPv6 endpoints and long
+/// host names stay aligned), then the corrupt rows, if any, one per line.
+pub(crate) fn table(cluster: &str, snap: &MembershipSnapshot, now: Timestamp) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "cluster {cluster}: table version {} ({} silos, {} active{})",
+        snap.version.version,
+        snap.len(),
+        snap.active().count(),
+        if snap.corrupt.is_empty() {
+            String::new()
+        } else {
+            format!(", {} corrupt", snap.corrupt.len())
+        }
+    );
+    let rows: Vec<[String; 6]> = snap
+        .rows()
+        .map(|e| {
+            let votes: Vec<String> = e
+                .suspect_votes
+                .iter()
+                .map(|v| format!("{} ({})", v.silo, age(now, v.time)))
+                .collect();
+            [
+                e.silo.endpoint().to_string(),
+                e.silo.generation().to_string(),
+                e.status.as_str().to_owned(),
+                if e.host_name.is_empty() {
+                    "-".to_owned()
+                } else {
+                    e.host_name.clone()
+                },
+                age(now, e.i_am_alive_time),
+                if votes.is_empty() {
+                    "-".to_owned()
+                } else {
+                    votes.join(", ")
+                },
+            ]
+        })
+        .collect();
+    let header = [
+        "silo",
+        "generation",
+        "status",
+        "host",
+        "i_am_alive",
+        "votes (voter, age)",
+    ];
+    let width = |i: usize| {
+        rows.iter()
+            .map(|r| r[i].chars().count())
+            .chain([header[i].len()])
+            .max()
+            .unwrap_or(0)
+    };
+    let w: Vec<usize> = (0..5).map(width).collect();
+    let line = |c: [&str; 6]| {
+        format!(
+            "{:<w0$} {:>w1$} {:<w2$} {:<w3$} {:>w4$}  {}",
+            c[0],
+            c[1],
+            c[2],
+            c[3],
+            c[4],
+            c[5],
+            w0 = w[0],
+            w1 = w[1],
+            w2 = w[2],
+            w3 = w[3],
+            w4 = w[4],
+        )
+    };
+    let _ = writeln!(out, "{}", line(header));
+    for r in &rows {
+        let _ = writeln!(out, "{}", line([&r[0], &r[1], &r[2], &r[3], &r[4], &r[5]]));
+    }
+    for c in &snap.corrupt {
+        let _ = writeln!(out, "CORRUPT {c}");
+    }
+    out
+}
+
+/// What changed between two snapshots, one line per event.
+pub(crate) fn changes(
+    before: &MembershipSnapshot,
+    after: &MembershipSnapshot,
+    required_votes: usize,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in after.rows() {
+        let old: Option<&MembershipEntry> = before.entry(&e.silo);
+        match old {
+            None => out.push(format!("{} joined the table as {}", e.silo, e.status)),
+            Some(o) => {
+                for v in &e.suspect_votes {
+                    if !o
+                        .suspect_votes
+                        .iter()
+                        .any(|ov| ov.silo == v.silo && ov.time == v.time)
+                    {
+                        if e.status == SiloStatus::Dead && o.status != SiloStatus::Dead {
+                            continue; // reported with the declaration below
+                        }
+                        out.push(format!(
+                            "{} suspects {} (vote {}/{})",
+                            v.silo,
+                            e.silo,
+                            e.suspect_votes.len(),
+                            required_votes
+                        ));
+                    }
+                }
+                if o.status != e.status {
+                    if e.status == SiloStatus::Dead && !e.suspect_votes.is_empty() {
+                        let voters: Vec<String> =
+                            e.suspect_votes.iter().map(|v| v.silo.to_string()).collect();
+                        out.push(format!("{} declared Dead by {}", e.silo, voters.join(" + ")));
+                    } else {
+                        out.push(format!("{} is now {}", e.silo, e.status));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use rollcall::{CorruptRow, Etag, MembershipEntry, MembershipSnapshot, SiloStatus, Timestamp};
+
+    #[test]
+    fn columns_stay_aligned_with_ipv6_and_corrupt_rows_are_listed() {
+        let now = Timestamp::from_millis(1_795_000_010_000);
+        let mut snap = MembershipSnapshot::default();
+        for (addr, status, host) in [
+            (
+                "[2001:db8:85a3::8a2e:370:7334]:11111@1795000000000",
+                SiloStatus::Active,
+                "a-long-host-name.example",
+            ),
+            ("10.0.0.1:11111@1795000000001", SiloStatus::ShuttingDown, ""),
+        ] {
+            let mut e = MembershipEntry::new(
+                addr.parse().unwrap(),
+                status,
+                Timestamp::from_millis(1_795_000_000_000),
+            );
+            e.host_name = host.into();
+            snap.entries.insert(e.silo, (e, Etag::new("e")));
+        }
+        snap.corrupt.push(CorruptRow {
+            key: "rollcall:{m:c}:silo:10.0.0.9:1@1".into(),
+            reason: "expected value at line 1 column 1".into(),
+        });
+        let text = super::table("c", &snap, now);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].ends_with("(2 silos, 1 active, 1 corrupt)"), "{text}");
+        let status_at = |l: &str, word: &str| l.find(word).unwrap_or_else(|| panic!("{word} in {l}"));
+        let line = |word: &str| *lines.iter().find(|l| l.contains(word)).expect(word);
+        let col = status_at(lines[1], "status");
+        assert_eq!(status_at(line("Active"), "Active"), col, "{text}");
+        assert_eq!(status_at(line("ShuttingDown"), "ShuttingDown"), col, "{text}");
+        let host = status_at(lines[1], "host");
+        assert_eq!(
+            status_at(line("a-long-host-name"), "a-long-host-name"),
+            host,
+            "{text}"
+        );
+        assert_eq!(
+            lines[4],
+            "CORRUPT rollcall:{m:c}:silo:10.0.0.9:1@1: expected value at line 1 column 1"
+        );
+    }
+}
