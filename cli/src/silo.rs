@@ -25,6 +25,11 @@ pub(crate) struct SiloArgs {
     /// Short probe timeouts (500 ms), as in `demo --fast`.
     #[arg(long)]
     fast: bool,
+    /// File holding the cluster's shared secret (at least 16 bytes; surrounding
+    /// whitespace is trimmed). Probe frames are then sealed with HMAC-SHA256 and
+    /// frames without a valid seal are dropped; every silo needs the same file.
+    #[arg(long)]
+    shared_secret_file: Option<std::path::PathBuf>,
 }
 
 pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
@@ -32,6 +37,14 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
         (Some(json), _) => serde_json_options(json)?,
         (None, true) => crate::fast_options(),
         (None, false) => ClusterMembershipOptions::default(),
+    };
+    let secret = match &args.shared_secret_file {
+        None => None,
+        Some(path) => {
+            let bytes = std::fs::read(path)
+                .map_err(|e| anyhow::anyhow!("--shared-secret-file {}: {e}", path.display()))?;
+            Some(rollcall::transport::SharedSecret::new(bytes.trim_ascii())?)
+        }
     };
     let system = actix::System::new();
     let silo = system.block_on(async {
@@ -44,6 +57,9 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
             .on_declared_dead(OnDeclaredDead::StopSystem { exit_code: 70 });
         if let Some(a) = args.advertise {
             builder = builder.advertise(a);
+        }
+        if let Some(secret) = secret {
+            builder = builder.shared_secret(secret);
         }
         anyhow::Ok(builder.start().await?)
     })?;

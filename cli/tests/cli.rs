@@ -129,6 +129,12 @@ fn log_path(cluster: &str, port: u16) -> std::path::PathBuf {
 /// them, their ports and the table version then.
 #[cfg(feature = "redis")]
 fn start_silos(store: &str, cluster: &str, n: usize) -> (Procs, Vec<u16>, u64) {
+    start_silos_with(store, cluster, n, &[])
+}
+
+/// [`start_silos`] with extra `rollcall silo` arguments.
+#[cfg(feature = "redis")]
+fn start_silos_with(store: &str, cluster: &str, n: usize, extra: &[&str]) -> (Procs, Vec<u16>, u64) {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
     let ports: Vec<u16> = (0..n)
@@ -148,6 +154,7 @@ fn start_silos(store: &str, cluster: &str, n: usize) -> (Procs, Vec<u16>, u64) {
                 &format!("127.0.0.1:{p}"),
                 "--fast",
             ])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -514,4 +521,129 @@ fn redis_multi_process_silo_waits_for_a_late_store() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Issue 8, defect 4, as found: a silo at a low open-file limit (here 128) and
+/// hundreds of idle connections to its probe port. Its accept loop used to fail
+/// with EMFILE forever, logging on every try, and a new silo could not join. Now
+/// unverified connections are capped and timed out, the new silo joins, and the
+/// log stays short.
+#[cfg(all(feature = "redis", unix))]
+#[test]
+fn redis_multi_process_idle_connections_do_not_exhaust_the_probe_port() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let Some((_rt, backend)) = redis_fixture() else {
+        return;
+    };
+    let store = backend.endpoint.clone();
+    let cluster = rollcall_tests::unique_id("flood");
+    let port = rollcall_tests::fixtures::free_port().unwrap();
+    let log = log_path(&cluster, port);
+    let child = Command::new("sh")
+        .arg("-c")
+        .arg(r#"ulimit -n 128 && exec "$0" "$@""#)
+        .arg(env!("CARGO_BIN_EXE_rollcall"))
+        .args([
+            "silo",
+            "--store",
+            &store,
+            "--cluster",
+            &cluster,
+            "--fast",
+            "--listen",
+        ])
+        .arg(format!("127.0.0.1:{port}"))
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("spawn rollcall silo");
+    let mut procs = Procs(vec![child]);
+    let started = Instant::now();
+    while active(&status(&store, &cluster).1) < 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the first silo never joined"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let idle: Vec<std::net::TcpStream> = (0..300)
+        .filter_map(|_| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok())
+        .collect();
+    assert!(idle.len() >= 200, "opened {} idle connections", idle.len());
+    let (mut more, _, _) = start_silos(&store, &cluster, 1);
+    procs.0.append(&mut more.0);
+    let started = Instant::now();
+    loop {
+        let (_, lines) = status(&store, &cluster);
+        if active(&lines) == 2 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the new silo never joined: {lines:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        procs.0[0].try_wait().unwrap().is_none(),
+        "the flooded silo runs on"
+    );
+    drop(idle);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        text.lines().count() < 20,
+        "the flood controls the log volume:\n{text}"
+    );
+}
+
+/// Issue 8, defect 5: `--shared-secret-file`. Silos with the same secret form a
+/// cluster; a silo with another secret gets no answer from them and cannot join.
+#[cfg(feature = "redis")]
+#[test]
+fn redis_multi_process_shared_secret_keeps_strangers_out() {
+    let Some((_rt, backend)) = redis_fixture() else {
+        return;
+    };
+    let store = backend.endpoint.clone();
+    let cluster = rollcall_tests::unique_id("secret");
+    let dir = std::env::temp_dir();
+    let (good, bad) = (
+        dir.join(format!("{cluster}.good")),
+        dir.join(format!("{cluster}.bad")),
+    );
+    std::fs::write(&good, "correct horse battery staple\n").unwrap();
+    std::fs::write(&bad, "a different secret, also long\n").unwrap();
+    let good_arg = good.to_string_lossy().into_owned();
+    let (_procs, _, _) = start_silos_with(&store, &cluster, 2, &["--shared-secret-file", &good_arg]);
+    let out = rollcall()
+        .args(["silo", "--store", &store, "--cluster", &cluster, "--listen"])
+        .arg(format!(
+            "127.0.0.1:{}",
+            rollcall_tests::fixtures::free_port().unwrap()
+        ))
+        .args([
+            "--options",
+            r#"{"max_join_attempt_time":"2s","probe_timeout":"500ms"}"#,
+        ])
+        .arg("--shared-secret-file")
+        .arg(&bad)
+        .output()
+        .expect("run rollcall silo");
+    assert!(!out.status.success(), "a silo with another secret must not join");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("could not reach"), "{stderr}");
+    let (_, lines) = status(&store, &cluster);
+    assert_eq!(active(&lines), 2, "{lines:#?}");
+    let short = dir.join(format!("{cluster}.short"));
+    std::fs::write(&short, "short").unwrap();
+    let out = rollcall()
+        .args(["silo", "--store", "memory://", "--shared-secret-file"])
+        .arg(&short)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("shared_secret"));
 }

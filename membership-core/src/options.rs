@@ -73,7 +73,9 @@ pub struct ClusterMembershipOptions {
     /// Period of the defunct-row cleanup. Default 1 h.
     #[serde(with = "humantime_serde")]
     pub defunct_silo_cleanup_period: Duration,
-    /// Dead rows kept at most, newest first, before older ones are deleted early.
+    /// Dead rows kept at most, newest first, before older ones are deleted early
+    /// (but never a row alive within [`lost_row_grace`](crate::protocol::lost_row_grace):
+    /// half of `defunct_silo_expiration`, at most `max(10 × table_refresh_timeout, 1 h)`).
     /// Default 25.
     pub max_defunct_silo_entries: u32,
     /// Use the version row (extended protocol). Default true. The silo opens its

@@ -13,6 +13,7 @@
 //!   testcontainers container when a Docker daemon answers (feature `docker`), or a
 //!   local server process on a free loopback port.
 
+pub mod counting;
 pub mod fixtures;
 pub mod membership_table;
 pub mod reminder_table;

@@ -58,8 +58,10 @@ fn t01_five_silos_join_and_versions_strictly_increase() {
         // 5 inserts + 5 status changes, nothing else (no false suspicion).
         assert_eq!(snap.version.version, 10);
         let seen = seen.lock().unwrap();
+        // Gossip-triggered reads are coalesced (one per gossip_refresh_interval),
+        // so the joins in quick succession may be seen in fewer steps.
         assert!(
-            seen[0].len() >= 5,
+            seen[0].len() >= 2,
             "the first silo must see the others join: {:?}",
             seen[0]
         );
@@ -477,10 +479,11 @@ fn t12_defunct_rows_are_cleaned_up_by_the_first_active_silo() {
         })
         .await
         .expect("v4 Dead");
-        // Two Dead rows, at most one kept: the older (v5) goes at the next cleanup,
-        // although it is younger than defunct_silo_expiration.
+        // Two Dead rows, at most one kept: the older (v5) goes at the first cleanup
+        // once it is older than the lost-row grace (half of defunct_silo_expiration
+        // here, 300 s), although it is younger than defunct_silo_expiration.
         let mut removed = false;
-        for _ in 0..180 {
+        for _ in 0..400 {
             tokio::time::sleep(Duration::from_secs(1)).await;
             if c.table_snapshot().await.entry(&v5.address()).is_none() {
                 removed = true;
@@ -822,4 +825,93 @@ fn t20_actor_subscription_keeps_the_latest_and_ends_with_its_guard() {
             "nothing after the guard is dropped"
         );
     });
+}
+
+/// Issue 8, defect 5: 5,000 forged `Gossip { version: u64::MAX }` frames used to
+/// cost 5,007 full table reads. Refreshes are coalesced (one read in flight, one
+/// pending), so the flood costs a handful; with a shared secret, none.
+#[actix::test]
+async fn t21_forged_gossip_floods_cost_a_handful_of_reads_and_none_with_a_secret() {
+    use rollcall_membership_core::transport::{
+        decode, encode, seal, unseal, Frame, ResponseBody, SharedSecret,
+    };
+    use rollcall_tests::counting::CountingStore;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    for secret in [
+        None,
+        Some(SharedSecret::new("a secret of at least 16 bytes").unwrap()),
+    ] {
+        let store = CountingStore::new(Arc::new(rollcall_provider_memory::MemoryStore::new()));
+        let counts = store.counts.clone();
+        let mut builder = rollcall_membership_core::Silo::builder(Arc::new(store), "tcp")
+            .options(fast_options())
+            .on_declared_dead(rollcall_membership_core::OnDeclaredDead::StopSilo);
+        if let Some(s) = &secret {
+            builder = builder.shared_secret(s.clone());
+        }
+        let silo = builder.start().await.expect("silo joins");
+        let ep = silo.address().endpoint();
+        let before = counts.read_alls();
+        let mut conn = tokio::net::TcpStream::connect(ep).await.unwrap();
+        let mut bytes = Vec::new();
+        for id in 0..5_000u64 {
+            // Forged: right cluster id, no seal (the forger does not know the secret).
+            let frame = encode(&Frame {
+                id,
+                cluster: "tcp".to_owned(),
+                body: ProbeRequest::Gossip {
+                    from: "10.6.6.6:1@1".parse().unwrap(),
+                    version: u64::MAX,
+                },
+            })
+            .unwrap();
+            let frame = seal(frame, None);
+            bytes.extend_from_slice(&(frame.len() as u32).to_be_bytes());
+            bytes.extend_from_slice(&frame);
+        }
+        // Then one real ping on the same connection: when its answer arrives, the
+        // server has read every forged frame before it.
+        let ping = encode(&Frame {
+            id: 1_000_000,
+            cluster: "tcp".to_owned(),
+            body: ProbeRequest::Ping {
+                from: "127.0.0.1:1@1".parse().unwrap(),
+                target: silo.address(),
+            },
+        })
+        .unwrap();
+        let ping = seal(ping, secret.as_ref());
+        bytes.extend_from_slice(&(ping.len() as u32).to_be_bytes());
+        bytes.extend_from_slice(&ping);
+        conn.write_all(&bytes).await.unwrap();
+        let answered = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let mut len = [0u8; 4];
+                conn.read_exact(&mut len).await.unwrap();
+                let mut frame = vec![0u8; u32::from_be_bytes(len) as usize];
+                conn.read_exact(&mut frame).await.unwrap();
+                let frame = unseal(&frame, secret.as_ref()).unwrap();
+                let reply: Frame<ResponseBody> = decode(&frame).unwrap();
+                if reply.id == 1_000_000 {
+                    return reply.body;
+                }
+            }
+        })
+        .await
+        .expect("the ping behind the flood is answered");
+        assert!(matches!(answered, Ok(ProbeResponse::Pong { .. })), "{answered:?}");
+        drop(conn);
+        // Let queued refreshes finish: the silo answers a refresh after its reads.
+        silo.refresh().await.expect("refresh");
+        let reads = counts.read_alls() - before;
+        match secret {
+            None => assert!(reads <= 10, "5,000 forged gossips cost {reads} table reads"),
+            Some(_) => assert!(
+                reads <= 2,
+                "with a secret, forged gossip costs nothing: {reads} reads"
+            ),
+        }
+        silo.stop().await.ok();
+    }
 }

@@ -90,7 +90,7 @@ async fn heartbeats_never_conflict_with_row_writes() {
 }
 
 #[tokio::test]
-async fn garbage_row_is_corrupt_naming_the_key_and_other_clusters_still_read() {
+async fn garbage_row_is_reported_as_corrupt_and_every_other_row_still_reads() {
     let Some((store, b)) = redis().await else { return };
     let (bad_id, good_id) = (unique_id("bad"), unique_id("good"));
     let bad = store.membership_table(&bad_id, ProtocolMode::Extended).unwrap();
@@ -108,12 +108,19 @@ async fn garbage_row_is_corrupt_naming_the_key_and_other_clusters_still_read() {
         .query_async::<()>(&mut con)
         .await
         .unwrap();
-    match bad.read_all().await {
-        Err(Error::Corrupt { key: k, .. }) => assert_eq!(k, key),
-        other => panic!("expected Corrupt, got {other:?}"),
-    }
-    let snap = bad.read_row(&full_entry(1).silo).await;
-    assert!(matches!(snap, Err(Error::Corrupt { .. })), "{snap:?}");
+    // Issue 8, defect 2: the bad row is listed, the good one still reads.
+    let all = bad.read_all().await.expect("read_all with a corrupt row");
+    assert_eq!(all.corrupt.len(), 1, "{all:?}");
+    assert_eq!(all.corrupt[0].key, key);
+    assert!(all.corrupt[0].reason.contains("line 1"), "{:?}", all.corrupt[0]);
+    assert_eq!(all.len(), 1);
+    assert_eq!(all.entry(&full_entry(2).silo), Some(&full_entry(2)));
+    assert_eq!(all.version.version, 2);
+    let snap = bad
+        .read_row(&full_entry(1).silo)
+        .await
+        .expect("read_row of a corrupt row");
+    assert!(snap.is_empty() && snap.corrupt.len() == 1, "{snap:?}");
     // read_row reads only its own row: a healthy neighbour stays readable.
     let other = bad
         .read_row(&full_entry(2).silo)

@@ -86,6 +86,7 @@ impl Silo {
             fault_zone: 0,
             on_declared_dead: OnDeclaredDead::default(),
             seed: None,
+            shared_secret: None,
         }
     }
 }
@@ -109,6 +110,7 @@ pub struct SiloBuilder {
     pub(super) fault_zone: u32,
     pub(super) on_declared_dead: OnDeclaredDead,
     pub(super) seed: Option<u64>,
+    pub(super) shared_secret: Option<crate::transport::SharedSecret>,
 }
 
 impl SiloBuilder {
@@ -131,9 +133,22 @@ impl SiloBuilder {
         self
     }
 
-    /// The probe transport (default: [`TcpTransport`](crate::transport::tcp::TcpTransport)).
+    /// The probe transport (default: a [`TcpTransport`](crate::transport::tcp::TcpTransport)
+    /// whose `frame_timeout` is the options' `probe_timeout`, with the
+    /// [`shared_secret`](Self::shared_secret) if one is set).
     pub fn transport(mut self, transport: Arc<dyn Transport>) -> Self {
         self.transport = Some(transport);
+        self
+    }
+
+    /// The cluster's shared secret for the probe port (off by default): frames are
+    /// sealed with an HMAC-SHA256 tag and frames without a valid one are dropped
+    /// unanswered (see [`SharedSecret`](crate::transport::SharedSecret)). Every silo of
+    /// the cluster needs the same secret. Applies to the default TCP transport; with
+    /// a custom [`transport`](Self::transport), configure it there instead
+    /// ([`start`](Self::start) rejects both).
+    pub fn shared_secret(mut self, secret: crate::transport::SharedSecret) -> Self {
+        self.shared_secret = Some(secret);
         self
     }
 

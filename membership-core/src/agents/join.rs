@@ -12,7 +12,7 @@ use rand::Rng;
 use tokio::sync::{oneshot, watch};
 
 use crate::protocol::SiloMachine;
-use crate::transport::tcp::TcpTransport;
+use crate::transport::tcp::{TcpConfig, TcpTransport};
 use crate::{Error, MembershipEntry, MembershipSnapshot, SiloAddress, SiloError, SiloStatus};
 
 use super::api::{SiloBuilder, SiloHandle};
@@ -74,7 +74,7 @@ impl SiloBuilder {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] (as [`SiloError::Table`]) for invalid options or
-    /// cluster id; [`SiloError::Transport`] if the endpoint cannot be served;
+    /// cluster id, or a shared secret given with a custom transport; [`SiloError::Transport`] if the endpoint cannot be served;
     /// [`SiloError::Superseded`], [`SiloError::DeclaredDead`],
     /// [`SiloError::JoinTimeout`]; table errors after the machine's retries.
     pub async fn start(self) -> Result<SiloHandle, SiloError> {
@@ -85,7 +85,21 @@ impl SiloBuilder {
             .membership_table(&self.cluster_id, self.options.protocol_mode())?;
         let options = Arc::new(self.options);
         let cluster: Arc<str> = Arc::from(self.cluster_id.as_str());
-        let transport = self.transport.unwrap_or_else(|| Arc::new(TcpTransport::new()));
+        let transport: Arc<dyn crate::transport::Transport> = match (self.transport, self.shared_secret) {
+            (Some(_), Some(_)) => {
+                return Err(Error::invalid_config(
+                    "shared_secret",
+                    "set the secret on the custom transport, not on the builder",
+                )
+                .into())
+            }
+            (Some(t), None) => t,
+            (None, shared_secret) => Arc::new(TcpTransport::with_config(TcpConfig {
+                shared_secret,
+                frame_timeout: options.probe_timeout,
+                ..TcpConfig::default()
+            })),
+        };
         let health = Arc::new(SharedHealth::default());
         let me_cell = Arc::new(OnceLock::new());
         let agent_cell = Arc::new(OnceLock::new());

@@ -73,6 +73,17 @@ pub enum Timer {
     JoinRetry,
     /// `shutdown_timeout` is over.
     ShutdownDeadline,
+    /// The gossip-triggered read that waited for [`gossip_refresh_interval`] starts.
+    GossipRefresh,
+}
+
+/// The shortest time between two table reads triggered by gossip:
+/// `probe_timeout / 20` (250 ms by default). Gossip arriving sooner is served by the
+/// next read, so a flood of gossip frames, forged or real, costs at most one read
+/// per interval (plus the coalesced in-flight one), while a real change still
+/// reaches this silo well within one probe period.
+pub fn gossip_refresh_interval(options: &ClusterMembershipOptions) -> Duration {
+    options.probe_timeout / 20
 }
 
 /// An input of the machine.
@@ -354,6 +365,10 @@ pub struct SiloMachine {
     /// The corrupt rows of the last read, logged once per change.
     corrupt_logged: Vec<CorruptRow>,
     cleanup_in_flight: bool,
+    /// When the last gossip-triggered read was asked for.
+    gossip_read_at: Option<Timestamp>,
+    /// A [`Timer::GossipRefresh`] is scheduled.
+    gossip_read_scheduled: bool,
     /// The time of the event being handled.
     now: Timestamp,
     out: Vec<Action>,
@@ -395,6 +410,8 @@ impl SiloMachine {
             read_floors: BTreeMap::new(),
             corrupt_logged: Vec::new(),
             cleanup_in_flight: false,
+            gossip_read_at: None,
+            gossip_read_scheduled: false,
             now: Timestamp::EPOCH,
             out: Vec::new(),
         }
@@ -483,7 +500,7 @@ impl SiloMachine {
             }
             Event::GossipReceived { version } => {
                 if self.mode() == ProtocolMode::Basic || version > self.view.version.version {
-                    self.refresh(None);
+                    self.gossip_refresh(now);
                 }
             }
             Event::HealthCheck { probes_received } => self.on_health_check(now, probes_received),
@@ -673,6 +690,11 @@ impl SiloMachine {
                     self.refresh(None);
                 }
             }
+            Timer::GossipRefresh => {
+                self.gossip_read_scheduled = false;
+                self.gossip_read_at = Some(now);
+                self.refresh(None);
+            }
             Timer::ShutdownDeadline => {
                 if matches!(self.lifecycle, Lifecycle::Leaving { .. }) {
                     self.finish_leaving(true);
@@ -711,6 +733,26 @@ impl SiloMachine {
     }
 
     // ---- the view ------------------------------------------------------------------
+
+    /// A read because gossip said the table changed, at most one per
+    /// [`gossip_refresh_interval`].
+    fn gossip_refresh(&mut self, now: Timestamp) {
+        if self.gossip_read_scheduled {
+            return; // the scheduled read will serve this gossip too
+        }
+        let interval = gossip_refresh_interval(&self.options);
+        let since = self.gossip_read_at.map(|t| now.saturating_duration_since(t));
+        match since {
+            Some(since) if since < interval => {
+                self.gossip_read_scheduled = true;
+                self.schedule(Timer::GossipRefresh, interval - since);
+            }
+            _ => {
+                self.gossip_read_at = Some(now);
+                self.refresh(None);
+            }
+        }
+    }
 
     fn refresh(&mut self, waiter: Option<u64>) {
         let id = self.id();

@@ -24,7 +24,8 @@ pub mod refresh;
 pub mod targets;
 pub mod votes;
 
-pub use machine::{Action, Event, RowWrite, SiloMachine, StopReason, Timer};
+pub use cleanup::lost_row_grace;
+pub use machine::{gossip_refresh_interval, Action, Event, RowWrite, SiloMachine, StopReason, Timer};
 pub use probe::{IndirectOutcome, PingOutcome, SuspectReason};
 
 use std::time::Duration;

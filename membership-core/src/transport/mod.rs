@@ -95,6 +95,10 @@ pub enum TransportError {
     /// The peer refused the request: it serves another cluster.
     #[error("refused by the peer: {0}")]
     Refused(String),
+    /// A frame without a valid HMAC tag where a shared secret is set (or a tagged
+    /// frame where none is): dropped unanswered.
+    #[error("unauthenticated frame: {0}")]
+    Unauthenticated(String),
     /// The local endpoint could not be served.
     #[error("cannot serve {addr}: {reason}")]
     Bind {
@@ -165,6 +169,109 @@ pub trait Transport: Send + Sync + std::fmt::Debug + 'static {
 
 /// Frame format version (first byte of every frame).
 pub const FRAME_VERSION: u8 = 2;
+/// First byte of a frame sealed with a [`SharedSecret`]: the version-2 payload
+/// followed by a 32-byte HMAC-SHA256 tag over everything before it.
+pub const FRAME_VERSION_SEALED: u8 = 3;
+/// Length of the HMAC-SHA256 tag of a sealed frame, in bytes.
+pub const TAG_BYTES: usize = 32;
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+/// A cluster's shared secret for the probe port (off by default).
+///
+/// When a silo has one, every frame it sends carries an HMAC-SHA256 tag (RFC 2104)
+/// keyed by it, and every frame it receives without a valid tag is dropped
+/// unanswered and never reaches the protocol: a host that can reach the probe port
+/// but does not know the secret cannot forge pings, indirect pings or gossip. All
+/// silos of a cluster need the same secret. It authenticates, it does not encrypt,
+/// and it does not stop the replay of a recorded frame (a replayed gossip costs at
+/// most one coalesced table read).
+#[derive(Clone)]
+pub struct SharedSecret(HmacSha256);
+
+impl SharedSecret {
+    /// Minimum secret length, in bytes.
+    pub const MIN_BYTES: usize = 16;
+
+    /// A secret from its bytes (e.g. the contents of a key file).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) (field `shared_secret`)
+    /// for fewer than [`MIN_BYTES`](Self::MIN_BYTES) bytes.
+    pub fn new(secret: impl AsRef<[u8]>) -> crate::Result<Self> {
+        use hmac::Mac;
+        let secret = secret.as_ref();
+        if secret.len() < Self::MIN_BYTES {
+            return Err(crate::Error::invalid_config(
+                "shared_secret",
+                format!("needs at least {} bytes, got {}", Self::MIN_BYTES, secret.len()),
+            ));
+        }
+        HmacSha256::new_from_slice(secret)
+            .map(SharedSecret)
+            .map_err(|e| crate::Error::invalid_config("shared_secret", e.to_string()))
+    }
+
+    fn tag(&self, bytes: &[u8]) -> [u8; TAG_BYTES] {
+        use hmac::Mac;
+        let mut mac = self.0.clone();
+        mac.update(bytes);
+        mac.finalize().into_bytes().into()
+    }
+
+    fn verify(&self, bytes: &[u8], tag: &[u8]) -> bool {
+        use hmac::Mac;
+        let mut mac = self.0.clone();
+        mac.update(bytes);
+        mac.verify_slice(tag).is_ok()
+    }
+}
+
+impl std::fmt::Debug for SharedSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SharedSecret(..)")
+    }
+}
+
+/// Seals an [`encode`]d frame with `secret` (no-op without one).
+pub fn seal(mut frame: Vec<u8>, secret: Option<&SharedSecret>) -> Vec<u8> {
+    if let (Some(secret), Some(first)) = (secret, frame.first_mut()) {
+        *first = FRAME_VERSION_SEALED;
+        let tag = secret.tag(&frame);
+        frame.extend_from_slice(&tag);
+    }
+    frame
+}
+
+/// Checks and strips the seal of a received frame: with a secret, only a sealed
+/// frame with a valid tag passes; without one, only an unsealed frame. Returns the
+/// frame as [`decode`] takes it.
+///
+/// # Errors
+/// [`TransportError::Unauthenticated`] for a frame that does not pass.
+pub fn unseal<'a>(
+    bytes: &'a [u8],
+    secret: Option<&SharedSecret>,
+) -> Result<std::borrow::Cow<'a, [u8]>, TransportError> {
+    match (secret, bytes.first()) {
+        (None, Some(&FRAME_VERSION_SEALED)) => Err(TransportError::Unauthenticated(
+            "a sealed frame, but this silo has no shared secret".into(),
+        )),
+        (None, _) => Ok(std::borrow::Cow::Borrowed(bytes)),
+        (Some(secret), Some(&FRAME_VERSION_SEALED)) if bytes.len() > TAG_BYTES => {
+            let (body, tag) = bytes.split_at(bytes.len() - TAG_BYTES);
+            if !secret.verify(body, tag) {
+                return Err(TransportError::Unauthenticated("bad HMAC tag".into()));
+            }
+            let mut frame = body.to_vec();
+            frame[0] = FRAME_VERSION;
+            Ok(std::borrow::Cow::Owned(frame))
+        }
+        (Some(_), _) => Err(TransportError::Unauthenticated(
+            "an unsealed frame, but this cluster requires its shared secret".into(),
+        )),
+    }
+}
 /// Largest frame accepted, in bytes; larger frames close the connection.
 pub const MAX_FRAME_BYTES: usize = 16 * 1024;
 
@@ -206,18 +313,40 @@ pub fn decode<T: for<'de> Deserialize<'de>>(frame: &[u8]) -> Result<T, Transport
     }
 }
 
-/// The server side of one frame, shared by every transport: decodes the request
-/// frame, refuses another cluster's, asks `handler`, encodes the response frame.
+/// The server's reply to one request frame.
+pub(crate) struct Answer {
+    /// The response frame to send.
+    pub(crate) frame: Vec<u8>,
+}
+
+/// The first half of answering a frame: checks the seal and decodes the request.
+/// Returns it with whether it comes from our cluster (the connection then belongs
+/// to a known peer).
 ///
 /// # Errors
-/// [`TransportError::Codec`] for bytes that are not a request frame (nothing is
-/// answered then).
-pub(crate) async fn answer_frame(
+/// [`TransportError::Unauthenticated`] or [`TransportError::Codec`] for bytes that
+/// are not a valid request frame (nothing is answered then).
+pub(crate) fn open_request(
     cluster: &str,
-    handler: &dyn ProbeHandler,
+    secret: Option<&SharedSecret>,
     bytes: &[u8],
-) -> Result<Vec<u8>, TransportError> {
-    let frame: Frame<ProbeRequest> = decode(bytes)?;
+) -> Result<(Frame<ProbeRequest>, bool), TransportError> {
+    let frame: Frame<ProbeRequest> = decode(&unseal(bytes, secret)?)?;
+    let from_peer = frame.cluster == cluster;
+    Ok((frame, from_peer))
+}
+
+/// The second half: asks `handler` (or refuses another cluster's request) and
+/// encodes and seals the response frame.
+///
+/// # Errors
+/// [`TransportError::Codec`] if the response does not encode.
+pub(crate) async fn answer_request(
+    cluster: &str,
+    secret: Option<&SharedSecret>,
+    handler: &dyn ProbeHandler,
+    frame: Frame<ProbeRequest>,
+) -> Result<Answer, TransportError> {
     let body: ResponseBody = if frame.cluster == cluster {
         Ok(handler.handle(frame.body).await)
     } else {
@@ -226,19 +355,73 @@ pub(crate) async fn answer_frame(
             frame.cluster
         ))
     };
-    encode(&Frame {
+    let out = encode(&Frame {
         id: frame.id,
         cluster: cluster.to_owned(),
         body,
+    })?;
+    Ok(Answer {
+        frame: seal(out, secret),
     })
 }
 
-/// The client side of a response frame: its id, and the answer or refusal.
+/// The server side of one frame, shared by every transport: [`open_request`], then
+/// [`answer_request`].
+///
+/// # Errors
+/// As [`open_request`].
+pub(crate) async fn answer_frame(
+    cluster: &str,
+    secret: Option<&SharedSecret>,
+    handler: &dyn ProbeHandler,
+    bytes: &[u8],
+) -> Result<Answer, TransportError> {
+    let (frame, _) = open_request(cluster, secret, bytes)?;
+    answer_request(cluster, secret, handler, frame).await
+}
+
+/// The client side of a response frame: checks its seal, returns its id and the
+/// answer or refusal.
 pub(crate) fn read_response(
     bytes: &[u8],
+    secret: Option<&SharedSecret>,
 ) -> Result<(u64, Result<ProbeResponse, TransportError>), TransportError> {
-    let frame: Frame<ResponseBody> = decode(bytes)?;
+    let frame: Frame<ResponseBody> = decode(&unseal(bytes, secret)?)?;
     Ok((frame.id, frame.body.map_err(TransportError::Refused)))
+}
+
+/// A log line at most once per [`interval`](Self::new): what a peer controls must not
+/// control the log volume. Counts what it suppresses and reports it with the next
+/// line.
+#[derive(Debug)]
+pub(crate) struct LogLimiter {
+    interval: Duration,
+    state: std::sync::Mutex<(Option<tokio::time::Instant>, u64)>,
+}
+
+impl LogLimiter {
+    pub(crate) fn new(interval: Duration) -> Self {
+        LogLimiter {
+            interval,
+            state: std::sync::Mutex::new((None, 0)),
+        }
+    }
+
+    /// `Some(suppressed since the last line)` when a line may be logged now.
+    pub(crate) fn allow(&self) -> Option<u64> {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = tokio::time::Instant::now();
+        match st.0 {
+            Some(last) if now.duration_since(last) < self.interval => {
+                st.1 += 1;
+                None
+            }
+            _ => {
+                st.0 = Some(now);
+                Some(std::mem::take(&mut st.1))
+            }
+        }
+    }
 }
 
 /// A process-wide source of request ids (unique per process, never reused).
@@ -276,5 +459,48 @@ mod tests {
         let mut rng_bytes = vec![FRAME_VERSION];
         rng_bytes.extend((0..200u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8));
         let _ = decode::<ProbeRequest>(&rng_bytes); // must not panic
+    }
+
+    #[test]
+    fn sealed_frames_pass_only_with_the_same_secret() {
+        assert!(SharedSecret::new("short").is_err(), "too short");
+        let a = SharedSecret::new("0123456789abcdef-a").unwrap();
+        let b = SharedSecret::new("0123456789abcdef-b").unwrap();
+        let from: SiloAddress = "127.0.0.1:1@1".parse().unwrap();
+        let frame = encode(&Frame {
+            id: 7,
+            cluster: "c".to_owned(),
+            body: ProbeRequest::Gossip {
+                from,
+                version: u64::MAX,
+            },
+        })
+        .unwrap();
+        let sealed = seal(frame.clone(), Some(&a));
+        assert_eq!(sealed.len(), frame.len() + TAG_BYTES);
+        assert_eq!(unseal(&sealed, Some(&a)).unwrap().as_ref(), frame.as_slice());
+        assert!(matches!(
+            unseal(&sealed, Some(&b)),
+            Err(TransportError::Unauthenticated(_))
+        ));
+        assert!(matches!(
+            unseal(&frame, Some(&a)),
+            Err(TransportError::Unauthenticated(_))
+        ));
+        assert!(matches!(
+            unseal(&sealed, None),
+            Err(TransportError::Unauthenticated(_))
+        ));
+        let mut tampered = sealed.clone();
+        tampered[3] ^= 1;
+        assert!(unseal(&tampered, Some(&a)).is_err());
+        assert!(
+            unseal(&[FRAME_VERSION_SEALED], Some(&a)).is_err(),
+            "no room for a tag"
+        );
+        assert!(unseal(&[], Some(&a)).is_err());
+        assert_eq!(unseal(&frame, None).unwrap().as_ref(), frame.as_slice());
+        assert_eq!(seal(frame.clone(), None), frame);
+        assert_eq!(format!("{a:?}"), "SharedSecret(..)", "never printed");
     }
 }

@@ -230,13 +230,14 @@ impl SimNetwork {
                 "{to}: connection refused"
             ))));
         };
-        let reply = match answer_frame(&cluster, handler.as_ref(), &bytes).await {
-            Ok(r) => r,
+        // The simulated network carries unsealed frames (no shared secret).
+        let reply = match answer_frame(&cluster, None, handler.as_ref(), &bytes).await {
+            Ok(r) => r.frame,
             Err(_) => return None, // a garbage frame is dropped by the server
         };
         self.wait_unfrozen(to).await;
         tokio::time::sleep(delay).await;
-        let (id, answer) = match read_response(&reply) {
+        let (id, answer) = match read_response(&reply, None) {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
         };
