@@ -95,7 +95,9 @@ pub trait MembershipTable: Send + Sync + std::fmt::Debug {
 
     /// Replaces the row of `entry.silo` if its etag is `etag`, and sets the version
     /// row to `next_version`, in one conditional transaction. `Ok(false)` on conflict
-    /// or a missing row.
+    /// or a missing row. Every column is written, IAmAlive included (as Orleans'
+    /// `UpdateRow`): a heartbeat that lands between the writer's read and this write
+    /// may be replaced by the value the writer read, until the next heartbeat.
     async fn update_row(
         &self,
         entry: &MembershipEntry,

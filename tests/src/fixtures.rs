@@ -9,9 +9,9 @@
 //!    `docker` feature and a Docker daemon answers;
 //! 3. a local server process (`redis-server`, `etcd`, `moto_server`) started on a free
 //!    loopback port, found on `PATH` or in the workspace's `.venv/bin`;
-//! 4. otherwise the test is skipped with a loud message, **except** that it panics
-//!    when `CI` or `ROLLCALL_REQUIRE_BACKENDS=1` is set: a missing backend must fail
-//!    a CI run, never pass it silently.
+//! 4. otherwise the test **fails**: a missing backend never passes silently. Only
+//!    an explicit opt-out, `ROLLCALL_SKIP_MISSING_BACKENDS=1`, turns that into a
+//!    loud skip, and never when `CI` is set.
 //!
 //! The returned [`Backend`] owns whatever was started and stops it on drop. Tests
 //! sharing one server use their own cluster / service ids.
@@ -106,11 +106,12 @@ impl Drop for TempDir {
     }
 }
 
-/// True when a missing backend must fail the run (`CI` or
-/// `ROLLCALL_REQUIRE_BACKENDS=1`).
+/// True when a missing backend must fail the run: always, unless
+/// `ROLLCALL_SKIP_MISSING_BACKENDS=1` opts out, and even then when `CI` is set.
 pub fn backends_required() -> bool {
-    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "0" && v != "false")
-        || std::env::var("ROLLCALL_REQUIRE_BACKENDS").is_ok_and(|v| v == "1" || v == "true")
+    let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "0" && v != "false");
+    let opted_out = std::env::var("ROLLCALL_SKIP_MISSING_BACKENDS").is_ok_and(|v| v == "1" || v == "true");
+    ci || !opted_out
 }
 
 /// A Redis server, or `None` (skip) when there is none and backends are not required.
@@ -164,7 +165,10 @@ async fn find(kind: Kind) -> Option<Backend> {
         tried.join("; ")
     );
     if backends_required() {
-        panic!("{msg} -- CI / ROLLCALL_REQUIRE_BACKENDS is set, so a missing backend fails the run");
+        panic!(
+            "{msg} -- a missing backend fails the run (set ROLLCALL_SKIP_MISSING_BACKENDS=1 \
+             to skip instead, outside CI)"
+        );
     }
     eprintln!("\n!!!!! SKIPPING: {msg}\n");
     None

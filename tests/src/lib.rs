@@ -37,51 +37,110 @@ pub fn unique_id(what: &str) -> String {
     format!("rc-{what}-{n:016x}")
 }
 
+/// Every conformance scenario as `"module::function"`, from the same list that
+/// [`conformance_tests!`] expands (a unit test checks that the list names every
+/// scenario function, so it cannot drift).
+pub const SCENARIOS: &[&str] = conformance_tests!(@names);
+
 /// Expands to one `#[tokio::test]` per conformance scenario (membership and
 /// reminders), each running against the store produced by `$store`, an expression
 /// of type `Option<(rollcall_tests::Store, G)>` evaluated inside the test's runtime.
-/// `G` is a guard kept alive for the test (a fixture holding a server); `None`
-/// skips the test (the fixture has already said why, or panicked under CI).
+/// `G` is a guard kept alive for the test (a fixture holding a server). The
+/// fixtures return `None` only when a missing backend was explicitly opted out
+/// (`ROLLCALL_SKIP_MISSING_BACKENDS=1`, never under `CI`); the test then says
+/// `SKIPPED` on stderr. Otherwise a missing backend fails the test.
 ///
 /// ```ignore
 /// rollcall_tests::conformance_tests!(Some((memory_store(), ())));
 /// ```
 #[macro_export]
 macro_rules! conformance_tests {
-    ($store:expr) => {
-        $crate::conformance_tests!(@each $store;
-            membership_table::empty_cluster,
-            membership_table::insert_row_bumps_version,
-            membership_table::duplicate_and_stale_inserts_have_no_effect,
-            membership_table::read_row_returns_every_column,
-            membership_table::update_row_preconditions,
-            membership_table::every_write_advances_version_by_one,
-            membership_table::concurrent_inserts_have_one_winner,
-            membership_table::concurrent_read_modify_write_loses_nothing,
-            membership_table::different_rows_same_version_one_winner,
-            membership_table::snapshots_are_atomic,
-            membership_table::i_am_alive_is_a_blind_write,
-            membership_table::cleanup_defunct_removes_only_old_dead_rows,
-            membership_table::delete_cluster_and_isolation,
-            membership_table::basic_mode_checks_row_etag_only,
-            reminder_table::round_trip_odd_names,
-            reminder_table::every_upsert_yields_a_new_etag,
-            reminder_table::remove_row_preconditions,
-            reminder_table::concurrent_upserts_yield_distinct_etags,
-            reminder_table::range_reads_match_the_contract,
-            reminder_table::read_rows_for_returns_one_actor,
-            reminder_table::read_row_of_missing_key_is_none,
-            reminder_table::services_are_isolated,
-            reminder_table::invalid_entries_are_rejected,
-        );
+    (@names) => {
+        $crate::conformance_tests!(@list [@names_out])
+    };
+    (@list [$($pre:tt)*]) => {
+        $crate::conformance_tests! { $($pre)*
+                membership_table::empty_cluster,
+                membership_table::insert_row_bumps_version,
+                membership_table::duplicate_and_stale_inserts_have_no_effect,
+                membership_table::read_row_returns_every_column,
+                membership_table::update_row_preconditions,
+                membership_table::every_write_advances_version_by_one,
+                membership_table::concurrent_inserts_have_one_winner,
+                membership_table::concurrent_read_modify_write_loses_nothing,
+                membership_table::different_rows_same_version_one_winner,
+                membership_table::snapshots_are_atomic,
+                membership_table::i_am_alive_is_a_blind_write,
+                membership_table::cleanup_defunct_removes_only_old_dead_rows,
+                membership_table::delete_cluster_and_isolation,
+                membership_table::basic_mode_checks_row_etag_only,
+                membership_table::delete_cluster_racing_writers_leaves_no_half_row,
+                membership_table::ids_with_separators_and_prefixes_stay_apart,
+                membership_table::i_am_alive_races_updates_and_touches_nothing_else,
+                membership_table::read_row_is_atomic,
+                membership_table::init_on_a_populated_cluster_changes_nothing,
+                membership_table::malformed_version_preconditions_are_refused,
+                reminder_table::round_trip_odd_names,
+                reminder_table::every_upsert_yields_a_new_etag,
+                reminder_table::remove_row_preconditions,
+                reminder_table::concurrent_upserts_yield_distinct_etags,
+                reminder_table::range_reads_match_the_contract,
+                reminder_table::read_rows_for_returns_one_actor,
+                reminder_table::read_row_of_missing_key_is_none,
+                reminder_table::services_are_isolated,
+                reminder_table::invalid_entries_are_rejected,
+                reminder_table::concurrent_removes_with_one_etag_have_one_winner,
+                reminder_table::clear_racing_upserts_leaves_no_half_row,
+                reminder_table::ids_with_separators_never_collide,
+        }
+    };
+    (@names_out $($module:ident :: $scenario:ident),+ $(,)?) => {
+        &[$(concat!(stringify!($module), "::", stringify!($scenario))),+]
     };
     (@each $store:expr; $($module:ident :: $scenario:ident),+ $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $scenario() {
-                let Some((store, _guard)) = $store else { return };
+                let Some((store, _guard)) = $store else {
+                    eprintln!("SKIPPED {}: no backend (opted out)", stringify!($scenario));
+                    return;
+                };
                 $crate::$module::$scenario(store).await;
             }
         )+
     };
+    ($store:expr) => {
+        $crate::conformance_tests!(@list [@each $store;]);
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    /// The scenario list cannot drift from the scenario functions: every
+    /// `pub async fn f(store: Store)` of the scenario modules is listed, and only those.
+    #[test]
+    fn every_scenario_function_is_listed() {
+        let mut found = Vec::new();
+        for (module, source) in [
+            ("membership_table", include_str!("membership_table.rs")),
+            ("reminder_table", include_str!("reminder_table.rs")),
+        ] {
+            for line in source.lines() {
+                if let Some(rest) = line.strip_prefix("pub async fn ") {
+                    if let Some((name, args)) = rest.split_once('(') {
+                        if args.starts_with("store: Store)") {
+                            found.push(format!("{module}::{name}"));
+                        }
+                    }
+                }
+            }
+        }
+        let mut listed: Vec<String> = super::SCENARIOS.iter().map(|s| s.to_string()).collect();
+        found.sort();
+        listed.sort();
+        assert_eq!(
+            found, listed,
+            "conformance_tests! must list exactly the scenario functions"
+        );
+    }
 }

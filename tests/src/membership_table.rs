@@ -531,3 +531,321 @@ pub async fn basic_mode_checks_row_etag_only(store: Store) {
             .expect("stale row etag"));
     }
 }
+
+/// Scenario 15: delete_cluster racing writers never leaves a row that read_row sees
+/// and read_all does not (such a silo could never insert itself again): after the
+/// race, both reads agree on every row, and every row read_all shows can be updated.
+pub async fn delete_cluster_racing_writers_leaves_no_half_row(store: Store) {
+    const WRITERS: u32 = 6;
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let (table, done) = (table.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u32;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let e = full_entry(w * 1000 + n % 50);
+                let snap = table.read_all().await.expect("read_all");
+                match snap.get(&e.silo) {
+                    None => {
+                        let _ = table.insert_row(&e, &snap.version.next()).await.expect("insert");
+                    }
+                    Some((row, etag)) => {
+                        let row = MembershipEntry {
+                            update_zone: n,
+                            ..row.clone()
+                        };
+                        let _ = table
+                            .update_row(&row, etag, &snap.version.next())
+                            .await
+                            .expect("update");
+                    }
+                }
+                n += 1;
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        table
+            .delete_cluster(table.cluster_id())
+            .await
+            .expect("delete_cluster");
+        table.init(true).await.expect("init");
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    for t in tasks {
+        t.await.expect("writer");
+    }
+    let all = table.read_all().await.expect("read_all");
+    for w in 0..WRITERS {
+        for n in 0..50 {
+            let s = full_entry(w * 1000 + n).silo;
+            let one = table.read_row(&s).await.expect("read_row");
+            assert_eq!(
+                one.get(&s).is_some(),
+                all.get(&s).is_some(),
+                "read_row and read_all disagree about {s} after delete_cluster raced writers"
+            );
+        }
+    }
+    // Every row is writable again (none is stuck half-deleted).
+    let v = all.version.clone();
+    if let Some((row, etag)) = all.entries.values().next() {
+        assert!(table.update_row(row, etag, &v.next()).await.expect("update"));
+    }
+}
+
+/// Scenario 16: cluster ids that contain separators or glob characters, or are
+/// prefixes of each other, are distinct clusters: each reads only its own rows and
+/// deleting one leaves the others whole.
+pub async fn ids_with_separators_and_prefixes_stay_apart(store: Store) {
+    let base = crate::unique_id("ids");
+    let suffixes = [
+        "", ":", ":b", "*", "?", "[a-z]", "}", "{x}", "/b", "%3A", " ", "\\", "ü",
+    ];
+    let mut tables = Vec::new();
+    for (i, suffix) in suffixes.iter().enumerate() {
+        let id = format!("{base}{suffix}");
+        let t = store
+            .membership_table(&id, ProtocolMode::Extended)
+            .unwrap_or_else(|e| panic!("open `{id}`: {e}"));
+        t.init(true).await.expect("init");
+        for k in 0..=i as u32 {
+            insert(&*t, &full_entry(k)).await;
+        }
+        tables.push(t);
+    }
+    for (i, t) in tables.iter().enumerate() {
+        let snap = t.read_all().await.expect("read_all");
+        assert_eq!(
+            (snap.len(), snap.version.version),
+            (i + 1, i as u64 + 1),
+            "cluster `{}` sees only its own rows",
+            t.cluster_id()
+        );
+    }
+    tables[0]
+        .delete_cluster(tables[0].cluster_id())
+        .await
+        .expect("delete");
+    tables[0].init(true).await.expect("init");
+    assert!(tables[0].read_all().await.expect("read_all").is_empty());
+    for (i, t) in tables.iter().enumerate().skip(1) {
+        assert_eq!(
+            t.read_all().await.expect("read_all").len(),
+            i + 1,
+            "deleting `{}` touched `{}`",
+            tables[0].cluster_id(),
+            t.cluster_id()
+        );
+        t.delete_cluster(t.cluster_id()).await.expect("cleanup");
+    }
+}
+
+/// Scenario 17: heartbeats racing row updates: every update still commits, and the
+/// heartbeat changes neither the etag, the version nor any other column.
+pub async fn i_am_alive_races_updates_and_touches_nothing_else(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    let e = full_entry(17);
+    insert(&*table, &e).await;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let last_beat = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let beats = {
+        let (table, done, s, last_beat) = (table.clone(), done.clone(), e.silo, last_beat.clone());
+        tokio::spawn(async move {
+            let mut t = 1_800_000_000_000u64;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                t += 1;
+                table
+                    .update_i_am_alive(&s, Timestamp::from_millis(t))
+                    .await
+                    .expect("heartbeat");
+                last_beat.store(t, std::sync::atomic::Ordering::SeqCst);
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    while last_beat.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    for i in 0..30u32 {
+        let (row, etag, v) = row_and_etag(&*table, &e.silo).await;
+        let row = MembershipEntry { fault_zone: i, ..row };
+        assert!(
+            table.update_row(&row, &etag, &v.next()).await.expect("update"),
+            "update {i} conflicted with a heartbeat"
+        );
+        tokio::task::yield_now().await;
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    beats.await.expect("heartbeats");
+    let last = last_beat.load(std::sync::atomic::Ordering::SeqCst);
+    let (row, etag, v) = row_and_etag(&*table, &e.silo).await;
+    assert_eq!(v.version, 31, "heartbeats never bump the version");
+    // update_row writes every column, IAmAlive included (as Orleans' UpdateRow): a
+    // beat that lands between a writer's read and its write may be overwritten with
+    // the value the writer read. So IAmAlive is the original or one of the beats.
+    let alive = row.i_am_alive_time.as_millis();
+    assert!(
+        alive == e.i_am_alive_time.as_millis() || (1_800_000_000_001..=last).contains(&alive),
+        "IAmAlive {alive} was never written"
+    );
+    let expected = MembershipEntry {
+        fault_zone: 29,
+        i_am_alive_time: row.i_am_alive_time,
+        ..e.clone()
+    };
+    assert_eq!(row, expected, "the heartbeats changed no other column");
+    table
+        .update_i_am_alive(&e.silo, Timestamp::from_millis(last + 1))
+        .await
+        .expect("heartbeat");
+    let (_, etag_after, v_after) = row_and_etag(&*table, &e.silo).await;
+    assert_eq!((etag_after, v_after), (etag, v), "a heartbeat changes no etag");
+}
+
+/// Scenario 18: read_row is atomic: the row and the version come from one instant.
+/// A writer stores in each update the version it writes; every read_row must
+/// return a row whose stored version equals the version row read with it.
+pub async fn read_row_is_atomic(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    let mut e = full_entry(18);
+    e.update_zone = 1;
+    insert(&*table, &e).await;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (table, done, s) = (table.clone(), done.clone(), e.silo);
+        tokio::spawn(async move {
+            let mut writes = 0;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) && writes < 200 {
+                let snap = table.read_row(&s).await.expect("read_row");
+                let (row, etag) = snap.get(&s).cloned().expect("row");
+                let next = snap.version.next();
+                let row = MembershipEntry {
+                    update_zone: next.version as u32,
+                    ..row
+                };
+                assert!(table.update_row(&row, &etag, &next).await.expect("update"));
+                writes += 1;
+            }
+        })
+    };
+    let mut reads = 0;
+    while !writer.is_finished() || reads == 0 {
+        let snap = table.read_row(&e.silo).await.expect("read_row");
+        let row = snap.entry(&e.silo).expect("row");
+        assert_eq!(
+            u64::from(row.update_zone),
+            snap.version.version,
+            "read_row returned a row and a version from different instants"
+        );
+        reads += 1;
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    writer.await.expect("writer");
+}
+
+/// Scenario 19: init on a populated cluster changes nothing: rows, etags and the
+/// version survive, and etags read before it still commit.
+pub async fn init_on_a_populated_cluster_changes_nothing(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    insert(&*table, &full_entry(1)).await;
+    insert(&*table, &full_entry(2)).await;
+    let before = table.read_all().await.expect("read_all");
+    table.init(true).await.expect("init again");
+    table.init(false).await.expect("init again");
+    let again = store
+        .membership_table(table.cluster_id(), ProtocolMode::Extended)
+        .expect("reopen");
+    again.init(true).await.expect("init through another handle");
+    assert_eq!(table.read_all().await.expect("read_all"), before);
+    let (row, etag) = before.get(&full_entry(1).silo).cloned().expect("row");
+    assert!(table
+        .update_row(&row, &etag, &before.version.next())
+        .await
+        .expect("update"));
+}
+
+/// Scenario 20: every malformed version precondition is refused, for inserts and
+/// updates alike: the same version, a skipped one, u64::MAX, a wrong, empty or
+/// older etag. Each answers false and changes nothing.
+pub async fn malformed_version_preconditions_are_refused(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    let e1 = full_entry(1);
+    let v0 = table.read_all().await.expect("read_all").version;
+    insert(&*table, &e1).await;
+    let snap = table.read_all().await.expect("read_all");
+    let v = snap.version.clone();
+    let bad = [
+        (
+            "same version",
+            TableVersion {
+                version: v.version,
+                etag: v.etag.clone(),
+            },
+        ),
+        (
+            "skipped version",
+            TableVersion {
+                version: v.version + 2,
+                etag: v.etag.clone(),
+            },
+        ),
+        (
+            "u64::MAX",
+            TableVersion {
+                version: u64::MAX,
+                etag: v.etag.clone(),
+            },
+        ),
+        (
+            "wrong etag",
+            TableVersion {
+                version: v.version + 1,
+                etag: Etag::new("not-the-etag"),
+            },
+        ),
+        (
+            "empty etag",
+            TableVersion {
+                version: v.version + 1,
+                etag: Etag::default(),
+            },
+        ),
+        (
+            "older etag",
+            TableVersion {
+                version: v.version + 1,
+                etag: v0.etag.clone(),
+            },
+        ),
+        ("older version", v0.next()),
+    ];
+    let (row, etag) = snap.get(&e1.silo).cloned().expect("row");
+    let changed = MembershipEntry {
+        update_zone: 77,
+        ..row
+    };
+    for (what, next) in &bad {
+        assert!(
+            !table.insert_row(&full_entry(2), next).await.expect("insert"),
+            "insert with {what} must be refused"
+        );
+        assert!(
+            !table.update_row(&changed, &etag, next).await.expect("update"),
+            "update with {what} must be refused"
+        );
+        assert_eq!(
+            table.read_all().await.expect("read_all"),
+            snap,
+            "{what} changed the table"
+        );
+    }
+    assert!(table
+        .update_row(&changed, &etag, &v.next())
+        .await
+        .expect("update"));
+}

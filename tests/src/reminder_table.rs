@@ -303,3 +303,135 @@ pub async fn invalid_entries_are_rejected(store: Store) {
     }
     assert!(table.read_rows_in_range(0, 0).await.expect("range").is_empty());
 }
+
+/// Concurrent removes with one etag: exactly one wins.
+pub async fn concurrent_removes_with_one_etag_have_one_winner(store: Store) {
+    let table = fresh_table(&store).await;
+    for round in 0..5 {
+        let name = format!("r{round}");
+        let etag = table
+            .upsert_row(&reminder(&*table, "actor", &name, None))
+            .await
+            .expect("upsert");
+        let barrier = Arc::new(Barrier::new(8));
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let (table, barrier, name, etag) = (table.clone(), barrier.clone(), name.clone(), etag.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                table.remove_row("actor", &name, &etag).await.expect("remove_row")
+            }));
+        }
+        let mut wins = 0;
+        for t in tasks {
+            wins += usize::from(t.await.expect("remover"));
+        }
+        assert_eq!(wins, 1, "round {round}: {wins} removes with one etag succeeded");
+        assert!(table.read_row("actor", &name).await.expect("read").is_none());
+    }
+}
+
+/// clear racing upserts: afterwards read_row and the range read agree on every
+/// key (no row visible to one and not the other), and every row can be removed.
+pub async fn clear_racing_upserts_leaves_no_half_row(store: Store) {
+    let table = fresh_table(&store).await;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for w in 0..4 {
+        let (table, done) = (table.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u32;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let e = reminder(&*table, &format!("actor-{w}"), &format!("r{}", n % 40), None);
+                table.upsert_row(&e).await.expect("upsert");
+                n += 1;
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        table.clear().await.expect("clear");
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    for t in tasks {
+        t.await.expect("writer");
+    }
+    let ranged = keys(&table.read_rows_in_range(0, 0).await.expect("range"));
+    for w in 0..4 {
+        for n in 0..40 {
+            let (actor, name) = (format!("actor-{w}"), format!("r{n}"));
+            let one = table.read_row(&actor, &name).await.expect("read_row");
+            assert_eq!(
+                one.is_some(),
+                ranged.contains(&(actor.clone(), name.clone())),
+                "read_row and the range read disagree about {actor}/{name} after clear raced upserts"
+            );
+            if let Some(e) = one {
+                assert!(table.remove_row(&actor, &name, &e.etag).await.expect("remove"));
+            }
+        }
+    }
+}
+
+/// Service ids, actor ids and names with separators and glob characters, or that
+/// are prefixes of each other, never collide: each (actor, name) pair is its own
+/// row, and each service its own table.
+pub async fn ids_with_separators_never_collide(store: Store) {
+    let base = crate::unique_id("svc");
+    let services = [
+        base.clone(),
+        format!("{base}:"),
+        format!("{base}*"),
+        format!("{base}/x"),
+    ];
+    let pairs = [
+        ("a", "b/c"),
+        ("a/b", "c"),
+        ("a", "b"),
+        ("a:b", "c"),
+        ("a", "b:c"),
+        ("a*", "b"),
+        ("a", "*"),
+        ("a%2F", "b"),
+        ("[a]", "?"),
+        ("a", "b%3Ac"),
+    ];
+    let mut tables = Vec::new();
+    for (i, id) in services.iter().enumerate() {
+        let t = store.reminder_table(id).expect("open");
+        t.init().await.expect("init");
+        for (actor, name) in pairs.iter().take(i + 3) {
+            t.upsert_row(&reminder(&*t, actor, name, None))
+                .await
+                .expect("upsert");
+        }
+        tables.push(t);
+    }
+    for (i, t) in tables.iter().enumerate() {
+        let rows = t.read_rows_in_range(0, 0).await.expect("range");
+        let expected: BTreeSet<(String, String)> = pairs
+            .iter()
+            .take(i + 3)
+            .map(|(a, n)| (a.to_string(), n.to_string()))
+            .collect();
+        assert_eq!(keys(&rows), expected, "service `{}`", t.service_id());
+        for (actor, name) in pairs.iter().take(i + 3) {
+            let row = t.read_row(actor, name).await.expect("read").expect("row");
+            assert_eq!((row.actor_id.as_str(), row.name.as_str()), (*actor, *name));
+        }
+        assert_eq!(
+            t.read_rows_for("a").await.expect("for").len(),
+            pairs.iter().take(i + 3).filter(|p| p.0 == "a").count()
+        );
+    }
+    tables[0].clear().await.expect("clear");
+    assert_eq!(
+        tables[1].read_rows_in_range(0, 0).await.expect("range").len(),
+        4,
+        "clear of a prefix service"
+    );
+    for t in &tables {
+        t.clear().await.expect("cleanup");
+    }
+}
