@@ -5,7 +5,8 @@
 #
 #   scripts/test.sh [extra nextest/cargo test args]
 #
-# Set ROLLCALL_REQUIRE_BACKENDS=1 (CI sets CI=true) to make a missing backend fail.
+# A missing backend fails its tests (ROLLCALL_SKIP_MISSING_BACKENDS=1 skips them
+# instead, except when CI is set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/backends.sh
