@@ -29,7 +29,9 @@ pub mod transport;
 
 pub use agents::{MembershipChanged, OnDeclaredDead, Silo, SiloBuilder, SiloHandle, Subscription};
 pub use error::{BoxError, Error, Result, SiloError};
-pub use membership::{CorruptRow, Etag, MembershipEntry, MembershipSnapshot, SuspectVote, TableVersion};
+pub use membership::{
+    CorruptRow, Etag, MembershipDelta, MembershipEntry, MembershipSnapshot, SuspectVote, TableVersion,
+};
 pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};
 pub use reminder::{actor_hash, hash_in_range, ReminderEntry};
 pub use silo::{SiloAddress, SiloStatus};

@@ -243,9 +243,107 @@ impl MembershipSnapshot {
     }
 }
 
+/// The answer of [`MembershipTable::read_delta`](crate::MembershipTable::read_delta):
+/// the version row and the rows written after a given version, read atomically.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MembershipDelta {
+    /// The version row at the time of the read.
+    pub version: TableVersion,
+    /// The rows written (inserted or updated) at a version above the one asked for,
+    /// with their etags; every row if [`complete`](Self::complete).
+    pub changed: BTreeMap<SiloAddress, (MembershipEntry, Etag)>,
+    /// Rows among those that do not decode (see [`MembershipSnapshot::corrupt`]).
+    pub corrupt: Vec<CorruptRow>,
+    /// True when this is a full read: `changed` holds every row of the table, so a
+    /// row missing from it was removed. Providers answer a full read when they have
+    /// no native delta, in basic mode, and when the table's version is below the one
+    /// asked for (the table lost data).
+    pub complete: bool,
+}
+
+impl MembershipDelta {
+    /// A delta that is a full read of `snapshot`.
+    pub fn full(snapshot: MembershipSnapshot) -> Self {
+        MembershipDelta {
+            version: snapshot.version,
+            changed: snapshot.entries,
+            corrupt: snapshot.corrupt,
+            complete: true,
+        }
+    }
+
+    /// The view after this delta: `base` with the changed rows replaced (or, for a
+    /// complete delta, the delta's rows alone), at the delta's version. Rows of
+    /// `base` that are not in a partial delta keep their columns, IAmAlive included
+    /// (heartbeats do not bump the version; the periodic full read refreshes them).
+    pub fn merged_onto(self, base: &MembershipSnapshot) -> MembershipSnapshot {
+        if self.complete {
+            return MembershipSnapshot {
+                version: self.version,
+                entries: self.changed,
+                corrupt: self.corrupt,
+            };
+        }
+        let mut entries = base.entries.clone();
+        entries.extend(self.changed);
+        let mut corrupt = base.corrupt.clone();
+        for c in self.corrupt {
+            if !corrupt.contains(&c) {
+                corrupt.push(c);
+            }
+        }
+        corrupt.sort();
+        MembershipSnapshot {
+            version: self.version,
+            entries,
+            corrupt,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deltas_merge_onto_a_view() {
+        let t = Timestamp::from_millis(1);
+        let row = |n: u16, status| {
+            let e = MembershipEntry::new(silo(&format!("10.0.0.1:{n}@1")), status, t);
+            (e.silo, (e, Etag::new(format!("e{n}"))))
+        };
+        let base = MembershipSnapshot {
+            version: TableVersion {
+                version: 5,
+                etag: "v5".into(),
+            },
+            entries: [row(1, SiloStatus::Active), row(2, SiloStatus::Active)].into(),
+            corrupt: Vec::new(),
+        };
+        let delta = MembershipDelta {
+            version: TableVersion {
+                version: 7,
+                etag: "v7".into(),
+            },
+            changed: [row(2, SiloStatus::Dead), row(3, SiloStatus::Joining)].into(),
+            corrupt: Vec::new(),
+            complete: false,
+        };
+        let merged = delta.clone().merged_onto(&base);
+        assert_eq!(merged.version.version, 7);
+        assert_eq!(merged.len(), 3);
+        assert_eq!(merged.status_of(&silo("10.0.0.1:2@1")), Some(SiloStatus::Dead));
+        let full = MembershipDelta {
+            complete: true,
+            ..delta
+        }
+        .merged_onto(&base);
+        assert_eq!(full.len(), 2, "a complete delta replaces the view");
+        assert_eq!(
+            MembershipDelta::full(base.clone()).merged_onto(&MembershipSnapshot::default()),
+            base
+        );
+    }
 
     fn silo(s: &str) -> SiloAddress {
         s.parse().unwrap()

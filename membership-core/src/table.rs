@@ -10,7 +10,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::{
-    Etag, MembershipEntry, MembershipSnapshot, ReminderEntry, Result, SiloAddress, TableVersion, Timestamp,
+    Etag, MembershipDelta, MembershipEntry, MembershipSnapshot, ReminderEntry, Result, SiloAddress,
+    TableVersion, Timestamp,
 };
 
 /// Whether writes are ordered by the version row.
@@ -88,6 +89,25 @@ pub trait MembershipTable: Send + Sync + std::fmt::Debug {
     /// [`Error::Backend`](crate::Error::Backend) if the backend fails;
     /// [`Error::Corrupt`](crate::Error::Corrupt) only for an undecodable version row.
     async fn read_all(&self) -> Result<MembershipSnapshot>;
+
+    /// The version row and every row written at a version above `since`, as one
+    /// atomic read (delta reads: a silo that knows version `since` re-reads only
+    /// what changed). The answer never misses a write that committed at or below
+    /// the version it reports.
+    ///
+    /// Removed rows (defunct cleanup, `delete_cluster`) and IAmAlive heartbeats do
+    /// not appear in a partial delta; silos still do a periodic full
+    /// [`read_all`](Self::read_all) for those. When the provider has no native
+    /// delta, in [`ProtocolMode::Basic`], or when the table's version is below
+    /// `since`, the answer is a full read ([`MembershipDelta::complete`]). The
+    /// default implementation is `read_all`.
+    ///
+    /// # Errors
+    /// As [`read_all`](Self::read_all).
+    async fn read_delta(&self, since: u64) -> Result<MembershipDelta> {
+        let _ = since;
+        Ok(MembershipDelta::full(self.read_all().await?))
+    }
 
     /// Inserts `entry` if no row exists for `entry.silo`, and sets the version row to
     /// `next_version`, in one conditional transaction. `Ok(false)` on conflict.

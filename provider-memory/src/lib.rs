@@ -25,14 +25,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use rollcall_membership_core::{
-    actor_hash, validate_id, Error, Etag, MembershipEntry, MembershipSnapshot, MembershipTable, ProtocolMode,
-    ReminderEntry, ReminderTable, Result, SiloAddress, SystemStore, TableVersion, Timestamp,
+    actor_hash, validate_id, Error, Etag, MembershipDelta, MembershipEntry, MembershipSnapshot,
+    MembershipTable, ProtocolMode, ReminderEntry, ReminderTable, Result, SiloAddress, SystemStore,
+    TableVersion, Timestamp,
 };
 
 #[derive(Debug, Default)]
 struct Cluster {
     version: TableVersion,
     rows: BTreeMap<SiloAddress, (MembershipEntry, Etag)>,
+    /// The table version each row was last written at (delta reads).
+    written_at: BTreeMap<SiloAddress, u64>,
 }
 
 /// Reminders of one service, keyed by (hash, actor id, name) so that hash-range reads
@@ -98,6 +101,7 @@ impl MemoryStore {
                 etag: self.new_etag(),
             },
             rows: BTreeMap::new(),
+            written_at: BTreeMap::new(),
         });
         Ok(f(cluster))
     }
@@ -145,6 +149,7 @@ impl MemoryMembershipTable {
     fn commit(&self, cluster: &mut Cluster, entry: &MembershipEntry, next: &TableVersion) {
         let etag = self.store.new_etag();
         cluster.rows.insert(entry.silo, (entry.clone(), etag));
+        cluster.written_at.insert(entry.silo, next.version);
         if self.mode == ProtocolMode::Extended {
             cluster.version = TableVersion {
                 version: next.version,
@@ -186,6 +191,24 @@ impl MembershipTable for MemoryMembershipTable {
         })
     }
 
+    async fn read_delta(&self, since: u64) -> Result<MembershipDelta> {
+        self.store.with_cluster(&self.cluster_id, |c| {
+            let full = self.mode == ProtocolMode::Basic || c.version.version < since;
+            let changed = c
+                .rows
+                .iter()
+                .filter(|(s, _)| full || c.written_at.get(*s).is_some_and(|v| *v > since))
+                .map(|(s, row)| (*s, row.clone()))
+                .collect();
+            MembershipDelta {
+                version: c.version.clone(),
+                changed,
+                corrupt: Vec::new(),
+                complete: full,
+            }
+        })
+    }
+
     async fn insert_row(&self, entry: &MembershipEntry, next_version: &TableVersion) -> Result<bool> {
         self.store.with_cluster(&self.cluster_id, |c| {
             if c.rows.contains_key(&entry.silo) || !c.version.admits(next_version, self.mode) {
@@ -224,6 +247,8 @@ impl MembershipTable for MemoryMembershipTable {
         self.store.with_cluster(&self.cluster_id, |c| {
             let n = c.rows.len();
             c.rows.retain(|_, (e, _)| !e.is_defunct(before));
+            let rows = &c.rows;
+            c.written_at.retain(|s, _| rows.contains_key(s));
             n - c.rows.len()
         })
     }

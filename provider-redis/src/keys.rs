@@ -9,6 +9,7 @@
 //! | `<prefix>:{m:<cluster>}:silos` | set | silo addresses with a row (the index; no `KEYS` scans) |
 //! | `<prefix>:{m:<cluster>}:silo:<ip:port@gen>` | string | the row as JSON, with its `etag` |
 //! | `<prefix>:{m:<cluster>}:alive` | hash | silo address -> IAmAlive time (RFC 3339) |
+//! | `<prefix>:{m:<cluster>}:changes` | sorted set | silo addresses scored by the table version their row was last written at (delta reads) |
 //! | `<prefix>:{r:<service>}:ring` | sorted set | `<actor>/<name>` scored by the 32-bit actor hash |
 //! | `<prefix>:{r:<service>}:rem:<actor>/<name>` | string | the reminder as JSON, with its `etag` |
 //!
@@ -56,6 +57,9 @@ impl MembershipKeys {
     }
     pub(crate) fn alive(&self) -> String {
         format!("{}:alive", self.base)
+    }
+    pub(crate) fn changes(&self) -> String {
+        format!("{}:changes", self.base)
     }
     pub(crate) fn row_prefix(&self) -> String {
         format!("{}:silo:", self.base)

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use redis::Value;
 use rollcall_membership_core::{
-    CorruptRow, Error, Etag, MembershipEntry, MembershipSnapshot, MembershipTable, ProtocolMode, Result,
-    SiloAddress, TableVersion, Timestamp,
+    CorruptRow, Error, Etag, MembershipDelta, MembershipEntry, MembershipSnapshot, MembershipTable,
+    ProtocolMode, Result, SiloAddress, TableVersion, Timestamp,
 };
 use serde::{Deserialize, Serialize};
 
@@ -48,6 +48,37 @@ local alive = redis.call('HGETALL', KEYS[3])
 return {version, ids, rows, alive}
 ";
 
+/// Version and the rows written after version ARGV[2], atomically, in the reply
+/// shape of [`READ_ALL`] plus a fifth element: 1 for a full read. KEYS = version,
+/// index, alive, changes; ARGV[1] = row key prefix. A full read is answered when
+/// the table's version is below ARGV[2] (it lost data) or when the change index does
+/// not cover every row (rows written before it existed).
+const READ_DELTA: &str = r"
+local version = redis.call('GET', KEYS[1])
+local v = 0
+if version then v = tonumber(cjson.decode(version).version) or 0 end
+local since = tonumber(ARGV[2])
+local ids
+local full = 0
+if v < since or redis.call('ZCARD', KEYS[4]) ~= redis.call('SCARD', KEYS[2]) then
+  ids = redis.call('SMEMBERS', KEYS[2])
+  full = 1
+else
+  ids = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. ARGV[2], '+inf')
+end
+local rows = {}
+local alive = {}
+for i, id in ipairs(ids) do
+  rows[i] = redis.call('GET', ARGV[1] .. id)
+  local t = redis.call('HGET', KEYS[3], id)
+  if t then
+    alive[#alive + 1] = id
+    alive[#alive + 1] = t
+  end
+end
+return {version, ids, rows, alive, full}
+";
+
 /// One row and the version, atomically, in the reply shape of [`READ_ALL`].
 const READ_ROW: &str = r"
 local version = redis.call('GET', KEYS[1])
@@ -65,11 +96,11 @@ return 0
 ";
 
 /// Deletes every row, the index, the IAmAlive hash and the version of one cluster,
-/// atomically. KEYS = index, alive, version; ARGV[1] = row key prefix.
+/// atomically. KEYS = index, alive, version, changes; ARGV[1] = row key prefix.
 const DELETE_CLUSTER: &str = r"
 local ids = redis.call('SMEMBERS', KEYS[1])
 for _, id in ipairs(ids) do redis.call('DEL', ARGV[1] .. id) end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 return #ids
 ";
 
@@ -267,6 +298,9 @@ impl RedisMembershipTable {
             .sadd(self.keys.index(), &id)
             .ignore()
             .hset(self.keys.alive(), &id, w.entry.i_am_alive_time.to_string())
+            .ignore()
+            // Delta reads: the version this row is written at (0 in basic mode).
+            .zadd(self.keys.changes(), &id, w.next.version)
             .ignore();
         if extended {
             let stored = decode_version(version.as_deref(), &version_key)?;
@@ -291,19 +325,32 @@ impl RedisMembershipTable {
             None => (
                 "read_all",
                 READ_ALL,
-                [keys.version(), keys.index(), keys.alive()],
-                keys.row_prefix(),
+                vec![keys.version(), keys.index(), keys.alive()],
+                vec![keys.row_prefix()],
             ),
             Some(silo) => {
                 let id = silo.to_string();
                 (
                     "read_row",
                     READ_ROW,
-                    [keys.version(), keys.row(&id), keys.alive()],
-                    id,
+                    vec![keys.version(), keys.row(&id), keys.alive()],
+                    vec![id],
                 )
             }
         };
+        Ok(self.read_script(what, source, script_keys, args).await?.0)
+    }
+
+    /// Runs a read script of the [`READ_ALL`] reply shape; returns the snapshot and
+    /// whether the script said it is a full read (a fifth reply element of 1).
+    async fn read_script(
+        &self,
+        what: &'static str,
+        source: &'static str,
+        script_keys: Vec<String>,
+        args: Vec<String>,
+    ) -> Result<(MembershipSnapshot, bool)> {
+        let keys = &self.keys;
         let reply: Value = self
             .router
             .run(&keys.tag, |node: Arc<Node>| {
@@ -316,7 +363,9 @@ impl RedisMembershipTable {
                         for k in script_keys {
                             invocation.key(k);
                         }
-                        invocation.arg(args);
+                        for a in args {
+                            invocation.arg(a);
+                        }
                         invocation
                             .invoke_async(&mut con)
                             .await
@@ -327,7 +376,7 @@ impl RedisMembershipTable {
             })
             .await?;
         let parts = match reply {
-            Value::Array(p) if p.len() == 4 => p,
+            Value::Array(p) if p.len() == 4 || p.len() == 5 => p,
             other => {
                 return Err(Error::corrupt(
                     self.keys.version(),
@@ -404,7 +453,8 @@ impl RedisMembershipTable {
         }
         corrupt.sort();
         snap.corrupt = corrupt;
-        Ok(snap)
+        let full = matches!(parts.get(4), Some(Value::Int(1)));
+        Ok((snap, full))
     }
 }
 
@@ -444,6 +494,27 @@ impl MembershipTable for RedisMembershipTable {
 
     async fn read_all(&self) -> Result<MembershipSnapshot> {
         self.read(None).await
+    }
+
+    async fn read_delta(&self, since: u64) -> Result<MembershipDelta> {
+        if self.mode == ProtocolMode::Basic {
+            return Ok(MembershipDelta::full(self.read(None).await?));
+        }
+        let keys = &self.keys;
+        let (snap, complete) = self
+            .read_script(
+                "read_delta",
+                READ_DELTA,
+                vec![keys.version(), keys.index(), keys.alive(), keys.changes()],
+                vec![keys.row_prefix(), since.to_string()],
+            )
+            .await?;
+        Ok(MembershipDelta {
+            version: snap.version,
+            changed: snap.entries,
+            corrupt: snap.corrupt,
+            complete,
+        })
     }
 
     async fn insert_row(&self, entry: &MembershipEntry, next_version: &TableVersion) -> Result<bool> {
@@ -514,6 +585,8 @@ impl MembershipTable for RedisMembershipTable {
                                 .ignore()
                                 .srem(keys.index(), id)
                                 .ignore()
+                                .zrem(keys.changes(), id)
+                                .ignore()
                                 .hdel(keys.alive(), id)
                                 .ignore();
                         }
@@ -542,6 +615,7 @@ impl MembershipTable for RedisMembershipTable {
                             .key(keys.index())
                             .key(keys.alive())
                             .key(keys.version())
+                            .key(keys.changes())
                             .arg(keys.row_prefix())
                             .invoke_async::<i64>(&mut con)
                             .await

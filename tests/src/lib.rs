@@ -80,6 +80,8 @@ macro_rules! conformance_tests {
                 membership_table::read_row_is_atomic,
                 membership_table::init_on_a_populated_cluster_changes_nothing,
                 membership_table::malformed_version_preconditions_are_refused,
+                membership_table::read_delta_returns_the_rows_written_after_a_version,
+                membership_table::read_delta_never_misses_a_committed_write,
                 reminder_table::round_trip_odd_names,
                 reminder_table::every_upsert_yields_a_new_etag,
                 reminder_table::remove_row_preconditions,

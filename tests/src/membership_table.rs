@@ -849,3 +849,110 @@ pub async fn malformed_version_preconditions_are_refused(store: Store) {
         .await
         .expect("update"));
 }
+
+/// Scenario 21: read_delta(since) returns the version row and the rows written after
+/// `since` (a provider without a native delta may answer a complete read instead);
+/// above the table's version it answers a complete read.
+pub async fn read_delta_returns_the_rows_written_after_a_version(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    for n in 1..=3 {
+        insert(&*table, &full_entry(n)).await;
+    }
+    let (row, etag, v) = row_and_etag(&*table, &full_entry(1).silo).await;
+    let row = MembershipEntry {
+        update_zone: 99,
+        ..row
+    };
+    assert!(table.update_row(&row, &etag, &v.next()).await.expect("update"));
+    let all = table.read_all().await.expect("read_all");
+    assert_eq!(all.version.version, 4);
+    let check = |since: u64, expected: &[u32], d: rollcall_membership_core::MembershipDelta| {
+        assert_eq!(
+            d.version, all.version,
+            "read_delta({since}) reports the version row"
+        );
+        if d.complete {
+            assert_eq!(
+                d.changed, all.entries,
+                "a complete read_delta({since}) holds every row"
+            );
+        } else {
+            let silos: Vec<SiloAddress> = d.changed.keys().copied().collect();
+            let mut want: Vec<SiloAddress> = expected.iter().map(|n| full_entry(*n).silo).collect();
+            want.sort();
+            assert_eq!(silos, want, "read_delta({since})");
+            for (s, r) in &d.changed {
+                assert_eq!(
+                    Some(r),
+                    all.entries.get(s),
+                    "read_delta({since}) row {s} as read_all has it"
+                );
+            }
+        }
+    };
+    check(0, &[1, 2, 3], table.read_delta(0).await.expect("delta"));
+    check(2, &[1, 3], table.read_delta(2).await.expect("delta"));
+    check(4, &[], table.read_delta(4).await.expect("delta"));
+    let above = table.read_delta(10).await.expect("delta");
+    assert!(above.complete, "since above the table's version: a complete read");
+    check(10, &[1, 2, 3], above);
+}
+
+/// Scenario 22: a reader that keeps its view by delta reads alone, while writers
+/// race it, never misses a write: after the writers stop, one more delta makes its
+/// view equal to read_all.
+pub async fn read_delta_never_misses_a_committed_write(store: Store) {
+    const WRITERS: u32 = 4;
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    for w in 0..WRITERS {
+        insert(&*table, &full_entry(w)).await;
+    }
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let (table, done) = (table.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let s = full_entry(w).silo;
+            let mut n = 0u32;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) && n < 60 {
+                let snap = table.read_row(&s).await.expect("read_row");
+                let (row, etag) = snap.get(&s).cloned().expect("row");
+                let next = snap.version.next();
+                let row = MembershipEntry {
+                    update_zone: next.version as u32,
+                    ..row
+                };
+                if table.update_row(&row, &etag, &next).await.expect("update") {
+                    n += 1;
+                }
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    let mut view = table.read_all().await.expect("read_all");
+    let mut deltas = 0;
+    while tasks.iter().any(|t| !t.is_finished()) || deltas == 0 {
+        let d = table.read_delta(view.version.version).await.expect("read_delta");
+        assert!(d.version.version >= view.version.version, "a delta went back");
+        view = d.merged_onto(&view);
+        for row in view.rows() {
+            assert!(
+                u64::from(row.update_zone) <= view.version.version,
+                "a row written at {} in a view at version {}",
+                row.update_zone,
+                view.version.version
+            );
+        }
+        deltas += 1;
+        tokio::task::yield_now().await;
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    for t in tasks {
+        t.await.expect("writer");
+    }
+    let d = table.read_delta(view.version.version).await.expect("read_delta");
+    view = d.merged_onto(&view);
+    let all = table.read_all().await.expect("read_all");
+    assert_eq!(view.version, all.version);
+    assert_eq!(view.entries, all.entries, "the delta-kept view missed a write");
+}

@@ -305,3 +305,32 @@ async fn tls_rediss_urls_work_and_unverified_servers_are_refused() {
     rollcall_tests::reminder_table::remove_row_preconditions(store.clone()).await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Delta reads are native on Redis (a sorted set of silos scored by the version
+/// their row was written at), and fall back to a complete read when that index
+/// does not cover every row (rows written before it existed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delta_reads_are_native_and_fall_back_without_the_change_index() {
+    let Some((store, b)) = redis().await else { return };
+    let id = unique_id("delta");
+    let table = store.membership_table(&id, ProtocolMode::Extended).unwrap();
+    table.init(true).await.unwrap();
+    for n in 1..=3 {
+        insert(&*table, &full_entry(n)).await;
+    }
+    let d = table.read_delta(2).await.unwrap();
+    assert!(!d.complete, "native delta");
+    assert_eq!(
+        d.changed.keys().copied().collect::<Vec<_>>(),
+        vec![full_entry(3).silo]
+    );
+    let mut con = raw(&b).await;
+    redis::cmd("DEL")
+        .arg(format!("rollcall:{{m:{id}}}:changes"))
+        .query_async::<()>(&mut con)
+        .await
+        .unwrap();
+    let d = table.read_delta(2).await.unwrap();
+    assert!(d.complete, "without the change index: a complete read");
+    assert_eq!(d.changed.len(), 3);
+}
