@@ -45,6 +45,8 @@ struct World {
     published: Vec<Vec<u64>>,
     joined: Vec<Option<Result<(), String>>>,
     max_pending_writes: usize,
+    full_reads: u64,
+    delta_reads: u64,
 }
 
 fn now_or_fail<T>(f: impl std::future::Future<Output = T>) -> T {
@@ -75,6 +77,8 @@ impl World {
             published: Vec::new(),
             joined: Vec::new(),
             max_pending_writes: 0,
+            full_reads: 0,
+            delta_reads: 0,
         }
     }
 
@@ -133,8 +137,14 @@ impl World {
         let table = self.table.clone();
         match action {
             Action::ReadTable { id } => {
+                self.full_reads += 1;
                 let result = now_or_fail(table.read_all());
                 self.push(lat, i, Event::TableRead { id, result });
+            }
+            Action::ReadDelta { id, since } => {
+                self.delta_reads += 1;
+                let result = now_or_fail(table.read_delta(since));
+                self.push(lat, i, Event::DeltaRead { id, result });
             }
             Action::WriteRow {
                 id,
@@ -454,4 +464,41 @@ proptest! {
             prop_assert_eq!(w.machines[i].status(), SiloStatus::Active);
         }
     }
+}
+
+/// Issue 9: refreshes that gossip and writes trigger are delta reads; full reads
+/// are the periodic refresh (one per `table_refresh_timeout`) and write jobs.
+#[test]
+fn gossip_triggered_refreshes_are_delta_reads() {
+    let mut w = cluster(8, 9, 5, 0.0);
+    let (full_at_join, delta_at_join) = (w.full_reads, w.delta_reads);
+    assert!(
+        delta_at_join > full_at_join,
+        "joins: {delta_at_join} delta reads, {full_at_join} full reads"
+    );
+    let o = ClusterMembershipOptions::default();
+    let minutes = 10;
+    w.run_for(minutes * 60_000);
+    let full = w.full_reads - full_at_join;
+    let periodic = 8 * (minutes * 60_000 / o.table_refresh_timeout.as_millis() as u64);
+    assert!(
+        full <= periodic + 8,
+        "quiet cluster: {full} full reads, {periodic} periodic"
+    );
+    // A crash: the declaration's gossip is served by deltas.
+    let before = (w.full_reads, w.delta_reads);
+    w.crashed[7] = true;
+    let victim = w.addrs[7];
+    w.run_until(60_000, |w| w.dead().contains(&victim))
+        .expect("declared Dead");
+    w.run_for(2_000);
+    assert!(
+        w.delta_reads - before.1 >= 6,
+        "survivors refreshed by delta after the declaration"
+    );
+    let table = w.table();
+    for (i, m) in w.machines.iter().enumerate().take(7) {
+        assert_eq!(m.status(), SiloStatus::Active, "silo {i}");
+    }
+    assert_eq!(table.status_of(&victim), Some(SiloStatus::Dead));
 }

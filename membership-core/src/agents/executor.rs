@@ -110,6 +110,10 @@ impl MembershipAgent {
                 let result = bounded(timeout, "read_all", table.read_all()).await;
                 Event::TableRead { id, result }
             }),
+            Action::ReadDelta { id, since } => self.spawn_event(ctx, async move {
+                let result = bounded(timeout, "read_delta", table.read_delta(since)).await;
+                Event::DeltaRead { id, result }
+            }),
             Action::WriteRow {
                 id,
                 write,

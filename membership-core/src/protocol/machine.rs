@@ -30,8 +30,8 @@ use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
 
 use crate::{
-    ClusterMembershipOptions, CorruptRow, Error, Etag, MembershipEntry, MembershipSnapshot, ProtocolMode,
-    SiloAddress, SiloError, SiloStatus, SuspectVote, TableVersion, Timestamp,
+    ClusterMembershipOptions, CorruptRow, Error, Etag, MembershipDelta, MembershipEntry, MembershipSnapshot,
+    ProtocolMode, SiloAddress, SiloError, SiloStatus, SuspectVote, TableVersion, Timestamp,
 };
 
 use super::cleanup::{defunct_cutoff, lost_row_grace};
@@ -99,6 +99,13 @@ pub enum Event {
         id: u64,
         /// The snapshot, or why the read failed (or timed out).
         result: Result<MembershipSnapshot, Error>,
+    },
+    /// A delta read asked for with [`Action::ReadDelta`] finished.
+    DeltaRead {
+        /// The read's id.
+        id: u64,
+        /// The rows written after the version asked for, or why not.
+        result: Result<MembershipDelta, Error>,
     },
     /// A row write asked for with [`Action::WriteRow`] finished.
     RowWritten {
@@ -180,6 +187,15 @@ pub enum Action {
     ReadTable {
         /// The read's id.
         id: u64,
+    },
+    /// `read_delta(since)`; answer with [`Event::DeltaRead`]. Used for refreshes
+    /// that gossip, writes and calls trigger; the periodic refresh and write jobs
+    /// read the whole table.
+    ReadDelta {
+        /// Read id, echoed in the event.
+        id: u64,
+        /// The version of the view the delta applies to.
+        since: u64,
     },
     /// A conditional write with the version row set to `next_version`; answer with
     /// [`Event::RowWritten`].
@@ -362,6 +378,9 @@ pub struct SiloMachine {
     /// Per read in flight: `known_version` when it was issued. A linearizable table
     /// never answers such a read with a lower version, unless it lost data.
     read_floors: BTreeMap<u64, u64>,
+    /// The next refresh reads the whole table (periodic refresh, a failed read, no
+    /// view yet): IAmAlive ages and removed rows are not in deltas.
+    full_read_due: bool,
     /// The corrupt rows of the last read, logged once per change.
     corrupt_logged: Vec<CorruptRow>,
     cleanup_in_flight: bool,
@@ -409,6 +428,7 @@ impl SiloMachine {
             known_version: 0,
             read_floors: BTreeMap::new(),
             corrupt_logged: Vec::new(),
+            full_read_due: true,
             cleanup_in_flight: false,
             gossip_read_at: None,
             gossip_read_scheduled: false,
@@ -473,6 +493,10 @@ impl SiloMachine {
             Event::Start => self.start(),
             Event::Timer(timer) => self.on_timer(now, timer),
             Event::TableRead { id, result } => self.on_read(now, id, result),
+            Event::DeltaRead { id, result } => {
+                let result = result.map(|d| d.merged_onto(&self.view));
+                self.on_read(now, id, result)
+            }
             Event::RowWritten { id, result } => self.on_written(id, result),
             Event::IAmAliveWritten(result) => {
                 self.alive_in_flight = false;
@@ -649,10 +673,12 @@ impl SiloMachine {
             Timer::Refresh => {
                 let p = o.table_refresh_timeout;
                 self.schedule(Timer::Refresh, p);
+                self.full_read_due = true;
                 self.refresh(None);
             }
             Timer::RefreshRetry => {
                 self.refresh_retry_scheduled = false;
+                self.full_read_due = true;
                 self.refresh(None);
             }
             Timer::IAmAlive => {
@@ -757,19 +783,28 @@ impl SiloMachine {
     fn refresh(&mut self, waiter: Option<u64>) {
         let id = self.id();
         if let Some(id) = self.refresher.request(waiter, id) {
-            self.read_table(id);
+            self.read_table(id, false);
         }
     }
 
-    /// Starts table read `id`, remembering the version it must not fall below.
-    fn read_table(&mut self, id: u64) {
+    /// Starts table read `id` (whole table if `full`, or if a full read is due;
+    /// else a delta from the view's version), remembering the version it must not
+    /// fall below.
+    fn read_table(&mut self, id: u64, full: bool) {
         // At most one refresh and one job read are in flight; stale entries (a result
         // that never came) are dropped rather than kept forever.
         while self.read_floors.len() >= 8 {
             self.read_floors.pop_first();
         }
         self.read_floors.insert(id, self.known_version);
-        self.out.push(Action::ReadTable { id });
+        let delta = !full && !self.full_read_due && self.has_view && self.mode() == ProtocolMode::Extended;
+        if delta {
+            let since = self.view.version.version;
+            self.out.push(Action::ReadDelta { id, since });
+        } else {
+            self.full_read_due = false;
+            self.out.push(Action::ReadTable { id });
+        }
     }
 
     fn mark_alive(&mut self, t: Timestamp) {
@@ -909,7 +944,7 @@ impl SiloMachine {
             if self.refresher.has_pending() {
                 let id = self.id();
                 self.refresher.start_pending(id);
-                self.read_table(id);
+                self.read_table(id, false);
             }
             self.after_refresh(now);
             return;
@@ -1018,7 +1053,7 @@ impl SiloMachine {
         let id = self.id();
         if let Some(r) = self.running.as_mut() {
             r.phase = JobPhase::Reading(id);
-            self.read_table(id);
+            self.read_table(id, true);
         }
     }
 
