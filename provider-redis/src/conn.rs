@@ -1,6 +1,6 @@
 //! Connections: per node, a pool of dedicated connections for WATCH transactions
-//! (deadpool-redis) and one auto-reconnecting multiplexed connection for plain reads
-//! and heartbeats. In Redis Cluster mode, the node that owns a hash tag's slot is
+//! (deadpool, with a manager of our own: a checkout costs no round trip) and one
+//! auto-reconnecting multiplexed connection for plain reads and heartbeats. In Redis Cluster mode, the node that owns a hash tag's slot is
 //! found with `CLUSTER SLOTS` and refreshed on a `MOVED` redirection.
 
 use std::collections::HashMap;
@@ -36,7 +36,7 @@ fn is_moved(e: &Error) -> bool {
 pub(crate) struct Node {
     pub(crate) url: String,
     client: redis::Client,
-    pool: deadpool_redis::Pool,
+    pool: deadpool::managed::Pool<WatchConnections>,
     shared: OnceCell<ConnectionManager>,
     timeout: std::time::Duration,
 }
@@ -48,21 +48,72 @@ impl std::fmt::Debug for Node {
 }
 
 /// A pooled connection held for one transaction.
-pub(crate) type Dedicated = deadpool_redis::Connection;
+pub(crate) type Dedicated = deadpool::managed::Object<WatchConnections>;
+
+/// Connections checked out with [`Dedicated`] must be handed back with no WATCH
+/// pending (the write path ends every transaction with `EXEC` or `UNWATCH`) and are
+/// dropped, not returned, after any error ([`discard`]). So a checkout needs no
+/// `UNWATCH` + `PING` round trip (deadpool-redis' recycle); only a connection idle for
+/// longer than [`IDLE_CHECK`] is pinged first, so one that died while idle (a server
+/// restart) is replaced instead of failing an operation.
+#[derive(Debug)]
+pub(crate) struct WatchConnections {
+    client: redis::Client,
+    timeout: std::time::Duration,
+}
+
+/// Idle time after which a pooled connection is checked with `PING` on checkout.
+const IDLE_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl deadpool::managed::Manager for WatchConnections {
+    type Type = redis::aio::MultiplexedConnection;
+    type Error = RedisError;
+
+    async fn create(&self) -> std::result::Result<Self::Type, Self::Error> {
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        self.client
+            .get_multiplexed_async_connection_with_config(&cfg)
+            .await
+    }
+
+    async fn recycle(
+        &self,
+        conn: &mut Self::Type,
+        metrics: &deadpool::managed::Metrics,
+    ) -> deadpool::managed::RecycleResult<Self::Error> {
+        if metrics.last_used() >= IDLE_CHECK {
+            redis::cmd("PING").query_async::<()>(conn).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Drops a dedicated connection instead of returning it to the pool (its WATCH
+/// state is unknown after an error).
+pub(crate) fn discard(con: Dedicated) {
+    drop(deadpool::managed::Object::take(con));
+}
 
 impl Node {
     fn new(url: &str, cfg: &RedisConfig) -> Result<Node> {
         let client = redis::Client::open(url)
             .map_err(|e| Error::invalid_config("store_url", format!("{}: {e}", redact(url))))?;
-        let mut pool_cfg = deadpool_redis::Config::from_url(url);
-        let mut pc = deadpool_redis::PoolConfig::new(cfg.pool_size);
-        pc.timeouts.wait = Some(cfg.timeout);
-        pc.timeouts.create = Some(cfg.timeout);
-        pc.timeouts.recycle = Some(cfg.timeout);
-        pool_cfg.pool = Some(pc);
-        let pool = pool_cfg
-            .create_pool(Some(deadpool_redis::Runtime::Tokio1))
-            .map_err(|e| Error::invalid_config("store_url", format!("{}: {e}", redact(url))))?;
+        let timeouts = deadpool::managed::Timeouts {
+            wait: Some(cfg.timeout),
+            create: Some(cfg.timeout),
+            recycle: Some(cfg.timeout),
+        };
+        let pool = deadpool::managed::Pool::builder(WatchConnections {
+            client: client.clone(),
+            timeout: cfg.timeout,
+        })
+        .max_size(cfg.pool_size)
+        .timeouts(timeouts)
+        .runtime(deadpool::Runtime::Tokio1)
+        .build()
+        .map_err(|e| Error::invalid_config("store_url", format!("{}: {e}", redact(url))))?;
         Ok(Node {
             url: url.to_owned(),
             client,

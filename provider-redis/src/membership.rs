@@ -194,17 +194,10 @@ fn encode_version(version: u64) -> Result<(String, String)> {
     Ok((json, etag))
 }
 
-/// Clears any WATCH left on a pooled connection, then watches `keys`.
-async fn watch(con: &mut Dedicated, keys: &[&str]) -> Result<()> {
-    redis::pipe()
-        .cmd("UNWATCH")
-        .ignore()
-        .cmd("WATCH")
-        .arg(keys)
-        .ignore()
-        .query_async::<()>(&mut **con)
-        .await
-        .map_err(|e| backend("WATCH", e))
+/// The etag of a stored row, read without decoding its columns.
+#[derive(Deserialize)]
+struct StoredEtag {
+    etag: String,
 }
 
 async fn unwatch(con: &mut Dedicated) -> Result<bool> {
@@ -253,7 +246,7 @@ impl RedisMembershipTable {
                         let r = self.write_on(&mut con, write).await;
                         if r.is_err() {
                             // Never hand a connection with unknown WATCH state back to the pool.
-                            drop(deadpool_redis::Connection::take(con));
+                            crate::conn::discard(con);
                         }
                         r
                     })
@@ -274,18 +267,26 @@ impl RedisMembershipTable {
         } else {
             vec![row_key.as_str()]
         };
-        watch(con, &watched).await?;
+        // One round trip: WATCH and both reads (pooled connections never carry a
+        // WATCH, see conn::WatchConnections), then one for MULTI ... EXEC.
         let (row, version): (Option<String>, Option<String>) = redis::pipe()
+            .cmd("WATCH")
+            .arg(&watched)
+            .ignore()
             .get(&row_key)
             .get(&version_key)
             .query_async(&mut **con)
             .await
-            .map_err(|e| backend("read before write", e))?;
+            .map_err(|e| backend("WATCH and read before write", e))?;
         match (w.expected, row.as_deref()) {
             (None, Some(_)) | (Some(_), None) => return unwatch(con).await,
             (Some(etag), Some(raw)) => {
-                let (_, stored) = decode_row(raw, &row_key, None)?;
-                if stored != *etag {
+                let stored: StoredEtag =
+                    serde_json::from_str(raw).map_err(|e| Error::corrupt(&row_key, e))?;
+                if stored.etag.is_empty() {
+                    return Err(Error::corrupt(&row_key, "empty etag"));
+                }
+                if stored.etag != etag.as_str() {
                     return unwatch(con).await;
                 }
             }
@@ -310,10 +311,10 @@ impl RedisMembershipTable {
             let (json, _) = encode_version(w.next.version)?;
             tx.set(&version_key, json).ignore();
         }
-        tx.cmd("PING");
-        // EXEC answers nil when a watched key changed.
-        let committed: Option<(String,)> =
-            tx.query_async(&mut **con).await.map_err(|e| backend("EXEC", e))?;
+        // The one reply kept (SADD's count), so that a committed EXEC is a non-empty
+        // array: EXEC answers nil when a watched key changed.
+        tx.sadd(self.keys.index(), &id);
+        let committed: Option<(i64,)> = tx.query_async(&mut **con).await.map_err(|e| backend("EXEC", e))?;
         Ok(committed.is_some())
     }
 
@@ -358,7 +359,7 @@ impl RedisMembershipTable {
                 async move {
                     node.timed(what, async {
                         let mut con = node.shared().await?;
-                        let script = redis::Script::new(source);
+                        let script = crate::script(source);
                         let mut invocation = script.prepare_invoke();
                         for k in script_keys {
                             invocation.key(k);
@@ -543,7 +544,7 @@ impl MembershipTable for RedisMembershipTable {
                 async move {
                     node.timed("update_i_am_alive", async {
                         let mut con = node.shared().await?;
-                        redis::Script::new(I_AM_ALIVE)
+                        crate::script(I_AM_ALIVE)
                             .key(index)
                             .key(alive)
                             .arg(id)
@@ -611,7 +612,7 @@ impl MembershipTable for RedisMembershipTable {
                         // One script: a racing write commits wholly before (and is
                         // deleted) or wholly after (and is complete) the delete.
                         let mut con = node.shared().await?;
-                        redis::Script::new(DELETE_CLUSTER)
+                        crate::script(DELETE_CLUSTER)
                             .key(keys.index())
                             .key(keys.alive())
                             .key(keys.version())

@@ -205,20 +205,16 @@ impl ReminderTable for RedisReminderTable {
                     node.timed("remove_row", async {
                         let mut con = node.dedicated().await?;
                         let r = async {
-                            redis::pipe()
-                                .cmd("UNWATCH")
-                                .ignore()
+                            // WATCH and GET in one round trip (pooled connections
+                            // never carry a WATCH, see conn::WatchConnections).
+                            let (raw,): (Option<String>,) = redis::pipe()
                                 .cmd("WATCH")
                                 .arg(&row_key)
                                 .ignore()
-                                .query_async::<()>(&mut *con)
-                                .await
-                                .map_err(|e| backend("WATCH", e))?;
-                            let raw: Option<String> = redis::cmd("GET")
-                                .arg(&row_key)
+                                .get(&row_key)
                                 .query_async(&mut *con)
                                 .await
-                                .map_err(|e| backend("GET", e))?;
+                                .map_err(|e| backend("WATCH and GET", e))?;
                             let matches = match raw {
                                 Some(r) => decode(&r, &row_key)?.etag == *etag,
                                 None => false,
@@ -230,13 +226,13 @@ impl ReminderTable for RedisReminderTable {
                                     .map_err(|e| backend("UNWATCH", e))?;
                                 return Ok(false);
                             }
-                            let done: Option<(String,)> = redis::pipe()
+                            // ZREM's count is the one reply kept: a committed EXEC
+                            // is a non-empty array, an aborted one nil.
+                            let done: Option<(i64,)> = redis::pipe()
                                 .atomic()
                                 .del(&row_key)
                                 .ignore()
                                 .zrem(&ring, &member)
-                                .ignore()
-                                .cmd("PING")
                                 .query_async(&mut *con)
                                 .await
                                 .map_err(|e| backend("EXEC", e))?;
@@ -244,7 +240,7 @@ impl ReminderTable for RedisReminderTable {
                         }
                         .await;
                         if r.is_err() {
-                            drop(deadpool_redis::Connection::take(con));
+                            crate::conn::discard(con);
                         }
                         r
                     })
@@ -257,7 +253,7 @@ impl ReminderTable for RedisReminderTable {
     async fn clear(&self) -> Result<()> {
         // One script, so a racing upsert lands wholly before or wholly after the clear.
         self.shared("clear", |mut con, keys| async move {
-            redis::Script::new(CLEAR)
+            crate::script(CLEAR)
                 .key(keys.ring())
                 .arg(keys.row_prefix())
                 .invoke_async::<i64>(&mut con)

@@ -334,3 +334,56 @@ async fn delta_reads_are_native_and_fall_back_without_the_change_index() {
     assert!(d.complete, "without the change index: a complete read");
     assert_eq!(d.changed.len(), 3);
 }
+
+/// Issue 9: the Redis write path is `WATCH` + both `GET`s in one pipeline, then
+/// `MULTI ... EXEC`: no `UNWATCH` unless a precondition fails client-side, and no
+/// `PING` per pool checkout. Counted by the server itself (`INFO commandstats`) on a
+/// server of this test's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn update_row_sends_no_unwatch_and_no_ping() {
+    let mut server = match fixtures::start_local_on(fixtures::Kind::Redis, None).await {
+        Ok(s) => s,
+        Err(e) if fixtures::backends_required() => panic!("redis-server needed: {e}"),
+        Err(e) => return eprintln!("SKIPPED: {e}"),
+    };
+    let store = store_on(&server).await;
+    let table = store
+        .membership_table(&unique_id("rtt"), ProtocolMode::Extended)
+        .unwrap();
+    table.init(true).await.unwrap();
+    insert(&*table, &full_entry(1)).await;
+    let mut con = raw(&server).await;
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async::<()>(&mut con)
+        .await
+        .unwrap();
+    const WRITES: u64 = 50;
+    for i in 0..WRITES {
+        let snap = table.read_all().await.unwrap();
+        let (row, etag) = snap.get(&full_entry(1).silo).cloned().unwrap();
+        let row = MembershipEntry {
+            update_zone: i as u32,
+            ..row
+        };
+        assert!(table.update_row(&row, &etag, &snap.version.next()).await.unwrap());
+    }
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let calls = |cmd: &str| -> u64 {
+        info.lines()
+            .find(|l| l.starts_with(&format!("cmdstat_{cmd}:")))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|r| r.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(calls("watch"), WRITES, "{info}");
+    assert_eq!(calls("exec"), WRITES, "{info}");
+    assert_eq!(calls("unwatch"), 0, "no UNWATCH on the happy path:\n{info}");
+    assert_eq!(calls("ping"), 0, "no PING per pool checkout:\n{info}");
+    server.stop().await;
+}
