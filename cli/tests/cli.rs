@@ -308,6 +308,27 @@ fn redis_multi_process_cluster_declares_a_killed_silo_dead() {
     );
 }
 
+/// Waits (polling `rollcall status`, at most `limit`) until `n` silos of `cluster`
+/// are Active, failing at once if one of `procs` exits meanwhile.
+#[cfg(feature = "redis")]
+fn await_active(store: &str, cluster: &str, n: usize, procs: &mut Procs, limit: std::time::Duration) {
+    let started = std::time::Instant::now();
+    loop {
+        let (_, lines) = status(store, cluster);
+        if active(&lines) == n {
+            return;
+        }
+        for c in &mut procs.0 {
+            assert!(c.try_wait().expect("wait").is_none(), "a silo exited: {lines:#?}");
+        }
+        assert!(
+            started.elapsed() < limit,
+            "{n} silos never became Active: {lines:#?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// Runs one Redis command against the fixture's server.
 #[cfg(feature = "redis")]
 fn redis_cmd(rt: &tokio::runtime::Runtime, endpoint: &str, cmd: &mut rollcall_tests::redis::Cmd) {
@@ -401,7 +422,7 @@ fn redis_multi_process_corrupt_row_does_not_blind_the_cluster() {
 #[cfg(feature = "redis")]
 #[test]
 fn redis_multi_process_lost_table_is_survived() {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let Some((rt, backend)) = redis_fixture() else {
         return;
     };
@@ -418,25 +439,8 @@ fn redis_multi_process_lost_table_is_survived() {
             .arg(&pattern),
     );
     assert_eq!(status(&store, &cluster).0, 0, "the table is empty");
-    // --fast reads the table every 10 s at least.
-    let started = Instant::now();
-    loop {
-        let (_, lines) = status(&store, &cluster);
-        if active(&lines) == 3 {
-            break;
-        }
-        for c in &mut procs.0 {
-            assert!(
-                c.try_wait().expect("wait").is_none(),
-                "a silo exited after the loss"
-            );
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "silos did not re-register: {lines:#?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    // --fast reads the table every 10 s at least; no silo may exit meanwhile.
+    await_active(&store, &cluster, 3, &mut procs, Duration::from_secs(30));
     kill_and_await_dead(&mut procs, 2, ports[2], &store, &cluster, 2);
     let log = std::fs::read_to_string(log_path(&cluster, ports[0])).unwrap_or_default();
     assert!(
@@ -512,15 +516,7 @@ fn redis_multi_process_silo_waits_for_a_late_store() {
     let _late = rt
         .block_on(start_local_on(Kind::Redis, Some(port)))
         .expect("start the late redis-server");
-    let started = Instant::now();
-    while active(&status(&store, &cluster).1) < 1 {
-        assert!(procs.0[0].try_wait().unwrap().is_none(), "the silo gave up");
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the silo never joined"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    await_active(&store, &cluster, 1, &mut procs, Duration::from_secs(20));
 }
 
 /// Issue 8, defect 4, as found: a silo at a low open-file limit (here 128) and
@@ -532,7 +528,7 @@ fn redis_multi_process_silo_waits_for_a_late_store() {
 #[test]
 fn redis_multi_process_idle_connections_do_not_exhaust_the_probe_port() {
     use std::process::Stdio;
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     let Some((_rt, backend)) = redis_fixture() else {
         return;
     };
@@ -561,14 +557,7 @@ fn redis_multi_process_idle_connections_do_not_exhaust_the_probe_port() {
         .spawn()
         .expect("spawn rollcall silo");
     let mut procs = Procs(vec![child]);
-    let started = Instant::now();
-    while active(&status(&store, &cluster).1) < 1 {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the first silo never joined"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    await_active(&store, &cluster, 1, &mut procs, Duration::from_secs(20));
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     let idle: Vec<std::net::TcpStream> = (0..300)
         .filter_map(|_| std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok())
@@ -576,18 +565,7 @@ fn redis_multi_process_idle_connections_do_not_exhaust_the_probe_port() {
     assert!(idle.len() >= 200, "opened {} idle connections", idle.len());
     let (mut more, _, _) = start_silos(&store, &cluster, 1);
     procs.0.append(&mut more.0);
-    let started = Instant::now();
-    loop {
-        let (_, lines) = status(&store, &cluster);
-        if active(&lines) == 2 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the new silo never joined: {lines:#?}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    await_active(&store, &cluster, 2, &mut procs, Duration::from_secs(20));
     assert!(
         procs.0[0].try_wait().unwrap().is_none(),
         "the flooded silo runs on"
