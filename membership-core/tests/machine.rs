@@ -188,7 +188,29 @@ impl World {
                     Some(j) if self.crashed[j] => (lat, PingOutcome::Failed),
                     _ => (timeout_ms, PingOutcome::Failed),
                 };
-                self.push(after, i, Event::PingResult { target, seq, outcome });
+                // The target answers with its view's version (the version spreads
+                // with the probes).
+                let peer_version = match (&outcome, j) {
+                    (PingOutcome::Answered { .. }, Some(j)) => {
+                        // ... and learns the prober's, as the probe server does.
+                        let mine = self.machines[i].view_version();
+                        if mine > self.machines[j].view_version() {
+                            self.push(lat, j, Event::GossipReceived { version: mine });
+                        }
+                        Some(self.machines[j].view_version())
+                    }
+                    _ => None,
+                };
+                self.push(
+                    after,
+                    i,
+                    Event::PingResult {
+                        target,
+                        seq,
+                        outcome,
+                        peer_version,
+                    },
+                );
             }
             Action::IndirectPing {
                 via,
@@ -501,4 +523,37 @@ fn gossip_triggered_refreshes_are_delta_reads() {
         assert_eq!(m.status(), SiloStatus::Active, "silo {i}");
     }
     assert_eq!(table.status_of(&victim), Some(SiloStatus::Dead));
+}
+
+/// Issue 9: the table version spreads with the probes. With gossip off, the
+/// silos learn of a new member within a few probe periods (its pings and pongs
+/// carry its version), not only at the next periodic refresh
+/// (`table_refresh_timeout`, 60 s).
+#[test]
+fn the_version_spreads_with_the_probes_without_gossip() {
+    let options = ClusterMembershipOptions {
+        use_liveness_gossip: false,
+        ..Default::default()
+    };
+    let mut w = World::new(options.clone(), 11, 5, 0.0);
+    for k in 1..=8 {
+        w.add_silo(k);
+        w.run_until(120_000, |w| w.joined.last().is_some_and(Option::is_some))
+            .expect("join finishes");
+        w.run_for(70_000); // every silo has refreshed since
+    }
+    w.add_silo(9);
+    w.run_until(120_000, |w| w.joined.last().is_some_and(Option::is_some))
+        .expect("join finishes");
+    let joined_at = w.table().version.version;
+    let took = w
+        .run_until(60_000, |w| {
+            (0..8).all(|i| w.machines[i].view_version() >= joined_at)
+        })
+        .expect("every silo learns the new member");
+    let bound = 4 * options.probe_period().as_millis() as u64;
+    assert!(
+        took <= bound,
+        "silos learned the new member after {took} ms without gossip (bound {bound} ms)"
+    );
 }

@@ -36,6 +36,9 @@ pub(crate) struct SharedHealth {
     pub(crate) score: AtomicU8,
     /// Pings received since the last health check.
     pub(crate) probes_received: AtomicU32,
+    /// The table version of the silo's view, as last published: what the probe
+    /// server's pongs carry and what incoming pings are compared with.
+    pub(crate) view_version: std::sync::atomic::AtomicU64,
 }
 
 /// The watch channels the agent publishes on.
@@ -142,14 +145,24 @@ impl MembershipAgent {
             }),
             Action::Ping { target, seq, timeout } => {
                 let (transport, cluster, me) = (self.transport.clone(), self.cluster.clone(), self.me);
+                let version = self.machine.view_version();
                 self.spawn_event(ctx, async move {
                     let started = tokio::time::Instant::now();
-                    let request = ProbeRequest::Ping { from: me, target };
+                    let request = ProbeRequest::Ping {
+                        from: me,
+                        target,
+                        version,
+                    };
                     let response = transport
                         .request(target.endpoint(), &cluster, request, timeout)
                         .await;
                     let outcome = PingOutcome::from_response(&target, &response, started.elapsed());
-                    Event::PingResult { target, seq, outcome }
+                    Event::PingResult {
+                        target,
+                        seq,
+                        outcome,
+                        peer_version: crate::protocol::probe::peer_version(&response),
+                    }
                 })
             }
             Action::IndirectPing {
@@ -193,6 +206,9 @@ impl MembershipAgent {
                 new_version,
             } => {
                 if new_version {
+                    self.health
+                        .view_version
+                        .store(snapshot.version.version, Ordering::Relaxed);
                     self.outputs.snapshot.send_replace(snapshot.clone());
                 }
                 self.outputs.latest.send_replace(snapshot);

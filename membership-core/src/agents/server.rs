@@ -37,11 +37,19 @@ impl ProbeHandler for ProbeServer {
             return ProbeResponse::GossipAck;
         };
         let health = self.health.score.load(Ordering::Relaxed);
+        let known = self.health.view_version.load(Ordering::Relaxed);
         match request {
-            ProbeRequest::Ping { target, .. } => {
-                let answer = answer_ping(me, target, health);
+            ProbeRequest::Ping { target, version, .. } => {
+                let answer = answer_ping(me, target, health, known);
                 if matches!(answer, ProbeResponse::Pong { .. }) {
                     self.health.probes_received.fetch_add(1, Ordering::Relaxed);
+                    if version > known {
+                        // The prober read a newer table: like gossip, the machine
+                        // decides (and coalesces) the refresh.
+                        if let Some(agent) = self.agent.get() {
+                            let _ = agent.try_send(GossipReceived { version });
+                        }
+                    }
                 }
                 answer
             }
@@ -55,7 +63,11 @@ impl ProbeHandler for ProbeServer {
                     .request(
                         target.endpoint(),
                         &self.cluster,
-                        ProbeRequest::Ping { from: me, target },
+                        ProbeRequest::Ping {
+                            from: me,
+                            target,
+                            version: known,
+                        },
                         timeout,
                     )
                     .await;

@@ -126,6 +126,8 @@ pub enum Event {
         seq: u64,
         /// What happened.
         outcome: PingOutcome,
+        /// The table version the target's answer carried, if it answered.
+        peer_version: Option<u64>,
     },
     /// An indirect probe asked for with [`Action::IndirectPing`] finished.
     IndirectResult {
@@ -437,6 +439,12 @@ impl SiloMachine {
         }
     }
 
+    /// The table version of this silo's view (0 before the first read): what its
+    /// pings and pongs carry.
+    pub fn view_version(&self) -> u64 {
+        self.view.version.version
+    }
+
     /// This silo's own status.
     pub fn status(&self) -> SiloStatus {
         self.status
@@ -516,7 +524,22 @@ impl SiloMachine {
                     }
                 }
             }
-            Event::PingResult { target, seq, outcome } => self.on_ping(now, target, seq, outcome),
+            Event::PingResult {
+                target,
+                seq,
+                outcome,
+                peer_version,
+            } => {
+                // The version spreads with the probes: a peer that has read a newer
+                // table than ours makes us refresh (coalesced like gossip).
+                if let Some(v) = peer_version {
+                    if self.mode() == ProtocolMode::Extended && self.has_view && v > self.view.version.version
+                    {
+                        self.gossip_refresh(now);
+                    }
+                }
+                self.on_ping(now, target, seq, outcome)
+            }
             Event::IndirectResult { target, seq, outcome } => {
                 if let Some(cycle) = self.probes.get_mut(&target) {
                     cycle.on_indirect(seq, outcome);

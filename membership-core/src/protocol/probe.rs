@@ -82,6 +82,14 @@ impl PingOutcome {
     }
 }
 
+/// The table version a ping's answer carries (`Pong`), if any.
+pub fn peer_version(response: &Result<ProbeResponse, TransportError>) -> Option<u64> {
+    match response {
+        Ok(ProbeResponse::Pong { version, .. }) => Some(*version),
+        _ => None,
+    }
+}
+
 impl IndirectOutcome {
     /// Classifies an intermediary's answer to `IndirectPing`.
     pub fn from_response(response: &Result<ProbeResponse, TransportError>) -> Self {
@@ -102,13 +110,14 @@ impl IndirectOutcome {
 }
 
 /// The probe server's answer to `Ping { target }` at silo `me` with local health
-/// `health`: `Pong` only if `me` *is* `target` (same generation), so a restarted
-/// process never keeps its predecessor alive.
-pub fn answer_ping(me: SiloAddress, target: SiloAddress, health: u8) -> ProbeResponse {
+/// `health` and table version `version`: `Pong` only if `me` *is* `target` (same
+/// generation), so a restarted process never keeps its predecessor alive.
+pub fn answer_ping(me: SiloAddress, target: SiloAddress, health: u8, version: u64) -> ProbeResponse {
     if target == me {
         ProbeResponse::Pong {
             responder: me,
             health,
+            version,
         }
     } else {
         ProbeResponse::WrongSilo { responder: me }

@@ -32,6 +32,9 @@ pub enum ProbeRequest {
         from: SiloAddress,
         /// The silo the prober believes it talks to.
         target: SiloAddress,
+        /// The prober's membership table version: a target that knows an older one
+        /// refreshes (the version spreads with the probes, not only by gossip).
+        version: u64,
     },
     /// "Please ping `target` for me and tell me whether it answered" (indirect
     /// probe through an intermediary).
@@ -61,6 +64,9 @@ pub enum ProbeResponse {
         responder: SiloAddress,
         /// Its local health score; 0 = healthy.
         health: u8,
+        /// The responder's membership table version (a prober that knows an older
+        /// one refreshes).
+        version: u64,
     },
     /// Answer to a ping addressed to another generation than the responder's.
     WrongSilo {
@@ -167,11 +173,12 @@ pub trait Transport: Send + Sync + std::fmt::Debug + 'static {
     ) -> Result<Listener, TransportError>;
 }
 
-/// Frame format version (first byte of every frame).
-pub const FRAME_VERSION: u8 = 2;
+/// Frame format version (first byte of every frame). 4: pings and pongs carry the
+/// sender's table version.
+pub const FRAME_VERSION: u8 = 4;
 /// First byte of a frame sealed with a [`SharedSecret`]: the version-2 payload
 /// followed by a 32-byte HMAC-SHA256 tag over everything before it.
-pub const FRAME_VERSION_SEALED: u8 = 3;
+pub const FRAME_VERSION_SEALED: u8 = 5;
 /// Length of the HMAC-SHA256 tag of a sealed frame, in bytes.
 pub const TAG_BYTES: usize = 32;
 

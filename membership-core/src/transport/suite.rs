@@ -38,6 +38,7 @@ impl ProbeHandler for Echo {
                 ProbeResponse::Pong {
                     responder: target,
                     health: 0,
+                    version: 0,
                 }
             }
             ProbeRequest::IndirectPing { .. } => ProbeResponse::IndirectResult {
@@ -57,6 +58,7 @@ fn ping(port: u16) -> ProbeRequest {
     ProbeRequest::Ping {
         from: silo(1),
         target: silo(port),
+        version: 0,
     }
 }
 
@@ -69,7 +71,8 @@ pub(crate) async fn round_trip(net: &dyn Net) {
         r.unwrap(),
         ProbeResponse::Pong {
             responder: silo(10),
-            health: 0
+            health: 0,
+            version: 0,
         }
     );
     let r = net
@@ -129,7 +132,8 @@ pub(crate) async fn a_late_reply_never_answers_the_next_request(net: &dyn Net) {
             r.unwrap(),
             ProbeResponse::Pong {
                 responder: silo(12),
-                health: 0
+                health: 0,
+                version: 0,
             }
         );
     }

@@ -523,6 +523,7 @@ mod tests {
                 ProbeRequest::Ping { target, .. } => ProbeResponse::Pong {
                     responder: target,
                     health: 0,
+                    version: 0,
                 },
                 ProbeRequest::IndirectPing { .. } => ProbeResponse::IndirectResult {
                     target_answered: true,
@@ -550,6 +551,7 @@ mod tests {
         let req = ProbeRequest::Ping {
             from: silo(1),
             target: silo(to.port()),
+            version: 0,
         };
         client.request(to, "c", req, Duration::from_secs(2)).await
     }
