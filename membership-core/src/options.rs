@@ -59,6 +59,12 @@ pub struct ClusterMembershipOptions {
     pub max_join_attempt_time: Duration,
     /// Gossip "re-read the table" after each successful write. Default true.
     pub use_liveness_gossip: bool,
+    /// How many silos one write's gossip goes to, at most. Default `None`:
+    /// `3 + ceil(log2 N)` of the N other monitored silos, chosen at random (Orleans
+    /// gossips to every silo, which costs N² messages and table reads per round of
+    /// writes in a large cluster). The others learn the new version from the
+    /// versions that pings and pongs carry, within a few probe periods.
+    pub max_gossip_fan_out: Option<u32>,
     /// Try an indirect probe through another silo before voting. Default true.
     pub enable_indirect_probes: bool,
     /// Lengthen the probe timeout while the local silo itself is degraded.
@@ -108,6 +114,7 @@ impl Default for ClusterMembershipOptions {
             num_missed_table_i_am_alive_limit: 3,
             max_join_attempt_time: Duration::from_secs(300),
             use_liveness_gossip: true,
+            max_gossip_fan_out: None,
             enable_indirect_probes: true,
             extend_probe_timeout_during_degradation: true,
             local_health_monitoring_period: Duration::from_secs(10),
@@ -175,6 +182,12 @@ impl ClusterMembershipOptions {
     /// (`num_missed_probes_limit * probe_timeout`).
     pub fn validate(&self) -> Result<()> {
         require_positive("probe_timeout", self.probe_timeout)?;
+        if self.max_gossip_fan_out == Some(0) {
+            return Err(Error::invalid_config(
+                "max_gossip_fan_out",
+                "must be at least 1 (set use_liveness_gossip = false to turn gossip off)",
+            ));
+        }
         let (min, max) = (
             self.effective_min_probe_timeout(),
             self.effective_max_probe_timeout(),

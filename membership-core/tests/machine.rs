@@ -47,6 +47,7 @@ struct World {
     max_pending_writes: usize,
     full_reads: u64,
     delta_reads: u64,
+    max_gossip_fan_out: usize,
 }
 
 fn now_or_fail<T>(f: impl std::future::Future<Output = T>) -> T {
@@ -79,6 +80,7 @@ impl World {
             max_pending_writes: 0,
             full_reads: 0,
             delta_reads: 0,
+            max_gossip_fan_out: 0,
         }
     }
 
@@ -242,6 +244,7 @@ impl World {
                 self.push(after, i, Event::IndirectResult { target, seq, outcome });
             }
             Action::Gossip { to, version } => {
+                self.max_gossip_fan_out = self.max_gossip_fan_out.max(to.len());
                 for silo in to {
                     if let Some(j) = self.addrs.iter().position(|a| *a == silo) {
                         if !self.lost() {
@@ -556,4 +559,47 @@ fn the_version_spreads_with_the_probes_without_gossip() {
         took <= bound,
         "silos learned the new member after {took} ms without gossip (bound {bound} ms)"
     );
+}
+
+/// Issue 9: one write's gossip goes to `3 + ceil(log2 N)` silos, not all N; the
+/// others learn the version from the probes, so a 40-silo cluster still converges
+/// on a join within a few probe periods.
+#[test]
+fn gossip_goes_to_a_bounded_fan_out_and_the_cluster_still_converges() {
+    use rollcall_membership_core::protocol::gossip_fan_out;
+    let o = ClusterMembershipOptions::default();
+    assert_eq!(gossip_fan_out(&o, 1), 3);
+    assert_eq!(gossip_fan_out(&o, 39), 9);
+    assert_eq!(gossip_fan_out(&o, 1000), 13);
+    let capped = ClusterMembershipOptions {
+        max_gossip_fan_out: Some(2),
+        ..o.clone()
+    };
+    assert_eq!(gossip_fan_out(&capped, 1000), 2);
+    assert!(ClusterMembershipOptions {
+        max_gossip_fan_out: Some(0),
+        ..o.clone()
+    }
+    .validate()
+    .is_err());
+
+    let mut w = World::new(o.clone(), 13, 5, 0.0);
+    for k in 1..=40 {
+        w.add_silo(k);
+    }
+    w.run_until(300_000, |w| w.joined.iter().all(Option::is_some))
+        .expect("40 joins finish");
+    assert!(w.joined.iter().all(|j| j == &Some(Ok(()))), "{:?}", w.joined);
+    assert!(
+        w.max_gossip_fan_out <= 3 + 6,
+        "gossip went to {} silos",
+        w.max_gossip_fan_out
+    );
+    let version = w.table().version.version;
+    let took = w
+        .run_until(60_000, |w| w.machines.iter().all(|m| m.view_version() >= version))
+        .expect("every silo converges");
+    let bound = 4 * o.probe_period().as_millis() as u64;
+    assert!(took <= bound, "converged after {took} ms (bound {bound} ms)");
+    assert!(w.dead().is_empty(), "no false deaths: {:?}", w.dead());
 }

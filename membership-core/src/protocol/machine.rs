@@ -77,6 +77,15 @@ pub enum Timer {
     GossipRefresh,
 }
 
+/// How many of `n` other silos one write's gossip goes to:
+/// `max_gossip_fan_out`, or by default `3 + ceil(log2 n)` (all of them up to 5).
+pub fn gossip_fan_out(options: &ClusterMembershipOptions, n: usize) -> usize {
+    match options.max_gossip_fan_out {
+        Some(k) => k as usize,
+        None => 3 + n.max(1).next_power_of_two().trailing_zeros() as usize,
+    }
+}
+
 /// The shortest time between two table reads triggered by gossip:
 /// `probe_timeout / 20` (250 ms by default). Gossip arriving sooner is served by the
 /// next read, so a flood of gossip frames, forged or real, costs at most one read
@@ -998,12 +1007,18 @@ impl SiloMachine {
         if !self.options.use_liveness_gossip {
             return;
         }
-        let to: Vec<SiloAddress> = self
+        let all: Vec<SiloAddress> = self
             .view
             .rows()
             .filter(|e| e.silo != self.me && is_monitored(e.status))
             .map(|e| e.silo)
             .collect();
+        let fan_out = gossip_fan_out(&self.options, all.len());
+        let to: Vec<SiloAddress> = if all.len() <= fan_out {
+            all
+        } else {
+            all.choose_multiple(&mut self.rng, fan_out).copied().collect()
+        };
         if !to.is_empty() {
             self.out.push(Action::Gossip { to, version });
         }

@@ -25,7 +25,9 @@ pub mod targets;
 pub mod votes;
 
 pub use cleanup::lost_row_grace;
-pub use machine::{gossip_refresh_interval, Action, Event, RowWrite, SiloMachine, StopReason, Timer};
+pub use machine::{
+    gossip_fan_out, gossip_refresh_interval, Action, Event, RowWrite, SiloMachine, StopReason, Timer,
+};
 pub use probe::{IndirectOutcome, PingOutcome, SuspectReason};
 
 use std::time::Duration;
