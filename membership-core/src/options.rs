@@ -65,6 +65,12 @@ pub struct ClusterMembershipOptions {
     /// writes in a large cluster). The others learn the new version from the
     /// versions that pings and pongs carry, within a few probe periods.
     pub max_gossip_fan_out: Option<u32>,
+    /// How many Active silos a joining silo pings to validate its connectivity,
+    /// at most. Default `None`: `3 + ceil(log2 N)` of the N Active silos, chosen at
+    /// random each round; a silo that did not answer stays in the next round's
+    /// sample. Orleans pings every Active silo (`Some(u32::MAX)` does that), which
+    /// makes a join storm of N silos cost N² pings.
+    pub max_join_validation_probes: Option<u32>,
     /// Try an indirect probe through another silo before voting. Default true.
     pub enable_indirect_probes: bool,
     /// Lengthen the probe timeout while the local silo itself is degraded.
@@ -115,6 +121,7 @@ impl Default for ClusterMembershipOptions {
             max_join_attempt_time: Duration::from_secs(300),
             use_liveness_gossip: true,
             max_gossip_fan_out: None,
+            max_join_validation_probes: None,
             enable_indirect_probes: true,
             extend_probe_timeout_during_degradation: true,
             local_health_monitoring_period: Duration::from_secs(10),
@@ -182,6 +189,12 @@ impl ClusterMembershipOptions {
     /// (`num_missed_probes_limit * probe_timeout`).
     pub fn validate(&self) -> Result<()> {
         require_positive("probe_timeout", self.probe_timeout)?;
+        if self.max_join_validation_probes == Some(0) {
+            return Err(Error::invalid_config(
+                "max_join_validation_probes",
+                "must be at least 1",
+            ));
+        }
         if self.max_gossip_fan_out == Some(0) {
             return Err(Error::invalid_config(
                 "max_gossip_fan_out",

@@ -603,3 +603,49 @@ fn gossip_goes_to_a_bounded_fan_out_and_the_cluster_still_converges() {
     assert!(took <= bound, "converged after {took} ms (bound {bound} ms)");
     assert!(w.dead().is_empty(), "no false deaths: {:?}", w.dead());
 }
+
+/// Issue 9: a joiner validates its connectivity on a bounded sample of the Active
+/// silos (`3 + ceil(log2 N)`), not on all of them as Orleans does.
+#[test]
+fn join_validation_pings_a_bounded_sample() {
+    use rollcall_membership_core::protocol::{Action, Event};
+    let mut w = cluster(30, 17, 5, 0.0);
+    w.run_for(30_000);
+    let me: SiloAddress = "10.0.1.1:11111@1".parse().unwrap();
+    let row = MembershipEntry::new(me, SiloStatus::Created, w.time());
+    let mut m = SiloMachine::new("m", me, row, ClusterMembershipOptions::default(), 1);
+    let t = w.time();
+    let mut actions = m.handle(t, Event::Start);
+    let mut pings = 0;
+    // Drive the join's table steps by hand until validation pings go out.
+    for _ in 0..20 {
+        let mut next = Vec::new();
+        for a in actions {
+            match a {
+                Action::ReadTable { id } => next.push(Event::TableRead {
+                    id,
+                    result: now_or_fail(w.table.read_all()),
+                }),
+                Action::WriteRow {
+                    id,
+                    write,
+                    next_version,
+                } => {
+                    let result = match &write {
+                        RowWrite::Insert(e) => now_or_fail(w.table.insert_row(e, &next_version)),
+                        RowWrite::Update(e, etag) => now_or_fail(w.table.update_row(e, etag, &next_version)),
+                    };
+                    next.push(Event::RowWritten { id, result });
+                }
+                Action::Ping { .. } => pings += 1,
+                _ => {}
+            }
+        }
+        if pings > 0 || next.is_empty() {
+            break;
+        }
+        actions = next.into_iter().flat_map(|e| m.handle(t, e)).collect();
+    }
+    // 30 Active silos: 3 + ceil(log2 30) = 8 pings.
+    assert_eq!(pings, 8, "validation pings");
+}

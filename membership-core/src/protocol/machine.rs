@@ -79,11 +79,17 @@ pub enum Timer {
 
 /// How many of `n` other silos one write's gossip goes to:
 /// `max_gossip_fan_out`, or by default `3 + ceil(log2 n)` (all of them up to 5).
+/// The same default bounds a joiner's connectivity validation sample
+/// (`max_join_validation_probes`).
 pub fn gossip_fan_out(options: &ClusterMembershipOptions, n: usize) -> usize {
-    match options.max_gossip_fan_out {
-        Some(k) => k as usize,
-        None => 3 + n.max(1).next_power_of_two().trailing_zeros() as usize,
-    }
+    options
+        .max_gossip_fan_out
+        .map_or_else(|| log_fan_out(n), |k| k as usize)
+}
+
+/// `3 + ceil(log2 n)`: the default size of gossip fan-outs and validation samples.
+fn log_fan_out(n: usize) -> usize {
+    3 + n.max(1).next_power_of_two().trailing_zeros() as usize
 }
 
 /// The shortest time between two table reads triggered by gossip:
@@ -1365,12 +1371,31 @@ impl SiloMachine {
 
     /// Pings every Active silo (Orleans: "validate initial connectivity").
     fn validation_round(&mut self, now: Timestamp) {
-        let peers: Vec<SiloAddress> = self
+        let active: Vec<SiloAddress> = self
             .view
             .active()
             .map(|e| e.silo)
             .filter(|s| *s != self.me)
             .collect();
+        let k = self
+            .options
+            .max_join_validation_probes
+            .map_or_else(|| log_fan_out(active.len()), |k| k as usize);
+        // A bounded sample: last round's silent silos (if still Active) first, then
+        // others at random.
+        let sticky: Vec<SiloAddress> = match &self.lifecycle {
+            Lifecycle::Validating(v) => v
+                .unreachable
+                .iter()
+                .filter(|s| active.contains(s))
+                .copied()
+                .collect(),
+            _ => Vec::new(),
+        };
+        let mut peers: Vec<SiloAddress> = sticky.iter().take(k).copied().collect();
+        let rest: Vec<SiloAddress> = active.iter().filter(|s| !peers.contains(s)).copied().collect();
+        let fill = k.saturating_sub(peers.len());
+        peers.extend(rest.choose_multiple(&mut self.rng, fill).copied());
         let timeout = self.options.probe_timeout;
         let mut pings = Vec::new();
         for peer in &peers {
