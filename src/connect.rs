@@ -213,31 +213,8 @@ pub async fn connect(url: &str) -> Result<Arc<dyn SystemStore>> {
 /// - [`Error::Backend`] naming the store URL and the last failure once `within`
 ///   has passed.
 pub async fn connect_retrying(url: &str, within: std::time::Duration) -> Result<Arc<dyn SystemStore>> {
-    use std::time::Duration;
-    let shown = StoreUrl::parse(url)?.to_string();
-    let deadline = tokio::time::Instant::now() + within;
-    let mut delay = Duration::from_millis(100);
-    let mut attempt = 1u32;
-    loop {
-        match connect(url).await {
-            Ok(store) => return Ok(store),
-            Err(e) if e.is_transient() => {
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                if left.is_zero() {
-                    return Err(Error::backend_with(
-                        format!("store {shown} unreachable for {within:?} ({attempt} attempts)"),
-                        e,
-                    ));
-                }
-                tracing::warn!(store = %shown, attempt, error = %e, retry_in = ?delay.min(left),
-                    "store unreachable; retrying");
-                tokio::time::sleep(delay.min(left)).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
-                attempt += 1;
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    let what = format!("store {}", StoreUrl::parse(url)?);
+    rollcall_membership_core::retry_transient(&what, within, || connect(url)).await
 }
 
 #[cfg(test)]

@@ -100,6 +100,48 @@ fn cause_chain(source: Option<&(dyn StdError + Send + Sync + 'static)>) -> Strin
     out
 }
 
+/// Runs `attempt` until it succeeds, fails with a non-transient error, or `within`
+/// has passed, backing off between tries (100 ms, doubling, at most 5 s; the last
+/// try starts no later than `within` after the call). Each transient failure is
+/// logged (`tracing` warn, "`what` unreachable; retrying").
+///
+/// Used where a store that is not up yet must be waited for: opening a store
+/// (`rollcall::connect_retrying`) and a joining silo's table `init`, both bounded by
+/// Orleans' `max_join_attempt_time`.
+///
+/// # Errors
+/// A non-transient error at once; after `within`, [`Error::Backend`] saying
+/// "`what` unreachable for `within` (N attempts)" with the last error as its source.
+pub async fn retry_transient<T, F, Fut>(what: &str, within: std::time::Duration, mut attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    use std::time::Duration;
+    let deadline = tokio::time::Instant::now() + within;
+    let mut delay = Duration::from_millis(100);
+    let mut attempts = 1u32;
+    loop {
+        match attempt().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_transient() => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                if left.is_zero() {
+                    return Err(Error::backend_with(
+                        format!("{what} unreachable for {within:?} ({attempts} attempts)"),
+                        e,
+                    ));
+                }
+                tracing::warn!(attempt = attempts, error = %e, retry_in = ?delay.min(left), "{what} unreachable; retrying");
+                tokio::time::sleep(delay.min(left)).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+                attempts += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

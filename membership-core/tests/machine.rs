@@ -15,9 +15,7 @@ use futures_util::FutureExt;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rollcall_membership_core::protocol::{
-    Action, Event, IndirectOutcome, PingOutcome, RowWrite, SiloMachine, Timer,
-};
+use rollcall_membership_core::protocol::{Action, Event, IndirectOutcome, PingOutcome, SiloMachine, Timer};
 use rollcall_membership_core::{
     ClusterMembershipOptions, MembershipEntry, MembershipSnapshot, MembershipTable, SiloAddress, SiloStatus,
     SystemStore, Timestamp,
@@ -153,10 +151,7 @@ impl World {
                 write,
                 next_version,
             } => {
-                let result = match &write {
-                    RowWrite::Insert(e) => now_or_fail(table.insert_row(e, &next_version)),
-                    RowWrite::Update(e, etag) => now_or_fail(table.update_row(e, etag, &next_version)),
-                };
+                let result = now_or_fail(write.apply(&*table, &next_version));
                 self.push(lat, i, Event::RowWritten { id, result });
             }
             Action::WriteIAmAlive { time } => {
@@ -631,10 +626,7 @@ fn join_validation_pings_a_bounded_sample() {
                     write,
                     next_version,
                 } => {
-                    let result = match &write {
-                        RowWrite::Insert(e) => now_or_fail(w.table.insert_row(e, &next_version)),
-                        RowWrite::Update(e, etag) => now_or_fail(w.table.update_row(e, etag, &next_version)),
-                    };
+                    let result = now_or_fail(write.apply(&*w.table, &next_version));
                     next.push(Event::RowWritten { id, result });
                 }
                 Action::Ping { .. } => pings += 1,

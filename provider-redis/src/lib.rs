@@ -59,22 +59,6 @@ use rollcall_membership_core::{
 };
 
 /// A fresh random etag (128 bits, hex).
-/// The script of `source`, its SHA1 computed once per process (`EVALSHA`, with an
-/// `EVAL` fallback on `NOSCRIPT`, by the client).
-pub(crate) fn script(source: &'static str) -> redis::Script {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    static SCRIPTS: OnceLock<Mutex<HashMap<usize, redis::Script>>> = OnceLock::new();
-    let mut scripts = SCRIPTS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    scripts
-        .entry(source.as_ptr() as usize)
-        .or_insert_with(|| redis::Script::new(source))
-        .clone()
-}
-
 pub(crate) fn new_etag() -> String {
     format!("{:032x}", rand::random::<u128>())
 }

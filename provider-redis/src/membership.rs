@@ -1,7 +1,7 @@
 //! The membership table on Redis.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
 use redis::Value;
@@ -39,21 +39,27 @@ fn initial_version() -> TableVersion {
 }
 
 /// Atomic snapshot: version, index, every row and the IAmAlive hash in one script.
-const READ_ALL: &str = r"
+static READ_ALL: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
 local version = redis.call('GET', KEYS[1])
 local ids = redis.call('SMEMBERS', KEYS[2])
 local rows = {}
 for i, id in ipairs(ids) do rows[i] = redis.call('GET', ARGV[1] .. id) end
 local alive = redis.call('HGETALL', KEYS[3])
 return {version, ids, rows, alive}
-";
+",
+    )
+});
 
 /// Version and the rows written after version ARGV[2], atomically, in the reply
 /// shape of [`READ_ALL`] plus a fifth element: 1 for a full read. KEYS = version,
 /// index, alive, changes; ARGV[1] = row key prefix. A full read is answered when
 /// the table's version is below ARGV[2] (it lost data) or when the change index does
 /// not cover every row (rows written before it existed).
-const READ_DELTA: &str = r"
+static READ_DELTA: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
 local version = redis.call('GET', KEYS[1])
 local v = 0
 if version then v = tonumber(cjson.decode(version).version) or 0 end
@@ -77,32 +83,46 @@ for i, id in ipairs(ids) do
   end
 end
 return {version, ids, rows, alive, full}
-";
+",
+    )
+});
 
 /// One row and the version, atomically, in the reply shape of [`READ_ALL`].
-const READ_ROW: &str = r"
+static READ_ROW: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
 local version = redis.call('GET', KEYS[1])
 local row = redis.call('GET', KEYS[2])
 if not row then return {version, {}, {}, {}} end
 return {version, {ARGV[1]}, {row}, {ARGV[1], redis.call('HGET', KEYS[3], ARGV[1])}}
-";
+",
+    )
+});
 
 /// Blind IAmAlive write, only for a silo that has a row.
-const I_AM_ALIVE: &str = r"
+static I_AM_ALIVE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
 if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 end
 return 0
-";
+",
+    )
+});
 
 /// Deletes every row, the index, the IAmAlive hash and the version of one cluster,
 /// atomically. KEYS = index, alive, version, changes; ARGV[1] = row key prefix.
-const DELETE_CLUSTER: &str = r"
+static DELETE_CLUSTER: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
 local ids = redis.call('SMEMBERS', KEYS[1])
 for _, id in ipairs(ids) do redis.call('DEL', ARGV[1] .. id) end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 return #ids
-";
+",
+    )
+});
 
 /// One planned row write.
 struct WriteRow<'a> {
@@ -325,7 +345,7 @@ impl RedisMembershipTable {
         let (what, source, script_keys, args) = match only {
             None => (
                 "read_all",
-                READ_ALL,
+                &READ_ALL,
                 vec![keys.version(), keys.index(), keys.alive()],
                 vec![keys.row_prefix()],
             ),
@@ -333,7 +353,7 @@ impl RedisMembershipTable {
                 let id = silo.to_string();
                 (
                     "read_row",
-                    READ_ROW,
+                    &READ_ROW,
                     vec![keys.version(), keys.row(&id), keys.alive()],
                     vec![id],
                 )
@@ -347,7 +367,7 @@ impl RedisMembershipTable {
     async fn read_script(
         &self,
         what: &'static str,
-        source: &'static str,
+        source: &'static redis::Script,
         script_keys: Vec<String>,
         args: Vec<String>,
     ) -> Result<(MembershipSnapshot, bool)> {
@@ -359,7 +379,7 @@ impl RedisMembershipTable {
                 async move {
                     node.timed(what, async {
                         let mut con = node.shared().await?;
-                        let script = crate::script(source);
+                        let script = source;
                         let mut invocation = script.prepare_invoke();
                         for k in script_keys {
                             invocation.key(k);
@@ -505,7 +525,7 @@ impl MembershipTable for RedisMembershipTable {
         let (snap, complete) = self
             .read_script(
                 "read_delta",
-                READ_DELTA,
+                &READ_DELTA,
                 vec![keys.version(), keys.index(), keys.alive(), keys.changes()],
                 vec![keys.row_prefix(), since.to_string()],
             )
@@ -544,7 +564,7 @@ impl MembershipTable for RedisMembershipTable {
                 async move {
                     node.timed("update_i_am_alive", async {
                         let mut con = node.shared().await?;
-                        crate::script(I_AM_ALIVE)
+                        I_AM_ALIVE
                             .key(index)
                             .key(alive)
                             .arg(id)
@@ -612,7 +632,7 @@ impl MembershipTable for RedisMembershipTable {
                         // One script: a racing write commits wholly before (and is
                         // deleted) or wholly after (and is complete) the delete.
                         let mut con = node.shared().await?;
-                        crate::script(DELETE_CLUSTER)
+                        DELETE_CLUSTER
                             .key(keys.index())
                             .key(keys.alive())
                             .key(keys.version())

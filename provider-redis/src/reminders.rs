@@ -1,7 +1,7 @@
 //! The reminder table on Redis: one key per reminder plus a sorted set of members
 //! scored by the 32-bit actor hash (exact in a double) for ring-range reads.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
 use rollcall_membership_core::{actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result};
@@ -12,12 +12,16 @@ use crate::new_etag;
 
 /// Deletes every reminder row and the ring of one service, atomically (a script runs
 /// without interleaving). KEYS[1] = ring, ARGV[1] = row key prefix.
-const CLEAR: &str = r"
+static CLEAR: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
 local members = redis.call('ZRANGE', KEYS[1], 0, -1)
 for _, m in ipairs(members) do redis.call('DEL', ARGV[1] .. m) end
 redis.call('DEL', KEYS[1])
 return #members
-";
+",
+    )
+});
 
 /// The reminder table of one service on Redis.
 #[derive(Debug, Clone)]
@@ -253,7 +257,7 @@ impl ReminderTable for RedisReminderTable {
     async fn clear(&self) -> Result<()> {
         // One script, so a racing upsert lands wholly before or wholly after the clear.
         self.shared("clear", |mut con, keys| async move {
-            crate::script(CLEAR)
+            CLEAR
                 .key(keys.ring())
                 .arg(keys.row_prefix())
                 .invoke_async::<i64>(&mut con)

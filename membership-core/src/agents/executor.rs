@@ -21,9 +21,7 @@ use std::time::Duration;
 use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
 use tokio::sync::{oneshot, watch};
 
-use crate::protocol::{
-    Action, Event, IndirectOutcome, PingOutcome, RowWrite, SiloMachine, StopReason, Timer,
-};
+use crate::protocol::{Action, Event, IndirectOutcome, PingOutcome, SiloMachine, StopReason, Timer};
 use crate::transport::{Listener, ProbeRequest, Transport};
 use crate::{Clock, Error, MembershipSnapshot, MembershipTable, SiloAddress, SiloError, SiloStatus};
 
@@ -122,14 +120,7 @@ impl MembershipAgent {
                 write,
                 next_version,
             } => self.spawn_event(ctx, async move {
-                let result = match &write {
-                    RowWrite::Insert(e) => {
-                        bounded(timeout, "insert_row", table.insert_row(e, &next_version)).await
-                    }
-                    RowWrite::Update(e, etag) => {
-                        bounded(timeout, "update_row", table.update_row(e, etag, &next_version)).await
-                    }
-                };
+                let result = bounded(timeout, write.method(), write.apply(&*table, &next_version)).await;
                 Event::RowWritten { id, result }
             }),
             Action::WriteIAmAlive { time } => {

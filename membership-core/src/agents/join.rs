@@ -19,48 +19,25 @@ use super::api::{SiloBuilder, SiloHandle};
 use super::executor::{MembershipAgent, Outputs, SharedHealth};
 use super::server::ProbeServer;
 
-/// `table.init`, each attempt bounded by `table_operation_timeout`, retried with
-/// backoff (100 ms doubling to 5 s, each failure logged) while the store fails
-/// transiently, until `max_join_attempt_time` has passed.
+/// `table.init`, each attempt bounded by `table_operation_timeout`, retried while the
+/// store fails transiently until `max_join_attempt_time` ([`crate::retry_transient`]).
 async fn init_table(
     table: &dyn crate::MembershipTable,
     options: &crate::ClusterMembershipOptions,
     cluster: &str,
 ) -> Result<(), Error> {
-    let deadline = tokio::time::Instant::now() + options.max_join_attempt_time;
-    let mut delay = std::time::Duration::from_millis(100);
-    let mut attempt = 1u32;
-    loop {
-        let result = tokio::time::timeout(options.table_operation_timeout, table.init(true))
+    let what = format!("membership table of cluster {cluster}");
+    crate::retry_transient(&what, options.max_join_attempt_time, || async {
+        tokio::time::timeout(options.table_operation_timeout, table.init(true))
             .await
             .unwrap_or_else(|_| {
                 Err(Error::backend(format!(
                     "init did not answer within {:?}",
                     options.table_operation_timeout
                 )))
-            });
-        match result {
-            Ok(()) => return Ok(()),
-            Err(e) if e.is_transient() => {
-                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                if left.is_zero() {
-                    return Err(Error::backend_with(
-                        format!(
-                            "membership table of cluster {cluster} unreachable for max_join_attempt_time \
-                             ({:?}, {attempt} attempts)",
-                            options.max_join_attempt_time
-                        ),
-                        e,
-                    ));
-                }
-                tracing::warn!(%cluster, attempt, error = %e, "membership table init failed; retrying");
-                tokio::time::sleep(delay.min(left)).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(5));
-                attempt += 1;
-            }
-            Err(e) => return Err(e),
-        }
-    }
+            })
+    })
+    .await
 }
 
 impl SiloBuilder {

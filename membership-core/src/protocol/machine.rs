@@ -31,7 +31,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::{
     ClusterMembershipOptions, CorruptRow, Error, Etag, MembershipDelta, MembershipEntry, MembershipSnapshot,
-    ProtocolMode, SiloAddress, SiloError, SiloStatus, SuspectVote, TableVersion, Timestamp,
+    MembershipTable, ProtocolMode, SiloAddress, SiloError, SiloStatus, SuspectVote, TableVersion, Timestamp,
 };
 
 use super::cleanup::{defunct_cutoff, lost_row_grace};
@@ -184,6 +184,31 @@ pub enum RowWrite {
     Insert(MembershipEntry),
     /// `update_row` conditioned on the etag.
     Update(MembershipEntry, Etag),
+}
+
+impl RowWrite {
+    /// The table method this write calls (`"insert_row"` or `"update_row"`).
+    pub fn method(&self) -> &'static str {
+        match self {
+            RowWrite::Insert(_) => "insert_row",
+            RowWrite::Update(..) => "update_row",
+        }
+    }
+
+    /// Carries out the write on `table` at `next_version`; `Ok(false)` on conflict.
+    ///
+    /// # Errors
+    /// As [`MembershipTable::insert_row`] / [`MembershipTable::update_row`].
+    pub async fn apply(
+        &self,
+        table: &dyn MembershipTable,
+        next_version: &TableVersion,
+    ) -> Result<bool, Error> {
+        match self {
+            RowWrite::Insert(e) => table.insert_row(e, next_version).await,
+            RowWrite::Update(e, etag) => table.update_row(e, etag, next_version).await,
+        }
+    }
 }
 
 /// Why the silo stops.

@@ -320,12 +320,6 @@ pub fn decode<T: for<'de> Deserialize<'de>>(frame: &[u8]) -> Result<T, Transport
     }
 }
 
-/// The server's reply to one request frame.
-pub(crate) struct Answer {
-    /// The response frame to send.
-    pub(crate) frame: Vec<u8>,
-}
-
 /// The first half of answering a frame: checks the seal and decodes the request.
 /// Returns it with whether it comes from our cluster (the connection then belongs
 /// to a known peer).
@@ -344,7 +338,7 @@ pub(crate) fn open_request(
 }
 
 /// The second half: asks `handler` (or refuses another cluster's request) and
-/// encodes and seals the response frame.
+/// returns the encoded, sealed response frame.
 ///
 /// # Errors
 /// [`TransportError::Codec`] if the response does not encode.
@@ -353,7 +347,7 @@ pub(crate) async fn answer_request(
     secret: Option<&SharedSecret>,
     handler: &dyn ProbeHandler,
     frame: Frame<ProbeRequest>,
-) -> Result<Answer, TransportError> {
+) -> Result<Vec<u8>, TransportError> {
     let body: ResponseBody = if frame.cluster == cluster {
         Ok(handler.handle(frame.body).await)
     } else {
@@ -367,9 +361,7 @@ pub(crate) async fn answer_request(
         cluster: cluster.to_owned(),
         body,
     })?;
-    Ok(Answer {
-        frame: seal(out, secret),
-    })
+    Ok(seal(out, secret))
 }
 
 /// The server side of one frame, shared by every transport: [`open_request`], then
@@ -382,7 +374,7 @@ pub(crate) async fn answer_frame(
     secret: Option<&SharedSecret>,
     handler: &dyn ProbeHandler,
     bytes: &[u8],
-) -> Result<Answer, TransportError> {
+) -> Result<Vec<u8>, TransportError> {
     let (frame, _) = open_request(cluster, secret, bytes)?;
     answer_request(cluster, secret, handler, frame).await
 }

@@ -232,7 +232,7 @@ impl SimNetwork {
         };
         // The simulated network carries unsealed frames (no shared secret).
         let reply = match answer_frame(&cluster, None, handler.as_ref(), &bytes).await {
-            Ok(r) => r.frame,
+            Ok(r) => r,
             Err(_) => return None, // a garbage frame is dropped by the server
         };
         self.wait_unfrozen(to).await;

@@ -487,7 +487,7 @@ async fn serve_connection(
             let secret = server.config.shared_secret.as_ref();
             match answer_request(&server.cluster, secret, server.handler.as_ref(), request).await {
                 Ok(answer) => {
-                    let _ = replies.send(Bytes::from(answer.frame)).await;
+                    let _ = replies.send(Bytes::from(answer)).await;
                 }
                 Err(e) => tracing::warn!(%peer, error = %e, "probe server: reply not encoded"),
             }
