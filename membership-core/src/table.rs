@@ -90,21 +90,27 @@ pub trait MembershipTable: Send + Sync + std::fmt::Debug {
     /// [`Error::Corrupt`](crate::Error::Corrupt) only for an undecodable version row.
     async fn read_all(&self) -> Result<MembershipSnapshot>;
 
-    /// The version row and every row written at a version above `since`, as one
-    /// atomic read (delta reads: a silo that knows version `since` re-reads only
-    /// what changed). The answer never misses a write that committed at or below
-    /// the version it reports.
+    /// The version row and every row written after the table version `since` (the
+    /// version row of the caller's view, as it read it), as one atomic read (delta
+    /// reads: a silo that knows version `since` re-reads only what changed). The
+    /// answer never misses a write that committed at or below the version it
+    /// reports.
+    ///
+    /// Providers select rows by `since.version` (memory, Redis: each row records the
+    /// version it was written at) or by `since.etag` where the version etag names
+    /// the commit itself (etcd: the version key's `mod_revision`, so rows with a
+    /// higher `mod_revision` are the ones written after it).
     ///
     /// Removed rows (defunct cleanup, `delete_cluster`) and IAmAlive heartbeats do
     /// not appear in a partial delta; silos still do a periodic full
     /// [`read_all`](Self::read_all) for those. When the provider has no native
     /// delta, in [`ProtocolMode::Basic`], or when the table's version is below
-    /// `since`, the answer is a full read ([`MembershipDelta::complete`]). The
-    /// default implementation is `read_all`.
+    /// `since.version`, the answer is a full read ([`MembershipDelta::complete`]).
+    /// The default implementation is `read_all`.
     ///
     /// # Errors
     /// As [`read_all`](Self::read_all).
-    async fn read_delta(&self, since: u64) -> Result<MembershipDelta> {
+    async fn read_delta(&self, since: &TableVersion) -> Result<MembershipDelta> {
         let _ = since;
         Ok(MembershipDelta::full(self.read_all().await?))
     }

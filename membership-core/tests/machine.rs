@@ -143,7 +143,7 @@ impl World {
             }
             Action::ReadDelta { id, since } => {
                 self.delta_reads += 1;
-                let result = now_or_fail(table.read_delta(since));
+                let result = now_or_fail(table.read_delta(&since));
                 self.push(lat, i, Event::DeltaRead { id, result });
             }
             Action::WriteRow {

@@ -191,7 +191,8 @@ impl MembershipTable for MemoryMembershipTable {
         })
     }
 
-    async fn read_delta(&self, since: u64) -> Result<MembershipDelta> {
+    async fn read_delta(&self, since: &TableVersion) -> Result<MembershipDelta> {
+        let since = since.version;
         self.store.with_cluster(&self.cluster_id, |c| {
             let full = self.mode == ProtocolMode::Basic || c.version.version < since;
             let changed = c

@@ -517,7 +517,7 @@ impl MembershipTable for RedisMembershipTable {
         self.read(None).await
     }
 
-    async fn read_delta(&self, since: u64) -> Result<MembershipDelta> {
+    async fn read_delta(&self, since: &TableVersion) -> Result<MembershipDelta> {
         if self.mode == ProtocolMode::Basic {
             return Ok(MembershipDelta::full(self.read(None).await?));
         }
@@ -527,7 +527,7 @@ impl MembershipTable for RedisMembershipTable {
                 "read_delta",
                 &READ_DELTA,
                 vec![keys.version(), keys.index(), keys.alive(), keys.changes()],
-                vec![keys.row_prefix(), since.to_string()],
+                vec![keys.row_prefix(), since.version.to_string()],
             )
             .await?;
         Ok(MembershipDelta {

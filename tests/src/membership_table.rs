@@ -855,8 +855,11 @@ pub async fn malformed_version_preconditions_are_refused(store: Store) {
 /// above the table's version it answers a complete read.
 pub async fn read_delta_returns_the_rows_written_after_a_version(store: Store) {
     let table = fresh_table(&store, ProtocolMode::Extended).await;
+    // The version row as a reader saw it after each write: versions[v] is version v.
+    let mut versions = vec![table.read_all().await.expect("read_all").version];
     for n in 1..=3 {
         insert(&*table, &full_entry(n)).await;
+        versions.push(table.read_all().await.expect("read_all").version);
     }
     let (row, etag, v) = row_and_etag(&*table, &full_entry(1).silo).await;
     let row = MembershipEntry {
@@ -866,6 +869,7 @@ pub async fn read_delta_returns_the_rows_written_after_a_version(store: Store) {
     assert!(table.update_row(&row, &etag, &v.next()).await.expect("update"));
     let all = table.read_all().await.expect("read_all");
     assert_eq!(all.version.version, 4);
+    versions.push(all.version.clone());
     let check = |since: u64, expected: &[u32], d: rollcall_membership_core::MembershipDelta| {
         assert_eq!(
             d.version, all.version,
@@ -890,10 +894,14 @@ pub async fn read_delta_returns_the_rows_written_after_a_version(store: Store) {
             }
         }
     };
-    check(0, &[1, 2, 3], table.read_delta(0).await.expect("delta"));
-    check(2, &[1, 3], table.read_delta(2).await.expect("delta"));
-    check(4, &[], table.read_delta(4).await.expect("delta"));
-    let above = table.read_delta(10).await.expect("delta");
+    check(0, &[1, 2, 3], table.read_delta(&versions[0]).await.expect("delta"));
+    check(2, &[1, 3], table.read_delta(&versions[2]).await.expect("delta"));
+    check(4, &[], table.read_delta(&versions[4]).await.expect("delta"));
+    let beyond = TableVersion {
+        version: 10,
+        etag: Etag::new("from-another-table"),
+    };
+    let above = table.read_delta(&beyond).await.expect("delta");
     assert!(above.complete, "since above the table's version: a complete read");
     check(10, &[1, 2, 3], above);
 }
@@ -932,7 +940,7 @@ pub async fn read_delta_never_misses_a_committed_write(store: Store) {
     let mut view = table.read_all().await.expect("read_all");
     let mut deltas = 0;
     while tasks.iter().any(|t| !t.is_finished()) || deltas == 0 {
-        let d = table.read_delta(view.version.version).await.expect("read_delta");
+        let d = table.read_delta(&view.version).await.expect("read_delta");
         assert!(d.version.version >= view.version.version, "a delta went back");
         view = d.merged_onto(&view);
         for row in view.rows() {
@@ -950,7 +958,7 @@ pub async fn read_delta_never_misses_a_committed_write(store: Store) {
     for t in tasks {
         t.await.expect("writer");
     }
-    let d = table.read_delta(view.version.version).await.expect("read_delta");
+    let d = table.read_delta(&view.version).await.expect("read_delta");
     view = d.merged_onto(&view);
     let all = table.read_all().await.expect("read_all");
     assert_eq!(view.version, all.version);

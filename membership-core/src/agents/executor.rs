@@ -112,7 +112,7 @@ impl MembershipAgent {
                 Event::TableRead { id, result }
             }),
             Action::ReadDelta { id, since } => self.spawn_event(ctx, async move {
-                let result = bounded(timeout, "read_delta", table.read_delta(since)).await;
+                let result = bounded(timeout, "read_delta", table.read_delta(&since)).await;
                 Event::DeltaRead { id, result }
             }),
             Action::WriteRow {

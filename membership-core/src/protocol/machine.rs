@@ -236,8 +236,8 @@ pub enum Action {
     ReadDelta {
         /// Read id, echoed in the event.
         id: u64,
-        /// The version of the view the delta applies to.
-        since: u64,
+        /// The version row of the view the delta applies to.
+        since: TableVersion,
     },
     /// A conditional write with the version row set to `next_version`; answer with
     /// [`Event::RowWritten`].
@@ -862,7 +862,7 @@ impl SiloMachine {
         self.read_floors.insert(id, self.known_version);
         let delta = !full && !self.full_read_due && self.has_view && self.mode() == ProtocolMode::Extended;
         if delta {
-            let since = self.view.version.version;
+            let since = self.view.version.clone();
             self.out.push(Action::ReadDelta { id, since });
         } else {
             self.full_read_due = false;
