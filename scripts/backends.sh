@@ -7,7 +7,7 @@
 #   backends_stop
 #
 # Installs with apt-get (Debian packages redis-server, redis-tools, etcd-server,
-# protobuf-compiler) when root, and moto[server] with pip into ./.venv.
+# protobuf-compiler, libprotobuf-dev) when root, and moto[server] with pip into ./.venv.
 # Not root and something missing: prints what to install, or how to use Docker
 # instead (cargo test --features rollcall-tests/docker with a running Docker daemon).
 
@@ -23,6 +23,8 @@ backends_install() {
   command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
   command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
   command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+  # etcd-client's build compiles etcd's protos, which import protobuf's well-known types.
+  [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
   command -v openssl >/dev/null 2>&1 || missing+=(openssl)
   if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ]; then

@@ -24,10 +24,13 @@ pub enum StoreUrl {
         /// The whole URL.
         url: String,
     },
-    /// `etcd://host:port[,host:port...]`.
+    /// `etcd://[user:password@]host:port[,host:port...][?prefix=...&timeout_ms=...]`,
+    /// or `etcds://...` for TLS (see the etcd provider's `EtcdConfig`).
     Etcd {
         /// `host:port` of each endpoint, in the given order.
         endpoints: Vec<String>,
+        /// The whole URL, for the provider.
+        url: String,
     },
     /// `dynamodb://TABLE[?endpoint=URL&region=REGION]`.
     DynamoDb {
@@ -69,8 +72,9 @@ impl StoreUrl {
                 }
                 Ok(StoreUrl::Redis { url: url.to_owned() })
             }
-            "etcd" => {
+            "etcd" | "etcds" => {
                 let hosts = rest.split(['/', '?']).next().unwrap_or_default();
+                let hosts = hosts.rsplit_once('@').map_or(hosts, |(_, h)| h);
                 let endpoints: Vec<String> = hosts
                     .split(',')
                     .filter(|h| !h.is_empty())
@@ -85,7 +89,10 @@ impl StoreUrl {
                         return Err(bad(&format!("endpoint `{ep}` is not host:port")));
                     }
                 }
-                Ok(StoreUrl::Etcd { endpoints })
+                Ok(StoreUrl::Etcd {
+                    endpoints,
+                    url: url.to_owned(),
+                })
             }
             "dynamodb" => {
                 let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
@@ -110,7 +117,7 @@ impl StoreUrl {
                 })
             }
             other => Err(bad(&format!(
-                "unknown scheme `{other}` (expected memory, redis, rediss, redis+cluster, etcd or dynamodb)"
+                "unknown scheme `{other}` (expected memory, redis, rediss, redis+cluster, etcd, etcds or dynamodb)"
             ))),
         }
     }
@@ -128,11 +135,13 @@ impl StoreUrl {
 
 /// `url` with its password (if any) replaced by `***`, for logs and errors.
 fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
+    // By hand rather than with `url::Url`: etcd URLs list several hosts, which a
+    // URL parser rejects, and a rejected URL must still lose its password.
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => match url[s + 3..at].split_once(':') {
+            Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+            None => url.to_owned(),
+        },
         _ => url.to_owned(),
     }
 }
@@ -142,8 +151,9 @@ impl fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreUrl::Memory { name } => write!(f, "memory://{name}"),
-            StoreUrl::Redis { url } | StoreUrl::DynamoDb { url, .. } => f.write_str(&redact(url)),
-            StoreUrl::Etcd { endpoints } => write!(f, "etcd://{}", endpoints.join(",")),
+            StoreUrl::Redis { url } | StoreUrl::DynamoDb { url, .. } | StoreUrl::Etcd { url, .. } => {
+                f.write_str(&redact(url))
+            }
         }
     }
 }
@@ -191,7 +201,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn SystemStore>> {
         #[cfg(feature = "redis")]
         StoreUrl::Redis { url } => rollcall_provider_redis::RedisStore::connect(url).await,
         #[cfg(feature = "etcd")]
-        StoreUrl::Etcd { .. } => rollcall_provider_etcd::EtcdStore::connect(url).await,
+        StoreUrl::Etcd { url, .. } => rollcall_provider_etcd::EtcdStore::connect(url).await,
         #[cfg(feature = "dynamodb")]
         StoreUrl::DynamoDb { url, .. } => rollcall_provider_dynamodb::DynamoDbStore::connect(url).await,
         #[allow(unreachable_patterns)]
@@ -253,9 +263,17 @@ mod tests {
         assert_eq!(
             StoreUrl::parse("etcd://10.0.0.1:2379,10.0.0.2:2379").unwrap(),
             StoreUrl::Etcd {
-                endpoints: vec!["10.0.0.1:2379".into(), "10.0.0.2:2379".into()]
+                endpoints: vec!["10.0.0.1:2379".into(), "10.0.0.2:2379".into()],
+                url: "etcd://10.0.0.1:2379,10.0.0.2:2379".into(),
             }
         );
+        match StoreUrl::parse("etcds://u:secret@h:1,h:2?ca_file=/ca.pem").unwrap() {
+            u @ StoreUrl::Etcd { .. } => {
+                assert!(matches!(&u, StoreUrl::Etcd { endpoints, .. } if endpoints == &["h:1", "h:2"]));
+                assert!(!u.to_string().contains("secret"), "{u}");
+            }
+            other => panic!("{other:?}"),
+        }
         match StoreUrl::parse("dynamodb://rollcall?endpoint=http://127.0.0.1:5000&region=eu-west-1").unwrap()
         {
             StoreUrl::DynamoDb {

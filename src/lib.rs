@@ -11,7 +11,7 @@
 //! |---|---|---|
 //! | `memory://` | in-process tables (one shared store per process) | `memory` (default) |
 //! | `redis://[user:pass@]host:port/db`, `rediss://...` | Redis | `redis` |
-//! | `etcd://host:port[,host:port]` | etcd | `etcd` |
+//! | `etcd://[user:pass@]host:port[,host:port]?prefix=...`, `etcds://...` | etcd | `etcd` |
 //! | `dynamodb://table?endpoint=...` | DynamoDB | `dynamodb` |
 //!
 //! ```

@@ -1,28 +1,124 @@
 //! # rollcall-provider-etcd
 //!
-//! Membership and reminder tables on etcd (Txn compares on `mod_revision`). **Not implemented yet**: [`EtcdStore::connect`] answers
-//! [`Error::Unsupported`]; the provider's own issue fills it in.
+//! Membership and reminder tables on etcd v3, with optimistic concurrency on
+//! `mod_revision`.
+//!
+//! - **Etags are revisions.** A row's etag is its key's `mod_revision`; the version
+//!   row's etag is the version key's `mod_revision`. A conditional write is one `Txn`
+//!   whose compares are the row's (`create_revision == 0` to insert, `mod_revision ==
+//!   etag` to update) and the version key's (`mod_revision == etag` and value ==
+//!   the previous version); its success branch puts the row, its IAmAlive key and
+//!   the next version. A failed compare is `Ok(false)` with no side effect.
+//! - **Atomic reads.** `read_all`, `read_row` and `read_delta` are one `Txn` of range
+//!   reads, served at one revision. A delta is a range over the silo keys with
+//!   `min_mod_revision` = the caller's version etag + 1: every row written in a
+//!   later version commit has a higher `mod_revision`.
+//! - **Heartbeats** write only the `alive/` key (a `Txn` that checks the row
+//!   exists), so they never change a row's etag or the version.
+//! - **Outcome of a failed write.** When a conditional write fails in transport (a
+//!   member died mid-request), the provider reads the row's recent history (a
+//!   linearizable read through a live member, then older revisions) to tell whether
+//!   the write committed: `Ok(true)` if it did, the transport error if it did not.
+//!   Only when that cannot be told (history compacted, no member answers) does the
+//!   error leave the outcome open, as every `Error::Backend` may.
+//! - **Bounds.** Every request carries the URL's `timeout_ms` (default 5 s); a call
+//!   answers within `timeout_ms`, a conditional write that fails in transport within
+//!   `2 × timeout_ms` (the write, then the read that settles its outcome). Reminder
+//!   range reads are paged (1,000 keys per request) and take one timeout per page.
+//! - Every transaction stays under etcd's default `--max-txn-ops` (128).
+//!
+//! Values are JSON, readable with `etcdctl get --prefix rollcall/`; the layout is in
+//! the `keys` module docs (repeated in the README).
+//!
+//! Building needs `protoc` (Debian: `protobuf-compiler`), which `etcd-client`'s build
+//! script uses to compile etcd's protobuf definitions.
+//!
+//! ```no_run
+//! # async fn run() -> rollcall_membership_core::Result<()> {
+//! use rollcall_membership_core::ProtocolMode;
+//! let store = rollcall_provider_etcd::EtcdStore::connect("etcd://127.0.0.1:2379?prefix=myapp").await?;
+//! let table = store.membership_table("orders", ProtocolMode::Extended)?;
+//! # Ok(()) }
+//! ```
 
 #![warn(missing_docs)]
 
+mod config;
+mod conn;
+mod keys;
+mod membership;
+mod reminders;
+
 use std::sync::Arc;
 
-use rollcall_membership_core::{Error, Result, SystemStore};
+pub use config::EtcdConfig;
+pub use membership::EtcdMembershipTable;
+pub use reminders::EtcdReminderTable;
+use rollcall_membership_core::{
+    validate_id, MembershipTable, ProtocolMode, ReminderTable, Result, SystemStore,
+};
 
-/// A etcd-backed [`SystemStore`] (placeholder).
-#[derive(Debug)]
+/// The etcd [`SystemStore`]. Cheap to clone (one gRPC channel, balanced over the
+/// URL's endpoints).
+#[derive(Clone, Debug)]
 pub struct EtcdStore {
-    _private: (),
+    conn: Arc<conn::Conn>,
+    config: EtcdConfig,
 }
 
 impl EtcdStore {
-    /// Connects to the store named by `url`.
+    /// Opens the store named by `url` (see [`EtcdConfig`] for the forms),
+    /// authenticates if the URL carries a user, and checks that a member with a
+    /// leader answers a read of the key prefix. Answers within `timeout_ms`.
     ///
     /// # Errors
-    /// Always [`Error::Unsupported`] in this release: the provider is not implemented.
+    /// - [`Error::InvalidConfig`](rollcall_membership_core::Error::InvalidConfig) for
+    ///   a bad URL, an unreadable TLS file, or credentials etcd rejects (the message
+    ///   names the user);
+    /// - [`Error::Backend`](rollcall_membership_core::Error::Backend) when no member
+    ///   answers within the timeout.
     pub async fn connect(url: &str) -> Result<Arc<dyn SystemStore>> {
-        Err(Error::Unsupported(format!(
-            "the etcd provider is not implemented yet (store URL `{url}`)"
+        Ok(Arc::new(Self::open(url).await?))
+    }
+
+    /// As [`connect`](Self::connect), returning the concrete type.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn open(url: &str) -> Result<EtcdStore> {
+        let config = EtcdConfig::from_url(url)?;
+        let conn = Arc::new(conn::Conn::open(&config).await?);
+        conn.check(&config.key_prefix).await?;
+        Ok(EtcdStore { conn, config })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.config
+    }
+}
+
+impl SystemStore for EtcdStore {
+    fn provider(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn membership_table(&self, cluster_id: &str, mode: ProtocolMode) -> Result<Arc<dyn MembershipTable>> {
+        validate_id("cluster_id", cluster_id)?;
+        Ok(Arc::new(EtcdMembershipTable::new(
+            self.conn.clone(),
+            &self.config.key_prefix,
+            cluster_id,
+            mode,
+        )))
+    }
+
+    fn reminder_table(&self, service_id: &str) -> Result<Arc<dyn ReminderTable>> {
+        validate_id("service_id", service_id)?;
+        Ok(Arc::new(EtcdReminderTable::new(
+            self.conn.clone(),
+            &self.config.key_prefix,
+            service_id,
         )))
     }
 }

@@ -894,7 +894,11 @@ pub async fn read_delta_returns_the_rows_written_after_a_version(store: Store) {
             }
         }
     };
-    check(0, &[1, 2, 3], table.read_delta(&versions[0]).await.expect("delta"));
+    check(
+        0,
+        &[1, 2, 3],
+        table.read_delta(&versions[0]).await.expect("delta"),
+    );
     check(2, &[1, 3], table.read_delta(&versions[2]).await.expect("delta"));
     check(4, &[], table.read_delta(&versions[4]).await.expect("delta"));
     let beyond = TableVersion {

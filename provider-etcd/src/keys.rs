@@ -1,0 +1,168 @@
+//! Key layout.
+//!
+//! | key | holds |
+//! |---|---|
+//! | `<prefix>/<cluster>/version` | the version row: `{"version":N}`; its etag is the key's `mod_revision` |
+//! | `<prefix>/<cluster>/silo/<ip:port@gen>` | one membership row as JSON (the entry's columns plus `written_at`, the table version of the write); its etag is the key's `mod_revision` |
+//! | `<prefix>/<cluster>/alive/<ip:port@gen>` | the row's IAmAlive time (RFC 3339), written by heartbeats and by every row write |
+//! | `<prefix>/<service>/reminder/<hash as 8 hex>/<actor>/<name>` | one reminder as JSON; its etag is the key's `mod_revision` |
+//!
+//! Cluster and service ids, actor ids and names are escaped (`%`, `/` and control
+//! characters as `%XX`), so every segment is free of `/`: no id can reach into
+//! another's keys and no (actor, name) pair collides with another. The hash is
+//! fixed-width lowercase hex, so key order is hash order and a ring range is a key
+//! range.
+
+/// Escapes `%`, `/` and control characters as `%XX`.
+pub(crate) fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if matches!(c, '%' | '/') || c.is_control() {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                out.push_str(&format!("%{b:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Reverses [`escape`]; `None` for a malformed escape.
+pub(crate) fn unescape(s: &str) -> Option<String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The key just above every key that starts with `prefix` (etcd's range end for
+/// a prefix): the prefix with its last byte incremented.
+pub(crate) fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// Keys of one cluster's membership table.
+#[derive(Clone, Debug)]
+pub(crate) struct MembershipKeys {
+    base: String,
+}
+
+impl MembershipKeys {
+    pub(crate) fn new(prefix: &str, cluster: &str) -> Self {
+        MembershipKeys {
+            base: format!("{prefix}/{}/", escape(cluster)),
+        }
+    }
+    pub(crate) fn version(&self) -> String {
+        format!("{}version", self.base)
+    }
+    pub(crate) fn silo_prefix(&self) -> String {
+        format!("{}silo/", self.base)
+    }
+    pub(crate) fn silo(&self, silo: &str) -> String {
+        format!("{}{}", self.silo_prefix(), escape(silo))
+    }
+    pub(crate) fn alive_prefix(&self) -> String {
+        format!("{}alive/", self.base)
+    }
+    pub(crate) fn alive(&self, silo: &str) -> String {
+        format!("{}{}", self.alive_prefix(), escape(silo))
+    }
+}
+
+/// Keys of one service's reminder table.
+#[derive(Clone, Debug)]
+pub(crate) struct ReminderKeys {
+    base: String,
+}
+
+impl ReminderKeys {
+    pub(crate) fn new(prefix: &str, service: &str) -> Self {
+        ReminderKeys {
+            base: format!("{prefix}/{}/reminder/", escape(service)),
+        }
+    }
+    /// Every reminder key of the service starts with this.
+    pub(crate) fn all(&self) -> &str {
+        &self.base
+    }
+    /// The first possible key of hash `h`.
+    pub(crate) fn hash_start(&self, h: u32) -> String {
+        format!("{}{h:08x}/", self.base)
+    }
+    /// Every reminder key of `actor` starts with this.
+    pub(crate) fn actor(&self, hash: u32, actor: &str) -> String {
+        format!("{}{}/", self.hash_start(hash), escape(actor))
+    }
+    pub(crate) fn row(&self, hash: u32, actor: &str, name: &str) -> String {
+        format!("{}{}", self.actor(hash, actor), escape(name))
+    }
+    /// `(start, end)` of the keys whose hash lies in `lo..=hi` (`lo <= hi`).
+    pub(crate) fn hash_range(&self, lo: u32, hi: u32) -> (Vec<u8>, Vec<u8>) {
+        let start = self.hash_start(lo).into_bytes();
+        let end = match hi.checked_add(1) {
+            Some(next) => self.hash_start(next).into_bytes(),
+            None => prefix_end(&self.base),
+        };
+        (start, end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escaping_round_trips_and_keeps_segments_apart() {
+        for s in ["plain", "a/b", "100%", "ü\n/%2F", ""] {
+            assert_eq!(unescape(&escape(s)).as_deref(), Some(s));
+            assert!(!escape(s).contains('/'));
+        }
+        let k = ReminderKeys::new("rc", "svc/x");
+        assert_eq!(k.row(0xAB, "a/b", "c"), "rc/svc%2Fx/reminder/000000ab/a%2Fb/c");
+        assert_ne!(k.row(1, "a/b", "c"), k.row(1, "a", "b/c"));
+        assert_eq!(unescape("%zz"), None);
+        assert_eq!(unescape("%4"), None);
+    }
+
+    #[test]
+    fn hash_ranges_are_key_ranges() {
+        let k = ReminderKeys::new("rc", "s");
+        let (start, end) = k.hash_range(5, 0x10);
+        assert_eq!(start, b"rc/s/reminder/00000005/".to_vec());
+        assert_eq!(end, b"rc/s/reminder/00000011/".to_vec());
+        let (_, end) = k.hash_range(0, u32::MAX);
+        assert_eq!(end, b"rc/s/reminder0".to_vec());
+        let key = k.row(0x10, "actor", "n").into_bytes();
+        assert!(start <= key && key < k.hash_range(5, 0x10).1);
+        assert_eq!(prefix_end("a/"), b"a0".to_vec());
+    }
+
+    #[test]
+    fn membership_keys_of_clusters_never_overlap() {
+        let a = MembershipKeys::new("rollcall", "a");
+        let ab = MembershipKeys::new("rollcall", "a/silo");
+        assert_eq!(a.silo("10.0.0.1:1@2"), "rollcall/a/silo/10.0.0.1:1@2");
+        assert!(!ab.silo("x").starts_with(&a.silo_prefix()));
+        assert_eq!(a.version(), "rollcall/a/version");
+    }
+}
