@@ -3,7 +3,8 @@
 # redis-server, etcd and moto_server (DynamoDB API), each on a free loopback port.
 #
 #   source scripts/backends.sh && backends_install && backends_start
-#   ... ROLLCALL_REDIS_URL / ROLLCALL_ETCD_ENDPOINTS / ROLLCALL_DYNAMODB_ENDPOINT are exported ...
+#   ... ROLLCALL_REDIS_URL / ROLLCALL_REDIS_CLUSTER_URL / ROLLCALL_ETCD_ENDPOINTS /
+#       ROLLCALL_ETCD_CLUSTER_ENDPOINTS / ROLLCALL_DYNAMODB_ENDPOINT are exported ...
 #   backends_stop
 #
 # Installs with apt-get (Debian packages redis-server, redis-tools, etcd-server,
@@ -75,6 +76,20 @@ backends_wait_port() { # port name
   return 1
 }
 
+backends_wait_etcd_health() { # port: until the member has a leader
+  python3 - "$1" <<'PY' || { backends_log "etcd on port $1 never became healthy"; return 1; }
+import sys, time, urllib.request
+for _ in range(300):
+    try:
+        if b'"health":"true"' in urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=2).read():
+            sys.exit(0)
+    except Exception:
+        pass
+    time.sleep(0.1)
+sys.exit(1)
+PY
+}
+
 backends_start() {
   rm -rf "$BACKENDS_DIR"
   mkdir -p "$BACKENDS_DIR"
@@ -92,6 +107,20 @@ backends_start() {
   mp=$(backends_free_port)
   "$ROLLCALL_ROOT/.venv/bin/moto_server" -H 127.0.0.1 -p "$mp" >"$BACKENDS_DIR/moto.log" 2>&1 &
   BACKEND_PIDS+=($!)
+  # A 3-member etcd cluster for the etcd conformance run on a real quorum.
+  local eports=() epeers=() einitial="" j
+  for j in 0 1 2; do
+    eports+=("$(backends_free_port)"); epeers+=("$(backends_free_port)")
+    einitial+="m$j=http://127.0.0.1:${epeers[$j]},"
+  done
+  for j in 0 1 2; do
+    etcd --name "m$j" --data-dir "$BACKENDS_DIR/etcd-m$j" \
+      --listen-client-urls "http://127.0.0.1:${eports[$j]}" --advertise-client-urls "http://127.0.0.1:${eports[$j]}" \
+      --listen-peer-urls "http://127.0.0.1:${epeers[$j]}" --initial-advertise-peer-urls "http://127.0.0.1:${epeers[$j]}" \
+      --initial-cluster "${einitial%,}" --initial-cluster-state new \
+      --heartbeat-interval 50 --election-timeout 500 >"$BACKENDS_DIR/etcd-m$j.log" 2>&1 &
+    BACKEND_PIDS+=($!)
+  done
   # A 3-master Redis Cluster for the cluster-mode conformance run.
   local cports=() cp i
   for i in 1 2 3; do
@@ -104,6 +133,9 @@ backends_start() {
   done
   backends_wait_port "$rp" redis && backends_wait_port "$ep" etcd && backends_wait_port "$mp" moto || return 1
   for cp in "${cports[@]}"; do backends_wait_port "$cp" "redis-cluster" || return 1; done
+  for j in 0 1 2; do backends_wait_port "${eports[$j]}" "etcd-m$j" || return 1; done
+  for j in 0 1 2; do backends_wait_etcd_health "${eports[$j]}" || return 1; done
+  backends_wait_etcd_health "$ep" || return 1
   redis-cli --cluster create "${cports[@]/#/127.0.0.1:}" --cluster-replicas 0 --cluster-yes \
     >"$BACKENDS_DIR/redis-cluster-create.log" 2>&1 || { cat "$BACKENDS_DIR/redis-cluster-create.log" >&2; return 1; }
   for cp in "${cports[@]}"; do
@@ -117,9 +149,12 @@ backends_start() {
   export ROLLCALL_REDIS_CLUSTER_URL="redis+cluster://${cluster_nodes%,}"
   export ROLLCALL_REDIS_URL="redis://127.0.0.1:$rp"
   export ROLLCALL_ETCD_ENDPOINTS="127.0.0.1:$ep"
+  local etcd_cluster
+  etcd_cluster=$(printf '127.0.0.1:%s,' "${eports[@]}")
+  export ROLLCALL_ETCD_CLUSTER_ENDPOINTS="${etcd_cluster%,}"
   export ROLLCALL_DYNAMODB_ENDPOINT="http://127.0.0.1:$mp"
   export PATH="$ROLLCALL_ROOT/.venv/bin:$PATH"
-  backends_log "redis $ROLLCALL_REDIS_URL, redis cluster $ROLLCALL_REDIS_CLUSTER_URL, etcd $ROLLCALL_ETCD_ENDPOINTS, dynamodb (moto) $ROLLCALL_DYNAMODB_ENDPOINT"
+  backends_log "redis $ROLLCALL_REDIS_URL, redis cluster $ROLLCALL_REDIS_CLUSTER_URL, etcd $ROLLCALL_ETCD_ENDPOINTS, etcd cluster $ROLLCALL_ETCD_CLUSTER_ENDPOINTS, dynamodb (moto) $ROLLCALL_DYNAMODB_ENDPOINT"
 }
 
 backends_stop() {

@@ -147,9 +147,11 @@ impl EtcdConfig {
                 "cert_file" => cert = Some(PathBuf::from(v.as_ref())),
                 "key_file" => key = Some(PathBuf::from(v.as_ref())),
                 "domain" => cfg.domain = Some(v.into_owned()),
-                other => return Err(bad(&format!(
+                other => {
+                    return Err(bad(&format!(
                     "unknown parameter `{other}` (prefix, timeout_ms, ca_file, cert_file, key_file, domain)"
-                ))),
+                )))
+                }
             }
         }
         match (cert, key) {

@@ -45,6 +45,16 @@ fn status_of(e: &etcd_client::Error) -> String {
     }
 }
 
+/// Whether the call failed while connecting, before any byte of it was sent.
+fn never_sent(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::Unavailable && s.message().contains("connect error")
+        }
+        _ => false,
+    }
+}
+
 /// Whether etcd refused the credentials (as opposed to being unreachable).
 fn is_auth_failure(e: &etcd_client::Error) -> bool {
     match e {
@@ -128,6 +138,11 @@ impl Conn {
             .map(|_| ())
     }
 
+    /// The per-request timeout.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     fn error(&self, what: &str, e: etcd_client::Error) -> Error {
         if is_auth_failure(&e) {
             return Error::backend_with(
@@ -145,25 +160,42 @@ impl Conn {
         )
     }
 
-    /// Runs one client call within the timeout.
-    async fn bounded<T>(
-        &self,
-        what: &str,
-        call: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
-    ) -> Result<T> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(self.error(what, e)),
-            Err(_) => Err(Error::backend(format!(
-                "etcd {what} at {}: no answer within {:?}",
-                self.endpoints, self.timeout
-            ))),
+    /// Runs one client call within the timeout. A call that failed before it
+    /// reached any member (a refused connection: the channel picked a member that
+    /// is down) is sent again, to whichever member the channel picks, until the
+    /// timeout: that is safe for writes too, since nothing was sent.
+    async fn bounded<T, F, Fut>(&self, what: &str, mut call: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            match tokio::time::timeout_at(deadline, call()).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if never_sent(&e) && tokio::time::Instant::now() + pause < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                Ok(Err(e)) => return Err(self.error(what, e)),
+                Err(_) => {
+                    return Err(Error::backend(format!(
+                        "etcd {what} at {}: no answer within {:?}",
+                        self.endpoints, self.timeout
+                    )))
+                }
+            }
         }
     }
 
     pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
-        let mut kv = self.kv.clone();
-        self.bounded(what, kv.txn(txn)).await
+        self.bounded(what, || {
+            let mut kv = self.kv.clone();
+            let txn = txn.clone();
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 
     pub(crate) async fn get(
@@ -172,19 +204,28 @@ impl Conn {
         key: impl Into<Vec<u8>>,
         options: Option<GetOptions>,
     ) -> Result<GetResponse> {
-        let mut kv = self.kv.clone();
-        self.bounded(what, kv.get(key, options)).await
+        let key = key.into();
+        self.bounded(what, || {
+            let (mut kv, key, options) = (self.kv.clone(), key.clone(), options.clone());
+            async move { kv.get(key, options).await }
+        })
+        .await
     }
 
     pub(crate) async fn put(&self, what: &str, key: String, value: String) -> Result<PutResponse> {
-        let mut kv = self.kv.clone();
-        self.bounded(what, kv.put(key, value, None)).await
+        self.bounded(what, || {
+            let (mut kv, key, value) = (self.kv.clone(), key.clone(), value.clone());
+            async move { kv.put(key, value, None).await }
+        })
+        .await
     }
 
     pub(crate) async fn delete_prefix(&self, what: &str, prefix: &str) -> Result<()> {
-        let mut kv = self.kv.clone();
-        self.bounded(what, kv.delete(prefix, Some(DeleteOptions::new().with_prefix())))
-            .await
-            .map(|_| ())
+        self.bounded(what, || {
+            let (mut kv, prefix) = (self.kv.clone(), prefix.to_owned());
+            async move { kv.delete(prefix, Some(DeleteOptions::new().with_prefix())).await }
+        })
+        .await
+        .map(|_| ())
     }
 }

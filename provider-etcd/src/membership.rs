@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
@@ -287,10 +288,12 @@ impl EtcdMembershipTable {
     }
 
     /// Settles the outcome of a write whose request failed in transport: walks the
-    /// row's revisions back from the newest (linearizable) until it finds the value
-    /// this write put (`Ok(true)`) or the revision the write was conditioned on,
-    /// or the row's absence for an insert (not committed: the original error). If
-    /// neither can be read, the original error, whose outcome stays unknown.
+    /// row's revisions back from the newest (a linearizable read, so a new leader
+    /// has committed whatever of the old leader's log survives) until it finds the
+    /// value this write put (`Ok(true)`), or the revision the write was conditioned
+    /// on, or the row's absence for an insert (not committed: the original error).
+    /// Reads are retried for up to one timeout (a leader election); if the history
+    /// cannot be read, the original error, whose outcome stays unknown.
     async fn settle(
         &self,
         error: Error,
@@ -298,29 +301,57 @@ impl EtcdMembershipTable {
         row_json: &str,
         precondition: Option<i64>,
     ) -> Result<bool> {
+        let deadline = tokio::time::Instant::now() + self.conn.timeout();
+        let mut pause = Duration::from_millis(25);
+        loop {
+            match self.walk_history(row_key, row_json, precondition).await {
+                Ok(Some(true)) => {
+                    tracing::info!(key = row_key, "a write whose request failed had committed");
+                    return Ok(true);
+                }
+                Ok(_) => return Err(error),
+                Err(_) if tokio::time::Instant::now() + pause < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(400));
+                }
+                Err(_) => return Err(error),
+            }
+        }
+    }
+
+    /// `Some(true)`: the row holds (or held, after `precondition`) `row_json`;
+    /// `Some(false)`: it did not; `None`: history too long or compacted to tell.
+    async fn walk_history(
+        &self,
+        row_key: &str,
+        row_json: &str,
+        precondition: Option<i64>,
+    ) -> Result<Option<bool>> {
         let mut at: Option<i64> = None;
         for _ in 0..HISTORY_STEPS {
             let options = at.map(|rev| GetOptions::new().with_revision(rev));
-            let Ok(resp) = self
+            let resp = match self
                 .conn
                 .get("read to settle a failed write", row_key, options)
                 .await
-            else {
-                return Err(error);
+            {
+                Ok(r) => r,
+                // An older revision may be compacted away: that is an answer too.
+                Err(_) if at.is_some() => return Ok(None),
+                Err(e) => return Err(e),
             };
             let Some(kv) = resp.kvs().first() else {
-                return Err(error);
+                return Ok(Some(false));
             };
             if kv.value() == row_json.as_bytes() {
-                tracing::info!(key = row_key, "a write whose request failed had committed");
-                return Ok(true);
+                return Ok(Some(true));
             }
             if precondition.is_some_and(|r| kv.mod_revision() <= r) || kv.mod_revision() <= 1 {
-                return Err(error);
+                return Ok(Some(false));
             }
             at = Some(kv.mod_revision() - 1);
         }
-        Err(error)
+        Ok(None)
     }
 }
 

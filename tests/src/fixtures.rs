@@ -1,9 +1,10 @@
 //! Real backends for provider tests.
 //!
-//! [`redis()`], [`redis_cluster()`], [`etcd()`] and [`dynamodb()`] each find a server, in this order:
+//! [`redis()`], [`redis_cluster()`], [`etcd()`], [`etcd_cluster()`] and [`dynamodb()`] each find a server, in this order:
 //!
 //! 1. an endpoint from the environment: `ROLLCALL_REDIS_URL` (`redis://127.0.0.1:6379`),
-//!    `ROLLCALL_ETCD_ENDPOINTS` (`127.0.0.1:2379[,...]`), `ROLLCALL_DYNAMODB_ENDPOINT`
+//!    `ROLLCALL_ETCD_ENDPOINTS` (`127.0.0.1:2379[,...]`), `ROLLCALL_ETCD_CLUSTER_ENDPOINTS`
+//!    (3 members), `ROLLCALL_REDIS_CLUSTER_URL`, `ROLLCALL_DYNAMODB_ENDPOINT`
 //!    (`http://127.0.0.1:5000`, a moto or DynamoDB Local server);
 //! 2. a container started with testcontainers when the crate is built with the
 //!    `docker` feature and a Docker daemon answers;
@@ -34,6 +35,8 @@ pub enum Kind {
     DynamoDb,
     /// A 3-master Redis Cluster (`redis-server --cluster-enabled yes` x3 + `redis-cli --cluster create`).
     RedisCluster,
+    /// A 3-member etcd cluster on loopback (`etcd` x3).
+    EtcdCluster,
 }
 
 impl Kind {
@@ -43,6 +46,7 @@ impl Kind {
             Kind::Etcd => "ROLLCALL_ETCD_ENDPOINTS",
             Kind::DynamoDb => "ROLLCALL_DYNAMODB_ENDPOINT",
             Kind::RedisCluster => "ROLLCALL_REDIS_CLUSTER_URL",
+            Kind::EtcdCluster => "ROLLCALL_ETCD_CLUSTER_ENDPOINTS",
         }
     }
 
@@ -52,6 +56,7 @@ impl Kind {
             Kind::Etcd => "etcd",
             Kind::DynamoDb => "moto_server",
             Kind::RedisCluster => "redis-server",
+            Kind::EtcdCluster => "etcd",
         }
     }
 }
@@ -123,6 +128,12 @@ pub async fn redis() -> Option<Backend> {
 /// none and backends are not required.
 pub async fn redis_cluster() -> Option<Backend> {
     find(Kind::RedisCluster).await
+}
+
+/// A 3-member etcd cluster (comma-separated `host:port`s), or `None` (skip) when
+/// there is none and backends are not required.
+pub async fn etcd_cluster() -> Option<Backend> {
+    find(Kind::EtcdCluster).await
 }
 
 /// An etcd server, or `None` (skip) when there is none and backends are not required.
@@ -238,10 +249,11 @@ pub async fn wait_for_port(addr: SocketAddr, timeout: Duration) -> Result<(), St
 /// Starts a local server of `kind` on `port` (a free one if `None`), owned by the
 /// returned [`Backend`]: dropping it, or [`Backend::stop`], kills the process.
 pub async fn start_local_on(kind: Kind, port: Option<u16>) -> Result<Backend, String> {
-    if kind == Kind::RedisCluster {
-        return start_local_redis_cluster().await;
+    match kind {
+        Kind::RedisCluster => start_local_redis_cluster().await,
+        Kind::EtcdCluster => start_local_etcd_cluster(3).await,
+        _ => start_local_inner(kind, port).await,
     }
-    start_local_inner(kind, port).await
 }
 
 impl Backend {
@@ -259,6 +271,139 @@ impl Backend {
             _ => {}
         }
     }
+}
+
+impl Backend {
+    /// Kills member `i` (in endpoint order) of a locally started multi-process
+    /// backend at once (as a crash) and waits for it to exit.
+    ///
+    /// # Panics
+    /// When the backend is not a local multi-process one or has no member `i`.
+    pub async fn kill_member(&mut self, i: usize) {
+        match &mut self._guard {
+            Guard::Processes { children, .. } => {
+                let _ = children[i].kill().await;
+            }
+            other => panic!("kill_member on {other:?}"),
+        }
+    }
+}
+
+/// An `etcd` member command (found like the other backends): member `name` of
+/// `initial_cluster` (`name=http://127.0.0.1:PEER,...`), serving clients on
+/// `client_url` and peers on `peer_port`, data in `data_dir`, with short raft
+/// timers (heartbeat 50 ms, election 500 ms) so that tests fail over quickly.
+///
+/// # Errors
+/// When `etcd` is not found.
+pub fn etcd_command(
+    name: &str,
+    data_dir: &std::path::Path,
+    client_url: &str,
+    peer_port: u16,
+    initial_cluster: &str,
+) -> Result<Command, String> {
+    let bin = find_binary("etcd").ok_or("etcd not found on PATH")?;
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let mut cmd = Command::new(bin);
+    cmd.args(["--name", name])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args([
+            "--listen-client-urls",
+            client_url,
+            "--advertise-client-urls",
+            client_url,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+        ])
+        .args(["--initial-cluster", initial_cluster])
+        .args(["--initial-cluster-state", "new"])
+        .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    Ok(cmd)
+}
+
+/// Waits until the etcd member serving plain HTTP on `port` reports itself healthy
+/// (`GET /health`: `"health":"true"` once the cluster has a leader).
+///
+/// # Errors
+/// When it does not within `timeout`.
+pub async fn wait_for_etcd_health(port: u16, timeout: Duration) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut answer = String::new();
+        if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            let req = b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+            if s.write_all(req).await.is_ok() {
+                let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_string(&mut answer)).await;
+            }
+        }
+        if answer.contains("\"health\":\"true\"") {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "etcd on port {port} not healthy after {timeout:?}: {answer:?}"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Starts an `n`-member etcd cluster on loopback; the endpoint lists the members'
+/// `host:port`s in order (see [`Backend::kill_member`]).
+async fn start_local_etcd_cluster(n: usize) -> Result<Backend, String> {
+    let dir = std::env::temp_dir().join(crate::unique_id("etcd-cluster"));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let dir = TempDir(dir);
+    let mut ports = Vec::new();
+    for _ in 0..n {
+        ports.push((
+            free_port().map_err(|e| e.to_string())?,
+            free_port().map_err(|e| e.to_string())?,
+        ));
+    }
+    let initial: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+        .collect();
+    let mut children = Vec::new();
+    for (i, (client, peer)) in ports.iter().enumerate() {
+        let log = std::fs::File::create(dir.0.join(format!("m{i}.log"))).map_err(|e| e.to_string())?;
+        let child = etcd_command(
+            &format!("m{i}"),
+            &dir.0.join(format!("m{i}")),
+            &format!("http://127.0.0.1:{client}"),
+            *peer,
+            &initial.join(","),
+        )?
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("spawn etcd: {e}"))?;
+        children.push(child);
+    }
+    for (client, _) in &ports {
+        wait_for_port(([127, 0, 0, 1], *client).into(), Duration::from_secs(30)).await?;
+    }
+    for (client, _) in &ports {
+        wait_for_etcd_health(*client, Duration::from_secs(30)).await?;
+    }
+    let endpoints: Vec<String> = ports.iter().map(|(c, _)| format!("127.0.0.1:{c}")).collect();
+    Ok(Backend {
+        kind: Kind::EtcdCluster,
+        endpoint: endpoints.join(","),
+        source: "local",
+        _guard: Guard::Processes { children, dir },
+    })
 }
 
 async fn start_local(kind: Kind) -> Result<Backend, String> {
@@ -371,7 +516,7 @@ async fn start_local_inner(kind: Kind, port: Option<u16>) -> Result<Backend, Str
             cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
             format!("http://127.0.0.1:{port}")
         }
-        Kind::RedisCluster => return Err("use start_local_redis_cluster".into()),
+        Kind::RedisCluster | Kind::EtcdCluster => return Err("use start_local_on".into()),
     };
     let log = std::fs::File::create(dir.0.join("server.log")).map_err(|e| e.to_string())?;
     let log2 = log.try_clone().map_err(|e| e.to_string())?;
@@ -383,7 +528,11 @@ async fn start_local_inner(kind: Kind, port: Option<u16>) -> Result<Backend, Str
         .spawn()
         .map_err(|e| format!("spawn {}: {e}", bin.display()))?;
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    if let Err(e) = wait_for_port(addr, Duration::from_secs(30)).await {
+    let mut ready = wait_for_port(addr, Duration::from_secs(30)).await;
+    if ready.is_ok() && kind == Kind::Etcd {
+        ready = wait_for_etcd_health(port, Duration::from_secs(30)).await;
+    }
+    if let Err(e) = ready {
         let _ = child.start_kill();
         let log = std::fs::read_to_string(dir.0.join("server.log")).unwrap_or_default();
         return Err(format!("{e}; server log:\n{log}"));
@@ -417,8 +566,8 @@ mod docker {
         if !daemon_answers() {
             return Err("no Docker daemon answers".into());
         }
-        if kind == Kind::RedisCluster {
-            return Err("a Redis Cluster is started as local processes only".into());
+        if matches!(kind, Kind::RedisCluster | Kind::EtcdCluster) {
+            return Err("clusters are started as local processes only".into());
         }
         let (image, port, ready) = match kind {
             Kind::Redis => (
@@ -431,7 +580,7 @@ mod docker {
                 2379,
                 WaitFor::message_on_stderr("ready to serve client requests"),
             ),
-            Kind::DynamoDb | Kind::RedisCluster => (
+            Kind::DynamoDb | Kind::RedisCluster | Kind::EtcdCluster => (
                 GenericImage::new("motoserver/moto", "5.0.28"),
                 5000,
                 WaitFor::seconds(2),
@@ -456,7 +605,9 @@ mod docker {
         let endpoint = match kind {
             Kind::Redis => format!("redis://127.0.0.1:{host_port}"),
             Kind::Etcd => format!("127.0.0.1:{host_port}"),
-            Kind::DynamoDb | Kind::RedisCluster => format!("http://127.0.0.1:{host_port}"),
+            Kind::DynamoDb | Kind::RedisCluster | Kind::EtcdCluster => {
+                format!("http://127.0.0.1:{host_port}")
+            }
         };
         Ok(Backend {
             kind,
