@@ -83,10 +83,10 @@ fn bad_input_is_a_clear_error() {
 }
 
 /// Child processes killed when the test ends, however it ends.
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "etcd"))]
 struct Procs(Vec<std::process::Child>);
 
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "etcd"))]
 impl Drop for Procs {
     fn drop(&mut self) {
         for c in &mut self.0 {
@@ -97,7 +97,7 @@ impl Drop for Procs {
 }
 
 /// `rollcall status` output: (table version, lines of silos).
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "etcd"))]
 fn status(store: &str, cluster: &str) -> (u64, Vec<String>) {
     let out = rollcall()
         .args(["status", "--store", store, "--cluster", cluster])
@@ -119,7 +119,7 @@ fn status(store: &str, cluster: &str) -> (u64, Vec<String>) {
 }
 
 /// Where silo `port` of `cluster` logs (its stderr) in the multi-process tests.
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "etcd"))]
 fn log_path(cluster: &str, port: u16) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("{cluster}-{port}.log"))
 }
@@ -127,13 +127,13 @@ fn log_path(cluster: &str, port: u16) -> std::path::PathBuf {
 /// Starts `n` `rollcall silo --fast` processes of `cluster` on `store` (stderr to
 /// [`log_path`]) and waits until `rollcall status` shows them all Active; returns
 /// them, their ports and the table version then.
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "etcd"))]
 fn start_silos(store: &str, cluster: &str, n: usize) -> (Procs, Vec<u16>, u64) {
     start_silos_with(store, cluster, n, &[])
 }
 
 /// [`start_silos`] with extra `rollcall silo` arguments.
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "etcd"))]
 fn start_silos_with(store: &str, cluster: &str, n: usize, extra: &[&str]) -> (Procs, Vec<u16>, u64) {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
@@ -192,7 +192,7 @@ fn redis_fixture() -> Option<(tokio::runtime::Runtime, rollcall_tests::fixtures:
     Some((rt, backend))
 }
 
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "etcd"))]
 fn active(lines: &[String]) -> usize {
     lines.iter().filter(|l| l.contains(" Active ")).count()
 }
@@ -261,14 +261,36 @@ fn redis_multi_process_short_stall_is_survived_and_sigterm_leaves_gracefully() {
 #[cfg(feature = "redis")]
 #[test]
 fn redis_multi_process_cluster_declares_a_killed_silo_dead() {
-    use std::time::{Duration, Instant};
-
     let Some((_rt, backend)) = redis_fixture() else {
         return;
     };
-    let store = backend.endpoint.clone();
+    killed_silo_is_declared_dead_within_the_bound(&backend.endpoint);
+}
+
+/// The same three processes on a real etcd (issue 10).
+#[cfg(feature = "etcd")]
+#[test]
+fn etcd_multi_process_cluster_declares_a_killed_silo_dead() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let Some(backend) = rt.block_on(rollcall_tests::fixtures::etcd()) else {
+        return;
+    };
+    killed_silo_is_declared_dead_within_the_bound(&format!("etcd://{}", backend.endpoint));
+}
+
+/// Starts three `rollcall silo --fast` processes on `store`, SIGKILLs one, and
+/// checks through `rollcall status` that the two others declare it Dead (with
+/// their votes shown) within the probe bound plus allowances, the table version
+/// never going back.
+#[cfg(any(feature = "redis", feature = "etcd"))]
+fn killed_silo_is_declared_dead_within_the_bound(store: &str) {
+    use std::time::{Duration, Instant};
+
     let cluster = rollcall_tests::unique_id("procs");
-    let (mut procs, ports, mut last_version) = start_silos(&store, &cluster, 3);
+    let (mut procs, ports, mut last_version) = start_silos(store, &cluster, 3);
     std::thread::sleep(Duration::from_secs(2)); // let the probes settle
 
     let victim_port = ports[2];
@@ -279,7 +301,7 @@ fn redis_multi_process_cluster_declares_a_killed_silo_dead() {
     let bound = Duration::from_millis(3 * 500) + Duration::from_secs(3) + Duration::from_secs(1);
     let victim = format!("127.0.0.1:{victim_port} ");
     loop {
-        let (v, l) = status(&store, &cluster);
+        let (v, l) = status(store, &cluster);
         assert!(
             v >= last_version,
             "table version went back from {last_version} to {v}"

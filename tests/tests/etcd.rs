@@ -496,8 +496,8 @@ async fn range_reads_page_through_thousands_of_reminders() {
         .collect();
     for chunk in entries.chunks(250) {
         let mut writes = tokio::task::JoinSet::new();
-        for e in chunk.iter().cloned() {
-            let table = table.clone();
+        for e in chunk {
+            let (table, e) = (table.clone(), e.clone());
             writes.spawn(async move { table.upsert_row(&e).await });
         }
         while let Some(r) = writes.join_next().await {
