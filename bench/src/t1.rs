@@ -1,0 +1,578 @@
+//! T1: each table operation of each provider next to the backend's raw single-key
+//! write and raw conditional write, through the same client library, at the same
+//! concurrency, interleaved round by round.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use async_trait::async_trait;
+use hdrhistogram::Histogram;
+use rollcall_membership_core::{
+    MembershipEntry, MembershipTable, ProtocolMode, ReminderEntry, ReminderTable, SystemStore, Timestamp,
+};
+use rollcall_tests::fixtures;
+use rollcall_tests::membership_table::{full_entry, silo};
+use serde::Serialize;
+use tokio::sync::Mutex;
+
+/// Options of `t1` (and `all`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    /// Providers to measure: memory, redis, redis-cluster, etcd.
+    #[arg(long, value_delimiter = ',', default_value = "memory,redis,etcd")]
+    providers: Vec<String>,
+    /// Concurrent clients (each its own cluster, so no version-row contention).
+    #[arg(long, value_delimiter = ',', default_value = "1,16")]
+    clients: Vec<usize>,
+    /// Seconds each op runs per round.
+    #[arg(long, default_value_t = 0.5)]
+    seconds: f64,
+    /// Interleaved rounds (every op once per round).
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// The Markdown report.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The JSON report.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// One operation a client repeats.
+#[async_trait]
+trait Op: Send + Sync {
+    /// Runs the op once for client `i`; returns the duration of its measured part
+    /// (some ops first read, unmeasured, what their write needs: an etag).
+    async fn once(&self, i: usize) -> anyhow::Result<Duration>;
+}
+
+async fn timed<T, E: Into<anyhow::Error>>(
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> anyhow::Result<(T, Duration)> {
+    let started = Instant::now();
+    let v = f.await.map_err(Into::into)?;
+    Ok((v, started.elapsed()))
+}
+
+/// A value the size of a membership row.
+fn payload() -> String {
+    serde_json::to_string(&full_entry(1)).expect("row json")
+}
+
+struct RedisSet(redis::aio::MultiplexedConnection, String);
+
+#[async_trait]
+impl Op for RedisSet {
+    async fn once(&self, i: usize) -> anyhow::Result<Duration> {
+        let mut con = self.0.clone();
+        let key = format!("bench:raw:{i}");
+        Ok(timed(
+            redis::cmd("SET")
+                .arg(key)
+                .arg(&self.1)
+                .query_async::<()>(&mut con),
+        )
+        .await?
+        .1)
+    }
+}
+
+/// The floor of a conditional write on Redis: WATCH + GET pipelined, then MULTI /
+/// SET / EXEC, on a connection of the client's own.
+struct RedisCas(Vec<Mutex<redis::aio::MultiplexedConnection>>, String, String);
+
+#[async_trait]
+impl Op for RedisCas {
+    async fn once(&self, i: usize) -> anyhow::Result<Duration> {
+        let mut con = self.0[i].lock().await;
+        let key = format!("bench:{}:cas:{i}", self.2);
+        let started = Instant::now();
+        let (_v,): (Option<String>,) = redis::pipe()
+            .cmd("WATCH")
+            .arg(&key)
+            .ignore()
+            .get(&key)
+            .query_async(&mut *con)
+            .await?;
+        let _: Option<(i64,)> = redis::pipe()
+            .atomic()
+            .set(&key, &self.1)
+            .ignore()
+            .incr(format!("{key}:n"), 1)
+            .query_async(&mut *con)
+            .await?;
+        Ok(started.elapsed())
+    }
+}
+
+struct EtcdPut(etcd_client::KvClient, String);
+
+#[async_trait]
+impl Op for EtcdPut {
+    async fn once(&self, i: usize) -> anyhow::Result<Duration> {
+        let mut kv = self.0.clone();
+        Ok(timed(kv.put(format!("bench/raw/{i}"), self.1.clone(), None))
+            .await?
+            .1)
+    }
+}
+
+/// The floor of a conditional write on etcd: one Txn comparing the key's
+/// mod_revision, then a put.
+struct EtcdTxn(etcd_client::KvClient, Vec<Mutex<i64>>, String, String);
+
+#[async_trait]
+impl Op for EtcdTxn {
+    async fn once(&self, i: usize) -> anyhow::Result<Duration> {
+        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+        let mut kv = self.0.clone();
+        let mut rev = self.1[i].lock().await;
+        let key = format!("bench/{}/cas/{i}", self.3);
+        let txn = Txn::new()
+            .when(vec![Compare::mod_revision(key.clone(), CompareOp::Equal, *rev)])
+            .and_then(vec![TxnOp::put(key, self.2.clone(), None)]);
+        let (resp, d) = timed(kv.txn(txn)).await?;
+        anyhow::ensure!(resp.succeeded(), "raw etcd Txn conflicted");
+        *rev = resp.header().map_or(0, |h| h.revision());
+        Ok(d)
+    }
+}
+
+/// The in-process reference: a locked map insert.
+struct MapInsert(std::sync::Mutex<HashMap<usize, String>>, String);
+
+#[async_trait]
+impl Op for MapInsert {
+    async fn once(&self, i: usize) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        self.0.lock().expect("map").insert(i, self.1.clone());
+        Ok(started.elapsed())
+    }
+}
+
+/// Per-client membership tables, each with the client's own row.
+struct Tables {
+    tables: Vec<Arc<dyn MembershipTable>>,
+}
+
+impl Tables {
+    async fn new(store: &Arc<dyn SystemStore>, clients: usize, run: &str) -> anyhow::Result<Tables> {
+        let mut tables = Vec::new();
+        for i in 0..clients {
+            let t = store.membership_table(&format!("{run}-c{i}"), ProtocolMode::Extended)?;
+            t.init(true).await?;
+            let v = t.read_all().await?.version;
+            anyhow::ensure!(t.insert_row(&own(i), &v.next()).await?, "setup insert");
+            tables.push(t);
+        }
+        Ok(Tables { tables })
+    }
+}
+
+fn own(i: usize) -> MembershipEntry {
+    full_entry(i as u32)
+}
+
+struct InsertRow(Tables, Vec<Mutex<u64>>);
+
+#[async_trait]
+impl Op for InsertRow {
+    async fn once(&self, i: usize) -> anyhow::Result<Duration> {
+        let t = &self.0.tables[i];
+        let mut n = self.1[i].lock().await;
+        *n += 1;
+        let entry = MembershipEntry {
+            silo: silo(i as u32, 1_000 + *n),
+            ..own(i)
+        };
+        let v = t.read_row(&own(i).silo).await?.version;
+        let (ok, d) = timed(t.insert_row(&entry, &v.next())).await?;
+        anyhow::ensure!(ok, "insert_row conflicted with no other writer");
+        Ok(d)
+    }
+}
+
+struct UpdateRow(Tables);
+
+#[async_trait]
+impl Op for UpdateRow {
+    async fn once(&self, i: usize) -> anyhow::Result<Duration> {
+        let t = &self.0.tables[i];
+        let s = own(i).silo;
+        let snap = t.read_row(&s).await?;
+        let (row, etag) = snap.get(&s).cloned().context("own row")?;
+        let row = MembershipEntry {
+            update_zone: row.update_zone.wrapping_add(1),
+            ..row
+        };
+        let (ok, d) = timed(t.update_row(&row, &etag, &snap.version.next())).await?;
+        anyhow::ensure!(ok, "update_row conflicted with no other writer");
+        Ok(d)
+    }
+}
+
+struct ReadRow(Tables);
+
+#[async_trait]
+impl Op for ReadRow {
+    async fn once(&self, i: usize) -> anyhow::Result<Duration> {
+        Ok(timed(self.0.tables[i].read_row(&own(i).silo)).await?.1)
+    }
+}
+
+struct IAmAlive(Tables);
+
+#[async_trait]
+impl Op for IAmAlive {
+    async fn once(&self, i: usize) -> anyhow::Result<Duration> {
+        Ok(
+            timed(self.0.tables[i].update_i_am_alive(&own(i).silo, Timestamp::now()))
+                .await?
+                .1,
+        )
+    }
+}
+
+/// `read_all` of one shared table of `rows` rows.
+struct ReadAll(Arc<dyn MembershipTable>);
+
+impl ReadAll {
+    async fn new(store: &Arc<dyn SystemStore>, rows: u32, run: &str) -> anyhow::Result<ReadAll> {
+        let t = store.membership_table(&format!("{run}-all{rows}"), ProtocolMode::Extended)?;
+        t.init(true).await?;
+        for n in 0..rows {
+            let v = t.read_all().await?.version;
+            anyhow::ensure!(t.insert_row(&full_entry(n), &v.next()).await?, "setup insert");
+        }
+        Ok(ReadAll(t))
+    }
+}
+
+#[async_trait]
+impl Op for ReadAll {
+    async fn once(&self, _: usize) -> anyhow::Result<Duration> {
+        let (snap, d) = timed(self.0.read_all()).await?;
+        anyhow::ensure!(!snap.is_empty(), "empty read_all");
+        Ok(d)
+    }
+}
+
+struct ReminderUpsert(Arc<dyn ReminderTable>, Vec<Mutex<u64>>);
+
+#[async_trait]
+impl Op for ReminderUpsert {
+    async fn once(&self, i: usize) -> anyhow::Result<Duration> {
+        let mut n = self.1[i].lock().await;
+        *n += 1;
+        let e = ReminderEntry::new(
+            self.0.service_id(),
+            format!("actor-{i}-{}", *n % 1000),
+            "tick",
+            Timestamp::now(),
+            Some(Duration::from_secs(60)),
+        );
+        Ok(timed(self.0.upsert_row(&e)).await?.1)
+    }
+}
+
+/// A ring range of 1/16 of the hash space over 1,000 reminders (~60 rows).
+struct ReminderRange(Arc<dyn ReminderTable>);
+
+#[async_trait]
+impl Op for ReminderRange {
+    async fn once(&self, _: usize) -> anyhow::Result<Duration> {
+        let begin: u32 = rand::random();
+        let end = begin.wrapping_add(u32::MAX / 16);
+        Ok(timed(self.0.read_rows_in_range(begin, end)).await?.1)
+    }
+}
+
+/// The ops of one provider at one client count, references first.
+async fn ops_for(
+    provider: &str,
+    store: &Arc<dyn SystemStore>,
+    endpoint: &str,
+    clients: usize,
+) -> anyhow::Result<Vec<(&'static str, Arc<dyn Op>)>> {
+    let run = rollcall_tests::unique_id(&format!("bench-{provider}-{clients}"));
+    let value = payload();
+    let mut ops: Vec<(&'static str, Arc<dyn Op>)> = Vec::new();
+    match provider {
+        "memory" => ops.push((
+            "raw write (locked map insert)",
+            Arc::new(MapInsert(Default::default(), value)),
+        )),
+        "redis" | "redis-cluster" => {
+            let url = if provider == "redis" {
+                endpoint.to_owned()
+            } else {
+                // The raw reference runs on the first node of the cluster (its own keys).
+                let first = endpoint
+                    .trim_start_matches("redis+cluster://")
+                    .split(',')
+                    .next()
+                    .unwrap_or_default();
+                format!("redis://{first}")
+            };
+            let client = redis::Client::open(url.as_str())?;
+            let shared = client.get_multiplexed_async_connection().await?;
+            ops.push(("raw write (SET)", Arc::new(RedisSet(shared, value.clone()))));
+            let mut own = Vec::new();
+            for _ in 0..clients {
+                own.push(Mutex::new(client.get_multiplexed_async_connection().await?));
+            }
+            ops.push((
+                "raw conditional write (WATCH/GET/MULTI/EXEC)",
+                Arc::new(RedisCas(own, value, run.clone())),
+            ));
+        }
+        "etcd" => {
+            let eps: Vec<String> = endpoint.split(',').map(|e| format!("http://{e}")).collect();
+            let kv = etcd_client::Client::connect(eps, None).await?.kv_client();
+            ops.push(("raw write (put)", Arc::new(EtcdPut(kv.clone(), value.clone()))));
+            let revs = (0..clients).map(|_| Mutex::new(0)).collect();
+            ops.push((
+                "raw conditional write (Txn on mod_revision)",
+                Arc::new(EtcdTxn(kv, revs, value, run.clone())),
+            ));
+        }
+        other => anyhow::bail!("unknown provider `{other}`"),
+    }
+    let counters = || (0..clients).map(|_| Mutex::new(0)).collect::<Vec<_>>();
+    ops.push((
+        "insert_row",
+        Arc::new(InsertRow(
+            Tables::new(store, clients, &format!("{run}-ins")).await?,
+            counters(),
+        )),
+    ));
+    ops.push((
+        "update_row",
+        Arc::new(UpdateRow(
+            Tables::new(store, clients, &format!("{run}-upd")).await?,
+        )),
+    ));
+    ops.push((
+        "read_row",
+        Arc::new(ReadRow(Tables::new(store, clients, &format!("{run}-rr")).await?)),
+    ));
+    for rows in [10, 100, 1000] {
+        let name: &'static str = match rows {
+            10 => "read_all (10 rows)",
+            100 => "read_all (100 rows)",
+            _ => "read_all (1,000 rows)",
+        };
+        ops.push((name, Arc::new(ReadAll::new(store, rows, &run).await?)));
+    }
+    ops.push((
+        "update_i_am_alive",
+        Arc::new(IAmAlive(Tables::new(store, clients, &format!("{run}-hb")).await?)),
+    ));
+    let reminders = store.reminder_table(&format!("{run}-rem"))?;
+    reminders.init().await?;
+    ops.push((
+        "reminder upsert_row",
+        Arc::new(ReminderUpsert(reminders, counters())),
+    ));
+    let ranged = store.reminder_table(&format!("{run}-range"))?;
+    for n in 0..1000 {
+        let e = ReminderEntry::new(ranged.service_id(), format!("a{n}"), "r", Timestamp::now(), None);
+        ranged.upsert_row(&e).await?;
+    }
+    ops.push((
+        "reminder range read (1/16 of 1,000)",
+        Arc::new(ReminderRange(ranged)),
+    ));
+    Ok(ops)
+}
+
+/// Runs `op` on `clients` concurrent clients for `for_time`, recording into `hist`.
+async fn measure(
+    op: Arc<dyn Op>,
+    clients: usize,
+    for_time: Duration,
+    hist: &mut Histogram<u64>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + for_time;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..clients {
+        let op = op.clone();
+        tasks.spawn(async move {
+            let mut h = Histogram::<u64>::new(3).expect("histogram");
+            while Instant::now() < deadline {
+                let d = op.once(i).await?;
+                h.record(d.as_micros().max(1) as u64).ok();
+            }
+            anyhow::Ok(h)
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        hist.add(r??).ok();
+    }
+    Ok(())
+}
+
+/// One figure of the report.
+#[derive(Serialize, Clone, Debug)]
+struct Cell {
+    provider: String,
+    op: String,
+    clients: usize,
+    samples: u64,
+    p50_us: u64,
+    p99_us: u64,
+    /// `clients / mean latency` of the measured part.
+    ops_per_s: f64,
+    /// `ops_per_s` over the raw write's, same provider, clients and run.
+    vs_raw_write: f64,
+    /// `ops_per_s` over the raw conditional write's (absent for memory).
+    vs_raw_conditional: Option<f64>,
+}
+
+pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
+    let for_time = Duration::from_secs_f64(args.seconds);
+    let mut cells = Vec::new();
+    for provider in &args.providers {
+        let (store, endpoint, _guard) = open(provider).await?;
+        for &clients in &args.clients {
+            eprintln!("T1 {provider} at {clients} client(s)...");
+            let ops = ops_for(provider, &store, &endpoint, clients).await?;
+            let mut hists: Vec<Histogram<u64>> = ops
+                .iter()
+                .map(|_| Histogram::new(3).expect("histogram"))
+                .collect();
+            for _ in 0..args.rounds {
+                for ((_, op), hist) in ops.iter().zip(hists.iter_mut()) {
+                    measure(op.clone(), clients, for_time, hist).await?;
+                }
+            }
+            let rate = |h: &Histogram<u64>| clients as f64 * 1e6 / h.mean().max(1e-9);
+            let raw = rate(&hists[0]);
+            let conditional = (provider != "memory").then(|| rate(&hists[1]));
+            for ((name, _), h) in ops.iter().zip(&hists) {
+                cells.push(Cell {
+                    provider: provider.clone(),
+                    op: (*name).to_owned(),
+                    clients,
+                    samples: h.len(),
+                    p50_us: h.value_at_quantile(0.5),
+                    p99_us: h.value_at_quantile(0.99),
+                    ops_per_s: rate(h),
+                    vs_raw_write: rate(h) / raw,
+                    vs_raw_conditional: conditional.map(|c| rate(h) / c),
+                });
+            }
+        }
+    }
+    let out = args.out.unwrap_or_else(|| crate::workspace_file("BENCHMARKS.md"));
+    let json = args
+        .json
+        .unwrap_or_else(|| crate::workspace_file("benchmarks.json"));
+    std::fs::write(&out, report(&cells, &args.clients, args.rounds, args.seconds))?;
+    std::fs::write(
+        &json,
+        serde_json::to_string_pretty(&serde_json::json!({
+            "provenance": crate::provenance().into_iter().collect::<BTreeMap<_, _>>(),
+            "t1": cells,
+        }))?,
+    )?;
+    eprintln!("wrote {} and {}", out.display(), json.display());
+    Ok(())
+}
+
+/// Opens a provider's store on a backend found or started like the tests do.
+async fn open(provider: &str) -> anyhow::Result<(Arc<dyn SystemStore>, String, Option<fixtures::Backend>)> {
+    let backend = match provider {
+        "memory" => None,
+        "redis" => fixtures::redis().await,
+        "redis-cluster" => fixtures::redis_cluster().await,
+        "etcd" => fixtures::etcd().await,
+        other => anyhow::bail!("unknown provider `{other}` (memory, redis, redis-cluster, etcd)"),
+    };
+    let (url, endpoint) = match (provider, &backend) {
+        ("memory", _) => ("memory://bench".to_owned(), String::new()),
+        (_, None) => anyhow::bail!("no {provider} backend"),
+        ("etcd", Some(b)) => (format!("etcd://{}", b.endpoint), b.endpoint.clone()),
+        (_, Some(b)) => (b.endpoint.clone(), b.endpoint.clone()),
+    };
+    let store = rollcall::connect(&url)
+        .await
+        .with_context(|| format!("connect {url}"))?;
+    Ok((store, endpoint, backend))
+}
+
+fn report(cells: &[Cell], clients: &[usize], rounds: u32, seconds: f64) -> String {
+    use std::fmt::Write as _;
+    let mut md = String::from("# rollcall benchmarks\n\n");
+    md.push_str("Written by `cargo run --release -p rollcall-bench -- all`; do not edit by hand.\n\n");
+    for (k, v) in crate::provenance() {
+        let _ = writeln!(md, "- {k}: {v}");
+    }
+    let _ = writeln!(
+        md,
+        "\n## T1: table operations next to the backend's raw writes\n\n\
+         Method: each client works on a cluster of its own (no version-row contention; that is T2). \
+         Every op runs {seconds} s per round, {rounds} rounds, interleaved with the references, so \
+         noise hits both. p50/p99 are of the measured part: `insert_row` and `update_row` first \
+         read (unmeasured) the version and etag they need. ops/s = clients / mean latency. \
+         The ratio columns divide by the raw single-key write (Redis `SET`, etcd `put`, a locked \
+         map insert) and by the raw conditional write (Redis `WATCH`+`GET`, `MULTI`/`SET`/`EXEC`; \
+         etcd `Txn` on `mod_revision`) measured in the same run through the same client library. \
+         Read the ratios: absolute numbers move 20-30% between runs on shared machines.\n"
+    );
+    let providers: Vec<&str> = {
+        let mut p: Vec<&str> = cells.iter().map(|c| c.provider.as_str()).collect();
+        p.dedup();
+        p
+    };
+    for p in &providers {
+        let _ = writeln!(md, "### {p}\n");
+        md.push_str("| op | clients | p50 µs | p99 µs | ops/s | / raw write | / raw conditional write |\n");
+        md.push_str("|---|---:|---:|---:|---:|---:|---:|\n");
+        for c in cells.iter().filter(|c| c.provider == *p) {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {:.0} | {:.2} | {} |",
+                c.op,
+                c.clients,
+                c.p50_us,
+                c.p99_us,
+                c.ops_per_s,
+                c.vs_raw_write,
+                c.vs_raw_conditional.map_or("-".into(), |r| format!("{r:.2}"))
+            );
+        }
+        md.push('\n');
+    }
+    md.push_str(
+        "### Goals (reported, not asserted)\n\n| goal | clients | measured | met |\n|---|---:|---:|---|\n",
+    );
+    let goals = [
+        (
+            "redis",
+            "update_row",
+            1.0 / 3.0,
+            "Redis `update_row` >= 1/3 of raw `SET`",
+        ),
+        ("etcd", "update_row", 0.8, "etcd `update_row` >= 0.8 of raw `put`"),
+    ];
+    for (provider, op, want, what) in goals {
+        for &n in clients {
+            if let Some(c) = cells
+                .iter()
+                .find(|c| c.provider == provider && c.op == op && c.clients == n)
+            {
+                let _ = writeln!(
+                    md,
+                    "| {what} | {n} | {:.2} | {} |",
+                    c.vs_raw_write,
+                    if c.vs_raw_write >= want { "yes" } else { "**no**" }
+                );
+            }
+        }
+    }
+    md
+}
