@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use rollcall_membership_core::{Error, Result, SystemStore};
+use rollcall_membership_core::{redact_password, Error, Result, SystemStore};
 
 /// A parsed store URL: which provider, and where.
 ///
@@ -133,26 +133,13 @@ impl StoreUrl {
     }
 }
 
-/// `url` with its password (if any) replaced by `***`, for logs and errors.
-fn redact(url: &str) -> String {
-    // By hand rather than with `url::Url`: etcd URLs list several hosts, which a
-    // URL parser rejects, and a rejected URL must still lose its password.
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => match url[s + 3..at].split_once(':') {
-            Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
-            None => url.to_owned(),
-        },
-        _ => url.to_owned(),
-    }
-}
-
 /// Shows the URL with any password replaced by `***`.
 impl fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreUrl::Memory { name } => write!(f, "memory://{name}"),
             StoreUrl::Redis { url } | StoreUrl::DynamoDb { url, .. } | StoreUrl::Etcd { url, .. } => {
-                f.write_str(&redact(url))
+                f.write_str(&redact_password(url))
             }
         }
     }

@@ -88,6 +88,26 @@ impl Error {
     }
 }
 
+/// `url` with the password of its `user:password@` part replaced by `***`, for logs
+/// and error messages. Works on URLs a URL parser rejects (several comma-separated
+/// hosts, as in `etcd://` and `redis+cluster://`); a URL without a password is
+/// returned unchanged.
+///
+/// ```
+/// use rollcall_membership_core::redact_password;
+/// assert_eq!(redact_password("etcd://root:pw@a:1,b:2"), "etcd://root:***@a:1,b:2");
+/// assert_eq!(redact_password("redis://h:6379"), "redis://h:6379");
+/// ```
+pub fn redact_password(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => match url[s + 3..at].split_once(':') {
+            Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+            None => url.to_owned(),
+        },
+        _ => url.to_owned(),
+    }
+}
+
 /// `": cause: its cause ..."` for an error's source chain ("" without one).
 fn cause_chain(source: Option<&(dyn StdError + Send + Sync + 'static)>) -> String {
     let mut out = String::new();

@@ -28,7 +28,7 @@ mod time;
 pub mod transport;
 
 pub use agents::{MembershipChanged, OnDeclaredDead, Silo, SiloBuilder, SiloHandle, Subscription};
-pub use error::{retry_transient, BoxError, Error, Result, SiloError};
+pub use error::{redact_password, retry_transient, BoxError, Error, Result, SiloError};
 pub use membership::{
     CorruptRow, Etag, MembershipDelta, MembershipEntry, MembershipSnapshot, SuspectVote, TableVersion,
 };

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use rollcall_membership_core::{Error, Result};
+use rollcall_membership_core::{redact_password, Error, Result};
 
 /// Where and how to reach etcd.
 ///
@@ -70,7 +70,8 @@ impl EtcdConfig {
     /// [`Error::InvalidConfig`] with field `store_url` naming what is wrong; the
     /// message never contains the password.
     pub fn from_url(url: &str) -> Result<EtcdConfig> {
-        let bad = |why: &str| Error::invalid_config("store_url", format!("`{}`: {why}", redact(url)));
+        let bad =
+            |why: &str| Error::invalid_config("store_url", format!("`{}`: {why}", redact_password(url)));
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| bad("expected etcd://host:port"))?;
@@ -169,20 +170,6 @@ impl EtcdConfig {
     pub(crate) fn endpoint_urls(&self) -> Vec<String> {
         let scheme = if self.tls { "https" } else { "http" };
         self.endpoints.iter().map(|h| format!("{scheme}://{h}")).collect()
-    }
-}
-
-/// The URL with any password replaced by `***`, for messages.
-pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use rollcall_membership_core::{Error, Result};
+use rollcall_membership_core::{redact_password, Error, Result};
 
 /// Where and how to reach Redis.
 ///
@@ -43,7 +43,8 @@ impl RedisConfig {
     /// # Errors
     /// [`Error::InvalidConfig`] with field `store_url` naming what is wrong.
     pub fn from_url(url: &str) -> Result<RedisConfig> {
-        let bad = |why: &str| Error::invalid_config("store_url", format!("`{}`: {why}", redact(url)));
+        let bad =
+            |why: &str| Error::invalid_config("store_url", format!("`{}`: {why}", redact_password(url)));
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| bad("expected redis://host:port"))?;
@@ -133,20 +134,6 @@ impl RedisConfig {
             redis::Client::open(n.as_str()).map_err(|e| bad(&e.to_string()))?;
         }
         Ok(cfg)
-    }
-}
-
-/// The URL with any password replaced by `***`, for messages.
-pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
     }
 }
 

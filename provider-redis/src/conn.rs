@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 
 use redis::aio::ConnectionManager;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
-use rollcall_membership_core::{Error, Result};
+use rollcall_membership_core::{redact_password, Error, Result};
 use tokio::sync::{OnceCell, RwLock};
 
-use crate::config::{redact, RedisConfig};
+use crate::config::RedisConfig;
 use crate::keys::slot;
 
 /// A Redis client error as a rollcall error.
@@ -43,7 +43,9 @@ pub(crate) struct Node {
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Node").field("url", &redact(&self.url)).finish()
+        f.debug_struct("Node")
+            .field("url", &redact_password(&self.url))
+            .finish()
     }
 }
 
@@ -99,7 +101,7 @@ pub(crate) fn discard(con: Dedicated) {
 impl Node {
     fn new(url: &str, cfg: &RedisConfig) -> Result<Node> {
         let client = redis::Client::open(url)
-            .map_err(|e| Error::invalid_config("store_url", format!("{}: {e}", redact(url))))?;
+            .map_err(|e| Error::invalid_config("store_url", format!("{}: {e}", redact_password(url))))?;
         let timeouts = deadpool::managed::Timeouts {
             wait: Some(cfg.timeout),
             create: Some(cfg.timeout),
@@ -113,7 +115,7 @@ impl Node {
         .timeouts(timeouts)
         .runtime(deadpool::Runtime::Tokio1)
         .build()
-        .map_err(|e| Error::invalid_config("store_url", format!("{}: {e}", redact(url))))?;
+        .map_err(|e| Error::invalid_config("store_url", format!("{}: {e}", redact_password(url))))?;
         Ok(Node {
             url: url.to_owned(),
             client,
@@ -133,15 +135,17 @@ impl Node {
             .get_or_try_init(|| async { self.client.get_connection_manager_with_config(cfg).await })
             .await
             .cloned()
-            .map_err(|e| backend(&format!("connect to {}", redact(&self.url)), e))
+            .map_err(|e| backend(&format!("connect to {}", redact_password(&self.url)), e))
     }
 
     /// A dedicated pooled connection (for WATCH ... EXEC).
     pub(crate) async fn dedicated(&self) -> Result<Dedicated> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| Error::backend_with(format!("redis: pooled connection to {}", redact(&self.url)), e))
+        self.pool.get().await.map_err(|e| {
+            Error::backend_with(
+                format!("redis: pooled connection to {}", redact_password(&self.url)),
+                e,
+            )
+        })
     }
 
     /// Bounds an operation by the configured timeout.
@@ -267,7 +271,7 @@ impl ClusterRouter {
                 let mut con = client
                     .get_multiplexed_async_connection()
                     .await
-                    .map_err(|e| backend(&format!("connect to seed {}", redact(seed)), e))?;
+                    .map_err(|e| backend(&format!("connect to seed {}", redact_password(seed)), e))?;
                 let v: redis::Value = redis::cmd("CLUSTER")
                     .arg("SLOTS")
                     .query_async(&mut con)
@@ -285,7 +289,7 @@ impl ClusterRouter {
                 Err(_) => {
                     last = Some(Error::backend(format!(
                         "redis cluster: seed {} timed out",
-                        redact(seed)
+                        redact_password(seed)
                     )))
                 }
             }

@@ -493,23 +493,9 @@ async fn start_local_inner(kind: Kind, port: Option<u16>) -> Result<Backend, Str
         }
         Kind::Etcd => {
             let peer = free_port().map_err(|e| e.to_string())?;
+            let initial = format!("default=http://127.0.0.1:{peer}");
             let client_url = format!("http://127.0.0.1:{port}");
-            let peer_url = format!("http://127.0.0.1:{peer}");
-            cmd.arg("--data-dir")
-                .arg(dir.0.join("data"))
-                .args([
-                    "--listen-client-urls",
-                    &client_url,
-                    "--advertise-client-urls",
-                    &client_url,
-                ])
-                .args([
-                    "--listen-peer-urls",
-                    &peer_url,
-                    "--initial-advertise-peer-urls",
-                    &peer_url,
-                ])
-                .args(["--initial-cluster", &format!("default={peer_url}")]);
+            cmd = etcd_command("default", &dir.0.join("data"), &client_url, peer, &initial)?;
             format!("127.0.0.1:{port}")
         }
         Kind::DynamoDb => {
