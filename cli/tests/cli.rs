@@ -184,11 +184,19 @@ fn start_silos_with(store: &str, cluster: &str, n: usize, extra: &[&str]) -> (Pr
 /// `None` when the fixtures skip it (never when `CI` is set: then they fail).
 #[cfg(feature = "redis")]
 fn redis_fixture() -> Option<(tokio::runtime::Runtime, rollcall_tests::fixtures::Backend)> {
+    backend_fixture(rollcall_tests::fixtures::redis())
+}
+
+/// A backend the fixtures find, with the runtime that found it (kept alive with it).
+#[cfg(any(feature = "redis", feature = "etcd"))]
+fn backend_fixture(
+    find: impl std::future::Future<Output = Option<rollcall_tests::fixtures::Backend>>,
+) -> Option<(tokio::runtime::Runtime, rollcall_tests::fixtures::Backend)> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let backend = rt.block_on(rollcall_tests::fixtures::redis())?;
+    let backend = rt.block_on(find)?;
     Some((rt, backend))
 }
 
@@ -271,11 +279,7 @@ fn redis_multi_process_cluster_declares_a_killed_silo_dead() {
 #[cfg(feature = "etcd")]
 #[test]
 fn etcd_multi_process_cluster_declares_a_killed_silo_dead() {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let Some(backend) = rt.block_on(rollcall_tests::fixtures::etcd()) else {
+    let Some((_rt, backend)) = backend_fixture(rollcall_tests::fixtures::etcd()) else {
         return;
     };
     killed_silo_is_declared_dead_within_the_bound(&format!("etcd://{}", backend.endpoint));

@@ -45,6 +45,12 @@ fn status_of(e: &etcd_client::Error) -> String {
     }
 }
 
+/// The revision an etag names (`mod_revision` as decimal, >= 0); `None` for
+/// anything else, which no stored key can have.
+pub(crate) fn revision(etag: &rollcall_membership_core::Etag) -> Option<i64> {
+    etag.as_str().parse().ok().filter(|r| *r >= 0)
+}
+
 /// Whether the call failed while connecting, before any byte of it was sent.
 fn never_sent(e: &etcd_client::Error) -> bool {
     match e {
@@ -129,13 +135,12 @@ impl Conn {
         })
     }
 
-    /// One linearizable read under `prefix`: proves a member with a leader answers
-    /// and the credentials may read there.
-    pub(crate) async fn check(&self, prefix: &str) -> Result<()> {
+    /// One linearizable keys-only read of at most one key under `prefix` (a whole
+    /// key prefix, e.g. `rollcall/`): proves a member with a leader answers and the
+    /// credentials may read there.
+    pub(crate) async fn check(&self, what: &str, prefix: &str) -> Result<()> {
         let options = GetOptions::new().with_prefix().with_keys_only().with_limit(1);
-        self.get("connect check", format!("{prefix}/"), Some(options))
-            .await
-            .map(|_| ())
+        self.get(what, prefix, Some(options)).await.map(|_| ())
     }
 
     /// The per-request timeout.

@@ -88,7 +88,8 @@ impl EtcdStore {
     pub async fn open(url: &str) -> Result<EtcdStore> {
         let config = EtcdConfig::from_url(url)?;
         let conn = Arc::new(conn::Conn::open(&config).await?);
-        conn.check(&config.key_prefix).await?;
+        conn.check("connect check", &format!("{}/", config.key_prefix))
+            .await?;
         Ok(EtcdStore { conn, config })
     }
 

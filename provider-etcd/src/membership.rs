@@ -12,7 +12,7 @@ use rollcall_membership_core::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::conn::Conn;
+use crate::conn::{revision, Conn};
 use crate::keys::{unescape, MembershipKeys};
 
 /// The stored version row. Its exact bytes are compared in write transactions,
@@ -39,12 +39,6 @@ const HISTORY_STEPS: usize = 8;
 
 fn encode_version(version: u64) -> String {
     format!("{{\"version\":{version}}}")
-}
-
-/// A revision etag (`mod_revision` as decimal); `None` for anything else, which
-/// no stored row can have.
-fn revision(etag: &Etag) -> Option<i64> {
-    etag.as_str().parse().ok().filter(|r| *r >= 0)
 }
 
 fn etag_of(kv: &KeyValue) -> Etag {

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp};
 use rollcall_membership_core::{actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result};
 
-use crate::conn::Conn;
+use crate::conn::{revision, Conn};
 use crate::keys::ReminderKeys;
 
 /// Keys per range request when reading a ring range.
@@ -77,11 +77,7 @@ impl ReminderTable for EtcdReminderTable {
     }
 
     async fn init(&self) -> Result<()> {
-        let options = GetOptions::new().with_prefix().with_keys_only().with_limit(1);
-        self.conn
-            .get("reminder init", self.keys.all(), Some(options))
-            .await
-            .map(|_| ())
+        self.conn.check("reminder init", self.keys.all()).await
     }
 
     async fn read_rows_for(&self, actor_id: &str) -> Result<Vec<ReminderEntry>> {
@@ -134,7 +130,7 @@ impl ReminderTable for EtcdReminderTable {
     }
 
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
-        let Some(rev) = etag.as_str().parse::<i64>().ok().filter(|r| *r > 0) else {
+        let Some(rev) = revision(etag).filter(|r| *r > 0) else {
             return Ok(false);
         };
         let key = self.keys.row(actor_hash(actor_id), actor_id, name);
