@@ -58,6 +58,12 @@ pub struct ReminderEntry {
     /// Etag as last read or written; ignored by `upsert_row`, which returns the new one.
     #[serde(default)]
     pub etag: Etag,
+    /// When the reminder service last delivered a tick of this reminder (UTC, ms),
+    /// recorded only for the `FireOnce` missed-tick policy, by
+    /// [`ReminderTable::update_last_fired`](crate::ReminderTable::update_last_fired),
+    /// which leaves the etag unchanged. `None` until then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_fired: Option<Timestamp>,
 }
 
 impl ReminderEntry {
@@ -78,6 +84,7 @@ impl ReminderEntry {
             start_at,
             period,
             etag: Etag::default(),
+            last_fired: None,
         }
     }
 

@@ -190,6 +190,20 @@ pub trait ReminderTable: Send + Sync + std::fmt::Debug {
     /// etag is stale.
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool>;
 
+    /// Records `fired_at` as the reminder's [`last_fired`](ReminderEntry::last_fired)
+    /// time if the row exists with etag `etag`, **without changing the etag** (like
+    /// the membership table's IAmAlive column): a handle holding the etag stays valid
+    /// while the service persists ticks. `Ok(false)` if the row is missing or the etag
+    /// is stale (the reminder was re-registered or removed meanwhile), and nothing is
+    /// written.
+    async fn update_last_fired(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        fired_at: Timestamp,
+    ) -> Result<bool>;
+
     /// Deletes every reminder of this service (for tests and tooling).
     async fn clear(&self) -> Result<()>;
 }

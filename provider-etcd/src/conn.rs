@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use etcd_client::{
     Certificate, Client, ConnectOptions, DeleteOptions, GetOptions, GetResponse, Identity, KvClient,
-    PutResponse, TlsOptions, Txn, TxnResponse,
+    TlsOptions, Txn, TxnResponse,
 };
 use rollcall_membership_core::{Error, Result};
 
@@ -213,14 +213,6 @@ impl Conn {
         self.bounded(what, || {
             let (mut kv, key, options) = (self.kv.clone(), key.clone(), options.clone());
             async move { kv.get(key, options).await }
-        })
-        .await
-    }
-
-    pub(crate) async fn put(&self, what: &str, key: String, value: String) -> Result<PutResponse> {
-        self.bounded(what, || {
-            let (mut kv, key, value) = (self.kv.clone(), key.clone(), value.clone());
-            async move { kv.put(key, value, None).await }
         })
         .await
     }

@@ -116,6 +116,19 @@ impl ReminderKeys {
     pub(crate) fn row(&self, hash: u32, actor: &str, name: &str) -> String {
         format!("{}{}", self.actor(hash, actor), escape(name))
     }
+    /// The key of a reminder's last-fired time: its row key plus `/fired`. A row key
+    /// has three segments after [`all`](Self::all) (hash, actor, name; `/` is escaped
+    /// inside them), a fired key four, so the two never collide.
+    pub(crate) fn fired(row_key: &str) -> String {
+        format!("{row_key}/fired")
+    }
+    /// For a key under [`all`](Self::all): `Some(row key)` if it is a fired key.
+    pub(crate) fn fired_row<'k>(&self, key: &'k str) -> Option<&'k str> {
+        let rest = key.strip_prefix(self.base.as_str())?;
+        (rest.matches('/').count() == 3)
+            .then(|| key.strip_suffix("/fired"))
+            .flatten()
+    }
     /// `(start, end)` of the keys whose hash lies in `lo..=hi` (`lo <= hi`).
     pub(crate) fn hash_range(&self, lo: u32, hi: u32) -> (Vec<u8>, Vec<u8>) {
         let start = self.hash_start(lo).into_bytes();
@@ -139,6 +152,11 @@ mod tests {
         }
         let k = ReminderKeys::new("rc", "svc/x");
         assert_eq!(k.row(0xAB, "a/b", "c"), "rc/svc%2Fx/reminder/000000ab/a%2Fb/c");
+        // A reminder named "fired" is a row, not a fired key.
+        let named_fired = k.row(0xAB, "a", "fired");
+        assert_eq!(k.fired_row(&named_fired), None);
+        let fired = ReminderKeys::fired(&named_fired);
+        assert_eq!(k.fired_row(&fired), Some(named_fired.as_str()));
         assert_ne!(k.row(1, "a/b", "c"), k.row(1, "a", "b/c"));
         assert_eq!(unescape("%zz"), None);
         assert_eq!(unescape("%4"), None);

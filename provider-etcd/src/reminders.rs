@@ -1,17 +1,28 @@
 //! The reminder table on etcd: one key per reminder, ordered by the actor hash, so
-//! a ring range is a key range.
+//! a ring range is a key range. A reminder's last-fired time lives in a second key
+//! (`<row key>/fired`, JSON `{"last_fired":ms}`) because any put changes a key's
+//! `mod_revision`, which is the etag: recording a tick must not invalidate handles.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp};
-use rollcall_membership_core::{actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
+use rollcall_membership_core::{actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result, Timestamp};
+use serde::{Deserialize, Serialize};
 
 use crate::conn::{revision, Conn};
 use crate::keys::ReminderKeys;
 
 /// Keys per range request when reading a ring range.
 const PAGE: i64 = 1000;
+
+/// The value of a fired key.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Fired {
+    last_fired: Timestamp,
+}
 
 /// The reminder table of one service on etcd.
 #[derive(Debug, Clone)]
@@ -47,24 +58,58 @@ impl EtcdReminderTable {
         Ok(e)
     }
 
-    /// Every reminder with a key in `[start, end)`, a page at a time.
+    /// Decodes the rows and fired keys among `kvs` (any order) into reminders with
+    /// their last-fired times. A fired key whose row is gone is ignored.
+    fn decode_all<'a>(&self, kvs: impl IntoIterator<Item = &'a KeyValue>) -> Result<Vec<ReminderEntry>> {
+        let mut rows = Vec::new();
+        let mut fired = HashMap::new();
+        for kv in kvs {
+            let key = String::from_utf8_lossy(kv.key());
+            if let Some(row_key) = self.keys.fired_row(&key) {
+                let f: Fired = serde_json::from_slice(kv.value()).map_err(|e| Error::corrupt(&*key, e))?;
+                fired.insert(row_key.to_owned(), f.last_fired);
+            } else {
+                rows.push((key.into_owned(), self.decode(kv)?));
+            }
+        }
+        Ok(rows
+            .into_iter()
+            .map(|(key, mut e)| {
+                e.last_fired = fired.get(&key).copied();
+                e
+            })
+            .collect())
+    }
+
+    /// Every reminder with a key in `[start, end)`, a page at a time, every page read
+    /// at the revision of the first.
     async fn scan(&self, mut start: Vec<u8>, end: Vec<u8>) -> Result<Vec<ReminderEntry>> {
-        let mut out = Vec::new();
+        let mut kvs = Vec::new();
+        let mut at = 0;
         loop {
-            let options = GetOptions::new().with_range(end.clone()).with_limit(PAGE);
-            let resp = self
+            let options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(PAGE)
+                .with_revision(at);
+            let mut resp = self
                 .conn
                 .get("reminder range read", start.clone(), Some(options))
                 .await?;
-            for kv in resp.kvs() {
-                out.push(self.decode(kv)?);
+            if at == 0 {
+                at = resp.header().map_or(0, |h| h.revision());
             }
-            match resp.kvs().last() {
-                Some(last) if resp.more() => {
+            let more = resp.more();
+            let page = resp.take_kvs();
+            match page.last() {
+                Some(last) if more => {
                     start = last.key().to_vec();
                     start.push(0);
+                    kvs.extend(page);
                 }
-                _ => return Ok(out),
+                _ => {
+                    kvs.extend(page);
+                    return self.decode_all(&kvs);
+                }
             }
         }
     }
@@ -107,8 +152,22 @@ impl ReminderTable for EtcdReminderTable {
 
     async fn read_row(&self, actor_id: &str, name: &str) -> Result<Option<ReminderEntry>> {
         let key = self.keys.row(actor_hash(actor_id), actor_id, name);
-        let resp = self.conn.get("reminder read_row", key, None).await?;
-        resp.kvs().first().map(|kv| self.decode(kv)).transpose()
+        // Row and fired key in one Txn: one revision.
+        let txn = Txn::new().and_then(vec![
+            TxnOp::get(key.clone(), None),
+            TxnOp::get(ReminderKeys::fired(&key), None),
+        ]);
+        let resp = self.conn.txn("reminder read_row", txn).await?;
+        let ops = resp.op_responses();
+        let kvs: Vec<&KeyValue> = ops
+            .iter()
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(g) => Some(g.kvs()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        Ok(self.decode_all(kvs)?.pop())
     }
 
     async fn upsert_row(&self, entry: &ReminderEntry) -> Result<Etag> {
@@ -120,8 +179,14 @@ impl ReminderTable for EtcdReminderTable {
         let json =
             serde_json::to_string(&stored).map_err(|e| Error::backend(format!("encode reminder: {e}")))?;
         let key = self.keys.row(entry.hash, &entry.actor_id, &entry.name);
-        let resp = self.conn.put("reminder upsert_row", key, json).await?;
-        // The put's revision is the key's new mod_revision: the etag.
+        let fired = ReminderKeys::fired(&key);
+        let fired_op = match entry.last_fired {
+            Some(t) => TxnOp::put(fired, fired_json(t)?, None),
+            None => TxnOp::delete(fired, None),
+        };
+        let txn = Txn::new().and_then(vec![TxnOp::put(key, json, None), fired_op]);
+        let resp = self.conn.txn("reminder upsert_row", txn).await?;
+        // The Txn's revision is the row key's new mod_revision: the etag.
         let revision = resp
             .header()
             .map(|h| h.revision())
@@ -136,12 +201,47 @@ impl ReminderTable for EtcdReminderTable {
         let key = self.keys.row(actor_hash(actor_id), actor_id, name);
         let txn = Txn::new()
             .when(vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
-            .and_then(vec![TxnOp::delete(key, None)]);
+            .and_then(vec![
+                TxnOp::delete(ReminderKeys::fired(&key), None),
+                TxnOp::delete(key, None),
+            ]);
         Ok(self.conn.txn("reminder remove_row", txn).await?.succeeded())
+    }
+
+    async fn update_last_fired(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        fired_at: Timestamp,
+    ) -> Result<bool> {
+        let Some(rev) = revision(etag).filter(|r| *r > 0) else {
+            return Ok(false);
+        };
+        let key = self.keys.row(actor_hash(actor_id), actor_id, name);
+        // The row's mod_revision is the etag; the put goes to the fired key, so the
+        // etag stays.
+        let txn = Txn::new()
+            .when(vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
+            .and_then(vec![TxnOp::put(
+                ReminderKeys::fired(&key),
+                fired_json(fired_at)?,
+                None,
+            )]);
+        Ok(self
+            .conn
+            .txn("reminder update_last_fired", txn)
+            .await?
+            .succeeded())
     }
 
     async fn clear(&self) -> Result<()> {
         // One prefix delete: atomic, so a racing upsert lands wholly before or after.
         self.conn.delete_prefix("reminder clear", self.keys.all()).await
     }
+}
+
+fn fired_json(t: Timestamp) -> Result<String> {
+    serde_json::to_string(&Fired { last_fired: t })
+        .map_err(|e| Error::backend(format!("encode last_fired: {e}")))
 }

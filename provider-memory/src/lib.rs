@@ -340,6 +340,23 @@ impl ReminderTable for MemoryReminderTable {
         })
     }
 
+    async fn update_last_fired(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        fired_at: Timestamp,
+    ) -> Result<bool> {
+        self.store
+            .with_service(&self.service_id, |s| match s.get_mut(&key_of(actor_id, name)) {
+                Some(e) if &e.etag == etag => {
+                    e.last_fired = Some(fired_at);
+                    true
+                }
+                _ => false,
+            })
+    }
+
     async fn clear(&self) -> Result<()> {
         self.store.with_service(&self.service_id, |s| s.clear())
     }

@@ -4,7 +4,7 @@
 use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
-use rollcall_membership_core::{actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result};
+use rollcall_membership_core::{actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result, Timestamp};
 
 use crate::conn::{backend, Node, Router};
 use crate::keys::{escape, ReminderKeys};
@@ -93,6 +93,65 @@ impl RedisReminderTable {
             }
         }
         Ok(out)
+    }
+
+    /// `WATCH` + `GET` of the row of `member` in one round trip; if it holds `etag`,
+    /// runs the transaction `write(row, row_key)` builds (which must keep exactly one
+    /// reply) with `MULTI ... EXEC`. `Ok(false)` for a missing row, another etag, or a
+    /// row changed between the `GET` and the `EXEC`.
+    async fn when_etag_matches<F>(
+        &self,
+        what: &'static str,
+        member: &str,
+        etag: &Etag,
+        write: F,
+    ) -> Result<bool>
+    where
+        F: Fn(ReminderEntry, &str) -> Result<redis::Pipeline>,
+    {
+        let row_key = self.keys.row(member);
+        let (row_key, write) = (&row_key, &write);
+        self.router
+            .run(&self.keys.tag, |node: Arc<Node>| async move {
+                node.timed(what, async {
+                    let mut con = node.dedicated().await?;
+                    let r = async {
+                        // Pooled connections never carry a WATCH (conn::WatchConnections).
+                        let (raw,): (Option<String>,) = redis::pipe()
+                            .cmd("WATCH")
+                            .arg(row_key)
+                            .ignore()
+                            .get(row_key)
+                            .query_async(&mut *con)
+                            .await
+                            .map_err(|e| backend("WATCH and GET", e))?;
+                        let row = match raw {
+                            Some(r) => Some(decode(&r, row_key)?).filter(|row| row.etag == *etag),
+                            None => None,
+                        };
+                        let Some(row) = row else {
+                            redis::cmd("UNWATCH")
+                                .query_async::<()>(&mut *con)
+                                .await
+                                .map_err(|e| backend("UNWATCH", e))?;
+                            return Ok(false);
+                        };
+                        // An aborted EXEC answers nil.
+                        let done: Option<(redis::Value,)> = write(row, row_key)?
+                            .query_async(&mut *con)
+                            .await
+                            .map_err(|e| backend("EXEC", e))?;
+                        Ok(done.is_some())
+                    }
+                    .await;
+                    if r.is_err() {
+                        crate::conn::discard(con);
+                    }
+                    r
+                })
+                .await
+            })
+            .await
     }
 
     async fn members_between(&self, min: String, max: String) -> Result<Vec<String>> {
@@ -200,58 +259,34 @@ impl ReminderTable for RedisReminderTable {
 
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
         let member = ReminderKeys::member(actor_id, name);
-        let keys = self.keys.clone();
-        let (row_key, ring) = (keys.row(&member), keys.ring());
-        self.router
-            .run(&keys.tag, |node: Arc<Node>| {
-                let (row_key, ring, member) = (row_key.clone(), ring.clone(), member.clone());
-                async move {
-                    node.timed("remove_row", async {
-                        let mut con = node.dedicated().await?;
-                        let r = async {
-                            // WATCH and GET in one round trip (pooled connections
-                            // never carry a WATCH, see conn::WatchConnections).
-                            let (raw,): (Option<String>,) = redis::pipe()
-                                .cmd("WATCH")
-                                .arg(&row_key)
-                                .ignore()
-                                .get(&row_key)
-                                .query_async(&mut *con)
-                                .await
-                                .map_err(|e| backend("WATCH and GET", e))?;
-                            let matches = match raw {
-                                Some(r) => decode(&r, &row_key)?.etag == *etag,
-                                None => false,
-                            };
-                            if !matches {
-                                redis::cmd("UNWATCH")
-                                    .query_async::<()>(&mut *con)
-                                    .await
-                                    .map_err(|e| backend("UNWATCH", e))?;
-                                return Ok(false);
-                            }
-                            // ZREM's count is the one reply kept: a committed EXEC
-                            // is a non-empty array, an aborted one nil.
-                            let done: Option<(i64,)> = redis::pipe()
-                                .atomic()
-                                .del(&row_key)
-                                .ignore()
-                                .zrem(&ring, &member)
-                                .query_async(&mut *con)
-                                .await
-                                .map_err(|e| backend("EXEC", e))?;
-                            Ok(done.is_some())
-                        }
-                        .await;
-                        if r.is_err() {
-                            crate::conn::discard(con);
-                        }
-                        r
-                    })
-                    .await
-                }
-            })
-            .await
+        let ring = self.keys.ring();
+        self.when_etag_matches("remove_row", &member, etag, |_, row_key| {
+            let mut p = redis::pipe();
+            p.atomic().del(row_key).ignore().zrem(&ring, &member);
+            Ok(p)
+        })
+        .await
+    }
+
+    async fn update_last_fired(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        fired_at: Timestamp,
+    ) -> Result<bool> {
+        let member = ReminderKeys::member(actor_id, name);
+        self.when_etag_matches("update_last_fired", &member, etag, |mut row, row_key| {
+            // Same JSON with the same etag: handles holding it stay valid.
+            row.last_fired = Some(fired_at);
+            let json =
+                serde_json::to_string(&row).map_err(|e| Error::backend(format!("encode reminder: {e}")))?;
+            let mut p = redis::pipe();
+            // EXISTS is the one reply kept: a committed EXEC is a non-empty array.
+            p.atomic().set(row_key, json).ignore().exists(row_key);
+            Ok(p)
+        })
+        .await
     }
 
     async fn clear(&self) -> Result<()> {

@@ -94,6 +94,7 @@ macro_rules! conformance_tests {
                 reminder_table::concurrent_removes_with_one_etag_have_one_winner,
                 reminder_table::clear_racing_upserts_leaves_no_half_row,
                 reminder_table::ids_with_separators_never_collide,
+                reminder_table::last_fired_keeps_the_etag,
         }
     };
     (@names_out $($module:ident :: $scenario:ident),+ $(,)?) => {

@@ -119,6 +119,101 @@ pub async fn remove_row_preconditions(store: Store) {
     );
 }
 
+/// `update_last_fired` records the time without changing the etag (a handle stays
+/// valid); a stale etag, a missing row or a removed row answer false and write
+/// nothing; an upsert replaces the time with the entry's own; range reads, actor
+/// reads and `read_row` all return it; a reminder named like the provider's
+/// internal keys stays a reminder.
+pub async fn last_fired_keeps_the_etag(store: Store) {
+    let table = fresh_table(&store).await;
+    let e = reminder(&*table, "actor", "r", Some(Duration::from_secs(60)));
+    let etag = table.upsert_row(&e).await.expect("upsert");
+    let at = Timestamp::from_millis(1_795_000_060_321);
+    assert!(table
+        .update_last_fired("actor", "r", &etag, at)
+        .await
+        .expect("update_last_fired"));
+    let read = table.read_row("actor", "r").await.expect("read").expect("row");
+    assert_eq!(read.etag, etag, "recording a tick must not change the etag");
+    assert_eq!(read.last_fired, Some(at));
+    let later = Timestamp::from_millis(at.as_millis() + 60_000);
+    assert!(table
+        .update_last_fired("actor", "r", &etag, later)
+        .await
+        .expect("again"));
+    assert_eq!(
+        table.read_rows_for("actor").await.expect("for")[0].last_fired,
+        Some(later)
+    );
+    assert_eq!(
+        table.read_rows_in_range(0, 0).await.expect("range")[0].last_fired,
+        Some(later)
+    );
+    // Stale etag, missing rows: false and nothing written.
+    let fresh = table.upsert_row(&e).await.expect("re-register");
+    assert_eq!(
+        table
+            .read_row("actor", "r")
+            .await
+            .expect("read")
+            .expect("row")
+            .last_fired,
+        None,
+        "an upsert writes the entry's own last_fired"
+    );
+    assert!(!table
+        .update_last_fired("actor", "r", &etag, later)
+        .await
+        .expect("stale"));
+    assert!(!table
+        .update_last_fired("actor", "nope", &fresh, later)
+        .await
+        .expect("missing"));
+    assert_eq!(
+        table
+            .read_row("actor", "r")
+            .await
+            .expect("read")
+            .expect("row")
+            .last_fired,
+        None
+    );
+    assert!(table.read_row("actor", "nope").await.expect("read").is_none());
+    // An upsert carrying a time keeps it; a removed row cannot be recorded.
+    let with_time = ReminderEntry {
+        last_fired: Some(at),
+        ..e.clone()
+    };
+    let etag = table.upsert_row(&with_time).await.expect("upsert with time");
+    assert_eq!(
+        table
+            .read_row("actor", "r")
+            .await
+            .expect("read")
+            .expect("row")
+            .last_fired,
+        Some(at)
+    );
+    assert!(table.remove_row("actor", "r", &etag).await.expect("remove"));
+    assert!(!table
+        .update_last_fired("actor", "r", &etag, later)
+        .await
+        .expect("removed"));
+    assert!(table.read_rows_in_range(0, 0).await.expect("range").is_empty());
+    // Names that look like suffixes providers might use internally.
+    for name in ["fired", "r/fired", "last_fired"] {
+        let odd = reminder(&*table, "actor", name, None);
+        let etag = table.upsert_row(&odd).await.expect("upsert");
+        assert!(table
+            .update_last_fired("actor", name, &etag, at)
+            .await
+            .expect("record"));
+    }
+    let rows = table.read_rows_for("actor").await.expect("for");
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    assert!(rows.iter().all(|r| r.last_fired == Some(at)));
+}
+
 /// 5 actors x 5 concurrent upserts: 5 distinct etags each, and the stored etag is
 /// one of them.
 pub async fn concurrent_upserts_yield_distinct_etags(store: Store) {
