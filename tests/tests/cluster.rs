@@ -291,6 +291,7 @@ impl ProbeHandler for StuckJoiner {
                 intermediary_health: 0,
             },
             ProbeRequest::Gossip { .. } => ProbeResponse::GossipAck,
+            ProbeRequest::Notice { .. } => ProbeResponse::NoticeAck { accepted: false },
         }
     }
 }
@@ -915,4 +916,40 @@ async fn t21_forged_gossip_floods_cost_a_handful_of_reads_and_none_with_a_secret
         }
         silo.stop().await.ok();
     }
+}
+
+#[test]
+fn t22_notices_reach_the_subscribed_topic_only_and_are_bounded() {
+    run_virtual(|| async {
+        let mut c = SimCluster::new(ClusterMembershipOptions::default());
+        c.start_many(2).await;
+        let (a, b) = (c.silos[0].clone(), c.silos[1].clone());
+        // Nobody listens yet: not accepted, but answered.
+        assert!(!a.send_notice(b.address(), "t", vec![1]).await.expect("answered"));
+        let mut rx = b.subscribe_notices("t", 2);
+        assert!(a.send_notice(b.address(), "t", vec![1]).await.expect("sent"));
+        assert!(b.send_notice(b.address(), "t", vec![2]).await.expect("to itself"));
+        assert!(!a.send_notice(b.address(), "t", vec![3]).await.expect("full"));
+        assert!(!a
+            .send_notice(b.address(), "other", vec![4])
+            .await
+            .expect("other topic"));
+        let first = rx.recv().await.expect("notice");
+        assert_eq!(
+            (first.from, first.topic.as_str(), first.body),
+            (a.address(), "t", vec![1])
+        );
+        assert_eq!(rx.recv().await.expect("notice").from, b.address());
+        assert!(rx.try_recv().is_err(), "the third was dropped, not queued");
+        // Oversized input is a typed error, nothing is sent.
+        let long_topic = "x".repeat(rollcall_membership_core::transport::MAX_NOTICE_TOPIC + 1);
+        assert!(a.send_notice(b.address(), &long_topic, vec![]).await.is_err());
+        let big = vec![0; rollcall_membership_core::transport::MAX_NOTICE_BODY + 1];
+        assert!(a.send_notice(b.address(), "t", big).await.is_err());
+        // A silo that is gone: a transport error within probe_timeout.
+        b.kill();
+        let started = tokio::time::Instant::now();
+        assert!(a.send_notice(b.address(), "t", vec![5]).await.is_err());
+        assert!(started.elapsed() <= c.options.probe_timeout + Duration::from_millis(100));
+    });
 }

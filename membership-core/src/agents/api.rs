@@ -227,6 +227,8 @@ pub struct SiloHandle {
     pub(super) latest: watch::Receiver<MembershipSnapshot>,
     pub(super) status: watch::Receiver<SiloStatus>,
     pub(super) stop: Arc<watch::Sender<bool>>,
+    pub(super) transport: Arc<dyn Transport>,
+    pub(super) notices: Arc<super::NoticeSinks>,
 }
 
 /// Delivers [`MembershipChanged`] to an actor until dropped. See
@@ -387,6 +389,74 @@ impl SiloHandle {
     pub async fn stopped(&self) {
         let mut rx = self.stop.subscribe();
         let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Receives the [`Notice`](super::Notice)s other silos (or this one) send to
+    /// `topic` on this silo's probe endpoint, with room for `capacity` of them
+    /// (at least 1): a notice that finds the queue full is dropped, so a receiver
+    /// must also reconcile on its own (notices are hints, like gossip). Replaces an
+    /// earlier receiver of the same topic.
+    pub fn subscribe_notices(
+        &self,
+        topic: &str,
+        capacity: usize,
+    ) -> tokio::sync::mpsc::Receiver<super::Notice> {
+        self.notices.subscribe(topic, capacity)
+    }
+
+    /// Sends a notice to the receiver of `topic` on silo `to` (this silo included)
+    /// over the probe transport. Answers within the options' `probe_timeout`.
+    ///
+    /// Returns whether a receiver took it (`Ok(false)`: nobody subscribed to the topic
+    /// there, or its queue was full).
+    ///
+    /// # Errors
+    /// [`SiloError::Table`] with [`InvalidConfig`](crate::Error::InvalidConfig) for a
+    /// topic over [`MAX_NOTICE_TOPIC`](crate::transport::MAX_NOTICE_TOPIC) or a body
+    /// over [`MAX_NOTICE_BODY`](crate::transport::MAX_NOTICE_BODY) bytes;
+    /// [`SiloError::Transport`] if `to` did not answer in time or refused;
+    /// [`SiloError::Stopped`] if this silo stopped.
+    pub async fn send_notice(&self, to: SiloAddress, topic: &str, body: Vec<u8>) -> Result<bool, SiloError> {
+        use crate::transport::{ProbeRequest, ProbeResponse, MAX_NOTICE_BODY, MAX_NOTICE_TOPIC};
+        if topic.len() > MAX_NOTICE_TOPIC {
+            return Err(crate::Error::invalid_config(
+                "topic",
+                format!("longer than {MAX_NOTICE_TOPIC} bytes"),
+            )
+            .into());
+        }
+        if body.len() > MAX_NOTICE_BODY {
+            return Err(
+                crate::Error::invalid_config("body", format!("longer than {MAX_NOTICE_BODY} bytes")).into(),
+            );
+        }
+        if self.is_stopped() {
+            return Err(SiloError::Stopped);
+        }
+        let request = ProbeRequest::Notice {
+            from: self.address,
+            topic: topic.to_owned(),
+            body,
+        };
+        if to == self.address {
+            return Ok(self.notices.offer(request));
+        }
+        match self
+            .transport
+            .request(
+                to.endpoint(),
+                &self.cluster_id,
+                request,
+                self.options.probe_timeout,
+            )
+            .await
+        {
+            Ok(ProbeResponse::NoticeAck { accepted }) => Ok(accepted),
+            Ok(other) => Err(SiloError::Transport(crate::transport::TransportError::Codec(
+                format!("{to} answered a notice with {other:?}"),
+            ))),
+            Err(e) => Err(SiloError::Transport(e)),
+        }
     }
 
     /// Active silos in the latest snapshot, other than this one.

@@ -80,7 +80,9 @@ impl SiloBuilder {
         let health = Arc::new(SharedHealth::default());
         let me_cell = Arc::new(OnceLock::new());
         let agent_cell = Arc::new(OnceLock::new());
+        let notices = Arc::new(super::NoticeSinks::default());
         let server = ProbeServer {
+            notices: notices.clone(),
             me: me_cell.clone(),
             cluster: cluster.clone(),
             health: health.clone(),
@@ -132,7 +134,7 @@ impl SiloBuilder {
             cluster,
             me,
             table,
-            transport,
+            transport: transport.clone(),
             clock: self.clock,
             table_timeout: options.table_operation_timeout,
             gossip_timeout: options.probe_timeout,
@@ -159,6 +161,8 @@ impl SiloBuilder {
             latest: latest_rx,
             status: status_rx,
             stop: stop_tx.clone(),
+            transport,
+            notices,
         };
         // The machine bounds the join: every write job gives up after a bounded number
         // of attempts and connectivity validation after max_join_attempt_time.

@@ -13,12 +13,15 @@
 pub mod api;
 mod executor;
 mod join;
+mod notices;
 mod server;
 
 use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context};
 use tokio::sync::watch;
 
 pub use api::{MembershipChanged, OnDeclaredDead, Silo, SiloBuilder, SiloHandle, Subscription};
+pub use notices::Notice;
+pub(crate) use notices::NoticeSinks;
 
 /// Stops the actor when the silo's stop signal is raised.
 pub(crate) fn stop_on_signal<A>(mut stop: watch::Receiver<bool>, ctx: &mut Context<A>)

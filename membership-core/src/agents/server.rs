@@ -27,6 +27,8 @@ pub(crate) struct ProbeServer {
     pub(crate) agent: Arc<OnceLock<Addr<MembershipAgent>>>,
     /// Upper bound on an indirect ping's timeout, whatever the requester asks.
     pub(crate) max_indirect_timeout: Duration,
+    /// Receivers of application notices.
+    pub(crate) notices: Arc<super::NoticeSinks>,
 }
 
 #[async_trait]
@@ -84,6 +86,9 @@ impl ProbeHandler for ProbeServer {
                 }
                 ProbeResponse::GossipAck
             }
+            notice @ ProbeRequest::Notice { .. } => ProbeResponse::NoticeAck {
+                accepted: self.notices.offer(notice),
+            },
         }
     }
 }

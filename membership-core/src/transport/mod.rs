@@ -2,7 +2,8 @@
 //!
 //! Silos talk to each other only for liveness: [`ProbeRequest::Ping`],
 //! [`ProbeRequest::IndirectPing`] and [`ProbeRequest::Gossip`] ("re-read the
-//! table"). A [`Transport`] sends one request and waits for its response; it also
+//! table"), plus small best-effort [`ProbeRequest::Notice`]s for services built on
+//! the silo (the reminder service's "re-read this reminder"). A [`Transport`] sends one request and waits for its response; it also
 //! serves a [`ProbeHandler`] on a local endpoint. Two implementations:
 //! [`tcp::TcpTransport`] for real deployments and [`sim::SimNetwork`], an in-process
 //! network with loss, delay, partitions and frozen silos for tests and simulations
@@ -53,7 +54,25 @@ pub enum ProbeRequest {
         /// The table version after its write.
         version: u64,
     },
+    /// A small application notice for a service running on the target silo (e.g.
+    /// the reminder service's "this reminder changed, re-read it"), handed to the
+    /// receiver subscribed to `topic` with
+    /// [`SiloHandle::subscribe_notices`](crate::SiloHandle::subscribe_notices).
+    /// Best effort: receivers must also reconcile on their own.
+    Notice {
+        /// The sender.
+        from: SiloAddress,
+        /// Which service it is for, at most [`MAX_NOTICE_TOPIC`] bytes.
+        topic: String,
+        /// The service's payload, at most [`MAX_NOTICE_BODY`] bytes.
+        body: Vec<u8>,
+    },
 }
+
+/// Longest [`ProbeRequest::Notice`] topic, in bytes.
+pub const MAX_NOTICE_TOPIC: usize = 64;
+/// Longest [`ProbeRequest::Notice`] body, in bytes.
+pub const MAX_NOTICE_BODY: usize = 4096;
 
 /// A probe server's answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +102,12 @@ pub enum ProbeResponse {
     },
     /// Gossip received.
     GossipAck,
+    /// Answer to a notice: whether a receiver of its topic took it (false: nobody
+    /// subscribed, or its queue was full and the notice was dropped).
+    NoticeAck {
+        /// Whether it was queued for a receiver.
+        accepted: bool,
+    },
 }
 
 /// Why a request got no response.

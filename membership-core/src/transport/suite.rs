@@ -46,6 +46,7 @@ impl ProbeHandler for Echo {
                 intermediary_health: 0,
             },
             ProbeRequest::Gossip { .. } => ProbeResponse::GossipAck,
+            ProbeRequest::Notice { .. } => ProbeResponse::NoticeAck { accepted: false },
         }
     }
 }

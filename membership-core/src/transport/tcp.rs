@@ -530,6 +530,7 @@ mod tests {
                     intermediary_health: 0,
                 },
                 ProbeRequest::Gossip { .. } => ProbeResponse::GossipAck,
+                ProbeRequest::Notice { .. } => ProbeResponse::NoticeAck { accepted: false },
             }
         }
     }
