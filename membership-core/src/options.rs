@@ -300,6 +300,17 @@ pub struct ReminderOptions {
     /// Ticks due at start-up are spread uniformly over this window. Default 10 s.
     #[serde(with = "humantime_serde")]
     pub startup_jitter: Duration,
+    /// Accept periods below `minimum_period` (logged as a warning) instead of
+    /// refusing them. Default false. Tests and demos use short periods.
+    pub allow_period_below_minimum: bool,
+    /// How long one tick's handler may take before the delivery counts as failed
+    /// and is retried. Default 30 s.
+    #[serde(with = "humantime_serde")]
+    pub delivery_timeout: Duration,
+    /// Bound of every reminder-table call the service and the handle make.
+    /// Default 5 s.
+    #[serde(with = "humantime_serde")]
+    pub table_operation_timeout: Duration,
 }
 
 impl Default for ReminderOptions {
@@ -312,6 +323,9 @@ impl Default for ReminderOptions {
             ring_points_per_silo: 30,
             missed_tick_policy: MissedTickPolicy::Skip,
             startup_jitter: Duration::from_secs(10),
+            allow_period_below_minimum: false,
+            delivery_timeout: Duration::from_secs(30),
+            table_operation_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -328,6 +342,8 @@ impl ReminderOptions {
         require_positive("minimum_period", self.minimum_period)?;
         require_positive("refresh_reminder_list_period", self.refresh_reminder_list_period)?;
         require_positive("initialization_timeout", self.initialization_timeout)?;
+        require_positive("delivery_timeout", self.delivery_timeout)?;
+        require_positive("table_operation_timeout", self.table_operation_timeout)?;
         if !(1..=1024).contains(&self.ring_points_per_silo) {
             return Err(Error::invalid_config(
                 "ring_points_per_silo",

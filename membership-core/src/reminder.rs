@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, Etag, Result, Timestamp};
+use crate::{Error, Etag, MissedTickPolicy, Result, Timestamp};
 
 /// The stable 32-bit hash that places an actor id on the reminder ring.
 ///
@@ -64,6 +64,14 @@ pub struct ReminderEntry {
     /// which leaves the etag unchanged. `None` until then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_fired: Option<Timestamp>,
+    /// What the service does with ticks missed while no silo delivered them.
+    /// Default [`MissedTickPolicy::Skip`] (Orleans), not written when it is the default.
+    #[serde(default, skip_serializing_if = "is_skip")]
+    pub missed_tick_policy: MissedTickPolicy,
+}
+
+fn is_skip(p: &MissedTickPolicy) -> bool {
+    *p == MissedTickPolicy::Skip
 }
 
 impl ReminderEntry {
@@ -85,6 +93,7 @@ impl ReminderEntry {
             period,
             etag: Etag::default(),
             last_fired: None,
+            missed_tick_policy: MissedTickPolicy::Skip,
         }
     }
 

@@ -1,9 +1,32 @@
 //! # rollcall-reminders
 //!
-//! The reminder service (ring ownership, loading, scheduling and delivery of ticks to
-//! actix actors). Not implemented yet: this crate only fixes its place in the
-//! workspace; see `docs/ARCHITECTURE.md` for where it fits.
+//! Durable reminders for actix applications, after Orleans' reminder service:
+//! periodic (or one-shot) ticks stored in a reminder table, owned by silos through
+//! a consistent-hash ring over the Active silos of the membership, delivered to
+//! actix actors, and taken over by a live silo when their owner dies.
+//!
+//! - [`Reminders::builder`] starts a silo's service; [`Reminders`] registers, lists
+//!   and removes reminders.
+//! - [`ring`]: which silo owns which hash range (pure, property-tested).
+//! - [`schedule`]: when a reminder ticks next (pure).
+//! - The agent (one actix actor per silo) loads the owned ranges at start, on every
+//!   ring change and every `refresh_reminder_list_period`, keeps the reminders due
+//!   within `loading_window` in memory ordered by due time, and delivers ticks to
+//!   the [`ReminderTarget`]'s recipients while the silo is Active.
 
 #![warn(missing_docs)]
 
-pub use rollcall_membership_core::{ReminderEntry, ReminderOptions, ReminderTable};
+mod agent;
+mod api;
+mod queue;
+pub mod ring;
+pub mod schedule;
+mod service;
+
+pub use agent::{MAX_DELIVERIES, MAX_NOTICE_READS, MAX_WRITES, NOTICE_QUEUE};
+pub use api::{
+    ActorId, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, ReminderTick,
+    MAX_ACTOR_ID, MAX_NAME,
+};
+pub use rollcall_membership_core::{MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable};
+pub use service::{Reminders, RemindersBuilder};

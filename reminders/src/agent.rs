@@ -1,0 +1,611 @@
+//! The reminder agent: one actix actor per silo and service. It keeps the ring of
+//! the silo's membership view, loads the ranges it owns, keeps the reminders due
+//! within the loading window in a [`Queue`], delivers ticks, and records
+//! `last_fired` and one-shot removals. Every table call and delivery runs as a
+//! future on the actor's context, bounded by a timeout; its result comes back to
+//! the actor, which never waits on anything.
+//!
+//! Bounded work (under any fault):
+//!
+//! | work | bound |
+//! |---|---|
+//! | range loads | 1 in flight + 1 pending (coalesced) |
+//! | deliveries in flight | [`MAX_DELIVERIES`] (the rest wait in the queue) |
+//! | notice reads in flight | [`MAX_NOTICE_READS`] (beyond: one coalesced load) |
+//! | queued notices | [`NOTICE_QUEUE`] (beyond: dropped; the refresh covers them) |
+//! | pending `last_fired` writes and one-shot removals | one per reminder, [`MAX_WRITES`] in flight |
+//! | retries | backoff timers, never a loop |
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{
+    Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
+};
+use rand::rngs::StdRng;
+use rand::Rng;
+use rollcall_membership_core::{
+    actor_hash, Clock, Etag, MembershipChanged, MissedTickPolicy, Notice, ReminderEntry, ReminderOptions,
+    ReminderTable, SiloAddress, SiloHandle, SiloStatus, Timestamp,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::oneshot;
+
+use crate::api::{ActorId, Counters, ReminderError, ReminderTarget, ReminderTick};
+use crate::queue::{key_of, Key, Queue};
+use crate::ring::{Ring, RingRange};
+use crate::schedule::{after_delivery, plan, Learned, Planned};
+
+/// Deliveries running at once per silo.
+pub const MAX_DELIVERIES: usize = 1024;
+/// Notice-triggered row reads running at once.
+pub const MAX_NOTICE_READS: usize = 64;
+/// Notices queued for the agent.
+pub const NOTICE_QUEUE: usize = 1024;
+/// `last_fired` writes and one-shot removals running at once.
+pub const MAX_WRITES: usize = 16;
+/// Longest wait between retries of deliveries and writes.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// Longest wait between retries of a failed load (a ring change waits for it).
+const MAX_LOAD_BACKOFF: Duration = Duration::from_secs(5);
+
+/// The notice a registering silo sends to the owner: "re-read this reminder".
+#[derive(Serialize, Deserialize, Debug, PartialEq, Eq)]
+pub(crate) struct ChangedNotice {
+    pub service: String,
+    pub actor: String,
+    pub name: String,
+}
+
+/// The notice topic of a service's reminder agents.
+pub(crate) fn topic(service_id: &str) -> String {
+    format!(
+        "rollcall.reminders/{:08x}",
+        xxhash_rust::xxh32::xxh32(service_id.as_bytes(), 0)
+    )
+}
+
+/// `base x 2^(attempt-1)`, capped at [`MAX_BACKOFF`].
+pub(crate) fn backoff(attempt: u32) -> Duration {
+    Duration::from_secs(1)
+        .saturating_mul(1 << attempt.saturating_sub(1).min(10))
+        .min(MAX_BACKOFF)
+}
+
+/// Runs `call` bounded by `timeout`.
+pub(crate) async fn bounded<T>(
+    timeout: Duration,
+    call: impl std::future::Future<Output = rollcall_membership_core::Result<T>>,
+) -> Result<T, ReminderError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(r) => r.map_err(ReminderError::from),
+        Err(_) => Err(ReminderError::Timeout(timeout)),
+    }
+}
+
+pub(crate) struct ReminderAgent {
+    pub me: SiloAddress,
+    pub silo: SiloHandle,
+    pub table: Arc<dyn ReminderTable>,
+    pub target: Arc<dyn ReminderTarget>,
+    pub options: Arc<ReminderOptions>,
+    pub clock: Arc<dyn Clock>,
+    pub counters: Arc<Counters>,
+    pub rng: StdRng,
+    pub notices: Option<tokio::sync::mpsc::Receiver<Notice>>,
+    pub state: State,
+}
+
+#[derive(Default)]
+pub(crate) struct State {
+    ring: Ring,
+    ranges: Vec<RingRange>,
+    ring_gen: u64,
+    queue: Queue,
+    /// Bumped on every change from a notice; loads started before a change do not
+    /// undo it.
+    changes: u64,
+    load_in_flight: bool,
+    load_pending: bool,
+    load_failures: u32,
+    load_retry: Option<SpawnHandle>,
+    loaded_once: bool,
+    first_load_waiters: Vec<oneshot::Sender<()>>,
+    timer: Option<(Timestamp, SpawnHandle)>,
+    deliveries: usize,
+    notice_reads: usize,
+    /// Pending `last_fired` writes: key -> (etag, time).
+    persist: HashMap<Key, (Etag, Timestamp)>,
+    /// Pending one-shot removals: key -> etag.
+    removals: HashMap<Key, Etag>,
+    writes: usize,
+    write_retry: Option<SpawnHandle>,
+    write_failures: u32,
+}
+
+impl Actor for ReminderAgent {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        ctx.set_mailbox_capacity(NOTICE_QUEUE);
+        // Stop with the silo.
+        let silo = self.silo.clone();
+        ctx.spawn(
+            async move { silo.stopped().await }
+                .into_actor(self)
+                .map(|(), act, ctx| {
+                    tracing::debug!(silo = %act.me, "silo stopped: reminder agent stops");
+                    for w in act.state.first_load_waiters.drain(..) {
+                        drop(w);
+                    }
+                    ctx.stop();
+                }),
+        );
+        // Notices: forwarded one at a time; the bounded queue behind them drops
+        // what the agent cannot take.
+        if let Some(mut rx) = self.notices.take() {
+            let addr = ctx.address();
+            actix::spawn(async move {
+                while let Some(n) = rx.recv().await {
+                    if addr.send(NoticeReceived(n)).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        // Periodic reconciliation with the table.
+        ctx.run_interval(self.options.refresh_reminder_list_period, |act, ctx| {
+            act.request_load(ctx)
+        });
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct NoticeReceived(pub Notice);
+
+/// Answered once the first load of the agent's ranges finished.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct WhenLoaded(pub oneshot::Sender<()>);
+
+impl Handler<MembershipChanged> for ReminderAgent {
+    type Result = ();
+
+    fn handle(&mut self, msg: MembershipChanged, ctx: &mut Context<Self>) {
+        let active = msg
+            .0
+            .rows()
+            .filter(|e| e.status == SiloStatus::Active)
+            .map(|e| e.silo);
+        let ring = Ring::new(active, self.options.ring_points_per_silo);
+        if ring == self.state.ring && self.state.ring_gen > 0 {
+            return;
+        }
+        let s = &mut self.state;
+        s.ring_gen += 1;
+        s.ranges = ring.ranges_of(&self.me);
+        s.ring = ring;
+        let (ring, me) = (&s.ring, self.me);
+        s.queue.retain(|_, slot| ring.owns(&me, slot.entry.hash));
+        tracing::debug!(silo = %me, ranges = s.ranges.len(), silos = s.ring.silos().len(), "reminder ring changed");
+        self.request_load(ctx);
+        self.arm_timer(ctx);
+    }
+}
+
+impl Handler<WhenLoaded> for ReminderAgent {
+    type Result = ();
+
+    fn handle(&mut self, msg: WhenLoaded, _: &mut Context<Self>) {
+        if self.state.loaded_once {
+            let _ = msg.0.send(());
+        } else {
+            self.state.first_load_waiters.push(msg.0);
+        }
+    }
+}
+
+impl Handler<NoticeReceived> for ReminderAgent {
+    type Result = ();
+
+    fn handle(&mut self, msg: NoticeReceived, ctx: &mut Context<Self>) {
+        let Ok(n) = serde_json::from_slice::<ChangedNotice>(&msg.0.body) else {
+            tracing::debug!(from = %msg.0.from, "undecodable reminder notice dropped");
+            return;
+        };
+        if n.service != self.table.service_id() {
+            return;
+        }
+        Counters::bump(&self.counters.notices);
+        let hash = actor_hash(&n.actor);
+        if !self.state.ring.owns(&self.me, hash) {
+            return; // not ours (any more): the owner's own load covers it
+        }
+        if self.state.notice_reads >= MAX_NOTICE_READS {
+            self.request_load(ctx);
+            return;
+        }
+        self.state.notice_reads += 1;
+        let gen = self.state.ring_gen;
+        let table = self.table.clone();
+        let timeout = self.options.table_operation_timeout;
+        let (actor, name) = (n.actor, n.name);
+        let key: Key = Arc::new((actor.clone(), name.clone()));
+        ctx.spawn(
+            async move { bounded(timeout, table.read_row(&actor, &name)).await }
+                .into_actor(self)
+                .map(move |res, act, ctx| {
+                    act.state.notice_reads -= 1;
+                    if gen != act.state.ring_gen {
+                        return; // the load of the new ring reads it
+                    }
+                    match res {
+                        Ok(None) => {
+                            act.state.changes += 1;
+                            act.state.queue.remove(&key);
+                        }
+                        Ok(Some(row)) => {
+                            if act.state.queue.get(&key).is_some_and(|s| s.entry.etag == row.etag) {
+                                return;
+                            }
+                            act.state.changes += 1;
+                            let now = act.clock.now();
+                            act.schedule_row(row, now, Learned::Notice, false);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "reading a notified reminder failed; reloading the ranges");
+                            act.request_load(ctx);
+                        }
+                    }
+                    act.publish_gauges();
+                    act.arm_timer(ctx);
+                }),
+        );
+    }
+}
+
+impl ReminderAgent {
+    /// Materialises `row` if its next tick is within the loading window (else drops
+    /// any slot it had). `jitter` spreads an overdue tick over `startup_jitter`.
+    fn schedule_row(&mut self, mut row: ReminderEntry, now: Timestamp, learned: Learned, jitter: bool) {
+        let key = key_of(&row);
+        if let Some((etag, at)) = self.state.persist.get(&key) {
+            if *etag == row.etag {
+                row.last_fired = row.last_fired.max(Some(*at));
+            }
+        }
+        let Some(mut next) = plan(&row, now, learned) else {
+            self.state.queue.remove(&key);
+            return;
+        };
+        if next.due > now.saturating_add(self.options.loading_window) {
+            self.state.queue.remove(&key);
+            return;
+        }
+        if jitter && next.is_overdue(now) && !self.options.startup_jitter.is_zero() {
+            let spread = self
+                .rng
+                .random_range(0..=self.options.startup_jitter.as_millis() as u64);
+            next.due = now.saturating_add(Duration::from_millis(spread));
+        }
+        let changes = self.state.changes;
+        self.state.queue.set(row, next, changes);
+    }
+
+    fn publish_gauges(&self) {
+        use std::sync::atomic::Ordering;
+        self.counters
+            .scheduled
+            .store(self.state.queue.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Starts a load of every owned range, or marks one pending if one runs.
+    pub(crate) fn request_load(&mut self, ctx: &mut Context<Self>) {
+        let s = &mut self.state;
+        if s.load_in_flight || s.load_retry.is_some() {
+            // One load at a time; while backing off after a failure, the retry
+            // timer runs the next one.
+            s.load_pending = true;
+            return;
+        }
+        s.load_in_flight = true;
+        let (gen, since, ranges) = (s.ring_gen, s.changes, s.ranges.clone());
+        let table = self.table.clone();
+        let timeout = self.options.table_operation_timeout;
+        ctx.spawn(
+            async move {
+                let mut rows = Vec::new();
+                for r in ranges {
+                    rows.extend(bounded(timeout, table.read_rows_in_range(r.begin, r.end)).await?);
+                }
+                Ok::<_, ReminderError>(rows)
+            }
+            .into_actor(self)
+            .map(move |res, act, ctx| act.loaded(gen, since, res, ctx)),
+        );
+    }
+
+    fn loaded(
+        &mut self,
+        gen: u64,
+        since: u64,
+        res: Result<Vec<ReminderEntry>, ReminderError>,
+        ctx: &mut Context<Self>,
+    ) {
+        self.state.load_in_flight = false;
+        if gen != self.state.ring_gen {
+            // Read under an older ring: discarded.
+            self.request_load(ctx);
+            return;
+        }
+        match res {
+            Err(e) => {
+                Counters::bump(&self.counters.load_failures);
+                self.state.load_failures += 1;
+                let wait = backoff(self.state.load_failures)
+                    .min(MAX_LOAD_BACKOFF)
+                    .min(self.options.refresh_reminder_list_period);
+                tracing::warn!(silo = %self.me, error = %e, retry_in = ?wait, "loading reminders failed; the schedule in memory keeps ticking");
+                self.state.load_retry = Some(ctx.run_later(wait, |act, ctx| {
+                    act.state.load_retry = None;
+                    act.state.load_pending = false;
+                    act.request_load(ctx);
+                }));
+                self.arm_timer(ctx);
+                return;
+            }
+            Ok(rows) => {
+                Counters::bump(&self.counters.loads);
+                self.state.load_failures = 0;
+                let now = self.clock.now();
+                let first = !self.state.loaded_once;
+                let mut read: HashSet<Key> = HashSet::with_capacity(rows.len());
+                self.counters
+                    .owned
+                    .store(rows.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                for row in rows {
+                    let key = key_of(&row);
+                    read.insert(key.clone());
+                    if self.state.removals.get(&key) == Some(&row.etag) {
+                        continue; // a delivered one-shot whose removal is pending
+                    }
+                    match self.state.queue.get(&key) {
+                        Some(slot) if slot.entry.etag == row.etag || slot.touched > since => continue,
+                        _ => self.schedule_row(row, now, Learned::Load, first),
+                    }
+                }
+                self.state
+                    .queue
+                    .retain(|k, slot| read.contains(k) || slot.touched > since);
+                if first {
+                    self.state.loaded_once = true;
+                    for w in self.state.first_load_waiters.drain(..) {
+                        let _ = w.send(());
+                    }
+                }
+                self.publish_gauges();
+            }
+        }
+        if std::mem::take(&mut self.state.load_pending) {
+            self.request_load(ctx);
+        }
+        self.arm_timer(ctx);
+    }
+
+    /// Keeps one timer at the earliest due time.
+    fn arm_timer(&mut self, ctx: &mut Context<Self>) {
+        let Some(next) = self.state.queue.next_due() else {
+            if let Some((_, h)) = self.state.timer.take() {
+                ctx.cancel_future(h);
+            }
+            return;
+        };
+        if let Some((at, h)) = self.state.timer {
+            if at <= next {
+                return;
+            }
+            ctx.cancel_future(h);
+        }
+        let wait = next.saturating_duration_since(self.clock.now());
+        let h = ctx.run_later(wait, |act, ctx| {
+            act.state.timer = None;
+            act.deliver_due(ctx);
+            act.arm_timer(ctx);
+        });
+        self.state.timer = Some((next, h));
+    }
+
+    fn deliver_due(&mut self, ctx: &mut Context<Self>) {
+        let now = self.clock.now();
+        if self.silo.status() != SiloStatus::Active {
+            // Not Active (yet, or any more): nothing is delivered; look again soon.
+            let h = ctx.run_later(Duration::from_secs(1), |act, ctx| {
+                act.state.timer = None;
+                act.deliver_due(ctx);
+                act.arm_timer(ctx);
+            });
+            self.state.timer = Some((now.saturating_add(Duration::from_secs(1)), h));
+            return;
+        }
+        let room = MAX_DELIVERIES.saturating_sub(self.state.deliveries);
+        for key in self.state.queue.take_due(now, room) {
+            let slot = self.state.queue.get(&key).expect("taken slot exists");
+            let entry = slot.entry.clone();
+            let scheduled = slot.next.scheduled;
+            let actor = ActorId::parse(&entry.actor_id);
+            let recipient = actor.as_ref().ok().and_then(|a| self.target.resolve(a));
+            let tick = actor.map(|actor| ReminderTick {
+                actor,
+                name: entry.name.clone(),
+                first_tick: entry.start_at,
+                period: entry.period,
+                scheduled,
+                now,
+            });
+            let timeout = self.options.delivery_timeout;
+            self.state.deliveries += 1;
+            ctx.spawn(
+                async move {
+                    let tick = tick.map_err(|e| e.to_string())?;
+                    let r = recipient.ok_or_else(|| format!("no recipient for {}", tick.actor))?;
+                    match tokio::time::timeout(timeout, r.send(tick)).await {
+                        Ok(Ok(())) => Ok(()),
+                        Ok(Err(e)) => Err(format!("mailbox: {e}")),
+                        Err(_) => Err(format!("handler did not finish within {timeout:?}")),
+                    }
+                }
+                .into_actor(self)
+                .map(move |res, act, ctx| act.delivered(key, entry.etag, scheduled, res, ctx)),
+            );
+        }
+    }
+
+    fn delivered(
+        &mut self,
+        key: Key,
+        etag: Etag,
+        scheduled: Timestamp,
+        res: Result<(), String>,
+        ctx: &mut Context<Self>,
+    ) {
+        self.state.deliveries -= 1;
+        let now = self.clock.now();
+        let current = self
+            .state
+            .queue
+            .get(&key)
+            .is_some_and(|s| s.delivering && s.entry.etag == etag && s.next.scheduled == scheduled);
+        match res {
+            Ok(()) => {
+                Counters::bump(&self.counters.ticks_delivered);
+                if current {
+                    let slot = self.state.queue.get_mut(&key).expect("current");
+                    slot.attempts = 0;
+                    let entry = slot.entry.clone();
+                    if entry.missed_tick_policy == MissedTickPolicy::FireOnce {
+                        slot.entry.last_fired = Some(now);
+                        self.state.persist.insert(key.clone(), (etag.clone(), now));
+                    }
+                    match after_delivery(&entry, scheduled, now) {
+                        None => {
+                            self.state.queue.remove(&key);
+                            self.state.persist.remove(&key);
+                            self.state.removals.insert(key, etag);
+                        }
+                        Some(next) if next.due > now.saturating_add(self.options.loading_window) => {
+                            self.state.queue.remove(&key);
+                        }
+                        Some(next) => self.state.queue.requeue(&key, next),
+                    }
+                    self.pump_writes(ctx);
+                }
+            }
+            Err(why) => {
+                Counters::bump(&self.counters.delivery_failures);
+                if current {
+                    let slot = self.state.queue.get_mut(&key).expect("current");
+                    slot.attempts += 1;
+                    let retry = now.saturating_add(backoff(slot.attempts));
+                    match after_delivery(&slot.entry, scheduled, now) {
+                        Some(next) if next.due <= retry => {
+                            Counters::bump(&self.counters.ticks_given_up);
+                            tracing::error!(actor = %key.0, name = %key.1, scheduled = %scheduled, error = %why, attempts = slot.attempts,
+                                "reminder tick not delivered before the next one was due; moving on");
+                            slot.attempts = 0;
+                            self.state.queue.requeue(&key, next);
+                        }
+                        _ => {
+                            tracing::warn!(actor = %key.0, name = %key.1, scheduled = %scheduled, error = %why, attempt = slot.attempts,
+                                "reminder tick delivery failed; retrying");
+                            self.state.queue.requeue(
+                                &key,
+                                Planned {
+                                    scheduled,
+                                    due: retry,
+                                },
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        self.publish_gauges();
+        // Room for deliveries that waited on the bound.
+        if self.state.queue.next_due().is_some_and(|d| d <= now) {
+            self.deliver_due(ctx);
+        }
+        self.arm_timer(ctx);
+    }
+
+    /// Runs pending `last_fired` writes and one-shot removals, at most
+    /// [`MAX_WRITES`] at once; failures are retried after a backoff.
+    fn pump_writes(&mut self, ctx: &mut Context<Self>) {
+        if self.state.write_retry.is_some() {
+            return; // backing off after a failure: the timer pumps
+        }
+        while self.state.writes < MAX_WRITES {
+            let timeout = self.options.table_operation_timeout;
+            let table = self.table.clone();
+            if let Some(key) = self.state.removals.keys().next().cloned() {
+                let etag = self.state.removals.remove(&key).expect("present");
+                self.state.writes += 1;
+                let (k, e) = (key.clone(), etag.clone());
+                ctx.spawn(
+                    async move { bounded(timeout, table.remove_row(&k.0, &k.1, &e)).await }
+                        .into_actor(self)
+                        .map(move |res, act, ctx| {
+                            act.state.writes -= 1;
+                            match res {
+                                Ok(_) => act.write_succeeded(ctx),
+                                Err(err) => {
+                                    act.state.removals.entry(key).or_insert(etag);
+                                    act.write_failed(ctx, &err);
+                                }
+                            }
+                        }),
+                );
+            } else if let Some(key) = self.state.persist.keys().next().cloned() {
+                let (etag, at) = self.state.persist.remove(&key).expect("present");
+                self.state.writes += 1;
+                let (k, e) = (key.clone(), etag.clone());
+                ctx.spawn(
+                    async move { bounded(timeout, table.update_last_fired(&k.0, &k.1, &e, at)).await }
+                        .into_actor(self)
+                        .map(move |res, act, ctx| {
+                            act.state.writes -= 1;
+                            match res {
+                                Ok(_) => act.write_succeeded(ctx),
+                                Err(err) => {
+                                    // A newer time queued meanwhile wins.
+                                    act.state.persist.entry(key).or_insert((etag, at));
+                                    act.write_failed(ctx, &err);
+                                }
+                            }
+                        }),
+                );
+            } else {
+                return;
+            }
+        }
+    }
+
+    fn write_succeeded(&mut self, ctx: &mut Context<Self>) {
+        self.state.write_failures = 0;
+        self.pump_writes(ctx);
+    }
+
+    fn write_failed(&mut self, ctx: &mut Context<Self>, err: &ReminderError) {
+        Counters::bump(&self.counters.write_failures);
+        self.state.write_failures += 1;
+        if self.state.write_retry.is_none() {
+            let wait = backoff(self.state.write_failures);
+            tracing::warn!(error = %err, retry_in = ?wait, "recording a reminder tick failed; retrying");
+            self.state.write_retry = Some(ctx.run_later(wait, |act, ctx| {
+                act.state.write_retry = None;
+                act.pump_writes(ctx);
+            }));
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! The reminder ring: which silo owns which part of the 32-bit hash space.
+//!
+//! Every Active silo takes `points_per_silo` points on the ring, each at
+//! `xxh32("{silo}/{i}", seed 0)` for `i` in `0..points_per_silo` (`silo` printed as
+//! `ip:port@generation`), so every silo computes the same ring from the same
+//! membership view. A silo owns the ranges `(previous point, its point]` (Orleans'
+//! consistent ring provider with virtual buckets). Two silos drawing the same point
+//! is resolved in favour of the lower [`SiloAddress`].
+//!
+//! Pure: no I/O, no clock.
+
+use std::collections::BTreeMap;
+
+use rollcall_membership_core::{hash_in_range, SiloAddress};
+
+/// A ring range `(begin, end]` of 32-bit hashes, wrapping when `begin >= end`
+/// (`(x, x)` is the whole ring), as [`hash_in_range`] defines it and
+/// `ReminderTable::read_rows_in_range` reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RingRange {
+    /// Exclusive start.
+    pub begin: u32,
+    /// Inclusive end.
+    pub end: u32,
+}
+
+impl RingRange {
+    /// Whether `hash` lies in the range.
+    pub fn contains(&self, hash: u32) -> bool {
+        hash_in_range(hash, self.begin, self.end)
+    }
+
+    /// How many hashes it holds (`2^32` for the whole ring).
+    pub fn size(&self) -> u64 {
+        if self.begin == self.end {
+            1 << 32
+        } else {
+            u64::from(self.end.wrapping_sub(self.begin))
+        }
+    }
+}
+
+/// The position of a silo's `i`-th point.
+pub fn point_of(silo: &SiloAddress, i: u32) -> u32 {
+    xxhash_rust::xxh32::xxh32(format!("{silo}/{i}").as_bytes(), 0)
+}
+
+/// A consistent-hash ring over a set of silos.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ring {
+    /// Point -> owner, in ring order.
+    points: BTreeMap<u32, SiloAddress>,
+}
+
+impl Ring {
+    /// The ring of `silos`, each at `points_per_silo` points.
+    pub fn new(silos: impl IntoIterator<Item = SiloAddress>, points_per_silo: u32) -> Ring {
+        let mut points = BTreeMap::new();
+        for silo in silos {
+            for i in 0..points_per_silo {
+                points
+                    .entry(point_of(&silo, i))
+                    .and_modify(|owner: &mut SiloAddress| *owner = (*owner).min(silo))
+                    .or_insert(silo);
+            }
+        }
+        Ring { points }
+    }
+
+    /// Whether no silo is on the ring.
+    pub fn is_empty(&self) -> bool {
+        self.points.is_empty()
+    }
+
+    /// The silos on the ring, in address order, without repeats.
+    pub fn silos(&self) -> Vec<SiloAddress> {
+        let mut s: Vec<SiloAddress> = self.points.values().copied().collect();
+        s.sort_unstable();
+        s.dedup();
+        s
+    }
+
+    /// The owner of `hash`: the silo of the first point at or after it, wrapping.
+    /// `None` on an empty ring.
+    pub fn owner_of(&self, hash: u32) -> Option<SiloAddress> {
+        self.points
+            .range(hash..)
+            .next()
+            .or_else(|| self.points.iter().next())
+            .map(|(_, s)| *s)
+    }
+
+    /// The ranges `silo` owns, adjacent ones merged, in ring order. Empty if the
+    /// silo is not on the ring; the whole ring `(p, p]` if it is alone.
+    pub fn ranges_of(&self, silo: &SiloAddress) -> Vec<RingRange> {
+        let points: Vec<(u32, SiloAddress)> = self.points.iter().map(|(p, s)| (*p, *s)).collect();
+        let n = points.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        if points.iter().all(|(_, s)| s == silo) {
+            let p = points[n - 1].0;
+            return vec![RingRange { begin: p, end: p }];
+        }
+        // Start right after a point of another silo, so merged runs never wrap past
+        // the start.
+        let start = points
+            .iter()
+            .position(|(_, s)| s != silo)
+            .expect("another silo has a point");
+        let mut out: Vec<RingRange> = Vec::new();
+        let mut previous = points[start].0;
+        let mut open: Option<u32> = None; // begin of the run being merged
+        for k in 1..=n {
+            let (point, owner) = points[(start + k) % n];
+            if owner == *silo {
+                open.get_or_insert(previous);
+            } else if let Some(begin) = open.take() {
+                out.push(RingRange { begin, end: previous });
+            }
+            previous = point;
+        }
+        if let Some(begin) = open {
+            out.push(RingRange { begin, end: previous });
+        }
+        out
+    }
+
+    /// Whether `silo` owns `hash`.
+    pub fn owns(&self, silo: &SiloAddress, hash: u32) -> bool {
+        self.owner_of(hash) == Some(*silo)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn silo(n: u8, generation: u64) -> SiloAddress {
+        SiloAddress::new(([10, 0, 0, n], 11111).into(), generation)
+    }
+
+    #[test]
+    fn points_are_pinned() {
+        // The placement is part of the on-the-wire contract between silos of
+        // different releases: it must never change.
+        let s = silo(1, 7);
+        assert_eq!(s.to_string(), "10.0.0.1:11111@7");
+        assert_eq!(
+            point_of(&s, 0),
+            xxhash_rust::xxh32::xxh32(b"10.0.0.1:11111@7/0", 0)
+        );
+    }
+
+    #[test]
+    fn empty_and_single_silo() {
+        let empty = Ring::new([], 30);
+        assert!(empty.is_empty());
+        assert_eq!(empty.owner_of(5), None);
+        let one = Ring::new([silo(1, 1)], 30);
+        let ranges = one.ranges_of(&silo(1, 1));
+        assert_eq!(ranges.len(), 1);
+        assert_eq!(ranges[0].size(), 1 << 32);
+        assert!(one.ranges_of(&silo(2, 1)).is_empty());
+        for h in [0, 1, u32::MAX, 12345] {
+            assert_eq!(one.owner_of(h), Some(silo(1, 1)));
+        }
+    }
+
+    fn silos_strategy() -> impl Strategy<Value = Vec<SiloAddress>> {
+        prop::collection::btree_set((1u8..60, 1u64..4), 1..12)
+            .prop_map(|s| s.into_iter().map(|(n, g)| silo(n, g)).collect())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// The ranges of all silos partition the 32-bit space exactly, and agree
+        /// with `owner_of`.
+        #[test]
+        fn ranges_partition_the_ring(silos in silos_strategy(), points in 1u32..40, probes in prop::collection::vec(any::<u32>(), 64)) {
+            let ring = Ring::new(silos.clone(), points);
+            let mut total = 0u64;
+            for s in &silos {
+                for r in ring.ranges_of(s) {
+                    total += r.size();
+                    prop_assert!(ring.owns(s, r.end));
+                }
+            }
+            prop_assert_eq!(total, 1u64 << 32);
+            for h in probes.into_iter().chain([0, u32::MAX]) {
+                let owners: Vec<_> = silos
+                    .iter()
+                    .filter(|s| ring.ranges_of(s).iter().any(|r| r.contains(h)))
+                    .collect();
+                prop_assert_eq!(owners.len(), 1, "hash {} owned by {:?}", h, owners);
+                prop_assert_eq!(Some(*owners[0]), ring.owner_of(h));
+            }
+        }
+
+        /// Adding a silo moves only hashes to the new silo (nothing moves between
+        /// old silos), and only those in the ranges ending at its points; removing
+        /// it gives back exactly the same ring.
+        #[test]
+        fn adding_a_silo_moves_only_its_ranges(silos in silos_strategy(), points in 1u32..40, probes in prop::collection::vec(any::<u32>(), 256)) {
+            let new = silo(200, 1);
+            let before = Ring::new(silos.clone(), points);
+            let after = Ring::new(silos.iter().copied().chain([new]), points);
+            let new_ranges = after.ranges_of(&new);
+            for h in probes {
+                let (was, is) = (before.owner_of(h), after.owner_of(h));
+                if was != is {
+                    prop_assert_eq!(is, Some(new), "hash {} moved between old silos", h);
+                }
+                prop_assert_eq!(is == Some(new), new_ranges.iter().any(|r| r.contains(h)));
+            }
+            let removed = Ring::new(silos.clone(), points);
+            prop_assert_eq!(removed, before);
+        }
+    }
+}

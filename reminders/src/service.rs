@@ -1,0 +1,414 @@
+//! [`Reminders`]: the handle applications use, and the builder that starts a silo's
+//! reminder service.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::{Actor, Addr};
+use rand::SeedableRng;
+use rollcall_membership_core::{
+    actor_hash, Clock, MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, SiloAddress,
+    SiloHandle, SiloStatus, SystemClock, SystemStore,
+};
+use tokio::sync::oneshot;
+
+use crate::agent::{bounded, topic, ChangedNotice, ReminderAgent, State, WhenLoaded, NOTICE_QUEUE};
+use crate::api::{
+    ActorId, Counters, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, MAX_NAME,
+};
+use crate::ring::Ring;
+
+/// Configures and starts a silo's reminder service. See [`Reminders::builder`].
+pub struct RemindersBuilder {
+    silo: SiloHandle,
+    store: Arc<dyn SystemStore>,
+    service_id: Option<String>,
+    target: Option<Arc<dyn ReminderTarget>>,
+    options: ReminderOptions,
+    clock: Arc<dyn Clock>,
+    seed: Option<u64>,
+}
+
+impl std::fmt::Debug for RemindersBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemindersBuilder")
+            .field("silo", &self.silo.address())
+            .field("service_id", &self.service_id)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RemindersBuilder {
+    /// The reminder service id (partition of the reminder table). Default: the
+    /// silo's cluster id.
+    pub fn service_id(mut self, id: impl Into<String>) -> Self {
+        self.service_id = Some(id.into());
+        self
+    }
+
+    /// Where ticks go. Required to deliver anything: without a target every
+    /// delivery fails (and is retried).
+    pub fn target(mut self, target: impl ReminderTarget) -> Self {
+        self.target = Some(Arc::new(target));
+        self
+    }
+
+    /// Options (validated by [`start`](Self::start)).
+    pub fn options(mut self, options: ReminderOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The wall clock (default [`SystemClock`]; simulations use the silo's
+    /// [`TokioClock`](rollcall_membership_core::TokioClock)).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Seeds the start-up jitter. Default: from the OS.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Starts the service on the silo: opens the reminder table (a store that fails
+    /// transiently is retried), subscribes to the silo's membership and notices,
+    /// and waits until the ranges this silo owns are loaded, at most the options'
+    /// `initialization_timeout` (past it, a warning is logged, loading goes on in
+    /// the background and the service starts anyway, like Orleans). Must run
+    /// inside the silo's actix `System`.
+    ///
+    /// # Errors
+    /// [`ReminderError::Table`] for invalid options or service id, or a table that
+    /// stays unreachable for `initialization_timeout`; [`ReminderError::Stopped`]
+    /// if the silo stopped.
+    pub async fn start(self) -> Result<Reminders, ReminderError> {
+        self.options.validate()?;
+        let service_id = self
+            .service_id
+            .unwrap_or_else(|| self.silo.cluster_id().to_owned());
+        rollcall_membership_core::validate_id("service_id", &service_id)?;
+        let table = self.store.reminder_table(&service_id)?;
+        let options = Arc::new(self.options);
+        let op_timeout = options.table_operation_timeout;
+        let what = format!("reminder table of service {service_id}");
+        rollcall_membership_core::retry_transient(&what, options.initialization_timeout, || async {
+            bounded(op_timeout, table.init()).await.map_err(|e| match e {
+                ReminderError::Table(e) => e,
+                other => rollcall_membership_core::Error::backend(other.to_string()),
+            })
+        })
+        .await?;
+        if self.silo.is_stopped() {
+            return Err(ReminderError::Stopped);
+        }
+        let counters = Arc::new(Counters::default());
+        let target = self.target.unwrap_or_else(|| {
+            tracing::warn!("reminder service started without a target: ticks cannot be delivered");
+            Arc::new(|_: &ActorId| None)
+        });
+        let notices = self.silo.subscribe_notices(&topic(&service_id), NOTICE_QUEUE);
+        let agent = ReminderAgent {
+            me: self.silo.address(),
+            silo: self.silo.clone(),
+            table: table.clone(),
+            target,
+            options: options.clone(),
+            clock: self.clock.clone(),
+            counters: counters.clone(),
+            rng: match self.seed {
+                Some(s) => rand::rngs::StdRng::seed_from_u64(s),
+                None => rand::rngs::StdRng::from_os_rng(),
+            },
+            notices: Some(notices),
+            state: State::default(),
+        }
+        .start();
+        let subscription = self.silo.subscribe_recipient(agent.clone().recipient());
+        let (tx, rx) = oneshot::channel();
+        agent
+            .send(WhenLoaded(tx))
+            .await
+            .map_err(|_| ReminderError::Stopped)?;
+        match tokio::time::timeout(options.initialization_timeout, rx).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(ReminderError::Stopped),
+            Err(_) => tracing::warn!(
+                silo = %self.silo.address(),
+                timeout = ?options.initialization_timeout,
+                "reminder ranges not loaded within initialization_timeout; loading continues in the background"
+            ),
+        }
+        Ok(Reminders {
+            inner: Arc::new(Inner {
+                silo: self.silo,
+                table,
+                options,
+                clock: self.clock,
+                counters,
+                service_id,
+                _agent: agent,
+                _subscription: subscription,
+            }),
+        })
+    }
+}
+
+struct Inner {
+    silo: SiloHandle,
+    table: Arc<dyn ReminderTable>,
+    options: Arc<ReminderOptions>,
+    clock: Arc<dyn Clock>,
+    counters: Arc<Counters>,
+    service_id: String,
+    _agent: Addr<ReminderAgent>,
+    _subscription: rollcall_membership_core::Subscription,
+}
+
+/// A silo's reminder service: registers, lists and removes durable reminders, and
+/// delivers the ticks of the reminders this silo owns to actix actors. Cheap to
+/// clone. Start it with [`Reminders::builder`].
+///
+/// Every call answers within the options' `table_operation_timeout` (one table
+/// call); the notice to the owning silo is sent in the background.
+///
+/// ```no_run
+/// # async fn run(silo: rollcall_membership_core::SiloHandle,
+/// #     store: std::sync::Arc<dyn rollcall_membership_core::SystemStore>,
+/// #     cart: actix::Recipient<rollcall_reminders::ReminderTick>) -> Result<(), rollcall_reminders::ReminderError> {
+/// use std::time::Duration;
+/// use rollcall_reminders::{ActorId, Reminders};
+///
+/// let reminders = Reminders::builder(&silo, store)
+///     .target(move |_: &ActorId| Some(cart.clone()))
+///     .start()
+///     .await?;
+/// let actor = ActorId::new("cart", "42")?;
+/// let handle = reminders
+///     .register_or_update(&actor, "expire", Duration::from_secs(60), Duration::from_secs(3600))
+///     .await?;
+/// reminders.unregister(&handle).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Reminders {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Reminders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reminders")
+            .field("silo", &self.inner.silo.address())
+            .field("service_id", &self.inner.service_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reminders {
+    /// A builder for the reminder service of `silo`, with its reminder table in
+    /// `store` (usually the store of the silo's membership table).
+    pub fn builder(silo: &SiloHandle, store: Arc<dyn SystemStore>) -> RemindersBuilder {
+        RemindersBuilder {
+            silo: silo.clone(),
+            store,
+            service_id: None,
+            target: None,
+            options: ReminderOptions::default(),
+            clock: Arc::new(SystemClock),
+            seed: None,
+        }
+    }
+
+    /// The service id.
+    pub fn service_id(&self) -> &str {
+        &self.inner.service_id
+    }
+
+    /// Registers (or replaces) a periodic reminder: first tick `due` from now, then
+    /// every `period`, with the options' default missed-tick policy.
+    ///
+    /// # Errors
+    /// As [`register`](Self::register).
+    pub async fn register_or_update(
+        &self,
+        actor: &ActorId,
+        name: &str,
+        due: Duration,
+        period: Duration,
+    ) -> Result<ReminderHandle, ReminderError> {
+        let spec = ReminderSpec {
+            due,
+            period: Some(period),
+            missed_tick_policy: self.inner.options.missed_tick_policy,
+        };
+        self.register(actor, name, spec).await
+    }
+
+    /// Registers (or replaces) a one-shot reminder: one tick `due` from now, then
+    /// its row is removed.
+    ///
+    /// # Errors
+    /// As [`register`](Self::register).
+    pub async fn register_once(
+        &self,
+        actor: &ActorId,
+        name: &str,
+        due: Duration,
+    ) -> Result<ReminderHandle, ReminderError> {
+        let spec = ReminderSpec {
+            due,
+            period: None,
+            missed_tick_policy: MissedTickPolicy::Skip,
+        };
+        self.register(actor, name, spec).await
+    }
+
+    /// Registers (or replaces) a reminder as `spec` says: writes its row (a new
+    /// etag, so earlier handles become stale), then tells the owning silo to read
+    /// it (best effort: if the notice is lost the owner's next refresh picks the
+    /// row up). A replaced reminder's schedule restarts from the new start and
+    /// period.
+    ///
+    /// # Errors
+    /// [`ReminderError::InvalidName`] for an empty name or one over [`MAX_NAME`]
+    /// bytes; [`ReminderError::PeriodTooShort`] for a zero period or one below
+    /// `minimum_period` (unless `allow_period_below_minimum`, which logs a
+    /// warning instead); [`ReminderError::Table`] or [`ReminderError::Timeout`]
+    /// (after `table_operation_timeout`) if the write failed, in which case the
+    /// previous registration, if any, may or may not have been replaced.
+    pub async fn register(
+        &self,
+        actor: &ActorId,
+        name: &str,
+        spec: ReminderSpec,
+    ) -> Result<ReminderHandle, ReminderError> {
+        if name.is_empty() || name.len() > MAX_NAME {
+            return Err(ReminderError::InvalidName(format!(
+                "`{name}` must be 1..={MAX_NAME} bytes"
+            )));
+        }
+        let o = &self.inner.options;
+        if let Some(period) = spec.period {
+            if period.is_zero() || (period < o.minimum_period && !o.allow_period_below_minimum) {
+                return Err(ReminderError::PeriodTooShort {
+                    period,
+                    minimum: o.minimum_period,
+                });
+            }
+            if period < o.minimum_period {
+                tracing::warn!(%actor, name, ?period, minimum = ?o.minimum_period, "reminder period below minimum_period");
+            }
+        }
+        let start_at = self.inner.clock.now().saturating_add(spec.due);
+        let mut entry = ReminderEntry::new(
+            &self.inner.service_id,
+            actor.to_string(),
+            name,
+            start_at,
+            spec.period,
+        );
+        entry.missed_tick_policy = spec.missed_tick_policy;
+        let etag = bounded(o.table_operation_timeout, self.inner.table.upsert_row(&entry)).await?;
+        entry.etag = etag;
+        self.notify_owner(&entry.actor_id, name);
+        ReminderHandle::from_entry(entry)
+    }
+
+    /// Removes the registration `handle` names.
+    ///
+    /// # Errors
+    /// [`ReminderError::StaleHandle`] if the reminder was re-registered since (the
+    /// newer registration stays); [`ReminderError::Table`] or
+    /// [`ReminderError::Timeout`]. A reminder already gone is `Ok`.
+    pub async fn unregister(&self, handle: &ReminderHandle) -> Result<(), ReminderError> {
+        let t = self.inner.options.table_operation_timeout;
+        let actor = handle.actor.to_string();
+        let removed = bounded(t, self.inner.table.remove_row(&actor, &handle.name, &handle.etag)).await?;
+        if removed {
+            self.notify_owner(&actor, &handle.name);
+            return Ok(());
+        }
+        match bounded(t, self.inner.table.read_row(&actor, &handle.name)).await? {
+            None => Ok(()),
+            Some(_) => Err(ReminderError::StaleHandle {
+                actor: handle.actor.clone(),
+                name: handle.name.clone(),
+            }),
+        }
+    }
+
+    /// The reminder `name` of `actor`, or `None`.
+    ///
+    /// # Errors
+    /// [`ReminderError::Table`] or [`ReminderError::Timeout`].
+    pub async fn get(&self, actor: &ActorId, name: &str) -> Result<Option<ReminderHandle>, ReminderError> {
+        let t = self.inner.options.table_operation_timeout;
+        bounded(t, self.inner.table.read_row(&actor.to_string(), name))
+            .await?
+            .map(ReminderHandle::from_entry)
+            .transpose()
+    }
+
+    /// Every reminder of `actor`.
+    ///
+    /// # Errors
+    /// [`ReminderError::Table`] or [`ReminderError::Timeout`].
+    pub async fn list(&self, actor: &ActorId) -> Result<Vec<ReminderHandle>, ReminderError> {
+        let t = self.inner.options.table_operation_timeout;
+        bounded(t, self.inner.table.read_rows_for(&actor.to_string()))
+            .await?
+            .into_iter()
+            .map(ReminderHandle::from_entry)
+            .collect()
+    }
+
+    /// The silo that owns `actor`'s reminders in this silo's current membership
+    /// view; `None` if no silo is Active.
+    pub fn owner_of(&self, actor: &ActorId) -> Option<SiloAddress> {
+        owner_in(&self.inner.silo, &self.inner.options, &actor.to_string())
+    }
+
+    /// This silo's counters. Never waits.
+    pub fn stats(&self) -> ReminderStats {
+        self.inner.counters.read()
+    }
+
+    /// Sends "re-read this reminder" to its owner in the background.
+    fn notify_owner(&self, actor_id: &str, name: &str) {
+        let Some(owner) = owner_in(&self.inner.silo, &self.inner.options, actor_id) else {
+            return;
+        };
+        let notice = ChangedNotice {
+            service: self.inner.service_id.clone(),
+            actor: actor_id.to_owned(),
+            name: name.to_owned(),
+        };
+        let Ok(body) = serde_json::to_vec(&notice) else {
+            return;
+        };
+        let silo = self.inner.silo.clone();
+        let topic = topic(&self.inner.service_id);
+        tokio::spawn(async move {
+            match silo.send_notice(owner, &topic, body).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::debug!(%owner, "reminder notice not taken; the owner's refresh covers it")
+                }
+                Err(e) => {
+                    tracing::debug!(%owner, error = %e, "reminder notice lost; the owner's refresh covers it")
+                }
+            }
+        });
+    }
+}
+
+fn owner_in(silo: &SiloHandle, options: &ReminderOptions, actor_id: &str) -> Option<SiloAddress> {
+    let snapshot = silo.snapshot();
+    let active = snapshot
+        .rows()
+        .filter(|e| e.status == SiloStatus::Active)
+        .map(|e| e.silo);
+    Ring::new(active, options.ring_points_per_silo).owner_of(actor_hash(actor_id))
+}
