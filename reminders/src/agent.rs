@@ -43,6 +43,9 @@ pub const MAX_DELIVERIES: usize = 1024;
 pub const MAX_NOTICE_READS: usize = 64;
 /// Notices queued for the agent.
 pub const NOTICE_QUEUE: usize = 1024;
+/// Reminders handed to their new owners with a notice per ring change (the rest
+/// are found by the new owner's loads).
+pub const MAX_HANDOFFS: usize = 1024;
 /// `last_fired` writes and one-shot removals running at once.
 pub const MAX_WRITES: usize = 16;
 /// Longest wait between retries of deliveries and writes.
@@ -56,6 +59,16 @@ pub(crate) struct ChangedNotice {
     pub service: String,
     pub actor: String,
     pub name: String,
+    /// Times it was forwarded: a silo that gets a notice for a range it does not own
+    /// in its view forwards it once to the owner of its view (the sender's view may
+    /// be older).
+    #[serde(default)]
+    pub hops: u8,
+    /// Sent by the previous owner of a reminder it dropped on a ring change: the
+    /// new owner schedules it as a loaded row (no late first tick: the previous
+    /// owner delivered what was due).
+    #[serde(default)]
+    pub handoff: bool,
 }
 
 /// The notice topic of a service's reminder agents.
@@ -188,7 +201,38 @@ impl Handler<MembershipChanged> for ReminderAgent {
         s.ranges = ring.ranges_of(&self.me);
         s.ring = ring;
         let (ring, me) = (&s.ring, self.me);
-        s.queue.retain(|_, slot| ring.owns(&me, slot.entry.hash));
+        // Hand the reminders we drop to their new owners: a row written just
+        // before the change may have been missed by the new owner's load.
+        let mut handoffs: Vec<(SiloAddress, ChangedNotice)> = Vec::new();
+        s.queue.retain(|key, slot| {
+            let owner = ring.owner_of(slot.entry.hash);
+            if owner == Some(me) {
+                return true;
+            }
+            if let Some(owner) = owner.filter(|_| handoffs.len() < MAX_HANDOFFS) {
+                handoffs.push((
+                    owner,
+                    ChangedNotice {
+                        service: slot.entry.service_id.clone(),
+                        actor: key.0.clone(),
+                        name: key.1.clone(),
+                        hops: 1,
+                        handoff: true,
+                    },
+                ));
+            }
+            false
+        });
+        if !handoffs.is_empty() {
+            let (silo, topic) = (self.silo.clone(), topic(self.table.service_id()));
+            tokio::spawn(async move {
+                for (owner, notice) in handoffs {
+                    if let Ok(body) = serde_json::to_vec(&notice) {
+                        let _ = silo.send_notice(owner, &topic, body).await;
+                    }
+                }
+            });
+        }
         tracing::debug!(silo = %me, ranges = s.ranges.len(), silos = s.ring.silos().len(), "reminder ring changed");
         self.request_load(ctx);
         self.arm_timer(ctx);
@@ -221,7 +265,18 @@ impl Handler<NoticeReceived> for ReminderAgent {
         Counters::bump(&self.counters.notices);
         let hash = actor_hash(&n.actor);
         if !self.state.ring.owns(&self.me, hash) {
-            return; // not ours (any more): the owner's own load covers it
+            // Not ours in our view: forward once to the owner we see (the sender's
+            // view may be older); past that, the owner's own loads cover it.
+            if let (0, Some(owner)) = (n.hops, self.state.ring.owner_of(hash)) {
+                let forward = ChangedNotice { hops: 1, ..n };
+                if let Ok(body) = serde_json::to_vec(&forward) {
+                    let (silo, topic) = (self.silo.clone(), topic(self.table.service_id()));
+                    tokio::spawn(async move {
+                        let _ = silo.send_notice(owner, &topic, body).await;
+                    });
+                }
+            }
+            return;
         }
         if self.state.notice_reads >= MAX_NOTICE_READS {
             self.request_load(ctx);
@@ -231,6 +286,7 @@ impl Handler<NoticeReceived> for ReminderAgent {
         let gen = self.state.ring_gen;
         let table = self.table.clone();
         let timeout = self.options.table_operation_timeout;
+        let learned = if n.handoff { Learned::Load } else { Learned::Notice };
         let (actor, name) = (n.actor, n.name);
         let key: Key = Arc::new((actor.clone(), name.clone()));
         ctx.spawn(
@@ -252,7 +308,7 @@ impl Handler<NoticeReceived> for ReminderAgent {
                             }
                             act.state.changes += 1;
                             let now = act.clock.now();
-                            act.schedule_row(row, now, Learned::Notice, false);
+                            act.schedule_row(row, now, learned, false);
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "reading a notified reminder failed; reloading the ranges");

@@ -384,6 +384,8 @@ impl Reminders {
             service: self.inner.service_id.clone(),
             actor: actor_id.to_owned(),
             name: name.to_owned(),
+            hops: 0,
+            handoff: false,
         };
         let Ok(body) = serde_json::to_vec(&notice) else {
             return;

@@ -17,6 +17,7 @@ pub mod counting;
 pub mod fixtures;
 pub mod membership_table;
 pub mod reminder_table;
+pub mod reminders;
 pub mod sim;
 
 /// The Redis client the fixtures use, for tests that poke at a server directly.

@@ -1,0 +1,176 @@
+//! A harness for reminder service scenarios: a [`SimCluster`] whose silos each run
+//! a reminder service delivering to one recording actor per silo.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use actix::{Actor, Context, Handler};
+use rollcall_membership_core::{ReminderOptions, SiloAddress, SiloError, SiloHandle, SystemStore, Timestamp};
+use rollcall_reminders::{ActorId, ReminderTick, Reminders};
+
+use crate::sim::SimCluster;
+
+/// One tick as a recorder saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivered {
+    /// The silo whose service delivered it.
+    pub silo: SiloAddress,
+    /// The tick.
+    pub tick: ReminderTick,
+}
+
+/// Every tick delivered in a scenario, in delivery order.
+pub type Log = Arc<Mutex<Vec<Delivered>>>;
+
+/// An actor that records every tick it gets, tagged with its silo.
+pub struct Recorder {
+    silo: SiloAddress,
+    log: Log,
+}
+
+impl Actor for Recorder {
+    type Context = Context<Self>;
+}
+
+impl Handler<ReminderTick> for Recorder {
+    type Result = ();
+
+    fn handle(&mut self, tick: ReminderTick, _: &mut Context<Self>) {
+        self.log.lock().expect("log").push(Delivered {
+            silo: self.silo,
+            tick,
+        });
+    }
+}
+
+/// Starts the reminder service of `silo` on `store` with a [`Recorder`] behind every
+/// actor id.
+///
+/// # Errors
+/// As [`RemindersBuilder::start`](rollcall_reminders::RemindersBuilder::start).
+pub async fn start_service(
+    silo: &SiloHandle,
+    store: Arc<dyn SystemStore>,
+    options: ReminderOptions,
+    clock: Arc<dyn rollcall_membership_core::Clock>,
+    log: &Log,
+) -> Result<Reminders, rollcall_reminders::ReminderError> {
+    let recorder = Recorder {
+        silo: silo.address(),
+        log: log.clone(),
+    }
+    .start()
+    .recipient();
+    Reminders::builder(silo, store)
+        .service_id("svc")
+        .target(move |_: &ActorId| Some(recorder.clone()))
+        .options(options)
+        .clock(clock)
+        .seed(silo.address().generation())
+        .start()
+        .await
+}
+
+/// A simulated cluster whose silos run reminder services.
+pub struct ReminderCluster {
+    /// The membership side.
+    pub sim: SimCluster,
+    /// Reminder options every service gets.
+    pub options: ReminderOptions,
+    /// Services, in start order (index = index in `sim.silos`).
+    pub services: Vec<Reminders>,
+    /// Every tick delivered.
+    pub log: Log,
+}
+
+impl ReminderCluster {
+    /// A cluster with membership defaults (seed 7) and these reminder options.
+    pub fn new(options: ReminderOptions) -> Self {
+        ReminderCluster {
+            sim: SimCluster::new(rollcall_membership_core::ClusterMembershipOptions::default()),
+            options,
+            services: Vec::new(),
+            log: Log::default(),
+        }
+    }
+
+    /// Starts silo `n` (generation `generation`) and its reminder service.
+    ///
+    /// # Errors
+    /// If the silo cannot join.
+    ///
+    /// # Panics
+    /// If the reminder service does not start.
+    pub async fn start(&mut self, n: u8, generation: u64) -> Result<Reminders, SiloError> {
+        let silo = self.sim.start(n, generation).await?;
+        let service = start_service(
+            &silo,
+            Arc::new(self.sim.store.clone()),
+            self.options.clone(),
+            self.sim.clock.clone(),
+            &self.log,
+        )
+        .await
+        .expect("reminder service starts");
+        self.services.push(service.clone());
+        Ok(service)
+    }
+
+    /// Starts silos 1..=n.
+    pub async fn start_many(&mut self, n: u8) {
+        for i in 1..=n {
+            self.start(i, 1).await.expect("silo joins");
+        }
+    }
+
+    /// The service of the first running silo.
+    pub fn any_service(&self) -> &Reminders {
+        let i = self
+            .sim
+            .silos
+            .iter()
+            .position(|s| !s.is_stopped())
+            .expect("a running silo");
+        &self.services[i]
+    }
+
+    /// Now, on the virtual wall clock.
+    pub fn now(&self) -> Timestamp {
+        self.sim.now()
+    }
+
+    /// A copy of the log.
+    pub fn ticks(&self) -> Vec<Delivered> {
+        self.log.lock().expect("log").clone()
+    }
+
+    /// Ticks per (actor, name): the scheduled times in delivery order.
+    pub fn scheduled_by_reminder(&self) -> BTreeMap<(String, String), Vec<Timestamp>> {
+        let mut m: BTreeMap<(String, String), Vec<Timestamp>> = BTreeMap::new();
+        for d in self.ticks() {
+            m.entry((d.tick.actor.to_string(), d.tick.name.clone()))
+                .or_default()
+                .push(d.tick.scheduled);
+        }
+        m
+    }
+
+    /// Reminders that got the same scheduled time twice, with that time.
+    pub fn duplicates(&self) -> Vec<((String, String), Timestamp)> {
+        let mut out = Vec::new();
+        for (k, times) in self.scheduled_by_reminder() {
+            let mut seen = BTreeSet::new();
+            for t in times {
+                if !seen.insert(t) {
+                    out.push((k.clone(), t));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Actor `cart/<i>`.
+pub fn actor(i: usize) -> ActorId {
+    ActorId::new("cart", i.to_string()).expect("actor id")
+}
