@@ -35,7 +35,17 @@ use tokio::sync::oneshot;
 use crate::api::{ActorId, Counters, ReminderError, ReminderTarget, ReminderTick};
 use crate::queue::{key_of, Key, Queue};
 use crate::ring::{Ring, RingRange};
-use crate::schedule::{after_delivery, plan, Learned, Planned};
+use crate::schedule::{after_delivery, occurrence_after, plan, Learned, Planned};
+
+/// The first occurrence of `entry` at or after `t`; `None` for a one-shot whose
+/// time is before `t`.
+fn occurrence_at_or_after(entry: &ReminderEntry, t: Timestamp) -> Option<Timestamp> {
+    occurrence_after(
+        entry.start_at,
+        entry.period,
+        Timestamp::from_millis(t.as_millis().saturating_sub(1)),
+    )
+}
 
 /// Deliveries running at once per silo.
 pub const MAX_DELIVERIES: usize = 1024;
@@ -46,6 +56,9 @@ pub const NOTICE_QUEUE: usize = 1024;
 /// Reminders handed to their new owners with a notice per ring change (the rest
 /// are found by the new owner's loads).
 pub const MAX_HANDOFFS: usize = 1024;
+/// How long an overdue tick found by a load waits before delivery, so that the
+/// previous owner's handoff (which says what it already delivered) arrives first.
+pub const HANDOFF_GRACE: Duration = Duration::from_secs(1);
 /// `last_fired` writes and one-shot removals running at once.
 pub const MAX_WRITES: usize = 16;
 /// Longest wait between retries of deliveries and writes.
@@ -69,6 +82,12 @@ pub(crate) struct ChangedNotice {
     /// owner delivered what was due).
     #[serde(default)]
     pub handoff: bool,
+    /// With `handoff`: the registration's etag and the first occurrence (UTC ms) the
+    /// previous owner had not delivered; the new owner delivers nothing earlier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<u64>,
 }
 
 /// The notice topic of a service's reminder agents.
@@ -218,6 +237,9 @@ impl Handler<MembershipChanged> for ReminderAgent {
                         name: key.1.clone(),
                         hops: 1,
                         handoff: true,
+                        etag: Some(slot.entry.etag.as_str().to_owned()),
+                        // A delivery in progress covers its occurrence.
+                        next: Some(slot.next.scheduled.as_millis() + u64::from(slot.delivering)),
                     },
                 ));
             }
@@ -278,6 +300,33 @@ impl Handler<NoticeReceived> for ReminderAgent {
             }
             return;
         }
+        let key: Key = Arc::new((n.actor.clone(), n.name.clone()));
+        let floor = n.next.map(Timestamp::from_millis);
+        if let (Some(etag), Some(floor)) = (&n.etag, floor) {
+            // A handoff for a registration we already hold: deliver nothing the
+            // previous owner delivered.
+            if let Some(slot) = self.state.queue.get(&key) {
+                if slot.entry.etag.as_str() == etag {
+                    if !slot.delivering && slot.next.scheduled < floor {
+                        let next = occurrence_at_or_after(&slot.entry, floor);
+                        match next {
+                            Some(at) => self.state.queue.requeue(
+                                &key,
+                                Planned {
+                                    scheduled: at,
+                                    due: at,
+                                },
+                            ),
+                            None => {
+                                self.state.queue.remove(&key);
+                            }
+                        }
+                        self.arm_timer(ctx);
+                    }
+                    return;
+                }
+            }
+        }
         if self.state.notice_reads >= MAX_NOTICE_READS {
             self.request_load(ctx);
             return;
@@ -288,7 +337,6 @@ impl Handler<NoticeReceived> for ReminderAgent {
         let timeout = self.options.table_operation_timeout;
         let learned = if n.handoff { Learned::Load } else { Learned::Notice };
         let (actor, name) = (n.actor, n.name);
-        let key: Key = Arc::new((actor.clone(), name.clone()));
         ctx.spawn(
             async move { bounded(timeout, table.read_row(&actor, &name)).await }
                 .into_actor(self)
@@ -308,7 +356,7 @@ impl Handler<NoticeReceived> for ReminderAgent {
                             }
                             act.state.changes += 1;
                             let now = act.clock.now();
-                            act.schedule_row(row, now, learned, false);
+                            act.schedule_row(row, now, learned, false, floor);
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "reading a notified reminder failed; reloading the ranges");
@@ -325,7 +373,14 @@ impl Handler<NoticeReceived> for ReminderAgent {
 impl ReminderAgent {
     /// Materialises `row` if its next tick is within the loading window (else drops
     /// any slot it had). `jitter` spreads an overdue tick over `startup_jitter`.
-    fn schedule_row(&mut self, mut row: ReminderEntry, now: Timestamp, learned: Learned, jitter: bool) {
+    fn schedule_row(
+        &mut self,
+        mut row: ReminderEntry,
+        now: Timestamp,
+        learned: Learned,
+        jitter: bool,
+        floor: Option<Timestamp>,
+    ) {
         let key = key_of(&row);
         if let Some((etag, at)) = self.state.persist.get(&key) {
             if *etag == row.etag {
@@ -336,6 +391,20 @@ impl ReminderAgent {
             self.state.queue.remove(&key);
             return;
         };
+        if let Some(floor) = floor.filter(|f| next.scheduled < *f) {
+            match occurrence_at_or_after(&row, floor) {
+                Some(at) => {
+                    next = Planned {
+                        scheduled: at,
+                        due: at,
+                    }
+                }
+                None => {
+                    self.state.queue.remove(&key);
+                    return;
+                }
+            }
+        }
         if next.due > now.saturating_add(self.options.loading_window) {
             self.state.queue.remove(&key);
             return;
@@ -429,7 +498,7 @@ impl ReminderAgent {
                     }
                     match self.state.queue.get(&key) {
                         Some(slot) if slot.entry.etag == row.etag || slot.touched > since => continue,
-                        _ => self.schedule_row(row, now, Learned::Load, first),
+                        _ => self.schedule_row(row, now, Learned::Load, first, None),
                     }
                 }
                 self.state

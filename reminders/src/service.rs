@@ -386,6 +386,8 @@ impl Reminders {
             name: name.to_owned(),
             hops: 0,
             handoff: false,
+            etag: None,
+            next: None,
         };
         let Ok(body) = serde_json::to_vec(&notice) else {
             return;

@@ -116,11 +116,46 @@ impl ReminderCluster {
         Ok(service)
     }
 
-    /// Starts silos 1..=n.
+    /// Starts silos 1..=n and waits (at most a virtual minute) until every one of
+    /// them sees all n Active.
+    ///
+    /// # Panics
+    /// If they do not agree within the minute.
     pub async fn start_many(&mut self, n: u8) {
         for i in 1..=n {
             self.start(i, 1).await.expect("silo joins");
         }
+        self.settle().await;
+    }
+
+    /// Waits (at most a virtual minute) until every running silo sees the same
+    /// Active silos.
+    ///
+    /// # Panics
+    /// If they do not agree within the minute.
+    pub async fn settle(&self) {
+        let running: Vec<SiloHandle> = self
+            .sim
+            .silos
+            .iter()
+            .filter(|s| !s.is_stopped())
+            .cloned()
+            .collect();
+        let agreed = crate::sim::wait_for(std::time::Duration::from_secs(60), || {
+            let views: BTreeSet<Vec<SiloAddress>> = running
+                .iter()
+                .map(|s| {
+                    s.snapshot()
+                        .rows()
+                        .filter(|e| e.status == rollcall_membership_core::SiloStatus::Active)
+                        .map(|e| e.silo)
+                        .collect()
+                })
+                .collect();
+            views.len() == 1
+        })
+        .await;
+        assert!(agreed.is_some(), "silos never agreed on the Active set");
     }
 
     /// The service of the first running silo.

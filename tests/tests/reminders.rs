@@ -2,7 +2,7 @@
 //! memory table (1-8), and real silos on real TCP against every implemented
 //! provider (9).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use rollcall_membership_core::{ReminderOptions, Timestamp};
@@ -73,5 +73,434 @@ fn r01_three_silos_300_reminders_tick_exactly_once_per_period_for_30_minutes() {
             "every silo owns some: {stats:?}"
         );
         assert_eq!(stats.iter().map(|s| s.delivery_failures).sum::<u64>(), 0);
+    });
+}
+
+/// Detection bound of the default options (as in the cluster scenarios): missed
+/// probes, two table writes and a gossip round.
+fn detection_bound() -> Duration {
+    let o = rollcall_membership_core::ClusterMembershipOptions::default();
+    o.probe_timeout * o.num_missed_probes_limit + Duration::from_secs(3)
+}
+
+/// Actors `cart/<i>` whose reminders `owner` owns in `svc`'s view, `n` of them.
+fn actors_owned_by(
+    svc: &rollcall_reminders::Reminders,
+    owner: rollcall_membership_core::SiloAddress,
+    n: usize,
+) -> Vec<rollcall_reminders::ActorId> {
+    (0..)
+        .map(actor)
+        .filter(|a| svc.owner_of(a) == Some(owner))
+        .take(n)
+        .collect()
+}
+
+#[test]
+fn r02_reminders_of_a_killed_owner_resume_on_survivors_without_duplicates() {
+    run_virtual(|| async {
+        let mut c = ReminderCluster::new(ReminderOptions::default());
+        c.start_many(3).await;
+        let victim = c.sim.silos[0].clone();
+        let owned = actors_owned_by(&c.services[1], victim.address(), 100);
+        for (i, a) in owned.iter().enumerate() {
+            let due = Duration::from_millis((i as u64 * 577) % 60_000);
+            c.services[1]
+                .register_or_update(a, "tick", due, MINUTE)
+                .await
+                .expect("register");
+        }
+        tokio::time::sleep(3 * MINUTE).await;
+        assert!(
+            c.ticks().iter().all(|d| d.silo == victim.address()),
+            "the owner delivers"
+        );
+        let killed_at = c.now();
+        let (_, detected) = c.sim.kill_and_await_dead(0, 2 * detection_bound()).await;
+        assert!(detected <= detection_bound(), "detected in {detected:?}");
+        tokio::time::sleep(3 * MINUTE).await;
+        let first_on_survivor: BTreeMap<String, Timestamp> = c
+            .ticks()
+            .iter()
+            .filter(|d| d.silo != victim.address())
+            .fold(BTreeMap::new(), |mut m, d| {
+                m.entry(d.tick.actor.to_string()).or_insert(d.tick.now);
+                m
+            });
+        assert_eq!(
+            first_on_survivor.len(),
+            100,
+            "every reminder resumed on a survivor"
+        );
+        // Resumed within detection + the next occurrence (1 period) + the load.
+        let bound = detection_bound() + MINUTE + Duration::from_secs(1);
+        for (a, t) in &first_on_survivor {
+            let took = t.saturating_duration_since(killed_at);
+            assert!(took <= bound, "{a} resumed after {took:?} > {bound:?}");
+        }
+        assert!(c.duplicates().is_empty(), "duplicates: {:?}", c.duplicates());
+        // Nothing from the victim after it was killed.
+        assert!(c
+            .ticks()
+            .iter()
+            .all(|d| d.silo != victim.address() || d.tick.now <= killed_at));
+    });
+}
+
+#[test]
+fn r03_a_joining_silo_takes_its_ranges_and_the_old_owners_stop() {
+    run_virtual(|| async {
+        let mut c = ReminderCluster::new(ReminderOptions::default());
+        c.start_many(2).await;
+        for i in 0..200 {
+            let due = Duration::from_millis((i as u64 * 311) % 60_000);
+            c.services[i % 2]
+                .register_or_update(&actor(i), "tick", due, MINUTE)
+                .await
+                .expect("register");
+        }
+        tokio::time::sleep(2 * MINUTE).await;
+        let joined = c.start(3, 1).await.expect("third silo joins");
+        let joined_at = c.now();
+        tokio::time::sleep(5 * MINUTE).await;
+        let newcomer = c.sim.silos[2].address();
+        let moved: BTreeSet<String> = (0..200)
+            .map(actor)
+            .filter(|a| joined.owner_of(a) == Some(newcomer))
+            .map(|a| a.to_string())
+            .collect();
+        assert!(!moved.is_empty() && moved.len() < 200, "{} moved", moved.len());
+        let settled = joined_at.saturating_add(MINUTE);
+        for d in c.ticks().iter().filter(|d| d.tick.now > settled) {
+            let expected = joined.owner_of(&d.tick.actor).expect("owner");
+            assert_eq!(
+                d.silo, expected,
+                "{} ticked on a silo that no longer owns it",
+                d.tick.actor
+            );
+        }
+        let on_newcomer: BTreeSet<String> = c
+            .ticks()
+            .iter()
+            .filter(|d| d.silo == newcomer)
+            .map(|d| d.tick.actor.to_string())
+            .collect();
+        assert_eq!(on_newcomer, moved);
+        assert!(c.duplicates().is_empty(), "duplicates: {:?}", c.duplicates());
+        // Every reminder kept ticking every minute across the move: no occurrence
+        // missed after the join settled.
+        let end = c.now().saturating_sub(Duration::from_secs(1));
+        for (key, times) in c.scheduled_by_reminder() {
+            let after: Vec<_> = times.into_iter().filter(|t| *t > settled && *t <= end).collect();
+            assert!(
+                after.len() >= 3,
+                "{key:?} ticked {} times after the join",
+                after.len()
+            );
+            assert!(
+                after
+                    .windows(2)
+                    .all(|w| w[1].saturating_duration_since(w[0]) == MINUTE),
+                "{key:?}: {after:?}"
+            );
+        }
+    });
+}
+
+#[test]
+fn r04_a_lost_registration_notice_is_covered_by_the_next_refresh() {
+    run_virtual(|| async {
+        let options = ReminderOptions::default();
+        let refresh = options.refresh_reminder_list_period;
+        let mut c = ReminderCluster::new(options);
+        c.start_many(2).await;
+        // Written straight to the table: no notice at all, as if it were lost.
+        let table =
+            rollcall_membership_core::SystemStore::reminder_table(&c.sim.store, "svc").expect("table");
+        let written_at = c.now();
+        let entry = rollcall_membership_core::ReminderEntry::new(
+            "svc",
+            actor(1).to_string(),
+            "silent",
+            written_at.saturating_add(Duration::from_secs(10)),
+            Some(MINUTE),
+        );
+        table.upsert_row(&entry).await.expect("upsert");
+        let ticked = rollcall_tests::sim::wait_for(refresh + 2 * MINUTE, || !c.ticks().is_empty()).await;
+        let took = ticked.expect("the reminder ticks after the next refresh");
+        assert!(
+            took <= refresh + MINUTE + Duration::from_secs(1),
+            "first tick after {took:?}"
+        );
+        assert!(c.services.iter().map(|s| s.stats().notices).sum::<u64>() == 0);
+    });
+}
+
+#[test]
+fn r05_fire_once_catches_up_once_after_a_full_cluster_outage_and_skip_does_not() {
+    run_virtual(|| async {
+        let options = ReminderOptions {
+            startup_jitter: Duration::from_secs(10),
+            ..ReminderOptions::default()
+        };
+        let mut c = ReminderCluster::new(options.clone());
+        c.start_many(3).await;
+        for i in 0..100 {
+            let policy = if i % 2 == 0 {
+                rollcall_membership_core::MissedTickPolicy::FireOnce
+            } else {
+                rollcall_membership_core::MissedTickPolicy::Skip
+            };
+            let spec = rollcall_reminders::ReminderSpec {
+                due: Duration::from_millis((i as u64 * 599) % 60_000),
+                period: Some(MINUTE),
+                missed_tick_policy: policy,
+            };
+            c.services[i % 3]
+                .register(&actor(i), "tick", spec)
+                .await
+                .expect("register");
+        }
+        tokio::time::sleep(5 * MINUTE).await;
+        // Full outage: every silo leaves; nobody delivers for 10 minutes.
+        for s in c.sim.silos.clone() {
+            s.stop().await.expect("stop");
+        }
+        let down_at = c.now();
+        let before = c.ticks().len();
+        tokio::time::sleep(10 * MINUTE).await;
+        assert_eq!(c.ticks().len(), before, "no ticks while the cluster is down");
+        let up_at = c.now();
+        for n in 1..=3 {
+            c.start(n, 2).await.expect("restart");
+        }
+        tokio::time::sleep(3 * MINUTE).await;
+        for i in 0..100 {
+            let a = actor(i).to_string();
+            let after: Vec<_> = c
+                .ticks()
+                .into_iter()
+                .filter(|d| d.tick.actor.to_string() == a && d.tick.now >= up_at)
+                .collect();
+            // A catch-up tick is a late one: delivered well after its occurrence.
+            let catch_up: Vec<_> = after
+                .iter()
+                .filter(|d| d.tick.now.saturating_duration_since(d.tick.scheduled) > Duration::from_secs(1))
+                .collect();
+            if i % 2 == 0 {
+                assert_eq!(
+                    catch_up.len(),
+                    1,
+                    "{a}: FireOnce delivers exactly one catch-up: {after:?}"
+                );
+                let t = &catch_up[0].tick;
+                assert!(
+                    t.scheduled > down_at,
+                    "{a}: the catch-up stands for the last missed occurrence"
+                );
+                assert!(
+                    t.now.saturating_duration_since(up_at)
+                        <= options.startup_jitter + Duration::from_secs(60),
+                    "{a}: catch-up within the start-up jitter"
+                );
+            } else {
+                assert!(
+                    catch_up.is_empty(),
+                    "{a}: Skip delivers no catch-up: {catch_up:?}"
+                );
+            }
+            assert!(after.len() >= 2, "{a}: ticks continue on schedule");
+        }
+        assert!(c.duplicates().is_empty(), "duplicates: {:?}", c.duplicates());
+    });
+}
+
+#[test]
+fn r06_one_shot_reminders_fire_once_and_their_rows_are_removed() {
+    run_virtual(|| async {
+        let mut c = ReminderCluster::new(ReminderOptions::default());
+        c.start_many(3).await;
+        for i in 0..50 {
+            c.services[i % 3]
+                .register_once(&actor(i), "once", Duration::from_secs(30 + i as u64))
+                .await
+                .expect("register");
+        }
+        let table =
+            rollcall_membership_core::SystemStore::reminder_table(&c.sim.store, "svc").expect("table");
+        assert_eq!(table.read_rows_in_range(0, 0).await.unwrap().len(), 50);
+        let done = rollcall_tests::sim::wait_for(3 * MINUTE, || c.ticks().len() >= 50).await;
+        assert!(done.is_some(), "all 50 fired: {}", c.ticks().len());
+        let gone = rollcall_tests::sim::wait_for(MINUTE, || {
+            poll_once(table.read_rows_in_range(0, 0)).is_some_and(|r| r.is_ok_and(|rows| rows.is_empty()))
+        })
+        .await;
+        assert!(gone.is_some(), "one-shot rows are removed after delivery");
+        tokio::time::sleep(10 * MINUTE).await;
+        assert_eq!(c.ticks().len(), 50, "each fired exactly once");
+        for d in c.ticks() {
+            assert_eq!(d.tick.period, None);
+            assert_eq!(d.tick.scheduled, d.tick.first_tick);
+        }
+    });
+}
+
+/// Polls a future once (memory-table calls complete at once).
+fn poll_once<F: std::future::Future>(f: F) -> Option<F::Output> {
+    use std::task::{Context, Poll, Waker};
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => Some(v),
+        Poll::Pending => None,
+    }
+}
+
+#[test]
+fn r07_handles_get_and_updates() {
+    run_virtual(|| async {
+        let mut c = ReminderCluster::new(ReminderOptions::default());
+        c.start_many(2).await;
+        let svc = c.services[0].clone();
+        let a = actor(7);
+        assert!(svc.get(&a, "nope").await.expect("get").is_none());
+        let first = svc
+            .register_or_update(&a, "r", Duration::from_secs(10), MINUTE)
+            .await
+            .expect("register");
+        assert_eq!(svc.get(&a, "r").await.unwrap().unwrap(), first);
+        tokio::time::sleep(3 * MINUTE).await;
+        let before_update = c.ticks().len();
+        assert!(before_update >= 3, "{before_update}");
+        // Update: new start and period.
+        let updated_at = c.now();
+        let second = svc
+            .register_or_update(&a, "r", Duration::from_secs(30), 2 * MINUTE)
+            .await
+            .expect("update");
+        assert_ne!(first.etag, second.etag);
+        assert_eq!(svc.list(&a).await.unwrap(), vec![second.clone()]);
+        // The old handle is stale and cannot remove the new registration.
+        let stale = svc.unregister(&first).await;
+        assert!(
+            matches!(stale, Err(rollcall_reminders::ReminderError::StaleHandle { .. })),
+            "{stale:?}"
+        );
+        assert!(svc.get(&a, "r").await.unwrap().is_some());
+        tokio::time::sleep(7 * MINUTE).await;
+        let after: Vec<_> = c
+            .ticks()
+            .into_iter()
+            .filter(|d| d.tick.now > updated_at)
+            .collect();
+        assert!(after.len() >= 3, "{after:?}");
+        for d in &after {
+            assert_eq!(d.tick.first_tick, second.start_at, "only the new schedule ticks");
+            assert_eq!(d.tick.period, Some(2 * MINUTE));
+            assert_eq!(
+                d.tick
+                    .scheduled
+                    .saturating_duration_since(second.start_at)
+                    .as_secs()
+                    % 120,
+                0
+            );
+        }
+        assert_eq!(
+            after[0].tick.scheduled, second.start_at,
+            "the new start is honoured"
+        );
+        // Unregister with the current handle; again is Ok; no more ticks.
+        svc.unregister(&second).await.expect("unregister");
+        svc.unregister(&second).await.expect("already gone is Ok");
+        let n = c.ticks().len();
+        tokio::time::sleep(5 * MINUTE).await;
+        assert_eq!(c.ticks().len(), n, "no tick after unregister");
+        // Bad input: typed errors.
+        assert!(matches!(
+            svc.register_or_update(&a, "fast", Duration::ZERO, Duration::from_secs(1))
+                .await,
+            Err(rollcall_reminders::ReminderError::PeriodTooShort { .. })
+        ));
+        assert!(matches!(
+            svc.register_or_update(&a, "", Duration::ZERO, MINUTE).await,
+            Err(rollcall_reminders::ReminderError::InvalidName(_))
+        ));
+    });
+}
+
+#[test]
+fn r08_table_outage_loses_no_tick_duplicates_none_and_bounds_work() {
+    run_virtual(|| async {
+        let mut c = ReminderCluster::new(ReminderOptions::default());
+        c.start_many(3).await;
+        for i in 0..100 {
+            let policy = if i % 2 == 0 {
+                rollcall_membership_core::MissedTickPolicy::FireOnce
+            } else {
+                rollcall_membership_core::MissedTickPolicy::Skip
+            };
+            let spec = rollcall_reminders::ReminderSpec {
+                due: Duration::from_millis((i as u64 * 613) % 60_000),
+                period: Some(MINUTE),
+                missed_tick_policy: policy,
+            };
+            c.services[i % 3]
+                .register(&actor(i), "tick", spec)
+                .await
+                .expect("register");
+        }
+        tokio::time::sleep(3 * MINUTE).await;
+        let before: Vec<_> = c.services.iter().map(|s| s.stats()).collect();
+        let out_at = c.now();
+        c.sim.store.set_unavailable(true);
+        tokio::time::sleep(10 * MINUTE).await;
+        let during: Vec<_> = c.services.iter().map(|s| s.stats()).collect();
+        c.sim.store.set_unavailable(false);
+        let back_at = c.now();
+        tokio::time::sleep(3 * MINUTE).await;
+        let end = c.now().saturating_sub(Duration::from_secs(1));
+        assert!(c.duplicates().is_empty(), "duplicates: {:?}", c.duplicates());
+        // Every occurrence during and after the outage was delivered.
+        for (key, times) in c.scheduled_by_reminder() {
+            let window: Vec<_> = times
+                .iter()
+                .copied()
+                .filter(|t| *t > out_at && *t <= end)
+                .collect();
+            let expected = (end.as_millis() - out_at.as_millis()) / 60_000;
+            assert!(
+                window.len() as u64 >= expected,
+                "{key:?}: {} of {expected} ticks during/after the outage",
+                window.len()
+            );
+        }
+        // Bounded work: failed writes are retried on a backoff, not in a loop.
+        for (b, d) in before.iter().zip(&during) {
+            let write_failures = d.write_failures - b.write_failures;
+            let load_failures = d.load_failures - b.load_failures;
+            assert!(
+                write_failures <= 16 * 20,
+                "{write_failures} failed writes in 10 minutes"
+            );
+            assert!(
+                load_failures <= 10 * 60 / 5 + 5,
+                "{load_failures} failed loads in 10 minutes"
+            );
+        }
+        // After the outage the FireOnce reminders' last_fired times are recorded.
+        let table =
+            rollcall_membership_core::SystemStore::reminder_table(&c.sim.store, "svc").expect("table");
+        let rows = table.read_rows_in_range(0, 0).await.unwrap();
+        for r in rows
+            .iter()
+            .filter(|r| r.missed_tick_policy == rollcall_membership_core::MissedTickPolicy::FireOnce)
+        {
+            let last = r.last_fired.expect("recorded");
+            assert!(
+                last > back_at,
+                "{}: last_fired {last} recorded after the outage",
+                r.actor_id
+            );
+        }
     });
 }
