@@ -28,6 +28,16 @@ pub struct Recorder {
     log: Log,
 }
 
+impl Recorder {
+    /// A recorder for `silo` writing into `log`.
+    pub fn new(silo: SiloAddress, log: &Log) -> Self {
+        Recorder {
+            silo,
+            log: log.clone(),
+        }
+    }
+}
+
 impl Actor for Recorder {
     type Context = Context<Self>;
 }

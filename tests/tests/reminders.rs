@@ -504,3 +504,128 @@ fn r08_table_outage_loses_no_tick_duplicates_none_and_bounds_work() {
         }
     });
 }
+
+/// Scenario 1 in real time on real TCP against `store`: 3 silos, 30 reminders with
+/// 1-s periods for 6 s; every occurrence is delivered exactly once, on its owner.
+async fn real_time_exactly_once(store: rollcall_tests::Store) {
+    use rollcall_membership_core::{ClusterMembershipOptions, OnDeclaredDead, Silo};
+    let cluster = rollcall_tests::unique_id("rt");
+    let service = rollcall_tests::unique_id("rt-svc");
+    let membership = ClusterMembershipOptions {
+        probe_timeout: Duration::from_millis(400),
+        table_refresh_timeout: Duration::from_secs(5),
+        i_am_alive_publish_period: Duration::from_secs(2),
+        ..Default::default()
+    };
+    let options = ReminderOptions {
+        minimum_period: Duration::from_secs(1),
+        refresh_reminder_list_period: Duration::from_secs(5),
+        loading_window: Duration::from_secs(60),
+        startup_jitter: Duration::ZERO,
+        ..ReminderOptions::default()
+    };
+    let log = rollcall_tests::reminders::Log::default();
+    let mut silos = Vec::new();
+    let mut services = Vec::new();
+    for _ in 0..3 {
+        let silo = Silo::builder(store.clone(), cluster.clone())
+            .listen("127.0.0.1:0".parse().unwrap())
+            .options(membership.clone())
+            .on_declared_dead(OnDeclaredDead::StopSilo)
+            .start()
+            .await
+            .expect("silo joins");
+        let recorder =
+            actix::Actor::start(rollcall_tests::reminders::Recorder::new(silo.address(), &log)).recipient();
+        let svc = rollcall_reminders::Reminders::builder(&silo, store.clone())
+            .service_id(service.clone())
+            .target(move |_: &rollcall_reminders::ActorId| Some(recorder.clone()))
+            .options(options.clone())
+            .start()
+            .await
+            .expect("reminders start");
+        silos.push(silo);
+        services.push(svc);
+    }
+    // Every silo sees all three before registering (owners agree).
+    let agreed = rollcall_tests::sim::wait_for(Duration::from_secs(10), || {
+        silos.iter().all(|s| s.snapshot().active().count() == 3)
+    })
+    .await;
+    assert!(agreed.is_some(), "silos agree on membership");
+    let mut starts = BTreeMap::new();
+    for i in 0..30 {
+        let due = Duration::from_millis(500 + (i as u64 * 37) % 1000);
+        let h = services[i % 3]
+            .register_or_update(&actor(i), "tick", due, Duration::from_secs(1))
+            .await
+            .expect("register");
+        starts.insert(h.actor.to_string(), h.start_at);
+    }
+    let begin = Timestamp::now();
+    // Wait until every reminder ticked past `cutoff`, then compare what came before.
+    let cutoff = begin.saturating_add(Duration::from_millis(4500));
+    let past_cutoff = |ticks: &[rollcall_tests::reminders::Delivered]| {
+        starts.keys().all(|a| {
+            ticks
+                .iter()
+                .any(|d| d.tick.actor.to_string() == *a && d.tick.scheduled > cutoff)
+        })
+    };
+    let done =
+        rollcall_tests::sim::wait_for(Duration::from_secs(15), || past_cutoff(&log.lock().unwrap())).await;
+    assert!(done.is_some(), "every reminder ticks past {cutoff}");
+    let ticks = log.lock().unwrap().clone();
+    for (a, start) in &starts {
+        let mut seen: Vec<Timestamp> = ticks
+            .iter()
+            .filter(|d| d.tick.actor.to_string() == *a)
+            .map(|d| d.tick.scheduled)
+            .collect();
+        let total = seen.len();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), total, "{a}: a scheduled time delivered twice");
+        let expected = occurrences(*start, Duration::from_secs(1), begin, cutoff);
+        let delivered: Vec<_> = seen.into_iter().filter(|t| *t <= cutoff).collect();
+        assert_eq!(delivered, expected, "{a}");
+    }
+    for d in &ticks {
+        assert_eq!(
+            Some(d.silo),
+            services[0].owner_of(&d.tick.actor),
+            "ticked on its owner"
+        );
+    }
+    for s in &silos {
+        s.kill();
+    }
+}
+
+#[actix::test]
+async fn r09_real_time_on_real_tcp_memory() {
+    let store: rollcall_tests::Store = std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new());
+    real_time_exactly_once(store).await;
+}
+
+#[cfg(feature = "redis")]
+#[actix::test]
+async fn r09_real_time_on_real_tcp_redis() {
+    let Some(b) = rollcall_tests::fixtures::redis().await else {
+        return;
+    };
+    let store = rollcall::connect(&b.endpoint).await.expect("connect");
+    real_time_exactly_once(store).await;
+}
+
+#[cfg(feature = "etcd")]
+#[actix::test]
+async fn r09_real_time_on_real_tcp_etcd() {
+    let Some(b) = rollcall_tests::fixtures::etcd().await else {
+        return;
+    };
+    let store = rollcall::connect(&format!("etcd://{}", b.endpoint))
+        .await
+        .expect("connect");
+    real_time_exactly_once(store).await;
+}
