@@ -37,6 +37,28 @@ mod connect;
 pub use connect::{connect, connect_retrying, StoreUrl};
 pub use rollcall_membership_core::*;
 
+/// Durable reminders: the reminder service ([`reminders::Reminders`]), actor ids and
+/// ticks (crate `rollcall-reminders`).
+pub use rollcall_reminders as reminders;
+
+// The README's reminders example, run as a doctest so that it stays true.
+#[doc = concat!("```\n", include_str!("../examples/reminders.rs"), "\n```")]
+mod readme_reminders_example {}
+
+#[cfg(test)]
+mod tests {
+    /// The README shows `examples/reminders.rs` verbatim.
+    #[test]
+    fn readme_holds_the_reminders_example() {
+        let readme = include_str!("../README.md");
+        let example = include_str!("../examples/reminders.rs");
+        assert!(
+            readme.contains(&format!("```rust\n{example}```")),
+            "README.md must contain examples/reminders.rs verbatim in a ```rust block"
+        );
+    }
+}
+
 /// The DynamoDB provider.
 #[cfg(feature = "dynamodb")]
 pub use rollcall_provider_dynamodb as dynamodb;

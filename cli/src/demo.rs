@@ -1,8 +1,11 @@
 //! `rollcall demo`: a local cluster, one crash, and its detection, narrated.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use actix::{Actor, Context, Handler};
+use rollcall::reminders::{ActorId, ReminderTick, Reminders};
 use rollcall::transport::tcp::TcpTransport;
 use rollcall::{
     ClusterMembershipOptions, MembershipSnapshot, OnDeclaredDead, Silo, SiloHandle, SiloStatus, Timestamp,
@@ -30,6 +33,49 @@ pub(crate) struct DemoArgs {
 
 struct Timeline {
     start: Instant,
+}
+
+/// Reminders the demo registers (1-s periods).
+const DEMO_REMINDERS: usize = 12;
+
+/// Which silo delivered each reminder's last tick, and when.
+type Deliveries = Arc<Mutex<HashMap<String, (String, Instant)>>>;
+
+/// One per silo: takes the ticks of every demo actor and narrates a reminder moving
+/// to another silo.
+struct TickNarrator {
+    silo: String,
+    deliveries: Deliveries,
+    tl: Arc<Timeline>,
+}
+
+impl Actor for TickNarrator {
+    type Context = Context<Self>;
+}
+
+impl Handler<ReminderTick> for TickNarrator {
+    type Result = ();
+
+    fn handle(&mut self, tick: ReminderTick, _: &mut Context<Self>) {
+        let mut d = self
+            .deliveries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let previous = d.insert(tick.actor.to_string(), (self.silo.clone(), Instant::now()));
+        if let Some((was, _)) = previous.filter(|(was, _)| *was != self.silo) {
+            self.tl.say(
+                None,
+                format!(
+                    "reminder {} `{}` ticks on {} now (was {was}); tick of {} delivered {} ms late",
+                    tick.actor,
+                    tick.name,
+                    self.silo,
+                    tick.scheduled,
+                    tick.now.saturating_duration_since(tick.scheduled).as_millis()
+                ),
+            );
+        }
+    }
 }
 
 impl Timeline {
@@ -92,7 +138,15 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     tokio::time::sleep(Duration::from_millis(20)).await;
 
     let transport = Arc::new(TcpTransport::new());
+    let deliveries = Deliveries::default();
+    let reminder_options = rollcall::ReminderOptions {
+        allow_period_below_minimum: true,
+        startup_jitter: Duration::ZERO,
+        refresh_reminder_list_period: Duration::from_secs(30),
+        ..rollcall::ReminderOptions::default()
+    };
     let mut silos: Vec<SiloHandle> = Vec::new();
+    let mut services: Vec<Reminders> = Vec::new();
     for i in 0..args.silos {
         let silo = Silo::builder(store.clone(), cluster.clone())
             .listen("127.0.0.1:0".parse()?)
@@ -103,7 +157,20 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
             .on_declared_dead(OnDeclaredDead::StopSilo)
             .start()
             .await?;
+        let narrator = TickNarrator {
+            silo: format!("silo-{i}"),
+            deliveries: deliveries.clone(),
+            tl: tl.clone(),
+        }
+        .start()
+        .recipient();
+        let service = Reminders::builder(&silo, store.clone())
+            .target(move |_: &ActorId| Some(narrator.clone()))
+            .options(reminder_options.clone())
+            .start()
+            .await?;
         silos.push(silo);
+        services.push(service);
         // Pace the joins a little so the timeline shows each one.
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
@@ -118,6 +185,32 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     tl.say(
         None,
         format!("all {} silos are Active in every silo's view", silos.len()),
+    );
+    let mut actors = Vec::new();
+    for i in 0..DEMO_REMINDERS {
+        let actor = ActorId::new("cart", i.to_string())?;
+        services[i % services.len()]
+            .register_or_update(&actor, "tick", Duration::from_millis(100), Duration::from_secs(1))
+            .await?;
+        actors.push(actor);
+    }
+    let doomed = silos.last().map(SiloHandle::address);
+    let victims: Vec<&ActorId> = actors
+        .iter()
+        .filter(|a| services[0].owner_of(a) == doomed)
+        .collect();
+    tl.say(
+        None,
+        format!(
+            "{DEMO_REMINDERS} reminders registered (1-s period); silo-{} owns {} of them: {}",
+            silos.len() - 1,
+            victims.len(),
+            victims
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     );
     // Let the probes run a while so the adaptive timeouts have their minimum of
     // round-trip samples: the crash is then detected at steady state.
@@ -170,6 +263,35 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
             ),
         );
     }
+    // The killed silo's reminders resume on survivors.
+    let on_survivor = |a: &&ActorId| {
+        deliveries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&a.to_string())
+            .is_some_and(|(silo, at)| *at > killed_at && *silo != format!("silo-{}", silos.len()))
+    };
+    let resume_limit = Duration::from_secs(5);
+    let detected_at = Instant::now();
+    while !victims.iter().all(on_survivor) && detected_at.elapsed() < resume_limit {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let resumed = victims.iter().all(on_survivor);
+    if resumed {
+        tl.say(
+            None,
+            format!(
+                "all {} reminders of the killed silo tick on survivors, {:.2}s after the crash",
+                victims.len(),
+                killed_at.elapsed().as_secs_f64()
+            ),
+        );
+    } else {
+        tl.say(
+            None,
+            "NOT RESUMED: some reminders of the killed silo did not tick on a survivor",
+        );
+    }
     let snap = table.read_all().await?;
     println!();
     print!("{}", view::table(&cluster, &snap, Timestamp::now()));
@@ -181,5 +303,5 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         "\nsurvivors shut down gracefully; `rollcall status --store {} --cluster {cluster}` shows the table",
         args.store
     );
-    Ok(converged && silos.iter().all(|s| s.status() == SiloStatus::Dead))
+    Ok(converged && resumed && silos.iter().all(|s| s.status() == SiloStatus::Dead))
 }

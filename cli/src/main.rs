@@ -33,6 +33,26 @@ enum Command {
         #[arg(long, default_value = "rollcall")]
         cluster: String,
     },
+    /// List the reminders of a service: owner (in the cluster's current membership),
+    /// next tick, period, missed-tick policy, etag.
+    Reminders {
+        /// Store URL (memory://, redis://host:port, etcd://host:port, dynamodb://table?endpoint=...).
+        #[arg(long, default_value = "memory://")]
+        store: String,
+        /// Reminder service id.
+        #[arg(long, default_value = "rollcall")]
+        service: String,
+        /// Cluster whose Active silos own the reminders (default: the service id,
+        /// which is what a silo's reminder service uses by default).
+        #[arg(long)]
+        cluster: Option<String>,
+        /// Ring points per silo (`ring_points_per_silo` of the services).
+        #[arg(long, default_value_t = 30)]
+        points: u32,
+        /// Print at most this many reminders.
+        #[arg(long, default_value_t = 1000)]
+        limit: usize,
+    },
 }
 
 /// Options for a quick local cluster: 500 ms probes (detection in about 2 s).
@@ -69,6 +89,32 @@ fn main() -> anyhow::Result<()> {
             let table = store.membership_table(&cluster, rollcall::ProtocolMode::Extended)?;
             let snap = table.read_all().await?;
             print!("{}", view::table(&cluster, &snap, rollcall::Timestamp::now()));
+            Ok(())
+        }),
+        Command::Reminders {
+            store,
+            service,
+            cluster,
+            points,
+            limit,
+        } => actix::System::new().block_on(async move {
+            let store = rollcall::connect(&store).await?;
+            let cluster = cluster.unwrap_or_else(|| service.clone());
+            let membership = store
+                .membership_table(&cluster, rollcall::ProtocolMode::Extended)?
+                .read_all()
+                .await?;
+            let active = membership
+                .rows()
+                .filter(|e| e.status == rollcall::SiloStatus::Active)
+                .map(|e| e.silo);
+            let ring = rollcall::reminders::ring::Ring::new(active, points);
+            let mut rows = store.reminder_table(&service)?.read_rows_in_range(0, 0).await?;
+            rows.sort_by(|a, b| (a.hash, &a.actor_id, &a.name).cmp(&(b.hash, &b.actor_id, &b.name)));
+            print!(
+                "{}",
+                view::reminders(&service, &rows, &ring, rollcall::Timestamp::now(), limit)
+            );
             Ok(())
         }),
     }

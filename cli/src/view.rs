@@ -191,3 +191,70 @@ mod tests {
         );
     }
 }
+
+/// The reminders of a service as `rollcall reminders` prints them: a header line,
+/// a column header, one line per reminder (at most `limit`), in ring order.
+/// The owner comes from the ring of `ring`; the next tick is the next regular
+/// occurrence after `now`.
+pub(crate) fn reminders(
+    service: &str,
+    rows: &[rollcall::ReminderEntry],
+    ring: &rollcall::reminders::ring::Ring,
+    now: Timestamp,
+    limit: usize,
+) -> String {
+    use rollcall::reminders::schedule::occurrence_after;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "service {service}: {} reminders, {} owning silos",
+        rows.len(),
+        ring.silos().len()
+    );
+    let header = ["actor", "name", "owner", "next tick", "period", "policy", "etag"];
+    let cells: Vec<[String; 7]> = rows
+        .iter()
+        .take(limit)
+        .map(|e| {
+            [
+                e.actor_id.clone(),
+                e.name.clone(),
+                ring.owner_of(e.hash)
+                    .map_or_else(|| "(no Active silo)".to_owned(), |s| s.to_string()),
+                occurrence_after(e.start_at, e.period, now)
+                    .map_or_else(|| format!("{} (due)", e.start_at), |t| t.to_string()),
+                e.period.map_or_else(
+                    || "once".to_owned(),
+                    |p| humantime::format_duration(p).to_string(),
+                ),
+                format!("{:?}", e.missed_tick_policy),
+                e.etag.to_string(),
+            ]
+        })
+        .collect();
+    let w: Vec<usize> = (0..7)
+        .map(|i| {
+            cells
+                .iter()
+                .map(|r| r[i].chars().count())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut line = |c: [&str; 7]| {
+        let mut l = String::new();
+        for (i, cell) in c.iter().enumerate() {
+            let _ = write!(l, "{cell:<width$}  ", width = w[i]);
+        }
+        let _ = writeln!(out, "{}", l.trim_end());
+    };
+    line(header);
+    for r in &cells {
+        line([&r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &r[6]]);
+    }
+    if rows.len() > limit {
+        let _ = writeln!(out, "... and {} more (--limit)", rows.len() - limit);
+    }
+    out
+}

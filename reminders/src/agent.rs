@@ -409,11 +409,17 @@ impl ReminderAgent {
             self.state.queue.remove(&key);
             return;
         }
-        if jitter && next.is_overdue(now) && !self.options.startup_jitter.is_zero() {
-            let spread = self
-                .rng
-                .random_range(0..=self.options.startup_jitter.as_millis() as u64);
-            next.due = now.saturating_add(Duration::from_millis(spread));
+        if learned == Learned::Load && next.is_overdue(now) {
+            // A late or catch-up tick found by a load: give the previous owner's
+            // handoff time to arrive, and at start-up spread these ticks over the
+            // jitter window (restart storms).
+            let spread = if jitter && !self.options.startup_jitter.is_zero() {
+                self.rng
+                    .random_range(0..=self.options.startup_jitter.as_millis() as u64)
+            } else {
+                0
+            };
+            next.due = now.saturating_add(HANDOFF_GRACE + Duration::from_millis(spread));
         }
         let changes = self.state.changes;
         self.state.queue.set(row, next, changes);
