@@ -45,6 +45,19 @@ pub use rollcall_reminders as reminders;
 #[doc = concat!("```\n", include_str!("../examples/reminders.rs"), "\n```")]
 mod readme_reminders_example {}
 
+/// The DynamoDB provider.
+#[cfg(feature = "dynamodb")]
+pub use rollcall_provider_dynamodb as dynamodb;
+/// The etcd provider.
+#[cfg(feature = "etcd")]
+pub use rollcall_provider_etcd as etcd;
+/// The in-memory provider.
+#[cfg(feature = "memory")]
+pub use rollcall_provider_memory as memory;
+/// The Redis provider.
+#[cfg(feature = "redis")]
+pub use rollcall_provider_redis as redis;
+
 #[cfg(test)]
 mod tests {
     /// The README shows `examples/reminders.rs` verbatim.
@@ -58,16 +71,3 @@ mod tests {
         );
     }
 }
-
-/// The DynamoDB provider.
-#[cfg(feature = "dynamodb")]
-pub use rollcall_provider_dynamodb as dynamodb;
-/// The etcd provider.
-#[cfg(feature = "etcd")]
-pub use rollcall_provider_etcd as etcd;
-/// The in-memory provider.
-#[cfg(feature = "memory")]
-pub use rollcall_provider_memory as memory;
-/// The Redis provider.
-#[cfg(feature = "redis")]
-pub use rollcall_provider_redis as redis;

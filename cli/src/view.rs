@@ -143,55 +143,6 @@ pub(crate) fn changes(
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use rollcall::{CorruptRow, Etag, MembershipEntry, MembershipSnapshot, SiloStatus, Timestamp};
-
-    #[test]
-    fn columns_stay_aligned_with_ipv6_and_corrupt_rows_are_listed() {
-        let now = Timestamp::from_millis(1_795_000_010_000);
-        let mut snap = MembershipSnapshot::default();
-        for (addr, status, host) in [
-            (
-                "[2001:db8:85a3::8a2e:370:7334]:11111@1795000000000",
-                SiloStatus::Active,
-                "a-long-host-name.example",
-            ),
-            ("10.0.0.1:11111@1795000000001", SiloStatus::ShuttingDown, ""),
-        ] {
-            let mut e = MembershipEntry::new(
-                addr.parse().unwrap(),
-                status,
-                Timestamp::from_millis(1_795_000_000_000),
-            );
-            e.host_name = host.into();
-            snap.entries.insert(e.silo, (e, Etag::new("e")));
-        }
-        snap.corrupt.push(CorruptRow {
-            key: "rollcall:{m:c}:silo:10.0.0.9:1@1".into(),
-            reason: "expected value at line 1 column 1".into(),
-        });
-        let text = super::table("c", &snap, now);
-        let lines: Vec<&str> = text.lines().collect();
-        assert!(lines[0].ends_with("(2 silos, 1 active, 1 corrupt)"), "{text}");
-        let status_at = |l: &str, word: &str| l.find(word).unwrap_or_else(|| panic!("{word} in {l}"));
-        let line = |word: &str| *lines.iter().find(|l| l.contains(word)).expect(word);
-        let col = status_at(lines[1], "status");
-        assert_eq!(status_at(line("Active"), "Active"), col, "{text}");
-        assert_eq!(status_at(line("ShuttingDown"), "ShuttingDown"), col, "{text}");
-        let host = status_at(lines[1], "host");
-        assert_eq!(
-            status_at(line("a-long-host-name"), "a-long-host-name"),
-            host,
-            "{text}"
-        );
-        assert_eq!(
-            lines[4],
-            "CORRUPT rollcall:{m:c}:silo:10.0.0.9:1@1: expected value at line 1 column 1"
-        );
-    }
-}
-
 /// The reminders of a service as `rollcall reminders` prints them: a header line,
 /// a column header, one line per reminder (at most `limit`), in ring order.
 /// The owner comes from the ring of `ring`; the next tick is the next regular
@@ -257,4 +208,53 @@ pub(crate) fn reminders(
         let _ = writeln!(out, "... and {} more (--limit)", rows.len() - limit);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use rollcall::{CorruptRow, Etag, MembershipEntry, MembershipSnapshot, SiloStatus, Timestamp};
+
+    #[test]
+    fn columns_stay_aligned_with_ipv6_and_corrupt_rows_are_listed() {
+        let now = Timestamp::from_millis(1_795_000_010_000);
+        let mut snap = MembershipSnapshot::default();
+        for (addr, status, host) in [
+            (
+                "[2001:db8:85a3::8a2e:370:7334]:11111@1795000000000",
+                SiloStatus::Active,
+                "a-long-host-name.example",
+            ),
+            ("10.0.0.1:11111@1795000000001", SiloStatus::ShuttingDown, ""),
+        ] {
+            let mut e = MembershipEntry::new(
+                addr.parse().unwrap(),
+                status,
+                Timestamp::from_millis(1_795_000_000_000),
+            );
+            e.host_name = host.into();
+            snap.entries.insert(e.silo, (e, Etag::new("e")));
+        }
+        snap.corrupt.push(CorruptRow {
+            key: "rollcall:{m:c}:silo:10.0.0.9:1@1".into(),
+            reason: "expected value at line 1 column 1".into(),
+        });
+        let text = super::table("c", &snap, now);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].ends_with("(2 silos, 1 active, 1 corrupt)"), "{text}");
+        let status_at = |l: &str, word: &str| l.find(word).unwrap_or_else(|| panic!("{word} in {l}"));
+        let line = |word: &str| *lines.iter().find(|l| l.contains(word)).expect(word);
+        let col = status_at(lines[1], "status");
+        assert_eq!(status_at(line("Active"), "Active"), col, "{text}");
+        assert_eq!(status_at(line("ShuttingDown"), "ShuttingDown"), col, "{text}");
+        let host = status_at(lines[1], "host");
+        assert_eq!(
+            status_at(line("a-long-host-name"), "a-long-host-name"),
+            host,
+            "{text}"
+        );
+        assert_eq!(
+            lines[4],
+            "CORRUPT rollcall:{m:c}:silo:10.0.0.9:1@1: expected value at line 1 column 1"
+        );
+    }
 }
