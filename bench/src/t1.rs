@@ -35,10 +35,10 @@ pub struct Args {
     rounds: u32,
     /// The Markdown report.
     #[arg(long)]
-    out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     /// The JSON report.
     #[arg(long)]
-    json: Option<PathBuf>,
+    pub(crate) json: Option<PathBuf>,
 }
 
 /// One operation a client repeats.

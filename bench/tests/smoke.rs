@@ -2,7 +2,7 @@
 //! cannot rot: every provider measured, every op next to its references.
 
 #[test]
-fn t1_smoke_run_reports_every_provider_with_ratios() {
+fn smoke_run_reports_every_provider_with_ratios() {
     let dir = std::env::temp_dir().join(rollcall_tests::unique_id("bench-smoke"));
     std::fs::create_dir_all(&dir).unwrap();
     let (md, json) = (dir.join("BENCHMARKS.md"), dir.join("benchmarks.json"));
@@ -26,6 +26,43 @@ fn t1_smoke_run_reports_every_provider_with_ratios() {
     for c in cells {
         assert!(c["samples"].as_u64().unwrap() > 0, "{c}");
         assert!(c["vs_raw_write"].as_f64().unwrap() > 0.0, "{c}");
+    }
+    // R1 adds its section and key to the same reports, keeping T1's.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollcall-bench"))
+        .args([
+            "r1",
+            "--counts",
+            "300",
+            "--rate",
+            "300",
+            "--seconds",
+            "1",
+            "--concurrency",
+            "8",
+        ])
+        .arg("--out")
+        .arg(&md)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run rollcall-bench r1");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = std::fs::read_to_string(&md).unwrap();
+    assert!(
+        report.contains("### memory") && report.contains("## R1"),
+        "{report}"
+    );
+    let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(parsed["t1"].is_array(), "T1 kept");
+    let rows = parsed["r1"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "memory and redis: {parsed:#}");
+    for r in rows {
+        assert!(r["registrations_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["raw_upserts_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(
+            r["ticks_per_s"].as_f64().unwrap() > 0.0,
+            "every reminder ticks: {r}"
+        );
     }
     let _ = std::fs::remove_dir_all(dir);
 }

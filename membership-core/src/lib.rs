@@ -27,7 +27,10 @@ mod table;
 mod time;
 pub mod transport;
 
-pub use agents::{MembershipChanged, Notice, OnDeclaredDead, Silo, SiloBuilder, SiloHandle, Subscription};
+pub use agents::{
+    MembershipChanged, Notice, NoticeReceiver, NoticesDropped, OnDeclaredDead, Silo, SiloBuilder, SiloHandle,
+    Subscription,
+};
 pub use error::{redact_password, retry_transient, BoxError, Error, Result, SiloError};
 pub use membership::{
     CorruptRow, Etag, MembershipDelta, MembershipEntry, MembershipSnapshot, SuspectVote, TableVersion,

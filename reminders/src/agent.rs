@@ -125,7 +125,7 @@ pub(crate) struct ReminderAgent {
     pub clock: Arc<dyn Clock>,
     pub counters: Arc<Counters>,
     pub rng: StdRng,
-    pub notices: Option<tokio::sync::mpsc::Receiver<Notice>>,
+    pub notices: Option<rollcall_membership_core::NoticeReceiver>,
     pub state: State,
 }
 
@@ -180,7 +180,12 @@ impl Actor for ReminderAgent {
             let addr = ctx.address();
             actix::spawn(async move {
                 while let Some(n) = rx.recv().await {
-                    if addr.send(NoticeReceived(n)).await.is_err() {
+                    let msg = match n {
+                        Ok(n) => NoticeReceived(Some(n)),
+                        // Some were dropped: reload the ranges instead.
+                        Err(_) => NoticeReceived(None),
+                    };
+                    if addr.send(msg).await.is_err() {
                         return;
                     }
                 }
@@ -195,7 +200,7 @@ impl Actor for ReminderAgent {
 
 #[derive(Message)]
 #[rtype(result = "()")]
-pub(crate) struct NoticeReceived(pub Notice);
+pub(crate) struct NoticeReceived(pub Option<Notice>);
 
 /// Answered once the first load of the agent's ranges finished.
 #[derive(Message)]
@@ -277,8 +282,13 @@ impl Handler<NoticeReceived> for ReminderAgent {
     type Result = ();
 
     fn handle(&mut self, msg: NoticeReceived, ctx: &mut Context<Self>) {
-        let Ok(n) = serde_json::from_slice::<ChangedNotice>(&msg.0.body) else {
-            tracing::debug!(from = %msg.0.from, "undecodable reminder notice dropped");
+        let Some(notice) = msg.0 else {
+            tracing::debug!(silo = %self.me, "reminder notices were dropped (queue full); reloading the ranges");
+            self.request_load(ctx);
+            return;
+        };
+        let Ok(n) = serde_json::from_slice::<ChangedNotice>(&notice.body) else {
+            tracing::debug!(from = %notice.from, "undecodable reminder notice dropped");
             return;
         };
         if n.service != self.table.service_id() {

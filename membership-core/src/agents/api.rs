@@ -393,14 +393,10 @@ impl SiloHandle {
 
     /// Receives the [`Notice`](super::Notice)s other silos (or this one) send to
     /// `topic` on this silo's probe endpoint, with room for `capacity` of them
-    /// (at least 1): a notice that finds the queue full is dropped, so a receiver
-    /// must also reconcile on its own (notices are hints, like gossip). Replaces an
-    /// earlier receiver of the same topic.
-    pub fn subscribe_notices(
-        &self,
-        topic: &str,
-        capacity: usize,
-    ) -> tokio::sync::mpsc::Receiver<super::Notice> {
+    /// (at least 1): a notice that finds the queue full is dropped, and the receiver
+    /// is told how many were (`NoticesDropped`) so that it can reconcile; notices are
+    /// hints, like gossip. Replaces an earlier receiver of the same topic.
+    pub fn subscribe_notices(&self, topic: &str, capacity: usize) -> super::NoticeReceiver {
         self.notices.subscribe(topic, capacity)
     }
 

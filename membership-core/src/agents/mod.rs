@@ -20,8 +20,8 @@ use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context};
 use tokio::sync::watch;
 
 pub use api::{MembershipChanged, OnDeclaredDead, Silo, SiloBuilder, SiloHandle, Subscription};
-pub use notices::Notice;
 pub(crate) use notices::NoticeSinks;
+pub use notices::{Notice, NoticeReceiver, NoticesDropped};
 
 /// Stops the actor when the silo's stop signal is raised.
 pub(crate) fn stop_on_signal<A>(mut stop: watch::Receiver<bool>, ctx: &mut Context<A>)
