@@ -58,12 +58,15 @@ impl NoticeReceiver {
     }
 }
 
+/// One topic's queue and its count of dropped notices.
+type Sink = (mpsc::Sender<Notice>, Arc<AtomicU64>);
+
 /// The receivers of one silo, by topic. Each queue is bounded; a notice that finds
 /// its queue full is dropped (answered `accepted: false`, and counted for the
 /// receiver, which learns it from [`NoticeReceiver::recv`]).
 #[derive(Debug, Default)]
 pub(crate) struct NoticeSinks {
-    by_topic: RwLock<HashMap<String, (mpsc::Sender<Notice>, Arc<AtomicU64>)>>,
+    by_topic: RwLock<HashMap<String, Sink>>,
 }
 
 impl NoticeSinks {
