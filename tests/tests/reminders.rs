@@ -236,6 +236,28 @@ fn r04_a_lost_registration_notice_is_covered_by_the_next_refresh() {
     });
 }
 
+/// Registers `cart/0..100` with 1-min periods through the three silos in turn,
+/// first ticks spread over a minute (`step` ms apart, modulo); even ones
+/// `FireOnce`, odd ones `Skip`.
+async fn register_half_fire_once(c: &ReminderCluster, step: u64) {
+    for i in 0..100 {
+        let policy = if i % 2 == 0 {
+            rollcall_membership_core::MissedTickPolicy::FireOnce
+        } else {
+            rollcall_membership_core::MissedTickPolicy::Skip
+        };
+        let spec = rollcall_reminders::ReminderSpec {
+            due: Duration::from_millis((i as u64 * step) % 60_000),
+            period: Some(MINUTE),
+            missed_tick_policy: policy,
+        };
+        c.services[i % 3]
+            .register(&actor(i), "tick", spec)
+            .await
+            .expect("register");
+    }
+}
+
 #[test]
 fn r05_fire_once_catches_up_once_after_a_full_cluster_outage_and_skip_does_not() {
     run_virtual(|| async {
@@ -245,22 +267,7 @@ fn r05_fire_once_catches_up_once_after_a_full_cluster_outage_and_skip_does_not()
         };
         let mut c = ReminderCluster::new(options.clone());
         c.start_many(3).await;
-        for i in 0..100 {
-            let policy = if i % 2 == 0 {
-                rollcall_membership_core::MissedTickPolicy::FireOnce
-            } else {
-                rollcall_membership_core::MissedTickPolicy::Skip
-            };
-            let spec = rollcall_reminders::ReminderSpec {
-                due: Duration::from_millis((i as u64 * 599) % 60_000),
-                period: Some(MINUTE),
-                missed_tick_policy: policy,
-            };
-            c.services[i % 3]
-                .register(&actor(i), "tick", spec)
-                .await
-                .expect("register");
-        }
+        register_half_fire_once(&c, 599).await;
         tokio::time::sleep(5 * MINUTE).await;
         // Full outage: every silo leaves; nobody delivers for 10 minutes.
         for s in c.sim.silos.clone() {
@@ -433,22 +440,7 @@ fn r08_table_outage_loses_no_tick_duplicates_none_and_bounds_work() {
     run_virtual(|| async {
         let mut c = ReminderCluster::new(ReminderOptions::default());
         c.start_many(3).await;
-        for i in 0..100 {
-            let policy = if i % 2 == 0 {
-                rollcall_membership_core::MissedTickPolicy::FireOnce
-            } else {
-                rollcall_membership_core::MissedTickPolicy::Skip
-            };
-            let spec = rollcall_reminders::ReminderSpec {
-                due: Duration::from_millis((i as u64 * 613) % 60_000),
-                period: Some(MINUTE),
-                missed_tick_policy: policy,
-            };
-            c.services[i % 3]
-                .register(&actor(i), "tick", spec)
-                .await
-                .expect("register");
-        }
+        register_half_fire_once(&c, 613).await;
         tokio::time::sleep(3 * MINUTE).await;
         let before: Vec<_> = c.services.iter().map(|s| s.stats()).collect();
         let out_at = c.now();
