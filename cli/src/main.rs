@@ -104,11 +104,7 @@ fn main() -> anyhow::Result<()> {
                 .membership_table(&cluster, rollcall::ProtocolMode::Extended)?
                 .read_all()
                 .await?;
-            let active = membership
-                .rows()
-                .filter(|e| e.status == rollcall::SiloStatus::Active)
-                .map(|e| e.silo);
-            let ring = rollcall::reminders::ring::Ring::new(active, points);
+            let ring = rollcall::reminders::ring::Ring::of_active(&membership, points);
             let mut rows = store.reminder_table(&service)?.read_rows_in_range(0, 0).await?;
             rows.sort_by(|a, b| (a.hash, &a.actor_id, &a.name).cmp(&(b.hash, &b.actor_id, &b.name)));
             print!(

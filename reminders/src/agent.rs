@@ -98,6 +98,30 @@ pub(crate) fn topic(service_id: &str) -> String {
     )
 }
 
+/// Sends `notices` to their silos one after another in a background task (each
+/// bounded by the silo's `probe_timeout`). Best effort: a notice not taken is
+/// covered by the owner's loads, so failures are only logged.
+pub(crate) fn send_notices(silo: &SiloHandle, service_id: &str, notices: Vec<(SiloAddress, ChangedNotice)>) {
+    if notices.is_empty() {
+        return;
+    }
+    let (silo, topic) = (silo.clone(), topic(service_id));
+    tokio::spawn(async move {
+        for (owner, notice) in notices {
+            let Ok(body) = serde_json::to_vec(&notice) else {
+                continue;
+            };
+            match silo.send_notice(owner, &topic, body).await {
+                Ok(true) => {}
+                Ok(false) => tracing::debug!(%owner, "reminder notice not taken; the owner's loads cover it"),
+                Err(e) => {
+                    tracing::debug!(%owner, error = %e, "reminder notice lost; the owner's loads cover it")
+                }
+            }
+        }
+    });
+}
+
 /// `base x 2^(attempt-1)`, capped at [`MAX_BACKOFF`].
 pub(crate) fn backoff(attempt: u32) -> Duration {
     Duration::from_secs(1)
@@ -211,12 +235,7 @@ impl Handler<MembershipChanged> for ReminderAgent {
     type Result = ();
 
     fn handle(&mut self, msg: MembershipChanged, ctx: &mut Context<Self>) {
-        let active = msg
-            .0
-            .rows()
-            .filter(|e| e.status == SiloStatus::Active)
-            .map(|e| e.silo);
-        let ring = Ring::new(active, self.options.ring_points_per_silo);
+        let ring = Ring::of_active(&msg.0, self.options.ring_points_per_silo);
         if ring == self.state.ring && self.state.ring_gen > 0 {
             return;
         }
@@ -250,16 +269,7 @@ impl Handler<MembershipChanged> for ReminderAgent {
             }
             false
         });
-        if !handoffs.is_empty() {
-            let (silo, topic) = (self.silo.clone(), topic(self.table.service_id()));
-            tokio::spawn(async move {
-                for (owner, notice) in handoffs {
-                    if let Ok(body) = serde_json::to_vec(&notice) {
-                        let _ = silo.send_notice(owner, &topic, body).await;
-                    }
-                }
-            });
-        }
+        send_notices(&self.silo, self.table.service_id(), handoffs);
         tracing::debug!(silo = %me, ranges = s.ranges.len(), silos = s.ring.silos().len(), "reminder ring changed");
         self.request_load(ctx);
         self.arm_timer(ctx);
@@ -300,13 +310,11 @@ impl Handler<NoticeReceived> for ReminderAgent {
             // Not ours in our view: forward once to the owner we see (the sender's
             // view may be older); past that, the owner's own loads cover it.
             if let (0, Some(owner)) = (n.hops, self.state.ring.owner_of(hash)) {
-                let forward = ChangedNotice { hops: 1, ..n };
-                if let Ok(body) = serde_json::to_vec(&forward) {
-                    let (silo, topic) = (self.silo.clone(), topic(self.table.service_id()));
-                    tokio::spawn(async move {
-                        let _ = silo.send_notice(owner, &topic, body).await;
-                    });
-                }
+                send_notices(
+                    &self.silo,
+                    self.table.service_id(),
+                    vec![(owner, ChangedNotice { hops: 1, ..n })],
+                );
             }
             return;
         }

@@ -226,7 +226,7 @@ pub struct ReminderStats {
     /// Occurrences given up after retrying until the next one was due (each logged
     /// as an error).
     pub ticks_given_up: u64,
-    /// Range loads completed / failed.
+    /// Range loads completed.
     pub loads: u64,
     /// Range loads that failed (retried with backoff).
     pub load_failures: u64,

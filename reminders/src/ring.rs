@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use rollcall_membership_core::{hash_in_range, SiloAddress};
+use rollcall_membership_core::{hash_in_range, MembershipSnapshot, SiloAddress, SiloStatus};
 
 /// A ring range `(begin, end]` of 32-bit hashes, wrapping when `begin >= end`
 /// (`(x, x)` is the whole ring), as [`hash_in_range`] defines it and
@@ -65,6 +65,16 @@ impl Ring {
             }
         }
         Ring { points }
+    }
+
+    /// The ring of the Active silos of a membership view: the ring every reminder
+    /// service of the cluster computes from the same table version.
+    pub fn of_active(snapshot: &MembershipSnapshot, points_per_silo: u32) -> Ring {
+        let active = snapshot
+            .rows()
+            .filter(|e| e.status == SiloStatus::Active)
+            .map(|e| e.silo);
+        Ring::new(active, points_per_silo)
     }
 
     /// Whether no silo is on the ring.

@@ -8,11 +8,13 @@ use actix::{Actor, Addr};
 use rand::SeedableRng;
 use rollcall_membership_core::{
     actor_hash, Clock, MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, SiloAddress,
-    SiloHandle, SiloStatus, SystemClock, SystemStore,
+    SiloHandle, SystemClock, SystemStore,
 };
 use tokio::sync::oneshot;
 
-use crate::agent::{bounded, topic, ChangedNotice, ReminderAgent, State, WhenLoaded, NOTICE_QUEUE};
+use crate::agent::{
+    bounded, send_notices, topic, ChangedNotice, ReminderAgent, State, WhenLoaded, NOTICE_QUEUE,
+};
 use crate::api::{
     ActorId, Counters, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, MAX_NAME,
 };
@@ -143,6 +145,8 @@ impl RemindersBuilder {
         }
         Ok(Reminders {
             inner: Arc::new(Inner {
+                view: self.silo.subscribe(),
+                ring: std::sync::Mutex::new(None),
                 silo: self.silo,
                 table,
                 options,
@@ -158,6 +162,9 @@ impl RemindersBuilder {
 
 struct Inner {
     silo: SiloHandle,
+    /// The silo's membership view and the ring last built from it (by version).
+    view: tokio::sync::watch::Receiver<rollcall_membership_core::MembershipSnapshot>,
+    ring: std::sync::Mutex<Option<(u64, Ring)>>,
     table: Arc<dyn ReminderTable>,
     options: Arc<ReminderOptions>,
     clock: Arc<dyn Clock>,
@@ -367,7 +374,7 @@ impl Reminders {
     /// The silo that owns `actor`'s reminders in this silo's current membership
     /// view; `None` if no silo is Active.
     pub fn owner_of(&self, actor: &ActorId) -> Option<SiloAddress> {
-        owner_in(&self.inner.silo, &self.inner.options, &actor.to_string())
+        owner_in(&self.inner, &actor.to_string())
     }
 
     /// This silo's counters. Never waits.
@@ -377,7 +384,7 @@ impl Reminders {
 
     /// Sends "re-read this reminder" to its owner in the background.
     fn notify_owner(&self, actor_id: &str, name: &str) {
-        let Some(owner) = owner_in(&self.inner.silo, &self.inner.options, actor_id) else {
+        let Some(owner) = owner_in(&self.inner, actor_id) else {
             return;
         };
         let notice = ChangedNotice {
@@ -389,30 +396,23 @@ impl Reminders {
             etag: None,
             next: None,
         };
-        let Ok(body) = serde_json::to_vec(&notice) else {
-            return;
-        };
-        let silo = self.inner.silo.clone();
-        let topic = topic(&self.inner.service_id);
-        tokio::spawn(async move {
-            match silo.send_notice(owner, &topic, body).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::debug!(%owner, "reminder notice not taken; the owner's refresh covers it")
-                }
-                Err(e) => {
-                    tracing::debug!(%owner, error = %e, "reminder notice lost; the owner's refresh covers it")
-                }
-            }
-        });
+        send_notices(&self.inner.silo, &self.inner.service_id, vec![(owner, notice)]);
     }
 }
 
-fn owner_in(silo: &SiloHandle, options: &ReminderOptions, actor_id: &str) -> Option<SiloAddress> {
-    let snapshot = silo.snapshot();
-    let active = snapshot
-        .rows()
-        .filter(|e| e.status == SiloStatus::Active)
-        .map(|e| e.silo);
-    Ring::new(active, options.ring_points_per_silo).owner_of(actor_hash(actor_id))
+/// The owner of `actor_id` in the silo's current view. The ring is rebuilt only
+/// when the table version changes, not on every registration.
+fn owner_in(inner: &Inner, actor_id: &str) -> Option<SiloAddress> {
+    let view = inner.view.borrow();
+    let mut cache = inner
+        .ring
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if cache.as_ref().is_none_or(|(v, _)| *v != view.version.version) {
+        let ring = Ring::of_active(&view, inner.options.ring_points_per_silo);
+        *cache = Some((view.version.version, ring));
+    }
+    cache
+        .as_ref()
+        .and_then(|(_, ring)| ring.owner_of(actor_hash(actor_id)))
 }
