@@ -12,6 +12,7 @@
 //! `ROLLCALL_ETCD_ENDPOINTS`, ... or local `redis-server` / `etcd` processes).
 
 mod r1;
+mod r2;
 mod t1;
 
 use std::path::PathBuf;
@@ -30,7 +31,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Every benchmark that exists (today: T1, then R1 with its defaults).
+    /// Every benchmark that exists (today: T1, then R1 and R2 with their defaults).
     All(t1::Args),
     /// T1: table operations per provider next to the backend's raw write and raw
     /// conditional write through the same client library.
@@ -38,6 +39,71 @@ enum Cmd {
     /// R1: the reminder service at scale on one silo (registrations, ticks,
     /// lateness, bytes per reminder); adds its section to the reports.
     R1(r1::Args),
+    /// R2: reminder failover time relative to detection time, 3 silos on real TCP;
+    /// adds its section to the reports.
+    R2(r2::Args),
+}
+
+/// The process's allocator, counting the bytes currently allocated: how R1
+/// measures what the reminder service holds per reminder (exact, unlike RSS, which
+/// keeps freed pages and transient peaks).
+struct CountingAllocator;
+
+static HEAP_LIVE: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counter
+// is only a side effect.
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: forwarded with the caller's layout.
+        let p = unsafe { std::alloc::System.alloc(layout) };
+        if !p.is_null() {
+            HEAP_LIVE.fetch_add(block(layout.size()), std::sync::atomic::Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: `ptr` was allocated by `alloc` above with this layout.
+        unsafe { std::alloc::System.dealloc(ptr, layout) };
+        HEAP_LIVE.fetch_sub(block(layout.size()), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: forwarded with the caller's layout.
+        let p = unsafe { std::alloc::System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            HEAP_LIVE.fetch_add(block(layout.size()), std::sync::atomic::Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `ptr` was allocated by this allocator with `layout`.
+        let p = unsafe { std::alloc::System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            HEAP_LIVE.fetch_add(
+                block(new_size) - block(layout.size()),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
+        p
+    }
+}
+
+/// The size of the block glibc's malloc uses for a request of `size` bytes on a
+/// 64-bit machine: the request plus an 8-byte header, rounded up to 16, at least 32.
+fn block(size: usize) -> i64 {
+    (((size + 8 + 15) & !15).max(32)) as i64
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+/// Bytes of heap blocks currently allocated by this process, each counted at the
+/// size glibc's malloc gives it (see [`block`]).
+pub(crate) fn heap_live() -> i64 {
+    HEAP_LIVE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Date, commit and machine, for the report header.
@@ -78,19 +144,28 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::T1(args) => rt.block_on(t1::run(args)),
         Cmd::R1(args) => r1::run(args),
+        Cmd::R2(args) => r2::run(args),
         Cmd::All(args) => {
             let (out, json) = (args.out.clone(), args.json.clone());
             rt.block_on(t1::run(args))?;
             drop(rt);
-            /// R1's defaults, as `rollcall-bench r1` would parse them.
+            /// R1's and R2's defaults, as `rollcall-bench r1` / `r2` would parse them.
             #[derive(Parser)]
-            struct Defaults {
+            struct R1Defaults {
                 #[command(flatten)]
                 r1: r1::Args,
             }
-            let mut r1 = Defaults::parse_from(["r1"]).r1;
-            r1.set_reports(out, json);
-            r1::run(r1)
+            #[derive(Parser)]
+            struct R2Defaults {
+                #[command(flatten)]
+                r2: r2::Args,
+            }
+            let mut r1 = R1Defaults::parse_from(["r1"]).r1;
+            r1.set_reports(out.clone(), json.clone());
+            r1::run(r1)?;
+            let mut r2 = R2Defaults::parse_from(["r2"]).r2;
+            r2.set_reports(out, json);
+            r2::run(r2)
         }
     }
 }

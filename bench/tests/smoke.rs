@@ -64,5 +64,31 @@ fn smoke_run_reports_every_provider_with_ratios() {
             "every reminder ticks: {r}"
         );
     }
+    // R2: one kill per provider on a small table.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollcall-bench"))
+        .args(["r2", "--counts", "300", "--runs", "1"])
+        .arg("--out")
+        .arg(&md)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run rollcall-bench r2");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report = std::fs::read_to_string(&md).unwrap();
+    assert!(report.contains("## R1") && report.contains("## R2"), "{report}");
+    let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let runs = parsed["r2"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "memory and redis: {parsed:#}");
+    for r in runs {
+        let (detection, failover) = (
+            r["detection_s"].as_f64().unwrap(),
+            r["failover_s"].as_f64().unwrap(),
+        );
+        assert!(detection > 0.0 && failover > 0.0, "{r}");
+        assert!(
+            r["orphaned"].as_u64().unwrap() > 0,
+            "the victim held reminders: {r}"
+        );
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -9,14 +9,14 @@
 //!
 //! | work | bound |
 //! |---|---|
-//! | range loads | 1 in flight + 1 pending (coalesced) |
+//! | range loads | 1 running + 1 pending (coalesced); each reads its ranges in pieces of about [`LOAD_PIECE_ROWS`] rows, one piece in flight, each handled in its own actor turn |
 //! | deliveries in flight | [`MAX_DELIVERIES`] (the rest wait in the queue) |
 //! | notice reads in flight | [`MAX_NOTICE_READS`] (beyond: one coalesced load) |
-//! | queued notices | [`NOTICE_QUEUE`] (beyond: dropped; the refresh covers them) |
+//! | queued notices | [`NOTICE_QUEUE`] (beyond: dropped; a load covers them), taken [`NOTICE_BATCH`] per actor turn; while a load is pending, a registration notice needs no read of its own |
 //! | pending `last_fired` writes and one-shot removals | one per reminder, [`MAX_WRITES`] in flight |
 //! | retries | backoff timers, never a loop |
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,11 +35,11 @@ use tokio::sync::oneshot;
 use crate::api::{ActorId, Counters, ReminderError, ReminderTarget, ReminderTick};
 use crate::queue::{key_of, Key, Queue};
 use crate::ring::{Ring, RingRange};
-use crate::schedule::{after_delivery, occurrence_after, plan, Learned, Planned};
+use crate::schedule::{after_delivery, occurrence_after, plan, Learned, Planned, Timing};
 
 /// The first occurrence of `entry` at or after `t`; `None` for a one-shot whose
 /// time is before `t`.
-fn occurrence_at_or_after(entry: &ReminderEntry, t: Timestamp) -> Option<Timestamp> {
+fn occurrence_at_or_after(entry: Timing, t: Timestamp) -> Option<Timestamp> {
     occurrence_after(
         entry.start_at,
         entry.period,
@@ -53,6 +53,16 @@ pub const MAX_DELIVERIES: usize = 1024;
 pub const MAX_NOTICE_READS: usize = 64;
 /// Notices queued for the agent.
 pub const NOTICE_QUEUE: usize = 1024;
+/// Notices handed to the agent per message (per actor turn).
+pub const NOTICE_BATCH: usize = 256;
+/// About how many rows a load reads with one `read_rows_in_range` and handles in
+/// one actor turn, so that ticks keep flowing while a million rows load: the width
+/// of the next piece of the ring follows the density of the rows read so far.
+pub const LOAD_PIECE_ROWS: u64 = 2048;
+/// The width of the first piece a silo's first load reads (1/64 of the ring).
+const FIRST_PIECE_WIDTH: u32 = 1 << 26;
+/// The narrowest piece (1/65,536 of the ring).
+const MIN_PIECE_WIDTH: u32 = 1 << 16;
 /// Reminders handed to their new owners with a notice per ring change (the rest
 /// are found by the new owner's loads).
 pub const MAX_HANDOFFS: usize = 1024;
@@ -162,7 +172,12 @@ pub(crate) struct State {
     /// Bumped on every change from a notice; loads started before a change do not
     /// undo it.
     changes: u64,
-    load_in_flight: bool,
+    /// The load running, if any.
+    load: Option<LoadRun>,
+    /// Epoch of the last load started.
+    load_epoch: u32,
+    /// Width of the next piece a load reads (follows the table's density).
+    load_width: u32,
     load_pending: bool,
     load_failures: u32,
     load_retry: Option<SpawnHandle>,
@@ -203,13 +218,15 @@ impl Actor for ReminderAgent {
         if let Some(mut rx) = self.notices.take() {
             let addr = ctx.address();
             actix::spawn(async move {
-                while let Some(n) = rx.recv().await {
-                    let msg = match n {
-                        Ok(n) => NoticeReceived(Some(n)),
-                        // Some were dropped: reload the ranges instead.
-                        Err(_) => NoticeReceived(None),
-                    };
-                    if addr.send(msg).await.is_err() {
+                while let Some(first) = rx.recv().await {
+                    let mut batch = vec![first];
+                    while batch.len() < NOTICE_BATCH {
+                        match rx.try_recv() {
+                            Some(n) => batch.push(n),
+                            None => break,
+                        }
+                    }
+                    if addr.send(NoticesReceived(batch)).await.is_err() {
                         return;
                     }
                 }
@@ -222,9 +239,26 @@ impl Actor for ReminderAgent {
     }
 }
 
+/// A load in progress: the pieces of the owned ranges still to read.
+pub(crate) struct LoadRun {
+    /// The ring generation it reads for (a ring change abandons it).
+    gen: u64,
+    /// `State::changes` when it started: slots touched after that are newer than
+    /// what it reads.
+    since: u64,
+    /// Its epoch, written into `Slot::seen` of every row it reads.
+    epoch: u32,
+    /// What is left to read of the owned ranges.
+    left: VecDeque<RingRange>,
+    /// Rows read so far.
+    owned: u64,
+}
+
+/// Up to [`NOTICE_BATCH`] notices from the silo's notice queue; `Err` where some
+/// were dropped because the queue was full.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub(crate) struct NoticeReceived(pub Option<Notice>);
+pub(crate) struct NoticesReceived(pub Vec<Result<Notice, rollcall_membership_core::NoticesDropped>>);
 
 /// Answered once the first load of the agent's ranges finished.
 #[derive(Message)]
@@ -247,8 +281,9 @@ impl Handler<MembershipChanged> for ReminderAgent {
         // Hand the reminders we drop to their new owners: a row written just
         // before the change may have been missed by the new owner's load.
         let mut handoffs: Vec<(SiloAddress, ChangedNotice)> = Vec::new();
-        s.queue.retain(|key, slot| {
-            let owner = ring.owner_of(slot.entry.hash);
+        let service = self.table.service_id();
+        s.queue.retain(|slot| {
+            let owner = ring.owner_of(slot.hash);
             if owner == Some(me) {
                 return true;
             }
@@ -256,12 +291,12 @@ impl Handler<MembershipChanged> for ReminderAgent {
                 handoffs.push((
                     owner,
                     ChangedNotice {
-                        service: slot.entry.service_id.clone(),
-                        actor: key.0.clone(),
-                        name: key.1.clone(),
+                        service: service.to_owned(),
+                        actor: slot.key.actor().to_owned(),
+                        name: slot.key.name().to_owned(),
                         hops: 1,
                         handoff: true,
-                        etag: Some(slot.entry.etag.as_str().to_owned()),
+                        etag: Some(slot.etag.to_string()),
                         // A delivery in progress covers its occurrence.
                         next: Some(slot.next.scheduled.as_millis() + u64::from(slot.delivering)),
                     },
@@ -288,15 +323,26 @@ impl Handler<WhenLoaded> for ReminderAgent {
     }
 }
 
-impl Handler<NoticeReceived> for ReminderAgent {
+impl Handler<NoticesReceived> for ReminderAgent {
     type Result = ();
 
-    fn handle(&mut self, msg: NoticeReceived, ctx: &mut Context<Self>) {
-        let Some(notice) = msg.0 else {
-            tracing::debug!(silo = %self.me, "reminder notices were dropped (queue full); reloading the ranges");
-            self.request_load(ctx);
-            return;
-        };
+    fn handle(&mut self, msg: NoticesReceived, ctx: &mut Context<Self>) {
+        for notice in msg.0 {
+            match notice {
+                Ok(notice) => self.notice(notice, ctx),
+                Err(dropped) => {
+                    tracing::debug!(silo = %self.me, dropped = dropped.0, "reminder notices were dropped (queue full); reloading the ranges");
+                    self.request_load(ctx);
+                }
+            }
+        }
+    }
+}
+
+impl ReminderAgent {
+    /// Handles one notice: re-reads the reminder it names (bounded), or leaves it
+    /// to a pending load, or forwards it to the owner.
+    fn notice(&mut self, notice: Notice, ctx: &mut Context<Self>) {
         let Ok(n) = serde_json::from_slice::<ChangedNotice>(&notice.body) else {
             tracing::debug!(from = %notice.from, "undecodable reminder notice dropped");
             return;
@@ -318,15 +364,15 @@ impl Handler<NoticeReceived> for ReminderAgent {
             }
             return;
         }
-        let key: Key = Arc::new((n.actor.clone(), n.name.clone()));
+        let key = Key::new(&n.actor, &n.name);
         let floor = n.next.map(Timestamp::from_millis);
         if let (Some(etag), Some(floor)) = (&n.etag, floor) {
             // A handoff for a registration we already hold: deliver nothing the
             // previous owner delivered.
             if let Some(slot) = self.state.queue.get(&key) {
-                if slot.entry.etag.as_str() == etag {
+                if slot.etag == etag.as_str() {
                     if !slot.delivering && slot.next.scheduled < floor {
-                        let next = occurrence_at_or_after(&slot.entry, floor);
+                        let next = occurrence_at_or_after(slot.timing(), floor);
                         match next {
                             Some(at) => self.state.queue.requeue(
                                 &key,
@@ -344,6 +390,11 @@ impl Handler<NoticeReceived> for ReminderAgent {
                     return;
                 }
             }
+        }
+        if !n.handoff && self.state.load_pending {
+            // The pending load starts after this notice arrived, so it reads the
+            // registration the notice is about.
+            return;
         }
         if self.state.notice_reads >= MAX_NOTICE_READS {
             self.request_load(ctx);
@@ -369,7 +420,7 @@ impl Handler<NoticeReceived> for ReminderAgent {
                             act.state.queue.remove(&key);
                         }
                         Ok(Some(row)) => {
-                            if act.state.queue.get(&key).is_some_and(|s| s.entry.etag == row.etag) {
+                            if act.state.queue.get(&key).is_some_and(|s| s.etag == row.etag.as_str()) {
                                 return;
                             }
                             act.state.changes += 1;
@@ -386,9 +437,7 @@ impl Handler<NoticeReceived> for ReminderAgent {
                 }),
         );
     }
-}
 
-impl ReminderAgent {
     /// Materialises `row` if its next tick is within the loading window (else drops
     /// any slot it had). `jitter` spreads an overdue tick over `startup_jitter`.
     fn schedule_row(
@@ -410,7 +459,7 @@ impl ReminderAgent {
             return;
         };
         if let Some(floor) = floor.filter(|f| next.scheduled < *f) {
-            match occurrence_at_or_after(&row, floor) {
+            match occurrence_at_or_after(Timing::from(&row), floor) {
                 Some(at) => {
                     next = Planned {
                         scheduled: at,
@@ -440,7 +489,7 @@ impl ReminderAgent {
             next.due = now.saturating_add(HANDOFF_GRACE + Duration::from_millis(spread));
         }
         let changes = self.state.changes;
-        self.state.queue.set(row, next, changes);
+        self.state.queue.set(&row, next, changes);
     }
 
     fn publish_gauges(&self) {
@@ -453,44 +502,77 @@ impl ReminderAgent {
     /// Starts a load of every owned range, or marks one pending if one runs.
     pub(crate) fn request_load(&mut self, ctx: &mut Context<Self>) {
         let s = &mut self.state;
-        if s.load_in_flight || s.load_retry.is_some() {
+        if s.load.is_some() || s.load_retry.is_some() {
             // One load at a time; while backing off after a failure, the retry
             // timer runs the next one.
             s.load_pending = true;
             return;
         }
-        s.load_in_flight = true;
-        let (gen, since, ranges) = (s.ring_gen, s.changes, s.ranges.clone());
+        s.load_pending = false;
+        s.load_epoch = s.load_epoch.wrapping_add(1).max(1);
+        s.load = Some(LoadRun {
+            gen: s.ring_gen,
+            since: s.changes,
+            epoch: s.load_epoch,
+            left: s.ranges.iter().copied().collect(),
+            owned: 0,
+        });
+        self.load_next_piece(ctx);
+    }
+
+    /// Reads the next piece of the running load, or ends it.
+    fn load_next_piece(&mut self, ctx: &mut Context<Self>) {
+        let width = match self.state.load_width {
+            0 => FIRST_PIECE_WIDTH,
+            w => w,
+        };
+        let Some(run) = self.state.load.as_mut() else {
+            return;
+        };
+        let Some(range) = run.left.pop_front() else {
+            self.load_finished(ctx);
+            return;
+        };
+        let (piece, rest) = range.cut(width);
+        if let Some(rest) = rest {
+            run.left.push_front(rest);
+        }
+        let epoch = run.epoch;
         let table = self.table.clone();
         let timeout = self.options.table_operation_timeout;
         ctx.spawn(
             async move {
-                let mut rows = Vec::new();
-                for r in ranges {
-                    rows.extend(bounded(timeout, table.read_rows_in_range(r.begin, r.end)).await?);
-                }
-                Ok::<_, ReminderError>(rows)
+                // Let other tasks run between pieces even when the table answers
+                // without waiting (the memory table): a load never holds the thread.
+                tokio::task::yield_now().await;
+                bounded(timeout, table.read_rows_in_range(piece.begin, piece.end)).await
             }
             .into_actor(self)
-            .map(move |res, act, ctx| act.loaded(gen, since, res, ctx)),
+            .map(move |res, act, ctx| act.piece_loaded(epoch, (piece, width), res, ctx)),
         );
     }
 
-    fn loaded(
+    fn piece_loaded(
         &mut self,
-        gen: u64,
-        since: u64,
+        epoch: u32,
+        (piece, width): (RingRange, u32),
         res: Result<Vec<ReminderEntry>, ReminderError>,
         ctx: &mut Context<Self>,
     ) {
-        self.state.load_in_flight = false;
+        let Some(run) = self.state.load.as_ref().filter(|r| r.epoch == epoch) else {
+            return;
+        };
+        let (gen, since) = (run.gen, run.since);
         if gen != self.state.ring_gen {
-            // Read under an older ring: discarded.
+            // Read under an older ring: discarded; the new ring's load follows.
+            self.state.load = None;
             self.request_load(ctx);
             return;
         }
-        match res {
+        let rows = match res {
+            Ok(rows) => rows,
             Err(e) => {
+                self.state.load = None;
                 Counters::bump(&self.counters.load_failures);
                 self.state.load_failures += 1;
                 let wait = backoff(self.state.load_failures)
@@ -499,45 +581,65 @@ impl ReminderAgent {
                 tracing::warn!(silo = %self.me, error = %e, retry_in = ?wait, "loading reminders failed; the schedule in memory keeps ticking");
                 self.state.load_retry = Some(ctx.run_later(wait, |act, ctx| {
                     act.state.load_retry = None;
-                    act.state.load_pending = false;
                     act.request_load(ctx);
                 }));
                 self.arm_timer(ctx);
                 return;
             }
-            Ok(rows) => {
-                Counters::bump(&self.counters.loads);
-                self.state.load_failures = 0;
-                let now = self.clock.now();
-                let first = !self.state.loaded_once;
-                let mut read: HashSet<Key> = HashSet::with_capacity(rows.len());
-                self.counters
-                    .owned
-                    .store(rows.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                for row in rows {
-                    let key = key_of(&row);
-                    read.insert(key.clone());
-                    if self.state.removals.get(&key) == Some(&row.etag) {
-                        continue; // a delivered one-shot whose removal is pending
-                    }
-                    match self.state.queue.get(&key) {
-                        Some(slot) if slot.entry.etag == row.etag || slot.touched > since => continue,
-                        _ => self.schedule_row(row, now, Learned::Load, first, None),
-                    }
-                }
-                self.state
-                    .queue
-                    .retain(|k, slot| read.contains(k) || slot.touched > since);
-                if first {
-                    self.state.loaded_once = true;
-                    for w in self.state.first_load_waiters.drain(..) {
-                        let _ = w.send(());
+        };
+        let now = self.clock.now();
+        let first = !self.state.loaded_once;
+        if let Some(run) = self.state.load.as_mut() {
+            run.owned += rows.len() as u64;
+        }
+        // The next piece: about LOAD_PIECE_ROWS rows at the density just read,
+        // at most 8x wider or narrower than this one's width.
+        let width = u64::from(width);
+        let next = match rows.len() as u64 {
+            0 => width * 8,
+            n => (piece.size() * LOAD_PIECE_ROWS / n).clamp(width / 8, width * 8),
+        };
+        self.state.load_width = next.clamp(u64::from(MIN_PIECE_WIDTH), u64::from(u32::MAX)) as u32;
+        for row in rows {
+            let key = key_of(&row);
+            if self.state.removals.get(&key) == Some(&row.etag) {
+                continue; // a delivered one-shot whose removal is pending
+            }
+            match self.state.queue.get_mut(&key) {
+                Some(slot) if slot.etag == row.etag.as_str() || slot.touched > since => slot.seen = epoch,
+                _ => {
+                    self.schedule_row(row, now, Learned::Load, first, None);
+                    if let Some(slot) = self.state.queue.get_mut(&key) {
+                        slot.seen = epoch;
                     }
                 }
-                self.publish_gauges();
             }
         }
-        if std::mem::take(&mut self.state.load_pending) {
+        self.publish_gauges();
+        self.arm_timer(ctx);
+        self.load_next_piece(ctx);
+    }
+
+    /// Ends the running load: drops the slots it did not read (deleted rows, or
+    /// ranges no longer owned) unless a notice touched them meanwhile.
+    fn load_finished(&mut self, ctx: &mut Context<Self>) {
+        let Some(run) = self.state.load.take() else { return };
+        Counters::bump(&self.counters.loads);
+        self.state.load_failures = 0;
+        self.counters
+            .owned
+            .store(run.owned, std::sync::atomic::Ordering::Relaxed);
+        self.state
+            .queue
+            .retain(|slot| slot.seen == run.epoch || slot.touched > run.since);
+        if !self.state.loaded_once {
+            self.state.loaded_once = true;
+            for w in self.state.first_load_waiters.drain(..) {
+                let _ = w.send(());
+            }
+        }
+        self.publish_gauges();
+        if self.state.load_pending {
             self.request_load(ctx);
         }
         self.arm_timer(ctx);
@@ -581,15 +683,14 @@ impl ReminderAgent {
         let room = MAX_DELIVERIES.saturating_sub(self.state.deliveries);
         for key in self.state.queue.take_due(now, room) {
             let slot = self.state.queue.get(&key).expect("taken slot exists");
-            let entry = slot.entry.clone();
-            let scheduled = slot.next.scheduled;
-            let actor = ActorId::parse(&entry.actor_id);
+            let (etag, scheduled) = (slot.etag.clone(), slot.next.scheduled);
+            let actor = ActorId::parse(key.actor());
             let recipient = actor.as_ref().ok().and_then(|a| self.target.resolve(a));
             let tick = actor.map(|actor| ReminderTick {
                 actor,
-                name: entry.name.clone(),
-                first_tick: entry.start_at,
-                period: entry.period,
+                name: key.name().to_owned(),
+                first_tick: slot.start_at,
+                period: slot.period(),
                 scheduled,
                 now,
             });
@@ -606,7 +707,7 @@ impl ReminderAgent {
                     }
                 }
                 .into_actor(self)
-                .map(move |res, act, ctx| act.delivered(key, entry.etag, scheduled, res, ctx)),
+                .map(move |res, act, ctx| act.delivered(key, etag, scheduled, res, ctx)),
             );
         }
     }
@@ -614,7 +715,7 @@ impl ReminderAgent {
     fn delivered(
         &mut self,
         key: Key,
-        etag: Etag,
+        etag: smol_str::SmolStr,
         scheduled: Timestamp,
         res: Result<(), String>,
         ctx: &mut Context<Self>,
@@ -625,23 +726,23 @@ impl ReminderAgent {
             .state
             .queue
             .get(&key)
-            .is_some_and(|s| s.delivering && s.entry.etag == etag && s.next.scheduled == scheduled);
+            .is_some_and(|s| s.delivering && s.etag == etag && s.next.scheduled == scheduled);
         match res {
             Ok(()) => {
                 Counters::bump(&self.counters.ticks_delivered);
                 if current {
                     let slot = self.state.queue.get_mut(&key).expect("current");
                     slot.attempts = 0;
-                    let entry = slot.entry.clone();
-                    if entry.missed_tick_policy == MissedTickPolicy::FireOnce {
-                        slot.entry.last_fired = Some(now);
-                        self.state.persist.insert(key.clone(), (etag.clone(), now));
+                    let etag = || Etag::new(etag.as_str());
+                    if slot.policy == MissedTickPolicy::FireOnce {
+                        slot.last_fired = now;
+                        self.state.persist.insert(key.clone(), (etag(), now));
                     }
-                    match after_delivery(&entry, scheduled, now) {
+                    match after_delivery(slot.timing(), scheduled, now) {
                         None => {
                             self.state.queue.remove(&key);
                             self.state.persist.remove(&key);
-                            self.state.removals.insert(key, etag);
+                            self.state.removals.insert(key, etag());
                         }
                         Some(next) if next.due > now.saturating_add(self.options.loading_window) => {
                             self.state.queue.remove(&key);
@@ -655,18 +756,18 @@ impl ReminderAgent {
                 Counters::bump(&self.counters.delivery_failures);
                 if current {
                     let slot = self.state.queue.get_mut(&key).expect("current");
-                    slot.attempts += 1;
-                    let retry = now.saturating_add(backoff(slot.attempts));
-                    match after_delivery(&slot.entry, scheduled, now) {
+                    slot.attempts = slot.attempts.saturating_add(1);
+                    let retry = now.saturating_add(backoff(u32::from(slot.attempts)));
+                    match after_delivery(slot.timing(), scheduled, now) {
                         Some(next) if next.due <= retry => {
                             Counters::bump(&self.counters.ticks_given_up);
-                            tracing::error!(actor = %key.0, name = %key.1, scheduled = %scheduled, error = %why, attempts = slot.attempts,
+                            tracing::error!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why, attempts = slot.attempts,
                                 "reminder tick not delivered before the next one was due; moving on");
                             slot.attempts = 0;
                             self.state.queue.requeue(&key, next);
                         }
                         _ => {
-                            tracing::warn!(actor = %key.0, name = %key.1, scheduled = %scheduled, error = %why, attempt = slot.attempts,
+                            tracing::warn!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why, attempt = slot.attempts,
                                 "reminder tick delivery failed; retrying");
                             self.state.queue.requeue(
                                 &key,
@@ -702,7 +803,7 @@ impl ReminderAgent {
                 self.state.writes += 1;
                 let (k, e) = (key.clone(), etag.clone());
                 ctx.spawn(
-                    async move { bounded(timeout, table.remove_row(&k.0, &k.1, &e)).await }
+                    async move { bounded(timeout, table.remove_row(k.actor(), k.name(), &e)).await }
                         .into_actor(self)
                         .map(move |res, act, ctx| {
                             act.state.writes -= 1;
@@ -720,7 +821,7 @@ impl ReminderAgent {
                 self.state.writes += 1;
                 let (k, e) = (key.clone(), etag.clone());
                 ctx.spawn(
-                    async move { bounded(timeout, table.update_last_fired(&k.0, &k.1, &e, at)).await }
+                    async move { bounded(timeout, table.update_last_fired(k.actor(), k.name(), &e, at)).await }
                         .into_actor(self)
                         .map(move |res, act, ctx| {
                             act.state.writes -= 1;

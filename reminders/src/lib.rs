@@ -23,7 +23,7 @@ pub mod ring;
 pub mod schedule;
 mod service;
 
-pub use agent::{MAX_DELIVERIES, MAX_NOTICE_READS, MAX_WRITES, NOTICE_QUEUE};
+pub use agent::{LOAD_PIECE_ROWS, MAX_DELIVERIES, MAX_NOTICE_READS, MAX_WRITES, NOTICE_BATCH, NOTICE_QUEUE};
 pub use api::{
     ActorId, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, ReminderTick,
     MAX_ACTOR_ID, MAX_NAME,

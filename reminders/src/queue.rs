@@ -1,41 +1,105 @@
 //! The materialised schedule of one silo: the reminders it owns that are due within
 //! the loading window, ordered by due time. Pure: the agent feeds it times.
+//!
+//! Laid out for a million reminders per silo (R1 measures the bytes per reminder):
+//! slots live in a [`Slab`] and hold only what scheduling and delivery need (no
+//! service id, the period in ms, the etag and the key inline when short); a hash
+//! index maps keys to slab positions and a B-tree of `(due, position)` orders them.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
+use std::time::Duration;
 
-use rollcall_membership_core::{ReminderEntry, Timestamp};
+use rollcall_membership_core::{duration_millis, MissedTickPolicy, ReminderEntry, Timestamp};
+use slab::Slab;
+use smol_str::SmolStr;
 
-use crate::schedule::Planned;
+use crate::schedule::{Planned, Timing};
 
-/// (actor id, name): a reminder's key within its service.
-pub(crate) type Key = Arc<(String, String)>;
+/// (actor id, name): a reminder's key within its service. Stored as one string,
+/// `"<actor length>:<actor><name>"` (unambiguous for any UTF-8 text), inline when
+/// it is at most 23 bytes long; cloning it never copies a long one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Key(SmolStr);
 
-pub(crate) fn key_of(entry: &ReminderEntry) -> Key {
-    Arc::new((entry.actor_id.clone(), entry.name.clone()))
+impl Key {
+    pub(crate) fn new(actor: &str, name: &str) -> Key {
+        Key(smol_str::format_smolstr!("{}:{actor}{name}", actor.len()))
+    }
+
+    fn split(&self) -> (&str, &str) {
+        let text = self.0.as_str();
+        let colon = text.find(':').unwrap_or(0);
+        let len: usize = text[..colon].parse().unwrap_or(0);
+        let rest = &text[colon + 1..];
+        rest.split_at(len.min(rest.len()))
+    }
+
+    /// The actor id.
+    pub(crate) fn actor(&self) -> &str {
+        self.split().0
+    }
+
+    /// The reminder name.
+    pub(crate) fn name(&self) -> &str {
+        self.split().1
+    }
 }
 
-/// One scheduled reminder.
+pub(crate) fn key_of(entry: &ReminderEntry) -> Key {
+    Key::new(&entry.actor_id, &entry.name)
+}
+
+/// One scheduled reminder: its row, reduced to what the schedule needs.
 #[derive(Debug)]
 pub(crate) struct Slot {
-    /// The row as last read (its etag identifies the registration).
-    pub entry: ReminderEntry,
+    pub key: Key,
+    /// The row's etag as last read (it identifies the registration).
+    pub etag: SmolStr,
+    pub start_at: Timestamp,
+    /// Period in ms; 0 for a one-shot reminder.
+    pub period_ms: u64,
+    /// `last_fired`; [`Timestamp::EPOCH`] when never.
+    pub last_fired: Timestamp,
     /// Its next tick.
     pub next: Planned,
     /// The agent's change counter when the slot was last set from a notice or a
     /// load (a load started before that must not undo it).
     pub touched: u64,
+    /// The row's ring position.
+    pub hash: u32,
+    /// The last load (by its epoch) that read this reminder's row; a load drops,
+    /// when it ends, the slots it did not read (unless touched since it started).
+    pub seen: u32,
     /// Failed attempts at delivering `next`.
-    pub attempts: u32,
-    /// A delivery of `next` is running.
+    pub attempts: u16,
+    pub policy: MissedTickPolicy,
+    /// A delivery of `next` is running (the slot is out of the due index).
     pub delivering: bool,
+}
+
+impl Slot {
+    /// The period; `None` for a one-shot reminder.
+    pub(crate) fn period(&self) -> Option<Duration> {
+        (self.period_ms > 0).then(|| Duration::from_millis(self.period_ms))
+    }
+
+    /// What the scheduling rules read.
+    pub(crate) fn timing(&self) -> Timing {
+        Timing {
+            start_at: self.start_at,
+            period: self.period(),
+            last_fired: (self.last_fired != Timestamp::EPOCH).then_some(self.last_fired),
+            missed_tick_policy: self.policy,
+        }
+    }
 }
 
 /// Slots by key plus a due-time index.
 #[derive(Debug, Default)]
 pub(crate) struct Queue {
-    slots: HashMap<Key, Slot>,
-    due: BTreeSet<(Timestamp, Key)>,
+    slots: Slab<Slot>,
+    index: HashMap<Key, u32>,
+    due: BTreeSet<(Timestamp, u32)>,
 }
 
 impl Queue {
@@ -44,46 +108,53 @@ impl Queue {
     }
 
     pub(crate) fn get(&self, key: &Key) -> Option<&Slot> {
-        self.slots.get(key)
+        self.index.get(key).map(|&i| &self.slots[i as usize])
     }
 
     pub(crate) fn get_mut(&mut self, key: &Key) -> Option<&mut Slot> {
-        self.slots.get_mut(key)
+        self.index.get(key).map(|&i| &mut self.slots[i as usize])
     }
 
     /// Sets (or replaces) the slot of `entry`, due at `next.due`.
-    pub(crate) fn set(&mut self, entry: ReminderEntry, next: Planned, touched: u64) {
-        let key = key_of(&entry);
+    pub(crate) fn set(&mut self, entry: &ReminderEntry, next: Planned, touched: u64) {
+        let key = key_of(entry);
         self.remove(&key);
-        self.due.insert((next.due, key.clone()));
-        self.slots.insert(
-            key,
-            Slot {
-                entry,
-                next,
-                touched,
-                attempts: 0,
-                delivering: false,
-            },
-        );
+        let slot = Slot {
+            key: key.clone(),
+            etag: SmolStr::new(entry.etag.as_str()),
+            start_at: entry.start_at,
+            period_ms: entry.period.map_or(0, duration_millis),
+            last_fired: entry.last_fired.unwrap_or(Timestamp::EPOCH),
+            next,
+            touched,
+            hash: entry.hash,
+            seen: 0,
+            attempts: 0,
+            policy: entry.missed_tick_policy,
+            delivering: false,
+        };
+        let i = u32::try_from(self.slots.insert(slot)).expect("fewer than 2^32 reminders per silo");
+        self.index.insert(key, i);
+        self.due.insert((next.due, i));
     }
 
     /// Drops a slot; its running delivery (if any) finds it gone.
     pub(crate) fn remove(&mut self, key: &Key) -> Option<Slot> {
-        let slot = self.slots.remove(key)?;
+        let i = self.index.remove(key)?;
+        let slot = self.slots.remove(i as usize);
         if !slot.delivering {
-            self.due.remove(&(slot.next.due, key.clone()));
+            self.due.remove(&(slot.next.due, i));
         }
         Some(slot)
     }
 
     /// Keeps the slots for which `keep` holds.
-    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Key, &Slot) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Slot) -> bool) {
         let gone: Vec<Key> = self
             .slots
             .iter()
-            .filter(|(k, s)| !keep(k, s))
-            .map(|(k, _)| k.clone())
+            .filter(|(_, s)| !keep(s))
+            .map(|(_, s)| s.key.clone())
             .collect();
         for k in gone {
             self.remove(&k);
@@ -104,25 +175,25 @@ impl Queue {
             if *t > now {
                 break;
             }
-            let (_, key) = self.due.pop_first().expect("non-empty");
-            if let Some(slot) = self.slots.get_mut(&key) {
-                slot.delivering = true;
-                out.push(key);
-            }
+            let (_, i) = self.due.pop_first().expect("non-empty");
+            let slot = &mut self.slots[i as usize];
+            slot.delivering = true;
+            out.push(slot.key.clone());
         }
         out
     }
 
-    /// Puts a slot back in the due index at `due` (after a delivery, or to retry).
+    /// Puts a slot back in the due index at `next.due` (after a delivery, or to
+    /// retry).
     pub(crate) fn requeue(&mut self, key: &Key, next: Planned) {
-        if let Some(slot) = self.slots.get_mut(key) {
-            if !slot.delivering {
-                self.due.remove(&(slot.next.due, key.clone()));
-            }
-            slot.next = next;
-            slot.delivering = false;
-            self.due.insert((next.due, key.clone()));
+        let Some(&i) = self.index.get(key) else { return };
+        let slot = &mut self.slots[i as usize];
+        if !slot.delivering {
+            self.due.remove(&(slot.next.due, i));
         }
+        slot.next = next;
+        slot.delivering = false;
+        self.due.insert((next.due, i));
     }
 }
 
@@ -142,40 +213,91 @@ mod tests {
     }
 
     #[test]
+    fn keys_split_back_into_actor_and_name() {
+        for (actor, name) in [
+            ("cart/1", "tick"),
+            ("", ""),
+            ("a:b", ":c"),
+            ("12:x", "y"),
+            (
+                "user/550e8400-e29b-41d4-a716-446655440000",
+                "a much longer reminder name",
+            ),
+            ("ü/ß", "名前"),
+        ] {
+            let k = Key::new(actor, name);
+            assert_eq!((k.actor(), k.name()), (actor, name));
+        }
+        // The length prefix keeps pairs with the same concatenation apart.
+        assert_ne!(Key::new("ab", "c"), Key::new("a", "bc"));
+    }
+
+    #[test]
     fn due_order_take_requeue_and_remove() {
         let mut q = Queue::default();
-        q.set(e("b"), at(20), 0);
-        q.set(e("a"), at(10), 0);
-        q.set(e("c"), at(30), 0);
+        q.set(&e("b"), at(20), 0);
+        q.set(&e("a"), at(10), 0);
+        q.set(&e("c"), at(30), 0);
         assert_eq!(q.next_due(), Some(Timestamp::from_millis(10)));
         let taken = q.take_due(Timestamp::from_millis(25), 10);
-        assert_eq!(taken.iter().map(|k| k.1.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(taken.iter().map(Key::name).collect::<Vec<_>>(), ["a", "b"]);
         assert!(q.get(&taken[0]).unwrap().delivering);
         assert_eq!(q.next_due(), Some(Timestamp::from_millis(30)));
         q.requeue(&taken[0], at(40));
         assert!(!q.get(&taken[0]).unwrap().delivering);
         // Replacing a slot drops its old due time.
-        q.set(e("c"), at(50), 1);
+        q.set(&e("c"), at(50), 1);
         assert_eq!(
             q.take_due(Timestamp::from_millis(45), 10).len(),
             1,
             "only a at 40"
         );
-        // Removing a delivering slot leaves nothing behind.
+        // Removing a delivering slot leaves nothing behind, and its position,
+        // reused by another reminder, is not confused with it.
         q.remove(&taken[1]);
         q.requeue(&taken[1], at(1));
         assert_eq!(q.len(), 2);
         assert_eq!(q.next_due(), Some(Timestamp::from_millis(50)));
-        q.retain(|k, _| k.1 != "c");
-        assert_eq!(q.next_due(), None);
-        assert_eq!(q.len(), 1);
+        q.set(&e("d"), at(60), 1);
+        assert!(q.get(&taken[1]).is_none());
+        assert_eq!(
+            q.get(&Key::new("a", "d")).map(|s| s.next.due),
+            Some(Timestamp::from_millis(60))
+        );
+        q.retain(|s| s.key.name() != "c");
+        assert_eq!(q.next_due(), Some(Timestamp::from_millis(60)));
+        assert_eq!(q.len(), 2);
+    }
+
+    #[test]
+    fn slots_keep_what_scheduling_reads() {
+        let mut entry = ReminderEntry::new(
+            "s",
+            "a",
+            "r",
+            Timestamp::from_millis(5),
+            Some(Duration::from_millis(1500)),
+        );
+        entry.last_fired = Some(Timestamp::from_millis(7));
+        entry.missed_tick_policy = MissedTickPolicy::FireOnce;
+        entry.etag = rollcall_membership_core::Etag::new("42");
+        let mut q = Queue::default();
+        q.set(&entry, at(9), 3);
+        let slot = q.get(&key_of(&entry)).unwrap();
+        assert_eq!(slot.timing(), Timing::from(&entry));
+        assert_eq!(
+            (slot.etag.as_str(), slot.hash, slot.touched),
+            ("42", entry.hash, 3)
+        );
+        q.set(&e("once"), at(1), 0);
+        assert_eq!(q.get(&Key::new("a", "once")).unwrap().period(), None);
     }
 
     #[test]
     fn take_due_respects_its_bound() {
         let mut q = Queue::default();
         for i in 0..10 {
-            q.set(e(&i.to_string()), at(i), 0);
+            q.set(&e(&i.to_string()), at(i), 0);
         }
         assert_eq!(q.take_due(Timestamp::from_millis(100), 3).len(), 3);
         assert_eq!(q.take_due(Timestamp::from_millis(100), 100).len(), 7);

@@ -38,6 +38,27 @@ impl RingRange {
             u64::from(self.end.wrapping_sub(self.begin))
         }
     }
+
+    /// Cuts the first `width` hashes (at least 1) off the range: the piece
+    /// `(begin, begin + width]` and what is left, or the whole range and `None` if it
+    /// holds at most `width` hashes. How a load reads a large range in pages.
+    pub fn cut(&self, width: u32) -> (RingRange, Option<RingRange>) {
+        let width = width.max(1);
+        if self.size() <= u64::from(width) {
+            return (*self, None);
+        }
+        let mid = self.begin.wrapping_add(width);
+        (
+            RingRange {
+                begin: self.begin,
+                end: mid,
+            },
+            Some(RingRange {
+                begin: mid,
+                end: self.end,
+            }),
+        )
+    }
 }
 
 /// The position of a silo's `i`-th point.
@@ -173,6 +194,10 @@ mod tests {
         assert_eq!(ranges.len(), 1);
         assert_eq!(ranges[0].size(), 1 << 32);
         assert!(one.ranges_of(&silo(2, 1)).is_empty());
+        let (quarter, rest) = ranges[0].cut(1 << 30);
+        assert_eq!((quarter.begin, quarter.size()), (ranges[0].begin, 1 << 30));
+        assert_eq!(rest.map(|r| (r.end, r.size())), Some((ranges[0].end, 3 << 30)));
+        assert_eq!(quarter.cut(1 << 30), (quarter, None));
         for h in [0, 1, u32::MAX, 12345] {
             assert_eq!(one.owner_of(h), Some(silo(1, 1)));
         }
@@ -206,6 +231,32 @@ mod tests {
                     .collect();
                 prop_assert_eq!(owners.len(), 1, "hash {} owned by {:?}", h, owners);
                 prop_assert_eq!(Some(*owners[0]), ring.owner_of(h));
+            }
+        }
+
+        /// Cutting pieces of any widths off a range until nothing is left covers
+        /// it exactly, in order, each piece within its width.
+        #[test]
+        fn cut_pieces_cover_the_range(begin in any::<u32>(), end in any::<u32>(), widths in prop::collection::vec(1u32..u32::MAX, 1..40), probes in prop::collection::vec(any::<u32>(), 64)) {
+            let range = RingRange { begin, end };
+            let mut pieces = Vec::new();
+            let mut rest = Some(range);
+            let mut i = 0;
+            while let Some(r) = rest {
+                // Past the given widths, halve the ring at a time.
+                let w = widths.get(i).copied().unwrap_or(1 << 31);
+                let (piece, left) = r.cut(w);
+                prop_assert!(piece.size() <= u64::from(w) || left.is_none());
+                pieces.push(piece);
+                rest = left;
+                i += 1;
+            }
+            prop_assert_eq!(pieces.iter().map(RingRange::size).sum::<u64>(), range.size());
+            prop_assert_eq!(pieces[0].begin, begin);
+            prop_assert!(pieces.windows(2).all(|w| w[0].end == w[1].begin));
+            for h in probes.into_iter().chain([begin, end, begin.wrapping_add(1)]) {
+                let hits = pieces.iter().filter(|p| p.contains(h)).count();
+                prop_assert_eq!(hits, usize::from(range.contains(h)), "hash {}", h);
             }
         }
 

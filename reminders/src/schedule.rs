@@ -29,6 +29,30 @@ pub enum Learned {
     Load,
 }
 
+/// What the scheduling rules read of a reminder's row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    /// First tick time.
+    pub start_at: Timestamp,
+    /// Period (ms precision); `None` or zero for a one-shot reminder.
+    pub period: Option<Duration>,
+    /// The last tick delivered, as persisted for `FireOnce`.
+    pub last_fired: Option<Timestamp>,
+    /// What to do with ticks missed while no silo delivered them.
+    pub missed_tick_policy: MissedTickPolicy,
+}
+
+impl From<&ReminderEntry> for Timing {
+    fn from(entry: &ReminderEntry) -> Timing {
+        Timing {
+            start_at: entry.start_at,
+            period: entry.period,
+            last_fired: entry.last_fired,
+            missed_tick_policy: entry.missed_tick_policy,
+        }
+    }
+}
+
 /// The next tick of a reminder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Planned {
@@ -76,9 +100,10 @@ pub fn occurrence_at_or_before(
     }
 }
 
-/// The next tick of `entry` when the service learns of it at `now` (rules in the
-/// module docs).
-pub fn plan(entry: &ReminderEntry, now: Timestamp, learned: Learned) -> Option<Planned> {
+/// The next tick of `entry` (a `&ReminderEntry` or its [`Timing`]) when the
+/// service learns of it at `now` (rules in the module docs).
+pub fn plan(entry: impl Into<Timing>, now: Timestamp, learned: Learned) -> Option<Planned> {
+    let entry = entry.into();
     if now <= entry.start_at {
         return Some(Planned {
             scheduled: entry.start_at,
@@ -111,7 +136,8 @@ pub fn plan(entry: &ReminderEntry, now: Timestamp, learned: Learned) -> Option<P
 
 /// The tick after one for `scheduled` whose delivery finished at `done`; `None`
 /// for a one-shot reminder.
-pub fn after_delivery(entry: &ReminderEntry, scheduled: Timestamp, done: Timestamp) -> Option<Planned> {
+pub fn after_delivery(entry: impl Into<Timing>, scheduled: Timestamp, done: Timestamp) -> Option<Planned> {
+    let entry = entry.into();
     entry.period.filter(|p| !p.is_zero())?;
     let next = occurrence_after(entry.start_at, entry.period, done.max(scheduled))?;
     Some(Planned {

@@ -594,6 +594,61 @@ async fn real_time_exactly_once(store: rollcall_tests::Store) {
     }
 }
 
+/// A burst of registrations five times the notice queue on one silo: every
+/// reminder is scheduled and ticks exactly once per period, and the notices the
+/// queue could not hold cost a few coalesced loads, not one load per notice (each
+/// load reads every row the silo owns).
+#[test]
+fn r10_a_registration_burst_beyond_the_notice_queue_costs_a_few_loads() {
+    run_virtual(|| async {
+        let mut c = ReminderCluster::new(ReminderOptions::default());
+        c.start_many(1).await;
+        let n = 5 * rollcall_reminders::NOTICE_QUEUE;
+        let service = c.services[0].clone();
+        let loads_before = service.stats().loads;
+        let started = c.now();
+        let burst: Vec<_> = (0..n)
+            .map(|i| {
+                let service = service.clone();
+                actix::spawn(async move {
+                    let due = Duration::from_millis((i as u64 * 7919) % 60_000);
+                    service
+                        .register_or_update(&actor(i), "tick", due, MINUTE)
+                        .await
+                        .expect("register");
+                })
+            })
+            .collect();
+        for task in burst {
+            task.await.expect("registration task");
+        }
+        let all = rollcall_tests::sim::wait_for(MINUTE, || service.stats().scheduled as usize == n).await;
+        assert!(all.is_some(), "scheduled: {} of {n}", service.stats().scheduled);
+        let loads = service.stats().loads - loads_before;
+        assert!(
+            loads <= (n / rollcall_reminders::NOTICE_BATCH) as u64,
+            "{loads} loads for a burst of {n} registrations"
+        );
+        tokio::time::sleep(3 * MINUTE).await;
+        let per = c.scheduled_by_reminder();
+        assert_eq!(per.len(), n, "every reminder ticked");
+        assert!(c.duplicates().is_empty(), "duplicates: {:?}", c.duplicates());
+        let end = c.now();
+        for (i, times) in (0..n).map(|i| (i, &per[&(actor(i).to_string(), "tick".to_owned())])) {
+            let due = Duration::from_millis((i as u64 * 7919) % 60_000);
+            // Registered within the burst: the first occurrence is at `due` after
+            // the registration, which is at or after `started`.
+            let expected = occurrences(started.saturating_add(due), MINUTE, started, end).len();
+            assert!(
+                times.len() + 1 >= expected && times.len() <= expected,
+                "cart/{i}: {} ticks, expected about {expected}",
+                times.len()
+            );
+        }
+        eprintln!("r10: {loads} loads, {:?}", service.stats());
+    });
+}
+
 #[actix::test]
 async fn r09_real_time_on_real_tcp_memory() {
     let store: rollcall_tests::Store = std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new());

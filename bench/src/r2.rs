@@ -1,0 +1,268 @@
+//! R2: reminder failover. Three silos on real TCP share a reminder table; one is
+//! killed (a crash: nothing written). Measured from the kill: when a survivor
+//! first reads it Dead (detection: the cluster declared it dead) and when the
+//! survivors hold every reminder again
+//! (failover: all of the victim's reminders loaded and scheduled on a survivor).
+//! The figure is failover ÷ detection in the same run: what the reminder service
+//! adds to the membership protocol's own detection time.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use actix::{Actor, Context, Handler};
+use rollcall::reminders::{ActorId, ReminderTick, Reminders};
+use rollcall_membership_core::{
+    ClusterMembershipOptions, OnDeclaredDead, ReminderEntry, ReminderOptions, Silo, SiloHandle, SiloStatus,
+    Timestamp,
+};
+use serde::Serialize;
+
+/// Options of `r2`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    /// Providers: memory, redis.
+    #[arg(long, value_delimiter = ',', default_value = "memory,redis")]
+    providers: Vec<String>,
+    /// Reminders in the cluster (the victim owns about a third).
+    #[arg(long, value_delimiter = ',', default_value = "100000,1000000")]
+    counts: Vec<usize>,
+    /// Kills measured per provider and count (each in a fresh cluster).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// The Markdown report to add the R2 section to.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The JSON report to add the `r2` key to.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+impl Args {
+    /// Reports to update (defaults: the workspace's BENCHMARKS.md and benchmarks.json).
+    pub fn set_reports(&mut self, out: Option<PathBuf>, json: Option<PathBuf>) {
+        self.out = out;
+        self.json = json;
+    }
+}
+
+/// One kill.
+#[derive(Clone, Debug, Serialize)]
+pub struct Run {
+    provider: String,
+    reminders: usize,
+    /// Reminders the victim held when it was killed.
+    orphaned: u64,
+    /// Seconds from the kill until a survivor first reads the victim Dead.
+    detection_s: f64,
+    /// Seconds from the kill until the survivors hold every reminder.
+    failover_s: f64,
+}
+
+/// Ticks go nowhere: R2 measures ownership, not delivery.
+struct Sink;
+
+impl Actor for Sink {
+    type Context = Context<Self>;
+}
+
+impl Handler<ReminderTick> for Sink {
+    type Result = ();
+
+    fn handle(&mut self, _: ReminderTick, _: &mut Context<Self>) {}
+}
+
+/// Membership options of the fast profile (`rollcall demo`): 500 ms probes.
+fn fast() -> ClusterMembershipOptions {
+    ClusterMembershipOptions {
+        probe_timeout: Duration::from_millis(500),
+        table_refresh_timeout: Duration::from_secs(10),
+        i_am_alive_publish_period: Duration::from_secs(2),
+        local_health_monitoring_period: Duration::from_secs(1),
+        ..Default::default()
+    }
+}
+
+/// Polls `cond` every 2 ms for at most `limit`; the time it took.
+async fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    while !cond() {
+        if started.elapsed() > limit {
+            anyhow::bail!("not reached within {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(started.elapsed())
+}
+
+async fn once(provider: &str, n: usize) -> anyhow::Result<Run> {
+    let (store, _backend) = crate::r1::store_for(provider).await?;
+    let id = rollcall_tests::unique_id("r2");
+    // The rows first, written straight to the table (R1 measures registrations).
+    let table = store.reminder_table(&id)?;
+    table.init().await?;
+    let period = Duration::from_secs(600);
+    let now = Timestamp::now();
+    let (t, svc) = (table.clone(), id.clone());
+    crate::r1::concurrently(0..n, 64, move |i| {
+        let t = t.clone();
+        let e = ReminderEntry::new(
+            &svc,
+            format!("cart/{i}"),
+            "tick",
+            now.saturating_add(Duration::from_millis((i as u64 * 7919) % 600_000)),
+            Some(period),
+        );
+        async move {
+            t.upsert_row(&e).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    let mut silos: Vec<SiloHandle> = Vec::new();
+    for _ in 0..3 {
+        silos.push(
+            Silo::builder(store.clone(), id.clone())
+                .options(fast())
+                .on_declared_dead(OnDeclaredDead::StopSilo)
+                .start()
+                .await?,
+        );
+    }
+    until(Duration::from_secs(30), || {
+        silos.iter().all(|s| {
+            s.snapshot()
+                .rows()
+                .filter(|e| e.status == SiloStatus::Active)
+                .count()
+                == 3
+        })
+    })
+    .await?;
+    let options = ReminderOptions {
+        loading_window: Duration::from_secs(3600),
+        startup_jitter: Duration::ZERO,
+        table_operation_timeout: Duration::from_secs(60),
+        initialization_timeout: Duration::from_secs(120),
+        ..ReminderOptions::default()
+    };
+    let sink = Sink.start().recipient();
+    let mut services = Vec::new();
+    for silo in &silos {
+        let sink = sink.clone();
+        services.push(
+            Reminders::builder(silo, store.clone())
+                .service_id(id.clone())
+                .target(move |_: &ActorId| Some(sink.clone()))
+                .options(options.clone())
+                .start()
+                .await?,
+        );
+    }
+    let held = |services: &[Reminders]| services.iter().map(|s| s.stats().scheduled).sum::<u64>();
+    until(Duration::from_secs(300), || held(&services) == n as u64).await?;
+
+    let victim = silos[0].address();
+    let orphaned = services[0].stats().scheduled;
+    let killed = Instant::now();
+    silos[0].kill();
+    let survivors = &services[1..];
+    let (mut detection, mut failover) = (None, None);
+    while detection.is_none() || failover.is_none() {
+        if killed.elapsed() > Duration::from_secs(120) {
+            anyhow::bail!("no failover within 120 s (detected: {detection:?})");
+        }
+        if detection.is_none()
+            && silos[1..]
+                .iter()
+                .any(|s| s.snapshot().status_of(&victim) == Some(SiloStatus::Dead))
+        {
+            detection = Some(killed.elapsed());
+        }
+        if failover.is_none() && held(survivors) == n as u64 {
+            failover = Some(killed.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for s in &silos[1..] {
+        s.kill();
+    }
+    Ok(Run {
+        provider: provider.to_owned(),
+        reminders: n,
+        orphaned,
+        detection_s: detection.map_or(0.0, |d| d.as_secs_f64()),
+        failover_s: failover.map_or(0.0, |d| d.as_secs_f64()),
+    })
+}
+
+/// Runs R2 (each kill in its own actix `System` on its own thread) and adds its
+/// section to the Markdown report and its key to the JSON report.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut runs = Vec::new();
+    for provider in &args.providers {
+        for &n in &args.counts {
+            for _ in 0..args.runs {
+                let p = provider.clone();
+                let run = std::thread::spawn(move || actix::System::new().block_on(once(&p, n)))
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("R2 {provider} {n} panicked"))??;
+                eprintln!("{run:?}");
+                runs.push(run);
+            }
+        }
+    }
+    let body = section(&runs, &args);
+    let out = args.out.unwrap_or_else(|| crate::workspace_file("BENCHMARKS.md"));
+    let json = args
+        .json
+        .unwrap_or_else(|| crate::workspace_file("benchmarks.json"));
+    crate::set_section(&out, "## R2", &body)?;
+    crate::set_json_key(&json, "r2", serde_json::to_value(&runs)?)?;
+    eprintln!("updated {} and {}", out.display(), json.display());
+    Ok(())
+}
+
+fn section(runs: &[Run], args: &Args) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "## R2: reminder failover relative to detection\n\n\
+         Three silos on real TCP (fast profile: 500 ms probes) share one reminder table holding \
+         `count` reminders (10-minute periods); one silo is killed, {} times per row, each in a \
+         fresh cluster. Detection: kill → the first survivor reads the victim Dead (it was \
+         declared dead). Failover: kill → the survivors hold every reminder (the victim's \
+         loaded and scheduled on their new owners; sampled every millisecond). The figure is \
+         failover ÷ detection of the same kill; what it adds over 1 is the other survivor \
+         learning of the death and both loading the orphaned ranges.\n",
+        args.runs
+    );
+    let _ = writeln!(
+        md,
+        "| provider | reminders | orphaned (mean) | detection s (median) | failover s (median) | failover ÷ detection (median, max) |\n|---|---|---|---|---|---|"
+    );
+    let mut groups: Vec<(String, usize)> = runs.iter().map(|r| (r.provider.clone(), r.reminders)).collect();
+    groups.dedup();
+    for (provider, n) in groups {
+        let rs: Vec<&Run> = runs
+            .iter()
+            .filter(|r| r.provider == provider && r.reminders == n)
+            .collect();
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let ratios: Vec<f64> = rs.iter().map(|r| r.failover_s / r.detection_s).collect();
+        let max = ratios.iter().copied().fold(0.0, f64::max);
+        let _ = writeln!(
+            md,
+            "| {provider} | {n} | {:.0} | {:.2} | {:.2} | {:.2}, {:.2} |",
+            rs.iter().map(|r| r.orphaned as f64).sum::<f64>() / rs.len() as f64,
+            median(rs.iter().map(|r| r.detection_s).collect()),
+            median(rs.iter().map(|r| r.failover_s).collect()),
+            median(ratios),
+            max
+        );
+    }
+    md
+}
