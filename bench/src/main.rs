@@ -218,6 +218,23 @@ pub(crate) fn set_json_key(
     Ok(())
 }
 
+/// Adds a benchmark's section (starting with the line `heading`) to the Markdown
+/// report and its figures under `key` to the JSON report (defaults: the workspace's
+/// BENCHMARKS.md and benchmarks.json), keeping what other benchmarks wrote.
+pub(crate) fn add_to_reports(
+    out: Option<PathBuf>,
+    json: Option<PathBuf>,
+    (heading, body): (&str, &str),
+    (key, value): (&str, serde_json::Value),
+) -> anyhow::Result<()> {
+    let out = out.unwrap_or_else(|| workspace_file("BENCHMARKS.md"));
+    let json = json.unwrap_or_else(|| workspace_file("benchmarks.json"));
+    set_section(&out, heading, body)?;
+    set_json_key(&json, key, value)?;
+    eprintln!("updated {} and {}", out.display(), json.display());
+    Ok(())
+}
+
 /// Where a report goes by default: the workspace root.
 pub(crate) fn workspace_file(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(name)

@@ -352,14 +352,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let body = section(&rows, &args);
-    let out = args.out.unwrap_or_else(|| crate::workspace_file("BENCHMARKS.md"));
-    let json = args
-        .json
-        .unwrap_or_else(|| crate::workspace_file("benchmarks.json"));
-    crate::set_section(&out, "## R1", &body)?;
-    crate::set_json_key(&json, "r1", serde_json::to_value(&rows)?)?;
-    eprintln!("updated {} and {}", out.display(), json.display());
-    Ok(())
+    crate::add_to_reports(
+        args.out,
+        args.json,
+        ("## R1", &body),
+        ("r1", serde_json::to_value(&rows)?),
+    )
 }
 
 fn section(rows: &[Row], args: &Args) -> String {

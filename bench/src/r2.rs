@@ -213,14 +213,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let body = section(&runs, &args);
-    let out = args.out.unwrap_or_else(|| crate::workspace_file("BENCHMARKS.md"));
-    let json = args
-        .json
-        .unwrap_or_else(|| crate::workspace_file("benchmarks.json"));
-    crate::set_section(&out, "## R2", &body)?;
-    crate::set_json_key(&json, "r2", serde_json::to_value(&runs)?)?;
-    eprintln!("updated {} and {}", out.display(), json.display());
-    Ok(())
+    crate::add_to_reports(
+        args.out,
+        args.json,
+        ("## R2", &body),
+        ("r2", serde_json::to_value(&runs)?),
+    )
 }
 
 fn section(runs: &[Run], args: &Args) -> String {
