@@ -146,7 +146,10 @@ fn main() -> anyhow::Result<()> {
         Cmd::R1(args) => r1::run(args),
         Cmd::R2(args) => r2::run(args),
         Cmd::All(args) => {
-            let (out, json) = (args.out.clone(), args.json.clone());
+            let reports = Reports {
+                out: args.out.clone(),
+                json: args.json.clone(),
+            };
             rt.block_on(t1::run(args))?;
             drop(rt);
             /// R1's and R2's defaults, as `rollcall-bench r1` / `r2` would parse them.
@@ -161,10 +164,10 @@ fn main() -> anyhow::Result<()> {
                 r2: r2::Args,
             }
             let mut r1 = R1Defaults::parse_from(["r1"]).r1;
-            r1.set_reports(out.clone(), json.clone());
+            r1.reports = reports.clone();
             r1::run(r1)?;
             let mut r2 = R2Defaults::parse_from(["r2"]).r2;
-            r2.set_reports(out, json);
+            r2.reports = reports;
             r2::run(r2)
         }
     }
@@ -218,21 +221,40 @@ pub(crate) fn set_json_key(
     Ok(())
 }
 
-/// Adds a benchmark's section (starting with the line `heading`) to the Markdown
-/// report and its figures under `key` to the JSON report (defaults: the workspace's
-/// BENCHMARKS.md and benchmarks.json), keeping what other benchmarks wrote.
-pub(crate) fn add_to_reports(
+/// The reports a benchmark adds its figures to (defaults: the workspace's
+/// BENCHMARKS.md and benchmarks.json).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct Reports {
+    /// The Markdown report.
+    #[arg(long)]
     out: Option<PathBuf>,
+    /// The JSON report.
+    #[arg(long)]
     json: Option<PathBuf>,
-    (heading, body): (&str, &str),
-    (key, value): (&str, serde_json::Value),
-) -> anyhow::Result<()> {
-    let out = out.unwrap_or_else(|| workspace_file("BENCHMARKS.md"));
-    let json = json.unwrap_or_else(|| workspace_file("benchmarks.json"));
-    set_section(&out, heading, body)?;
-    set_json_key(&json, key, value)?;
-    eprintln!("updated {} and {}", out.display(), json.display());
-    Ok(())
+}
+
+impl Reports {
+    /// Adds a benchmark's section (starting with the line `heading`) to the
+    /// Markdown report and its figures under `key` to the JSON report, keeping what
+    /// other benchmarks wrote.
+    pub(crate) fn add(
+        &self,
+        (heading, body): (&str, &str),
+        (key, value): (&str, serde_json::Value),
+    ) -> anyhow::Result<()> {
+        let out = self
+            .out
+            .clone()
+            .unwrap_or_else(|| workspace_file("BENCHMARKS.md"));
+        let json = self
+            .json
+            .clone()
+            .unwrap_or_else(|| workspace_file("benchmarks.json"));
+        set_section(&out, heading, body)?;
+        set_json_key(&json, key, value)?;
+        eprintln!("updated {} and {}", out.display(), json.display());
+        Ok(())
+    }
 }
 
 /// Where a report goes by default: the workspace root.

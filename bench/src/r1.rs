@@ -4,7 +4,6 @@
 //! same rate on the same runtime, and resident bytes per scheduled reminder.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,20 +34,9 @@ pub struct Args {
     /// Seconds of ticks measured.
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
-    /// The Markdown report to add the R1 section to.
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// The JSON report to add the `r1` key to.
-    #[arg(long)]
-    json: Option<PathBuf>,
-}
-
-impl Args {
-    /// Reports to update (defaults: the workspace's BENCHMARKS.md and benchmarks.json).
-    pub fn set_reports(&mut self, out: Option<PathBuf>, json: Option<PathBuf>) {
-        self.out = out;
-        self.json = json;
-    }
+    /// The reports to add the R1 section and the `r1` key to.
+    #[command(flatten)]
+    pub reports: crate::Reports,
 }
 
 /// One R1 measurement.
@@ -352,12 +340,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let body = section(&rows, &args);
-    crate::add_to_reports(
-        args.out,
-        args.json,
-        ("## R1", &body),
-        ("r1", serde_json::to_value(&rows)?),
-    )
+    args.reports
+        .add(("## R1", &body), ("r1", serde_json::to_value(&rows)?))
 }
 
 fn section(rows: &[Row], args: &Args) -> String {

@@ -7,7 +7,6 @@
 //! adds to the membership protocol's own detection time.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use actix::{Actor, Context, Handler};
@@ -30,20 +29,9 @@ pub struct Args {
     /// Kills measured per provider and count (each in a fresh cluster).
     #[arg(long, default_value_t = 3)]
     runs: usize,
-    /// The Markdown report to add the R2 section to.
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// The JSON report to add the `r2` key to.
-    #[arg(long)]
-    json: Option<PathBuf>,
-}
-
-impl Args {
-    /// Reports to update (defaults: the workspace's BENCHMARKS.md and benchmarks.json).
-    pub fn set_reports(&mut self, out: Option<PathBuf>, json: Option<PathBuf>) {
-        self.out = out;
-        self.json = json;
-    }
+    /// The reports to add the R2 section and the `r2` key to.
+    #[command(flatten)]
+    pub reports: crate::Reports,
 }
 
 /// One kill.
@@ -213,12 +201,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let body = section(&runs, &args);
-    crate::add_to_reports(
-        args.out,
-        args.json,
-        ("## R2", &body),
-        ("r2", serde_json::to_value(&runs)?),
-    )
+    args.reports
+        .add(("## R2", &body), ("r2", serde_json::to_value(&runs)?))
 }
 
 fn section(runs: &[Run], args: &Args) -> String {

@@ -645,7 +645,6 @@ fn r10_a_registration_burst_beyond_the_notice_queue_costs_a_few_loads() {
                 times.len()
             );
         }
-        eprintln!("r10: {loads} loads, {:?}", service.stats());
     });
 }
 
