@@ -105,7 +105,9 @@ backends_start() {
     --initial-cluster "rollcall-test=http://127.0.0.1:$pp" >"$BACKENDS_DIR/etcd.log" 2>&1 &
   BACKEND_PIDS+=($!)
   mp=$(backends_free_port)
-  "$ROLLCALL_ROOT/.venv/bin/moto_server" -H 127.0.0.1 -p "$mp" >"$BACKENDS_DIR/moto.log" 2>&1 &
+  # One request at a time: see the script (moto's own server lets two
+  # transactions both commit).
+  "$ROLLCALL_ROOT/.venv/bin/python3" "$ROLLCALL_ROOT/scripts/moto_serialized.py" -H 127.0.0.1 -p "$mp" >"$BACKENDS_DIR/moto.log" 2>&1 &
   BACKEND_PIDS+=($!)
   # A 3-member etcd cluster for the etcd conformance run on a real quorum.
   local eports=() epeers=() einitial="" j
@@ -153,6 +155,9 @@ backends_start() {
   etcd_cluster=$(printf '127.0.0.1:%s,' "${eports[@]}")
   export ROLLCALL_ETCD_CLUSTER_ENDPOINTS="${etcd_cluster%,}"
   export ROLLCALL_DYNAMODB_ENDPOINT="http://127.0.0.1:$mp"
+  # moto accepts any credentials, but the AWS SDK's chain must find some.
+  export AWS_ACCESS_KEY_ID="${AWS_ACCESS_KEY_ID:-rollcall-local}"
+  export AWS_SECRET_ACCESS_KEY="${AWS_SECRET_ACCESS_KEY:-rollcall-local}"
   export PATH="$ROLLCALL_ROOT/.venv/bin:$PATH"
   backends_log "redis $ROLLCALL_REDIS_URL, redis cluster $ROLLCALL_REDIS_CLUSTER_URL, etcd $ROLLCALL_ETCD_ENDPOINTS, etcd cluster $ROLLCALL_ETCD_CLUSTER_ENDPOINTS, dynamodb (moto) $ROLLCALL_DYNAMODB_ENDPOINT"
 }

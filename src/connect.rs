@@ -32,7 +32,8 @@ pub enum StoreUrl {
         /// The whole URL, for the provider.
         url: String,
     },
-    /// `dynamodb://TABLE[?endpoint=URL&region=REGION]`.
+    /// `dynamodb://TABLE[?endpoint=URL&region=REGION&...]` (see the DynamoDB
+    /// provider's `DynamoDbConfig` for every parameter).
     DynamoDb {
         /// The table name.
         table: String,
@@ -102,11 +103,12 @@ impl StoreUrl {
                 }
                 let mut endpoint = None;
                 let mut region = None;
+                // The provider checks every parameter (it knows more than these).
                 for (k, v) in parsed.query_pairs() {
                     match k.as_ref() {
                         "endpoint" => endpoint = Some(v.into_owned()),
                         "region" => region = Some(v.into_owned()),
-                        other => return Err(bad(&format!("unknown parameter `{other}`"))),
+                        _ => {}
                     }
                 }
                 Ok(StoreUrl::DynamoDb {

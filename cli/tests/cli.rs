@@ -88,10 +88,10 @@ fn bad_input_is_a_clear_error() {
 }
 
 /// Child processes killed when the test ends, however it ends.
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 struct Procs(Vec<std::process::Child>);
 
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 impl Drop for Procs {
     fn drop(&mut self) {
         for c in &mut self.0 {
@@ -102,7 +102,7 @@ impl Drop for Procs {
 }
 
 /// `rollcall status` output: (table version, lines of silos).
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 fn status(store: &str, cluster: &str) -> (u64, Vec<String>) {
     let out = rollcall()
         .args(["status", "--store", store, "--cluster", cluster])
@@ -124,7 +124,7 @@ fn status(store: &str, cluster: &str) -> (u64, Vec<String>) {
 }
 
 /// Where silo `port` of `cluster` logs (its stderr) in the multi-process tests.
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 fn log_path(cluster: &str, port: u16) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("{cluster}-{port}.log"))
 }
@@ -132,13 +132,13 @@ fn log_path(cluster: &str, port: u16) -> std::path::PathBuf {
 /// Starts `n` `rollcall silo --fast` processes of `cluster` on `store` (stderr to
 /// [`log_path`]) and waits until `rollcall status` shows them all Active; returns
 /// them, their ports and the table version then.
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 fn start_silos(store: &str, cluster: &str, n: usize) -> (Procs, Vec<u16>, u64) {
     start_silos_with(store, cluster, n, &[])
 }
 
 /// [`start_silos`] with extra `rollcall silo` arguments.
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 fn start_silos_with(store: &str, cluster: &str, n: usize, extra: &[&str]) -> (Procs, Vec<u16>, u64) {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
@@ -193,7 +193,7 @@ fn redis_fixture() -> Option<(tokio::runtime::Runtime, rollcall_tests::fixtures:
 }
 
 /// A backend the fixtures find, with the runtime that found it (kept alive with it).
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 fn backend_fixture(
     find: impl std::future::Future<Output = Option<rollcall_tests::fixtures::Backend>>,
 ) -> Option<(tokio::runtime::Runtime, rollcall_tests::fixtures::Backend)> {
@@ -205,7 +205,7 @@ fn backend_fixture(
     Some((rt, backend))
 }
 
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 fn active(lines: &[String]) -> usize {
     lines.iter().filter(|l| l.contains(" Active ")).count()
 }
@@ -290,11 +290,21 @@ fn etcd_multi_process_cluster_declares_a_killed_silo_dead() {
     killed_silo_is_declared_dead_within_the_bound(&format!("etcd://{}", backend.endpoint));
 }
 
+/// The same three processes on a DynamoDB-compatible server (issue 11).
+#[cfg(feature = "dynamodb")]
+#[test]
+fn dynamodb_multi_process_cluster_declares_a_killed_silo_dead() {
+    let Some((_rt, backend)) = backend_fixture(rollcall_tests::fixtures::dynamodb()) else {
+        return;
+    };
+    killed_silo_is_declared_dead_within_the_bound(&rollcall_tests::fixtures::dynamodb_url(&backend.endpoint));
+}
+
 /// Starts three `rollcall silo --fast` processes on `store`, SIGKILLs one, and
 /// checks through `rollcall status` that the two others declare it Dead (with
 /// their votes shown) within the probe bound plus allowances, the table version
 /// never going back.
-#[cfg(any(feature = "redis", feature = "etcd"))]
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 fn killed_silo_is_declared_dead_within_the_bound(store: &str) {
     use std::time::{Duration, Instant};
 

@@ -142,9 +142,30 @@ pub async fn etcd() -> Option<Backend> {
 }
 
 /// A DynamoDB-compatible server, or `None` (skip) when there is none and backends are
-/// not required.
+/// not required. Local servers accept any credentials, but the AWS credential chain
+/// must find some: when the environment has none, this sets
+/// `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` to placeholders first (the test
+/// command exports them too, before any thread starts).
 pub async fn dynamodb() -> Option<Backend> {
+    static CREDENTIALS: std::sync::Once = std::sync::Once::new();
+    CREDENTIALS.call_once(|| {
+        for var in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+            if std::env::var_os(var).is_none() {
+                std::env::set_var(var, "rollcall-local");
+            }
+        }
+    });
     find(Kind::DynamoDb).await
+}
+
+/// The store URL of the DynamoDB tests on the local server at `endpoint`: table
+/// `rollcall-test` (created if missing), region `us-east-1`, 4 reminder
+/// partitions per service (a full-ring read is 4 Queries instead of 16: moto
+/// answers one request at a time; the DynamoDB tests check the default of 16).
+pub fn dynamodb_url(endpoint: &str) -> String {
+    format!(
+        "dynamodb://rollcall-test?endpoint={endpoint}&region=us-east-1&create_if_missing=true&reminder_shards=4"
+    )
 }
 
 async fn find(kind: Kind) -> Option<Backend> {
@@ -190,7 +211,31 @@ pub fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn find_binary(name: &str) -> Option<PathBuf> {
+/// moto's server on 127.0.0.1:`port` behind `scripts/moto_serialized.py`, which
+/// handles one request at a time (moto's own server lets two transactions on two
+/// threads both pass their conditions; DynamoDB never does), with the Python of
+/// the workspace's `.venv` (where the test command installs moto).
+///
+/// # Errors
+/// When moto's Python is not found.
+pub fn moto_command(port: u16) -> Result<Command, String> {
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let moto = find_binary("moto_server").ok_or("moto_server not found on PATH or in .venv/bin")?;
+    // The Python next to moto_server is the one moto is installed in.
+    let python = moto
+        .parent()
+        .map(|d| d.join("python3"))
+        .filter(|p| p.exists())
+        .or_else(|| find_binary("python3"))
+        .ok_or("python3 not found")?;
+    let mut cmd = Command::new(python);
+    cmd.arg(workspace.join("scripts/moto_serialized.py"))
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+    Ok(cmd)
+}
+
+/// The path of `name`: the workspace's `.venv/bin` and `.backends/bin` first, then `PATH`.
+pub fn find_binary(name: &str) -> Option<PathBuf> {
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let extra = [workspace.join(".venv/bin"), workspace.join(".backends/bin")];
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -484,7 +529,7 @@ async fn start_local_inner(kind: Kind, port: Option<u16>) -> Result<Backend, Str
     let dir = std::env::temp_dir().join(format!("{}-{}", crate::unique_id(kind.binary()), port));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let dir = TempDir(dir);
-    let mut cmd = Command::new(&bin);
+    let mut cmd: Command;
     let endpoint = match kind {
         Kind::Redis => {
             cmd = redis_server_command(&dir.0)?;
@@ -499,7 +544,7 @@ async fn start_local_inner(kind: Kind, port: Option<u16>) -> Result<Backend, Str
             format!("127.0.0.1:{port}")
         }
         Kind::DynamoDb => {
-            cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+            cmd = moto_command(port)?;
             format!("http://127.0.0.1:{port}")
         }
         Kind::RedisCluster | Kind::EtcdCluster => return Err("use start_local_on".into()),
@@ -566,10 +611,11 @@ mod docker {
                 2379,
                 WaitFor::message_on_stderr("ready to serve client requests"),
             ),
+            // Amazon's own DynamoDB Local (Java), in memory.
             Kind::DynamoDb | Kind::RedisCluster | Kind::EtcdCluster => (
-                GenericImage::new("motoserver/moto", "5.0.28"),
-                5000,
-                WaitFor::seconds(2),
+                GenericImage::new("amazon/dynamodb-local", "2.5.4"),
+                8000,
+                WaitFor::message_on_stdout("CorsParams"),
             ),
         };
         let image = image
@@ -581,6 +627,7 @@ mod docker {
                 "--listen-client-urls=http://0.0.0.0:2379",
                 "--advertise-client-urls=http://127.0.0.1:2379",
             ]),
+            Kind::DynamoDb => image.with_cmd(["-jar", "DynamoDBLocal.jar", "-inMemory", "-sharedDb"]),
             _ => image.with_cmd(Vec::<String>::new()),
         };
         let container = request.start().await.map_err(|e| e.to_string())?;

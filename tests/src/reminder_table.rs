@@ -281,7 +281,11 @@ pub async fn range_reads_match_the_contract(store: Store) {
     assert_eq!(keys(&upto_max), expect(0, u32::MAX));
     let mut hashes: Vec<u32> = all.iter().map(|r| r.hash).collect();
     hashes.sort_unstable();
-    for i in 0..1000 {
+    // moto (the DynamoDB-compatible server of the tests) answers a Query in about
+    // 0.6 ms per item of the partition (measured: 150 ms for 250 items), so 1,000
+    // random ranges would take minutes there: the DynamoDB run checks 64.
+    let ranges = if store.provider() == "dynamodb" { 64 } else { 1000 };
+    for i in 0..ranges {
         // Mix arbitrary bounds with bounds on stored hashes (edges of (begin, end]).
         let pick = |rng: &mut rand::rngs::StdRng| {
             if rng.random_bool(0.5) {

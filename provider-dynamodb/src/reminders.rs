@@ -1,0 +1,343 @@
+//! The reminder table on DynamoDB. No hot partition: a service's reminders are
+//! spread over `reminder_shards` partitions by the top bits of their ring hash,
+//! and within a partition the sort key starts with the hash as 8 hex digits, so a
+//! ring range is one `BETWEEN` Query per partition it overlaps.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rollcall_membership_core::{
+    actor_hash, Error, Etag, MissedTickPolicy, ReminderEntry, ReminderTable, Result, Timestamp,
+};
+
+use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
+use crate::schema::{self, SHARD_KEY, SORT_KEY};
+
+const SERVICE_ID: &str = "ServiceId";
+const ACTOR_ID: &str = "ActorId";
+const REMINDER_NAME: &str = "ReminderName";
+const START_TIME: &str = "StartTime";
+/// Milliseconds; absent for a one-shot reminder.
+const PERIOD_MS: &str = "PeriodMs";
+const ACTOR_HASH: &str = "ActorHash";
+const ETAG: &str = "ETag";
+const LAST_FIRED: &str = "LastFired";
+const MISSED_TICK_POLICY: &str = "MissedTickPolicy";
+
+/// The reminder table of one service on DynamoDB.
+#[derive(Debug, Clone)]
+pub struct DynamoDbReminderTable {
+    conn: Arc<Conn>,
+    service_id: String,
+}
+
+/// The sort key of a reminder: hash first (range reads), then the actor id with
+/// its length (so no two (actor, name) pairs share a key), then the name.
+fn sort_key(hash: u32, actor: &str, name: &str) -> String {
+    format!("{hash:08x}#{}#{actor}#{name}", actor.len())
+}
+
+impl DynamoDbReminderTable {
+    pub(crate) fn new(conn: Arc<Conn>, service_id: &str) -> Self {
+        DynamoDbReminderTable {
+            conn,
+            service_id: service_id.to_owned(),
+        }
+    }
+
+    /// The reminder table's name.
+    fn table_name(&self) -> &str {
+        &self.conn.config.reminders_table
+    }
+
+    fn bits(&self) -> u32 {
+        self.conn.config.shard_bits()
+    }
+
+    /// The partition of a hash: its top `bits` bits.
+    fn shard_of(&self, hash: u32) -> u32 {
+        match self.bits() {
+            0 => 0,
+            b => hash >> (32 - b),
+        }
+    }
+
+    /// The partition key of shard `shard`: the service id, then the shard as 2
+    /// hex digits (a fixed-width suffix, so no two services share a partition).
+    fn shard_key(&self, shard: u32) -> String {
+        format!("{}#{shard:02x}", self.service_id)
+    }
+
+    fn key(&self, hash: u32, actor: &str, name: &str) -> Item {
+        Item::from([
+            (SHARD_KEY.into(), s(self.shard_key(self.shard_of(hash)))),
+            (SORT_KEY.into(), s(sort_key(hash, actor, name))),
+        ])
+    }
+
+    fn item_name(&self, item: &Item) -> String {
+        let a = Attrs(item);
+        format!(
+            "{}/{}/{}",
+            self.table_name(),
+            a.s(SHARD_KEY).unwrap_or("?"),
+            a.s(SORT_KEY).unwrap_or("?")
+        )
+    }
+
+    fn encode(&self, e: &ReminderEntry, etag: &Etag) -> Item {
+        let mut item = self.key(e.hash, &e.actor_id, &e.name);
+        item.insert(SERVICE_ID.into(), s(&self.service_id));
+        item.insert(ACTOR_ID.into(), s(&e.actor_id));
+        item.insert(REMINDER_NAME.into(), s(&e.name));
+        item.insert(START_TIME.into(), s(e.start_at.to_string()));
+        if let Some(p) = e.period {
+            item.insert(PERIOD_MS.into(), n(p.as_millis()));
+        }
+        item.insert(ACTOR_HASH.into(), n(e.hash));
+        item.insert(ETAG.into(), s(etag.as_str()));
+        if let Some(t) = e.last_fired {
+            item.insert(LAST_FIRED.into(), s(t.to_string()));
+        }
+        if e.missed_tick_policy != MissedTickPolicy::Skip {
+            item.insert(
+                MISSED_TICK_POLICY.into(),
+                s(format!("{:?}", e.missed_tick_policy)),
+            );
+        }
+        item
+    }
+
+    /// Decodes a stored reminder, checking that it sits under its own key.
+    fn decode(&self, item: &Item) -> Result<ReminderEntry> {
+        let a = Attrs(item);
+        let decoded = (|| -> std::result::Result<ReminderEntry, String> {
+            let actor = a.s(ACTOR_ID)?;
+            let name = a.s(REMINDER_NAME)?;
+            let hash: u32 = a.n(ACTOR_HASH)?;
+            if hash != actor_hash(actor) {
+                return Err("ActorHash does not match ActorId".into());
+            }
+            if a.s(SERVICE_ID)? != self.service_id
+                || item.get(SORT_KEY) != Some(&s(sort_key(hash, actor, name)))
+            {
+                return Err("reminder stored under another reminder's key".into());
+            }
+            let policy = match a.opt_s(MISSED_TICK_POLICY)? {
+                None | Some("Skip") => MissedTickPolicy::Skip,
+                Some("FireOnce") => MissedTickPolicy::FireOnce,
+                Some(other) => return Err(format!("attribute MissedTickPolicy = {other:?}")),
+            };
+            let etag = a.s(ETAG)?;
+            if etag.is_empty() {
+                return Err("attribute ETag is empty".into());
+            }
+            Ok(ReminderEntry {
+                service_id: self.service_id.clone(),
+                actor_id: actor.to_owned(),
+                name: name.to_owned(),
+                start_at: a.parsed(START_TIME)?,
+                period: a.opt_n::<u64>(PERIOD_MS)?.map(Duration::from_millis),
+                hash,
+                etag: Etag::new(etag),
+                last_fired: a
+                    .opt_s(LAST_FIRED)?
+                    .map(str::parse)
+                    .transpose()
+                    .map_err(|e| format!("attribute LastFired: {e}"))?,
+                missed_tick_policy: policy,
+            })
+        })();
+        decoded.map_err(|why| Error::corrupt(self.item_name(item), why))
+    }
+
+    /// Every item of shard `shard` whose sort key lies in `[lo, hi]`, all pages
+    /// (`keys_only`: just the keys).
+    async fn query(&self, shard: u32, lo: &str, hi: &str, keys_only: bool) -> Result<Vec<Item>> {
+        let mut q = self
+            .conn
+            .client
+            .query()
+            .consistent_read(true)
+            .key_condition_expression("#p = :p AND #s BETWEEN :lo AND :hi")
+            .expression_attribute_names("#p", SHARD_KEY)
+            .expression_attribute_names("#s", SORT_KEY)
+            .expression_attribute_values(":p", s(self.shard_key(shard)))
+            .expression_attribute_values(":lo", s(lo))
+            .expression_attribute_values(":hi", s(hi));
+        if keys_only {
+            q = q.projection_expression("#p, #s");
+        }
+        self.conn.query_all(self.table_name(), q).await
+    }
+
+    /// The reminders with a hash in `[lo, hi]`: one Query per shard overlapping it.
+    async fn hash_range(&self, lo: u32, hi: u32) -> Result<Vec<ReminderEntry>> {
+        let mut out = Vec::new();
+        for shard in self.shard_of(lo)..=self.shard_of(hi) {
+            let from = format!("{lo:08x}");
+            // '$' sorts right after '#', so this bound is above every key of hash `hi`.
+            let to = format!("{hi:08x}$");
+            for item in self.query(shard, &from, &to, false).await? {
+                out.push(self.decode(&item)?);
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl ReminderTable for DynamoDbReminderTable {
+    fn service_id(&self) -> &str {
+        &self.service_id
+    }
+
+    async fn init(&self) -> Result<()> {
+        schema::ensure_table(
+            &self.conn,
+            self.table_name(),
+            schema::Kind::Reminders,
+            self.conn.config.create_if_missing,
+        )
+        .await
+    }
+
+    async fn read_rows_for(&self, actor_id: &str) -> Result<Vec<ReminderEntry>> {
+        let hash = actor_hash(actor_id);
+        let q = self
+            .conn
+            .client
+            .query()
+            .consistent_read(true)
+            .key_condition_expression("#p = :p AND begins_with(#s, :prefix)")
+            .expression_attribute_names("#p", SHARD_KEY)
+            .expression_attribute_names("#s", SORT_KEY)
+            .expression_attribute_values(":p", s(self.shard_key(self.shard_of(hash))))
+            .expression_attribute_values(":prefix", s(format!("{hash:08x}#{}#{actor_id}#", actor_id.len())));
+        let items = self.conn.query_all(self.table_name(), q).await?;
+        items.iter().map(|i| self.decode(i)).collect()
+    }
+
+    async fn read_rows_in_range(&self, begin: u32, end: u32) -> Result<Vec<ReminderEntry>> {
+        // (begin, end], or (begin, MAX] and [0, end] when it wraps.
+        let mut out = Vec::new();
+        if begin < end {
+            out.extend(self.hash_range(begin + 1, end).await?);
+        } else {
+            if begin < u32::MAX {
+                out.extend(self.hash_range(begin + 1, u32::MAX).await?);
+            }
+            out.extend(self.hash_range(0, end).await?);
+        }
+        Ok(out)
+    }
+
+    async fn read_row(&self, actor_id: &str, name: &str) -> Result<Option<ReminderEntry>> {
+        let out = self
+            .conn
+            .client
+            .get_item()
+            .table_name(self.table_name())
+            .consistent_read(true)
+            .set_key(Some(self.key(actor_hash(actor_id), actor_id, name)))
+            .send()
+            .await
+            .map_err(|e| self.conn.error("GetItem", self.table_name(), e))?;
+        out.item
+            .filter(|i| !i.is_empty())
+            .map(|i| self.decode(&i))
+            .transpose()
+    }
+
+    async fn upsert_row(&self, entry: &ReminderEntry) -> Result<Etag> {
+        entry.validate_for(&self.service_id)?;
+        let etag = new_etag();
+        self.conn
+            .client
+            .put_item()
+            .table_name(self.table_name())
+            .set_item(Some(self.encode(entry, &etag)))
+            .send()
+            .await
+            .map_err(|e| self.conn.error("upsert_row", self.table_name(), e))?;
+        Ok(etag)
+    }
+
+    async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
+        if etag.is_empty() {
+            return Ok(false);
+        }
+        let sent = self
+            .conn
+            .client
+            .delete_item()
+            .table_name(self.table_name())
+            .set_key(Some(self.key(actor_hash(actor_id), actor_id, name)))
+            .condition_expression("#e = :e")
+            .expression_attribute_names("#e", ETAG)
+            .expression_attribute_values(":e", s(etag.as_str()))
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(true),
+            Err(e) if is_condition_failed(&e) => Ok(false),
+            Err(e) => Err(self.conn.error("remove_row", self.table_name(), e)),
+        }
+    }
+
+    async fn update_last_fired(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        fired_at: Timestamp,
+    ) -> Result<bool> {
+        if etag.is_empty() {
+            return Ok(false);
+        }
+        let sent = self
+            .conn
+            .client
+            .update_item()
+            .table_name(self.table_name())
+            .set_key(Some(self.key(actor_hash(actor_id), actor_id, name)))
+            .update_expression("SET #f = :f")
+            .condition_expression("#e = :e")
+            .expression_attribute_names("#f", LAST_FIRED)
+            .expression_attribute_names("#e", ETAG)
+            .expression_attribute_values(":f", s(fired_at.to_string()))
+            .expression_attribute_values(":e", s(etag.as_str()))
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(true),
+            Err(e) if is_condition_failed(&e) => Ok(false),
+            Err(e) => Err(self.conn.error("update_last_fired", self.table_name(), e)),
+        }
+    }
+
+    async fn clear(&self) -> Result<()> {
+        // Shard by shard, 25 keys per BatchWriteItem. A reminder is one item, so a
+        // racing upsert is either deleted whole or kept whole.
+        for shard in 0..self.conn.config.reminder_shards {
+            let keys = self.query(shard, "0", "g", true).await?;
+            self.conn.batch_delete(self.table_name(), keys).await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sort_keys_never_collide_and_keep_hash_order() {
+        assert_ne!(sort_key(1, "a#1#b", "c"), sort_key(1, "a", "1#b#c"));
+        assert_ne!(sort_key(1, "ab", "c"), sort_key(1, "a", "bc"));
+        assert!(sort_key(1, "zzz", "zzz") < sort_key(2, "", ""));
+        assert!(sort_key(0xffff_ffff, "z", "z").as_str() < "ffffffff$");
+        assert!(format!("{:08x}", 5) < sort_key(5, "", ""));
+    }
+}

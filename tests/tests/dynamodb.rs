@@ -1,0 +1,461 @@
+//! The DynamoDB provider: the whole conformance suite on a DynamoDB-compatible
+//! server (moto, or DynamoDB Local through testcontainers when Docker answers),
+//! and DynamoDB-specific behaviour: the typed item layout, cancelled transactions,
+//! items with missing or mistyped attributes, reminders spread over partitions,
+//! and a server that goes away and comes back.
+#![cfg(feature = "dynamodb")]
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+use rollcall_membership_core::{
+    hash_in_range, Error, Etag, MembershipEntry, ProtocolMode, ReminderEntry, TableVersion, Timestamp,
+};
+use rollcall_tests::fixtures::{self, Backend};
+use rollcall_tests::membership_table::{full_entry, insert};
+use rollcall_tests::{unique_id, Store};
+
+async fn store_at(url: &str) -> Store {
+    rollcall::connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"))
+}
+
+async fn dynamodb() -> Option<(Store, Backend)> {
+    let b = fixtures::dynamodb().await?;
+    Some((store_at(&fixtures::dynamodb_url(&b.endpoint)).await, b))
+}
+
+mod conformance {
+    rollcall_tests::conformance_tests!(super::dynamodb().await);
+}
+
+/// A raw SDK client on the same server, to look at and tamper with items.
+async fn raw(endpoint: &str) -> aws_sdk_dynamodb::Client {
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .http_client(
+            aws_smithy_http_client::Builder::new()
+                .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+                    aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+                ))
+                .build_https(),
+        )
+        .load()
+        .await;
+    aws_sdk_dynamodb::Client::new(&config)
+}
+
+type Item = HashMap<String, AttributeValue>;
+
+async fn get_item(client: &aws_sdk_dynamodb::Client, table: &str, key: Item) -> Option<Item> {
+    client
+        .get_item()
+        .table_name(table)
+        .consistent_read(true)
+        .set_key(Some(key))
+        .send()
+        .await
+        .expect("GetItem")
+        .item
+}
+
+fn s(v: &str) -> AttributeValue {
+    AttributeValue::S(v.to_owned())
+}
+
+fn row_key(cluster: &str, sk: &str) -> Item {
+    HashMap::from([("ClusterId".into(), s(cluster)), ("SiloIdentity".into(), s(sk))])
+}
+
+/// Rows are typed attributes named like Orleans' silo-instance columns, readable
+/// in the AWS console; the version row sorts first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_are_typed_attributes_named_like_orleans_columns() {
+    let Some((store, b)) = dynamodb().await else {
+        return;
+    };
+    let cluster = unique_id("layout");
+    let table = store.membership_table(&cluster, ProtocolMode::Extended).unwrap();
+    table.init(true).await.unwrap();
+    let e = full_entry(3);
+    insert(&*table, &e).await;
+    let client = raw(&b.endpoint).await;
+    let item = get_item(&client, "rollcall-test", row_key(&cluster, &e.silo.to_string()))
+        .await
+        .expect("row item");
+    assert_eq!(item["Status"], s("Active"));
+    assert_eq!(item["Address"], s(&e.silo.endpoint().ip().to_string()));
+    assert_eq!(
+        item["Port"],
+        AttributeValue::N(e.silo.endpoint().port().to_string())
+    );
+    assert_eq!(
+        item["Generation"],
+        AttributeValue::N(e.silo.generation().to_string())
+    );
+    assert_eq!(item["HostName"], s(&e.host_name));
+    assert_eq!(item["TableVersion"], AttributeValue::N("1".into()));
+    assert_eq!(item["IAmAliveTime"], s(&e.i_am_alive_time.to_string()));
+    let AttributeValue::L(voters) = &item["SuspectingSilos"] else {
+        panic!("SuspectingSilos is a list: {item:?}")
+    };
+    assert_eq!(voters.len(), e.suspect_votes.len());
+    let version = get_item(&client, "rollcall-test", row_key(&cluster, "#VERSION"))
+        .await
+        .expect("version item");
+    assert_eq!(version["Version"], AttributeValue::N("1".into()));
+}
+
+/// A transaction cancelled on one condition writes nothing: neither the row nor
+/// the version row changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_transaction_writes_nothing() {
+    let Some((store, b)) = dynamodb().await else {
+        return;
+    };
+    let cluster = unique_id("cancel");
+    let table = store.membership_table(&cluster, ProtocolMode::Extended).unwrap();
+    table.init(true).await.unwrap();
+    let e = full_entry(1);
+    insert(&*table, &e).await;
+    let snap = table.read_all().await.unwrap();
+    let (row, etag) = snap.get(&e.silo).cloned().unwrap();
+    let client = raw(&b.endpoint).await;
+    let before_row = get_item(&client, "rollcall-test", row_key(&cluster, &e.silo.to_string())).await;
+    let before_version = get_item(&client, "rollcall-test", row_key(&cluster, "#VERSION")).await;
+    // The row's condition holds, the version's does not.
+    let stale_version = TableVersion {
+        version: snap.version.version + 1,
+        etag: Etag::new("0123456789abcdef"),
+    };
+    let changed = MembershipEntry {
+        update_zone: 42,
+        ..row.clone()
+    };
+    assert!(!table.update_row(&changed, &etag, &stale_version).await.unwrap());
+    // The version's condition holds, the row's does not.
+    assert!(!table
+        .update_row(&changed, &Etag::new("0123456789abcdef"), &snap.version.next())
+        .await
+        .unwrap());
+    // An insert of an existing row at the right version.
+    assert!(!table.insert_row(&changed, &snap.version.next()).await.unwrap());
+    assert_eq!(
+        get_item(&client, "rollcall-test", row_key(&cluster, &e.silo.to_string())).await,
+        before_row
+    );
+    assert_eq!(
+        get_item(&client, "rollcall-test", row_key(&cluster, "#VERSION")).await,
+        before_version
+    );
+    assert_eq!(table.read_all().await.unwrap(), snap);
+}
+
+/// An item with a missing or mistyped attribute is listed as corrupt (by key and
+/// reason), the other rows stay readable, and a write that needs it answers
+/// `Error::Corrupt` and overwrites nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_items_are_corrupt_rows_not_failures() {
+    let Some((store, b)) = dynamodb().await else {
+        return;
+    };
+    let cluster = unique_id("corrupt");
+    let table = store.membership_table(&cluster, ProtocolMode::Extended).unwrap();
+    table.init(true).await.unwrap();
+    let (good, bad, mistyped) = (full_entry(1), full_entry(2), full_entry(3));
+    for e in [&good, &bad, &mistyped] {
+        insert(&*table, e).await;
+    }
+    let client = raw(&b.endpoint).await;
+    // One row loses its Status, another gets a string Port.
+    client
+        .update_item()
+        .table_name("rollcall-test")
+        .set_key(Some(row_key(&cluster, &bad.silo.to_string())))
+        .update_expression("REMOVE #s")
+        .expression_attribute_names("#s", "Status")
+        .send()
+        .await
+        .unwrap();
+    client
+        .update_item()
+        .table_name("rollcall-test")
+        .set_key(Some(row_key(&cluster, &mistyped.silo.to_string())))
+        .update_expression("SET Port = :p")
+        .expression_attribute_values(":p", s("eleven"))
+        .send()
+        .await
+        .unwrap();
+    let snap = table
+        .read_all()
+        .await
+        .expect("a corrupt row never fails read_all");
+    assert_eq!(snap.len(), 1);
+    assert!(snap.get(&good.silo).is_some());
+    let reasons: Vec<(String, String)> = snap
+        .corrupt
+        .iter()
+        .map(|c| (c.key.clone(), c.reason.clone()))
+        .collect();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(
+        reasons
+            .iter()
+            .any(|(k, r)| k.ends_with(&bad.silo.to_string()) && r.contains("Status is missing")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|(k, r)| k.ends_with(&mistyped.silo.to_string()) && r.contains("Port is not a number")),
+        "{reasons:?}"
+    );
+    let before = get_item(&client, "rollcall-test", row_key(&cluster, &bad.silo.to_string())).await;
+    match table
+        .update_row(&bad, &Etag::new("0123456789abcdef"), &snap.version.next())
+        .await
+    {
+        Err(Error::Corrupt { key, .. }) => assert!(key.ends_with(&bad.silo.to_string()), "{key}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert_eq!(
+        get_item(&client, "rollcall-test", row_key(&cluster, &bad.silo.to_string())).await,
+        before
+    );
+    // A garbage version row fails the read: without it no view is ordered.
+    client
+        .update_item()
+        .table_name("rollcall-test")
+        .set_key(Some(row_key(&cluster, "#VERSION")))
+        .update_expression("SET Version = :v")
+        .expression_attribute_values(":v", s("many"))
+        .send()
+        .await
+        .unwrap();
+    assert!(matches!(table.read_all().await, Err(Error::Corrupt { .. })));
+    // A reminder item with a mistyped attribute is Corrupt in reads.
+    let reminders = store.reminder_table(&unique_id("corrupt-rem")).unwrap();
+    reminders.init().await.unwrap();
+    let e = ReminderEntry::new(reminders.service_id(), "actor", "r", Timestamp::now(), None);
+    reminders.upsert_row(&e).await.unwrap();
+    let items = client
+        .scan()
+        .table_name("rollcall-test-reminders")
+        .send()
+        .await
+        .unwrap();
+    let key = items
+        .items()
+        .iter()
+        .find(|i| i.get("ServiceId") == Some(&s(reminders.service_id())))
+        .map(|i| {
+            HashMap::from([
+                ("ShardKey".into(), i["ShardKey"].clone()),
+                ("SortKey".into(), i["SortKey"].clone()),
+            ])
+        })
+        .expect("reminder item");
+    client
+        .update_item()
+        .table_name("rollcall-test-reminders")
+        .set_key(Some(key))
+        .update_expression("SET ActorHash = :h")
+        .expression_attribute_values(":h", s("x"))
+        .send()
+        .await
+        .unwrap();
+    assert!(matches!(
+        reminders.read_row("actor", "r").await,
+        Err(Error::Corrupt { .. })
+    ));
+    assert!(matches!(
+        reminders.read_rows_in_range(0, 0).await,
+        Err(Error::Corrupt { .. })
+    ));
+}
+
+/// Reminders spread over the service's partitions, and every range, wrapping or
+/// not, returns exactly the reminders whose hash is in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reminders_spread_over_partitions_and_ranges_are_exact() {
+    let Some(b) = fixtures::dynamodb().await else {
+        return;
+    };
+    // The default partitioning (16 per service), not the suite's 4.
+    let store = store_at(&format!(
+        "dynamodb://rollcall-test?endpoint={}&region=us-east-1&create_if_missing=true",
+        b.endpoint
+    ))
+    .await;
+    let table = store.reminder_table(&unique_id("shards")).unwrap();
+    table.init().await.unwrap();
+    let mut all = Vec::new();
+    for i in 0..200 {
+        let e = ReminderEntry::new(
+            table.service_id(),
+            format!("actor-{i}"),
+            "tick",
+            Timestamp::now(),
+            None,
+        );
+        table.upsert_row(&e).await.unwrap();
+        all.push((e.actor_id.clone(), e.hash));
+    }
+    let client = raw(&b.endpoint).await;
+    let mut partitions = BTreeSet::new();
+    let mut start = None;
+    loop {
+        let page = client
+            .scan()
+            .table_name("rollcall-test-reminders")
+            .set_exclusive_start_key(start)
+            .send()
+            .await
+            .unwrap();
+        for item in page.items() {
+            if item.get("ServiceId") == Some(&s(table.service_id())) {
+                partitions.insert(format!("{:?}", item["ShardKey"]));
+            }
+        }
+        start = page.last_evaluated_key;
+        if start.is_none() {
+            break;
+        }
+    }
+    assert!(
+        partitions.len() >= 12,
+        "200 reminders over 16 partitions landed in {}",
+        partitions.len()
+    );
+    for (begin, end) in [
+        (0, 0),
+        (0, u32::MAX),
+        (u32::MAX, 0),
+        (u32::MAX / 3, u32::MAX / 3 * 2),
+        (u32::MAX / 3 * 2, u32::MAX / 3),
+        (0xf000_0000, 0x1000_0000),
+        (0x1234_5678, 0x1234_5678),
+    ] {
+        let got: BTreeSet<String> = table
+            .read_rows_in_range(begin, end)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.actor_id)
+            .collect();
+        let want: BTreeSet<String> = all
+            .iter()
+            .filter(|(_, h)| hash_in_range(*h, begin, end))
+            .map(|(a, _)| a.clone())
+            .collect();
+        assert_eq!(got, want, "range ({begin:#x}, {end:#x}]");
+    }
+}
+
+/// A moto server of this test's own, on a fixed port, that can be stopped and
+/// started again.
+struct OwnMoto {
+    child: Option<tokio::process::Child>,
+    port: u16,
+}
+
+impl OwnMoto {
+    async fn start(port: u16) -> Result<OwnMoto, String> {
+        let child = fixtures::moto_command(port)?
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        fixtures::wait_for_port(([127, 0, 0, 1], port).into(), Duration::from_secs(30)).await?;
+        Ok(OwnMoto {
+            child: Some(child),
+            port,
+        })
+    }
+
+    async fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill().await;
+        }
+    }
+}
+
+/// With the server gone, calls answer `Error::Backend` within the URL's timeout
+/// (no hang); once it is back, the same store works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_down_is_a_backend_error_within_the_timeout_and_recovers() {
+    // The shared fixture decides whether DynamoDB tests run at all.
+    let Some(_shared) = fixtures::dynamodb().await else {
+        return;
+    };
+    let port = fixtures::free_port().unwrap();
+    let mut moto = match OwnMoto::start(port).await {
+        Ok(m) => m,
+        Err(e) => panic!("a moto_server of the test's own: {e}"),
+    };
+    let url = format!(
+        "dynamodb://rollcall-outage?endpoint=http://127.0.0.1:{}&region=us-east-1&create_if_missing=true&timeout_ms=1500&max_attempts=2",
+        moto.port
+    );
+    let store = store_at(&url).await;
+    let table = store.membership_table("outage", ProtocolMode::Extended).unwrap();
+    table.init(true).await.unwrap();
+    insert(&*table, &full_entry(1)).await;
+    moto.stop().await;
+    let started = Instant::now();
+    match table.read_all().await {
+        Err(e @ Error::Backend { .. }) => {
+            assert!(e.to_string().contains("rollcall-outage"), "names the table: {e}");
+        }
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(1500 + 1000),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    assert!(matches!(
+        table
+            .update_i_am_alive(&full_entry(1).silo, Timestamp::now())
+            .await,
+        Err(Error::Backend { .. })
+    ));
+    assert!(started.elapsed() < Duration::from_millis(2500));
+    // Back (moto keeps its data in memory: the table starts empty again).
+    let _moto = OwnMoto::start(port).await.expect("moto restarts");
+    table.init(true).await.expect("init after the restart");
+    insert(&*table, &full_entry(2)).await;
+    assert_eq!(table.read_all().await.unwrap().len(), 1);
+}
+
+/// A URL without credentials in it, a table that does not exist without
+/// `create_if_missing`: clear errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_table_without_create_is_a_clear_error() {
+    let Some((_store, b)) = dynamodb().await else {
+        return;
+    };
+    let store = store_at(&format!(
+        "dynamodb://{}?endpoint={}&region=us-east-1",
+        unique_id("absent"),
+        b.endpoint
+    ))
+    .await;
+    let table = store.membership_table("c", ProtocolMode::Extended).unwrap();
+    match table.init(true).await {
+        Err(Error::Backend { message, .. }) => {
+            assert!(message.contains("does not exist"), "{message}");
+            assert!(message.contains("create_if_missing=true"), "{message}");
+        }
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+    assert!(matches!(
+        rollcall::connect("dynamodb://key:secret@table").await,
+        Err(Error::InvalidConfig { .. })
+    ));
+}
