@@ -21,7 +21,8 @@ use tokio::sync::Mutex;
 /// Options of `t1` (and `all`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
-    /// Providers to measure: memory, redis, redis-cluster, etcd.
+    /// Providers to measure: memory, redis, redis-cluster, etcd, dynamodb (on the
+    /// local DynamoDB-compatible server of the tests: not AWS).
     #[arg(long, value_delimiter = ',', default_value = "memory,redis,etcd")]
     providers: Vec<String>,
     /// Concurrent clients (each its own cluster, so no version-row contention).
@@ -209,6 +210,97 @@ impl Op for EtcdRowTxn {
         *state = (rev, rev, version + 1);
         Ok(d)
     }
+}
+
+/// The raw single-item write on DynamoDB: a `PutItem` of a row-sized item.
+struct DynamoPut(aws_sdk_dynamodb::Client, String, String);
+
+#[async_trait]
+impl Op for DynamoPut {
+    async fn once(&self, i: usize) -> anyhow::Result<Duration> {
+        use aws_sdk_dynamodb::types::AttributeValue as V;
+        let put = self
+            .0
+            .put_item()
+            .table_name("rollcall-bench-raw")
+            .item("ClusterId", V::S(format!("{}-raw", self.2)))
+            .item("SiloIdentity", V::S(i.to_string()))
+            .item("Value", V::S(self.1.clone()));
+        Ok(timed(put.send()).await?.1)
+    }
+}
+
+/// The raw conditional write on DynamoDB: a `PutItem` conditioned on the item's
+/// `ETag` attribute.
+struct DynamoCas(aws_sdk_dynamodb::Client, Vec<Mutex<u64>>, String, String);
+
+#[async_trait]
+impl Op for DynamoCas {
+    async fn once(&self, i: usize) -> anyhow::Result<Duration> {
+        use aws_sdk_dynamodb::types::AttributeValue as V;
+        let mut n = self.1[i].lock().await;
+        let put = self
+            .0
+            .put_item()
+            .table_name("rollcall-bench-raw")
+            .item("ClusterId", V::S(format!("{}-cas", self.3)))
+            .item("SiloIdentity", V::S(i.to_string()))
+            .item("Value", V::S(self.2.clone()))
+            .item("ETag", V::N((*n + 1).to_string()))
+            .condition_expression("attribute_not_exists(ETag) OR ETag = :e")
+            .expression_attribute_values(":e", V::N(n.to_string()));
+        let d = timed(put.send()).await?.1;
+        *n += 1;
+        Ok(d)
+    }
+}
+
+/// A raw SDK client for the bench's references, and its table (created if missing).
+async fn dynamo_client(endpoint: &str) -> anyhow::Result<aws_sdk_dynamodb::Client> {
+    use aws_sdk_dynamodb::types::{
+        AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
+    };
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https();
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("us-east-1"))
+        .endpoint_url(endpoint)
+        .http_client(http)
+        .load()
+        .await;
+    let client = aws_sdk_dynamodb::Client::new(&config);
+    let key = |name: &str, t: KeyType| {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(t)
+            .build()
+    };
+    let def = |name: &str| {
+        AttributeDefinition::builder()
+            .attribute_name(name)
+            .attribute_type(ScalarAttributeType::S)
+            .build()
+    };
+    let created = client
+        .create_table()
+        .table_name("rollcall-bench-raw")
+        .billing_mode(BillingMode::PayPerRequest)
+        .attribute_definitions(def("ClusterId")?)
+        .attribute_definitions(def("SiloIdentity")?)
+        .key_schema(key("ClusterId", KeyType::Hash)?)
+        .key_schema(key("SiloIdentity", KeyType::Range)?)
+        .send()
+        .await;
+    if let Err(e) = created {
+        let in_use = e
+            .as_service_error()
+            .is_some_and(|s| s.is_resource_in_use_exception());
+        anyhow::ensure!(in_use, "create the bench's raw table: {e:?}");
+    }
+    Ok(client)
 }
 
 /// The name of [`EtcdRowTxn`]'s figure.
@@ -417,6 +509,18 @@ async fn ops_for(
                 Arc::new(EtcdRowTxn::new(kv, clients, value, run.clone()).await?),
             ));
         }
+        "dynamodb" => {
+            let client = dynamo_client(endpoint).await?;
+            ops.push((
+                "raw write (PutItem)",
+                Arc::new(DynamoPut(client.clone(), value.clone(), run.clone())),
+            ));
+            let etags = (0..clients).map(|_| Mutex::new(0)).collect();
+            ops.push((
+                "raw conditional write (PutItem on ETag)",
+                Arc::new(DynamoCas(client, etags, value, run.clone())),
+            ));
+        }
         other => anyhow::bail!("unknown provider `{other}`"),
     }
     let counters = || (0..clients).map(|_| Mutex::new(0)).collect::<Vec<_>>();
@@ -568,12 +672,14 @@ async fn open(provider: &str) -> anyhow::Result<(Arc<dyn SystemStore>, String, O
         "redis" => fixtures::redis().await,
         "redis-cluster" => fixtures::redis_cluster().await,
         "etcd" => fixtures::etcd().await,
-        other => anyhow::bail!("unknown provider `{other}` (memory, redis, redis-cluster, etcd)"),
+        "dynamodb" => fixtures::dynamodb().await,
+        other => anyhow::bail!("unknown provider `{other}` (memory, redis, redis-cluster, etcd, dynamodb)"),
     };
     let (url, endpoint) = match (provider, &backend) {
         ("memory", _) => ("memory://bench".to_owned(), String::new()),
         (_, None) => anyhow::bail!("no {provider} backend"),
         ("etcd", Some(b)) => (format!("etcd://{}", b.endpoint), b.endpoint.clone()),
+        ("dynamodb", Some(b)) => (fixtures::dynamodb_url(&b.endpoint), b.endpoint.clone()),
         (_, Some(b)) => (b.endpoint.clone(), b.endpoint.clone()),
     };
     let store = rollcall::connect(&url)

@@ -164,8 +164,35 @@ pub async fn dynamodb() -> Option<Backend> {
 /// answers one request at a time; the DynamoDB tests check the default of 16).
 pub fn dynamodb_url(endpoint: &str) -> String {
     format!(
-        "dynamodb://rollcall-test?endpoint={endpoint}&region=us-east-1&create_if_missing=true&reminder_shards=4"
+        "dynamodb://rollcall-test?endpoint={endpoint}&region={}&create_if_missing=true&reminder_shards=4",
+        dynamodb_region()
     )
+}
+
+/// A region picked at random for one test process. moto keeps one set of tables
+/// per region and copies all of them on every transaction (to roll back), so
+/// tests spread over regions keep each transaction's copy small.
+pub fn dynamodb_region() -> &'static str {
+    const REGIONS: [&str; 16] = [
+        "us-east-1",
+        "us-east-2",
+        "us-west-1",
+        "us-west-2",
+        "eu-west-1",
+        "eu-west-2",
+        "eu-west-3",
+        "eu-central-1",
+        "eu-north-1",
+        "ap-south-1",
+        "ap-northeast-1",
+        "ap-northeast-2",
+        "ap-southeast-1",
+        "ap-southeast-2",
+        "ca-central-1",
+        "sa-east-1",
+    ];
+    static PICKED: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    PICKED.get_or_init(|| REGIONS[rand::random_range(0..REGIONS.len())])
 }
 
 async fn find(kind: Kind) -> Option<Backend> {

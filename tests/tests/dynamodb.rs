@@ -34,7 +34,7 @@ mod conformance {
 /// A raw SDK client on the same server, to look at and tamper with items.
 async fn raw(endpoint: &str) -> aws_sdk_dynamodb::Client {
     let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .region(aws_config::Region::new("us-east-1"))
+        .region(aws_config::Region::new(fixtures::dynamodb_region()))
         .endpoint_url(endpoint)
         .http_client(
             aws_smithy_http_client::Builder::new()
@@ -286,8 +286,9 @@ async fn reminders_spread_over_partitions_and_ranges_are_exact() {
     };
     // The default partitioning (16 per service), not the suite's 4.
     let store = store_at(&format!(
-        "dynamodb://rollcall-test?endpoint={}&region=us-east-1&create_if_missing=true",
-        b.endpoint
+        "dynamodb://rollcall-test?endpoint={}&region={}&create_if_missing=true",
+        b.endpoint,
+        fixtures::dynamodb_region()
     ))
     .await;
     let table = store.reminder_table(&unique_id("shards")).unwrap();
