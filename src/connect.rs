@@ -288,7 +288,6 @@ mod tests {
             "etcd://",
             "etcd://host",
             "dynamodb://",
-            "dynamodb://t?x=1",
             "memory://a/b",
         ] {
             assert_eq!(field(StoreUrl::parse(u)), "store_url", "{u}");

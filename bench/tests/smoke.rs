@@ -21,8 +21,8 @@ fn smoke_run_reports_every_provider_with_ratios() {
     }
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let cells = parsed["t1"].as_array().unwrap();
-    // 3 providers x (9 ops + references: 1 for memory, 2 otherwise).
-    assert_eq!(cells.len(), 10 + 11 + 11, "{parsed:#}");
+    // 3 providers x (9 ops + references: 1 for memory, 2 for Redis, 3 for etcd).
+    assert_eq!(cells.len(), 10 + 11 + 12, "{parsed:#}");
     for c in cells {
         assert!(c["samples"].as_u64().unwrap() > 0, "{c}");
         assert!(c["vs_raw_write"].as_f64().unwrap() > 0.0, "{c}");

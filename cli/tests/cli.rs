@@ -297,7 +297,17 @@ fn dynamodb_multi_process_cluster_declares_a_killed_silo_dead() {
     let Some((_rt, backend)) = backend_fixture(rollcall_tests::fixtures::dynamodb()) else {
         return;
     };
-    killed_silo_is_declared_dead_within_the_bound(&rollcall_tests::fixtures::dynamodb_url(&backend.endpoint));
+    let url = rollcall_tests::fixtures::dynamodb_url(&backend.endpoint);
+    // The table exists before `rollcall status` first reads it (the silos create
+    // it too, but the first status poll may come first).
+    _rt.block_on(async {
+        let store = rollcall::connect(&url).await.expect("connect");
+        let table = store
+            .membership_table("warm-up", rollcall::ProtocolMode::Extended)
+            .expect("table");
+        table.init(true).await.expect("create the table");
+    });
+    killed_silo_is_declared_dead_within_the_bound(&url);
 }
 
 /// Starts three `rollcall silo --fast` processes on `store`, SIGKILLs one, and
