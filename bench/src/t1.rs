@@ -255,23 +255,13 @@ impl Op for DynamoCas {
     }
 }
 
-/// A raw SDK client for the bench's references, and its table (created if missing).
+/// A raw SDK client for the bench's references (in the region of the store under
+/// test), and its table (created if missing).
 async fn dynamo_client(endpoint: &str) -> anyhow::Result<aws_sdk_dynamodb::Client> {
     use aws_sdk_dynamodb::types::{
         AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
     };
-    let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
-            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
-        ))
-        .build_https();
-    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .region(aws_config::Region::new("us-east-1"))
-        .endpoint_url(endpoint)
-        .http_client(http)
-        .load()
-        .await;
-    let client = aws_sdk_dynamodb::Client::new(&config);
+    let client = fixtures::dynamodb_client(endpoint, fixtures::dynamodb_region()).await;
     let key = |name: &str, t: KeyType| {
         KeySchemaElement::builder()
             .attribute_name(name)

@@ -121,9 +121,11 @@ impl Conn {
     }
 
     /// Deletes the items with `keys` from `table` without conditions, 25 per
-    /// BatchWriteItem, sending unprocessed items again (with a growing pause).
+    /// BatchWriteItem, sending unprocessed items (throttling) again with a growing
+    /// pause, for at most one timeout per batch: then `Error::Backend`.
     pub(crate) async fn batch_delete(&self, table: &str, keys: Vec<Item>) -> Result<()> {
         for chunk in keys.chunks(25) {
+            let deadline = tokio::time::Instant::now() + self.config.timeout;
             let mut requests: Vec<WriteRequest> = chunk
                 .iter()
                 .map(|k| {
@@ -148,6 +150,15 @@ impl Conn {
                     .and_then(|mut u| u.remove(table))
                     .unwrap_or_default();
                 if !requests.is_empty() {
+                    if tokio::time::Instant::now() + pause >= deadline {
+                        return Err(Error::backend(format!(
+                            "dynamodb BatchWriteItem on table `{table}` at {}: {} deletes still \
+                             unprocessed after {:?}",
+                            self.endpoint,
+                            requests.len(),
+                            self.config.timeout
+                        )));
+                    }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(500));
                 }

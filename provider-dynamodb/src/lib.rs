@@ -40,7 +40,9 @@
 //!   written without changing it.
 //! - **Bounds.** Every request runs under the SDK's operation timeout
 //!   (`timeout_ms`, default 5 s, retries included) with the standard retry mode
-//!   (`max_attempts`, default 3: throttling and server errors). Errors are
+//!   (`max_attempts`, default 3: throttling and server errors); `delete_cluster`
+//!   gives up after `4 × timeout_ms` of racing writers, and unprocessed batch
+//!   deletes are sent again for at most one timeout. Errors are
 //!   `Error::Backend` naming the table, the endpoint and the AWS error code
 //!   (`ThrottlingException`, `ResourceNotFoundException`, ...).
 //! - **Bad items** (a missing or mistyped attribute) are listed as corrupt rows by

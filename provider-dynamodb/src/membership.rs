@@ -363,18 +363,7 @@ impl DynamoDbMembershipTable {
                 return Ok(false);
             };
             let ops = vec![TransactWriteItem::builder().put(put).build(), version_op];
-            let sent = self
-                .conn
-                .client
-                .transact_write_items()
-                .set_transact_items(Some(ops))
-                .send()
-                .await;
-            match sent {
-                Ok(_) => true,
-                Err(e) if is_conflict(&e) => false,
-                Err(e) => return Err(self.conn.error(what, self.table(), e)),
-            }
+            self.transact(what, ops).await?
         };
         if !committed {
             self.explain_conflict(&entry.silo).await?;
@@ -648,6 +637,14 @@ impl MembershipTable for DynamoDbMembershipTable {
         // in between fails that transaction and the loop lists again.
         let deadline = tokio::time::Instant::now() + self.conn.config.timeout * 4;
         loop {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::backend(format!(
+                    "dynamodb delete_cluster `{cluster_id}` in table `{}`: writers kept changing the \
+                     cluster for {:?}",
+                    self.table(),
+                    self.conn.config.timeout * 4
+                )));
+            }
             let items = self.list(cluster_id).await?;
             if items.is_empty() {
                 return Ok(());
@@ -672,14 +669,6 @@ impl MembershipTable for DynamoDbMembershipTable {
                 .collect::<Result<Vec<_>>>()?;
             if self.transact("delete_cluster", ops).await? {
                 return Ok(());
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(Error::backend(format!(
-                    "dynamodb delete_cluster `{cluster_id}` in table `{}`: writers kept changing the \
-                     cluster for {:?}",
-                    self.table(),
-                    self.conn.config.timeout * 4
-                )));
             }
             tokio::time::sleep(Duration::from_millis(1 + rand::random::<u64>() % 5)).await;
         }

@@ -169,6 +169,24 @@ pub fn dynamodb_url(endpoint: &str) -> String {
     )
 }
 
+/// A raw SDK client for the DynamoDB-compatible server at `endpoint` (to look at
+/// and tamper with items, or to measure raw writes), on the workspace's HTTP stack.
+#[cfg(feature = "dynamodb")]
+pub async fn dynamodb_client(endpoint: &str, region: &str) -> aws_sdk_dynamodb::Client {
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https();
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new(region.to_owned()))
+        .endpoint_url(endpoint)
+        .http_client(http)
+        .load()
+        .await;
+    aws_sdk_dynamodb::Client::new(&config)
+}
+
 /// A region picked at random for one test process. moto keeps one set of tables
 /// per region and copies all of them on every transaction (to roll back), so
 /// tests spread over regions keep each transaction's copy small.

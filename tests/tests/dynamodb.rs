@@ -31,21 +31,9 @@ mod conformance {
     rollcall_tests::conformance_tests!(super::dynamodb().await);
 }
 
-/// A raw SDK client on the same server, to look at and tamper with items.
+/// A raw SDK client on the same server, in this process's region.
 async fn raw(endpoint: &str) -> aws_sdk_dynamodb::Client {
-    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .region(aws_config::Region::new(fixtures::dynamodb_region()))
-        .endpoint_url(endpoint)
-        .http_client(
-            aws_smithy_http_client::Builder::new()
-                .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
-                    aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
-                ))
-                .build_https(),
-        )
-        .load()
-        .await;
-    aws_sdk_dynamodb::Client::new(&config)
+    fixtures::dynamodb_client(endpoint, fixtures::dynamodb_region()).await
 }
 
 type Item = HashMap<String, AttributeValue>;
