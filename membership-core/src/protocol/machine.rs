@@ -231,8 +231,9 @@ pub enum Action {
         id: u64,
     },
     /// `read_delta(since)`; answer with [`Event::DeltaRead`]. Used for refreshes
-    /// that gossip, writes and calls trigger; the periodic refresh and write jobs
-    /// read the whole table.
+    /// that gossip, writes and calls trigger, and for the reads of the join and
+    /// own-status write jobs; the periodic refresh, votes and retried jobs read the
+    /// whole table.
     ReadDelta {
         /// Read id, echoed in the event.
         id: u64,
@@ -1118,11 +1119,20 @@ impl SiloMachine {
     }
 
     /// The running job (re)reads the table: every attempt plans from a fresh read.
+    ///
+    /// The join and own-status jobs read a delta (rows written since the view's
+    /// version, merged onto the view): they need only the version row and rows a
+    /// writer changed, so a join costs the store O(changes), not O(silos). A vote
+    /// reads the whole table, as in Orleans: its quorum counts the Active silos
+    /// whose IAmAlive is fresh, which only a full read brings. A retry after two
+    /// failed attempts reads the whole table too (a row removed by the defunct
+    /// cleanup is invisible to a delta).
     fn read_for_job(&mut self) {
         let id = self.id();
         if let Some(r) = self.running.as_mut() {
             r.phase = JobPhase::Reading(id);
-            self.read_table(id, true);
+            let full = matches!(r.job, Job::Vote { .. }) || r.attempt >= 2;
+            self.read_table(id, full);
         }
     }
 
