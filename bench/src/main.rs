@@ -11,6 +11,8 @@
 //! Backends are found or started as the test command does (`ROLLCALL_REDIS_URL`,
 //! `ROLLCALL_ETCD_ENDPOINTS`, ... or local `redis-server` / `etcd` processes).
 
+mod d1;
+mod j1;
 mod r1;
 mod r2;
 mod t1;
@@ -31,7 +33,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Every benchmark that exists (today: T1, then R1 and R2 with their defaults).
+    /// Every benchmark that exists (T1, then R1, R2, J1 and D1 with their defaults).
     All(t1::Args),
     /// T1: table operations per provider next to the backend's raw write and raw
     /// conditional write through the same client library.
@@ -42,6 +44,12 @@ enum Cmd {
     /// R2: reminder failover time relative to detection time, 3 silos on real TCP;
     /// adds its section to the reports.
     R2(r2::Args),
+    /// J1: join storms (10 to 10,000 silos started at once) on the memory table in
+    /// virtual time and on a real Redis; adds its section to the reports.
+    J1(j1::Args),
+    /// D1: crash detection (5, 50 and 1,000 silos; one at a time and 10% at once)
+    /// in virtual time; adds its section to the reports.
+    D1(d1::Args),
 }
 
 /// The process's allocator, counting the bytes currently allocated: how R1
@@ -145,6 +153,8 @@ fn main() -> anyhow::Result<()> {
         Cmd::T1(args) => rt.block_on(t1::run(args)),
         Cmd::R1(args) => r1::run(args),
         Cmd::R2(args) => r2::run(args),
+        Cmd::J1(args) => j1::run(args),
+        Cmd::D1(args) => d1::run(args),
         Cmd::All(args) => {
             let reports = Reports {
                 out: args.out.clone(),
@@ -167,8 +177,24 @@ fn main() -> anyhow::Result<()> {
             r1.reports = reports.clone();
             r1::run(r1)?;
             let mut r2 = R2Defaults::parse_from(["r2"]).r2;
-            r2.reports = reports;
-            r2::run(r2)
+            r2.reports = reports.clone();
+            r2::run(r2)?;
+            #[derive(Parser)]
+            struct J1Defaults {
+                #[command(flatten)]
+                j1: j1::Args,
+            }
+            #[derive(Parser)]
+            struct D1Defaults {
+                #[command(flatten)]
+                d1: d1::Args,
+            }
+            let mut j1 = J1Defaults::parse_from(["j1"]).j1;
+            j1.reports = reports.clone();
+            j1::run(j1)?;
+            let mut d1 = D1Defaults::parse_from(["d1"]).d1;
+            d1.reports = reports;
+            d1::run(d1)
         }
     }
 }

@@ -92,3 +92,52 @@ fn smoke_run_reports_every_provider_with_ratios() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// J1 and D1 on small clusters: the storms finish, every silo agrees, the crash
+/// is detected with no false death, and both add their sections.
+#[test]
+fn smoke_run_of_join_storms_and_detection() {
+    let dir = std::env::temp_dir().join(rollcall_tests::unique_id("bench-smoke-j1"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (md, json) = (dir.join("BENCHMARKS.md"), dir.join("benchmarks.json"));
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollcall-bench"))
+            .args(args)
+            .arg("--out")
+            .arg(&md)
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .expect("run rollcall-bench");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(&["j1", "--silos", "30", "--redis-silos", "30"]);
+    run(&["d1", "--sizes", "5,40", "--runs", "3"]);
+    let report = std::fs::read_to_string(&md).unwrap();
+    assert!(report.contains("## J1") && report.contains("## D1"), "{report}");
+    let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let storms = parsed["j1"].as_array().unwrap();
+    // 10 (the reference) and 30, on memory and on Redis.
+    assert_eq!(storms.len(), 4, "{parsed:#}");
+    for s in storms {
+        assert!(s.get("failed").is_none(), "{s}");
+        assert_eq!(s["all_agree"], true, "{s}");
+        assert!(s["all_active_s"].as_f64().unwrap() > 0.0, "{s}");
+        assert!(
+            s["writes_per_join"].as_f64().unwrap() >= 2.0,
+            "two commits per join: {s}"
+        );
+    }
+    let detections = parsed["d1"].as_array().unwrap();
+    assert_eq!(detections.len(), 2, "{parsed:#}");
+    for d in detections {
+        assert_eq!(d["kills"], 3, "{d}");
+        assert_eq!(d["undetected"], 0, "{d}");
+        assert_eq!(d["false_deaths"], 0, "{d}");
+        assert!(
+            d["p99_s"].as_f64().unwrap() <= 1.2 * d["bound_s"].as_f64().unwrap(),
+            "{d}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

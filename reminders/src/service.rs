@@ -163,7 +163,7 @@ impl RemindersBuilder {
 struct Inner {
     silo: SiloHandle,
     /// The silo's membership view and the ring last built from it (by version).
-    view: tokio::sync::watch::Receiver<rollcall_membership_core::MembershipSnapshot>,
+    view: tokio::sync::watch::Receiver<std::sync::Arc<rollcall_membership_core::MembershipSnapshot>>,
     ring: std::sync::Mutex<Option<(u64, Ring)>>,
     table: Arc<dyn ReminderTable>,
     options: Arc<ReminderOptions>,

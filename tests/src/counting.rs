@@ -1,13 +1,17 @@
 //! A [`SystemStore`] decorator that counts the membership table calls made through
-//! it (reads, writes), over any real store: what a silo costs its store.
+//! it (full reads, delta reads, row reads, writes and their conflicts, IAmAlive
+//! writes), over any real store: what silos cost their store. Optionally it delays
+//! every membership call by a fixed store latency, measured on tokio's clock (so in
+//! virtual time when the runtime's clock is paused).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use rollcall_membership_core::{
-    Etag, MembershipEntry, MembershipSnapshot, MembershipTable, ProtocolMode, ReminderTable, Result,
-    SiloAddress, SystemStore, TableVersion, Timestamp,
+    Etag, MembershipDelta, MembershipEntry, MembershipSnapshot, MembershipTable, ProtocolMode, ReminderTable,
+    Result, SiloAddress, SystemStore, TableVersion, Timestamp,
 };
 
 /// Calls counted by a [`CountingStore`], over all its membership tables.
@@ -15,10 +19,57 @@ use rollcall_membership_core::{
 pub struct Counts {
     /// `read_all` calls.
     pub read_all: AtomicU64,
+    /// `read_delta` calls.
+    pub read_delta: AtomicU64,
     /// `read_row` calls.
     pub read_row: AtomicU64,
     /// `insert_row` and `update_row` calls.
     pub writes: AtomicU64,
+    /// `insert_row` and `update_row` calls that answered `Ok(false)` (a conflict).
+    pub conflicts: AtomicU64,
+    /// `update_i_am_alive` calls.
+    pub i_am_alive: AtomicU64,
+}
+
+/// A copy of the [`Counts`] at one instant (subtract two to count an interval).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CountsSnapshot {
+    /// `read_all` calls.
+    pub read_all: u64,
+    /// `read_delta` calls.
+    pub read_delta: u64,
+    /// `read_row` calls.
+    pub read_row: u64,
+    /// Row writes (inserts and updates).
+    pub writes: u64,
+    /// Row writes that conflicted.
+    pub conflicts: u64,
+    /// IAmAlive writes.
+    pub i_am_alive: u64,
+}
+
+impl CountsSnapshot {
+    /// Row writes that committed.
+    pub fn commits(&self) -> u64 {
+        self.writes - self.conflicts
+    }
+
+    /// Every table call counted (reads of all kinds, writes, IAmAlive).
+    pub fn calls(&self) -> u64 {
+        self.read_all + self.read_delta + self.read_row + self.writes + self.i_am_alive
+    }
+
+    /// `self - earlier`, field by field.
+    pub fn since(&self, earlier: &CountsSnapshot) -> CountsSnapshot {
+        CountsSnapshot {
+            read_all: self.read_all - earlier.read_all,
+            read_delta: self.read_delta - earlier.read_delta,
+            read_row: self.read_row - earlier.read_row,
+            writes: self.writes - earlier.writes,
+            conflicts: self.conflicts - earlier.conflicts,
+            i_am_alive: self.i_am_alive - earlier.i_am_alive,
+        }
+    }
 }
 
 impl Counts {
@@ -26,12 +77,32 @@ impl Counts {
     pub fn read_alls(&self) -> u64 {
         self.read_all.load(Ordering::SeqCst)
     }
+
+    /// Table reads of any kind so far (`read_all`, `read_delta`, `read_row`).
+    pub fn reads(&self) -> u64 {
+        let s = self.snapshot();
+        s.read_all + s.read_delta + s.read_row
+    }
+
+    /// Every counter, now.
+    pub fn snapshot(&self) -> CountsSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::SeqCst);
+        CountsSnapshot {
+            read_all: get(&self.read_all),
+            read_delta: get(&self.read_delta),
+            read_row: get(&self.read_row),
+            writes: get(&self.writes),
+            conflicts: get(&self.conflicts),
+            i_am_alive: get(&self.i_am_alive),
+        }
+    }
 }
 
 /// Counts the membership calls on `inner`.
 #[derive(Debug, Clone)]
 pub struct CountingStore {
     inner: Arc<dyn SystemStore>,
+    latency: Duration,
     /// The counters.
     pub counts: Arc<Counts>,
 }
@@ -41,8 +112,17 @@ impl CountingStore {
     pub fn new(inner: Arc<dyn SystemStore>) -> Self {
         CountingStore {
             inner,
+            latency: Duration::ZERO,
             counts: Arc::default(),
         }
+    }
+
+    /// Delays every membership table call by `latency` before it reaches the inner
+    /// store (a `tokio::time::sleep`: virtual time under a paused clock). Models a
+    /// store one network round trip away when the inner store is in memory.
+    pub fn with_latency(mut self, latency: Duration) -> Self {
+        self.latency = latency;
+        self
     }
 }
 
@@ -55,6 +135,7 @@ impl SystemStore for CountingStore {
         Ok(Arc::new(CountingTable {
             inner: self.inner.membership_table(cluster_id, mode)?,
             counts: self.counts.clone(),
+            latency: self.latency,
         }))
     }
 
@@ -67,6 +148,23 @@ impl SystemStore for CountingStore {
 struct CountingTable {
     inner: Arc<dyn MembershipTable>,
     counts: Arc<Counts>,
+    latency: Duration,
+}
+
+impl CountingTable {
+    async fn delay(&self, counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::SeqCst);
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
+    }
+
+    fn settle(&self, written: Result<bool>) -> Result<bool> {
+        if matches!(written, Ok(false)) {
+            self.counts.conflicts.fetch_add(1, Ordering::SeqCst);
+        }
+        written
+    }
 }
 
 #[async_trait]
@@ -78,16 +176,20 @@ impl MembershipTable for CountingTable {
         self.inner.init(try_create).await
     }
     async fn read_row(&self, silo: &SiloAddress) -> Result<MembershipSnapshot> {
-        self.counts.read_row.fetch_add(1, Ordering::SeqCst);
+        self.delay(&self.counts.read_row).await;
         self.inner.read_row(silo).await
     }
     async fn read_all(&self) -> Result<MembershipSnapshot> {
-        self.counts.read_all.fetch_add(1, Ordering::SeqCst);
+        self.delay(&self.counts.read_all).await;
         self.inner.read_all().await
     }
+    async fn read_delta(&self, since: &TableVersion) -> Result<MembershipDelta> {
+        self.delay(&self.counts.read_delta).await;
+        self.inner.read_delta(since).await
+    }
     async fn insert_row(&self, entry: &MembershipEntry, next_version: &TableVersion) -> Result<bool> {
-        self.counts.writes.fetch_add(1, Ordering::SeqCst);
-        self.inner.insert_row(entry, next_version).await
+        self.delay(&self.counts.writes).await;
+        self.settle(self.inner.insert_row(entry, next_version).await)
     }
     async fn update_row(
         &self,
@@ -95,10 +197,11 @@ impl MembershipTable for CountingTable {
         etag: &Etag,
         next_version: &TableVersion,
     ) -> Result<bool> {
-        self.counts.writes.fetch_add(1, Ordering::SeqCst);
-        self.inner.update_row(entry, etag, next_version).await
+        self.delay(&self.counts.writes).await;
+        self.settle(self.inner.update_row(entry, etag, next_version).await)
     }
     async fn update_i_am_alive(&self, silo: &SiloAddress, time: Timestamp) -> Result<()> {
+        self.delay(&self.counts.i_am_alive).await;
         self.inner.update_i_am_alive(silo, time).await
     }
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {

@@ -42,9 +42,9 @@ pub(crate) struct SharedHealth {
 /// The watch channels the agent publishes on.
 pub(crate) struct Outputs {
     /// Every snapshot read (IAmAlive changes included).
-    pub(crate) latest: watch::Sender<MembershipSnapshot>,
+    pub(crate) latest: watch::Sender<Arc<MembershipSnapshot>>,
     /// Snapshots with a new table version (or, in basic mode, new content).
-    pub(crate) snapshot: watch::Sender<MembershipSnapshot>,
+    pub(crate) snapshot: watch::Sender<Arc<MembershipSnapshot>>,
     pub(crate) status: watch::Sender<SiloStatus>,
     pub(crate) stop: Arc<watch::Sender<bool>>,
 }

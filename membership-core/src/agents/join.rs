@@ -122,8 +122,8 @@ impl SiloBuilder {
 
         let seed = self.seed.unwrap_or_else(|| rand::rng().random());
         let machine = SiloMachine::new(self.cluster_id.clone(), me, own_row, (*options).clone(), seed);
-        let (latest_tx, latest_rx) = watch::channel(MembershipSnapshot::default());
-        let (snapshot_tx, snapshot_rx) = watch::channel(MembershipSnapshot::default());
+        let (latest_tx, latest_rx) = watch::channel(Arc::new(MembershipSnapshot::default()));
+        let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(MembershipSnapshot::default()));
         let (status_tx, status_rx) = watch::channel(SiloStatus::Created);
         let stop_tx = Arc::new(watch::channel(false).0);
         let (joined_tx, joined_rx) = oneshot::channel();

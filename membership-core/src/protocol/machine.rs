@@ -18,11 +18,12 @@
 //!   retries after a jittered backoff **timer**: nothing ever waits in a loop;
 //! - the **join**: older generations Dead, own row inserted, connectivity validated
 //!   against every Active silo until `max_join_attempt_time`, then Active;
-//! - **probing**: one [`ProbeCycle`] per target chosen by [`select_probe_targets`];
+//! - **probing**: one [`ProbeCycle`] per target chosen by [`TargetSelector`];
 //! - **local health**, IAmAlive, defunct cleanup, gossip after each write;
 //! - **leaving**: ShuttingDown (or Stopping) then Dead, bounded by `shutdown_timeout`.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -39,7 +40,7 @@ use super::health::{local_health_score, HealthInputs};
 use super::join::{plan_join, JoinPlan};
 use super::probe::{IndirectOutcome, PingOutcome, ProbeCycle, SuspectReason, Verdict};
 use super::refresh::Refresher;
-use super::targets::{is_monitored, select_probe_targets};
+use super::targets::{is_monitored, TargetSelector};
 use super::votes::{active_non_stale, decide_vote, fresh_votes, VoteDecision};
 use super::{backoff_delay, is_stuck_joining};
 
@@ -48,6 +49,10 @@ use super::{backoff_delay, is_stuck_joining};
 pub const MAX_QUEUED_JOBS: usize = 256;
 /// Attempts of one write job before it gives up.
 pub const MAX_WRITE_ATTEMPTS: u32 = 30;
+/// A retried join or own-status job reads the whole table on every this-many-th
+/// attempt (other attempts read a delta): a conflict means another writer committed,
+/// which a delta shows; only a row removed by the defunct cleanup needs a full read.
+const FULL_READ_EVERY: u32 = 8;
 const BACKOFF_BASE: Duration = Duration::from_millis(10);
 const BACKOFF_CAP: Duration = Duration::from_secs(2);
 
@@ -290,8 +295,8 @@ pub enum Action {
     /// A snapshot was read; `new_version` when subscribers must hear of it (a new
     /// table version, or in basic mode new content).
     Publish {
-        /// The newest view.
-        snapshot: MembershipSnapshot,
+        /// The newest view (shared: publishing a view costs no copy of its rows).
+        snapshot: Arc<MembershipSnapshot>,
         /// Whether it is a new version.
         new_version: bool,
     },
@@ -401,13 +406,15 @@ pub struct SiloMachine {
     next_id: u64,
     status: SiloStatus,
     lifecycle: Lifecycle,
-    view: MembershipSnapshot,
+    view: Arc<MembershipSnapshot>,
     has_view: bool,
     refresher: Refresher,
     refresh_retry_scheduled: bool,
     queue: VecDeque<Job>,
     running: Option<Running>,
     probes: BTreeMap<SiloAddress, ProbeCycle>,
+    /// Probe target selection, with its ring positions and picks cached.
+    targets: TargetSelector,
     health: u8,
     probes_sent: u32,
     probes_answered: u32,
@@ -455,13 +462,14 @@ impl SiloMachine {
             next_id: 1,
             status: SiloStatus::Created,
             lifecycle: Lifecycle::Created,
-            view: MembershipSnapshot::default(),
+            view: Arc::default(),
             has_view: false,
             refresher: Refresher::default(),
             refresh_retry_scheduled: false,
             queue: VecDeque::new(),
             running: None,
             probes: BTreeMap::new(),
+            targets: TargetSelector::default(),
             health: 0,
             probes_sent: 0,
             probes_answered: 0,
@@ -893,7 +901,7 @@ impl SiloMachine {
                  re-registering this silo if its row is gone"
             );
             self.known_version = snap.version.version;
-            self.view.version.version = 0; // so the view below counts as new
+            Arc::make_mut(&mut self.view).version.version = 0; // so the view below counts as new
         }
         if extended {
             self.known_version = self.known_version.max(snap.version.version);
@@ -909,7 +917,7 @@ impl SiloMachine {
             } else {
                 content_changed(&self.view, &snap)
             };
-        self.view = snap;
+        self.view = Arc::new(snap);
         self.has_view = true;
         self.out.push(Action::Publish {
             snapshot: self.view.clone(),
@@ -978,7 +986,7 @@ impl SiloMachine {
                             result: if self.is_stopped() {
                                 Err(SiloError::DeclaredDead)
                             } else {
-                                Ok(self.view.clone())
+                                Ok((*self.view).clone())
                             },
                         });
                     }
@@ -1124,14 +1132,15 @@ impl SiloMachine {
     /// version, merged onto the view): they need only the version row and rows a
     /// writer changed, so a join costs the store O(changes), not O(silos). A vote
     /// reads the whole table, as in Orleans: its quorum counts the Active silos
-    /// whose IAmAlive is fresh, which only a full read brings. A retry after two
-    /// failed attempts reads the whole table too (a row removed by the defunct
-    /// cleanup is invisible to a delta).
+    /// whose IAmAlive is fresh, which only a full read brings. Some retries read the
+    /// whole table too (a row removed by the defunct
+    /// cleanup is invisible to a delta): every [`FULL_READ_EVERY`]th attempt.
     fn read_for_job(&mut self) {
         let id = self.id();
         if let Some(r) = self.running.as_mut() {
             r.phase = JobPhase::Reading(id);
-            let full = matches!(r.job, Job::Vote { .. }) || r.attempt >= 2;
+            let full =
+                matches!(r.job, Job::Vote { .. }) || (r.attempt > 0 && r.attempt % FULL_READ_EVERY == 0);
             self.read_table(id, full);
         }
     }
@@ -1206,11 +1215,23 @@ impl SiloMachine {
         };
         r.attempt += 1;
         let attempt = r.attempt;
+        let joining = matches!(r.job, Job::Join | Job::OwnStatus(SiloStatus::Active))
+            && matches!(self.lifecycle, Lifecycle::JoiningTable | Lifecycle::Activating);
         let fatal = error.as_ref().is_some_and(|e| !e.is_transient());
-        if attempt >= MAX_WRITE_ATTEMPTS || fatal {
+        // A conflict means another silo committed: in a join storm the table makes
+        // progress while we lose. The join's own writes give up on conflicts only at
+        // `max_join_attempt_time` from the silo's start (a storm of N joins needs
+        // O(N) commits, so a fixed count of attempts fails silos in large storms);
+        // other jobs, and errors, give up after MAX_WRITE_ATTEMPTS.
+        let out_of_attempts = if joining && error.is_none() {
+            self.now.saturating_duration_since(self.own_row.start_time) >= self.options.max_join_attempt_time
+        } else {
+            attempt >= MAX_WRITE_ATTEMPTS
+        };
+        if out_of_attempts || fatal {
             let e = error.unwrap_or_else(|| {
                 Error::backend(format!(
-                    "membership write gave up after {MAX_WRITE_ATTEMPTS} conflicting attempts"
+                    "membership write gave up after {attempt} conflicting attempts"
                 ))
             });
             return self.job_finished(Err(SiloError::Table(e)));
@@ -1496,7 +1517,7 @@ impl SiloMachine {
             self.probes.clear();
             return;
         }
-        let targets = select_probe_targets(&self.me, &self.view, now, &self.options);
+        let targets = self.targets.select(&self.me, &self.view, now, &self.options);
         self.probes.retain(|t, _| targets.contains(t));
         for t in targets {
             if !self.probes.contains_key(&t) {
