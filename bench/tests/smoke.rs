@@ -1,20 +1,29 @@
 //! A smoke run of the benchmark command (milliseconds per op), so the bench code
 //! cannot rot: every provider measured, every op next to its references.
 
+/// Runs `rollcall-bench args --out md --json json` and asserts it succeeded.
+fn run_bench(args: &[&str], md: &std::path::Path, json: &std::path::Path) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollcall-bench"))
+        .args(args)
+        .arg("--out")
+        .arg(md)
+        .arg("--json")
+        .arg(json)
+        .output()
+        .expect("run rollcall-bench");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
 fn smoke_run_reports_every_provider_with_ratios() {
     let dir = std::env::temp_dir().join(rollcall_tests::unique_id("bench-smoke"));
     std::fs::create_dir_all(&dir).unwrap();
     let (md, json) = (dir.join("BENCHMARKS.md"), dir.join("benchmarks.json"));
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollcall-bench"))
-        .args(["t1", "--seconds", "0.02", "--rounds", "1", "--clients", "1"])
-        .arg("--out")
-        .arg(&md)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run rollcall-bench");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    run_bench(
+        &["t1", "--seconds", "0.02", "--rounds", "1", "--clients", "1"],
+        &md,
+        &json,
+    );
     let report = std::fs::read_to_string(&md).unwrap();
     for heading in ["### memory", "### redis", "### etcd", "### Goals"] {
         assert!(report.contains(heading), "{heading} missing:\n{report}");
@@ -28,8 +37,8 @@ fn smoke_run_reports_every_provider_with_ratios() {
         assert!(c["vs_raw_write"].as_f64().unwrap() > 0.0, "{c}");
     }
     // R1 adds its section and key to the same reports, keeping T1's.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollcall-bench"))
-        .args([
+    run_bench(
+        &[
             "r1",
             "--counts",
             "300",
@@ -39,14 +48,10 @@ fn smoke_run_reports_every_provider_with_ratios() {
             "1",
             "--concurrency",
             "8",
-        ])
-        .arg("--out")
-        .arg(&md)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run rollcall-bench r1");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        ],
+        &md,
+        &json,
+    );
     let report = std::fs::read_to_string(&md).unwrap();
     assert!(
         report.contains("### memory") && report.contains("## R1"),
@@ -65,15 +70,7 @@ fn smoke_run_reports_every_provider_with_ratios() {
         );
     }
     // R2: one kill per provider on a small table.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollcall-bench"))
-        .args(["r2", "--counts", "300", "--runs", "1"])
-        .arg("--out")
-        .arg(&md)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run rollcall-bench r2");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    run_bench(&["r2", "--counts", "300", "--runs", "1"], &md, &json);
     let report = std::fs::read_to_string(&md).unwrap();
     assert!(report.contains("## R1") && report.contains("## R2"), "{report}");
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -100,19 +97,8 @@ fn smoke_run_of_join_storms_and_detection() {
     let dir = std::env::temp_dir().join(rollcall_tests::unique_id("bench-smoke-j1"));
     std::fs::create_dir_all(&dir).unwrap();
     let (md, json) = (dir.join("BENCHMARKS.md"), dir.join("benchmarks.json"));
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rollcall-bench"))
-            .args(args)
-            .arg("--out")
-            .arg(&md)
-            .arg("--json")
-            .arg(&json)
-            .output()
-            .expect("run rollcall-bench");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    };
-    run(&["j1", "--silos", "30", "--redis-silos", "30"]);
-    run(&["d1", "--sizes", "5,40", "--runs", "3"]);
+    run_bench(&["j1", "--silos", "30", "--redis-silos", "30"], &md, &json);
+    run_bench(&["d1", "--sizes", "5,40", "--runs", "3"], &md, &json);
     let report = std::fs::read_to_string(&md).unwrap();
     assert!(report.contains("## J1") && report.contains("## D1"), "{report}");
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
