@@ -201,9 +201,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for &n in &args.sizes {
         anyhow::ensure!(n >= 3, "D1 needs clusters of at least 3 silos");
         let (runs, seed) = (args.runs, args.seed);
-        let rows = std::thread::spawn(move || rollcall_tests::sim::run_virtual(|| measure(n, runs, seed)))
-            .join()
-            .map_err(|_| anyhow::anyhow!("D1 {n} panicked"))??;
+        let rows = crate::on_own_thread(format!("D1 {n}"), move || {
+            rollcall_tests::sim::run_virtual(|| measure(n, runs, seed))
+        })?;
         for r in &rows {
             eprintln!("{r:?}");
         }

@@ -270,14 +270,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let latency = Duration::from_secs_f64(args.latency_ms / 1000.0);
     for &n in &with_reference(&args.silos) {
         let seed = args.seed;
-        let storm = std::thread::spawn(move || {
+        let storm = crate::on_own_thread(format!("J1 memory {n}"), move || {
             rollcall_tests::sim::run_virtual(|| async move {
                 let store = Arc::new(rollcall::memory::MemoryStore::new());
                 measure("memory", store, latency, n, seed, Duration::from_secs(60)).await
             })
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("J1 memory {n} panicked"))??;
+        })?;
         eprintln!("{storm:?}");
         storms.push(storm);
     }
@@ -290,14 +288,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .ok_or_else(|| anyhow::anyhow!("no redis-server"))?;
         for &n in &with_reference(&args.redis_silos) {
             let (url, seed) = (backend.endpoint.clone(), args.seed);
-            let storm = std::thread::spawn(move || {
+            let storm = crate::on_own_thread(format!("J1 redis {n}"), move || {
                 actix::System::new().block_on(async move {
                     let store = rollcall::connect(&url).await?;
                     measure("redis", store, Duration::ZERO, n, seed, Duration::from_secs(10)).await
                 })
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("J1 redis {n} panicked"))??;
+            })?;
             eprintln!("{storm:?}");
             storms.push(storm);
         }

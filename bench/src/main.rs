@@ -283,6 +283,17 @@ impl Reports {
     }
 }
 
+/// Runs one measurement on its own thread (each in its own actix `System` or
+/// virtual-time runtime, which `f` creates); a panic becomes an error naming `what`.
+pub(crate) fn on_own_thread<T: Send + 'static>(
+    what: String,
+    f: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    std::thread::spawn(f)
+        .join()
+        .map_err(|_| anyhow::anyhow!("{what} panicked"))?
+}
+
 /// Where a report goes by default: the workspace root.
 pub(crate) fn workspace_file(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(name)

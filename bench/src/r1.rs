@@ -330,11 +330,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for provider in &args.providers {
         for &n in &args.counts {
             let (p, a) = (provider.clone(), args.clone());
-            let row = std::thread::spawn(move || {
+            let row = crate::on_own_thread(format!("R1 {provider} {n}"), move || {
                 actix::System::new().block_on(async move { measure(&p, n, &a).await })
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("R1 {provider} {n} panicked"))??;
+            })?;
             eprintln!("{row:?}");
             rows.push(row);
         }

@@ -192,9 +192,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         for &n in &args.counts {
             for _ in 0..args.runs {
                 let p = provider.clone();
-                let run = std::thread::spawn(move || actix::System::new().block_on(once(&p, n)))
-                    .join()
-                    .map_err(|_| anyhow::anyhow!("R2 {provider} {n} panicked"))??;
+                let run = crate::on_own_thread(format!("R2 {provider} {n}"), move || {
+                    actix::System::new().block_on(once(&p, n))
+                })?;
                 eprintln!("{run:?}");
                 runs.push(run);
             }
