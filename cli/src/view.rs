@@ -232,7 +232,7 @@ mod tests {
                 Timestamp::from_millis(1_795_000_000_000),
             );
             e.host_name = host.into();
-            snap.entries.insert(e.silo, (e, Etag::new("e")));
+            snap.insert(e, Etag::new("e"));
         }
         snap.corrupt.push(CorruptRow {
             key: "rollcall:{m:c}:silo:10.0.0.9:1@1".into(),

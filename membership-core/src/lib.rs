@@ -32,8 +32,12 @@ pub use agents::{
     Subscription,
 };
 pub use error::{redact_password, retry_transient, BoxError, Error, Result, SiloError};
+/// The persistent-collections crate behind [`MembershipRows`], re-exported so that
+/// callers name the same version.
+pub use imbl;
 pub use membership::{
-    CorruptRow, Etag, MembershipDelta, MembershipEntry, MembershipSnapshot, SuspectVote, TableVersion,
+    CorruptRow, Etag, MembershipDelta, MembershipEntry, MembershipRows, MembershipSnapshot, SuspectVote,
+    TableVersion,
 };
 pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};
 pub use reminder::{actor_hash, hash_in_range, ReminderEntry};

@@ -1,8 +1,8 @@
 //! Membership table rows: [`MembershipEntry`], [`TableVersion`], [`Etag`] and
 //! [`MembershipSnapshot`].
 
-use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -187,6 +187,21 @@ impl fmt::Display for CorruptRow {
     }
 }
 
+/// The rows of a membership table keyed by silo, each row with its etag behind an
+/// `Arc`, in silo order.
+///
+/// A persistent ordered map ([`imbl::OrdMap`], a B-tree whose nodes are shared
+/// between copies): cloning it is O(1), and a view that replaces k rows of an
+/// N-row view shares everything else with it (O(k log N) time and memory; the
+/// rows are `Arc`s so that copying a tree node copies pointers, not strings).
+/// Every delta read of every silo builds a new view this way; with a plain
+/// `BTreeMap` each one deep-copied the whole table, which is what a 1,000-silo join
+/// storm spent its CPU on. It reads like a `BTreeMap` (`get`, `iter`, `values`,
+/// `len`, `insert`); iteration yields `(&SiloAddress, &Arc<(MembershipEntry, Etag)>)`.
+/// Build one with [`MembershipSnapshot::insert`] or by collecting
+/// `(SiloAddress, Arc<(MembershipEntry, Etag)>)` pairs.
+pub type MembershipRows = imbl::OrdMap<SiloAddress, Arc<(MembershipEntry, Etag)>>;
+
 /// A consistent view of a cluster's membership table: every row with its etag, and
 /// the version row, all read at one instant (`read_all`), or one row plus the version
 /// (`read_row`).
@@ -194,8 +209,9 @@ impl fmt::Display for CorruptRow {
 pub struct MembershipSnapshot {
     /// The version row at the time of the read.
     pub version: TableVersion,
-    /// Rows keyed by silo, each with its etag.
-    pub entries: BTreeMap<SiloAddress, (MembershipEntry, Etag)>,
+    /// Rows keyed by silo, each with its etag (see [`MembershipRows`]: cheap to
+    /// clone, shared with the views it was derived from).
+    pub entries: MembershipRows,
     /// Rows that were read but do not decode, ordered by key. They are left out of
     /// [`entries`](Self::entries); the protocol goes on with the rest.
     pub corrupt: Vec<CorruptRow>,
@@ -204,12 +220,23 @@ pub struct MembershipSnapshot {
 impl MembershipSnapshot {
     /// The row and etag of `silo`, if present.
     pub fn get(&self, silo: &SiloAddress) -> Option<&(MembershipEntry, Etag)> {
-        self.entries.get(silo)
+        self.entries.get(silo).map(|row| &**row)
+    }
+
+    /// Adds or replaces the row of `entry.silo` with its etag.
+    pub fn insert(&mut self, entry: MembershipEntry, etag: Etag) {
+        self.entries.insert(entry.silo, Arc::new((entry, etag)));
+    }
+
+    /// The row of `silo` for in-place changes (copied first if another view shares
+    /// it), if present. For tests and tools that build views by hand.
+    pub fn entry_mut(&mut self, silo: &SiloAddress) -> Option<&mut MembershipEntry> {
+        self.entries.get_mut(silo).map(|row| &mut Arc::make_mut(row).0)
     }
 
     /// The row of `silo`, if present.
     pub fn entry(&self, silo: &SiloAddress) -> Option<&MembershipEntry> {
-        self.entries.get(silo).map(|(e, _)| e)
+        self.entries.get(silo).map(|row| &row.0)
     }
 
     /// Number of rows.
@@ -224,7 +251,7 @@ impl MembershipSnapshot {
 
     /// All rows, ordered by silo address.
     pub fn rows(&self) -> impl Iterator<Item = &MembershipEntry> {
-        self.entries.values().map(|(e, _)| e)
+        self.entries.values().map(|row| &row.0)
     }
 
     /// The rows whose status is Active, ordered by silo address.
@@ -251,7 +278,7 @@ pub struct MembershipDelta {
     pub version: TableVersion,
     /// The rows written (inserted or updated) at a version above the one asked for,
     /// with their etags; every row if [`complete`](Self::complete).
-    pub changed: BTreeMap<SiloAddress, (MembershipEntry, Etag)>,
+    pub changed: MembershipRows,
     /// Rows among those that do not decode (see [`MembershipSnapshot::corrupt`]).
     pub corrupt: Vec<CorruptRow>,
     /// True when this is a full read: `changed` holds every row of the table, so a
@@ -276,6 +303,8 @@ impl MembershipDelta {
     /// complete delta, the delta's rows alone), at the delta's version. Rows of
     /// `base` that are not in a partial delta keep their columns, IAmAlive included
     /// (heartbeats do not bump the version; the periodic full read refreshes them).
+    /// Costs O(k log N) for k changed rows of N: the result shares `base`'s
+    /// unchanged rows (see [`MembershipRows`]).
     pub fn merged_onto(self, base: &MembershipSnapshot) -> MembershipSnapshot {
         if self.complete {
             return MembershipSnapshot {
@@ -317,7 +346,9 @@ mod tests {
                 version: 5,
                 etag: "v5".into(),
             },
-            entries: [row(1, SiloStatus::Active), row(2, SiloStatus::Active)].into(),
+            entries: [row(1, SiloStatus::Active), row(2, SiloStatus::Active)]
+                .into_iter()
+                .collect(),
             corrupt: Vec::new(),
         };
         let delta = MembershipDelta {
@@ -325,7 +356,9 @@ mod tests {
                 version: 7,
                 etag: "v7".into(),
             },
-            changed: [row(2, SiloStatus::Dead), row(3, SiloStatus::Joining)].into(),
+            changed: [row(2, SiloStatus::Dead), row(3, SiloStatus::Joining)]
+                .into_iter()
+                .collect(),
             corrupt: Vec::new(),
             complete: false,
         };
@@ -404,7 +437,7 @@ mod tests {
         ] {
             let mut e = MembershipEntry::new(silo(addr), status, t);
             e.proxy_port = proxy;
-            snap.entries.insert(e.silo, (e, Etag::new("x")));
+            snap.insert(e, Etag::new("x"));
         }
         assert_eq!(snap.active().count(), 2);
         let gws: Vec<_> = snap.gateways().map(|e| e.silo.port()).collect();

@@ -55,7 +55,7 @@ proptest! {
         let mut snap = MembershipSnapshot::default();
         for i in 0..n {
             let e = MembershipEntry::new(silo(i), SiloStatus::Active, now);
-            snap.entries.insert(e.silo, (e, Etag::new("e")));
+            snap.insert(e, Etag::new("e"));
         }
         let o = ClusterMembershipOptions { num_probed_silos: k, num_votes_for_death_declaration: 1, ..Default::default() };
         let t = select_probe_targets(&me, &snap, now, &o);

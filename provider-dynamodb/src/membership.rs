@@ -1,7 +1,6 @@
 //! The membership table on DynamoDB: one item per silo and a version item, all
 //! in the cluster's partition; conditional writes are `TransactWriteItems`.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,8 +9,8 @@ use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Get, Put, TransactGetItem, TransactWriteItem, Update};
 use rollcall_membership_core::{
-    CorruptRow, Error, Etag, MembershipDelta, MembershipEntry, MembershipSnapshot, MembershipTable,
-    ProtocolMode, Result, SiloAddress, SiloStatus, SuspectVote, TableVersion, Timestamp,
+    CorruptRow, Error, Etag, MembershipDelta, MembershipEntry, MembershipRows, MembershipSnapshot,
+    MembershipTable, ProtocolMode, Result, SiloAddress, SiloStatus, SuspectVote, TableVersion, Timestamp,
 };
 
 use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
@@ -127,7 +126,7 @@ fn decode_row(item: &Item) -> std::result::Result<Row, String> {
 struct Read {
     /// `None`: no version item.
     version: Option<TableVersion>,
-    rows: BTreeMap<SiloAddress, (MembershipEntry, Etag)>,
+    rows: MembershipRows,
     corrupt: Vec<CorruptRow>,
     /// The highest table version among the rows.
     newest_row: u64,
@@ -210,7 +209,7 @@ impl DynamoDbMembershipTable {
     fn decode_items(&self, items: &[Item]) -> Result<Read> {
         let mut read = Read {
             version: None,
-            rows: BTreeMap::new(),
+            rows: MembershipRows::new(),
             corrupt: Vec::new(),
             newest_row: 0,
         };
@@ -226,7 +225,7 @@ impl DynamoDbMembershipTable {
             match decode_row(item) {
                 Ok((entry, etag, written_at)) => {
                     read.newest_row = read.newest_row.max(written_at);
-                    read.rows.insert(entry.silo, (entry, etag));
+                    read.rows.insert(entry.silo, std::sync::Arc::new((entry, etag)));
                 }
                 Err(reason) => read.corrupt.push(CorruptRow {
                     key: self.item_name(sk),
@@ -605,8 +604,8 @@ impl MembershipTable for DynamoDbMembershipTable {
         let defunct: Vec<(String, Etag)> = snap
             .entries
             .values()
-            .filter(|(e, _)| e.is_defunct(before))
-            .map(|(e, etag)| (e.silo.to_string(), etag.clone()))
+            .filter(|row| row.0.is_defunct(before))
+            .map(|row| (row.0.silo.to_string(), row.1.clone()))
             .collect();
         let mut deleted = 0;
         for batch in defunct.chunks(TRANSACT_ITEMS) {

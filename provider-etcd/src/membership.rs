@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use rollcall_membership_core::{
-    CorruptRow, Error, Etag, MembershipDelta, MembershipEntry, MembershipSnapshot, MembershipTable,
-    ProtocolMode, Result, SiloAddress, TableVersion, Timestamp,
+    CorruptRow, Error, Etag, MembershipDelta, MembershipEntry, MembershipRows, MembershipSnapshot,
+    MembershipTable, ProtocolMode, Result, SiloAddress, TableVersion, Timestamp,
 };
 use serde::{Deserialize, Serialize};
 
@@ -108,7 +108,7 @@ impl EtcdMembershipTable {
         rows: &[KeyValue],
         alive: &[KeyValue],
         corrupt: &mut Vec<CorruptRow>,
-    ) -> std::collections::BTreeMap<SiloAddress, (MembershipEntry, Etag)> {
+    ) -> MembershipRows {
         let (silo_prefix, alive_prefix) = (self.keys.silo_prefix(), self.keys.alive_prefix());
         let mut alive_times: HashMap<SiloAddress, Timestamp> = HashMap::new();
         for kv in alive {
@@ -130,7 +130,7 @@ impl EtcdMembershipTable {
                 }),
             }
         }
-        let mut entries = std::collections::BTreeMap::new();
+        let mut entries = MembershipRows::new();
         for kv in rows {
             let key = key_text(kv);
             let silo = match Self::silo_of(&key, &silo_prefix) {
@@ -149,7 +149,7 @@ impl EtcdMembershipTable {
                     if let Some(t) = alive_times.get(&silo) {
                         row.entry.i_am_alive_time = *t;
                     }
-                    entries.insert(silo, (row.entry, etag_of(kv)));
+                    entries.insert(silo, std::sync::Arc::new((row.entry, etag_of(kv))));
                 }
                 Err(e) => corrupt.push(CorruptRow {
                     key,
@@ -448,8 +448,8 @@ impl MembershipTable for EtcdMembershipTable {
         let defunct: Vec<(String, i64)> = snap
             .entries
             .values()
-            .filter(|(e, _)| e.is_defunct(before))
-            .filter_map(|(e, etag)| Some((e.silo.to_string(), revision(etag)?)))
+            .filter(|row| row.0.is_defunct(before))
+            .filter_map(|row| Some((row.0.silo.to_string(), revision(&row.1)?)))
             .collect();
         let delete = |id: &str| {
             [

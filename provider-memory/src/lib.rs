@@ -25,17 +25,21 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use rollcall_membership_core::{
-    actor_hash, validate_id, Error, Etag, MembershipDelta, MembershipEntry, MembershipSnapshot,
-    MembershipTable, ProtocolMode, ReminderEntry, ReminderTable, Result, SiloAddress, SystemStore,
-    TableVersion, Timestamp,
+    actor_hash, validate_id, Error, Etag, MembershipDelta, MembershipEntry, MembershipRows,
+    MembershipSnapshot, MembershipTable, ProtocolMode, ReminderEntry, ReminderTable, Result, SiloAddress,
+    SystemStore, TableVersion, Timestamp,
 };
 
 #[derive(Debug, Default)]
 struct Cluster {
     version: TableVersion,
-    rows: BTreeMap<SiloAddress, (MembershipEntry, Etag)>,
+    /// A persistent map, so that `read_all` hands out the rows in O(1).
+    rows: MembershipRows,
     /// The table version each row was last written at (delta reads).
     written_at: BTreeMap<SiloAddress, u64>,
+    /// The same, keyed by version (extended mode, where every commit has its own
+    /// version): a delta read is one range scan of it.
+    by_version: BTreeMap<u64, SiloAddress>,
 }
 
 /// Reminders of one service, keyed by (hash, actor id, name) so that hash-range reads
@@ -100,8 +104,9 @@ impl MemoryStore {
                 version: 0,
                 etag: self.new_etag(),
             },
-            rows: BTreeMap::new(),
+            rows: MembershipRows::new(),
             written_at: BTreeMap::new(),
+            by_version: BTreeMap::new(),
         });
         Ok(f(cluster))
     }
@@ -148,8 +153,15 @@ impl MemoryMembershipTable {
     /// Whether `next` may follow the stored version (always true in basic mode).
     fn commit(&self, cluster: &mut Cluster, entry: &MembershipEntry, next: &TableVersion) {
         let etag = self.store.new_etag();
-        cluster.rows.insert(entry.silo, (entry.clone(), etag));
-        cluster.written_at.insert(entry.silo, next.version);
+        cluster.rows.insert(entry.silo, Arc::new((entry.clone(), etag)));
+        if let Some(old) = cluster.written_at.insert(entry.silo, next.version) {
+            if cluster.by_version.get(&old) == Some(&entry.silo) {
+                cluster.by_version.remove(&old);
+            }
+        }
+        if self.mode == ProtocolMode::Extended {
+            cluster.by_version.insert(next.version, entry.silo);
+        }
         if self.mode == ProtocolMode::Extended {
             cluster.version = TableVersion {
                 version: next.version,
@@ -195,12 +207,14 @@ impl MembershipTable for MemoryMembershipTable {
         let since = since.version;
         self.store.with_cluster(&self.cluster_id, |c| {
             let full = self.mode == ProtocolMode::Basic || c.version.version < since;
-            let changed = c
-                .rows
-                .iter()
-                .filter(|(s, _)| full || c.written_at.get(*s).is_some_and(|v| *v > since))
-                .map(|(s, row)| (*s, row.clone()))
-                .collect();
+            let changed = if full {
+                c.rows.clone()
+            } else {
+                c.by_version
+                    .range(since.saturating_add(1)..)
+                    .filter_map(|(_, s)| c.rows.get(s).map(|row| (*s, row.clone())))
+                    .collect()
+            };
             MembershipDelta {
                 version: c.version.clone(),
                 changed,
@@ -227,7 +241,7 @@ impl MembershipTable for MemoryMembershipTable {
         next_version: &TableVersion,
     ) -> Result<bool> {
         self.store.with_cluster(&self.cluster_id, |c| {
-            let row_ok = c.rows.get(&entry.silo).is_some_and(|(_, stored)| stored == etag);
+            let row_ok = c.rows.get(&entry.silo).is_some_and(|row| row.1 == *etag);
             if !row_ok || !c.version.admits(next_version, self.mode) {
                 return false;
             }
@@ -238,19 +252,29 @@ impl MembershipTable for MemoryMembershipTable {
 
     async fn update_i_am_alive(&self, silo: &SiloAddress, time: Timestamp) -> Result<()> {
         self.store.with_cluster(&self.cluster_id, |c| {
-            if let Some((entry, _)) = c.rows.get_mut(silo) {
-                entry.i_am_alive_time = time;
+            if let Some(row) = c.rows.get_mut(silo) {
+                Arc::make_mut(row).0.i_am_alive_time = time;
             }
         })
     }
 
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
         self.store.with_cluster(&self.cluster_id, |c| {
-            let n = c.rows.len();
-            c.rows.retain(|_, (e, _)| !e.is_defunct(before));
-            let rows = &c.rows;
-            c.written_at.retain(|s, _| rows.contains_key(s));
-            n - c.rows.len()
+            let defunct: Vec<SiloAddress> = c
+                .rows
+                .iter()
+                .filter(|(_, row)| row.0.is_defunct(before))
+                .map(|(s, _)| *s)
+                .collect();
+            for s in &defunct {
+                c.rows.remove(s);
+                if let Some(v) = c.written_at.remove(s) {
+                    if c.by_version.get(&v) == Some(s) {
+                        c.by_version.remove(&v);
+                    }
+                }
+            }
+            defunct.len()
         })
     }
 

@@ -466,7 +466,7 @@ impl RedisMembershipTable {
                     if let Some(t) = alive_times.get(&id) {
                         entry.i_am_alive_time = *t;
                     }
-                    snap.entries.insert(silo, (entry, etag));
+                    snap.entries.insert(silo, Arc::new((entry, etag)));
                 }
                 Ok(None) => {}
                 Err(e) => corrupt.push(corrupt_row(e)),

@@ -593,7 +593,7 @@ pub async fn delete_cluster_racing_writers_leaves_no_half_row(store: Store) {
     }
     // Every row is writable again (none is stuck half-deleted).
     let v = all.version.clone();
-    if let Some((row, etag)) = all.entries.values().next() {
+    if let Some((row, etag)) = all.entries.values().next().map(|r| &**r) {
         assert!(table.update_row(row, etag, &v.next()).await.expect("update"));
     }
 }

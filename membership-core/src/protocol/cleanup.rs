@@ -65,7 +65,7 @@ mod tests {
         let silo = |n: u8| -> SiloAddress { format!("10.0.0.{n}:1@1").parse().unwrap() };
         for n in 1..=2 {
             let e = MembershipEntry::new(silo(n), SiloStatus::Active, now);
-            snap.entries.insert(e.silo, (e, Etag::new("e")));
+            snap.insert(e, Etag::new("e"));
         }
         let hours = |h: u64| Duration::from_secs(h * 3600);
         for (n, age) in [
@@ -75,7 +75,7 @@ mod tests {
             (8, Duration::from_secs(60)),
         ] {
             let e = MembershipEntry::new(silo(n), SiloStatus::Dead, now.saturating_sub(age));
-            snap.entries.insert(e.silo, (e, Etag::new("e")));
+            snap.insert(e, Etag::new("e"));
         }
         assert_eq!(defunct_cutoff(&silo(2), &snap, now, &o), None);
         // 4 Dead rows, 2 kept: the cutoff moves up to the second newest (2 h old):

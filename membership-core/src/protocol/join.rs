@@ -45,6 +45,7 @@ pub fn plan_join(me: &SiloAddress, snapshot: &MembershipSnapshot) -> JoinPlan {
     let declare_dead = snapshot
         .entries
         .values()
+        .map(|row| &**row)
         .filter(|(e, _)| e.silo.same_endpoint(me) && e.silo.generation() < me.generation())
         .filter(|(e, _)| e.status != SiloStatus::Dead)
         .map(|(e, etag)| {
@@ -61,15 +62,10 @@ mod tests {
     use super::*;
     use crate::Timestamp;
 
-    fn row(s: &str, status: SiloStatus) -> (SiloAddress, (MembershipEntry, Etag)) {
+    fn row(s: &str, status: SiloStatus) -> (SiloAddress, std::sync::Arc<(MembershipEntry, Etag)>) {
         let silo: SiloAddress = s.parse().unwrap();
-        (
-            silo,
-            (
-                MembershipEntry::new(silo, status, Timestamp::from_millis(1)),
-                Etag::new("e"),
-            ),
-        )
+        let entry = MembershipEntry::new(silo, status, Timestamp::from_millis(1));
+        (silo, std::sync::Arc::new((entry, Etag::new("e"))))
     }
 
     #[test]

@@ -924,7 +924,7 @@ impl SiloMachine {
             new_version,
         });
         if self.check_self() && new_version {
-            self.update_targets(now);
+            self.update_targets(now, false);
         }
     }
 
@@ -1512,12 +1512,19 @@ impl SiloMachine {
 
     // ---- probing ----------------------------------------------------------------------
 
-    fn update_targets(&mut self, now: Timestamp) {
+    /// Re-selects the probe targets: looking at every row (`scan_all`, each probe
+    /// period) or only at the rows that changed since (after a table read).
+    fn update_targets(&mut self, now: Timestamp, scan_all: bool) {
         if self.status != SiloStatus::Active {
             self.probes.clear();
             return;
         }
-        let targets = self.targets.select(&self.me, &self.view, now, &self.options);
+        let targets = if scan_all {
+            self.targets.select(&self.me, &self.view, now, &self.options)
+        } else {
+            self.targets
+                .select_changed(&self.me, &self.view, now, &self.options)
+        };
         self.probes.retain(|t, _| targets.contains(t));
         for t in targets {
             if !self.probes.contains_key(&t) {
@@ -1532,7 +1539,7 @@ impl SiloMachine {
             return;
         }
         self.schedule(Timer::ProbeTick, self.options.probe_period());
-        self.update_targets(now);
+        self.update_targets(now, true);
         let stuck: Vec<SiloAddress> = self
             .view
             .rows()
@@ -1616,7 +1623,8 @@ fn content_changed(old: &MembershipSnapshot, new: &MembershipSnapshot) -> bool {
             .entries
             .iter()
             .zip(new.entries.iter())
-            .any(|((a, (ea, _)), (b, (eb, _)))| {
+            .any(|((a, ra), (b, rb))| {
+                let (ea, eb) = (&ra.0, &rb.0);
                 a != b || ea.status != eb.status || ea.suspect_votes != eb.suspect_votes
             })
 }

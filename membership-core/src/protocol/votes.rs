@@ -152,7 +152,7 @@ mod tests {
         let mut snap = MembershipSnapshot::default();
         for i in 1..=5 {
             let e = MembershipEntry::new(silo(i), SiloStatus::Active, t0);
-            snap.entries.insert(e.silo, (e, Etag::new("e")));
+            snap.insert(e, Etag::new("e"));
         }
         // 10 minutes without heartbeats (the table was down): nobody is stale relative
         // to the others, so 2 votes are still needed.
@@ -160,7 +160,7 @@ mod tests {
         assert_eq!(active_non_stale(&snap, later, &o), 5);
         // One silo that really stopped heartbeating while others continued is stale.
         for i in 1..=4 {
-            snap.entries.get_mut(&silo(i)).unwrap().0.i_am_alive_time = later;
+            snap.entry_mut(&silo(i)).unwrap().i_am_alive_time = later;
         }
         assert_eq!(active_non_stale(&snap, later, &o), 4);
     }
