@@ -230,6 +230,18 @@ pub(crate) fn set_section(path: &std::path::Path, heading: &str, body: &str) -> 
     Ok(())
 }
 
+/// Replaces what precedes the first `## ` heading of `path` (title and provenance)
+/// with `header`, keeping every section; writes `header` alone to a new file.
+pub(crate) fn set_header(path: &std::path::Path, header: &str) -> anyhow::Result<()> {
+    let old = std::fs::read_to_string(path).unwrap_or_default();
+    let rest = match old.find("\n## ") {
+        Some(i) => &old[i + 1..],
+        None => "",
+    };
+    std::fs::write(path, format!("{}\n\n{rest}", header.trim_end()))?;
+    Ok(())
+}
+
 /// Sets `key` in the JSON object stored at `path` (created if missing).
 pub(crate) fn set_json_key(
     path: &std::path::Path,

@@ -30,8 +30,13 @@ fn smoke_run_reports_every_provider_with_ratios() {
     }
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let cells = parsed["t1"].as_array().unwrap();
-    // 3 providers x (9 ops + references: 1 for memory, 2 for Redis, 3 for etcd).
-    assert_eq!(cells.len(), 10 + 11 + 12, "{parsed:#}");
+    // 3 providers x (9 ops + references: 1 for memory, 3 for Redis (raw write, raw
+    // conditional write, raw read script), 3 for etcd).
+    assert_eq!(cells.len(), 10 + 12 + 12, "{parsed:#}");
+    assert!(
+        report.contains("<= 1.3 x the raw read script"),
+        "the read_all decoding goal is reported:\n{report}"
+    );
     for c in cells {
         assert!(c["samples"].as_u64().unwrap() > 0, "{c}");
         assert!(c["vs_raw_write"].as_f64().unwrap() > 0.0, "{c}");
@@ -87,6 +92,31 @@ fn smoke_run_reports_every_provider_with_ratios() {
             "the victim held reminders: {r}"
         );
     }
+    // T1 again: its section is replaced, the others stay.
+    run_bench(
+        &[
+            "t1",
+            "--seconds",
+            "0.02",
+            "--rounds",
+            "1",
+            "--clients",
+            "1",
+            "--providers",
+            "memory",
+        ],
+        &md,
+        &json,
+    );
+    let report = std::fs::read_to_string(&md).unwrap();
+    assert!(report.contains("## R1") && report.contains("## R2"), "{report}");
+    assert!(
+        !report.contains("### redis"),
+        "the T1 section was replaced: {report}"
+    );
+    assert_eq!(report.matches("## T1").count(), 1, "{report}");
+    let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(parsed["r1"].is_array() && parsed["r2"].is_array(), "{parsed:#}");
     let _ = std::fs::remove_dir_all(dir);
 }
 

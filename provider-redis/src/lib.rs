@@ -110,6 +110,24 @@ impl RedisStore {
     pub fn config(&self) -> &RedisConfig {
         &self.config
     }
+
+    /// Runs the script behind `read_all` on `cluster_id`'s membership table and
+    /// answers how many rows its reply holds, without decoding them: the benchmark's
+    /// reference for the cost of decoding (T1's "raw read script"). Not a stable API.
+    ///
+    /// # Errors
+    /// As `read_all`.
+    #[doc(hidden)]
+    pub async fn read_all_reply_rows(&self, cluster_id: &str) -> Result<usize> {
+        RedisMembershipTable::new(
+            self.router.clone(),
+            &self.config.key_prefix,
+            cluster_id,
+            ProtocolMode::Extended,
+        )
+        .read_all_reply_rows()
+        .await
+    }
 }
 
 impl SystemStore for RedisStore {
