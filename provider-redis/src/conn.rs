@@ -1,7 +1,10 @@
 //! Connections: per node, a pool of dedicated connections for WATCH transactions
 //! (deadpool, with a manager of our own: a checkout costs no round trip) and one
-//! auto-reconnecting multiplexed connection for plain reads and heartbeats. In Redis Cluster mode, the node that owns a hash tag's slot is
-//! found with `CLUSTER SLOTS` and refreshed on a `MOVED` redirection.
+//! auto-reconnecting multiplexed connection for plain reads and heartbeats. In Redis
+//! Cluster mode, the node that owns a hash tag's slot is found with `CLUSTER SLOTS`
+//! and refreshed on a `MOVED` redirection. An `ASK` redirection (the slot is being
+//! migrated and the keys already moved) is followed once, on connections that send
+//! `ASKING` before every command, without touching the slot map.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -20,16 +23,133 @@ pub(crate) fn backend(what: &str, e: RedisError) -> Error {
     Error::backend_with(format!("redis: {what}"), e)
 }
 
-fn is_moved(e: &Error) -> bool {
-    if let Error::Backend { source: Some(s), .. } = e {
-        if let Some(re) = s.downcast_ref::<RedisError>() {
-            return matches!(
-                re.kind(),
-                ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
-            );
+/// A cluster redirection in a rollcall error.
+#[derive(Debug, PartialEq, Eq)]
+enum Redirect {
+    /// The slot moved for good: refresh the slot map.
+    Moved,
+    /// The slot is migrating and the keys are on this node (`host:port`): ask it
+    /// once, with `ASKING`.
+    Ask(String),
+}
+
+fn redirect(e: &Error) -> Option<Redirect> {
+    let Error::Backend { source: Some(s), .. } = e else {
+        return None;
+    };
+    let re = s.downcast_ref::<RedisError>()?;
+    match re.kind() {
+        ErrorKind::Server(ServerErrorKind::Moved) => Some(Redirect::Moved),
+        ErrorKind::Server(ServerErrorKind::Ask) => {
+            ask_address(re).map(Redirect::Ask).or(Some(Redirect::Moved))
         }
+        _ => None,
     }
-    false
+}
+
+/// The `host:port` of an `ASK` reply: of the error itself, or of the first `ASK`
+/// among a pipeline's failures (each of its commands is redirected alike).
+fn ask_address(re: &RedisError) -> Option<String> {
+    if let Some((addr, _)) = re.redirect_node() {
+        return Some(addr.to_owned());
+    }
+    let failures = re.clone().into_server_errors()?;
+    let (_, ask) = failures
+        .iter()
+        .find(|(_, e)| e.kind() == Some(ServerErrorKind::Ask))?;
+    // The details are "<slot> <host:port>".
+    ask.details()?.split_ascii_whitespace().nth(1).map(str::to_owned)
+}
+
+/// A connection that sends `ASKING` right before each command or pipeline it
+/// carries (in the same write, so that no other request of a multiplexed
+/// connection comes between), or a plain one. `ASKING` lets the importing node of a
+/// migrating slot serve the next command; before `MULTI` it holds for the whole
+/// transaction (Redis keeps the flag while a transaction is queued).
+#[derive(Clone)]
+pub(crate) struct Conn<C> {
+    inner: C,
+    asking: bool,
+}
+
+impl<C: Link + Send> redis::aio::ConnectionLike for Conn<C> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, redis::Value> {
+        if !self.asking {
+            return self.inner.link().req_packed_command(cmd);
+        }
+        Box::pin(async move {
+            let mut p = redis::pipe();
+            p.cmd("ASKING").add_command(cmd.clone());
+            let mut replies = self.inner.link().req_packed_commands(&p, 1, 1).await?;
+            replies
+                .pop()
+                .ok_or_else(|| RedisError::from((ErrorKind::Client, "no reply after ASKING")))
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        if !self.asking {
+            return self.inner.link().req_packed_commands(pipeline, offset, count);
+        }
+        Box::pin(async move {
+            let mut p = redis::pipe();
+            if pipeline.is_transaction() {
+                // ASKING, then the transaction spelled out (MULTI ... EXEC as plain
+                // commands): the flag holds while MULTI queues, so one is enough; the
+                // replies asked for are one further on.
+                p.cmd("ASKING").cmd("MULTI");
+                for c in pipeline.cmd_iter() {
+                    p.add_command(c.clone());
+                }
+                p.cmd("EXEC");
+                return self.inner.link().req_packed_commands(&p, offset + 1, count).await;
+            }
+            // Outside a transaction the flag lasts one command: ASKING before each,
+            // and the replies asked for are every second one.
+            for c in pipeline.cmd_iter() {
+                p.cmd("ASKING").add_command(c.clone());
+            }
+            let replies = self
+                .inner
+                .link()
+                .req_packed_commands(&p, 0, 2 * pipeline.len())
+                .await?;
+            Ok(replies
+                .into_iter()
+                .skip(1)
+                .step_by(2)
+                .skip(offset)
+                .take(count)
+                .collect())
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.link_ref().get_db()
+    }
+}
+
+/// The shared multiplexed connection of a node.
+pub(crate) type Shared = Conn<ConnectionManager>;
+
+/// What a [`Conn`] wraps: a connection, or a pool's handle on one.
+pub(crate) trait Link {
+    fn link(&mut self) -> &mut (dyn redis::aio::ConnectionLike + Send);
+    fn link_ref(&self) -> &(dyn redis::aio::ConnectionLike + Send);
+}
+
+impl Link for ConnectionManager {
+    fn link(&mut self) -> &mut (dyn redis::aio::ConnectionLike + Send) {
+        self
+    }
+    fn link_ref(&self) -> &(dyn redis::aio::ConnectionLike + Send) {
+        self
+    }
 }
 
 /// One Redis server.
@@ -39,6 +159,8 @@ pub(crate) struct Node {
     pool: deadpool::managed::Pool<WatchConnections>,
     shared: OnceCell<ConnectionManager>,
     timeout: std::time::Duration,
+    /// Reached by an `ASK` redirection: every command goes after `ASKING`.
+    asking: bool,
 }
 
 impl std::fmt::Debug for Node {
@@ -50,7 +172,16 @@ impl std::fmt::Debug for Node {
 }
 
 /// A pooled connection held for one transaction.
-pub(crate) type Dedicated = deadpool::managed::Object<WatchConnections>;
+pub(crate) type Dedicated = Conn<deadpool::managed::Object<WatchConnections>>;
+
+impl Link for deadpool::managed::Object<WatchConnections> {
+    fn link(&mut self) -> &mut (dyn redis::aio::ConnectionLike + Send) {
+        &mut **self
+    }
+    fn link_ref(&self) -> &(dyn redis::aio::ConnectionLike + Send) {
+        &**self
+    }
+}
 
 /// Connections checked out with [`Dedicated`] must be handed back with no WATCH
 /// pending (the write path ends every transaction with `EXEC` or `UNWATCH`) and are
@@ -95,7 +226,7 @@ impl deadpool::managed::Manager for WatchConnections {
 /// Drops a dedicated connection instead of returning it to the pool (its WATCH
 /// state is unknown after an error).
 pub(crate) fn discard(con: Dedicated) {
-    drop(deadpool::managed::Object::take(con));
+    drop(deadpool::managed::Object::take(con.inner));
 }
 
 impl Node {
@@ -122,29 +253,39 @@ impl Node {
             pool,
             shared: OnceCell::new(),
             timeout: cfg.timeout,
+            asking: false,
         })
     }
 
     /// The shared multiplexed connection (reconnects by itself after failures).
-    pub(crate) async fn shared(&self) -> Result<ConnectionManager> {
+    pub(crate) async fn shared(&self) -> Result<Shared> {
         let cfg = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(Some(self.timeout))
             .set_number_of_retries(1);
-        self.shared
+        let inner = self
+            .shared
             .get_or_try_init(|| async { self.client.get_connection_manager_with_config(cfg).await })
             .await
             .cloned()
-            .map_err(|e| backend(&format!("connect to {}", redact_password(&self.url)), e))
+            .map_err(|e| backend(&format!("connect to {}", redact_password(&self.url)), e))?;
+        Ok(Conn {
+            inner,
+            asking: self.asking,
+        })
     }
 
     /// A dedicated pooled connection (for WATCH ... EXEC).
     pub(crate) async fn dedicated(&self) -> Result<Dedicated> {
-        self.pool.get().await.map_err(|e| {
+        let inner = self.pool.get().await.map_err(|e| {
             Error::backend_with(
                 format!("redis: pooled connection to {}", redact_password(&self.url)),
                 e,
             )
+        })?;
+        Ok(Conn {
+            inner,
+            asking: self.asking,
         })
     }
 
@@ -172,6 +313,8 @@ pub(crate) struct ClusterRouter {
     /// (first slot, last slot, node URL), from CLUSTER SLOTS.
     slots: RwLock<Vec<(u16, u16, String)>>,
     nodes: Mutex<HashMap<String, Arc<Node>>>,
+    /// Nodes reached by `ASK` redirections (see [`ClusterRouter::asking_node`]).
+    asking_nodes: Mutex<HashMap<String, Arc<Node>>>,
     scheme_and_auth: String,
     /// `/#insecure` or `/` for TLS nodes, empty otherwise.
     suffix: String,
@@ -206,6 +349,7 @@ impl Router {
             cfg: cfg.clone(),
             slots: RwLock::new(Vec::new()),
             nodes: Mutex::new(HashMap::new()),
+            asking_nodes: Mutex::new(HashMap::new()),
             scheme_and_auth: format!("{scheme}://{auth}"),
             suffix: suffix.to_owned(),
         })))
@@ -219,8 +363,12 @@ impl Router {
         }
     }
 
-    /// Runs `op` on the node of `tag`; after a MOVED/ASK redirection (resharding),
-    /// refreshes the slot map and runs it once more.
+    /// Runs `op` on the node of `tag`. After a `MOVED` redirection (resharding),
+    /// refreshes the slot map and runs it once more; after an `ASK` (a slot half
+    /// migrated), runs it once on the node named, each command after `ASKING`, and
+    /// leaves the slot map as it is. A multi-key command whose keys are split
+    /// between the two nodes meanwhile gets `TRYAGAIN`: a transient
+    /// [`Error::Backend`] the caller retries.
     pub(crate) async fn run<T, F, Fut>(&self, tag: &str, op: F) -> Result<T>
     where
         F: Fn(Arc<Node>) -> Fut,
@@ -228,19 +376,32 @@ impl Router {
     {
         let node = self.node(tag).await?;
         match op(node).await {
-            Err(e) if is_moved(&e) => {
-                if let Router::Cluster(c) = self {
-                    let node = c.node_for(slot(tag), true).await?;
-                    return op(node).await;
-                }
-                Err(e)
-            }
-            other => other,
+            Err(e) => match (self, redirect(&e)) {
+                (Router::Cluster(c), Some(Redirect::Moved)) => op(c.node_for(slot(tag), true).await?).await,
+                (Router::Cluster(c), Some(Redirect::Ask(addr))) => op(c.asking_node(&addr)?).await,
+                _ => Err(e),
+            },
+            ok => ok,
         }
     }
 }
 
 impl ClusterRouter {
+    /// The node at `addr` (`host:port` from an `ASK` reply) with connections that
+    /// send `ASKING` first; kept apart from the slot owners' nodes, one per address.
+    fn asking_node(&self, addr: &str) -> Result<Arc<Node>> {
+        let url = format!("{}{addr}{}", self.scheme_and_auth, self.suffix);
+        let mut nodes = self.asking_nodes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = nodes.get(&url) {
+            return Ok(n.clone());
+        }
+        let mut node = Node::new(&url, &self.cfg)?;
+        node.asking = true;
+        let node = Arc::new(node);
+        nodes.insert(url, node.clone());
+        Ok(node)
+    }
+
     async fn node_for(&self, slot: u16, refresh: bool) -> Result<Arc<Node>> {
         if refresh || self.slots.read().await.is_empty() {
             self.refresh().await?;

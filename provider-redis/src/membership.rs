@@ -269,7 +269,7 @@ struct StoredEtag {
 
 async fn unwatch(con: &mut Dedicated) -> Result<bool> {
     redis::cmd("UNWATCH")
-        .query_async::<()>(&mut **con)
+        .query_async::<()>(&mut *con)
         .await
         .map_err(|e| backend("UNWATCH", e))?;
     Ok(false)
@@ -342,7 +342,7 @@ impl RedisMembershipTable {
             .ignore()
             .get(&row_key)
             .get(&version_key)
-            .query_async(&mut **con)
+            .query_async(&mut *con)
             .await
             .map_err(|e| backend("WATCH and read before write", e))?;
         match (w.expected, row.as_deref()) {
@@ -381,7 +381,7 @@ impl RedisMembershipTable {
         // The one reply kept (SADD's count), so that a committed EXEC is a non-empty
         // array: EXEC answers nil when a watched key changed.
         tx.sadd(self.keys.index(), &id);
-        let committed: Option<(i64,)> = tx.query_async(&mut **con).await.map_err(|e| backend("EXEC", e))?;
+        let committed: Option<(i64,)> = tx.query_async(&mut *con).await.map_err(|e| backend("EXEC", e))?;
         Ok(committed.is_some())
     }
 

@@ -54,7 +54,7 @@ impl RedisReminderTable {
     /// Runs `op` with the shared connection of this service's node.
     async fn shared<T, F, Fut>(&self, what: &'static str, op: F) -> Result<T>
     where
-        F: Fn(redis::aio::ConnectionManager, ReminderKeys) -> Fut,
+        F: Fn(crate::conn::Shared, ReminderKeys) -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
         let op = &op;
@@ -122,7 +122,7 @@ impl RedisReminderTable {
                             .arg(row_key)
                             .ignore()
                             .get(row_key)
-                            .query_async(&mut *con)
+                            .query_async(&mut con)
                             .await
                             .map_err(|e| backend("WATCH and GET", e))?;
                         let row = match raw {
@@ -131,14 +131,14 @@ impl RedisReminderTable {
                         };
                         let Some(row) = row else {
                             redis::cmd("UNWATCH")
-                                .query_async::<()>(&mut *con)
+                                .query_async::<()>(&mut con)
                                 .await
                                 .map_err(|e| backend("UNWATCH", e))?;
                             return Ok(false);
                         };
                         // An aborted EXEC answers nil.
                         let done: Option<(redis::Value,)> = write(row, row_key)?
-                            .query_async(&mut *con)
+                            .query_async(&mut con)
                             .await
                             .map_err(|e| backend("EXEC", e))?;
                         Ok(done.is_some())

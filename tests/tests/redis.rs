@@ -394,3 +394,140 @@ async fn update_row_sends_no_unwatch_and_no_ping() {
     assert_eq!(calls("ping"), 0, "no PING per pool checkout:\n{info}");
     server.stop().await;
 }
+
+/// A Redis Cluster node by `host:port`.
+async fn node_con(addr: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://{addr}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// A slot half migrated: the keys already on the importing node, the slot map
+/// still naming the old owner. The old owner answers `ASK`; every table operation
+/// must follow it once with `ASKING` (treating it as `MOVED` would refresh the
+/// slot map, which still names the old owner, and fail). Then the migration
+/// completes and `MOVED` takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_ask_redirections_are_followed_with_asking_during_a_slot_migration() {
+    let Some((store, b)) = redis_cluster().await else {
+        return;
+    };
+    let cluster = unique_id("ask");
+    let t = store.membership_table(&cluster, ProtocolMode::Extended).unwrap();
+    t.init(true).await.unwrap();
+    let (one, two) = (full_entry(1), full_entry(2));
+    insert(&*t, &one).await;
+    insert(&*t, &two).await;
+    t.update_i_am_alive(&one.silo, Timestamp::now()).await.unwrap();
+    let addrs: Vec<String> = b
+        .endpoint
+        .trim_start_matches("redis+cluster://")
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let mut cons = Vec::new();
+    for a in &addrs {
+        cons.push(node_con(a).await);
+    }
+    let slot: i64 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(format!("rollcall:{{m:{cluster}}}:version"))
+        .query_async(&mut cons[0])
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    let mut source = None;
+    for (i, con) in cons.iter_mut().enumerate() {
+        ids.push(
+            redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query_async::<String>(con)
+                .await
+                .unwrap(),
+        );
+        let n: i64 = redis::cmd("CLUSTER")
+            .arg("COUNTKEYSINSLOT")
+            .arg(slot)
+            .query_async(con)
+            .await
+            .unwrap();
+        if n > 0 {
+            source = Some(i);
+        }
+    }
+    let source = source.expect("a node holds the table's keys");
+    let target = (source + 1) % addrs.len();
+    let setslot = |state: &'static str, id: String| {
+        let mut c = redis::cmd("CLUSTER");
+        c.arg("SETSLOT").arg(slot).arg(state).arg(id);
+        c
+    };
+    setslot("IMPORTING", ids[source].clone())
+        .query_async::<()>(&mut cons[target])
+        .await
+        .unwrap();
+    setslot("MIGRATING", ids[target].clone())
+        .query_async::<()>(&mut cons[source])
+        .await
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(1000)
+        .query_async(&mut cons[source])
+        .await
+        .unwrap();
+    assert!(keys.len() >= 4, "version, index, changes, rows, alive: {keys:?}");
+    let (host, port) = addrs[target].rsplit_once(':').unwrap();
+    redis::cmd("MIGRATE")
+        .arg(host)
+        .arg(port)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&keys)
+        .query_async::<()>(&mut cons[source])
+        .await
+        .unwrap();
+
+    // Mid-migration: every operation the keys allow goes through ASK.
+    let during = async {
+        let all = t.read_all().await?;
+        let (row, etag) = all.get(&one.silo).cloned().expect("row one");
+        let mut moved = row.clone();
+        moved.status = SiloStatus::ShuttingDown;
+        let written = t.update_row(&moved, &etag, &all.version.next()).await?;
+        t.update_i_am_alive(&two.silo, Timestamp::now()).await?;
+        let back = t.read_row(&one.silo).await?;
+        let delta = t.read_delta(&all.version).await?;
+        Ok::<_, Error>((all.len(), written, back.entry(&one.silo).map(|e| e.status), delta))
+    }
+    .await;
+
+    // Complete the migration on every master, whatever happened above.
+    for i in [target, source]
+        .into_iter()
+        .chain((0..addrs.len()).filter(|i| *i != source && *i != target))
+    {
+        setslot("NODE", ids[target].clone())
+            .query_async::<()>(&mut cons[i])
+            .await
+            .unwrap();
+    }
+    let (rows, written, status, delta) = during.expect("table operations during the migration");
+    assert_eq!(rows, 2);
+    assert!(written, "the conditional write committed on the importing node");
+    assert_eq!(status, Some(SiloStatus::ShuttingDown));
+    assert!(delta.changed.contains_key(&one.silo), "{delta:?}");
+    // After it: the slot map is refreshed on MOVED and writes go on.
+    let all = t.read_all().await.unwrap();
+    assert_eq!(
+        all.entry(&one.silo).map(|e| e.status),
+        Some(SiloStatus::ShuttingDown)
+    );
+    insert(&*t, &full_entry(3)).await;
+    assert_eq!(t.read_all().await.unwrap().len(), 3);
+}
