@@ -961,3 +961,69 @@ fn t22_notices_reach_the_subscribed_topic_only_and_are_bounded() {
         assert!(started.elapsed() <= c.options.probe_timeout + Duration::from_millis(100));
     });
 }
+
+/// One lost ping is no evidence: an intermediary asked to ping a suspect tries
+/// again within the prober's timeout, so a message lost on its link does not turn
+/// into a second vote (with two votes needed, the prober's and a careless
+/// intermediary's are enough to declare a live silo Dead: D2 saw it happen under 5%
+/// loss). The first ping is dropped (blocked link), the link heals one second
+/// later, and the suspect is reported as answering.
+#[test]
+fn t23_an_intermediary_retries_before_reporting_a_suspect_silent() {
+    run_virtual(|| async {
+        let mut c = SimCluster::new(ClusterMembershipOptions::default());
+        c.start_many(3).await;
+        let (intermediary, suspect) = (c.silos[1].address(), c.silos[2].address());
+        let asker = c.net.transport(endpoint(200));
+        c.net.block(intermediary.endpoint(), suspect.endpoint());
+        let ask = asker.request(
+            intermediary.endpoint(),
+            "sim",
+            ProbeRequest::IndirectPing {
+                from: c.silos[0].address(),
+                target: suspect,
+                timeout_ms: 5_000,
+            },
+            Duration::from_secs(6),
+        );
+        let heal = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            c.net.heal();
+        };
+        let (answer, ()) = tokio::join!(ask, heal);
+        assert!(
+            matches!(
+                answer,
+                Ok(ProbeResponse::IndirectResult {
+                    target_answered: true,
+                    ..
+                })
+            ),
+            "{answer:?}"
+        );
+        // A suspect that stays unreachable is still reported silent.
+        c.net.block(intermediary.endpoint(), suspect.endpoint());
+        let answer = asker
+            .request(
+                intermediary.endpoint(),
+                "sim",
+                ProbeRequest::IndirectPing {
+                    from: c.silos[0].address(),
+                    target: suspect,
+                    timeout_ms: 5_000,
+                },
+                Duration::from_secs(6),
+            )
+            .await;
+        assert!(
+            matches!(
+                answer,
+                Ok(ProbeResponse::IndirectResult {
+                    target_answered: false,
+                    intermediary_health: 0
+                })
+            ),
+            "{answer:?}"
+        );
+    });
+}
