@@ -12,6 +12,7 @@
 //! `ROLLCALL_ETCD_ENDPOINTS`, ... or local `redis-server` / `etcd` processes).
 
 mod d1;
+mod d2;
 mod j1;
 mod r1;
 mod r2;
@@ -33,7 +34,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Every benchmark that exists (T1, then R1, R2, J1 and D1 with their defaults).
+    /// Every benchmark that exists (T1, then R1, R2, J1, D1 and D2 with their defaults).
     All(t1::Args),
     /// T1: table operations per provider next to the backend's raw write and raw
     /// conditional write through the same client library.
@@ -50,6 +51,9 @@ enum Cmd {
     /// D1: crash detection (5, 50 and 1,000 silos; one at a time and 10% at once)
     /// in virtual time; adds its section to the reports.
     D1(d1::Args),
+    /// D2: false positives (5% loss, stalls, a table outage; 10 and 50 silos) in
+    /// virtual time; adds its section to the reports.
+    D2(d2::Args),
 }
 
 /// The process's allocator, counting the bytes currently allocated: how R1
@@ -155,6 +159,7 @@ fn main() -> anyhow::Result<()> {
         Cmd::R2(args) => r2::run(args),
         Cmd::J1(args) => j1::run(args),
         Cmd::D1(args) => d1::run(args),
+        Cmd::D2(args) => d2::run(args),
         Cmd::All(args) => {
             let reports = Reports {
                 out: args.out.clone(),
@@ -193,8 +198,16 @@ fn main() -> anyhow::Result<()> {
             j1.reports = reports.clone();
             j1::run(j1)?;
             let mut d1 = D1Defaults::parse_from(["d1"]).d1;
-            d1.reports = reports;
-            d1::run(d1)
+            d1.reports = reports.clone();
+            d1::run(d1)?;
+            #[derive(Parser)]
+            struct D2Defaults {
+                #[command(flatten)]
+                d2: d2::Args,
+            }
+            let mut d2 = D2Defaults::parse_from(["d2"]).d2;
+            d2.reports = reports;
+            d2::run(d2)
         }
     }
 }

@@ -120,8 +120,9 @@ fn smoke_run_reports_every_provider_with_ratios() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// J1 and D1 on small clusters: the storms finish, every silo agrees, the crash
-/// is detected with no false death, and both add their sections.
+/// J1, D1 and D2 on small clusters: the storms finish, every silo agrees, the
+/// crash is detected with no false death, faults cause none, and each adds its
+/// section.
 #[test]
 fn smoke_run_of_join_storms_and_detection() {
     let dir = std::env::temp_dir().join(rollcall_tests::unique_id("bench-smoke-j1"));
@@ -154,6 +155,17 @@ fn smoke_run_of_join_storms_and_detection() {
             d["p99_s"].as_f64().unwrap() <= 1.2 * d["bound_s"].as_f64().unwrap(),
             "{d}"
         );
+    }
+    // D2 on a small cluster for two virtual minutes per fault: no false death.
+    run_bench(&["d2", "--sizes", "5", "--minutes", "2"], &md, &json);
+    let report = std::fs::read_to_string(&md).unwrap();
+    assert!(report.contains("## D1") && report.contains("## D2"), "{report}");
+    let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let outcomes = parsed["d2"].as_array().unwrap();
+    assert_eq!(outcomes.len(), 3, "loss, stalls, table outage: {parsed:#}");
+    for o in outcomes {
+        assert_eq!(o["false_deaths"], 0, "{o}");
+        assert_eq!(o["all_active_and_agree"], true, "{o}");
     }
     let _ = std::fs::remove_dir_all(dir);
 }

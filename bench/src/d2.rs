@@ -1,0 +1,176 @@
+//! D2: false positives in virtual time. A cluster of N silos (default options)
+//! forms by a join storm on the simulated network and the memory table (1 ms per
+//! call); then, with no silo crashed, it lives through faults that must not make it
+//! declare anyone Dead:
+//! - every message lost with probability 5%, for 30 minutes;
+//! - one silo's network stalled for 2 s every 30 s (its messages wait), for 30
+//!   minutes;
+//! - the membership table unavailable for 60 s, then 5 minutes more.
+//!
+//! Reported per scenario: the silos declared Dead (false deaths; goal 0), the
+//! suspicion votes written meanwhile (row writes during the scenario: a silo that
+//! is alive writes no other row), and whether every silo is still Active with one
+//! view at the end.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollcall_membership_core::{ClusterMembershipOptions, SiloStatus};
+use serde::Serialize;
+
+/// Options of `d2`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    /// Cluster sizes.
+    #[arg(long, value_delimiter = ',', default_value = "10,50")]
+    sizes: Vec<usize>,
+    /// Minutes (virtual) of the loss and stall scenarios.
+    #[arg(long, default_value_t = 30)]
+    minutes: u64,
+    /// Seed of the clusters and of the network.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// The reports to add the D2 section and the `d2` key to.
+    #[command(flatten)]
+    pub reports: crate::Reports,
+}
+
+/// The figures of one scenario on one cluster size.
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    silos: usize,
+    scenario: String,
+    /// Virtual minutes the fault lasted, plus the time after it that was watched.
+    minutes: f64,
+    /// Silos the table has Dead (none was killed).
+    false_deaths: usize,
+    /// Suspicion votes written during the scenario.
+    votes_written: u64,
+    /// Every silo Active, and every view at the table's version, at the end.
+    all_active_and_agree: bool,
+}
+
+/// The faults of D2.
+#[derive(Clone, Copy, Debug)]
+enum Scenario {
+    Loss,
+    Stalls,
+    TableOutage,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Loss => "5% message loss",
+            Scenario::Stalls => "one silo stalled 2 s every 30 s",
+            Scenario::TableOutage => "table unavailable for 60 s",
+        }
+    }
+}
+
+async fn measure(n: usize, scenario: Scenario, minutes: u64, seed: u64) -> anyhow::Result<Outcome> {
+    let options = ClusterMembershipOptions::default();
+    let store = Arc::new(rollcall::memory::MemoryStore::new());
+    let cluster = crate::j1::storm(store.clone(), Duration::from_millis(1), n, &options, seed).await?;
+    let before = cluster.counts.snapshot();
+    let lasted = match scenario {
+        Scenario::Loss => {
+            cluster.net.set_drop_probability(0.05);
+            tokio::time::sleep(Duration::from_secs(60 * minutes)).await;
+            cluster.net.set_drop_probability(0.0);
+            Duration::from_secs(60 * minutes)
+        }
+        Scenario::Stalls => {
+            let stalled = cluster.silos[n / 2].address().endpoint();
+            for _ in 0..(minutes * 2) {
+                cluster.net.freeze(stalled);
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                cluster.net.resume(stalled);
+                tokio::time::sleep(Duration::from_secs(28)).await;
+            }
+            Duration::from_secs(60 * minutes)
+        }
+        Scenario::TableOutage => {
+            store.set_unavailable(true);
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            store.set_unavailable(false);
+            tokio::time::sleep(Duration::from_secs(300)).await;
+            Duration::from_secs(360)
+        }
+    };
+    // Let the last suspicions expire or settle, then look.
+    tokio::time::sleep(options.probe_timeout * options.num_missed_probes_limit * 2).await;
+    let votes_written = cluster.counts.snapshot().since(&before).writes;
+    let observer = &cluster.silos[0];
+    observer.refresh().await.ok();
+    let view = observer.shared_snapshot();
+    let false_deaths = view.rows().filter(|e| e.status == SiloStatus::Dead).count();
+    let version = view.version.version;
+    let all_active_and_agree = cluster.silos.iter().all(|s| {
+        !s.is_stopped() && s.status() == SiloStatus::Active && s.shared_snapshot().version.version >= version
+    });
+    for s in &cluster.silos {
+        s.kill();
+    }
+    Ok(Outcome {
+        silos: n,
+        scenario: scenario.name().to_owned(),
+        minutes: lasted.as_secs_f64() / 60.0,
+        false_deaths,
+        votes_written,
+        all_active_and_agree,
+    })
+}
+
+/// Runs D2 (each size and scenario in its own actix `System`, virtual time) and
+/// adds its section to the reports.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let mut all = Vec::new();
+    for &n in &args.sizes {
+        anyhow::ensure!(n >= 3, "D2 needs clusters of at least 3 silos");
+        for scenario in [Scenario::Loss, Scenario::Stalls, Scenario::TableOutage] {
+            let (minutes, seed) = (args.minutes, args.seed);
+            let row = crate::on_own_thread(format!("D2 {n} {}", scenario.name()), move || {
+                rollcall_tests::sim::run_virtual(|| measure(n, scenario, minutes, seed))
+            })?;
+            eprintln!("{row:?}");
+            all.push(row);
+        }
+    }
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "## D2: false positives in virtual time\n\n\
+         Default options; the cluster forms by a join storm on the simulated network and \
+         the memory table (1 ms per call), and no silo is killed. Scenarios: every message \
+         lost with probability 5% for {m} minutes; one silo's network stalled for 2 s every \
+         30 s for {m} minutes (its messages wait 2 s, less than a probe timeout, so \
+         only a protocol that counts late answers as losses would suspect it); the table \
+         unavailable for 60 s, then 5 minutes more. Each is followed by `2 x L x T` of quiet. \
+         *Votes*: suspicions written during the scenario. Goal: 0 false deaths.\n",
+        m = args.minutes
+    );
+    let _ = writeln!(
+        md,
+        "| silos | scenario | minutes | votes written | false deaths | all Active, one view |\n|---|---|---|---|---|---|"
+    );
+    for o in &all {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.0} | {} | {} | {} |",
+            o.silos,
+            o.scenario,
+            o.minutes,
+            o.votes_written,
+            if o.false_deaths == 0 {
+                "0".to_owned()
+            } else {
+                format!("**{}**", o.false_deaths)
+            },
+            if o.all_active_and_agree { "yes" } else { "**no**" }
+        );
+    }
+    args.reports
+        .add(("## D2", &md), ("d2", serde_json::to_value(&all)?))
+}
