@@ -13,6 +13,7 @@
 
 mod d1;
 mod d2;
+mod f1;
 mod j1;
 mod r1;
 mod r2;
@@ -34,7 +35,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Every benchmark that exists (T1, then R1, R2, J1, D1 and D2 with their defaults).
+    /// Every benchmark that exists (T1, then R1, R2, J1, D1, D2 and F1 with their
+    /// defaults).
     All(t1::Args),
     /// T1: table operations per provider next to the backend's raw write and raw
     /// conditional write through the same client library.
@@ -54,6 +56,19 @@ enum Cmd {
     /// D2: false positives (5% loss, stalls, a table outage; 10 and 50 silos) in
     /// virtual time; adds its section to the reports.
     D2(d2::Args),
+    /// F1: the footprint of an idle silo (RSS, CPU, Redis commands per second) in a
+    /// 5-silo cluster of processes; adds its section to the reports.
+    F1(f1::Args),
+    /// One process of F1 (`silo` or `reference`); prints `ready`, runs until killed.
+    #[command(hide = true)]
+    FootprintChild {
+        #[arg(long)]
+        role: String,
+        #[arg(long)]
+        store: String,
+        #[arg(long)]
+        cluster: String,
+    },
 }
 
 /// The process's allocator, counting the bytes currently allocated: how R1
@@ -160,6 +175,14 @@ fn main() -> anyhow::Result<()> {
         Cmd::J1(args) => j1::run(args),
         Cmd::D1(args) => d1::run(args),
         Cmd::D2(args) => d2::run(args),
+        Cmd::F1(args) => {
+            drop(rt);
+            f1::run(args)
+        }
+        Cmd::FootprintChild { role, store, cluster } => {
+            drop(rt);
+            f1::child(&role, &store, &cluster)
+        }
         Cmd::All(args) => {
             let reports = Reports {
                 out: args.out.clone(),
@@ -206,8 +229,16 @@ fn main() -> anyhow::Result<()> {
                 d2: d2::Args,
             }
             let mut d2 = D2Defaults::parse_from(["d2"]).d2;
-            d2.reports = reports;
-            d2::run(d2)
+            d2.reports = reports.clone();
+            d2::run(d2)?;
+            #[derive(Parser)]
+            struct F1Defaults {
+                #[command(flatten)]
+                f1: f1::Args,
+            }
+            let mut f1 = F1Defaults::parse_from(["f1"]).f1;
+            f1.reports = reports;
+            f1::run(f1)
         }
     }
 }

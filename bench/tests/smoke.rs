@@ -156,10 +156,20 @@ fn smoke_run_of_join_storms_and_detection() {
             "{d}"
         );
     }
+    // F1: three silo processes and the reference, watched for a second.
+    run_bench(&["f1", "--silos", "3", "--seconds", "1"], &md, &json);
+    let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let f1 = &parsed["f1"];
+    assert!(f1["silo_rss_mib"].as_f64().unwrap() > 1.0, "{f1}");
+    assert!(f1["reference_rss_mib"].as_f64().unwrap() > 1.0, "{f1}");
+    assert!(f1["silo_cpu_percent"].as_f64().unwrap() >= 0.0, "{f1}");
     // D2 on a small cluster for two virtual minutes per fault: no false death.
     run_bench(&["d2", "--sizes", "5", "--minutes", "2"], &md, &json);
     let report = std::fs::read_to_string(&md).unwrap();
-    assert!(report.contains("## D1") && report.contains("## D2"), "{report}");
+    assert!(
+        report.contains("## D1") && report.contains("## D2") && report.contains("## F1"),
+        "{report}"
+    );
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let outcomes = parsed["d2"].as_array().unwrap();
     assert_eq!(outcomes.len(), 3, "loss, stalls, table outage: {parsed:#}");
