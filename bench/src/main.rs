@@ -18,6 +18,7 @@ mod j1;
 mod r1;
 mod r2;
 mod t1;
+mod t2;
 
 use std::path::PathBuf;
 
@@ -35,12 +36,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Every benchmark that exists (T1, then R1, R2, J1, D1, D2 and F1 with their
+    /// Every benchmark that exists (T1, then T2, R1, R2, J1, D1, D2 and F1 with their
     /// defaults).
     All(t1::Args),
     /// T1: table operations per provider next to the backend's raw write and raw
     /// conditional write through the same client library.
     T1(t1::Args),
+    /// T2: version-row contention, 1 to 64 writers on distinct rows of one table;
+    /// adds its section to the reports.
+    T2(t2::Args),
     /// R1: the reminder service at scale on one silo (registrations, ticks,
     /// lateness, bytes per reminder); adds its section to the reports.
     R1(r1::Args),
@@ -170,6 +174,10 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match cli.cmd {
         Cmd::T1(args) => rt.block_on(t1::run(args)),
+        Cmd::T2(args) => {
+            drop(rt);
+            t2::run(args)
+        }
         Cmd::R1(args) => r1::run(args),
         Cmd::R2(args) => r2::run(args),
         Cmd::J1(args) => j1::run(args),
@@ -190,6 +198,14 @@ fn main() -> anyhow::Result<()> {
             };
             rt.block_on(t1::run(args))?;
             drop(rt);
+            #[derive(Parser)]
+            struct T2Defaults {
+                #[command(flatten)]
+                t2: t2::Args,
+            }
+            let mut t2 = T2Defaults::parse_from(["t2"]).t2;
+            t2.reports = reports.clone();
+            t2::run(t2)?;
             /// R1's and R2's defaults, as `rollcall-bench r1` / `r2` would parse them.
             #[derive(Parser)]
             struct R1Defaults {

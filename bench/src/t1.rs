@@ -683,7 +683,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
 }
 
 /// Opens a provider's store on a backend found or started like the tests do.
-async fn open(provider: &str) -> anyhow::Result<(Arc<dyn SystemStore>, String, Option<fixtures::Backend>)> {
+pub(crate) async fn open(
+    provider: &str,
+) -> anyhow::Result<(Arc<dyn SystemStore>, String, Option<fixtures::Backend>)> {
     let backend = match provider {
         "memory" => None,
         "redis" => fixtures::redis().await,

@@ -164,6 +164,26 @@ fn smoke_run_of_join_storms_and_detection() {
             );
         }
     }
+    // T2 on memory: both modes, 1 and 4 writers, every row with commits.
+    run_bench(
+        &[
+            "t2",
+            "--providers",
+            "memory",
+            "--writers",
+            "1,4",
+            "--seconds",
+            "0.05",
+        ],
+        &md,
+        &json,
+    );
+    let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = parsed["t2"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{parsed:#}");
+    for r in rows {
+        assert!(r["commits_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
     // F1: three silo processes and the reference, watched for a second.
     run_bench(&["f1", "--silos", "3", "--seconds", "1"], &md, &json);
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -175,7 +195,10 @@ fn smoke_run_of_join_storms_and_detection() {
     run_bench(&["d2", "--sizes", "5", "--minutes", "2"], &md, &json);
     let report = std::fs::read_to_string(&md).unwrap();
     assert!(
-        report.contains("## D1") && report.contains("## D2") && report.contains("## F1"),
+        report.contains("## D1")
+            && report.contains("## D2")
+            && report.contains("## F1")
+            && report.contains("## T2"),
         "{report}"
     );
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();

@@ -53,8 +53,12 @@ pub const MAX_WRITE_ATTEMPTS: u32 = 30;
 /// attempt (other attempts read a delta): a conflict means another writer committed,
 /// which a delta shows; only a row removed by the defunct cleanup needs a full read.
 const FULL_READ_EVERY: u32 = 8;
-const BACKOFF_BASE: Duration = Duration::from_millis(10);
-const BACKOFF_CAP: Duration = Duration::from_secs(2);
+/// Base of the backoff between conflicting write attempts: attempt `n` waits a
+/// random time in `[0, min(BACKOFF_CAP, BACKOFF_BASE x 2^n)]` (see
+/// [`backoff_delay`](super::backoff_delay)).
+pub const BACKOFF_BASE: Duration = Duration::from_millis(10);
+/// Cap of the backoff between conflicting write attempts.
+pub const BACKOFF_CAP: Duration = Duration::from_secs(2);
 
 /// A timer the machine asked for with [`Action::Schedule`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
