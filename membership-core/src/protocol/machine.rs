@@ -55,7 +55,7 @@ pub const MAX_WRITE_ATTEMPTS: u32 = 30;
 const FULL_READ_EVERY: u32 = 8;
 /// Base of the backoff between conflicting write attempts: attempt `n` waits a
 /// random time in `[0, min(BACKOFF_CAP, BACKOFF_BASE x 2^n)]` (see
-/// [`backoff_delay`](super::backoff_delay)).
+/// [`backoff_delay`]).
 pub const BACKOFF_BASE: Duration = Duration::from_millis(10);
 /// Cap of the backoff between conflicting write attempts.
 pub const BACKOFF_CAP: Duration = Duration::from_secs(2);
