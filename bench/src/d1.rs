@@ -198,25 +198,13 @@ fn summary(
     }
 }
 
-/// The fast profile of `rollcall demo --fast` / `rollcall silo --fast`.
-fn fast() -> ClusterMembershipOptions {
-    ClusterMembershipOptions {
-        probe_timeout: Duration::from_millis(500),
-        table_refresh_timeout: Duration::from_secs(10),
-        i_am_alive_publish_period: Duration::from_secs(2),
-        local_health_monitoring_period: Duration::from_secs(1),
-        max_join_attempt_time: Duration::from_secs(30),
-        ..Default::default()
-    }
-}
-
 /// D1 on real TCP and real time: 5 silos with the fast profile on loopback and the
 /// memory table; `runs` times one is killed (its port closes) and the detection
 /// time is taken (every survivor's view has it Dead, polled every 2 ms); a fresh
 /// silo replaces it before the next kill.
 async fn measure_tcp(runs: usize, seed: u64) -> anyhow::Result<Detection> {
     use rollcall_membership_core::{OnDeclaredDead, Silo};
-    let options = fast();
+    let options = ClusterMembershipOptions::fast();
     let store: Arc<dyn rollcall_membership_core::SystemStore> =
         Arc::new(rollcall::memory::MemoryStore::new());
     let cluster = rollcall_tests::unique_id("d1-tcp");

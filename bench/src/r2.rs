@@ -60,17 +60,6 @@ impl Handler<ReminderTick> for Sink {
     fn handle(&mut self, _: ReminderTick, _: &mut Context<Self>) {}
 }
 
-/// Membership options of the fast profile (`rollcall demo`): 500 ms probes.
-fn fast() -> ClusterMembershipOptions {
-    ClusterMembershipOptions {
-        probe_timeout: Duration::from_millis(500),
-        table_refresh_timeout: Duration::from_secs(10),
-        i_am_alive_publish_period: Duration::from_secs(2),
-        local_health_monitoring_period: Duration::from_secs(1),
-        ..Default::default()
-    }
-}
-
 /// Polls `cond` every 2 ms for at most `limit`; the time it took.
 async fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> anyhow::Result<Duration> {
     let started = Instant::now();
@@ -111,7 +100,7 @@ async fn once(provider: &str, n: usize) -> anyhow::Result<Run> {
     for _ in 0..3 {
         silos.push(
             Silo::builder(store.clone(), id.clone())
-                .options(fast())
+                .options(ClusterMembershipOptions::fast())
                 .on_declared_dead(OnDeclaredDead::StopSilo)
                 .start()
                 .await?,

@@ -90,7 +90,7 @@ impl Timeline {
 /// Runs the demo; `Ok(true)` when the cluster converged on the crash.
 pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     let options = if args.fast {
-        crate::fast_options()
+        ClusterMembershipOptions::fast()
     } else {
         ClusterMembershipOptions::default()
     };

@@ -4,10 +4,7 @@ mod demo;
 mod silo;
 mod view;
 
-use std::time::Duration;
-
 use clap::{Parser, Subcommand};
-use rollcall::ClusterMembershipOptions;
 
 /// rollcall: Orleans-style cluster membership and durable reminders.
 #[derive(Debug, Parser)]
@@ -53,18 +50,6 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         limit: usize,
     },
-}
-
-/// Options for a quick local cluster: 500 ms probes (detection in about 2 s).
-pub(crate) fn fast_options() -> ClusterMembershipOptions {
-    ClusterMembershipOptions {
-        probe_timeout: Duration::from_millis(500),
-        table_refresh_timeout: Duration::from_secs(10),
-        i_am_alive_publish_period: Duration::from_secs(2),
-        local_health_monitoring_period: Duration::from_secs(1),
-        max_join_attempt_time: Duration::from_secs(30),
-        ..Default::default()
-    }
 }
 
 fn main() -> anyhow::Result<()> {

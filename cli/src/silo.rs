@@ -35,7 +35,7 @@ pub(crate) struct SiloArgs {
 pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
     let options: ClusterMembershipOptions = match (&args.options, args.fast) {
         (Some(json), _) => serde_json_options(json)?,
-        (None, true) => crate::fast_options(),
+        (None, true) => ClusterMembershipOptions::fast(),
         (None, false) => ClusterMembershipOptions::default(),
     };
     let secret = match &args.shared_secret_file {

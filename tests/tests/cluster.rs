@@ -975,22 +975,24 @@ fn t23_an_intermediary_retries_before_reporting_a_suspect_silent() {
         c.start_many(3).await;
         let (intermediary, suspect) = (c.silos[1].address(), c.silos[2].address());
         let asker = c.net.transport(endpoint(200));
+        let ask = || {
+            asker.request(
+                intermediary.endpoint(),
+                "sim",
+                ProbeRequest::IndirectPing {
+                    from: c.silos[0].address(),
+                    target: suspect,
+                    timeout_ms: 5_000,
+                },
+                Duration::from_secs(6),
+            )
+        };
         c.net.block(intermediary.endpoint(), suspect.endpoint());
-        let ask = asker.request(
-            intermediary.endpoint(),
-            "sim",
-            ProbeRequest::IndirectPing {
-                from: c.silos[0].address(),
-                target: suspect,
-                timeout_ms: 5_000,
-            },
-            Duration::from_secs(6),
-        );
         let heal = async {
             tokio::time::sleep(Duration::from_secs(1)).await;
             c.net.heal();
         };
-        let (answer, ()) = tokio::join!(ask, heal);
+        let (answer, ()) = tokio::join!(ask(), heal);
         assert!(
             matches!(
                 answer,
@@ -1003,18 +1005,7 @@ fn t23_an_intermediary_retries_before_reporting_a_suspect_silent() {
         );
         // A suspect that stays unreachable is still reported silent.
         c.net.block(intermediary.endpoint(), suspect.endpoint());
-        let answer = asker
-            .request(
-                intermediary.endpoint(),
-                "sim",
-                ProbeRequest::IndirectPing {
-                    from: c.silos[0].address(),
-                    target: suspect,
-                    timeout_ms: 5_000,
-                },
-                Duration::from_secs(6),
-            )
-            .await;
+        let answer = ask().await;
         assert!(
             matches!(
                 answer,
