@@ -169,6 +169,17 @@ pub(crate) fn provenance() -> Vec<(String, String)> {
     ]
 }
 
+/// A benchmark's options with their defaults, as `rollcall-bench <name>` would
+/// parse them (for `all`).
+fn defaults<A: clap::Args>(name: &str) -> A {
+    #[derive(Parser)]
+    struct Defaults<A: clap::Args> {
+        #[command(flatten)]
+        args: A,
+    }
+    Defaults::<A>::parse_from([name]).args
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -198,61 +209,25 @@ fn main() -> anyhow::Result<()> {
             };
             rt.block_on(t1::run(args))?;
             drop(rt);
-            #[derive(Parser)]
-            struct T2Defaults {
-                #[command(flatten)]
-                t2: t2::Args,
-            }
-            let mut t2 = T2Defaults::parse_from(["t2"]).t2;
+            let mut t2: t2::Args = defaults("t2");
             t2.reports = reports.clone();
             t2::run(t2)?;
-            /// R1's and R2's defaults, as `rollcall-bench r1` / `r2` would parse them.
-            #[derive(Parser)]
-            struct R1Defaults {
-                #[command(flatten)]
-                r1: r1::Args,
-            }
-            #[derive(Parser)]
-            struct R2Defaults {
-                #[command(flatten)]
-                r2: r2::Args,
-            }
-            let mut r1 = R1Defaults::parse_from(["r1"]).r1;
+            let mut r1: r1::Args = defaults("r1");
             r1.reports = reports.clone();
             r1::run(r1)?;
-            let mut r2 = R2Defaults::parse_from(["r2"]).r2;
+            let mut r2: r2::Args = defaults("r2");
             r2.reports = reports.clone();
             r2::run(r2)?;
-            #[derive(Parser)]
-            struct J1Defaults {
-                #[command(flatten)]
-                j1: j1::Args,
-            }
-            #[derive(Parser)]
-            struct D1Defaults {
-                #[command(flatten)]
-                d1: d1::Args,
-            }
-            let mut j1 = J1Defaults::parse_from(["j1"]).j1;
+            let mut j1: j1::Args = defaults("j1");
             j1.reports = reports.clone();
             j1::run(j1)?;
-            let mut d1 = D1Defaults::parse_from(["d1"]).d1;
+            let mut d1: d1::Args = defaults("d1");
             d1.reports = reports.clone();
             d1::run(d1)?;
-            #[derive(Parser)]
-            struct D2Defaults {
-                #[command(flatten)]
-                d2: d2::Args,
-            }
-            let mut d2 = D2Defaults::parse_from(["d2"]).d2;
+            let mut d2: d2::Args = defaults("d2");
             d2.reports = reports.clone();
             d2::run(d2)?;
-            #[derive(Parser)]
-            struct F1Defaults {
-                #[command(flatten)]
-                f1: f1::Args,
-            }
-            let mut f1 = F1Defaults::parse_from(["f1"]).f1;
+            let mut f1: f1::Args = defaults("f1");
             f1.reports = reports;
             f1::run(f1)
         }
@@ -369,4 +344,25 @@ pub(crate) fn on_own_thread<T: Send + 'static>(
 /// Where a report goes by default: the workspace root.
 pub(crate) fn workspace_file(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `all` runs every benchmark with the options its own command would parse.
+    #[test]
+    fn every_benchmark_has_parseable_defaults() {
+        let t2: t2::Args = defaults("t2");
+        let f1: f1::Args = defaults("f1");
+        let _: (r1::Args, r2::Args, j1::Args, d1::Args, d2::Args) = (
+            defaults("r1"),
+            defaults("r2"),
+            defaults("j1"),
+            defaults("d1"),
+            defaults("d2"),
+        );
+        assert!(format!("{t2:?}").contains("writers: [1, 4, 16, 64]"), "{t2:?}");
+        assert!(format!("{f1:?}").contains("silos: 5"), "{f1:?}");
+    }
 }
