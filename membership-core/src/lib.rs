@@ -7,7 +7,9 @@
 //!   [`Etag`], [`MembershipSnapshot`], [`ReminderEntry`] and its ring hash
 //!   [`actor_hash`], wall-clock [`Timestamp`]s and the [`Clock`] abstraction.
 //! - **Contracts**: [`MembershipTable`], [`ReminderTable`] and [`SystemStore`], which
-//!   every provider implements and the shared conformance suite checks.
+//!   every provider implements and the shared conformance suite checks; the
+//!   membership [`history`] ([`MembershipEvent`]) each write appends in its own
+//!   transaction.
 //! - **Options**: [`ClusterMembershipOptions`] and [`ReminderOptions`] with Orleans'
 //!   defaults and `validate()`.
 //!
@@ -18,6 +20,7 @@
 
 pub mod agents;
 mod error;
+pub mod history;
 mod membership;
 mod options;
 pub mod protocol;
@@ -32,6 +35,7 @@ pub use agents::{
     Subscription,
 };
 pub use error::{redact_password, retry_transient, BoxError, Error, Result, SiloError};
+pub use history::{HistoryQuery, MembershipEvent, WriteKind, WriteOrigin, DEFAULT_HISTORY_CAPACITY};
 /// The persistent-collections crate behind [`MembershipRows`], re-exported so that
 /// callers name the same version.
 pub use imbl;

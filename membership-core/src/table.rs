@@ -10,8 +10,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::{
-    Etag, MembershipDelta, MembershipEntry, MembershipSnapshot, ReminderEntry, Result, SiloAddress,
-    TableVersion, Timestamp,
+    Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipSnapshot, ReminderEntry,
+    Result, SiloAddress, TableVersion, Timestamp, WriteOrigin,
 };
 
 /// Whether writes are ordered by the version row.
@@ -117,19 +117,69 @@ pub trait MembershipTable: Send + Sync + std::fmt::Debug {
 
     /// Inserts `entry` if no row exists for `entry.silo`, and sets the version row to
     /// `next_version`, in one conditional transaction. `Ok(false)` on conflict.
-    async fn insert_row(&self, entry: &MembershipEntry, next_version: &TableVersion) -> Result<bool>;
+    ///
+    /// In extended mode the same transaction appends the write's
+    /// [`MembershipEvent`] (made by [`MembershipEvent::of`] with `origin`) to the
+    /// membership history and drops the events beyond the store's history capacity;
+    /// a conflict appends nothing.
+    async fn insert_row_from(
+        &self,
+        entry: &MembershipEntry,
+        next_version: &TableVersion,
+        origin: &WriteOrigin,
+    ) -> Result<bool>;
 
     /// Replaces the row of `entry.silo` if its etag is `etag`, and sets the version
     /// row to `next_version`, in one conditional transaction. `Ok(false)` on conflict
     /// or a missing row. Every column is written, IAmAlive included (as Orleans'
     /// `UpdateRow`): a heartbeat that lands between the writer's read and this write
     /// may be replaced by the value the writer read, until the next heartbeat.
+    ///
+    /// The history event is appended as for [`insert_row_from`](Self::insert_row_from).
+    async fn update_row_from(
+        &self,
+        entry: &MembershipEntry,
+        etag: &Etag,
+        next_version: &TableVersion,
+        origin: &WriteOrigin,
+    ) -> Result<bool>;
+
+    /// [`insert_row_from`](Self::insert_row_from) by an anonymous writer
+    /// ([`WriteOrigin::anonymous`]).
+    async fn insert_row(&self, entry: &MembershipEntry, next_version: &TableVersion) -> Result<bool> {
+        self.insert_row_from(entry, next_version, &WriteOrigin::anonymous())
+            .await
+    }
+
+    /// [`update_row_from`](Self::update_row_from) by an anonymous writer
+    /// ([`WriteOrigin::anonymous`]).
     async fn update_row(
         &self,
         entry: &MembershipEntry,
         etag: &Etag,
         next_version: &TableVersion,
-    ) -> Result<bool>;
+    ) -> Result<bool> {
+        self.update_row_from(entry, etag, next_version, &WriteOrigin::anonymous())
+            .await
+    }
+
+    /// The membership history's events that match `query`, in version order (see
+    /// [`history`](crate::history)). Versions are consecutive except where the
+    /// capacity dropped the oldest events or the query filters by silo.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) in basic mode or for a
+    /// provider without history (the default implementation);
+    /// [`Error::Backend`](crate::Error::Backend) if the backend fails;
+    /// [`Error::Corrupt`](crate::Error::Corrupt) naming the key of an event that does
+    /// not decode.
+    async fn read_history(&self, query: &HistoryQuery) -> Result<Vec<MembershipEvent>> {
+        let _ = query;
+        Err(crate::Error::Unsupported(format!(
+            "{:?} keeps no membership history",
+            self
+        )))
+    }
 
     /// Writes `time` into the IAmAlive column of `silo`'s row: a blind write that
     /// neither checks nor changes etags or the version. A missing row is left missing
@@ -141,8 +191,8 @@ pub trait MembershipTable: Send + Sync + std::fmt::Debug {
     /// Returns how many rows were deleted.
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize>;
 
-    /// Deletes every row and the version row of `cluster_id` (which may be another
-    /// cluster than this table's) and nothing else.
+    /// Deletes every row, the version row and the membership history of `cluster_id`
+    /// (which may be another cluster than this table's) and nothing else.
     async fn delete_cluster(&self, cluster_id: &str) -> Result<()>;
 }
 

@@ -154,8 +154,9 @@ impl World {
                 id,
                 write,
                 next_version,
+                origin,
             } => {
-                let result = now_or_fail(write.apply(&*table, &next_version));
+                let result = now_or_fail(write.apply(&*table, &next_version, &origin));
                 self.push(table_lat, i, Event::RowWritten { id, result });
             }
             Action::WriteIAmAlive { time } => {
@@ -636,8 +637,9 @@ fn join_validation_pings_a_bounded_sample() {
                     id,
                     write,
                     next_version,
+                    origin,
                 } => {
-                    let result = now_or_fail(write.apply(&*w.table, &next_version));
+                    let result = now_or_fail(write.apply(&*w.table, &next_version, &origin));
                     next.push(Event::RowWritten { id, result });
                 }
                 Action::Ping { .. } => pings += 1,

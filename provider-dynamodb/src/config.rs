@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use rollcall_membership_core::{Error, Result};
+use rollcall_membership_core::{history::parse_history_capacity, Error, Result, DEFAULT_HISTORY_CAPACITY};
 
 /// Where the tables are and how to reach them.
 ///
@@ -18,6 +18,7 @@ use rollcall_membership_core::{Error, Result};
 /// | `max_attempts` | `3` | SDK attempts per request (standard retry mode: throttling and 5xx) |
 /// | `create_if_missing` | `false` | create missing tables (on-demand billing) in `init`; for development |
 /// | `reminder_shards` | `16` | partitions per service of the reminder table (a power of two, 1–256); fixed for the table's life |
+/// | `history` | `10000` | membership-history events kept per cluster (0: none); lowering it later leaves the older events until `delete_cluster` |
 ///
 /// Credentials come from the standard AWS chain (environment, profile files, web
 /// identity, ECS and EC2 instance metadata); they never appear in the URL. A
@@ -41,6 +42,8 @@ pub struct DynamoDbConfig {
     pub create_if_missing: bool,
     /// Partitions per service of the reminder table (power of two, 1..=256).
     pub reminder_shards: u32,
+    /// Membership-history events kept per cluster (0: none).
+    pub history_capacity: u64,
 }
 
 /// DynamoDB table names: 3-255 characters of `[A-Za-z0-9_.-]`.
@@ -86,6 +89,7 @@ impl DynamoDbConfig {
             max_attempts: 3,
             create_if_missing: false,
             reminder_shards: 16,
+            history_capacity: DEFAULT_HISTORY_CAPACITY,
         };
         for (k, v) in parsed.query_pairs() {
             let invalid = |why: &str| Error::invalid_config(k.to_string(), format!("`{v}`: {why}"));
@@ -124,12 +128,13 @@ impl DynamoDbConfig {
                         .filter(|n: &u32| n.is_power_of_two() && *n <= 256)
                         .ok_or_else(|| invalid("must be a power of two from 1 to 256"))?;
                 }
+                "history" => cfg.history_capacity = parse_history_capacity(&v).map_err(|e| invalid(&e))?,
                 _ => {
                     return Err(Error::invalid_config(
                         "store_url",
                         format!(
                             "`{url}`: unknown parameter `{k}` (region, endpoint, reminders_table, \
-                             timeout_ms, max_attempts, create_if_missing, reminder_shards)"
+                             timeout_ms, max_attempts, create_if_missing, reminder_shards, history)"
                         ),
                     ))
                 }
@@ -167,7 +172,7 @@ mod tests {
         assert_eq!(c.shard_bits(), 4);
         let c = DynamoDbConfig::from_url(
             "dynamodb://m.t_1?region=eu-west-1&endpoint=http://127.0.0.1:8000&reminders_table=r-1\
-             &timeout_ms=750&max_attempts=1&create_if_missing=true&reminder_shards=1",
+             &timeout_ms=750&max_attempts=1&create_if_missing=true&reminder_shards=1&history=5",
         )
         .unwrap();
         assert_eq!(c.region.as_deref(), Some("eu-west-1"));
@@ -178,6 +183,7 @@ mod tests {
             (c.max_attempts, c.create_if_missing, c.shard_bits()),
             (1, true, 0)
         );
+        assert_eq!(c.history_capacity, 5);
     }
 
     #[test]
@@ -191,6 +197,7 @@ mod tests {
             ("dynamodb://table?endpoint=ftp://x", "endpoint", "http"),
             ("dynamodb://table?timeout_ms=0", "timeout_ms", "between"),
             ("dynamodb://table?timeout_ms=soon", "timeout_ms", "milliseconds"),
+            ("dynamodb://table?history=many", "history", "event count"),
             (
                 "dynamodb://table?reminder_shards=3",
                 "reminder_shards",

@@ -120,6 +120,25 @@ impl Conn {
             .map_err(|e| self.error("Query", table, e))
     }
 
+    /// The first `max` items a Query returns, reading only as many pages as needed.
+    pub(crate) async fn query_pages(
+        &self,
+        table: &str,
+        query: QueryFluentBuilder,
+        max: usize,
+    ) -> Result<Vec<Item>> {
+        let mut stream = query.table_name(table).into_paginator().items().send();
+        let mut items = Vec::new();
+        while items.len() < max {
+            match stream.try_next().await {
+                Ok(Some(item)) => items.push(item),
+                Ok(None) => break,
+                Err(e) => return Err(self.error("Query", table, e)),
+            }
+        }
+        Ok(items)
+    }
+
     /// Deletes the items with `keys` from `table` without conditions, 25 per
     /// BatchWriteItem, sending unprocessed items (throttling) again with a growing
     /// pause, for at most one timeout per batch: then `Error::Backend`.

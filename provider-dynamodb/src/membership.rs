@@ -9,12 +9,13 @@ use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Get, Put, TransactGetItem, TransactWriteItem, Update};
 use rollcall_membership_core::{
-    CorruptRow, Error, Etag, MembershipDelta, MembershipEntry, MembershipRows, MembershipSnapshot,
-    MembershipTable, ProtocolMode, Result, SiloAddress, SiloStatus, SuspectVote, TableVersion, Timestamp,
+    history::BASIC_MODE_HAS_NO_HISTORY, CorruptRow, Error, Etag, HistoryQuery, MembershipDelta,
+    MembershipEntry, MembershipEvent, MembershipRows, MembershipSnapshot, MembershipTable, ProtocolMode,
+    Result, SiloAddress, SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteOrigin,
 };
 
 use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
-use crate::schema::{self, CLUSTER_ID, SILO_IDENTITY, VERSION_ROW};
+use crate::schema::{self, CLUSTER_ID, HISTORY_ROWS, SILO_IDENTITY, VERSION_ROW};
 
 /// The version etag a cluster without a version item reads as. Never a stored
 /// etag (those are 16 hex digits); a write at version 1 conditioned on it creates
@@ -46,6 +47,15 @@ const ETAG: &str = "ETag";
 const TABLE_VERSION: &str = "TableVersion";
 /// The version item's version number.
 const VERSION: &str = "Version";
+/// A history item's table version (N) and event (S, JSON).
+const EVENT_VERSION: &str = "EventVersion";
+const EVENT: &str = "Event";
+
+/// The sort key of the history event at `version` (zero-padded: key order is
+/// version order).
+fn history_sk(version: u64) -> String {
+    format!("{HISTORY_ROWS}{version:020}")
+}
 
 /// The item of a row written at table version `written_at` with `etag`.
 fn row_item(cluster: &str, e: &MembershipEntry, written_at: u64, etag: &Etag) -> Item {
@@ -193,9 +203,11 @@ impl DynamoDbMembershipTable {
             .client
             .query()
             .consistent_read(true)
-            .key_condition_expression("#c = :c")
+            .key_condition_expression("#c = :c AND #sk < :history")
             .expression_attribute_names("#c", CLUSTER_ID)
-            .expression_attribute_values(":c", s(&self.cluster_id));
+            .expression_attribute_names("#sk", SILO_IDENTITY)
+            .expression_attribute_values(":c", s(&self.cluster_id))
+            .expression_attribute_values(":history", s(HISTORY_ROWS));
         if let Some(v) = since {
             q = q
                 .filter_expression("attribute_exists(#v) OR #tv > :since")
@@ -316,11 +328,12 @@ impl DynamoDbMembershipTable {
         entry: &MembershipEntry,
         expected: Option<&Etag>,
         next: &TableVersion,
+        origin: &WriteOrigin,
     ) -> Result<bool> {
-        let what = if expected.is_some() {
-            "update_row"
+        let (what, kind) = if expected.is_some() {
+            ("update_row", WriteKind::Update)
         } else {
-            "insert_row"
+            ("insert_row", WriteKind::Insert)
         };
         if expected.is_some_and(|e| e.is_empty()) {
             return Ok(false);
@@ -361,13 +374,50 @@ impl DynamoDbMembershipTable {
             let Some(version_op) = self.version_op(next) else {
                 return Ok(false);
             };
-            let ops = vec![TransactWriteItem::builder().put(put).build(), version_op];
+            let mut ops = vec![TransactWriteItem::builder().put(put).build(), version_op];
+            ops.extend(self.history_ops(entry, kind, next, origin)?);
             self.transact(what, ops).await?
         };
         if !committed {
             self.explain_conflict(&entry.silo).await?;
         }
         Ok(committed)
+    }
+
+    /// The history items of a write at `next`, for its transaction: the event, and
+    /// the deletion of the one that falls out of the capacity (versions are gapless
+    /// in extended mode, so one delete per write keeps the history at capacity).
+    fn history_ops(
+        &self,
+        entry: &MembershipEntry,
+        kind: WriteKind,
+        next: &TableVersion,
+        origin: &WriteOrigin,
+    ) -> Result<Vec<TransactWriteItem>> {
+        let capacity = self.conn.config.history_capacity;
+        if capacity == 0 {
+            return Ok(Vec::new());
+        }
+        let event = MembershipEvent::of(entry, kind, next, origin);
+        let json = serde_json::to_string(&event).map_err(|e| Error::backend(format!("encode event: {e}")))?;
+        let mut item = Self::key(&self.cluster_id, &history_sk(next.version));
+        item.insert(EVENT_VERSION.into(), n(next.version));
+        item.insert(EVENT.into(), s(json));
+        let put = Put::builder()
+            .table_name(self.table())
+            .set_item(Some(item))
+            .build()
+            .map_err(|e| Error::backend(format!("dynamodb history event: {e}")))?;
+        let mut ops = vec![TransactWriteItem::builder().put(put).build()];
+        if let Some(old) = next.version.checked_sub(capacity).filter(|v| *v > 0) {
+            let delete = Delete::builder()
+                .table_name(self.table())
+                .set_key(Some(Self::key(&self.cluster_id, &history_sk(old))))
+                .build()
+                .map_err(|e| Error::backend(format!("dynamodb history trim: {e}")))?;
+            ops.push(TransactWriteItem::builder().delete(delete).build());
+        }
+        Ok(ops)
     }
 
     /// After a failed precondition: `Err(Corrupt)` when the row or the version item
@@ -565,17 +615,60 @@ impl MembershipTable for DynamoDbMembershipTable {
         })
     }
 
-    async fn insert_row(&self, entry: &MembershipEntry, next_version: &TableVersion) -> Result<bool> {
-        self.write_row(entry, None, next_version).await
+    async fn insert_row_from(
+        &self,
+        entry: &MembershipEntry,
+        next_version: &TableVersion,
+        origin: &WriteOrigin,
+    ) -> Result<bool> {
+        self.write_row(entry, None, next_version, origin).await
     }
 
-    async fn update_row(
+    async fn update_row_from(
         &self,
         entry: &MembershipEntry,
         etag: &Etag,
         next_version: &TableVersion,
+        origin: &WriteOrigin,
     ) -> Result<bool> {
-        self.write_row(entry, Some(etag), next_version).await
+        self.write_row(entry, Some(etag), next_version, origin).await
+    }
+
+    async fn read_history(&self, query: &HistoryQuery) -> Result<Vec<MembershipEvent>> {
+        if self.mode == ProtocolMode::Basic {
+            return Err(Error::Unsupported(BASIC_MODE_HAS_NO_HISTORY.into()));
+        }
+        let mut q = self
+            .conn
+            .client
+            .query()
+            .consistent_read(true)
+            .key_condition_expression("#c = :c AND #sk BETWEEN :from AND :to")
+            .expression_attribute_names("#c", CLUSTER_ID)
+            .expression_attribute_names("#sk", SILO_IDENTITY)
+            .expression_attribute_values(":c", s(&self.cluster_id))
+            .expression_attribute_values(":from", s(history_sk(query.from_version)))
+            .expression_attribute_values(":to", s(history_sk(u64::MAX)));
+        if query.silo.is_none() && query.limit < usize::MAX {
+            q = q.limit(i32::try_from(query.limit).unwrap_or(i32::MAX).max(1));
+        }
+        let items = if query.silo.is_none() && query.limit < usize::MAX {
+            self.conn.query_pages(self.table(), q, query.limit).await?
+        } else {
+            self.conn.query_all(self.table(), q).await?
+        };
+        let mut events = Vec::with_capacity(items.len());
+        for item in &items {
+            let attrs = Attrs(item);
+            let sk = attrs.s(SILO_IDENTITY).unwrap_or("?").to_owned();
+            let json = attrs
+                .s(EVENT)
+                .map_err(|e| Error::corrupt(self.item_name(&sk), e))?;
+            let event: MembershipEvent =
+                serde_json::from_str(json).map_err(|e| Error::corrupt(self.item_name(&sk), e))?;
+            events.push(event);
+        }
+        Ok(query.select(events))
     }
 
     async fn update_i_am_alive(&self, silo: &SiloAddress, time: Timestamp) -> Result<()> {

@@ -17,6 +17,9 @@ pub(crate) const SILO_IDENTITY: &str = "SiloIdentity";
 /// The version row's sort key. `#` sorts before every silo identity (a digit or
 /// `[`), so a Query of a cluster reads the version row first.
 pub(crate) const VERSION_ROW: &str = "#VERSION";
+/// The first sort key of the membership history's items, which share the cluster's
+/// partition: `~` sorts after every silo identity, so row reads stop below it.
+pub(crate) const HISTORY_ROWS: &str = "~history#";
 /// Reminder table partition key: `<service id>#<shard as 2 hex digits>`.
 pub(crate) const SHARD_KEY: &str = "ShardKey";
 /// Reminder table sort key: `<hash as 8 hex>#<actor length>#<actor id>#<name>`.

@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use rollcall_membership_core::{redact_password, Error, Result};
+use rollcall_membership_core::{
+    history::parse_history_capacity, redact_password, Error, Result, DEFAULT_HISTORY_CAPACITY,
+};
 
 /// Where and how to reach etcd.
 ///
@@ -21,6 +23,7 @@ use rollcall_membership_core::{redact_password, Error, Result};
 /// |---|---|---|
 /// | `prefix` | `rollcall` | first segment(s) of every key (`<prefix>/<cluster>/...`); may contain `/` |
 /// | `timeout_ms` | `5000` | connect timeout and per-request timeout, in milliseconds |
+/// | `history` | `10000` | membership-history events kept per cluster (0: none) |
 /// | `ca_file` | none | PEM file of the CA that signed the servers' certificates (TLS) |
 /// | `cert_file`, `key_file` | none | PEM client certificate and key, for etcd's `--client-cert-auth` (TLS) |
 /// | `domain` | the endpoint's host | the name the server certificate must carry (TLS) |
@@ -46,6 +49,8 @@ pub struct EtcdConfig {
     pub domain: Option<String>,
     /// User name and password for etcd authentication.
     pub user: Option<(String, String)>,
+    /// Membership-history events kept per cluster (0: none).
+    pub history_capacity: u64,
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -59,6 +64,7 @@ impl std::fmt::Debug for EtcdConfig {
             .field("client_cert", &self.client_cert)
             .field("domain", &self.domain)
             .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("history_capacity", &self.history_capacity)
             .finish()
     }
 }
@@ -113,6 +119,7 @@ impl EtcdConfig {
             client_cert: None,
             domain: None,
             user,
+            history_capacity: DEFAULT_HISTORY_CAPACITY,
         };
         for h in hosts.split(',').filter(|h| !h.is_empty()) {
             let port = h
@@ -148,9 +155,10 @@ impl EtcdConfig {
                 "cert_file" => cert = Some(PathBuf::from(v.as_ref())),
                 "key_file" => key = Some(PathBuf::from(v.as_ref())),
                 "domain" => cfg.domain = Some(v.into_owned()),
+                "history" => cfg.history_capacity = parse_history_capacity(&v).map_err(|e| bad(&e))?,
                 other => {
                     return Err(bad(&format!(
-                    "unknown parameter `{other}` (prefix, timeout_ms, ca_file, cert_file, key_file, domain)"
+                    "unknown parameter `{other}` (prefix, timeout_ms, ca_file, cert_file, key_file, domain, history)"
                 )))
                 }
             }
@@ -179,8 +187,11 @@ mod tests {
 
     #[test]
     fn parses_endpoints_auth_tls_and_options() {
-        let c = EtcdConfig::from_url("etcd://10.0.0.1:2379,10.0.0.2:2379?prefix=/app/rc/&timeout_ms=250")
-            .unwrap();
+        let c = EtcdConfig::from_url(
+            "etcd://10.0.0.1:2379,10.0.0.2:2379?prefix=/app/rc/&timeout_ms=250&history=0",
+        )
+        .unwrap();
+        assert_eq!(c.history_capacity, 0);
         assert_eq!(c.endpoints, vec!["10.0.0.1:2379", "10.0.0.2:2379"]);
         assert_eq!(c.key_prefix, "app/rc");
         assert_eq!(c.timeout, Duration::from_millis(250));
@@ -210,6 +221,7 @@ mod tests {
             "http://h:1",
             "etcd://h:1/x",
             "etcd://h:1?timeout_ms=0",
+            "etcd://h:1?history=x",
             "etcd://h:1?nope=1",
             "etcd://h:1?ca_file=x",
             "etcds://h:1?cert_file=x",

@@ -84,6 +84,14 @@ impl MembershipKeys {
     pub(crate) fn alive_prefix(&self) -> String {
         format!("{}alive/", self.base)
     }
+    /// The membership history: one key per event, named by its table version
+    /// zero-padded to 20 digits so that key order is version order.
+    pub(crate) fn history_prefix(&self) -> String {
+        format!("{}history/", self.base)
+    }
+    pub(crate) fn history(&self, version: u64) -> String {
+        format!("{}{version:020}", self.history_prefix())
+    }
     pub(crate) fn alive(&self, silo: &str) -> String {
         format!("{}{}", self.alive_prefix(), escape(silo))
     }

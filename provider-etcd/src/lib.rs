@@ -111,6 +111,7 @@ impl SystemStore for EtcdStore {
             &self.config.key_prefix,
             cluster_id,
             mode,
+            self.config.history_capacity,
         )))
     }
 

@@ -5,10 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use etcd_client::{
+    Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
 use rollcall_membership_core::{
-    CorruptRow, Error, Etag, MembershipDelta, MembershipEntry, MembershipRows, MembershipSnapshot,
-    MembershipTable, ProtocolMode, Result, SiloAddress, TableVersion, Timestamp,
+    history::{history_floor, BASIC_MODE_HAS_NO_HISTORY},
+    CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipRows,
+    MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress, TableVersion, Timestamp,
+    WriteKind, WriteOrigin,
 };
 use serde::{Deserialize, Serialize};
 
@@ -81,16 +85,24 @@ pub struct EtcdMembershipTable {
     prefix: String,
     cluster_id: String,
     mode: ProtocolMode,
+    history_capacity: u64,
 }
 
 impl EtcdMembershipTable {
-    pub(crate) fn new(conn: Arc<Conn>, prefix: &str, cluster_id: &str, mode: ProtocolMode) -> Self {
+    pub(crate) fn new(
+        conn: Arc<Conn>,
+        prefix: &str,
+        cluster_id: &str,
+        mode: ProtocolMode,
+        history_capacity: u64,
+    ) -> Self {
         EtcdMembershipTable {
             conn,
             keys: MembershipKeys::new(prefix, cluster_id),
             prefix: prefix.to_owned(),
             cluster_id: cluster_id.to_owned(),
             mode,
+            history_capacity,
         }
     }
 
@@ -216,11 +228,12 @@ impl EtcdMembershipTable {
         entry: &MembershipEntry,
         expected: Option<&Etag>,
         next: &TableVersion,
+        origin: &WriteOrigin,
     ) -> Result<bool> {
-        let what = if expected.is_some() {
-            "update_row"
+        let (what, kind) = if expected.is_some() {
+            ("update_row", WriteKind::Update)
         } else {
-            "insert_row"
+            ("insert_row", WriteKind::Insert)
         };
         let id = entry.silo.to_string();
         let (row_key, version_key) = (self.keys.silo(&id), self.keys.version());
@@ -252,6 +265,20 @@ impl EtcdMembershipTable {
                 version_key.clone(),
                 encode_version(next.version),
                 None,
+            ));
+            // The history event and the trim to the capacity, in the same Txn. The
+            // trimmed range ends below the event's key (floor <= version when the
+            // capacity is >= 1): etcd rejects a Txn whose put and delete overlap.
+            if self.history_capacity > 0 {
+                let event = MembershipEvent::of(entry, kind, next, origin);
+                let json = serde_json::to_string(&event)
+                    .map_err(|e| Error::backend(format!("encode event: {e}")))?;
+                puts.push(TxnOp::put(self.keys.history(next.version), json, None));
+            }
+            let floor = history_floor(next.version, self.history_capacity);
+            puts.push(TxnOp::delete(
+                self.keys.history_prefix(),
+                Some(DeleteOptions::new().with_range(self.keys.history(floor))),
             ));
         }
         let txn = Txn::new().when(compares).and_then(puts).or_else(vec![
@@ -418,17 +445,43 @@ impl MembershipTable for EtcdMembershipTable {
         })
     }
 
-    async fn insert_row(&self, entry: &MembershipEntry, next_version: &TableVersion) -> Result<bool> {
-        self.write_row(entry, None, next_version).await
+    async fn insert_row_from(
+        &self,
+        entry: &MembershipEntry,
+        next_version: &TableVersion,
+        origin: &WriteOrigin,
+    ) -> Result<bool> {
+        self.write_row(entry, None, next_version, origin).await
     }
 
-    async fn update_row(
+    async fn update_row_from(
         &self,
         entry: &MembershipEntry,
         etag: &Etag,
         next_version: &TableVersion,
+        origin: &WriteOrigin,
     ) -> Result<bool> {
-        self.write_row(entry, Some(etag), next_version).await
+        self.write_row(entry, Some(etag), next_version, origin).await
+    }
+
+    async fn read_history(&self, query: &HistoryQuery) -> Result<Vec<MembershipEvent>> {
+        if self.mode == ProtocolMode::Basic {
+            return Err(Error::Unsupported(BASIC_MODE_HAS_NO_HISTORY.into()));
+        }
+        let end = crate::keys::prefix_end(&self.keys.history_prefix());
+        let mut options = GetOptions::new().with_range(end);
+        if query.silo.is_none() && query.limit < usize::MAX {
+            options = options.with_limit(i64::try_from(query.limit).unwrap_or(i64::MAX));
+        }
+        let from = self.keys.history(query.from_version);
+        let resp = self.conn.get("read_history", from, Some(options)).await?;
+        let mut events = Vec::with_capacity(resp.kvs().len());
+        for kv in resp.kvs() {
+            let event: MembershipEvent =
+                serde_json::from_slice(kv.value()).map_err(|e| Error::corrupt(key_text(kv), e))?;
+            events.push(event);
+        }
+        Ok(query.select(events))
     }
 
     async fn update_i_am_alive(&self, silo: &SiloAddress, time: Timestamp) -> Result<()> {
@@ -496,6 +549,7 @@ impl MembershipTable for EtcdMembershipTable {
             TxnOp::delete(keys.version(), None),
             TxnOp::delete(keys.silo_prefix(), prefix()),
             TxnOp::delete(keys.alive_prefix(), prefix()),
+            TxnOp::delete(keys.history_prefix(), prefix()),
         ]);
         self.conn.txn("delete_cluster", txn).await.map(|_| ())
     }

@@ -19,15 +19,17 @@
 
 #![warn(missing_docs)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 use rollcall_membership_core::{
-    actor_hash, validate_id, Error, Etag, MembershipDelta, MembershipEntry, MembershipRows,
-    MembershipSnapshot, MembershipTable, ProtocolMode, ReminderEntry, ReminderTable, Result, SiloAddress,
-    SystemStore, TableVersion, Timestamp,
+    actor_hash,
+    history::{history_floor, BASIC_MODE_HAS_NO_HISTORY},
+    validate_id, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent,
+    MembershipRows, MembershipSnapshot, MembershipTable, ProtocolMode, ReminderEntry, ReminderTable, Result,
+    SiloAddress, SystemStore, TableVersion, Timestamp, WriteKind, WriteOrigin, DEFAULT_HISTORY_CAPACITY,
 };
 
 #[derive(Debug, Default)]
@@ -40,21 +42,39 @@ struct Cluster {
     /// The same, keyed by version (extended mode, where every commit has its own
     /// version): a delta read is one range scan of it.
     by_version: BTreeMap<u64, SiloAddress>,
+    /// The membership history, oldest first (extended mode).
+    history: VecDeque<MembershipEvent>,
 }
 
 /// Reminders of one service, keyed by (hash, actor id, name) so that hash-range reads
 /// are ordered range scans.
 type Service = BTreeMap<(u32, String, String), ReminderEntry>;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
     clusters: Mutex<HashMap<String, Cluster>>,
     services: Mutex<HashMap<String, Service>>,
     next_etag: AtomicU64,
     unavailable: AtomicBool,
+    history_capacity: u64,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Inner {
+            clusters: Mutex::default(),
+            services: Mutex::default(),
+            next_etag: AtomicU64::new(0),
+            unavailable: AtomicBool::new(false),
+            history_capacity: DEFAULT_HISTORY_CAPACITY,
+        }
+    }
 }
 
 /// The in-memory [`SystemStore`]. Clone it to share the same tables.
+///
+/// Each cluster keeps the last [`DEFAULT_HISTORY_CAPACITY`] membership-history events
+/// unless built with [`with_history_capacity`](Self::with_history_capacity).
 #[derive(Clone, Debug, Default)]
 pub struct MemoryStore {
     inner: Arc<Inner>,
@@ -70,6 +90,17 @@ impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store whose clusters keep the newest `capacity` membership-history
+    /// events (0: no history).
+    pub fn with_history_capacity(capacity: u64) -> Self {
+        MemoryStore {
+            inner: Arc::new(Inner {
+                history_capacity: capacity,
+                ..Inner::default()
+            }),
+        }
     }
 
     /// Makes every table operation of this store fail with [`Error::Backend`] (true)
@@ -107,6 +138,7 @@ impl MemoryStore {
             rows: MembershipRows::new(),
             written_at: BTreeMap::new(),
             by_version: BTreeMap::new(),
+            history: VecDeque::new(),
         });
         Ok(f(cluster))
     }
@@ -150,8 +182,16 @@ pub struct MemoryMembershipTable {
 }
 
 impl MemoryMembershipTable {
-    /// Whether `next` may follow the stored version (always true in basic mode).
-    fn commit(&self, cluster: &mut Cluster, entry: &MembershipEntry, next: &TableVersion) {
+    /// Stores the row, the version row and (extended mode) the history event: the
+    /// caller holds the store's lock and has checked the preconditions.
+    fn commit(
+        &self,
+        cluster: &mut Cluster,
+        entry: &MembershipEntry,
+        next: &TableVersion,
+        kind: WriteKind,
+        origin: &WriteOrigin,
+    ) {
         let etag = self.store.new_etag();
         cluster.rows.insert(entry.silo, Arc::new((entry.clone(), etag)));
         if let Some(old) = cluster.written_at.insert(entry.silo, next.version) {
@@ -161,12 +201,20 @@ impl MemoryMembershipTable {
         }
         if self.mode == ProtocolMode::Extended {
             cluster.by_version.insert(next.version, entry.silo);
-        }
-        if self.mode == ProtocolMode::Extended {
             cluster.version = TableVersion {
                 version: next.version,
                 etag: self.store.new_etag(),
             };
+            let capacity = self.store.inner.history_capacity;
+            if capacity > 0 {
+                cluster
+                    .history
+                    .push_back(MembershipEvent::of(entry, kind, next, origin));
+            }
+            let floor = history_floor(next.version, capacity);
+            while cluster.history.front().is_some_and(|e| e.version < floor) {
+                cluster.history.pop_front();
+            }
         }
     }
 }
@@ -224,29 +272,45 @@ impl MembershipTable for MemoryMembershipTable {
         })
     }
 
-    async fn insert_row(&self, entry: &MembershipEntry, next_version: &TableVersion) -> Result<bool> {
+    async fn insert_row_from(
+        &self,
+        entry: &MembershipEntry,
+        next_version: &TableVersion,
+        origin: &WriteOrigin,
+    ) -> Result<bool> {
         self.store.with_cluster(&self.cluster_id, |c| {
             if c.rows.contains_key(&entry.silo) || !c.version.admits(next_version, self.mode) {
                 return false;
             }
-            self.commit(c, entry, next_version);
+            self.commit(c, entry, next_version, WriteKind::Insert, origin);
             true
         })
     }
 
-    async fn update_row(
+    async fn update_row_from(
         &self,
         entry: &MembershipEntry,
         etag: &Etag,
         next_version: &TableVersion,
+        origin: &WriteOrigin,
     ) -> Result<bool> {
         self.store.with_cluster(&self.cluster_id, |c| {
             let row_ok = c.rows.get(&entry.silo).is_some_and(|row| row.1 == *etag);
             if !row_ok || !c.version.admits(next_version, self.mode) {
                 return false;
             }
-            self.commit(c, entry, next_version);
+            self.commit(c, entry, next_version, WriteKind::Update, origin);
             true
+        })
+    }
+
+    async fn read_history(&self, query: &HistoryQuery) -> Result<Vec<MembershipEvent>> {
+        if self.mode == ProtocolMode::Basic {
+            return Err(Error::Unsupported(BASIC_MODE_HAS_NO_HISTORY.into()));
+        }
+        self.store.with_cluster(&self.cluster_id, |c| {
+            let start = c.history.partition_point(|e| e.version < query.from_version);
+            query.select(c.history.range(start..).cloned())
         })
     }
 

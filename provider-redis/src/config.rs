@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use rollcall_membership_core::{redact_password, Error, Result};
+use rollcall_membership_core::{
+    history::parse_history_capacity, redact_password, Error, Result, DEFAULT_HISTORY_CAPACITY,
+};
 
 /// Where and how to reach Redis.
 ///
@@ -20,7 +22,9 @@ use rollcall_membership_core::{redact_password, Error, Result};
 ///
 /// Query parameters (all optional): `prefix` (key prefix, default `rollcall`),
 /// `pool_size` (pooled connections per node for transactions, default 16),
-/// `timeout_ms` (connect, pool wait and response timeout, default 5000).
+/// `timeout_ms` (connect, pool wait and response timeout, default 5000), `history`
+/// (membership-history events kept per cluster, default
+/// [`DEFAULT_HISTORY_CAPACITY`]; 0 keeps none).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisConfig {
     /// Node URLs: the server, or the cluster's seed nodes (`redis://` or `rediss://`).
@@ -35,6 +39,8 @@ pub struct RedisConfig {
     pub timeout: Duration,
     /// TLS (`rediss`).
     pub tls: bool,
+    /// Membership-history events kept per cluster (0: none).
+    pub history_capacity: u64,
 }
 
 impl RedisConfig {
@@ -76,6 +82,7 @@ impl RedisConfig {
             pool_size: 16,
             timeout: Duration::from_secs(5),
             tls: false,
+            history_capacity: DEFAULT_HISTORY_CAPACITY,
         };
         for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
             match k.as_ref() {
@@ -100,9 +107,10 @@ impl RedisConfig {
                         .ok_or_else(|| bad("timeout_ms must be a positive integer"))?;
                     cfg.timeout = Duration::from_millis(ms);
                 }
+                "history" => cfg.history_capacity = parse_history_capacity(&v).map_err(|e| bad(&e))?,
                 other => {
                     return Err(bad(&format!(
-                        "unknown parameter `{other}` (prefix, pool_size, timeout_ms)"
+                        "unknown parameter `{other}` (prefix, pool_size, timeout_ms, history)"
                     )))
                 }
             }
@@ -144,13 +152,15 @@ mod tests {
     #[test]
     fn parses_standalone_tls_and_cluster_urls() {
         let c =
-            RedisConfig::from_url("redis://127.0.0.1:6379/2?prefix=app&pool_size=4&timeout_ms=250").unwrap();
+            RedisConfig::from_url("redis://127.0.0.1:6379/2?prefix=app&pool_size=4&timeout_ms=250&history=7")
+                .unwrap();
         assert_eq!(c.nodes, vec!["redis://127.0.0.1:6379/2"]);
         assert!(!c.cluster);
         assert_eq!(
             (c.key_prefix.as_str(), c.pool_size, c.timeout),
             ("app", 4, Duration::from_millis(250))
         );
+        assert_eq!(c.history_capacity, 7);
         let c = RedisConfig::from_url("rediss://u:p@h:6380").unwrap();
         assert_eq!(c.nodes, vec!["rediss://u:p@h:6380/"]);
         assert!(c.tls);
@@ -174,6 +184,7 @@ mod tests {
             "redis://h:1?nope=1",
             "redis+cluster://a:1/3",
             "redis://h:1?timeout_ms=x",
+            "redis://h:1?history=-1",
         ] {
             match RedisConfig::from_url(u) {
                 Err(Error::InvalidConfig { field, .. }) => assert_eq!(field, "store_url", "{u}"),

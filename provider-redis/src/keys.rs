@@ -61,6 +61,10 @@ impl MembershipKeys {
     pub(crate) fn changes(&self) -> String {
         format!("{}:changes", self.base)
     }
+    /// The membership history: a sorted set of event JSON scored by table version.
+    pub(crate) fn history(&self) -> String {
+        format!("{}:history", self.base)
+    }
     pub(crate) fn row_prefix(&self) -> String {
         format!("{}:silo:", self.base)
     }

@@ -124,6 +124,7 @@ impl RedisStore {
             &self.config.key_prefix,
             cluster_id,
             ProtocolMode::Extended,
+            self.config.history_capacity,
         )
         .read_all_reply_rows()
         .await
@@ -142,6 +143,7 @@ impl SystemStore for RedisStore {
             &self.config.key_prefix,
             cluster_id,
             mode,
+            self.config.history_capacity,
         )))
     }
 

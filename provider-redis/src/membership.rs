@@ -6,8 +6,10 @@ use std::sync::{Arc, LazyLock};
 use async_trait::async_trait;
 use redis::Value;
 use rollcall_membership_core::{
-    CorruptRow, Error, Etag, MembershipDelta, MembershipEntry, MembershipSnapshot, MembershipTable,
-    ProtocolMode, Result, SiloAddress, SiloStatus, SuspectVote, TableVersion, Timestamp,
+    history::{history_floor, BASIC_MODE_HAS_NO_HISTORY},
+    CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent,
+    MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress, SiloStatus, SuspectVote,
+    TableVersion, Timestamp, WriteKind, WriteOrigin,
 };
 use serde::{Deserialize, Serialize};
 
@@ -168,7 +170,7 @@ static DELETE_CLUSTER: LazyLock<redis::Script> = LazyLock::new(|| {
         r"
 local ids = redis.call('SMEMBERS', KEYS[1])
 for _, id in ipairs(ids) do redis.call('DEL', ARGV[1] .. id) end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])
 return #ids
 ",
     )
@@ -180,6 +182,8 @@ struct WriteRow<'a> {
     expected: Option<&'a Etag>,
     next: &'a TableVersion,
     row_json: &'a str,
+    /// The history event's JSON (extended mode with a history).
+    event_json: Option<String>,
 }
 
 /// The membership table of one cluster on Redis.
@@ -190,6 +194,7 @@ pub struct RedisMembershipTable {
     prefix: String,
     cluster_id: String,
     mode: ProtocolMode,
+    history_capacity: u64,
 }
 
 /// The text of a string reply, borrowed from it (`None` for nil), or why it is not
@@ -276,13 +281,20 @@ async fn unwatch(con: &mut Dedicated) -> Result<bool> {
 }
 
 impl RedisMembershipTable {
-    pub(crate) fn new(router: Arc<Router>, prefix: &str, cluster_id: &str, mode: ProtocolMode) -> Self {
+    pub(crate) fn new(
+        router: Arc<Router>,
+        prefix: &str,
+        cluster_id: &str,
+        mode: ProtocolMode,
+        history_capacity: u64,
+    ) -> Self {
         RedisMembershipTable {
             router,
             keys: MembershipKeys::new(prefix, cluster_id),
             prefix: prefix.to_owned(),
             cluster_id: cluster_id.to_owned(),
             mode,
+            history_capacity,
         }
     }
 
@@ -291,18 +303,26 @@ impl RedisMembershipTable {
         entry: &MembershipEntry,
         expected: Option<&Etag>,
         next: &TableVersion,
+        origin: &WriteOrigin,
     ) -> Result<bool> {
-        let what = if expected.is_some() {
-            "update_row"
+        let (what, kind) = if expected.is_some() {
+            ("update_row", WriteKind::Update)
         } else {
-            "insert_row"
+            ("insert_row", WriteKind::Insert)
         };
         let row_json = encode_row(entry, &new_etag())?;
+        let event_json = if self.mode == ProtocolMode::Extended && self.history_capacity > 0 {
+            let event = MembershipEvent::of(entry, kind, next, origin);
+            Some(serde_json::to_string(&event).map_err(|e| Error::backend(format!("encode event: {e}")))?)
+        } else {
+            None
+        };
         let write = WriteRow {
             entry,
             expected,
             next,
             row_json: &row_json,
+            event_json,
         };
         self.router
             .run(&self.keys.tag, |node: Arc<Node>| {
@@ -323,7 +343,8 @@ impl RedisMembershipTable {
             .await
     }
 
-    /// WATCH row (+ version), read, compare etags, MULTI / SET row / SET version / EXEC.
+    /// WATCH row (+ version), read, compare etags, MULTI / SET row / SET version /
+    /// ZADD history event / EXEC.
     async fn write_on(&self, con: &mut Dedicated, w: &WriteRow<'_>) -> Result<bool> {
         let id = w.entry.silo.to_string();
         let row_key = self.keys.row(&id);
@@ -377,6 +398,17 @@ impl RedisMembershipTable {
             }
             let (json, _) = encode_version(w.next.version)?;
             tx.set(&version_key, json).ignore();
+            // The history event, and the trim to the capacity, in the same MULTI.
+            let history = self.keys.history();
+            if let Some(event) = &w.event_json {
+                tx.zadd(&history, event, w.next.version).ignore();
+            }
+            let floor = history_floor(w.next.version, self.history_capacity);
+            tx.cmd("ZREMRANGEBYSCORE")
+                .arg(&history)
+                .arg("-inf")
+                .arg(format!("({floor}"))
+                .ignore();
         }
         // The one reply kept (SADD's count), so that a committed EXEC is a non-empty
         // array: EXEC answers nil when a watched key changed.
@@ -618,17 +650,67 @@ impl MembershipTable for RedisMembershipTable {
         })
     }
 
-    async fn insert_row(&self, entry: &MembershipEntry, next_version: &TableVersion) -> Result<bool> {
-        self.write_row(entry, None, next_version).await
+    async fn insert_row_from(
+        &self,
+        entry: &MembershipEntry,
+        next_version: &TableVersion,
+        origin: &WriteOrigin,
+    ) -> Result<bool> {
+        self.write_row(entry, None, next_version, origin).await
     }
 
-    async fn update_row(
+    async fn update_row_from(
         &self,
         entry: &MembershipEntry,
         etag: &Etag,
         next_version: &TableVersion,
+        origin: &WriteOrigin,
     ) -> Result<bool> {
-        self.write_row(entry, Some(etag), next_version).await
+        self.write_row(entry, Some(etag), next_version, origin).await
+    }
+
+    async fn read_history(&self, query: &HistoryQuery) -> Result<Vec<MembershipEvent>> {
+        if self.mode == ProtocolMode::Basic {
+            return Err(Error::Unsupported(BASIC_MODE_HAS_NO_HISTORY.into()));
+        }
+        let key = self.keys.history();
+        let from = query.from_version;
+        // Without a silo filter the limit applies in Redis; with one, every event
+        // from `from` on is read and filtered here (at most the capacity).
+        let limit = match query.silo {
+            None => i64::try_from(query.limit).unwrap_or(i64::MAX),
+            Some(_) => -1,
+        };
+        let raw: Vec<(String, u64)> = self
+            .router
+            .run(&self.keys.tag, |node: Arc<Node>| {
+                let key = key.clone();
+                async move {
+                    node.timed("read_history", async {
+                        let mut con = node.shared().await?;
+                        redis::cmd("ZRANGEBYSCORE")
+                            .arg(&key)
+                            .arg(from)
+                            .arg("+inf")
+                            .arg("WITHSCORES")
+                            .arg("LIMIT")
+                            .arg(0)
+                            .arg(limit)
+                            .query_async(&mut con)
+                            .await
+                            .map_err(|e| backend("read_history", e))
+                    })
+                    .await
+                }
+            })
+            .await?;
+        let mut events = Vec::with_capacity(raw.len());
+        for (json, version) in raw {
+            let event: MembershipEvent =
+                serde_json::from_str(&json).map_err(|e| Error::corrupt(format!("{key} @ {version}"), e))?;
+            events.push(event);
+        }
+        Ok(query.select(events))
     }
 
     async fn update_i_am_alive(&self, silo: &SiloAddress, time: Timestamp) -> Result<()> {
@@ -717,6 +799,7 @@ impl MembershipTable for RedisMembershipTable {
                             .key(keys.alive())
                             .key(keys.version())
                             .key(keys.changes())
+                            .key(keys.history())
                             .arg(keys.row_prefix())
                             .invoke_async::<i64>(&mut con)
                             .await

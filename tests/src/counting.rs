@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rollcall_membership_core::{
-    Etag, MembershipDelta, MembershipEntry, MembershipSnapshot, MembershipTable, ProtocolMode, ReminderTable,
-    Result, SiloAddress, SystemStore, TableVersion, Timestamp,
+    Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipSnapshot,
+    MembershipTable, ProtocolMode, ReminderTable, Result, SiloAddress, SystemStore, TableVersion, Timestamp,
+    WriteOrigin,
 };
 
 /// Calls counted by a [`CountingStore`], over all its membership tables.
@@ -187,18 +188,31 @@ impl MembershipTable for CountingTable {
         self.delay(&self.counts.read_delta).await;
         self.inner.read_delta(since).await
     }
-    async fn insert_row(&self, entry: &MembershipEntry, next_version: &TableVersion) -> Result<bool> {
+    async fn insert_row_from(
+        &self,
+        entry: &MembershipEntry,
+        next_version: &TableVersion,
+        origin: &WriteOrigin,
+    ) -> Result<bool> {
         self.delay(&self.counts.writes).await;
-        self.settle(self.inner.insert_row(entry, next_version).await)
+        self.settle(self.inner.insert_row_from(entry, next_version, origin).await)
     }
-    async fn update_row(
+    async fn update_row_from(
         &self,
         entry: &MembershipEntry,
         etag: &Etag,
         next_version: &TableVersion,
+        origin: &WriteOrigin,
     ) -> Result<bool> {
         self.delay(&self.counts.writes).await;
-        self.settle(self.inner.update_row(entry, etag, next_version).await)
+        self.settle(
+            self.inner
+                .update_row_from(entry, etag, next_version, origin)
+                .await,
+        )
+    }
+    async fn read_history(&self, query: &HistoryQuery) -> Result<Vec<MembershipEvent>> {
+        self.inner.read_history(query).await
     }
     async fn update_i_am_alive(&self, silo: &SiloAddress, time: Timestamp) -> Result<()> {
         self.delay(&self.counts.i_am_alive).await;

@@ -83,6 +83,8 @@ macro_rules! conformance_tests {
                 membership_table::malformed_version_preconditions_are_refused,
                 membership_table::read_delta_returns_the_rows_written_after_a_version,
                 membership_table::read_delta_never_misses_a_committed_write,
+                membership_table::history_records_each_committed_write_and_nothing_else,
+                membership_table::history_of_concurrent_writes_is_exactly_the_commits,
                 reminder_table::round_trip_odd_names,
                 reminder_table::every_upsert_yields_a_new_etag,
                 reminder_table::remove_row_preconditions,

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rollcall_membership_core::{
-    Etag, MembershipEntry, MembershipTable, ProtocolMode, SiloAddress, SiloStatus, SuspectVote, TableVersion,
-    Timestamp,
+    Error, Etag, HistoryQuery, MembershipEntry, MembershipEvent, MembershipTable, ProtocolMode, SiloAddress,
+    SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteOrigin,
 };
 use tokio::sync::Barrier;
 
@@ -967,4 +967,243 @@ pub async fn read_delta_never_misses_a_committed_write(store: Store) {
     let all = table.read_all().await.expect("read_all");
     assert_eq!(view.version, all.version);
     assert_eq!(view.entries, all.entries, "the delta-kept view missed a write");
+}
+
+/// What the history must hold after `entry` was written at `version` by `origin`.
+fn event(
+    entry: &MembershipEntry,
+    kind: WriteKind,
+    version: &TableVersion,
+    origin: &WriteOrigin,
+) -> MembershipEvent {
+    MembershipEvent::of(entry, kind, version, origin)
+}
+
+/// Reads the whole history of `table`.
+pub async fn history(table: &dyn MembershipTable) -> Vec<MembershipEvent> {
+    table
+        .read_history(&HistoryQuery::default())
+        .await
+        .expect("read_history")
+}
+
+/// Scenario 23 (membership history): a join, a status change, a vote and a
+/// declaration each append exactly their event (version, time, subject, kind,
+/// status, votes, writer); writes that lose a precondition append nothing; the
+/// query filters by version, silo and count; `delete_cluster` removes the history;
+/// basic mode keeps none and says so.
+pub async fn history_records_each_committed_write_and_nothing_else(store: Store) {
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    assert!(history(&*table).await.is_empty(), "a new cluster has no history");
+    let (voter, declarer) = (silo(901, 1), silo(902, 1));
+    let mut expected = Vec::new();
+
+    // A join: the silo inserts its own row.
+    let mut row = full_entry(30);
+    row.status = SiloStatus::Joining;
+    row.suspect_votes.clear();
+    let v0 = table.read_all().await.expect("read_all").version;
+    let by_self = WriteOrigin::silo(row.silo, Timestamp::from_millis(1_795_000_000_001));
+    assert!(table
+        .insert_row_from(&row, &v0.next(), &by_self)
+        .await
+        .expect("insert"));
+    expected.push(event(&row, WriteKind::Insert, &v0.next(), &by_self));
+
+    // Writes that lose their precondition leave no event.
+    assert!(!table
+        .insert_row_from(&row, &v0.next().next(), &by_self)
+        .await
+        .expect("duplicate insert"));
+    let (_, etag, v1) = row_and_etag(&*table, &row.silo).await;
+    assert!(!table
+        .update_row_from(&row, &Etag::new("stale"), &v1.next(), &by_self)
+        .await
+        .expect("stale etag"));
+    assert!(!table
+        .update_row_from(&row, &etag, &v0.next(), &by_self)
+        .await
+        .expect("stale version"));
+    assert_eq!(history(&*table).await, expected, "conflicts must append nothing");
+
+    // Active, then a vote by another silo, then a declaration by a third.
+    row.status = SiloStatus::Active;
+    assert!(table
+        .update_row_from(&row, &etag, &v1.next(), &by_self)
+        .await
+        .expect("active"));
+    expected.push(event(&row, WriteKind::Update, &v1.next(), &by_self));
+    let (_, etag, v2) = row_and_etag(&*table, &row.silo).await;
+    let vote_time = Timestamp::from_millis(1_795_000_010_000);
+    row.suspect_votes.push(SuspectVote {
+        silo: voter,
+        time: vote_time,
+    });
+    let by_voter = WriteOrigin::silo(voter, vote_time);
+    assert!(table
+        .update_row_from(&row, &etag, &v2.next(), &by_voter)
+        .await
+        .expect("vote"));
+    expected.push(event(&row, WriteKind::Update, &v2.next(), &by_voter));
+    let (_, etag, v3) = row_and_etag(&*table, &row.silo).await;
+    let dead_time = Timestamp::from_millis(1_795_000_011_000);
+    row.suspect_votes.push(SuspectVote {
+        silo: declarer,
+        time: dead_time,
+    });
+    row.status = SiloStatus::Dead;
+    let by_declarer = WriteOrigin::silo(declarer, dead_time);
+    assert!(table
+        .update_row_from(&row, &etag, &v3.next(), &by_declarer)
+        .await
+        .expect("declare dead"));
+    expected.push(event(&row, WriteKind::Update, &v3.next(), &by_declarer));
+
+    // Another silo's join, by an anonymous writer (no writer recorded).
+    let other = full_entry(31);
+    let v4 = table.read_all().await.expect("read_all").version;
+    assert!(table.insert_row(&other, &v4.next()).await.expect("insert"));
+    let all = history(&*table).await;
+    assert_eq!(all.len(), 5);
+    assert_eq!(all[..4], expected[..], "each event as written");
+    assert_eq!(
+        (all[4].version, all[4].silo, all[4].writer, all[4].kind),
+        (5, other.silo, None, WriteKind::Insert)
+    );
+    let versions: Vec<u64> = all.iter().map(|e| e.version).collect();
+    assert_eq!(versions, [1, 2, 3, 4, 5]);
+
+    // Queries.
+    let about = |silo, from_version, limit| HistoryQuery {
+        from_version,
+        silo,
+        limit,
+    };
+    let of_row = table
+        .read_history(&about(Some(row.silo), 0, usize::MAX))
+        .await
+        .expect("by silo");
+    assert_eq!(
+        of_row, expected,
+        "the silo filter keeps exactly that silo's events"
+    );
+    let from_3 = table
+        .read_history(&about(None, 3, usize::MAX))
+        .await
+        .expect("from 3");
+    assert_eq!(from_3, all[2..], "from_version is inclusive");
+    let two = table.read_history(&about(None, 2, 2)).await.expect("limit");
+    assert_eq!(two, all[1..3], "the limit keeps the oldest matching events");
+    let one_of_row = table
+        .read_history(&about(Some(row.silo), 2, 1))
+        .await
+        .expect("silo and limit");
+    assert_eq!(one_of_row, expected[1..2]);
+    assert!(table
+        .read_history(&about(None, 6, usize::MAX))
+        .await
+        .expect("past the end")
+        .is_empty());
+
+    // delete_cluster takes the history with it.
+    table
+        .delete_cluster(table.cluster_id())
+        .await
+        .expect("delete_cluster");
+    table.init(true).await.expect("re-init");
+    assert!(
+        history(&*table).await.is_empty(),
+        "delete_cluster removes the history"
+    );
+
+    // Basic mode: writes work, no history, and reading it says why.
+    let basic = fresh_table(&store, ProtocolMode::Basic).await;
+    insert(&*basic, &full_entry(32)).await;
+    match basic.read_history(&HistoryQuery::default()).await {
+        Err(Error::Unsupported(why)) => assert!(why.contains("extended"), "{why}"),
+        other => panic!("basic mode history: {other:?}"),
+    }
+}
+
+/// Scenario 24 (membership history): 8 writers race read-modify-writes of their own
+/// rows under the shared version row. The history then holds exactly the committed
+/// writes: versions 1..=N with no gap, each event naming the writer and the row it
+/// committed, and no event of a write that answered `false`.
+pub async fn history_of_concurrent_writes_is_exactly_the_commits(store: Store) {
+    const WRITERS: u32 = 8;
+    const COMMITS_EACH: u32 = 6;
+    let table = fresh_table(&store, ProtocolMode::Extended).await;
+    let tasks: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let table = table.clone();
+            tokio::spawn(async move {
+                let me = full_entry(40 + w);
+                let mut committed = Vec::new();
+                let mut attempts = 0u32;
+                while committed.len() < COMMITS_EACH as usize {
+                    attempts += 1;
+                    assert!(attempts < 20_000, "writer {w} starved");
+                    let snap = table.read_row(&me.silo).await.expect("read_row");
+                    let next = snap.version.next();
+                    let origin = WriteOrigin::silo(me.silo, Timestamp::from_millis(u64::from(attempts)));
+                    let mut row = me.clone();
+                    row.update_zone = attempts;
+                    let ok = match snap.get(&me.silo) {
+                        None => table.insert_row_from(&row, &next, &origin).await,
+                        Some((_, etag)) => table.update_row_from(&row, etag, &next, &origin).await,
+                    }
+                    .expect("write");
+                    if ok {
+                        committed.push((next.version, row.silo, attempts));
+                    }
+                    tokio::task::yield_now().await;
+                }
+                committed
+            })
+        })
+        .collect();
+    let mut commits = Vec::new();
+    for t in tasks {
+        commits.extend(t.await.expect("writer"));
+    }
+    commits.sort();
+    let total = u64::from(WRITERS * COMMITS_EACH);
+    let events = history(&*table).await;
+    let seen: Vec<(u64, SiloAddress, u32)> = events
+        .iter()
+        .map(|e| {
+            assert_eq!(e.writer, Some(e.silo), "event {} names its writer", e.version);
+            (e.version, e.silo, e.time.as_millis() as u32)
+        })
+        .collect();
+    assert_eq!(seen, commits, "the history is exactly the committed writes");
+    assert_eq!(
+        events.iter().map(|e| e.version).collect::<Vec<_>>(),
+        (1..=total).collect::<Vec<_>>(),
+        "versions without gaps"
+    );
+    assert_eq!(table.read_all().await.expect("read_all").version.version, total);
+}
+
+/// Not a listed scenario (it needs a store opened with a history capacity of 3): after
+/// 7 writes the history holds exactly versions 5..=7, and each later write keeps the
+/// newest 3.
+pub async fn history_keeps_the_newest_events(store_with_capacity_3: Store) {
+    let table = fresh_table(&store_with_capacity_3, ProtocolMode::Extended).await;
+    for i in 0..7u32 {
+        insert(&*table, &full_entry(60 + i)).await;
+    }
+    let versions = |events: Vec<MembershipEvent>| events.iter().map(|e| e.version).collect::<Vec<_>>();
+    assert_eq!(versions(history(&*table).await), [5, 6, 7]);
+    insert(&*table, &full_entry(70)).await;
+    assert_eq!(versions(history(&*table).await), [6, 7, 8]);
+    let one = table
+        .read_history(&HistoryQuery {
+            from_version: 0,
+            silo: Some(full_entry(66).silo),
+            limit: 5,
+        })
+        .await
+        .expect("by silo");
+    assert_eq!(versions(one), [7]);
 }

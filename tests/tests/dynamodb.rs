@@ -448,3 +448,57 @@ async fn missing_table_without_create_is_a_clear_error() {
         Err(Error::InvalidConfig { .. })
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_keeps_the_newest_events() {
+    let Some(b) = fixtures::dynamodb().await else {
+        return;
+    };
+    let store = store_at(&format!("{}&history=3", fixtures::dynamodb_url(&b.endpoint))).await;
+    rollcall_tests::membership_table::history_keeps_the_newest_events(store).await;
+}
+
+/// History items share the cluster's partition below the rows' sort keys, so row
+/// reads never see them; an item whose Event attribute is missing fails the history
+/// read with `Error::Corrupt` naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_items_stay_out_of_row_reads_and_a_corrupt_one_is_named() {
+    let Some(b) = fixtures::dynamodb().await else {
+        return;
+    };
+    let store = store_at(&fixtures::dynamodb_url(&b.endpoint)).await;
+    let cluster = unique_id("cluster");
+    let table = store.membership_table(&cluster, ProtocolMode::Extended).unwrap();
+    table.init(true).await.unwrap();
+    insert(&*table, &full_entry(1)).await;
+    insert(&*table, &full_entry(2)).await;
+    let snap = table.read_all().await.unwrap();
+    assert_eq!((snap.len(), snap.corrupt.len()), (2, 0), "{snap:?}");
+    let delta = table
+        .read_delta(&TableVersion {
+            version: 1,
+            etag: snap.version.etag.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!((delta.changed.len(), delta.corrupt.len()), (1, 0));
+    let client = raw(&b.endpoint).await;
+    let sk = format!("~history#{:020}", 2);
+    client
+        .update_item()
+        .table_name("rollcall-test")
+        .key("ClusterId", AttributeValue::S(cluster.clone()))
+        .key("SiloIdentity", AttributeValue::S(sk.clone()))
+        .update_expression("REMOVE #e")
+        .expression_attribute_names("#e", "Event")
+        .send()
+        .await
+        .unwrap();
+    match table
+        .read_history(&rollcall_membership_core::HistoryQuery::default())
+        .await
+    {
+        Err(Error::Corrupt { key, .. }) => assert_eq!(key, format!("rollcall-test/{cluster}/{sk}")),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}

@@ -691,3 +691,43 @@ async fn leader_loss_under_concurrent_conditional_updates_loses_nothing() {
     assert_eq!(fin.version.version, base + trues, "the version counts the trues");
     eprintln!("{trues} committed, {errs} failed in transport, leader was member {leader}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_keeps_the_newest_events() {
+    let Some(b) = fixtures::etcd().await else { return };
+    let store = rollcall::connect(&format!("etcd://{}?history=3", b.endpoint))
+        .await
+        .expect("connect");
+    rollcall_tests::membership_table::history_keeps_the_newest_events(store).await;
+}
+
+/// The history keys are readable with `etcdctl get --prefix` (one JSON event per
+/// zero-padded version), and one that does not decode fails the history read with
+/// `Error::Corrupt` naming its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_events_are_json_keys_and_a_corrupt_one_is_named() {
+    let Some(b) = fixtures::etcd().await else { return };
+    let store = store_on(&b.endpoint).await;
+    let cluster = unique_id("cluster");
+    let table = store.membership_table(&cluster, ProtocolMode::Extended).unwrap();
+    table.init(true).await.unwrap();
+    insert(&*table, &full_entry(1)).await;
+    let mut client = etcd_client::Client::connect([format!("http://{}", b.endpoint)], None)
+        .await
+        .unwrap();
+    let key = format!("rollcall/{cluster}/history/{:020}", 1);
+    let got = client.get(key.as_str(), None).await.unwrap();
+    let event: serde_json::Value = serde_json::from_slice(got.kvs()[0].value()).unwrap();
+    assert_eq!(event["version"], 1);
+    assert_eq!(event["silo"], full_entry(1).silo.to_string());
+    client.put(key.as_str(), "{garbage", None).await.unwrap();
+    match table
+        .read_history(&rollcall_membership_core::HistoryQuery::default())
+        .await
+    {
+        Err(Error::Corrupt { key: k, .. }) => assert_eq!(k, key),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    insert(&*table, &full_entry(2)).await;
+    assert_eq!(table.read_all().await.unwrap().version.version, 2);
+}

@@ -44,3 +44,11 @@ async fn unavailable_store_errors_instead_of_answering_false() {
         "the failed write must have had no effect"
     );
 }
+
+#[tokio::test]
+async fn history_keeps_the_newest_events() {
+    rollcall_tests::membership_table::history_keeps_the_newest_events(Arc::new(
+        MemoryStore::with_history_capacity(3),
+    ))
+    .await;
+}

@@ -531,3 +531,45 @@ async fn cluster_ask_redirections_are_followed_with_asking_during_a_slot_migrati
     insert(&*t, &full_entry(3)).await;
     assert_eq!(t.read_all().await.unwrap().len(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_keeps_the_newest_events_on_a_server_and_a_cluster() {
+    for backend in [fixtures::redis().await, fixtures::redis_cluster().await] {
+        let Some(b) = backend else { continue };
+        let store = rollcall::connect(&format!("{}?history=3", b.endpoint))
+            .await
+            .expect("connect");
+        rollcall_tests::membership_table::history_keeps_the_newest_events(store).await;
+    }
+}
+
+/// A history member that is not an event's JSON fails the history read with
+/// `Error::Corrupt` naming the key and version, and stops nothing else: the table
+/// reads and writes on, and the next write's event lands after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_history_event_is_named_and_blocks_nothing_else() {
+    let Some(b) = fixtures::redis().await else { return };
+    let store = store_on(&b).await;
+    let cluster = unique_id("cluster");
+    let table = store.membership_table(&cluster, ProtocolMode::Extended).unwrap();
+    table.init(true).await.unwrap();
+    insert(&*table, &full_entry(1)).await;
+    let key = format!("rollcall:{{m:{cluster}}}:history");
+    let mut con = raw(&b).await;
+    let _: () = redis::cmd("ZADD")
+        .arg(&key)
+        .arg(1)
+        .arg("{not an event")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    match table
+        .read_history(&rollcall_membership_core::HistoryQuery::default())
+        .await
+    {
+        Err(Error::Corrupt { key: k, .. }) => assert_eq!(k, format!("{key} @ 1")),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    insert(&*table, &full_entry(2)).await;
+    assert_eq!(table.read_all().await.unwrap().version.version, 2);
+}

@@ -119,8 +119,14 @@ impl MembershipAgent {
                 id,
                 write,
                 next_version,
+                origin,
             } => self.spawn_event(ctx, async move {
-                let result = bounded(timeout, write.method(), write.apply(&*table, &next_version)).await;
+                let result = bounded(
+                    timeout,
+                    write.method(),
+                    write.apply(&*table, &next_version, &origin),
+                )
+                .await;
                 Event::RowWritten { id, result }
             }),
             Action::WriteIAmAlive { time } => {

@@ -33,6 +33,7 @@ use rand::{Rng, SeedableRng};
 use crate::{
     ClusterMembershipOptions, CorruptRow, Error, Etag, MembershipDelta, MembershipEntry, MembershipSnapshot,
     MembershipTable, ProtocolMode, SiloAddress, SiloError, SiloStatus, SuspectVote, TableVersion, Timestamp,
+    WriteOrigin,
 };
 
 use super::cleanup::{defunct_cutoff, lost_row_grace};
@@ -204,18 +205,20 @@ impl RowWrite {
         }
     }
 
-    /// Carries out the write on `table` at `next_version`; `Ok(false)` on conflict.
+    /// Carries out the write on `table` at `next_version`, recording `origin` in its
+    /// history event; `Ok(false)` on conflict.
     ///
     /// # Errors
-    /// As [`MembershipTable::insert_row`] / [`MembershipTable::update_row`].
+    /// As [`MembershipTable::insert_row_from`] / [`MembershipTable::update_row_from`].
     pub async fn apply(
         &self,
         table: &dyn MembershipTable,
         next_version: &TableVersion,
+        origin: &WriteOrigin,
     ) -> Result<bool, Error> {
         match self {
-            RowWrite::Insert(e) => table.insert_row(e, next_version).await,
-            RowWrite::Update(e, etag) => table.update_row(e, etag, next_version).await,
+            RowWrite::Insert(e) => table.insert_row_from(e, next_version, origin).await,
+            RowWrite::Update(e, etag) => table.update_row_from(e, etag, next_version, origin).await,
         }
     }
 }
@@ -258,6 +261,8 @@ pub enum Action {
         write: RowWrite,
         /// The version row to write with it.
         next_version: TableVersion,
+        /// This silo and its clock's time when it planned the write (for the history).
+        origin: WriteOrigin,
     },
     /// `update_i_am_alive(me, time)`; answer with [`Event::IAmAliveWritten`].
     WriteIAmAlive {
@@ -1179,6 +1184,7 @@ impl SiloMachine {
                     id,
                     write,
                     next_version,
+                    origin: WriteOrigin::silo(self.me, now),
                 });
             }
         }
