@@ -295,13 +295,40 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     let snap = table.read_all().await?;
     println!();
     print!("{}", view::table(&cluster, &snap, Timestamp::now()));
+    // Why was it declared dead? The membership history, written in the same
+    // transactions as the table, answers with the votes and the declarer.
+    let victim_events = table
+        .read_history(&rollcall::HistoryQuery {
+            silo: Some(victim.address()),
+            ..Default::default()
+        })
+        .await;
+    println!(
+        "\nwhy was {} declared Dead? its membership history:",
+        victim.address()
+    );
+    match victim_events {
+        Ok(events) => print!("{}", view::history(&cluster, &events, Some(&victim.address()))),
+        Err(e) => println!("(no history: {e})"),
+    }
     watcher.abort();
     for s in &silos {
         let _ = s.shutdown().await;
     }
-    println!(
-        "\nsurvivors shut down gracefully; `rollcall status --store {} --cluster {cluster}` shows the table",
-        args.store
-    );
+    println!("\nsurvivors shut down gracefully.");
+    if args.store.starts_with("memory://") {
+        println!(
+            "The in-memory table ends with this process. To inspect a cluster from another process, \
+             run the demo on a shared store (e.g. `--store redis://127.0.0.1:6379`), then \
+             `rollcall status` and `rollcall history` with the same --store and --cluster."
+        );
+    } else {
+        println!(
+            "Inspect it again: `rollcall status --store {store} --cluster {cluster}` (the table), \
+             `rollcall history --store {store} --cluster {cluster} --silo {victim}` (why it died)",
+            store = args.store,
+            victim = victim.address()
+        );
+    }
     Ok(converged && resumed && silos.iter().all(|s| s.status() == SiloStatus::Dead))
 }

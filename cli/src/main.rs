@@ -1,4 +1,5 @@
-//! The `rollcall` command-line tool: `demo` (the main job), `silo` and `status`.
+//! The `rollcall` command-line tool: `demo` (the main job), `silo`, `status`,
+//! `history` and `reminders`.
 
 mod demo;
 mod silo;
@@ -29,6 +30,26 @@ enum Command {
         /// Cluster id.
         #[arg(long, default_value = "rollcall")]
         cluster: String,
+    },
+    /// Print the membership history of a cluster: joins, suspicions with their voters,
+    /// declarations and shutdowns, each with the table version it produced (oldest
+    /// first). Answers "why was silo X declared dead, and who voted".
+    History {
+        /// Store URL (redis://host:port, etcd://host:port, dynamodb://table?endpoint=...).
+        #[arg(long, default_value = "memory://")]
+        store: String,
+        /// Cluster id.
+        #[arg(long, default_value = "rollcall")]
+        cluster: String,
+        /// Only the events about this silo (`ip:port@generation`).
+        #[arg(long)]
+        silo: Option<rollcall::SiloAddress>,
+        /// First table version to show (inclusive).
+        #[arg(long, default_value_t = 0)]
+        since: u64,
+        /// Print at most this many events (the oldest that match).
+        #[arg(long, default_value_t = 10_000)]
+        limit: usize,
     },
     /// List the reminders of a service: owner (in the cluster's current membership),
     /// next tick, period, missed-tick policy, etag.
@@ -74,6 +95,25 @@ fn main() -> anyhow::Result<()> {
             let table = store.membership_table(&cluster, rollcall::ProtocolMode::Extended)?;
             let snap = table.read_all().await?;
             print!("{}", view::table(&cluster, &snap, rollcall::Timestamp::now()));
+            Ok(())
+        }),
+        Command::History {
+            store,
+            cluster,
+            silo,
+            since,
+            limit,
+        } => actix::System::new().block_on(async move {
+            let store = rollcall::connect(&store).await?;
+            let table = store.membership_table(&cluster, rollcall::ProtocolMode::Extended)?;
+            let events = table
+                .read_history(&rollcall::HistoryQuery {
+                    from_version: since,
+                    silo,
+                    limit,
+                })
+                .await?;
+            print!("{}", view::history(&cluster, &events, silo.as_ref()));
             Ok(())
         }),
         Command::Reminders {

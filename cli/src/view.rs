@@ -2,7 +2,11 @@
 
 use std::fmt::Write;
 
-use rollcall::{MembershipEntry, MembershipSnapshot, SiloStatus, Timestamp};
+use std::collections::HashMap;
+
+use rollcall::{
+    MembershipEntry, MembershipEvent, MembershipSnapshot, SiloAddress, SiloStatus, Timestamp, WriteKind,
+};
 
 fn age(now: Timestamp, t: Timestamp) -> String {
     let d = now.saturating_duration_since(t);
@@ -210,9 +214,175 @@ pub(crate) fn reminders(
     out
 }
 
+/// Wall-clock time of `t` as `YYYY-MM-DD HH:MM:SS.mmm` (UTC).
+fn clock(t: Timestamp) -> String {
+    let text = humantime::format_rfc3339_millis(t.to_system_time()).to_string();
+    text.trim_end_matches('Z').replacen('T', " ", 1)
+}
+
+fn voters(event: &MembershipEvent) -> String {
+    event
+        .votes
+        .iter()
+        .map(|v| format!("{} at {}", v.silo, clock(v.time)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What one event did, told against the previous event of the same silo (when the
+/// history still holds it): a join, a vote, a declaration, a status change.
+fn describe(event: &MembershipEvent, before: Option<&MembershipEvent>) -> String {
+    let by = match event.writer {
+        Some(w) if w == event.silo => "by itself".to_owned(),
+        Some(w) => format!("by {w}"),
+        None => "by an unnamed writer".to_owned(),
+    };
+    let status = event.status.as_str();
+    if event.kind == WriteKind::Insert {
+        return format!("joined as {status} ({by})");
+    }
+    let old_status = before.map(|b| b.status);
+    let old_votes = before.map_or(0, |b| b.votes.len());
+    let votes = event.votes.len();
+    if event.status == SiloStatus::Dead
+        && old_status != Some(SiloStatus::Dead)
+        && event.writer != Some(event.silo)
+    {
+        let votes = if votes == 0 {
+            String::new()
+        } else {
+            format!("; votes: {}", voters(event))
+        };
+        return format!("declared Dead {by}{votes}");
+    }
+    if event.status == SiloStatus::Dead && event.writer == Some(event.silo) {
+        return format!("left: Dead ({by})");
+    }
+    if old_status.is_some_and(|s| s != event.status) || old_status.is_none() && votes == 0 {
+        return format!("{status} ({by})");
+    }
+    if votes > old_votes || (before.is_none() && votes > 0) {
+        return format!("suspected {by}: {votes} vote(s): {}", voters(event));
+    }
+    if votes < old_votes {
+        return format!("votes expired or cleared, now {votes} ({by})");
+    }
+    format!("rewritten, still {status} ({by})")
+}
+
+/// The membership history as `rollcall history` prints it: a header line, then one
+/// line per event in version order: `v<version>  <time UTC>  <silo>  <what happened>`.
+pub(crate) fn history(cluster: &str, events: &[MembershipEvent], silo: Option<&SiloAddress>) -> String {
+    let mut out = String::new();
+    let about = silo.map(|s| format!(" about {s}")).unwrap_or_default();
+    match (events.first(), events.last()) {
+        (Some(first), Some(last)) => {
+            let _ = writeln!(
+                out,
+                "cluster {cluster}: {} event(s){about}, table versions {}..={}",
+                events.len(),
+                first.version,
+                last.version
+            );
+        }
+        _ => {
+            let _ = writeln!(out, "cluster {cluster}: no events{about}");
+        }
+    }
+    let vw = events
+        .iter()
+        .map(|e| e.version.to_string().len())
+        .max()
+        .unwrap_or(1);
+    let sw = events.iter().map(|e| e.silo.to_string().len()).max().unwrap_or(0);
+    let mut last: HashMap<SiloAddress, &MembershipEvent> = HashMap::new();
+    for e in events {
+        let what = describe(e, last.get(&e.silo).copied());
+        let _ = writeln!(
+            out,
+            "v{:<vw$}  {}  {:<sw$}  {what}",
+            e.version,
+            clock(e.time),
+            e.silo.to_string()
+        );
+        last.insert(e.silo, e);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use rollcall::{CorruptRow, Etag, MembershipEntry, MembershipSnapshot, SiloStatus, Timestamp};
+    use rollcall::{
+        CorruptRow, Etag, MembershipEntry, MembershipEvent, MembershipSnapshot, SiloStatus, SuspectVote,
+        TableVersion, Timestamp, WriteKind, WriteOrigin,
+    };
+
+    #[test]
+    fn history_tells_joins_votes_and_declarations_apart() {
+        let t = |ms: u64| Timestamp::from_millis(1_795_000_000_000 + ms);
+        let (a, b, c) = (
+            "10.0.0.1:11111@1".parse().unwrap(),
+            "10.0.0.2:11111@1".parse().unwrap(),
+            "10.0.0.3:11111@1".parse().unwrap(),
+        );
+        let mut row = MembershipEntry::new(a, SiloStatus::Joining, t(0));
+        let mut events = Vec::new();
+        let mut push = |row: &MembershipEntry, kind, writer, ms| {
+            let version = TableVersion {
+                version: events.len() as u64 + 1,
+                etag: Etag::new("e"),
+            };
+            events.push(MembershipEvent::of(
+                row,
+                kind,
+                &version,
+                &WriteOrigin::silo(writer, t(ms)),
+            ));
+        };
+        push(&row, WriteKind::Insert, a, 0);
+        row.status = SiloStatus::Active;
+        push(&row, WriteKind::Update, a, 100);
+        row.suspect_votes.push(SuspectVote {
+            silo: b,
+            time: t(5_000),
+        });
+        push(&row, WriteKind::Update, b, 5_000);
+        row.suspect_votes.push(SuspectVote {
+            silo: c,
+            time: t(5_400),
+        });
+        row.status = SiloStatus::Dead;
+        push(&row, WriteKind::Update, c, 5_400);
+        let text = super::history("demo", &events, None);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0], "cluster demo: 4 event(s), table versions 1..=4",
+            "{text}"
+        );
+        assert!(
+            lines[1]
+                .starts_with("v1  2026-11-18 11:06:40.000  10.0.0.1:11111@1  joined as Joining (by itself)"),
+            "{text}"
+        );
+        assert!(lines[2].ends_with("Active (by itself)"), "{text}");
+        assert!(
+            lines[3].ends_with(
+                "suspected by 10.0.0.2:11111@1: 1 vote(s): 10.0.0.2:11111@1 at 2026-11-18 11:06:45.000"
+            ),
+            "{text}"
+        );
+        assert!(
+            lines[4].ends_with(
+                "declared Dead by 10.0.0.3:11111@1; votes: 10.0.0.2:11111@1 at 2026-11-18 11:06:45.000, \
+                 10.0.0.3:11111@1 at 2026-11-18 11:06:45.400"
+            ),
+            "{text}"
+        );
+        assert_eq!(
+            super::history("demo", &[], Some(&a)),
+            "cluster demo: no events about 10.0.0.1:11111@1\n"
+        );
+    }
 
     #[test]
     fn columns_stay_aligned_with_ipv6_and_corrupt_rows_are_listed() {

@@ -31,6 +31,7 @@ fn demo_converges_and_shows_the_dead_silo_with_its_voters() {
     let table: Vec<&str> = stdout
         .lines()
         .skip_while(|l| !l.starts_with("cluster "))
+        .take_while(|l| !l.is_empty())
         .collect();
     assert_eq!(
         table.iter().filter(|l| l.contains(" Active ")).count(),
@@ -43,6 +44,20 @@ fn demo_converges_and_shows_the_dead_silo_with_its_voters() {
         dead[0].matches("s ago)").count(),
         2,
         "two voters with vote ages: {stdout}"
+    );
+    // Then its history: join, Active, and the declaration with both votes.
+    let history: Vec<&str> = stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("why was "))
+        .filter(|l| l.starts_with('v'))
+        .collect();
+    assert_eq!(history.len(), 3, "{stdout}");
+    assert!(history[0].ends_with("joined as Joining (by itself)"), "{stdout}");
+    assert!(history[2].contains("declared Dead by "), "{stdout}");
+    assert_eq!(history[2].matches(" at 20").count(), 2, "{stdout}");
+    assert!(
+        stdout.contains("To inspect a cluster from another process"),
+        "{stdout}"
     );
 }
 
@@ -356,6 +371,76 @@ fn killed_silo_is_declared_dead_within_the_bound(store: &str) {
         killed.elapsed() <= bound,
         "declared Dead only after {:?} (bound {bound:?})",
         killed.elapsed()
+    );
+    why_was_it_declared_dead(store, &cluster, victim_port, &ports[..2]);
+}
+
+/// `rollcall history` answers "why was the silo on `victim_port` declared dead":
+/// its join and activation written by itself, then a declaration by one of the
+/// `survivors` carrying both survivors' votes, in increasing table versions; and
+/// `--silo` narrows the timeline to it.
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
+fn why_was_it_declared_dead(store: &str, cluster: &str, victim_port: u16, survivors: &[u16]) {
+    let history = |extra: &[&str]| {
+        let out = rollcall()
+            .args(["history", "--store", store, "--cluster", cluster])
+            .args(extra)
+            .output()
+            .expect("run rollcall history");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "history failed: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let all = history(&[]);
+    let victim = format!("127.0.0.1:{victim_port}@");
+    let lines: Vec<&str> = all.lines().filter(|l| l.contains(&victim)).collect();
+    let about = |l: &str| l.split_whitespace().nth(3).expect("silo column").to_owned();
+    let lines: Vec<&str> = lines
+        .into_iter()
+        .filter(|l| about(l).starts_with(&victim))
+        .collect();
+    assert!(lines.len() >= 3, "join, Active and the declaration: {all}");
+    assert!(lines[0].ends_with("joined as Joining (by itself)"), "{all}");
+    assert!(lines.iter().any(|l| l.ends_with("Active (by itself)")), "{all}");
+    let declared = lines.last().expect("last event");
+    assert!(declared.contains("declared Dead by 127.0.0.1:"), "{all}");
+    for port in survivors {
+        assert!(
+            declared.contains(&format!("127.0.0.1:{port}@")),
+            "the declaration names survivor {port} as writer or voter: {declared}"
+        );
+    }
+    assert_eq!(
+        declared.matches(" at 20").count(),
+        2,
+        "two votes with their times: {declared}"
+    );
+    let versions: Vec<u64> = all
+        .lines()
+        .skip(1)
+        .map(|l| {
+            l[1..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .expect("version")
+        })
+        .collect();
+    assert!(versions.windows(2).all(|w| w[0] < w[1]), "version order: {all}");
+    let only = history(&["--silo", &about(lines[0])]);
+    assert_eq!(
+        only.lines().count(),
+        lines.len() + 1,
+        "--silo keeps exactly its events: {only}"
+    );
+    assert!(
+        only.lines().skip(1).all(|l| about(l).starts_with(&victim)),
+        "{only}"
     );
 }
 
