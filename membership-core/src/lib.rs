@@ -22,6 +22,7 @@ pub mod agents;
 mod error;
 pub mod history;
 mod membership;
+pub mod metrics;
 mod options;
 pub mod protocol;
 mod reminder;
@@ -43,6 +44,7 @@ pub use membership::{
     CorruptRow, Etag, MembershipDelta, MembershipEntry, MembershipRows, MembershipSnapshot, SuspectVote,
     TableVersion,
 };
+pub use metrics::{MembershipCounters, MetricsReport, MetricsRole, MetricsRow, MetricsTable};
 pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};
 pub use reminder::{actor_hash, hash_in_range, ReminderEntry};
 pub use silo::{SiloAddress, SiloStatus};

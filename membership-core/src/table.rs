@@ -277,6 +277,21 @@ pub trait SystemStore: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// As for [`membership_table`](Self::membership_table).
     fn reminder_table(&self, service_id: &str) -> Result<Arc<dyn ReminderTable>>;
+
+    /// The silo and client metrics table of `cluster_id` (see
+    /// [`MetricsTable`](crate::MetricsTable)).
+    ///
+    /// # Errors
+    /// As for [`membership_table`](Self::membership_table);
+    /// [`Error::Unsupported`](crate::Error::Unsupported) from providers without one
+    /// (the default).
+    fn metrics_table(&self, cluster_id: &str) -> Result<Arc<dyn crate::MetricsTable>> {
+        let _ = cluster_id;
+        Err(crate::Error::Unsupported(format!(
+            "the {} provider has no metrics table",
+            self.provider()
+        )))
+    }
 }
 
 /// Checks a cluster or service id: non-empty, at most 256 bytes, no control

@@ -66,6 +66,7 @@
 mod config;
 mod conn;
 mod membership;
+mod metrics;
 mod reminders;
 mod schema;
 
@@ -73,9 +74,10 @@ use std::sync::Arc;
 
 pub use config::DynamoDbConfig;
 pub use membership::DynamoDbMembershipTable;
+pub use metrics::DynamoDbMetricsTable;
 pub use reminders::DynamoDbReminderTable;
 use rollcall_membership_core::{
-    validate_id, MembershipTable, ProtocolMode, ReminderTable, Result, SystemStore,
+    validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, SystemStore,
 };
 
 /// The DynamoDB [`SystemStore`]. Cheap to clone (one SDK client with its
@@ -147,5 +149,10 @@ impl SystemStore for DynamoDbStore {
             self.conn.clone(),
             service_id,
         )))
+    }
+
+    fn metrics_table(&self, cluster_id: &str) -> Result<Arc<dyn MetricsTable>> {
+        validate_id("cluster_id", cluster_id)?;
+        Ok(Arc::new(DynamoDbMetricsTable::new(self.conn.clone(), cluster_id)))
     }
 }

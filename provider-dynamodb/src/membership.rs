@@ -15,7 +15,7 @@ use rollcall_membership_core::{
 };
 
 use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
-use crate::schema::{self, CLUSTER_ID, HISTORY_ROWS, SILO_IDENTITY, VERSION_ROW};
+use crate::schema::{self, CLUSTER_ID, HISTORY_ROWS, METRICS_ROWS, SILO_IDENTITY, VERSION_ROW};
 
 /// The version etag a cluster without a version item reads as. Never a stored
 /// etag (those are 16 hex digits); a write at version 1 conditioned on it creates
@@ -510,12 +510,14 @@ impl DynamoDbMembershipTable {
             .client
             .query()
             .consistent_read(true)
-            .key_condition_expression("#c = :c")
+            // Rows, the version item and the history; not the metrics rows after them.
+            .key_condition_expression("#c = :c AND #sk < :metrics")
             .projection_expression("#sk, #e")
             .expression_attribute_names("#c", CLUSTER_ID)
             .expression_attribute_names("#sk", SILO_IDENTITY)
             .expression_attribute_names("#e", ETAG)
-            .expression_attribute_values(":c", s(cluster));
+            .expression_attribute_values(":c", s(cluster))
+            .expression_attribute_values(":metrics", s(METRICS_ROWS));
         let items = self.conn.query_all(self.table(), q).await?;
         Ok(items
             .iter()

@@ -20,6 +20,9 @@ pub(crate) const VERSION_ROW: &str = "#VERSION";
 /// The first sort key of the membership history's items, which share the cluster's
 /// partition: `~` sorts after every silo identity, so row reads stop below it.
 pub(crate) const HISTORY_ROWS: &str = "~history#";
+/// The first sort key of the metrics rows, which share the cluster's partition after
+/// the history (`~m` > `~h`): `~metrics#<role>#<id>`.
+pub(crate) const METRICS_ROWS: &str = "~metrics#";
 /// Reminder table partition key: `<service id>#<shard as 2 hex digits>`.
 pub(crate) const SHARD_KEY: &str = "ShardKey";
 /// Reminder table sort key: `<hash as 8 hex>#<actor length>#<actor id>#<name>`.

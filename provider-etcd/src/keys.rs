@@ -84,6 +84,13 @@ impl MembershipKeys {
     pub(crate) fn alive_prefix(&self) -> String {
         format!("{}alive/", self.base)
     }
+    /// The metrics table: `metrics/<role>/<escaped id>` -> row JSON.
+    pub(crate) fn metrics_prefix(&self) -> String {
+        format!("{}metrics/", self.base)
+    }
+    pub(crate) fn metrics(&self, role: &str, id: &str) -> String {
+        format!("{}{role}/{}", self.metrics_prefix(), escape(id))
+    }
     /// The membership history: one key per event, named by its table version
     /// zero-padded to 20 digits so that key order is version order.
     pub(crate) fn history_prefix(&self) -> String {

@@ -47,15 +47,17 @@ mod config;
 mod conn;
 mod keys;
 mod membership;
+mod metrics;
 mod reminders;
 
 use std::sync::Arc;
 
 pub use config::EtcdConfig;
 pub use membership::EtcdMembershipTable;
+pub use metrics::EtcdMetricsTable;
 pub use reminders::EtcdReminderTable;
 use rollcall_membership_core::{
-    validate_id, MembershipTable, ProtocolMode, ReminderTable, Result, SystemStore,
+    validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, SystemStore,
 };
 
 /// The etcd [`SystemStore`]. Cheap to clone (one gRPC channel, balanced over the
@@ -121,6 +123,15 @@ impl SystemStore for EtcdStore {
             self.conn.clone(),
             &self.config.key_prefix,
             service_id,
+        )))
+    }
+
+    fn metrics_table(&self, cluster_id: &str) -> Result<Arc<dyn MetricsTable>> {
+        validate_id("cluster_id", cluster_id)?;
+        Ok(Arc::new(EtcdMetricsTable::new(
+            self.conn.clone(),
+            &self.config.key_prefix,
+            cluster_id,
         )))
     }
 }

@@ -28,8 +28,9 @@ use rollcall_membership_core::{
     actor_hash,
     history::{history_floor, BASIC_MODE_HAS_NO_HISTORY},
     validate_id, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent,
-    MembershipRows, MembershipSnapshot, MembershipTable, ProtocolMode, ReminderEntry, ReminderTable, Result,
-    SiloAddress, SystemStore, TableVersion, Timestamp, WriteKind, WriteOrigin, DEFAULT_HISTORY_CAPACITY,
+    MembershipRows, MembershipSnapshot, MembershipTable, MetricsReport, MetricsRole, MetricsRow,
+    MetricsTable, ProtocolMode, ReminderEntry, ReminderTable, Result, SiloAddress, SystemStore, TableVersion,
+    Timestamp, WriteKind, WriteOrigin, DEFAULT_HISTORY_CAPACITY,
 };
 
 #[derive(Debug, Default)]
@@ -54,6 +55,8 @@ type Service = BTreeMap<(u32, String, String), ReminderEntry>;
 struct Inner {
     clusters: Mutex<HashMap<String, Cluster>>,
     services: Mutex<HashMap<String, Service>>,
+    /// Metrics rows per cluster, keyed by (role, id).
+    metrics: Mutex<HashMap<String, BTreeMap<(MetricsRole, String), MetricsRow>>>,
     next_etag: AtomicU64,
     unavailable: AtomicBool,
     history_capacity: u64,
@@ -64,6 +67,7 @@ impl Default for Inner {
         Inner {
             clusters: Mutex::default(),
             services: Mutex::default(),
+            metrics: Mutex::default(),
             next_etag: AtomicU64::new(0),
             unavailable: AtomicBool::new(false),
             history_capacity: DEFAULT_HISTORY_CAPACITY,
@@ -170,6 +174,61 @@ impl SystemStore for MemoryStore {
             store: self.clone(),
             service_id: service_id.to_owned(),
         }))
+    }
+
+    fn metrics_table(&self, cluster_id: &str) -> Result<Arc<dyn MetricsTable>> {
+        validate_id("cluster_id", cluster_id)?;
+        Ok(Arc::new(MemoryMetricsTable {
+            store: self.clone(),
+            cluster_id: cluster_id.to_owned(),
+        }))
+    }
+}
+
+/// The metrics table of one cluster in a [`MemoryStore`].
+#[derive(Clone, Debug)]
+pub struct MemoryMetricsTable {
+    store: MemoryStore,
+    cluster_id: String,
+}
+
+impl MemoryMetricsTable {
+    fn with_rows<R>(
+        &self,
+        f: impl FnOnce(&mut BTreeMap<(MetricsRole, String), MetricsRow>) -> R,
+    ) -> Result<R> {
+        self.store.check_available()?;
+        let mut all = lock(&self.store.inner.metrics);
+        Ok(f(all.entry(self.cluster_id.clone()).or_default()))
+    }
+}
+
+#[async_trait]
+impl MetricsTable for MemoryMetricsTable {
+    fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    async fn upsert(&self, row: &MetricsRow) -> Result<()> {
+        row.validate()?;
+        self.with_rows(|rows| {
+            rows.insert((row.role, row.id.clone()), row.clone());
+        })
+    }
+
+    async fn read_all(&self) -> Result<MetricsReport> {
+        self.with_rows(|rows| MetricsReport {
+            rows: rows.values().cloned().collect(),
+            corrupt: Vec::new(),
+        })
+    }
+
+    async fn remove(&self, role: MetricsRole, id: &str) -> Result<bool> {
+        self.with_rows(|rows| rows.remove(&(role, id.to_owned())).is_some())
+    }
+
+    async fn clear(&self) -> Result<()> {
+        self.with_rows(BTreeMap::clear)
     }
 }
 

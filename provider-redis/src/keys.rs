@@ -61,6 +61,10 @@ impl MembershipKeys {
     pub(crate) fn changes(&self) -> String {
         format!("{}:changes", self.base)
     }
+    /// The metrics table: a hash of `<role>/<escaped id>` -> row JSON.
+    pub(crate) fn metrics(&self) -> String {
+        format!("{}:metrics", self.base)
+    }
     /// The membership history: a sorted set of event JSON scored by table version.
     pub(crate) fn history(&self) -> String {
         format!("{}:history", self.base)

@@ -47,15 +47,17 @@ mod config;
 mod conn;
 mod keys;
 mod membership;
+mod metrics;
 mod reminders;
 
 use std::sync::Arc;
 
 pub use config::RedisConfig;
 pub use membership::RedisMembershipTable;
+pub use metrics::RedisMetricsTable;
 pub use reminders::RedisReminderTable;
 use rollcall_membership_core::{
-    validate_id, MembershipTable, ProtocolMode, ReminderTable, Result, SystemStore,
+    validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, SystemStore,
 };
 
 /// A fresh random etag: 64 bits as 16 hex digits. An etag only has to differ from
@@ -153,6 +155,15 @@ impl SystemStore for RedisStore {
             self.router.clone(),
             &self.config.key_prefix,
             service_id,
+        )))
+    }
+
+    fn metrics_table(&self, cluster_id: &str) -> Result<Arc<dyn MetricsTable>> {
+        validate_id("cluster_id", cluster_id)?;
+        Ok(Arc::new(RedisMetricsTable::new(
+            self.router.clone(),
+            &self.config.key_prefix,
+            cluster_id,
         )))
     }
 }

@@ -16,6 +16,7 @@
 pub mod counting;
 pub mod fixtures;
 pub mod membership_table;
+pub mod metrics_table;
 pub mod reminder_table;
 pub mod reminders;
 pub mod sim;
@@ -85,6 +86,9 @@ macro_rules! conformance_tests {
                 membership_table::read_delta_never_misses_a_committed_write,
                 membership_table::history_records_each_committed_write_and_nothing_else,
                 membership_table::history_of_concurrent_writes_is_exactly_the_commits,
+                metrics_table::metrics_upsert_replaces_in_place,
+                metrics_table::metrics_stay_apart_from_membership_and_other_clusters,
+                metrics_table::metrics_concurrent_publishers_keep_one_row_each,
                 reminder_table::round_trip_odd_names,
                 reminder_table::every_upsert_yields_a_new_etag,
                 reminder_table::remove_row_preconditions,
@@ -130,6 +134,7 @@ mod tests {
         for (module, source) in [
             ("membership_table", include_str!("membership_table.rs")),
             ("reminder_table", include_str!("reminder_table.rs")),
+            ("metrics_table", include_str!("metrics_table.rs")),
         ] {
             for line in source.lines() {
                 if let Some(rest) = line.strip_prefix("pub async fn ") {

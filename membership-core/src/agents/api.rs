@@ -229,6 +229,8 @@ pub struct SiloHandle {
     pub(super) stop: Arc<watch::Sender<bool>>,
     pub(super) transport: Arc<dyn Transport>,
     pub(super) notices: Arc<super::NoticeSinks>,
+    pub(super) counters: Arc<crate::metrics::CounterCells>,
+    pub(super) health: Arc<super::executor::SharedHealth>,
 }
 
 /// Delivers [`MembershipChanged`] to an actor until dropped. See
@@ -254,6 +256,19 @@ impl SiloHandle {
     /// The cluster id.
     pub fn cluster_id(&self) -> &str {
         &self.cluster_id
+    }
+
+    /// What this silo has counted since it started: table reads, writes and
+    /// conflicts, suspicions and votes, probes and their round-trip percentiles
+    /// (what its metrics row publishes). Never waits.
+    pub fn counters(&self) -> crate::MembershipCounters {
+        self.counters.read()
+    }
+
+    /// This silo's local health score, 0 (healthy) ..= 8, as its last health check
+    /// computed it (Orleans' `LocalSiloHealthMonitor`). Never waits.
+    pub fn health_score(&self) -> u8 {
+        self.health.score.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// This silo's own status as it knows it (Joining, Active, ..., Dead). Never waits.

@@ -21,6 +21,8 @@ use std::time::Duration;
 use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
 use tokio::sync::{oneshot, watch};
 
+use crate::metrics::CounterCells;
+use crate::protocol::RowWrite;
 use crate::protocol::{Action, Event, IndirectOutcome, PingOutcome, SiloMachine, StopReason, Timer};
 use crate::transport::{Listener, ProbeRequest, Transport};
 use crate::{Clock, Error, MembershipSnapshot, MembershipTable, SiloAddress, SiloError, SiloStatus};
@@ -66,6 +68,11 @@ pub(crate) struct MembershipAgent {
     pub(crate) next_call: u64,
     pub(crate) listener: Option<Listener>,
     pub(crate) on_declared_dead: OnDeclaredDead,
+    /// What the silo counts (read by the handle and the metrics publisher).
+    pub(crate) counters: Arc<CounterCells>,
+    /// The id of the row write in flight if it writes a vote (the machine runs one
+    /// row write at a time).
+    pub(crate) vote_write: Option<u64>,
 }
 
 /// A handle call waiting for the machine's answer.
@@ -89,9 +96,37 @@ async fn bounded<T>(
 
 impl MembershipAgent {
     fn feed(&mut self, event: Event, ctx: &mut Context<Self>) {
+        self.count(&event);
         let actions = self.machine.handle(self.clock.now(), event);
         for action in actions {
             self.execute(action, ctx);
+        }
+    }
+
+    /// Counts what `event` reports (table operations, votes, probes).
+    fn count(&mut self, event: &Event) {
+        let c = &*self.counters;
+        match event {
+            Event::TableRead { result: Ok(_), .. } | Event::DeltaRead { result: Ok(_), .. } => {
+                CounterCells::add(&c.table_reads, 1);
+            }
+            Event::RowWritten { id, result: Ok(true) } => {
+                CounterCells::add(&c.table_writes, 1);
+                if self.vote_write == Some(*id) {
+                    CounterCells::add(&c.votes_written, 1);
+                }
+            }
+            Event::RowWritten {
+                result: Ok(false), ..
+            } => CounterCells::add(&c.table_conflicts, 1),
+            Event::PingResult { outcome, .. } => match outcome {
+                PingOutcome::Answered { rtt } => {
+                    CounterCells::add(&c.probes_answered, 1);
+                    c.record_rtt(*rtt);
+                }
+                _ => CounterCells::add(&c.probes_failed, 1),
+            },
+            _ => {}
         }
     }
 
@@ -120,15 +155,23 @@ impl MembershipAgent {
                 write,
                 next_version,
                 origin,
-            } => self.spawn_event(ctx, async move {
-                let result = bounded(
-                    timeout,
-                    write.method(),
-                    write.apply(&*table, &next_version, &origin),
-                )
-                .await;
-                Event::RowWritten { id, result }
-            }),
+            } => {
+                // A silo writes another silo's row only to vote (or declare).
+                let vote = matches!(&write, RowWrite::Update(e, _) if e.silo != self.me);
+                self.vote_write = vote.then_some(id);
+                if vote {
+                    CounterCells::add(&self.counters.suspicions_sent, 1);
+                }
+                self.spawn_event(ctx, async move {
+                    let result = bounded(
+                        timeout,
+                        write.method(),
+                        write.apply(&*table, &next_version, &origin),
+                    )
+                    .await;
+                    Event::RowWritten { id, result }
+                })
+            }
             Action::WriteIAmAlive { time } => {
                 let me = self.me;
                 self.spawn_event(ctx, async move {

@@ -129,6 +129,7 @@ impl SiloBuilder {
         let (joined_tx, joined_rx) = oneshot::channel();
         let ctx: Context<MembershipAgent> = Context::new();
         let _ = agent_cell.set(ctx.address());
+        let counters = Arc::new(crate::metrics::CounterCells::default());
         let agent = MembershipAgent {
             machine,
             cluster,
@@ -138,7 +139,7 @@ impl SiloBuilder {
             clock: self.clock,
             table_timeout: options.table_operation_timeout,
             gossip_timeout: options.probe_timeout,
-            health,
+            health: health.clone(),
             outputs: Outputs {
                 latest: latest_tx,
                 snapshot: snapshot_tx,
@@ -150,6 +151,8 @@ impl SiloBuilder {
             next_call: 0,
             listener: Some(listener),
             on_declared_dead: self.on_declared_dead,
+            counters: counters.clone(),
+            vote_write: None,
         };
         let agent = ctx.run(agent);
         let handle = SiloHandle {
@@ -163,6 +166,8 @@ impl SiloBuilder {
             stop: stop_tx.clone(),
             transport,
             notices,
+            counters,
+            health,
         };
         // The machine bounds the join: every write job gives up after a bounded number
         // of attempts and connectivity validation after max_join_attempt_time.
