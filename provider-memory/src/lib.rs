@@ -47,6 +47,9 @@ struct Cluster {
     history: VecDeque<MembershipEvent>,
 }
 
+/// Metrics rows of one cluster, keyed by (role, id).
+type MetricsRows = BTreeMap<(MetricsRole, String), MetricsRow>;
+
 /// Reminders of one service, keyed by (hash, actor id, name) so that hash-range reads
 /// are ordered range scans.
 type Service = BTreeMap<(u32, String, String), ReminderEntry>;
@@ -56,7 +59,7 @@ struct Inner {
     clusters: Mutex<HashMap<String, Cluster>>,
     services: Mutex<HashMap<String, Service>>,
     /// Metrics rows per cluster, keyed by (role, id).
-    metrics: Mutex<HashMap<String, BTreeMap<(MetricsRole, String), MetricsRow>>>,
+    metrics: Mutex<HashMap<String, MetricsRows>>,
     next_etag: AtomicU64,
     unavailable: AtomicBool,
     history_capacity: u64,
