@@ -33,6 +33,7 @@
 #![warn(missing_docs)]
 
 mod connect;
+pub mod metrics;
 
 pub use connect::{connect, connect_retrying, StoreUrl};
 pub use rollcall_membership_core::*;

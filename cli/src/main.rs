@@ -1,5 +1,5 @@
 //! The `rollcall` command-line tool: `demo` (the main job), `silo`, `status`,
-//! `history` and `reminders`.
+//! `history`, `metrics` and `reminders`.
 
 mod demo;
 mod silo;
@@ -50,6 +50,17 @@ enum Command {
         /// Print at most this many events (the oldest that match).
         #[arg(long, default_value_t = 10_000)]
         limit: usize,
+    },
+    /// Print the metrics table of a cluster: one row per silo (and client) with its
+    /// CPU, memory, probe round trips, suspicions, votes, table operations and
+    /// reminder figures, as each last published them.
+    Metrics {
+        /// Store URL (redis://host:port, etcd://host:port, dynamodb://table?endpoint=...).
+        #[arg(long, default_value = "memory://")]
+        store: String,
+        /// Cluster id.
+        #[arg(long, default_value = "rollcall")]
+        cluster: String,
     },
     /// List the reminders of a service: owner (in the cluster's current membership),
     /// next tick, period, missed-tick policy, etag.
@@ -114,6 +125,12 @@ fn main() -> anyhow::Result<()> {
                 })
                 .await?;
             print!("{}", view::history(&cluster, &events, silo.as_ref()));
+            Ok(())
+        }),
+        Command::Metrics { store, cluster } => actix::System::new().block_on(async move {
+            let store = rollcall::connect(&store).await?;
+            let report = store.metrics_table(&cluster)?.read_all().await?;
+            print!("{}", view::metrics(&cluster, &report, rollcall::Timestamp::now()));
             Ok(())
         }),
         Command::Reminders {

@@ -30,6 +30,10 @@ pub(crate) struct SiloArgs {
     /// frames without a valid seal are dropped; every silo needs the same file.
     #[arg(long)]
     shared_secret_file: Option<std::path::PathBuf>,
+    /// How often the silo writes its row of the metrics table (`rollcall metrics`
+    /// shows them); `0s` writes none.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    metrics_period: std::time::Duration,
 }
 
 pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
@@ -47,11 +51,11 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
         }
     };
     let system = actix::System::new();
-    let silo = system.block_on(async {
+    let (silo, publisher) = system.block_on(async {
         // A store that is not up yet (it often starts with the cluster) is waited
         // for, as the join itself is: up to max_join_attempt_time.
         let store = rollcall::connect_retrying(&args.store, options.max_join_attempt_time).await?;
-        let mut builder = Silo::builder(store, args.cluster.clone())
+        let mut builder = Silo::builder(store.clone(), args.cluster.clone())
             .listen(args.listen)
             .options(options.clone())
             .on_declared_dead(OnDeclaredDead::StopSystem { exit_code: 70 });
@@ -61,7 +65,23 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
         if let Some(secret) = secret {
             builder = builder.shared_secret(secret);
         }
-        anyhow::Ok(builder.start().await?)
+        let silo = builder.start().await?;
+        let publisher = if args.metrics_period.is_zero() {
+            None
+        } else {
+            match metrics_table(&*store, &args.cluster).await {
+                Ok(table) => Some(
+                    rollcall::metrics::MetricsPublisher::builder(&silo, table)
+                        .period(args.metrics_period)
+                        .start(),
+                ),
+                Err(e) => {
+                    eprintln!("no metrics row: {e}");
+                    None
+                }
+            }
+        };
+        anyhow::Ok((silo, publisher))
     })?;
     println!("silo {} is Active in cluster {}", silo.address(), args.cluster);
     let handle = silo.clone();
@@ -95,7 +115,20 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
         });
     });
     let code = system.run_with_code()?;
+    drop(publisher);
     std::process::exit(code);
+}
+
+/// The cluster's metrics table, initialised within 5 s.
+async fn metrics_table(
+    store: &dyn rollcall::SystemStore,
+    cluster: &str,
+) -> anyhow::Result<std::sync::Arc<dyn rollcall::MetricsTable>> {
+    let table = store.metrics_table(cluster)?;
+    tokio::time::timeout(std::time::Duration::from_secs(5), table.init())
+        .await
+        .map_err(|_| anyhow::anyhow!("the metrics table did not initialise within 5 s"))??;
+    Ok(table)
 }
 
 /// Waits for Ctrl-C (SIGINT) or, on Unix, SIGTERM (what Kubernetes and systemd send)

@@ -310,6 +310,88 @@ pub(crate) fn history(cluster: &str, events: &[MembershipEvent], silo: Option<&S
     out
 }
 
+/// The metrics table as `rollcall metrics` prints it: a header line, a column
+/// header, one aligned line per row (role, id, age of the row, CPU %, RSS MiB,
+/// probe RTT p50/p99 ms, suspicions, votes, table reads/writes/conflicts, reminders
+/// owned, ticks delivered/late, load shedding), then the corrupt rows.
+pub(crate) fn metrics(cluster: &str, report: &rollcall::MetricsReport, now: Timestamp) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "cluster {cluster}: {} metrics row(s)", report.rows.len());
+    let header = [
+        "role",
+        "id",
+        "published",
+        "cpu%",
+        "rss_mib",
+        "rtt_p50_ms",
+        "rtt_p99_ms",
+        "suspicions",
+        "votes",
+        "reads",
+        "writes",
+        "conflicts",
+        "reminders",
+        "ticks",
+        "late",
+        "shedding",
+    ];
+    let rows: Vec<Vec<String>> = report
+        .rows
+        .iter()
+        .map(|m| {
+            vec![
+                m.role.as_str().to_owned(),
+                m.id.clone(),
+                age(now, m.time),
+                format!("{:.1}", m.cpu_percent),
+                format!("{:.1}", m.memory_bytes as f64 / (1024.0 * 1024.0)),
+                format!("{:.2}", m.probe_rtt_p50_ms),
+                format!("{:.2}", m.probe_rtt_p99_ms),
+                m.suspicions_sent.to_string(),
+                m.votes_written.to_string(),
+                m.table_reads.to_string(),
+                m.table_writes.to_string(),
+                m.table_conflicts.to_string(),
+                m.reminders_owned.to_string(),
+                m.ticks_delivered.to_string(),
+                m.ticks_late.to_string(),
+                if m.load_shedding { "yes" } else { "no" }.to_owned(),
+            ]
+        })
+        .collect();
+    let widths: Vec<usize> = (0..header.len())
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].chars().count())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut line = |cells: Vec<&str>| {
+        let text: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i < 2 {
+                    format!("{c:<w$}", w = widths[i])
+                } else {
+                    format!("{c:>w$}", w = widths[i])
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "{}", text.join(" ").trim_end());
+    };
+    line(header.to_vec());
+    for r in &rows {
+        line(r.iter().map(String::as_str).collect());
+    }
+    for c in &report.corrupt {
+        let _ = writeln!(out, "CORRUPT {}: {}", c.key, c.reason);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use rollcall::{

@@ -334,7 +334,8 @@ fn killed_silo_is_declared_dead_within_the_bound(store: &str) {
     use std::time::{Duration, Instant};
 
     let cluster = rollcall_tests::unique_id("procs");
-    let (mut procs, ports, mut last_version) = start_silos(store, &cluster, 3);
+    let (mut procs, ports, mut last_version) =
+        start_silos_with(store, &cluster, 3, &["--metrics-period", "300ms"]);
     std::thread::sleep(Duration::from_secs(2)); // let the probes settle
 
     let victim_port = ports[2];
@@ -373,6 +374,49 @@ fn killed_silo_is_declared_dead_within_the_bound(store: &str) {
         killed.elapsed()
     );
     why_was_it_declared_dead(store, &cluster, victim_port, &ports[..2]);
+    survivors_metrics_show_the_vote(store, &cluster, &victim);
+}
+
+/// `rollcall metrics` lists the three silos' rows; once the survivors published
+/// after the declaration, their rows count at least one suspicion and one vote
+/// written, and every row shows table reads and writes and some resident memory.
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
+fn survivors_metrics_show_the_vote(store: &str, cluster: &str, victim: &str) {
+    use std::time::{Duration, Instant};
+
+    let start = Instant::now();
+    loop {
+        let out = rollcall()
+            .args(["metrics", "--store", store, "--cluster", cluster])
+            .output()
+            .expect("run rollcall metrics");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "metrics failed: {stdout}");
+        let rows: Vec<Vec<&str>> = stdout
+            .lines()
+            .filter(|l| l.starts_with("silo "))
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(rows.len(), 3, "{stdout}");
+        let col = |r: &Vec<&str>, i: usize| r[i].parse::<f64>().unwrap_or_else(|_| panic!("{stdout}"));
+        // role id published(2 words) cpu rss p50 p99 suspicions votes reads writes ...
+        assert!(
+            rows.iter()
+                .all(|r| col(r, 5) > 0.5 && col(r, 10) >= 1.0 && col(r, 11) >= 2.0),
+            "{stdout}"
+        );
+        let survivors: Vec<_> = rows.iter().filter(|r| !r[1].starts_with(victim.trim())).collect();
+        let votes: f64 = survivors.iter().map(|r| col(r, 9)).sum();
+        let suspicions: f64 = survivors.iter().map(|r| col(r, 8)).sum();
+        if votes >= 1.0 && suspicions >= 1.0 {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the survivors' rows never showed the vote: {stdout}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// `rollcall history` answers "why was the silo on `victim_port` declared dead":

@@ -730,6 +730,9 @@ impl ReminderAgent {
         match res {
             Ok(()) => {
                 Counters::bump(&self.counters.ticks_delivered);
+                if now.saturating_duration_since(scheduled) > crate::api::LATE_TICK {
+                    Counters::bump(&self.counters.ticks_late);
+                }
                 if current {
                     let slot = self.state.queue.get_mut(&key).expect("current");
                     slot.attempts = 0;

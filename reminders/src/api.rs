@@ -211,6 +211,10 @@ pub enum ReminderError {
     Stopped,
 }
 
+/// How late a delivered tick may complete after its occurrence before it counts in
+/// [`ReminderStats::ticks_late`] (1 s).
+pub const LATE_TICK: Duration = Duration::from_secs(1);
+
 /// Counters of one silo's reminder service (monotonic unless noted).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReminderStats {
@@ -220,6 +224,8 @@ pub struct ReminderStats {
     pub scheduled: u64,
     /// Ticks delivered (the handler completed).
     pub ticks_delivered: u64,
+    /// Ticks delivered more than [`LATE_TICK`] after their occurrence.
+    pub ticks_late: u64,
     /// Delivery attempts that failed (no recipient, mailbox closed, timeout); each
     /// is retried with backoff within the period.
     pub delivery_failures: u64,
@@ -241,6 +247,7 @@ pub(crate) struct Counters {
     pub owned: AtomicU64,
     pub scheduled: AtomicU64,
     pub ticks_delivered: AtomicU64,
+    pub ticks_late: AtomicU64,
     pub delivery_failures: AtomicU64,
     pub ticks_given_up: AtomicU64,
     pub loads: AtomicU64,
@@ -260,6 +267,7 @@ impl Counters {
             owned: g(&self.owned),
             scheduled: g(&self.scheduled),
             ticks_delivered: g(&self.ticks_delivered),
+            ticks_late: g(&self.ticks_late),
             delivery_failures: g(&self.delivery_failures),
             ticks_given_up: g(&self.ticks_given_up),
             loads: g(&self.loads),

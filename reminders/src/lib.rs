@@ -26,7 +26,7 @@ mod service;
 pub use agent::{LOAD_PIECE_ROWS, MAX_DELIVERIES, MAX_NOTICE_READS, MAX_WRITES, NOTICE_BATCH, NOTICE_QUEUE};
 pub use api::{
     ActorId, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, ReminderTick,
-    MAX_ACTOR_ID, MAX_NAME,
+    LATE_TICK, MAX_ACTOR_ID, MAX_NAME,
 };
 pub use rollcall_membership_core::{MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable};
 pub use service::{Reminders, RemindersBuilder};

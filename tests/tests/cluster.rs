@@ -1018,3 +1018,99 @@ fn t23_an_intermediary_retries_before_reporting_a_suspect_silent() {
         );
     });
 }
+
+/// Every silo publishes its metrics row (period 1 s, virtual); the rows carry what
+/// the silos counted. Checked: one row per silo; every committed membership write
+/// is counted by exactly one silo (the rows' `table_writes` add up to the table
+/// version); after a crash the survivors' rows show the suspicion and the votes
+/// that declared it, and the dead silo's row stops changing.
+#[test]
+fn t24_metrics_rows_count_what_the_silos_did() {
+    use rollcall::metrics::MetricsPublisher;
+    use rollcall_membership_core::MetricsReport;
+
+    run_virtual(|| async {
+        let mut c = SimCluster::new(ClusterMembershipOptions::default());
+        c.start_many(4).await;
+        let metrics = c.store.metrics_table("sim").expect("metrics table");
+        let _publishers: Vec<MetricsPublisher> = c
+            .silos
+            .iter()
+            .map(|s| {
+                MetricsPublisher::builder(s, metrics.clone())
+                    .period(Duration::from_secs(1))
+                    .name(format!("silo-{}", s.address().endpoint().port()))
+                    .start()
+            })
+            .collect();
+        let until = |limit, cond| metrics_until(metrics.clone(), c.table.clone(), limit, cond);
+        let writes = |r: &MetricsReport| r.rows.iter().map(|m| m.table_writes).sum::<u64>();
+        let report = until(
+            Duration::from_secs(30),
+            Box::new(move |r, v| {
+                r.rows.len() == 4 && writes(r) == v && r.rows.iter().all(|m| m.table_reads > 0)
+            }),
+        )
+        .await;
+        assert_eq!(writes(&report), 8, "4 inserts + 4 activations: {report:#?}");
+        assert!(report
+            .rows
+            .iter()
+            .all(|m| m.name.starts_with("silo-") && m.votes_written == 0));
+        assert!(report
+            .rows
+            .iter()
+            .all(|m| m.probe_rtt_p99_ms >= m.probe_rtt_p50_ms));
+
+        let (row, _) = c.kill_and_await_dead(3, Duration::from_secs(300)).await;
+        let victim = row.silo.to_string();
+        let report = until(
+            Duration::from_secs(30),
+            Box::new(move |r, v| writes(r) == v && r.rows.iter().map(|m| m.votes_written).sum::<u64>() >= 1),
+        )
+        .await;
+        let survivors: Vec<_> = report.rows.iter().filter(|m| m.id != victim).collect();
+        assert!(
+            survivors.iter().map(|m| m.suspicions_sent).sum::<u64>() >= 1,
+            "{report:#?}"
+        );
+        let dead_row = report
+            .rows
+            .iter()
+            .find(|m| m.id == victim)
+            .expect("victim row")
+            .clone();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let later = metrics.read_all().await.expect("read metrics");
+        assert_eq!(
+            later.rows.iter().find(|m| m.id == victim),
+            Some(&dead_row),
+            "a dead silo's row stops changing"
+        );
+    });
+}
+
+/// A condition on the metrics table and the membership table version.
+type MetricsCondition = Box<dyn Fn(&rollcall_membership_core::MetricsReport, u64) -> bool>;
+
+/// Polls `metrics` (virtual time) until `cond(report, table version)` holds.
+async fn metrics_until(
+    metrics: Arc<dyn rollcall_membership_core::MetricsTable>,
+    table: Arc<dyn rollcall_membership_core::MembershipTable>,
+    limit: Duration,
+    cond: MetricsCondition,
+) -> rollcall_membership_core::MetricsReport {
+    let start = tokio::time::Instant::now();
+    loop {
+        let report = metrics.read_all().await.expect("read metrics");
+        let version = table.read_all().await.expect("read table").version.version;
+        if cond(&report, version) {
+            return report;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "not reached within {limit:?}: {report:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

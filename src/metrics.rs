@@ -1,0 +1,240 @@
+//! Publishing a silo's row of the metrics table (the Orleans silo-metrics table):
+//! a [`MetricsPublisher`] writes the silo's [`MetricsRow`] every
+//! `metrics_publish_period` (30 s by default, Orleans' `MetricsTableWriteInterval`),
+//! with the process's CPU and resident memory ([`ProcessSampler`], from `sysinfo`),
+//! the silo's membership counters and, when given, its reminder service's counters.
+//!
+//! ```no_run
+//! # async fn run(silo: rollcall::SiloHandle, store: std::sync::Arc<dyn rollcall::SystemStore>) -> rollcall::Result<()> {
+//! let table = store.metrics_table(silo.cluster_id())?;
+//! table.init().await?;
+//! let publisher = rollcall::metrics::MetricsPublisher::builder(&silo, table).start();
+//! // ... the row is rewritten every 30 s until the silo stops or `publisher` is dropped.
+//! # Ok(()) }
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use rollcall_membership_core::metrics::*;
+
+use rollcall_membership_core::{SiloHandle, SiloStatus, Timestamp};
+use rollcall_reminders::Reminders;
+use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
+
+/// Orleans' default interval between two writes of a silo's metrics row.
+pub const DEFAULT_METRICS_PUBLISH_PERIOD: Duration = Duration::from_secs(30);
+
+/// Bound on one write of the row (a slow store delays the next write, never
+/// queues writes).
+pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// CPU and resident memory of this process, as `sysinfo` reports them.
+#[derive(Debug)]
+pub struct ProcessSampler {
+    system: System,
+    pid: Option<Pid>,
+}
+
+impl Default for ProcessSampler {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProcessSampler {
+    /// A sampler of the current process. The first [`sample`](Self::sample) reports
+    /// 0% CPU: CPU use is measured between two samples.
+    pub fn new() -> Self {
+        let mut sampler = ProcessSampler {
+            system: System::new(),
+            pid: sysinfo::get_current_pid().ok(),
+        };
+        let _ = sampler.sample();
+        sampler
+    }
+
+    /// `(cpu_percent, resident_bytes)`: CPU use since the previous sample in % of
+    /// one core, and the resident set size in bytes. `(0, 0)` where the platform
+    /// does not tell.
+    pub fn sample(&mut self) -> (f32, u64) {
+        let Some(pid) = self.pid else {
+            return (0.0, 0);
+        };
+        self.system.refresh_processes_specifics(
+            ProcessesToUpdate::Some(&[pid]),
+            false,
+            ProcessRefreshKind::nothing().with_cpu().with_memory(),
+        );
+        self.system
+            .process(pid)
+            .map_or((0.0, 0), |p| (p.cpu_usage(), p.memory()))
+    }
+}
+
+/// Builds a [`MetricsPublisher`].
+#[derive(Debug)]
+pub struct MetricsPublisherBuilder {
+    silo: SiloHandle,
+    table: Arc<dyn MetricsTable>,
+    period: Duration,
+    reminders: Option<Reminders>,
+    name: String,
+    host_name: String,
+}
+
+impl MetricsPublisherBuilder {
+    /// How often the row is written (default [`DEFAULT_METRICS_PUBLISH_PERIOD`]);
+    /// at least 100 ms.
+    pub fn period(mut self, period: Duration) -> Self {
+        self.period = period.max(Duration::from_millis(100));
+        self
+    }
+
+    /// Adds the reminder service's figures (owned reminders, ticks delivered and
+    /// late).
+    pub fn reminders(mut self, reminders: &Reminders) -> Self {
+        self.reminders = Some(reminders.clone());
+        self
+    }
+
+    /// The silo name in the row (default: empty).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// The host name in the row (default: the machine's).
+    pub fn host_name(mut self, host_name: impl Into<String>) -> Self {
+        self.host_name = host_name.into();
+        self
+    }
+
+    /// Writes the first row at once, then one every period, on a tokio task, until
+    /// the silo stops (its row is then left with its last figures) or the publisher
+    /// is dropped. A failed write is logged and retried at the next period.
+    pub fn start(self) -> MetricsPublisher {
+        let mut state = Publishing {
+            sampler: ProcessSampler::new(),
+            silo: self.silo,
+            reminders: self.reminders,
+            name: self.name,
+            host_name: self.host_name,
+        };
+        let (table, period) = (self.table, self.period);
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                if state.silo.status() == SiloStatus::Dead || state.silo.is_stopped() {
+                    return;
+                }
+                let row = state.row(Timestamp::now());
+                match tokio::time::timeout(PUBLISH_TIMEOUT, table.upsert(&row)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::warn!(silo = %row.id, error = %e, "metrics row write failed"),
+                    Err(_) => {
+                        tracing::warn!(silo = %row.id, "metrics row write did not answer within {PUBLISH_TIMEOUT:?}")
+                    }
+                }
+            }
+        });
+        MetricsPublisher { task }
+    }
+}
+
+struct Publishing {
+    sampler: ProcessSampler,
+    silo: SiloHandle,
+    reminders: Option<Reminders>,
+    name: String,
+    host_name: String,
+}
+
+impl Publishing {
+    fn row(&mut self, now: Timestamp) -> MetricsRow {
+        let (cpu_percent, memory_bytes) = self.sampler.sample();
+        let c = self.silo.counters();
+        let r = self.reminders.as_ref().map(Reminders::stats).unwrap_or_default();
+        MetricsRow {
+            address: self.silo.address().endpoint().to_string(),
+            name: self.name.clone(),
+            host_name: self.host_name.clone(),
+            cpu_percent,
+            memory_bytes,
+            probe_rtt_p50_ms: c.probe_rtt_p50_ms,
+            probe_rtt_p99_ms: c.probe_rtt_p99_ms,
+            suspicions_sent: c.suspicions_sent,
+            votes_written: c.votes_written,
+            table_reads: c.table_reads,
+            table_writes: c.table_writes,
+            table_conflicts: c.table_conflicts,
+            reminders_owned: r.owned,
+            ticks_delivered: r.ticks_delivered,
+            ticks_late: r.ticks_late,
+            // actix does not expose mailbox lengths.
+            mailbox_backlog: None,
+            load_shedding: self.silo.health_score() > 0,
+            ..MetricsRow::new(MetricsRole::Silo, self.silo.address().to_string(), now)
+        }
+    }
+}
+
+/// Writes a silo's metrics row periodically (see [`MetricsPublisher::builder`]).
+/// Dropping it stops the writes.
+#[derive(Debug)]
+pub struct MetricsPublisher {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MetricsPublisher {
+    /// A publisher of `silo`'s row into `table` (the metrics table of the silo's
+    /// cluster, [`SystemStore::metrics_table`](crate::SystemStore::metrics_table)).
+    pub fn builder(silo: &SiloHandle, table: Arc<dyn MetricsTable>) -> MetricsPublisherBuilder {
+        MetricsPublisherBuilder {
+            silo: silo.clone(),
+            table,
+            period: DEFAULT_METRICS_PUBLISH_PERIOD,
+            reminders: None,
+            name: String::new(),
+            host_name: gethostname(),
+        }
+    }
+}
+
+fn gethostname() -> String {
+    System::host_name().unwrap_or_default()
+}
+
+impl Drop for MetricsPublisher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn burn(d: Duration) {
+        let mut x = 0u64;
+        let start = std::time::Instant::now();
+        while start.elapsed() < d {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+    }
+
+    #[test]
+    fn the_sampler_sees_this_process_use_memory_and_cpu() {
+        // sysinfo measures CPU between two samples, and only once the process has
+        // used some (a fresh test process may have used none at the first sample).
+        burn(Duration::from_millis(50));
+        let mut sampler = ProcessSampler::new();
+        burn(Duration::from_millis(300));
+        let (cpu, rss) = sampler.sample();
+        assert!(rss > 1 << 20, "a test process holds more than 1 MiB: {rss}");
+        assert!(cpu > 10.0, "300 ms of a busy loop shows as CPU use: {cpu}");
+    }
+}
