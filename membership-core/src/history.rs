@@ -166,7 +166,7 @@ impl HistoryQuery {
 /// The lowest version a history of `capacity` events keeps once a write at `version`
 /// committed: events below it are dropped in the same transaction.
 pub fn history_floor(version: u64, capacity: u64) -> u64 {
-    (version + 1).saturating_sub(capacity)
+    version.saturating_add(1).saturating_sub(capacity)
 }
 
 /// The message of [`Error::Unsupported`](crate::Error::Unsupported) for a history read

@@ -749,9 +749,16 @@ impl MembershipTable for DynamoDbMembershipTable {
                 .map(|(sk, _)| sk.clone())
                 .collect();
             if items.len() > TRANSACT_ITEMS {
-                let keep = (TRANSACT_ITEMS - 1).min(rows.len());
-                let keys = rows[..rows.len() - keep]
-                    .iter()
+                // Every history item listed goes, and the rows but a few: every
+                // write adds a history item, so the final transaction keeps room
+                // for those written meanwhile. All listed items belong to the
+                // cluster's current life (its version item still exists).
+                let (history, rows): (Vec<&String>, Vec<&String>) =
+                    rows.iter().partition(|sk| sk.starts_with(HISTORY_ROWS));
+                let keep = (TRANSACT_ITEMS / 2).min(rows.len());
+                let keys = history
+                    .into_iter()
+                    .chain(rows[..rows.len() - keep].iter().copied())
                     .map(|sk| Self::key(cluster_id, sk))
                     .collect();
                 self.conn.batch_delete(self.table(), keys).await?;

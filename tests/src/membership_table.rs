@@ -591,6 +591,16 @@ pub async fn delete_cluster_racing_writers_leaves_no_half_row(store: Store) {
             );
         }
     }
+    // The history holds only the cluster's life since the last delete: versions
+    // 1..=current (or the newest of them), no event of a deleted life.
+    let events = history(&*table).await;
+    let versions: Vec<u64> = events.iter().map(|e| e.version).collect();
+    let first = versions.first().copied().unwrap_or(1);
+    assert_eq!(
+        versions,
+        (first..=all.version.version).collect::<Vec<_>>(),
+        "history after delete_cluster raced writers"
+    );
     // Every row is writable again (none is stuck half-deleted).
     let v = all.version.clone();
     if let Some((row, etag)) = all.entries.values().next().map(|r| &**r) {
