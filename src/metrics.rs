@@ -18,7 +18,7 @@ use std::time::Duration;
 
 pub use rollcall_membership_core::metrics::*;
 
-use rollcall_membership_core::{SiloHandle, SiloStatus, Timestamp};
+use rollcall_membership_core::{SiloHandle, SiloStatus, StatPoint, StatisticsStore, Timestamp};
 use rollcall_reminders::Reminders;
 use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
 
@@ -81,9 +81,21 @@ pub struct MetricsPublisherBuilder {
     reminders: Option<Reminders>,
     name: String,
     host_name: String,
+    statistics: Option<(Arc<dyn StatisticsStore>, Duration)>,
 }
 
 impl MetricsPublisherBuilder {
+    /// Also appends the row's figures to `store` every `period` (the
+    /// `statistics_period`, at least 100 ms) as statistics points named
+    /// `cpu_percent`, `memory_bytes`, `probe_rtt_p50_ms`, `probe_rtt_p99_ms`,
+    /// `suspicions_sent`, `votes_written`, `table_reads`, `table_writes`,
+    /// `table_conflicts`, `reminders_owned`, `ticks_delivered` and `ticks_late`
+    /// (counters as totals, `is_delta = false`), under the silo's address.
+    pub fn statistics(mut self, store: Arc<dyn StatisticsStore>, period: Duration) -> Self {
+        self.statistics = Some((store, period.max(Duration::from_millis(100))));
+        self
+    }
+
     /// How often the row is written (default [`DEFAULT_METRICS_PUBLISH_PERIOD`]);
     /// at least 100 ms.
     pub fn period(mut self, period: Duration) -> Self {
@@ -122,26 +134,76 @@ impl MetricsPublisherBuilder {
             host_name: self.host_name,
         };
         let (table, period) = (self.table, self.period);
+        let (statistics, statistics_period) = match self.statistics {
+            Some((s, p)) => (Some(s), p),
+            None => (None, Duration::from_secs(3600)),
+        };
         let task = tokio::spawn(async move {
             let mut ticks = tokio::time::interval(period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut stat_ticks = tokio::time::interval(statistics_period);
+            stat_ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                ticks.tick().await;
+                let for_metrics = tokio::select! {
+                    _ = ticks.tick() => true,
+                    _ = stat_ticks.tick(), if statistics.is_some() => false,
+                };
                 if state.silo.status() == SiloStatus::Dead || state.silo.is_stopped() {
                     return;
                 }
                 let row = state.row(Timestamp::now());
-                match tokio::time::timeout(PUBLISH_TIMEOUT, table.upsert(&row)).await {
+                let written = if for_metrics {
+                    tokio::time::timeout(PUBLISH_TIMEOUT, table.upsert(&row)).await
+                } else if let Some(store) = &statistics {
+                    let points = statistic_points(&row);
+                    tokio::time::timeout(PUBLISH_TIMEOUT, store.append(&points))
+                        .await
+                        .map(|r| r.map(|_| ()))
+                } else {
+                    continue;
+                };
+                let what = if for_metrics { "metrics row" } else { "statistics" };
+                match written {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => tracing::warn!(silo = %row.id, error = %e, "metrics row write failed"),
+                    Ok(Err(e)) => tracing::warn!(silo = %row.id, error = %e, "{what} write failed"),
                     Err(_) => {
-                        tracing::warn!(silo = %row.id, "metrics row write did not answer within {PUBLISH_TIMEOUT:?}")
+                        tracing::warn!(silo = %row.id, "{what} write did not answer within {PUBLISH_TIMEOUT:?}")
                     }
                 }
             }
         });
         MetricsPublisher { task }
     }
+}
+
+/// The statistics points of a metrics row (see
+/// [`MetricsPublisherBuilder::statistics`]).
+pub fn statistic_points(row: &MetricsRow) -> Vec<StatPoint> {
+    let figures: [(&str, f64); 12] = [
+        ("cpu_percent", f64::from(row.cpu_percent)),
+        ("memory_bytes", row.memory_bytes as f64),
+        ("probe_rtt_p50_ms", row.probe_rtt_p50_ms),
+        ("probe_rtt_p99_ms", row.probe_rtt_p99_ms),
+        ("suspicions_sent", row.suspicions_sent as f64),
+        ("votes_written", row.votes_written as f64),
+        ("table_reads", row.table_reads as f64),
+        ("table_writes", row.table_writes as f64),
+        ("table_conflicts", row.table_conflicts as f64),
+        ("reminders_owned", row.reminders_owned as f64),
+        ("ticks_delivered", row.ticks_delivered as f64),
+        ("ticks_late", row.ticks_late as f64),
+    ];
+    figures
+        .into_iter()
+        .filter(|(_, v)| v.is_finite())
+        .map(|(name, value)| StatPoint {
+            time: row.time,
+            silo: row.id.clone(),
+            name: name.to_owned(),
+            value,
+            is_delta: false,
+        })
+        .collect()
 }
 
 struct Publishing {
@@ -199,6 +261,7 @@ impl MetricsPublisher {
             reminders: None,
             name: String::new(),
             host_name: gethostname(),
+            statistics: None,
         }
     }
 }

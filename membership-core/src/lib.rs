@@ -27,6 +27,7 @@ mod options;
 pub mod protocol;
 mod reminder;
 mod silo;
+pub mod statistics;
 mod table;
 mod time;
 pub mod transport;
@@ -48,5 +49,6 @@ pub use metrics::{MembershipCounters, MetricsReport, MetricsRole, MetricsRow, Me
 pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};
 pub use reminder::{actor_hash, hash_in_range, ReminderEntry};
 pub use silo::{SiloAddress, SiloStatus};
+pub use statistics::{AggLevel, StatFilter, StatPoint, StatRecord, StatisticsOptions, StatisticsStore};
 pub use table::{validate_id, MembershipTable, ProtocolMode, ReminderTable, SystemStore};
 pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp, TokioClock};

@@ -278,6 +278,25 @@ pub trait SystemStore: Send + Sync + std::fmt::Debug {
     /// As for [`membership_table`](Self::membership_table).
     fn reminder_table(&self, service_id: &str) -> Result<Arc<dyn ReminderTable>>;
 
+    /// The statistics store of `cluster_id` (see
+    /// [`StatisticsStore`](crate::StatisticsStore)), run with `options`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for invalid options or
+    /// id; [`Error::Unsupported`](crate::Error::Unsupported) from providers without
+    /// one (the default).
+    fn statistics_store(
+        &self,
+        cluster_id: &str,
+        options: &crate::StatisticsOptions,
+    ) -> Result<Arc<dyn crate::StatisticsStore>> {
+        let _ = (cluster_id, options);
+        Err(crate::Error::Unsupported(format!(
+            "the {} provider has no statistics store yet",
+            self.provider()
+        )))
+    }
+
     /// The silo and client metrics table of `cluster_id` (see
     /// [`MetricsTable`](crate::MetricsTable)).
     ///

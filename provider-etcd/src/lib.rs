@@ -126,6 +126,23 @@ impl SystemStore for EtcdStore {
         )))
     }
 
+    /// Always `Error::Unsupported`: etcd keeps every revision of every key until
+    /// compaction and caps its database (2 GiB by default), so an append-heavy
+    /// series store belongs elsewhere (the embedded store on the host, Redis or
+    /// DynamoDB).
+    fn statistics_store(
+        &self,
+        _cluster_id: &str,
+        _options: &rollcall_membership_core::StatisticsOptions,
+    ) -> Result<Arc<dyn rollcall_membership_core::StatisticsStore>> {
+        Err(rollcall_membership_core::Error::Unsupported(
+            "etcd holds no statistics: it keeps every revision until compaction and caps its database \
+             (2 GiB by default), which an append-heavy series would exhaust; use the embedded store, \
+             Redis or DynamoDB for statistics"
+                .into(),
+        ))
+    }
+
     fn metrics_table(&self, cluster_id: &str) -> Result<Arc<dyn MetricsTable>> {
         validate_id("cluster_id", cluster_id)?;
         Ok(Arc::new(EtcdMetricsTable::new(

@@ -19,6 +19,9 @@
 
 #![warn(missing_docs)]
 
+mod statistics;
+pub use statistics::MemoryStatistics;
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -60,6 +63,8 @@ struct Inner {
     services: Mutex<HashMap<String, Service>>,
     /// Metrics rows per cluster, keyed by (role, id).
     metrics: Mutex<HashMap<String, MetricsRows>>,
+    /// Statistics per cluster.
+    statistics: Mutex<HashMap<String, Arc<MemoryStatistics>>>,
     next_etag: AtomicU64,
     unavailable: AtomicBool,
     history_capacity: u64,
@@ -71,6 +76,7 @@ impl Default for Inner {
             clusters: Mutex::default(),
             services: Mutex::default(),
             metrics: Mutex::default(),
+            statistics: Mutex::default(),
             next_etag: AtomicU64::new(0),
             unavailable: AtomicBool::new(false),
             history_capacity: DEFAULT_HISTORY_CAPACITY,
@@ -177,6 +183,24 @@ impl SystemStore for MemoryStore {
             store: self.clone(),
             service_id: service_id.to_owned(),
         }))
+    }
+
+    /// One [`MemoryStatistics`] per cluster id, shared by every handle on this store
+    /// (the options of the first call stay).
+    fn statistics_store(
+        &self,
+        cluster_id: &str,
+        options: &rollcall_membership_core::StatisticsOptions,
+    ) -> Result<Arc<dyn rollcall_membership_core::StatisticsStore>> {
+        validate_id("cluster_id", cluster_id)?;
+        options.validate()?;
+        self.check_available()?;
+        let mut all = lock(&self.inner.statistics);
+        let store = all
+            .entry(cluster_id.to_owned())
+            .or_insert_with(|| Arc::new(MemoryStatistics::new(cluster_id, options.clone())))
+            .clone();
+        Ok(store)
     }
 
     fn metrics_table(&self, cluster_id: &str) -> Result<Arc<dyn MetricsTable>> {

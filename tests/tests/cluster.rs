@@ -1033,12 +1033,17 @@ fn t24_metrics_rows_count_what_the_silos_did() {
         let mut c = SimCluster::new(ClusterMembershipOptions::default());
         c.start_many(4).await;
         let metrics = c.store.metrics_table("sim").expect("metrics table");
+        let statistics = c
+            .store
+            .statistics_store("sim", &Default::default())
+            .expect("statistics store");
         let _publishers: Vec<MetricsPublisher> = c
             .silos
             .iter()
             .map(|s| {
                 MetricsPublisher::builder(s, metrics.clone())
                     .period(Duration::from_secs(1))
+                    .statistics(statistics.clone(), Duration::from_secs(10))
                     .name(format!("silo-{}", s.address().endpoint().port()))
                     .start()
             })
@@ -1087,6 +1092,35 @@ fn t24_metrics_rows_count_what_the_silos_did() {
             Some(&dead_row),
             "a dead silo's row stops changing"
         );
+        // The statistics: every 10 s each silo appended its figures; the 1-minute
+        // buckets of table_writes hold them, the newest totals matching the rows.
+        use rollcall_membership_core::{AggLevel, StatFilter};
+        let filter = StatFilter {
+            names: Some(["table_writes".to_owned()].into()),
+            ..StatFilter::all(AggLevel::Raw)
+        };
+        let raw = statistics.scan(&filter).await.expect("scan");
+        for m in &later.rows {
+            let newest = raw
+                .iter()
+                .filter(|r| r.silo == m.id)
+                .max_by_key(|r| r.time)
+                .expect("points");
+            assert!(
+                newest.aggregate.max <= m.table_writes as f64,
+                "{newest:?} vs {m:?}"
+            );
+        }
+        let minute = statistics
+            .scan(&StatFilter {
+                level: AggLevel::Minute1,
+                ..filter
+            })
+            .await
+            .expect("scan buckets");
+        let points: u64 = minute.iter().map(|r| r.aggregate.count).sum();
+        assert_eq!(points as usize, raw.len(), "every point is in a 1-minute bucket");
+        assert!(raw.len() >= 4 * 2, "at least two appends per silo: {}", raw.len());
     });
 }
 
