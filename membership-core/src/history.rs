@@ -173,3 +173,16 @@ pub fn history_floor(version: u64, capacity: u64) -> u64 {
 /// in basic mode.
 pub const BASIC_MODE_HAS_NO_HISTORY: &str =
     "the membership history needs the extended protocol (basic-mode writes are not versioned)";
+
+/// `Ok` in extended mode; in basic mode the `Unsupported` error every provider's
+/// `read_history` answers.
+///
+/// # Errors
+/// [`Error::Unsupported`](crate::Error::Unsupported) with
+/// [`BASIC_MODE_HAS_NO_HISTORY`] in basic mode.
+pub fn require_history(mode: crate::ProtocolMode) -> crate::Result<()> {
+    match mode {
+        crate::ProtocolMode::Extended => Ok(()),
+        crate::ProtocolMode::Basic => Err(crate::Error::Unsupported(BASIC_MODE_HAS_NO_HISTORY.into())),
+    }
+}

@@ -9,9 +9,9 @@ use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Get, Put, TransactGetItem, TransactWriteItem, Update};
 use rollcall_membership_core::{
-    history::BASIC_MODE_HAS_NO_HISTORY, CorruptRow, Error, Etag, HistoryQuery, MembershipDelta,
-    MembershipEntry, MembershipEvent, MembershipRows, MembershipSnapshot, MembershipTable, ProtocolMode,
-    Result, SiloAddress, SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteOrigin,
+    history::require_history, CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry,
+    MembershipEvent, MembershipRows, MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress,
+    SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteOrigin,
 };
 
 use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
@@ -637,9 +637,7 @@ impl MembershipTable for DynamoDbMembershipTable {
     }
 
     async fn read_history(&self, query: &HistoryQuery) -> Result<Vec<MembershipEvent>> {
-        if self.mode == ProtocolMode::Basic {
-            return Err(Error::Unsupported(BASIC_MODE_HAS_NO_HISTORY.into()));
-        }
+        require_history(self.mode)?;
         let mut q = self
             .conn
             .client

@@ -9,7 +9,7 @@ use etcd_client::{
     Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use rollcall_membership_core::{
-    history::{history_floor, BASIC_MODE_HAS_NO_HISTORY},
+    history::{history_floor, require_history},
     CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipRows,
     MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress, TableVersion, Timestamp,
     WriteKind, WriteOrigin,
@@ -465,9 +465,7 @@ impl MembershipTable for EtcdMembershipTable {
     }
 
     async fn read_history(&self, query: &HistoryQuery) -> Result<Vec<MembershipEvent>> {
-        if self.mode == ProtocolMode::Basic {
-            return Err(Error::Unsupported(BASIC_MODE_HAS_NO_HISTORY.into()));
-        }
+        require_history(self.mode)?;
         let end = crate::keys::prefix_end(&self.keys.history_prefix());
         let mut options = GetOptions::new().with_range(end);
         if query.silo.is_none() && query.limit < usize::MAX {

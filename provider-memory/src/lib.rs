@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use rollcall_membership_core::{
     actor_hash,
-    history::{history_floor, BASIC_MODE_HAS_NO_HISTORY},
+    history::{history_floor, require_history},
     validate_id, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent,
     MembershipRows, MembershipSnapshot, MembershipTable, MetricsReport, MetricsRole, MetricsRow,
     MetricsTable, ProtocolMode, ReminderEntry, ReminderTable, Result, SiloAddress, SystemStore, TableVersion,
@@ -391,9 +391,7 @@ impl MembershipTable for MemoryMembershipTable {
     }
 
     async fn read_history(&self, query: &HistoryQuery) -> Result<Vec<MembershipEvent>> {
-        if self.mode == ProtocolMode::Basic {
-            return Err(Error::Unsupported(BASIC_MODE_HAS_NO_HISTORY.into()));
-        }
+        require_history(self.mode)?;
         self.store.with_cluster(&self.cluster_id, |c| {
             let start = c.history.partition_point(|e| e.version < query.from_version);
             query.select(c.history.range(start..).cloned())

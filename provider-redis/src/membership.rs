@@ -6,7 +6,7 @@ use std::sync::{Arc, LazyLock};
 use async_trait::async_trait;
 use redis::Value;
 use rollcall_membership_core::{
-    history::{history_floor, BASIC_MODE_HAS_NO_HISTORY},
+    history::{history_floor, require_history},
     CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent,
     MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress, SiloStatus, SuspectVote,
     TableVersion, Timestamp, WriteKind, WriteOrigin,
@@ -670,9 +670,7 @@ impl MembershipTable for RedisMembershipTable {
     }
 
     async fn read_history(&self, query: &HistoryQuery) -> Result<Vec<MembershipEvent>> {
-        if self.mode == ProtocolMode::Basic {
-            return Err(Error::Unsupported(BASIC_MODE_HAS_NO_HISTORY.into()));
-        }
+        require_history(self.mode)?;
         let key = self.keys.history();
         let from = query.from_version;
         // Without a silo filter the limit applies in Redis; with one, every event
