@@ -110,13 +110,13 @@ impl MetricsPublisherBuilder {
         self
     }
 
-    /// The silo name in the row (default: empty).
+    /// The silo name in the row (default: the silo's, as in its membership row).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
         self
     }
 
-    /// The host name in the row (default: the machine's).
+    /// The host name in the row (default: the silo's, as in its membership row).
     pub fn host_name(mut self, host_name: impl Into<String>) -> Self {
         self.host_name = host_name.into();
         self
@@ -254,20 +254,19 @@ impl MetricsPublisher {
     /// A publisher of `silo`'s row into `table` (the metrics table of the silo's
     /// cluster, [`SystemStore::metrics_table`](crate::SystemStore::metrics_table)).
     pub fn builder(silo: &SiloHandle, table: Arc<dyn MetricsTable>) -> MetricsPublisherBuilder {
+        // The names the silo wrote into its membership row.
+        let view = silo.shared_snapshot();
+        let own = view.entry(&silo.address());
         MetricsPublisherBuilder {
             silo: silo.clone(),
             table,
             period: DEFAULT_METRICS_PUBLISH_PERIOD,
             reminders: None,
-            name: String::new(),
-            host_name: gethostname(),
+            name: own.map(|e| e.silo_name.clone()).unwrap_or_default(),
+            host_name: own.map(|e| e.host_name.clone()).unwrap_or_default(),
             statistics: None,
         }
     }
-}
-
-fn gethostname() -> String {
-    System::host_name().unwrap_or_default()
 }
 
 impl Drop for MetricsPublisher {

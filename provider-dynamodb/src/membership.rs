@@ -649,10 +649,10 @@ impl MembershipTable for DynamoDbMembershipTable {
             .expression_attribute_values(":c", s(&self.cluster_id))
             .expression_attribute_values(":from", s(history_sk(query.from_version)))
             .expression_attribute_values(":to", s(history_sk(u64::MAX)));
-        if query.silo.is_none() && query.limit < usize::MAX {
-            q = q.limit(i32::try_from(query.limit).unwrap_or(i32::MAX).max(1));
-        }
+        // Without a silo filter the limit applies in DynamoDB; with one, every
+        // event from `from_version` on is read and filtered here.
         let items = if query.silo.is_none() && query.limit < usize::MAX {
+            q = q.limit(i32::try_from(query.limit).unwrap_or(i32::MAX).max(1));
             self.conn.query_pages(self.table(), q, query.limit).await?
         } else {
             self.conn.query_all(self.table(), q).await?

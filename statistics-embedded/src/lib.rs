@@ -29,8 +29,7 @@ use async_trait::async_trait;
 use lru::LruCache;
 use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
 use rollcall_membership_core::statistics::{
-    bucket_expired, bucket_start, AggLevel, Aggregate, StatFilter, StatPoint, StatRecord, StatisticsOptions,
-    StatisticsStore,
+    bucket_start, AggLevel, Aggregate, StatFilter, StatPoint, StatRecord, StatisticsOptions, StatisticsStore,
 };
 use rollcall_membership_core::{Error, Result, Timestamp};
 
@@ -240,11 +239,11 @@ impl Inner {
 
     fn append_in(&self, tx: &WriteTransaction, points: &[StatPoint]) -> Result<usize> {
         let now = Timestamp::now().as_millis();
+        let mut metrics = tx.open_table(METRICS).map_err(|e| backend("open metrics", e))?;
         let mut new = 0;
         for p in points {
             let name = self.intern(tx, KIND_NAME, &p.name, now)?;
             let silo = self.intern(tx, KIND_SILO, &p.silo, now)?;
-            let mut metrics = tx.open_table(METRICS).map_err(|e| backend("open metrics", e))?;
             let t = p.time.as_millis();
             let raw = metric_key(AggLevel::Raw, self.cluster, t, name, silo);
             if metrics
@@ -335,7 +334,8 @@ impl Inner {
         {
             let mut metrics = tx.open_table(METRICS).map_err(|e| backend("open metrics", e))?;
             for level in AggLevel::ALL {
-                // Raw points before the cutoff; buckets that ended by it.
+                // Raw points before the cutoff; buckets that ended by it (the range
+                // end is where `bucket_expired` turns false).
                 let end = match level {
                     AggLevel::Raw => cutoff.as_millis(),
                     _ => cutoff
@@ -351,14 +351,7 @@ impl Inner {
                     .map_err(|e| backend("expire", e))?
                 {
                     let (k, _) = entry.map_err(|e| backend("expire", e))?;
-                    let key = k.value();
-                    if let Some((start, _, _)) = parse_key(key) {
-                        debug_assert!(
-                            level == AggLevel::Raw
-                                || bucket_expired(level, Timestamp::from_millis(start), cutoff)
-                        );
-                    }
-                    doomed.push(key.to_vec());
+                    doomed.push(k.value().to_vec());
                 }
                 for key in &doomed {
                     metrics.remove(key.as_slice()).map_err(|e| backend("expire", e))?;
