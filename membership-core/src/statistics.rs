@@ -9,6 +9,8 @@
 //! implementation, so that all of them answer a scan alike.
 
 use std::collections::BTreeSet;
+use std::num::NonZeroUsize;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -309,4 +311,87 @@ pub trait StatisticsStore: Send + Sync + std::fmt::Debug {
 /// Whether a bucket of `level` starting at `start` ended before `cutoff`.
 pub fn bucket_expired(level: AggLevel, start: Timestamp, cutoff: Timestamp) -> bool {
     start.as_millis().saturating_add(level.width_ms().max(1)) <= cutoff.as_millis()
+}
+
+/// The first start that `expire` keeps at `level` for a retention `cutoff`: a raw
+/// point or bucket starting before it is expired ([`bucket_expired`]), one starting
+/// at or after it is kept. Stores that keep records ordered by start remove one
+/// range below it.
+pub fn expired_below(level: AggLevel, cutoff: Timestamp) -> Timestamp {
+    Timestamp::from_millis(cutoff.as_millis().saturating_sub(level.width_ms().max(1) - 1))
+}
+
+/// What an interned string names: the two kinds of strings a point carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StringKind {
+    /// A statistic's name.
+    Name,
+    /// A silo (or client) id.
+    Silo,
+}
+
+impl StringKind {
+    /// A one-character tag for storage keys (`n` or `s`).
+    pub fn tag(self) -> char {
+        match self {
+            StringKind::Name => 'n',
+            StringKind::Silo => 's',
+        }
+    }
+}
+
+/// The bounded in-memory cache of interned strings of a statistics store that
+/// persists them (Storm's metadata string cache): at most `capacity` entries each
+/// way, least recently used first out. A miss costs the store one read. Safe to
+/// share between tasks.
+#[derive(Debug)]
+pub struct StringCache {
+    inner: Mutex<StringCacheInner>,
+}
+
+#[derive(Debug)]
+struct StringCacheInner {
+    ids: lru::LruCache<(StringKind, String), u32>,
+    strings: lru::LruCache<(StringKind, u32), String>,
+}
+
+impl StringCache {
+    /// A cache of at most `capacity` strings each way (at least 1).
+    pub fn new(capacity: usize) -> Self {
+        let cap = NonZeroUsize::new(capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
+        StringCache {
+            inner: Mutex::new(StringCacheInner {
+                ids: lru::LruCache::new(cap),
+                strings: lru::LruCache::new(cap),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, StringCacheInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The id of `s`, if cached.
+    pub fn id(&self, kind: StringKind, s: &str) -> Option<u32> {
+        self.lock().ids.get(&(kind, s.to_owned())).copied()
+    }
+
+    /// The string of `id`, if cached.
+    pub fn string(&self, kind: StringKind, id: u32) -> Option<String> {
+        self.lock().strings.get(&(kind, id)).cloned()
+    }
+
+    /// Remembers that `s` has `id`, both ways.
+    pub fn insert(&self, kind: StringKind, s: &str, id: u32) {
+        let mut c = self.lock();
+        c.ids.put((kind, s.to_owned()), id);
+        c.strings.put((kind, id), s.to_owned());
+    }
+
+    /// Forgets everything (after a transaction that allocated ids failed).
+    pub fn clear(&self) {
+        let mut c = self.lock();
+        c.ids.clear();
+        c.strings.clear();
+    }
 }

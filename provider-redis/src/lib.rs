@@ -29,6 +29,7 @@
 //! | `<prefix>:{m:<cluster>}:alive` | hash | silo -> IAmAlive time (RFC 3339) |
 //! | `<prefix>:{r:<service>}:ring` | sorted set | `<actor>/<name>` scored by the actor hash |
 //! | `<prefix>:{r:<service>}:rem:<actor>/<name>` | string | the reminder as JSON, with its `etag` |
+//! | `<prefix>:{s:<cluster>}:...` | | the statistics store: see [`RedisStatistics`] |
 //!
 //! Ids are escaped (`%`, `{`, `}`, `/`, `:` and control characters as `%XX`).
 //! The default prefix is `rollcall`.
@@ -49,6 +50,7 @@ mod keys;
 mod membership;
 mod metrics;
 mod reminders;
+mod statistics;
 
 use std::sync::Arc;
 
@@ -57,8 +59,10 @@ pub use membership::RedisMembershipTable;
 pub use metrics::RedisMetricsTable;
 pub use reminders::RedisReminderTable;
 use rollcall_membership_core::{
-    validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, SystemStore,
+    validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, StatisticsOptions,
+    StatisticsStore, SystemStore,
 };
+pub use statistics::RedisStatistics;
 
 /// A fresh random etag: 64 bits as 16 hex digits. An etag only has to differ from
 /// the row's previous ones (a write conditioned on a stale etag must fail): 2^-64 per
@@ -164,6 +168,21 @@ impl SystemStore for RedisStore {
             self.router.clone(),
             &self.config.key_prefix,
             cluster_id,
+        )))
+    }
+
+    fn statistics_store(
+        &self,
+        cluster_id: &str,
+        options: &StatisticsOptions,
+    ) -> Result<Arc<dyn StatisticsStore>> {
+        validate_id("cluster_id", cluster_id)?;
+        options.validate()?;
+        Ok(Arc::new(RedisStatistics::new(
+            self.router.clone(),
+            &self.config.key_prefix,
+            cluster_id,
+            options.clone(),
         )))
     }
 }

@@ -20,6 +20,7 @@ pub mod metrics_table;
 pub mod reminder_table;
 pub mod reminders;
 pub mod sim;
+pub mod statistics_store;
 
 /// The Redis client the fixtures use, for tests that poke at a server directly.
 #[cfg(feature = "redis")]
@@ -89,6 +90,11 @@ macro_rules! conformance_tests {
                 metrics_table::metrics_upsert_replaces_in_place,
                 metrics_table::metrics_stay_apart_from_membership_and_other_clusters,
                 metrics_table::metrics_concurrent_publishers_keep_one_row_each,
+                statistics_store::statistics_rollups_equal_a_brute_force_model,
+                statistics_store::statistics_retention_removes_exactly_what_is_older,
+                statistics_store::statistics_invalid_points_store_nothing_and_retries_add_nothing,
+                statistics_store::statistics_concurrent_appends_fold_every_point,
+                statistics_store::statistics_names_read_back_through_a_fresh_handle,
                 reminder_table::round_trip_odd_names,
                 reminder_table::every_upsert_yields_a_new_etag,
                 reminder_table::remove_row_preconditions,
@@ -135,6 +141,7 @@ mod tests {
             ("membership_table", include_str!("membership_table.rs")),
             ("reminder_table", include_str!("reminder_table.rs")),
             ("metrics_table", include_str!("metrics_table.rs")),
+            ("statistics_store", include_str!("statistics_store.rs")),
         ] {
             for line in source.lines() {
                 if let Some(rest) = line.strip_prefix("pub async fn ") {

@@ -1,20 +1,18 @@
 //! The statistics store: rollups, retention, interning and filter scans, on the
 //! memory store and on the embedded (redb) store, against a brute-force model.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use proptest::prelude::*;
-use rollcall_membership_core::statistics::{bucket_expired, bucket_start, Aggregate};
 use rollcall_membership_core::{
-    AggLevel, Error, StatFilter, StatPoint, StatRecord, StatisticsOptions, StatisticsStore, SystemStore,
-    Timestamp,
+    AggLevel, StatFilter, StatPoint, StatisticsOptions, StatisticsStore, Timestamp,
 };
-use rollcall_provider_memory::{MemoryStatistics, MemoryStore};
+use rollcall_provider_memory::MemoryStatistics;
 use rollcall_statistics_embedded::EmbeddedStatistics;
-
-const BASE: u64 = 1_795_000_000_000;
+use rollcall_tests::statistics_store::{
+    check_invalid_points_and_retries, check_retention, check_rollups, model, BASE,
+};
 
 /// Both implementations, fresh: (name, store, the temp dir that holds the file).
 fn stores(options: &StatisticsOptions) -> Vec<(&'static str, Arc<dyn StatisticsStore>, tempfile::TempDir)> {
@@ -36,42 +34,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .expect("runtime")
-}
-
-/// What a store must answer for `filter` after `points` were appended in this order:
-/// duplicates of an identity ignored, raw points as appended, buckets folded in
-/// append order.
-fn model(points: &[StatPoint], filter: &StatFilter) -> Vec<StatRecord> {
-    let mut seen = BTreeSet::new();
-    let mut cells: BTreeMap<(u64, String, String), (Aggregate, bool)> = BTreeMap::new();
-    for p in points {
-        if !seen.insert((p.time, p.name.clone(), p.silo.clone())) {
-            continue;
-        }
-        let t = bucket_start(filter.level, p.time).as_millis();
-        let key = (t, p.name.clone(), p.silo.clone());
-        match cells.get_mut(&key) {
-            Some((a, d)) if filter.level != AggLevel::Raw => {
-                a.add(p.value);
-                *d = p.is_delta;
-            }
-            _ => {
-                cells.insert(key, (Aggregate::of(p.value), p.is_delta));
-            }
-        }
-    }
-    cells
-        .into_iter()
-        .filter(|((t, name, silo), _)| filter.matches(Timestamp::from_millis(*t), name, silo))
-        .map(|((t, name, silo), (aggregate, is_delta))| StatRecord {
-            level: filter.level,
-            time: Timestamp::from_millis(t),
-            silo,
-            name,
-            aggregate,
-            is_delta,
-        })
-        .collect()
 }
 
 fn point_strategy() -> impl Strategy<Value = StatPoint> {
@@ -146,56 +108,29 @@ proptest! {
     }
 }
 
-/// `expire(now)` removes exactly the raw points older than `now - retention` and
-/// the buckets that ended by then, and says how many.
+/// S1, S2 and S3 of the conformance suite on the embedded store (which is not a
+/// `SystemStore`'s, so the suite's macro does not reach it).
 #[test]
-fn retention_removes_exactly_what_is_older() {
+fn the_embedded_store_passes_the_conformance_checks() {
     runtime().block_on(async {
-        let options = StatisticsOptions {
+        for seed in [1, 2, 3] {
+            let (_dir, store) = embedded(&StatisticsOptions::default());
+            check_rollups(&store, seed).await;
+        }
+        let (_dir, store) = embedded(&StatisticsOptions {
             retention_hours: 1,
             ..StatisticsOptions::default()
-        };
-        let points: Vec<StatPoint> = (0..240u64)
-            .map(|i| StatPoint {
-                time: Timestamp::from_millis(BASE + i * 45_000), // 3 hours, every 45 s
-                silo: format!("s{}", i % 3),
-                name: "n".into(),
-                value: i as f64,
-                is_delta: false,
-            })
-            .collect();
-        let now = Timestamp::from_millis(BASE + 2 * 3_600_000 + 17_000);
-        let cutoff = now.saturating_sub(Duration::from_secs(3600));
-        for (what, store, _dir) in stores(&options) {
-            store.append(&points).await.expect("append");
-            let mut before = BTreeMap::new();
-            for level in AggLevel::ALL {
-                before.insert(level, store.scan(&StatFilter::all(level)).await.expect("scan"));
-            }
-            let removed = store.expire(now).await.expect("expire");
-            let mut expected_removed = 0;
-            for level in AggLevel::ALL {
-                let keep = |r: &StatRecord| match level {
-                    AggLevel::Raw => r.time >= cutoff,
-                    _ => !bucket_expired(level, r.time, cutoff),
-                };
-                let expected: Vec<StatRecord> = before[&level].iter().filter(|r| keep(r)).cloned().collect();
-                expected_removed += before[&level].len() - expected.len();
-                assert_eq!(
-                    store.scan(&StatFilter::all(level)).await.expect("scan"),
-                    expected,
-                    "{what} {level:?}"
-                );
-            }
-            assert!(expected_removed > 0 && before[&AggLevel::Raw].len() > expected_removed / 2);
-            assert_eq!(removed, expected_removed, "{what}");
-            assert_eq!(
-                store.expire(now).await.expect("again"),
-                0,
-                "{what}: nothing left to expire"
-            );
-        }
+        });
+        check_retention(&store).await;
+        let (_dir, store) = embedded(&StatisticsOptions::default());
+        check_invalid_points_and_retries(&store).await;
     });
+}
+
+fn embedded(options: &StatisticsOptions) -> (tempfile::TempDir, EmbeddedStatistics) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStatistics::open(dir.path().join("stats.redb"), "c", options.clone()).expect("open");
+    (dir, store)
 }
 
 /// The embedded store keeps its interned strings across a restart: a reopened file
@@ -259,97 +194,5 @@ fn interning_survives_a_restart_of_the_embedded_store() {
             .await
             .expect("scan")
             .is_empty());
-    });
-}
-
-/// An invalid point fails the whole batch with a typed error and stores nothing;
-/// appending the same points again stores nothing new; etcd-free stores hand out
-/// statistics through `SystemStore::statistics_store`.
-#[test]
-fn invalid_points_are_refused_and_appends_are_idempotent() {
-    runtime().block_on(async {
-        let good = StatPoint {
-            time: Timestamp::from_millis(BASE),
-            silo: "s".into(),
-            name: "n".into(),
-            value: 1.0,
-            is_delta: false,
-        };
-        for (what, store, _dir) in stores(&StatisticsOptions::default()) {
-            for (field, bad) in [
-                (
-                    "statistics.value",
-                    StatPoint {
-                        value: f64::NAN,
-                        ..good.clone()
-                    },
-                ),
-                (
-                    "statistics.name",
-                    StatPoint {
-                        name: String::new(),
-                        ..good.clone()
-                    },
-                ),
-                (
-                    "statistics.silo",
-                    StatPoint {
-                        silo: "a\nb".into(),
-                        ..good.clone()
-                    },
-                ),
-            ] {
-                match store.append(&[good.clone(), bad]).await {
-                    Err(Error::InvalidConfig { field: f, .. }) => assert_eq!(f, field, "{what}"),
-                    other => panic!("{what}: {other:?}"),
-                }
-            }
-            assert!(
-                store
-                    .scan(&StatFilter::all(AggLevel::Raw))
-                    .await
-                    .expect("scan")
-                    .is_empty(),
-                "{what}"
-            );
-            assert_eq!(
-                store.append(std::slice::from_ref(&good)).await.expect("append"),
-                1
-            );
-            assert_eq!(
-                store.append(std::slice::from_ref(&good)).await.expect("append"),
-                0,
-                "{what}: a retry adds nothing"
-            );
-            let m1 = store
-                .scan(&StatFilter::all(AggLevel::Minute1))
-                .await
-                .expect("scan");
-            assert_eq!(m1.len(), 1);
-            assert_eq!(m1[0].aggregate.count, 1, "{what}: the retry did not count twice");
-        }
-        let memory = MemoryStore::new();
-        let a = memory
-            .statistics_store("c", &StatisticsOptions::default())
-            .expect("statistics");
-        a.append(std::slice::from_ref(&good)).await.expect("append");
-        let b = memory
-            .statistics_store("c", &StatisticsOptions::default())
-            .expect("statistics");
-        assert_eq!(
-            b.scan(&StatFilter::all(AggLevel::Raw)).await.expect("scan").len(),
-            1,
-            "one store per cluster"
-        );
-        assert!(matches!(
-            memory.statistics_store(
-                "c",
-                &StatisticsOptions {
-                    retention_hours: 0,
-                    ..Default::default()
-                }
-            ),
-            Err(Error::InvalidConfig { .. })
-        ));
     });
 }
