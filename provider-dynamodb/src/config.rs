@@ -14,6 +14,8 @@ use rollcall_membership_core::{history::parse_history_capacity, Error, Result, D
 /// | `region` | the AWS chain's (`AWS_REGION`, profile), else `us-east-1` | AWS region |
 /// | `endpoint` | AWS's | endpoint override for a local server (`http://127.0.0.1:8000`) |
 /// | `reminders_table` | `<table>-reminders` | the reminder table |
+/// | `statistics_table` | `<table>-statistics` | the statistics store's table (created on first use when `create_if_missing`) |
+/// | `statistics_shards` | `4` | partitions per cluster, level and hour of the statistics table, picked by a hash of the silo (1–64); fixed for the table's life |
 /// | `timeout_ms` | `5000` | bound on each call, SDK retries included, in milliseconds |
 /// | `max_attempts` | `3` | SDK attempts per request (standard retry mode: throttling and 5xx) |
 /// | `create_if_missing` | `false` | create missing tables (on-demand billing) in `init`; for development |
@@ -30,6 +32,10 @@ pub struct DynamoDbConfig {
     pub table: String,
     /// The reminder table.
     pub reminders_table: String,
+    /// The statistics store's table.
+    pub statistics_table: String,
+    /// Partitions per (cluster, level, hour) of the statistics table (1..=64).
+    pub statistics_shards: u32,
     /// Region override.
     pub region: Option<String>,
     /// Endpoint override (a local server).
@@ -82,6 +88,8 @@ impl DynamoDbConfig {
         }
         let mut cfg = DynamoDbConfig {
             reminders_table: format!("{table}-reminders"),
+            statistics_table: format!("{table}-statistics"),
+            statistics_shards: 4,
             table,
             region: None,
             endpoint: None,
@@ -104,6 +112,15 @@ impl DynamoDbConfig {
                 }
                 "reminders_table" if valid_table_name(&v) => cfg.reminders_table = v.into_owned(),
                 "reminders_table" => return Err(invalid("not a DynamoDB table name")),
+                "statistics_table" if valid_table_name(&v) => cfg.statistics_table = v.into_owned(),
+                "statistics_table" => return Err(invalid("not a DynamoDB table name")),
+                "statistics_shards" => {
+                    cfg.statistics_shards = v
+                        .parse()
+                        .ok()
+                        .filter(|n: &u32| (1..=64).contains(n))
+                        .ok_or_else(|| invalid("must be a number from 1 to 64"))?;
+                }
                 "timeout_ms" => {
                     let ms: u64 = v.parse().map_err(|_| invalid("not a number of milliseconds"))?;
                     if !(1..=600_000).contains(&ms) {
@@ -134,7 +151,8 @@ impl DynamoDbConfig {
                         "store_url",
                         format!(
                             "`{url}`: unknown parameter `{k}` (region, endpoint, reminders_table, \
-                             timeout_ms, max_attempts, create_if_missing, reminder_shards, history)"
+                             statistics_table, statistics_shards, timeout_ms, max_attempts, \
+                             create_if_missing, reminder_shards, history)"
                         ),
                     ))
                 }
@@ -144,6 +162,12 @@ impl DynamoDbConfig {
             return Err(Error::invalid_config(
                 "reminders_table",
                 "must differ from the membership table",
+            ));
+        }
+        if cfg.statistics_table == cfg.table || cfg.statistics_table == cfg.reminders_table {
+            return Err(Error::invalid_config(
+                "statistics_table",
+                "must differ from the membership and reminder tables",
             ));
         }
         Ok(cfg)
@@ -184,6 +208,12 @@ mod tests {
             (1, true, 0)
         );
         assert_eq!(c.history_capacity, 5);
+        assert_eq!(
+            (c.statistics_table.as_str(), c.statistics_shards),
+            ("m.t_1-statistics", 4)
+        );
+        let c = DynamoDbConfig::from_url("dynamodb://m?statistics_table=st-1&statistics_shards=64").unwrap();
+        assert_eq!((c.statistics_table.as_str(), c.statistics_shards), ("st-1", 64));
     }
 
     #[test]
@@ -216,6 +246,16 @@ mod tests {
             (
                 "dynamodb://table?reminders_table=table",
                 "reminders_table",
+                "differ",
+            ),
+            (
+                "dynamodb://table?statistics_shards=0",
+                "statistics_shards",
+                "from 1 to 64",
+            ),
+            (
+                "dynamodb://table?statistics_table=table-reminders",
+                "statistics_table",
                 "differ",
             ),
             (

@@ -10,7 +10,8 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
+use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, KeysAndAttributes, WriteRequest};
 use aws_sdk_dynamodb::Client;
 use rollcall_membership_core::{Error, Etag, Result};
 
@@ -137,6 +138,55 @@ impl Conn {
             }
         }
         Ok(items)
+    }
+
+    /// The items with `keys` in `table` (strongly consistent), 100 per
+    /// BatchGetItem, asking again for unprocessed keys (throttling) with a growing
+    /// pause for at most one timeout per batch: then `Error::Backend`. Missing
+    /// items are simply absent from the answer.
+    pub(crate) async fn batch_get(&self, table: &str, keys: Vec<Item>) -> Result<Vec<Item>> {
+        let mut found = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(100) {
+            let deadline = tokio::time::Instant::now() + self.config.timeout;
+            let mut pending = chunk.to_vec();
+            let mut pause = Duration::from_millis(10);
+            while !pending.is_empty() {
+                let request = KeysAndAttributes::builder()
+                    .set_keys(Some(pending))
+                    .consistent_read(true)
+                    .build()
+                    .map_err(|e| Error::backend(format!("dynamodb get request: {e}")))?;
+                let out = self
+                    .client
+                    .batch_get_item()
+                    .request_items(table, request)
+                    .send()
+                    .await
+                    .map_err(|e| self.error("BatchGetItem", table, e))?;
+                if let Some(mut r) = out.responses {
+                    found.extend(r.remove(table).unwrap_or_default());
+                }
+                pending = out
+                    .unprocessed_keys
+                    .and_then(|mut u| u.remove(table))
+                    .map(|k| k.keys)
+                    .unwrap_or_default();
+                if !pending.is_empty() {
+                    if tokio::time::Instant::now() + pause >= deadline {
+                        return Err(Error::backend(format!(
+                            "dynamodb BatchGetItem on table `{table}` at {}: {} keys still \
+                             unprocessed after {:?}",
+                            self.endpoint,
+                            pending.len(),
+                            self.config.timeout
+                        )));
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+        Ok(found)
     }
 
     /// Deletes the items with `keys` from `table` without conditions, 25 per
@@ -271,4 +321,23 @@ pub(crate) fn is_condition_failed<E: ProvideErrorMetadata, R>(e: &SdkError<E, R>
 /// Whether a failed call is a `ResourceNotFoundException` (no such table).
 pub(crate) fn is_not_found<E: ProvideErrorMetadata, R>(e: &SdkError<E, R>) -> bool {
     matches!(e, SdkError::ServiceError(_)) && e.code() == Some("ResourceNotFoundException")
+}
+
+/// Whether a TransactWriteItems failed on a condition or a concurrent transaction
+/// (nothing was written): `Ok(false)` for a conditional write, a retry for a fold.
+pub(crate) fn is_conflict<R>(e: &SdkError<TransactWriteItemsError, R>) -> bool {
+    match e.as_service_error() {
+        Some(TransactWriteItemsError::TransactionCanceledException(c)) => {
+            let reasons = c.cancellation_reasons();
+            reasons.is_empty()
+                || reasons
+                    .iter()
+                    .any(|r| matches!(r.code(), Some("ConditionalCheckFailed" | "TransactionConflict")))
+        }
+        Some(other) => matches!(
+            other.code(),
+            Some("TransactionConflictException" | "ConditionalCheckFailedException")
+        ),
+        None => false,
+    }
 }

@@ -69,6 +69,7 @@ mod membership;
 mod metrics;
 mod reminders;
 mod schema;
+mod statistics;
 
 use std::sync::Arc;
 
@@ -77,8 +78,10 @@ pub use membership::DynamoDbMembershipTable;
 pub use metrics::DynamoDbMetricsTable;
 pub use reminders::DynamoDbReminderTable;
 use rollcall_membership_core::{
-    validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, SystemStore,
+    validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, StatisticsOptions,
+    StatisticsStore, SystemStore,
 };
+pub use statistics::DynamoDbStatistics;
 
 /// The DynamoDB [`SystemStore`]. Cheap to clone (one SDK client with its
 /// connection pool).
@@ -154,5 +157,19 @@ impl SystemStore for DynamoDbStore {
     fn metrics_table(&self, cluster_id: &str) -> Result<Arc<dyn MetricsTable>> {
         validate_id("cluster_id", cluster_id)?;
         Ok(Arc::new(DynamoDbMetricsTable::new(self.conn.clone(), cluster_id)))
+    }
+
+    fn statistics_store(
+        &self,
+        cluster_id: &str,
+        options: &StatisticsOptions,
+    ) -> Result<Arc<dyn StatisticsStore>> {
+        validate_id("cluster_id", cluster_id)?;
+        options.validate()?;
+        Ok(Arc::new(DynamoDbStatistics::new(
+            self.conn.clone(),
+            cluster_id,
+            options.clone(),
+        )))
     }
 }

@@ -5,8 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Get, Put, TransactGetItem, TransactWriteItem, Update};
 use rollcall_membership_core::{
     history::require_history, CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry,
@@ -14,7 +12,7 @@ use rollcall_membership_core::{
     SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteOrigin,
 };
 
-use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
+use crate::conn::{is_condition_failed, is_conflict, n, new_etag, s, Attrs, Conn, Item};
 use crate::schema::{self, CLUSTER_ID, HISTORY_ROWS, METRICS_ROWS, SILO_IDENTITY, VERSION_ROW};
 
 /// The version etag a cluster without a version item reads as. Never a stored
@@ -532,23 +530,6 @@ impl DynamoDbMembershipTable {
 
 /// Whether a TransactWriteItems failed on a condition or on a concurrent
 /// transaction over one of its items: a conflict, with nothing written.
-fn is_conflict<R>(e: &SdkError<TransactWriteItemsError, R>) -> bool {
-    match e.as_service_error() {
-        Some(TransactWriteItemsError::TransactionCanceledException(c)) => {
-            let reasons = c.cancellation_reasons();
-            reasons.is_empty()
-                || reasons
-                    .iter()
-                    .any(|r| matches!(r.code(), Some("ConditionalCheckFailed" | "TransactionConflict")))
-        }
-        Some(other) => matches!(
-            other.code(),
-            Some("TransactionConflictException" | "ConditionalCheckFailedException")
-        ),
-        None => false,
-    }
-}
-
 #[async_trait]
 impl MembershipTable for DynamoDbMembershipTable {
     fn cluster_id(&self) -> &str {

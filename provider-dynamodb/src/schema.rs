@@ -28,18 +28,20 @@ pub(crate) const SHARD_KEY: &str = "ShardKey";
 /// Reminder table sort key: `<hash as 8 hex>#<actor length>#<actor id>#<name>`.
 pub(crate) const SORT_KEY: &str = "SortKey";
 
-/// Which of the two tables.
+/// Which of the three tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
     Membership,
     Reminders,
+    /// The statistics store: the reminder table's key names (`ShardKey`, `SortKey`).
+    Statistics,
 }
 
 impl Kind {
     fn keys(self) -> (&'static str, &'static str) {
         match self {
             Kind::Membership => (CLUSTER_ID, SILO_IDENTITY),
-            Kind::Reminders => (SHARD_KEY, SORT_KEY),
+            Kind::Reminders | Kind::Statistics => (SHARD_KEY, SORT_KEY),
         }
     }
 }
