@@ -334,7 +334,9 @@ impl DynamoDbStatistics {
             let id = sk
                 .strip_prefix('#')
                 .and_then(|h| u32::from_str_radix(h, 16).ok())
-                .ok_or_else(|| Error::corrupt(format!("{} {pk} {sk}", self.table_name()), "not #<id in hex>"))?;
+                .ok_or_else(|| {
+                    Error::corrupt(format!("{} {pk} {sk}", self.table_name()), "not #<id in hex>")
+                })?;
             let st = a
                 .s("Str")
                 .map_err(|e| Error::corrupt(format!("{} {pk} {sk}", self.table_name()), e))?;
@@ -675,8 +677,8 @@ impl StatisticsStore for DynamoDbStatistics {
         let mut cells = Vec::new();
         let mut wanted = BTreeSet::new();
         for item in self.query_many(queries).await? {
-            let key =
-                Self::data_key(&item).ok_or_else(|| Error::corrupt(self.table_name(), "an item without keys"))?;
+            let key = Self::data_key(&item)
+                .ok_or_else(|| Error::corrupt(self.table_name(), "an item without keys"))?;
             let (time, name, silo) = parse_sort_key(&key.sk)
                 .ok_or_else(|| self.corrupt(&key, "not <time><name id><silo id> in hex"))?;
             let cell = self.decode_cell(&key, &item)?;

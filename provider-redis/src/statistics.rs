@@ -316,6 +316,23 @@ impl RedisStatistics {
     }
 }
 
+/// The append script's `CORRUPT <values key> <member>` reply as [`Error::Corrupt`];
+/// any other error as it is.
+fn corrupt_bucket(e: Error) -> Error {
+    let detail = match &e {
+        Error::Backend { source: Some(s), .. } => s
+            .downcast_ref::<redis::RedisError>()
+            .filter(|re| re.code() == Some("CORRUPT"))
+            .and_then(|re| re.detail())
+            .map(str::to_owned),
+        _ => None,
+    };
+    match detail {
+        Some(key) => Error::corrupt(key, "not `<count> <sum> <min> <max> <0|1>`"),
+        None => e,
+    }
+}
+
 /// (time, name id, silo id) of an index member.
 fn parse_member(m: &str) -> Option<(u64, u32, u32)> {
     if m.len() != 32 || !m.is_ascii() {
@@ -388,13 +405,7 @@ impl StatisticsStore for RedisStatistics {
             let added: i64 = self
                 .invoke("statistics append", &APPEND, &keys, &args)
                 .await
-                .map_err(|e| match e.to_string().split_once("CORRUPT ") {
-                    Some((_, what)) => {
-                        let what = what.split_whitespace().take(2).collect::<Vec<_>>().join(" ");
-                        Error::corrupt(what, "not `<count> <sum> <min> <max> <0|1>`")
-                    }
-                    None => e,
-                })?;
+                .map_err(corrupt_bucket)?;
             new += usize::try_from(added).unwrap_or(0);
         }
         Ok(new)

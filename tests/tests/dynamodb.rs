@@ -502,3 +502,72 @@ async fn history_items_stay_out_of_row_reads_and_a_corrupt_one_is_named() {
         other => panic!("expected Corrupt, got {other:?}"),
     }
 }
+
+/// Statistics items are typed attributes in hour- and silo-sharded partitions; a
+/// bucket with a mistyped attribute is `Error::Corrupt` naming table, partition and
+/// sort key, for a scan and for an append that would fold into it, and that append
+/// writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn statistics_items_are_typed_and_a_corrupt_bucket_is_named() {
+    use rollcall_membership_core::{actor_hash, AggLevel, StatFilter, StatPoint, StatisticsOptions};
+    let Some(b) = fixtures::dynamodb().await else {
+        return;
+    };
+    let store = store_at(&fixtures::dynamodb_url(&b.endpoint)).await;
+    let cluster = unique_id("stats");
+    let stats = store
+        .statistics_store(&cluster, &StatisticsOptions::default())
+        .unwrap();
+    let t0 = 1_795_000_020_000u64; // 5:40 past hour 1_794_999_600_000
+    let point = |t: u64, v: f64| StatPoint {
+        time: Timestamp::from_millis(t0 + t),
+        silo: "10.0.0.1:11111@1".into(),
+        name: "cpu".into(),
+        value: v,
+        is_delta: false,
+    };
+    assert_eq!(stats.append(&[point(0, 0.1), point(1, 1e300)]).await.unwrap(), 2);
+    let shard = actor_hash("10.0.0.1:11111@1") % 4;
+    let pk = format!("01#{:016x}#{shard:02x}#{cluster}", 1_794_999_600_000u64);
+    let sk = format!("{:016x}{:08x}{:08x}", 1_795_000_020_000u64, 1, 2);
+    let table = "rollcall-test-statistics";
+    let key = HashMap::from([("ShardKey".to_string(), s(&pk)), ("SortKey".to_string(), s(&sk))]);
+    let client = raw(&b.endpoint).await;
+    let item = get_item(&client, table, key.clone())
+        .await
+        .expect("the 1-minute bucket at its documented key");
+    assert_eq!(item.get("Count"), Some(&AttributeValue::N("2".into())));
+    assert_eq!(
+        item.get("Max"),
+        Some(&s("1e300")),
+        "exact, beyond DynamoDB numbers"
+    );
+    assert_eq!(item.get("IsDelta"), Some(&AttributeValue::Bool(false)));
+    client
+        .update_item()
+        .table_name(table)
+        .set_key(Some(key))
+        .update_expression("SET #c = :c")
+        .expression_attribute_names("#c", "Count")
+        .expression_attribute_values(":c", s("two"))
+        .send()
+        .await
+        .unwrap();
+    let expect_corrupt = |r: Result<(), Error>| match r {
+        Err(Error::Corrupt { key, .. }) => assert_eq!(key, format!("{table} {pk} {sk}")),
+        other => panic!("expected Corrupt, got {other:?}"),
+    };
+    expect_corrupt(stats.scan(&StatFilter::all(AggLevel::Minute1)).await.map(|_| ()));
+    expect_corrupt(stats.append(&[point(2, 3.0)]).await.map(|_| ()));
+    assert_eq!(
+        stats.scan(&StatFilter::all(AggLevel::Raw)).await.unwrap().len(),
+        2,
+        "the refused append stored nothing"
+    );
+    assert_eq!(
+        stats.scan(&StatFilter::all(AggLevel::Minute60)).await.unwrap()[0]
+            .aggregate
+            .count,
+        2
+    );
+}

@@ -573,3 +573,69 @@ async fn a_corrupt_history_event_is_named_and_blocks_nothing_else() {
     insert(&*table, &full_entry(2)).await;
     assert_eq!(table.read_all().await.unwrap().version.version, 2);
 }
+
+/// A garbage statistics bucket is `Error::Corrupt` naming the hash and member, for a
+/// scan and for an append that would fold into it; the append writes nothing (not
+/// even the other points of its batch), and other buckets still scan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_statistics_bucket_is_named_and_overwrites_nothing() {
+    use rollcall_membership_core::{AggLevel, StatFilter, StatPoint, StatisticsOptions};
+    let Some(b) = fixtures::redis().await else { return };
+    let store = store_on(&b).await;
+    let cluster = unique_id("stats");
+    let stats = store
+        .statistics_store(&cluster, &StatisticsOptions::default())
+        .unwrap();
+    let point = |name: &str, t: u64| StatPoint {
+        time: Timestamp::from_millis(1_795_000_020_000 + t),
+        silo: "s".into(),
+        name: name.into(),
+        value: 1.0,
+        is_delta: false,
+    };
+    stats.append(&[point("a", 0), point("b", 0)]).await.unwrap();
+    let values = format!("rollcall:{{s:{cluster}}}:1:values");
+    let mut con = raw(&b).await;
+    let members: Vec<String> = redis::cmd("HKEYS")
+        .arg(&values)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(members.len(), 2, "one 1-minute bucket per name");
+    // The bucket of "a" (interned first: id 1).
+    let bad = members
+        .iter()
+        .find(|m| m.ends_with("0000000100000002"))
+        .unwrap()
+        .clone();
+    let _: () = redis::cmd("HSET")
+        .arg(&values)
+        .arg(&bad)
+        .arg("not a bucket")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let expect_corrupt = |r: Result<_, Error>| match r {
+        Err(Error::Corrupt { key, .. }) => assert_eq!(key, format!("{values} {bad}")),
+        other => panic!("expected Corrupt, got {other:?}"),
+    };
+    expect_corrupt(stats.scan(&StatFilter::all(AggLevel::Minute1)).await.map(|_| ()));
+    expect_corrupt(stats.append(&[point("b", 1), point("a", 1)]).await.map(|_| ()));
+    let raw_points = stats.scan(&StatFilter::all(AggLevel::Raw)).await.unwrap();
+    assert_eq!(raw_points.len(), 2, "the refused batch stored nothing");
+    let garbage: String = redis::cmd("HGET")
+        .arg(&values)
+        .arg(&bad)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(garbage, "not a bucket", "nothing overwritten");
+    assert_eq!(
+        stats
+            .scan(&StatFilter::all(AggLevel::Minute10))
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+}
