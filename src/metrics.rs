@@ -29,6 +29,11 @@ pub const DEFAULT_METRICS_PUBLISH_PERIOD: Duration = Duration::from_secs(30);
 /// queues writes).
 pub const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How often a publisher that appends statistics also removes what is past the
+/// store's retention ([`StatisticsStore::expire`]): after its first append, then at
+/// most once per this period. Every silo does it; expiry is idempotent.
+pub const EXPIRE_EVERY: Duration = Duration::from_secs(3600);
+
 /// CPU and resident memory of this process, as `sysinfo` reports them.
 #[derive(Debug)]
 pub struct ProcessSampler {
@@ -90,7 +95,9 @@ impl MetricsPublisherBuilder {
     /// `cpu_percent`, `memory_bytes`, `probe_rtt_p50_ms`, `probe_rtt_p99_ms`,
     /// `suspicions_sent`, `votes_written`, `table_reads`, `table_writes`,
     /// `table_conflicts`, `reminders_owned`, `ticks_delivered` and `ticks_late`
-    /// (counters as totals, `is_delta = false`), under the silo's address.
+    /// (counters as totals, `is_delta = false`), under the silo's address. After
+    /// the first append and then every [`EXPIRE_EVERY`], it also expires what is
+    /// past the store's retention (bounded by [`PUBLISH_TIMEOUT`] as well).
     pub fn statistics(mut self, store: Arc<dyn StatisticsStore>, period: Duration) -> Self {
         self.statistics = Some((store, period.max(Duration::from_millis(100))));
         self
@@ -141,6 +148,7 @@ impl MetricsPublisherBuilder {
         let task = tokio::spawn(async move {
             let mut ticks = tokio::time::interval(period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut last_expire: Option<tokio::time::Instant> = None;
             let mut stat_ticks = tokio::time::interval(statistics_period);
             stat_ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
@@ -156,9 +164,21 @@ impl MetricsPublisherBuilder {
                     tokio::time::timeout(PUBLISH_TIMEOUT, table.upsert(&row)).await
                 } else if let Some(store) = &statistics {
                     let points = statistic_points(&row);
-                    tokio::time::timeout(PUBLISH_TIMEOUT, store.append(&points))
+                    let appended = tokio::time::timeout(PUBLISH_TIMEOUT, store.append(&points))
                         .await
-                        .map(|r| r.map(|_| ()))
+                        .map(|r| r.map(|_| ()));
+                    if last_expire.is_none_or(|t| t.elapsed() >= EXPIRE_EVERY) {
+                        last_expire = Some(tokio::time::Instant::now());
+                        match tokio::time::timeout(PUBLISH_TIMEOUT, store.expire(row.time)).await {
+                            Ok(Ok(n)) if n > 0 => tracing::debug!(removed = n, "statistics expired"),
+                            Ok(Ok(_)) => {}
+                            Ok(Err(e)) => tracing::warn!(error = %e, "statistics expiry failed"),
+                            Err(_) => {
+                                tracing::warn!("statistics expiry did not answer within {PUBLISH_TIMEOUT:?}")
+                            }
+                        }
+                    }
+                    appended
                 } else {
                     continue;
                 };

@@ -1,5 +1,5 @@
 //! The `rollcall` command-line tool: `demo` (the main job), `silo`, `status`,
-//! `history`, `metrics` and `reminders`.
+//! `history`, `metrics`, `statistics` and `reminders`.
 
 mod demo;
 mod silo;
@@ -62,6 +62,33 @@ enum Command {
         #[arg(long, default_value = "rollcall")]
         cluster: String,
     },
+    /// Print a cluster's statistics (what silos append every `--statistics-period`):
+    /// raw points or 1-, 10- or 60-minute buckets (count, mean, min, max), oldest
+    /// first, filtered by time, names and silos.
+    Statistics {
+        /// Store URL (memory://, redis://host:port, dynamodb://table?endpoint=...; etcd
+        /// keeps no statistics).
+        #[arg(long, default_value = "memory://")]
+        store: String,
+        /// Cluster id.
+        #[arg(long, default_value = "rollcall")]
+        cluster: String,
+        /// Resolution: raw, 1m, 10m or 60m.
+        #[arg(long, default_value = "1m", value_parser = parse_level)]
+        level: rollcall::AggLevel,
+        /// How far back from now (e.g. 15m, 2h, 7days).
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        last: std::time::Duration,
+        /// Only this statistic (repeatable), e.g. `table_writes`.
+        #[arg(long = "name")]
+        names: Vec<String>,
+        /// Only this silo (repeatable), `ip:port@generation`.
+        #[arg(long = "silo")]
+        silos: Vec<String>,
+        /// Print at most this many records (the oldest that match).
+        #[arg(long, default_value_t = 10_000)]
+        limit: usize,
+    },
     /// List the reminders of a service: owner (in the cluster's current membership),
     /// next tick, period, missed-tick policy, etag.
     Reminders {
@@ -82,6 +109,14 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         limit: usize,
     },
+}
+
+/// `raw`, `1m`, `10m` or `60m` as a level.
+fn parse_level(s: &str) -> Result<rollcall::AggLevel, String> {
+    rollcall::AggLevel::ALL
+        .into_iter()
+        .find(|l| view::level_name(*l) == s)
+        .ok_or_else(|| format!("`{s}`: expected raw, 1m, 10m or 60m"))
 }
 
 fn main() -> anyhow::Result<()> {
@@ -131,6 +166,29 @@ fn main() -> anyhow::Result<()> {
             let store = rollcall::connect(&store).await?;
             let report = store.metrics_table(&cluster)?.read_all().await?;
             print!("{}", view::metrics(&cluster, &report, rollcall::Timestamp::now()));
+            Ok(())
+        }),
+        Command::Statistics {
+            store,
+            cluster,
+            level,
+            last,
+            names,
+            silos,
+            limit,
+        } => actix::System::new().block_on(async move {
+            let store = rollcall::connect(&store).await?;
+            let stats = store.statistics_store(&cluster, &rollcall::StatisticsOptions::default())?;
+            let now = rollcall::Timestamp::now();
+            let filter = rollcall::StatFilter {
+                level,
+                from: now.saturating_sub(last),
+                to: rollcall::Timestamp::from_millis(now.as_millis().saturating_add(1)),
+                names: (!names.is_empty()).then(|| names.into_iter().collect()),
+                silos: (!silos.is_empty()).then(|| silos.into_iter().collect()),
+            };
+            let records = stats.scan(&filter).await?;
+            print!("{}", view::statistics(&cluster, level, &records, limit));
             Ok(())
         }),
         Command::Reminders {

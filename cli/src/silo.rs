@@ -34,6 +34,11 @@ pub(crate) struct SiloArgs {
     /// shows them); `0s` writes none.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     metrics_period: std::time::Duration,
+    /// How often the silo appends its figures to the cluster's statistics store
+    /// (`rollcall statistics` shows them, with 1/10/60-minute rollups); `0s` appends
+    /// none. Needs `--metrics-period` too; etcd keeps no statistics.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    statistics_period: std::time::Duration,
 }
 
 pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
@@ -70,11 +75,21 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
             None
         } else {
             match metrics_table(&*store, &args.cluster).await {
-                Ok(table) => Some(
-                    rollcall::metrics::MetricsPublisher::builder(&silo, table)
-                        .period(args.metrics_period)
-                        .start(),
-                ),
+                Ok(table) => {
+                    let mut publisher = rollcall::metrics::MetricsPublisher::builder(&silo, table)
+                        .period(args.metrics_period);
+                    if !args.statistics_period.is_zero() {
+                        let options = rollcall::StatisticsOptions {
+                            statistics_period: args.statistics_period,
+                            ..Default::default()
+                        };
+                        match store.statistics_store(&args.cluster, &options) {
+                            Ok(stats) => publisher = publisher.statistics(stats, args.statistics_period),
+                            Err(e) => eprintln!("no statistics: {e}"),
+                        }
+                    }
+                    Some(publisher.start())
+                }
                 Err(e) => {
                     eprintln!("no metrics row: {e}");
                     None

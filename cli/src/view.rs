@@ -5,7 +5,8 @@ use std::fmt::Write;
 use std::collections::HashMap;
 
 use rollcall::{
-    MembershipEntry, MembershipEvent, MembershipSnapshot, SiloAddress, SiloStatus, Timestamp, WriteKind,
+    AggLevel, MembershipEntry, MembershipEvent, MembershipSnapshot, SiloAddress, SiloStatus, StatRecord,
+    Timestamp, WriteKind,
 };
 
 fn age(now: Timestamp, t: Timestamp) -> String {
@@ -359,21 +360,32 @@ pub(crate) fn metrics(cluster: &str, report: &rollcall::MetricsReport, now: Time
             ]
         })
         .collect();
+    out.push_str(&grid(&header, &rows, 2));
+    for c in &report.corrupt {
+        let _ = writeln!(out, "CORRUPT {}: {}", c.key, c.reason);
+    }
+    out
+}
+
+/// `header` and `rows` as aligned columns (each as wide as its widest cell), the
+/// first `left` columns left-aligned and the others right-aligned, one line each.
+fn grid(header: &[&str], rows: &[Vec<String>], left: usize) -> String {
     let widths: Vec<usize> = (0..header.len())
         .map(|i| {
             rows.iter()
                 .map(|r| r[i].chars().count())
-                .chain([header[i].len()])
+                .chain([header[i].chars().count()])
                 .max()
                 .unwrap_or(0)
         })
         .collect();
+    let mut out = String::new();
     let mut line = |cells: Vec<&str>| {
         let text: Vec<String> = cells
             .iter()
             .enumerate()
             .map(|(i, c)| {
-                if i < 2 {
+                if i < left {
                     format!("{c:<w$}", w = widths[i])
                 } else {
                     format!("{c:>w$}", w = widths[i])
@@ -383,11 +395,80 @@ pub(crate) fn metrics(cluster: &str, report: &rollcall::MetricsReport, now: Time
         let _ = writeln!(out, "{}", text.join(" ").trim_end());
     };
     line(header.to_vec());
-    for r in &rows {
+    for r in rows {
         line(r.iter().map(String::as_str).collect());
     }
-    for c in &report.corrupt {
-        let _ = writeln!(out, "CORRUPT {}: {}", c.key, c.reason);
+    out
+}
+
+/// A level as the CLI names it (`raw`, `1m`, `10m`, `60m`).
+pub(crate) fn level_name(level: AggLevel) -> &'static str {
+    match level {
+        AggLevel::Raw => "raw",
+        AggLevel::Minute1 => "1m",
+        AggLevel::Minute10 => "10m",
+        AggLevel::Minute60 => "60m",
+    }
+}
+
+/// Statistics records as `rollcall statistics` prints them: a header line, then one
+/// line per record in time order: time (UTC), silo, name, and the value (raw) or
+/// the bucket's count, mean, min and max.
+pub(crate) fn statistics(cluster: &str, level: AggLevel, records: &[StatRecord], limit: usize) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "cluster {cluster}: {} statistics record(s) at level {}",
+        records.len(),
+        level_name(level)
+    );
+    let num = |v: f64| {
+        if v.fract() == 0.0 && v.abs() < 1e15 {
+            format!("{v:.0}")
+        } else {
+            format!("{v:.3}")
+        }
+    };
+    let (header, rows): (Vec<&str>, Vec<Vec<String>>) = if level == AggLevel::Raw {
+        (
+            vec!["time", "silo", "name", "value", "delta"],
+            records
+                .iter()
+                .take(limit)
+                .map(|r| {
+                    vec![
+                        clock(r.time),
+                        r.silo.clone(),
+                        r.name.clone(),
+                        num(r.aggregate.sum),
+                        if r.is_delta { "yes" } else { "no" }.to_owned(),
+                    ]
+                })
+                .collect(),
+        )
+    } else {
+        (
+            vec!["bucket", "silo", "name", "count", "mean", "min", "max"],
+            records
+                .iter()
+                .take(limit)
+                .map(|r| {
+                    vec![
+                        clock(r.time),
+                        r.silo.clone(),
+                        r.name.clone(),
+                        r.aggregate.count.to_string(),
+                        num(r.aggregate.mean()),
+                        num(r.aggregate.min),
+                        num(r.aggregate.max),
+                    ]
+                })
+                .collect(),
+        )
+    };
+    out.push_str(&grid(&header, &rows, 3));
+    if records.len() > limit {
+        let _ = writeln!(out, "... and {} more (--limit)", records.len() - limit);
     }
     out
 }

@@ -334,8 +334,12 @@ fn killed_silo_is_declared_dead_within_the_bound(store: &str) {
     use std::time::{Duration, Instant};
 
     let cluster = rollcall_tests::unique_id("procs");
-    let (mut procs, ports, mut last_version) =
-        start_silos_with(store, &cluster, 3, &["--metrics-period", "300ms"]);
+    let (mut procs, ports, mut last_version) = start_silos_with(
+        store,
+        &cluster,
+        3,
+        &["--metrics-period", "300ms", "--statistics-period", "300ms"],
+    );
     std::thread::sleep(Duration::from_secs(2)); // let the probes settle
 
     let victim_port = ports[2];
@@ -375,6 +379,80 @@ fn killed_silo_is_declared_dead_within_the_bound(store: &str) {
     );
     why_was_it_declared_dead(store, &cluster, victim_port, &ports[..2]);
     survivors_metrics_show_the_vote(store, &cluster, &victim);
+    statistics_show_the_vote_in_rollups(store, &cluster, &victim);
+}
+
+/// `rollcall statistics` shows the survivors' `votes_written` in 1-minute buckets
+/// (count, mean, min, max) and as raw points, and `--silo` narrows it to one silo;
+/// on etcd, which keeps no statistics, it fails saying why.
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
+fn statistics_show_the_vote_in_rollups(store: &str, cluster: &str, victim: &str) {
+    use std::time::{Duration, Instant};
+
+    let statistics = |extra: &[&str]| {
+        rollcall()
+            .args([
+                "statistics",
+                "--store",
+                store,
+                "--cluster",
+                cluster,
+                "--last",
+                "10m",
+            ])
+            .args(extra)
+            .output()
+            .expect("run rollcall statistics")
+    };
+    if store.starts_with("etcd") {
+        let out = statistics(&[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("append-heavy"),
+            "{stderr}"
+        );
+        return;
+    }
+    let start = Instant::now();
+    loop {
+        let out = statistics(&["--level", "1m", "--name", "votes_written"]);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "statistics failed: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // bucket(2 words) silo name count mean min max
+        let rows: Vec<Vec<&str>> = stdout
+            .lines()
+            .skip(2)
+            .map(|l| l.split_whitespace().collect())
+            .filter(|r: &Vec<&str>| r.len() == 8)
+            .collect();
+        assert!(rows.iter().all(|r| r[3] == "votes_written"), "{stdout}");
+        let voted = rows
+            .iter()
+            .find(|r| !r[2].starts_with(victim.trim()) && r[7].parse::<f64>().unwrap_or(0.0) >= 1.0);
+        if let Some(row) = voted {
+            assert!(row[4].parse::<u64>().unwrap_or(0) >= 1, "{stdout}");
+            let silo = row[2];
+            let raw = statistics(&["--level", "raw", "--silo", silo]);
+            let raw = String::from_utf8_lossy(&raw.stdout).into_owned();
+            let points: Vec<&str> = raw.lines().skip(2).collect();
+            assert!(!points.is_empty(), "{raw}");
+            assert!(
+                points.iter().all(|l| l.split_whitespace().nth(2) == Some(silo)),
+                "{raw}"
+            );
+            assert!(points.iter().any(|l| l.contains(" cpu_percent ")), "{raw}");
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no survivor's statistics showed the vote: {stdout}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// `rollcall metrics` lists the three silos' rows; once the survivors published
