@@ -12,6 +12,7 @@
 //! | `<prefix>:{m:<cluster>}:changes` | sorted set | silo addresses scored by the table version their row was last written at (delta reads) |
 //! | `<prefix>:{r:<service>}:ring` | sorted set | `<actor>/<name>` scored by the 32-bit actor hash |
 //! | `<prefix>:{r:<service>}:rem:<actor>/<name>` | string | the reminder as JSON, with its `etag` |
+//! | `<prefix>:{s:<cluster>}:...` | | the statistics store (see `statistics.rs`) |
 //!
 //! Ids, actor ids and names are escaped (`%`, `{`, `}`, `/`, `:` and control
 //! characters as `%XX`) so that no id can break the hash tag or collide with
