@@ -34,6 +34,8 @@
 
 mod connect;
 pub mod metrics;
+#[cfg(feature = "prometheus")]
+pub mod prometheus;
 
 pub use connect::{connect, connect_retrying, StoreUrl};
 pub use rollcall_membership_core::*;

@@ -39,6 +39,9 @@ pub(crate) struct SiloArgs {
     /// none. Needs `--metrics-period` too; etcd keeps no statistics.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     statistics_period: std::time::Duration,
+    /// Serve Prometheus metrics (`rollcall_*` series) at `http://ADDR/metrics`.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
@@ -55,6 +58,10 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
             Some(rollcall::transport::SharedSecret::new(bytes.trim_ascii())?)
         }
     };
+    if let Some(addr) = args.metrics_listen {
+        rollcall::prometheus::serve(addr)?;
+        println!("Prometheus metrics at http://{addr}/metrics");
+    }
     let system = actix::System::new();
     let (silo, publisher) = system.block_on(async {
         // A store that is not up yet (it often starts with the cluster) is waited

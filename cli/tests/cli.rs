@@ -155,13 +155,24 @@ fn start_silos(store: &str, cluster: &str, n: usize) -> (Procs, Vec<u16>, u64) {
 /// [`start_silos`] with extra `rollcall silo` arguments.
 #[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 fn start_silos_with(store: &str, cluster: &str, n: usize, extra: &[&str]) -> (Procs, Vec<u16>, u64) {
+    let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    start_silos_each(store, cluster, n, |_| extra.clone())
+}
+
+/// As [`start_silos_with`], with the extra arguments of silo `i` from `extra(i)`.
+fn start_silos_each(
+    store: &str,
+    cluster: &str,
+    n: usize,
+    extra: impl Fn(usize) -> Vec<String>,
+) -> (Procs, Vec<u16>, u64) {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
     let ports: Vec<u16> = (0..n)
         .map(|_| rollcall_tests::fixtures::free_port().unwrap())
         .collect();
     let mut procs = Procs(Vec::new());
-    for p in &ports {
+    for (i, p) in ports.iter().enumerate() {
         let log = std::fs::File::create(log_path(cluster, *p)).expect("create silo log");
         let child = rollcall()
             .args([
@@ -174,7 +185,7 @@ fn start_silos_with(store: &str, cluster: &str, n: usize, extra: &[&str]) -> (Pr
                 &format!("127.0.0.1:{p}"),
                 "--fast",
             ])
-            .args(extra)
+            .args(extra(i))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -945,4 +956,137 @@ fn redis_reminders_lists_rows_with_their_owner() {
     );
     let once = lines.iter().find(|l| l.starts_with("cart/2")).expect("cart/2");
     assert!(once.contains("once") && once.contains("(due)"), "{once}");
+}
+
+/// The Prometheus exposition served by `rollcall silo --metrics-listen` at `port`
+/// (one plain HTTP/1.0 GET).
+#[cfg(feature = "redis")]
+fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to /metrics");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .expect("timeout");
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .expect("send the request");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).expect("read the reply");
+    assert!(reply.starts_with("HTTP/1."), "{reply}");
+    assert!(reply.contains(" 200 "), "{reply}");
+    reply
+}
+
+/// The value of the sample of `name` whose labels include every `labels` pair,
+/// summed over the series that match.
+#[cfg(feature = "redis")]
+fn sample(exposition: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let mut found = None;
+    for line in exposition.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            continue;
+        }
+        if labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))) {
+            let v: f64 = rest.rsplit(' ').next()?.parse().ok()?;
+            found = Some(found.unwrap_or(0.0) + v);
+        }
+    }
+    found
+}
+
+/// Three `rollcall silo --metrics-listen` processes on Redis: the scrape names the
+/// documented series with their units; when one silo is SIGKILLed, a survivor's
+/// `rollcall_silos{status="Dead"}` goes from 0 to 1, its table version gauge moves
+/// up, and the survivors' `rollcall_suspicions_total` counts the votes.
+#[cfg(feature = "redis")]
+#[test]
+fn prometheus_scrape_names_the_series_and_moves_when_a_silo_dies() {
+    use std::time::{Duration, Instant};
+
+    let Some((_rt, backend)) = redis_fixture() else {
+        return;
+    };
+    let store = backend.endpoint.as_str();
+    let cluster = rollcall_tests::unique_id("prom");
+    let metrics_ports: Vec<u16> = (0..3)
+        .map(|_| rollcall_tests::fixtures::free_port().unwrap())
+        .collect();
+    let (mut procs, _ports, _) = start_silos_each(store, &cluster, 3, |i| {
+        vec![
+            "--metrics-listen".into(),
+            format!("127.0.0.1:{}", metrics_ports[i]),
+        ]
+    });
+    // Every silo has probed and recorded a round trip.
+    let start = Instant::now();
+    let before = loop {
+        let text = scrape(metrics_ports[0]);
+        if sample(&text, "rollcall_probe_rtt_seconds_count", &[]).unwrap_or(0.0) >= 1.0 {
+            break text;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no probe recorded: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for name in [
+        "# TYPE rollcall_membership_table_version gauge",
+        "# TYPE rollcall_silos gauge",
+        "# TYPE rollcall_probe_rtt_seconds histogram",
+        "# TYPE rollcall_probes_total counter",
+        "# TYPE rollcall_table_operations_total counter",
+        "# TYPE rollcall_table_operation_seconds histogram",
+    ] {
+        assert!(before.contains(name), "missing `{name}`: {before}");
+    }
+    let cl = ("cluster", cluster.as_str());
+    assert_eq!(
+        sample(&before, "rollcall_silos", &[cl, ("status", "Active")]),
+        Some(3.0),
+        "{before}"
+    );
+    assert_eq!(
+        sample(&before, "rollcall_silos", &[cl, ("status", "Dead")]),
+        Some(0.0),
+        "{before}"
+    );
+    assert!(
+        sample(
+            &before,
+            "rollcall_table_operations_total",
+            &[("op", "insert_row"), ("outcome", "ok")]
+        ) >= Some(1.0),
+        "{before}"
+    );
+    let version_before = sample(&before, "rollcall_membership_table_version", &[cl]).expect("version");
+
+    procs.0[2].kill().expect("SIGKILL the silo process");
+    let killed = Instant::now();
+    loop {
+        let text = scrape(metrics_ports[0]);
+        if sample(&text, "rollcall_silos", &[cl, ("status", "Dead")]) == Some(1.0) {
+            assert_eq!(
+                sample(&text, "rollcall_silos", &[cl, ("status", "Active")]),
+                Some(2.0),
+                "{text}"
+            );
+            let version = sample(&text, "rollcall_membership_table_version", &[cl]).expect("version");
+            assert!(version > version_before, "{version} <= {version_before}");
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(15),
+            "never saw the death: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let votes: f64 = metrics_ports[..2]
+        .iter()
+        .map(|p| sample(&scrape(*p), "rollcall_suspicions_total", &[cl]).unwrap_or(0.0))
+        .sum();
+    assert!(votes >= 1.0, "the survivors counted no vote");
 }

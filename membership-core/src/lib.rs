@@ -29,6 +29,7 @@ mod reminder;
 mod silo;
 pub mod statistics;
 mod table;
+pub mod telemetry;
 mod time;
 pub mod transport;
 

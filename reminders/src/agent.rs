@@ -620,6 +620,11 @@ impl ReminderAgent {
         self.load_next_piece(ctx);
     }
 
+    /// The `service` and `silo` labels of this agent's `metrics` series.
+    fn metric_labels(&self) -> (String, String) {
+        (self.table.service_id().to_owned(), self.me.to_string())
+    }
+
     /// Ends the running load: drops the slots it did not read (deleted rows, or
     /// ranges no longer owned) unless a notice touched them meanwhile.
     fn load_finished(&mut self, ctx: &mut Context<Self>) {
@@ -629,6 +634,8 @@ impl ReminderAgent {
         self.counters
             .owned
             .store(run.owned, std::sync::atomic::Ordering::Relaxed);
+        let (service, silo) = self.metric_labels();
+        metrics::gauge!(crate::api::OWNED_METRIC, "service" => service, "silo" => silo).set(run.owned as f64);
         self.state
             .queue
             .retain(|slot| slot.seen == run.epoch || slot.touched > run.since);
@@ -730,9 +737,15 @@ impl ReminderAgent {
         match res {
             Ok(()) => {
                 Counters::bump(&self.counters.ticks_delivered);
-                if now.saturating_duration_since(scheduled) > crate::api::LATE_TICK {
+                let lateness = now.saturating_duration_since(scheduled);
+                if lateness > crate::api::LATE_TICK {
                     Counters::bump(&self.counters.ticks_late);
                 }
+                let (service, silo) = self.metric_labels();
+                metrics::counter!(crate::api::TICKS_METRIC, "service" => service.clone(), "silo" => silo.clone())
+                    .increment(1);
+                metrics::histogram!(crate::api::TICK_LATENESS_METRIC, "service" => service, "silo" => silo)
+                    .record(lateness.as_secs_f64());
                 if current {
                     let slot = self.state.queue.get_mut(&key).expect("current");
                     slot.attempts = 0;

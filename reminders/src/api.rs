@@ -215,6 +215,15 @@ pub enum ReminderError {
 /// [`ReminderStats::ticks_late`] (1 s).
 pub const LATE_TICK: Duration = Duration::from_secs(1);
 
+/// `metrics` counter (labels `service`, `silo`): ticks delivered to actors.
+pub const TICKS_METRIC: &str = "rollcall_reminder_ticks_total";
+/// `metrics` histogram (labels `service`, `silo`): seconds from a tick's occurrence
+/// to the end of its delivery.
+pub const TICK_LATENESS_METRIC: &str = "rollcall_reminder_tick_lateness_seconds";
+/// `metrics` gauge (labels `service`, `silo`): reminders in the ranges this silo
+/// owns, as of its last load.
+pub const OWNED_METRIC: &str = "rollcall_reminders_owned";
+
 /// Counters of one silo's reminder service (monotonic unless noted).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReminderStats {

@@ -24,6 +24,7 @@ use tokio::sync::{oneshot, watch};
 use crate::metrics::CounterCells;
 use crate::protocol::RowWrite;
 use crate::protocol::{Action, Event, IndirectOutcome, PingOutcome, SiloMachine, StopReason, Timer};
+use crate::telemetry::{outcome, Outcome, SiloLabels};
 use crate::transport::{Listener, ProbeRequest, Transport};
 use crate::{Clock, Error, MembershipSnapshot, MembershipTable, SiloAddress, SiloError, SiloStatus};
 
@@ -73,6 +74,8 @@ pub(crate) struct MembershipAgent {
     /// The id of the row write in flight if it writes a vote (the machine runs one
     /// row write at a time).
     pub(crate) vote_write: Option<u64>,
+    /// The labels of this silo's `metrics` series.
+    pub(crate) labels: SiloLabels,
 }
 
 /// A handle call waiting for the machine's answer.
@@ -81,17 +84,22 @@ pub(crate) enum Call {
     Shutdown(oneshot::Sender<Result<(), SiloError>>),
 }
 
-/// Bounds a table call by `timeout`.
-async fn bounded<T>(
+/// Bounds a table call by `timeout` and records it (count, outcome and duration)
+/// under `labels`.
+async fn bounded<T: Outcome>(
+    labels: &SiloLabels,
     timeout: Duration,
     what: &'static str,
     call: impl std::future::Future<Output = crate::Result<T>>,
 ) -> crate::Result<T> {
-    tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| {
+    let started = tokio::time::Instant::now();
+    let result = tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| {
         Err(Error::backend(format!(
             "{what} did not answer within {timeout:?}"
         )))
-    })
+    });
+    labels.table_operation(what, outcome(&result), started.elapsed());
+    result
 }
 
 impl MembershipAgent {
@@ -123,8 +131,12 @@ impl MembershipAgent {
                 PingOutcome::Answered { rtt } => {
                     CounterCells::add(&c.probes_answered, 1);
                     c.record_rtt(*rtt);
+                    self.labels.probe(Some(*rtt));
                 }
-                _ => CounterCells::add(&c.probes_failed, 1),
+                _ => {
+                    CounterCells::add(&c.probes_failed, 1);
+                    self.labels.probe(None);
+                }
             },
             _ => {}
         }
@@ -140,14 +152,14 @@ impl MembershipAgent {
     }
 
     fn execute(&mut self, action: Action, ctx: &mut Context<Self>) {
-        let (table, timeout) = (self.table.clone(), self.table_timeout);
+        let (table, timeout, labels) = (self.table.clone(), self.table_timeout, self.labels.clone());
         match action {
             Action::ReadTable { id } => self.spawn_event(ctx, async move {
-                let result = bounded(timeout, "read_all", table.read_all()).await;
+                let result = bounded(&labels, timeout, "read_all", table.read_all()).await;
                 Event::TableRead { id, result }
             }),
             Action::ReadDelta { id, since } => self.spawn_event(ctx, async move {
-                let result = bounded(timeout, "read_delta", table.read_delta(&since)).await;
+                let result = bounded(&labels, timeout, "read_delta", table.read_delta(&since)).await;
                 Event::DeltaRead { id, result }
             }),
             Action::WriteRow {
@@ -161,9 +173,11 @@ impl MembershipAgent {
                 self.vote_write = vote.then_some(id);
                 if vote {
                     CounterCells::add(&self.counters.suspicions_sent, 1);
+                    self.labels.suspicion();
                 }
                 self.spawn_event(ctx, async move {
                     let result = bounded(
+                        &labels,
                         timeout,
                         write.method(),
                         write.apply(&*table, &next_version, &origin),
@@ -176,12 +190,20 @@ impl MembershipAgent {
                 let me = self.me;
                 self.spawn_event(ctx, async move {
                     Event::IAmAliveWritten(
-                        bounded(timeout, "update_i_am_alive", table.update_i_am_alive(&me, time)).await,
+                        bounded(
+                            &labels,
+                            timeout,
+                            "update_i_am_alive",
+                            table.update_i_am_alive(&me, time),
+                        )
+                        .await,
                     )
                 })
             }
             Action::CleanupDefunct { before } => self.spawn_event(ctx, async move {
-                Event::CleanupDone(bounded(timeout, "cleanup_defunct", table.cleanup_defunct(before)).await)
+                Event::CleanupDone(
+                    bounded(&labels, timeout, "cleanup_defunct", table.cleanup_defunct(before)).await,
+                )
             }),
             Action::Ping { target, seq, timeout } => {
                 let (transport, cluster, me) = (self.transport.clone(), self.cluster.clone(), self.me);
@@ -251,6 +273,7 @@ impl MembershipAgent {
                         .store(snapshot.version.version, Ordering::Relaxed);
                     self.outputs.snapshot.send_replace(snapshot.clone());
                 }
+                self.labels.view(&snapshot);
                 self.outputs.latest.send_replace(snapshot);
             }
             Action::SetStatus(status) => {

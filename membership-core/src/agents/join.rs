@@ -153,6 +153,7 @@ impl SiloBuilder {
             on_declared_dead: self.on_declared_dead,
             counters: counters.clone(),
             vote_write: None,
+            labels: crate::telemetry::SiloLabels::new(&self.cluster_id, &me),
         };
         let agent = ctx.run(agent);
         let handle = SiloHandle {
