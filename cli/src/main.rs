@@ -30,6 +30,14 @@ enum Command {
         /// Cluster id.
         #[arg(long, default_value = "rollcall")]
         cluster: String,
+        /// Keep reading the table until Ctrl-C. On a terminal the screen is redrawn
+        /// every `--interval` (IAmAlive ages tick); otherwise (a pipe, a log) the
+        /// table is printed again only when its version changes, as plain lines.
+        #[arg(long, short)]
+        watch: bool,
+        /// How often `--watch` reads the table.
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        interval: std::time::Duration,
     },
     /// Print the membership history of a cluster: joins, suspicions with their voters,
     /// declarations and shutdowns, each with the table version it produced (oldest
@@ -136,9 +144,17 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Silo(args) => silo::run(args),
-        Command::Status { store, cluster } => actix::System::new().block_on(async move {
+        Command::Status {
+            store,
+            cluster,
+            watch,
+            interval,
+        } => actix::System::new().block_on(async move {
             let store = rollcall::connect(&store).await?;
             let table = store.membership_table(&cluster, rollcall::ProtocolMode::Extended)?;
+            if watch {
+                return view::watch(&*table, &cluster, interval).await;
+            }
             let snap = table.read_all().await?;
             print!("{}", view::table(&cluster, &snap, rollcall::Timestamp::now()));
             Ok(())

@@ -367,6 +367,54 @@ pub(crate) fn metrics(cluster: &str, report: &rollcall::MetricsReport, now: Time
     out
 }
 
+/// `rollcall status --watch`: reads the table every `interval` until Ctrl-C (or a
+/// closed stdout). On a terminal, each read redraws the screen (cursor home, clear)
+/// with the table and a footer; otherwise the table is printed, after a line with
+/// the time, only when its version changes, with no escape codes. A failed read is
+/// shown and retried at the next interval; each read is bounded by 5 s.
+pub(crate) async fn watch(
+    membership: &dyn rollcall::MembershipTable,
+    cluster: &str,
+    interval: std::time::Duration,
+) -> anyhow::Result<()> {
+    use std::io::{IsTerminal, Write};
+    let interval = interval.max(std::time::Duration::from_millis(100));
+    let tty = std::io::stdout().is_terminal();
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut shown: Option<u64> = None;
+    loop {
+        ticks.tick().await;
+        let read = tokio::time::timeout(std::time::Duration::from_secs(5), membership.read_all()).await;
+        let now = Timestamp::now();
+        let text = match read {
+            Ok(Ok(snap)) => {
+                if !tty && shown == Some(snap.version.version) {
+                    continue;
+                }
+                shown = Some(snap.version.version);
+                table(cluster, &snap, now)
+            }
+            Ok(Err(e)) => format!("cluster {cluster}: read failed: {e}\n"),
+            Err(_) => format!("cluster {cluster}: read did not answer within 5 s\n"),
+        };
+        let mut out = std::io::stdout().lock();
+        let written = if tty {
+            write!(
+                out,
+                "\x1b[H\x1b[2J{text}\nevery {} at {} (Ctrl-C to quit)\n",
+                humantime::format_duration(interval),
+                clock(now)
+            )
+        } else {
+            write!(out, "--- {}\n{text}", clock(now))
+        };
+        if written.and_then(|_| out.flush()).is_err() {
+            return Ok(()); // stdout closed (e.g. `| head`)
+        }
+    }
+}
+
 /// `header` and `rows` as aligned columns (each as wide as its widest cell), the
 /// first `left` columns left-aligned and the others right-aligned, one line each.
 fn grid(header: &[&str], rows: &[Vec<String>], left: usize) -> String {

@@ -1090,3 +1090,126 @@ fn prometheus_scrape_names_the_series_and_moves_when_a_silo_dies() {
         .sum();
     assert!(votes >= 1.0, "the survivors counted no vote");
 }
+
+/// `rollcall status --watch` into a pipe prints the table again only when its
+/// version changes, as plain lines (no escape codes): it shows 2 Active silos, then,
+/// after one is SIGKILLed, the Dead row, without being restarted. On a terminal
+/// (`script` gives it one) it redraws the screen with cursor-home and clear.
+#[cfg(feature = "redis")]
+#[test]
+fn status_watch_redraws_on_new_versions_and_degrades_to_plain_lines() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let Some((_rt, backend)) = redis_fixture() else {
+        return;
+    };
+    let store = backend.endpoint.as_str();
+    let cluster = rollcall_tests::unique_id("watch");
+    let (mut procs, ports, _) = start_silos_with(store, &cluster, 2, &[]);
+    let mut watcher = rollcall()
+        .args([
+            "status",
+            "--watch",
+            "--interval",
+            "100ms",
+            "--store",
+            store,
+            "--cluster",
+            &cluster,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn status --watch");
+    let stdout = watcher.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    // Blocks: "--- <time>", then the table's header line, then rows.
+    let mut lines = Vec::new();
+    let mut wait_for = |what: &str, done: &dyn Fn(&[String]) -> bool| {
+        let start = Instant::now();
+        while !done(&lines) {
+            let left = Duration::from_secs(15).saturating_sub(start.elapsed());
+            match rx.recv_timeout(left) {
+                Ok(l) => lines.push(l),
+                Err(_) => panic!("never saw {what}: {lines:#?}"),
+            }
+        }
+    };
+    let last_block = |lines: &[String]| -> Vec<String> {
+        let start = lines.iter().rposition(|l| l.starts_with("--- ")).unwrap_or(0);
+        lines[start..].to_vec()
+    };
+    wait_for("2 active", &|l| {
+        last_block(l).iter().any(|x| x.contains("(2 silos, 2 active)"))
+    });
+    procs.0[1].kill().expect("SIGKILL");
+    let victim = format!("127.0.0.1:{} ", ports[1]);
+    wait_for("the Dead row", &|l| {
+        last_block(l)
+            .iter()
+            .any(|x| x.starts_with(&victim) && x.contains(" Dead "))
+    });
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+    assert!(
+        lines.iter().all(|l| !l.contains('\u{1b}')),
+        "escape codes in a pipe: {lines:#?}"
+    );
+    let versions: Vec<&String> = lines.iter().filter(|l| l.starts_with("cluster ")).collect();
+    let mut distinct = versions.clone();
+    distinct.dedup();
+    assert_eq!(
+        versions.len(),
+        distinct.len(),
+        "a version printed twice in a row: {versions:#?}"
+    );
+
+    // On a terminal: the screen is redrawn (cursor home + clear) every interval.
+    let bin = env!("CARGO_BIN_EXE_rollcall");
+    let command = format!("{bin} status --watch --interval 100ms --store {store} --cluster {cluster}");
+    let mut tty = std::process::Command::new("script")
+        .args(["-qefc", &command, "/dev/null"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn script");
+    let mut out = tty.stdout.take().expect("stdout");
+    let (ttx, trx) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buf) {
+            if n == 0 || ttx.send(buf[..n].to_vec()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut screen = Vec::new();
+    let start = Instant::now();
+    while String::from_utf8_lossy(&screen)
+        .matches("\u{1b}[H\u{1b}[2J")
+        .count()
+        < 3
+    {
+        let left = Duration::from_secs(15).saturating_sub(start.elapsed());
+        match trx.recv_timeout(left) {
+            Ok(b) => screen.extend(b),
+            Err(_) => panic!("no redraws on a terminal: {}", String::from_utf8_lossy(&screen)),
+        }
+    }
+    let _ = tty.kill();
+    let _ = tty.wait();
+    let text = String::from_utf8_lossy(&screen);
+    assert!(text.contains("(Ctrl-C to quit)"), "{text}");
+}
