@@ -27,6 +27,11 @@ backends_install() {
   # etcd-client's build compiles etcd's protos, which import protobuf's well-known types.
   [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
   command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+  # The dashboard's browser test: headless Chromium driven through ChromeDriver,
+  # with one font so that screenshots show text.
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+  [ -d /usr/share/fonts/truetype/dejavu ] || missing+=(fonts-dejavu-core)
   if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ]; then
       backends_log "installing ${missing[*]} with apt-get"

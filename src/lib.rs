@@ -33,6 +33,8 @@
 #![warn(missing_docs)]
 
 mod connect;
+#[cfg(feature = "dashboard")]
+pub mod dashboard;
 pub mod metrics;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;

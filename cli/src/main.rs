@@ -1,5 +1,5 @@
 //! The `rollcall` command-line tool: `demo` (the main job), `silo`, `status`,
-//! `history`, `metrics`, `statistics` and `reminders`.
+//! `history`, `metrics`, `statistics`, `reminders` and `dashboard`.
 
 mod demo;
 mod silo;
@@ -96,6 +96,31 @@ enum Command {
         /// Print at most this many records (the oldest that match).
         #[arg(long, default_value_t = 10_000)]
         limit: usize,
+    },
+    /// Serve a live web dashboard of a cluster: the membership table, the history
+    /// timeline, statistics charts and reminders per owner, pushed to the page as
+    /// they change. Read-only; bound to loopback by default (it has no
+    /// authentication: put it behind yours before exposing it).
+    Dashboard {
+        /// Store URL (memory://, redis://host:port, etcd://host:port, dynamodb://table?endpoint=...).
+        #[arg(long, default_value = "memory://")]
+        store: String,
+        /// Cluster id.
+        #[arg(long, default_value = "rollcall")]
+        cluster: String,
+        /// Address to serve on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// How often the membership table is read (for every open page together).
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        interval: std::time::Duration,
+        /// Reminder service whose reminders are counted per owner (default: the
+        /// cluster id, what a silo's reminder service uses by default).
+        #[arg(long)]
+        service: Option<String>,
+        /// Ring points per silo (`ring_points_per_silo` of the reminder services).
+        #[arg(long, default_value_t = 30)]
+        points: u32,
     },
     /// List the reminders of a service: owner (in the cluster's current membership),
     /// next tick, period, missed-tick policy, etag.
@@ -205,6 +230,31 @@ fn main() -> anyhow::Result<()> {
             };
             let records = stats.scan(&filter).await?;
             print!("{}", view::statistics(&cluster, level, &records, limit));
+            Ok(())
+        }),
+        Command::Dashboard {
+            store,
+            cluster,
+            listen,
+            interval,
+            service,
+            points,
+        } => actix::System::new().block_on(async move {
+            let store = rollcall::connect(&store).await?;
+            let service = Some(service.unwrap_or_else(|| cluster.clone()));
+            let dashboard = rollcall::dashboard::Dashboard::builder(store, cluster.clone())
+                .interval(interval)
+                .reminders(service, points)
+                .build();
+            let server = actix_web::HttpServer::new(move || {
+                let dashboard = dashboard.clone();
+                actix_web::App::new().configure(move |c| dashboard.configure(c))
+            })
+            .workers(2)
+            .bind(listen)
+            .map_err(|e| anyhow::anyhow!("--listen {listen}: {e}"))?;
+            println!("dashboard of cluster {cluster} at http://{listen}/ (Ctrl-C to stop)");
+            server.run().await?;
             Ok(())
         }),
         Command::Reminders {

@@ -1213,3 +1213,201 @@ fn status_watch_redraws_on_new_versions_and_degrades_to_plain_lines() {
     let text = String::from_utf8_lossy(&screen);
     assert!(text.contains("(Ctrl-C to quit)"), "{text}");
 }
+
+/// Waits until something accepts TCP connections on 127.0.0.1:`port`.
+#[cfg(feature = "redis")]
+fn wait_for_port(port: u16, what: &str) {
+    use std::time::{Duration, Instant};
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what} never listened on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Chromium and ChromeDriver from Debian's packages (`chromium`, `chromium-driver`;
+/// paths overridable with `ROLLCALL_CHROMIUM` and `ROLLCALL_CHROMEDRIVER`), or `None`
+/// when they are missing and the run may skip (never when `CI` is set).
+#[cfg(feature = "redis")]
+fn browser_paths() -> Option<(String, String)> {
+    let chromium = std::env::var("ROLLCALL_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let driver = std::env::var("ROLLCALL_CHROMEDRIVER").unwrap_or_else(|_| "/usr/bin/chromedriver".into());
+    if std::path::Path::new(&chromium).exists() && std::path::Path::new(&driver).exists() {
+        return Some((chromium, driver));
+    }
+    let why =
+        format!("no browser: {chromium} or {driver} is missing (apt-get install chromium chromium-driver)");
+    if std::env::var_os("CI").is_some() || std::env::var_os("ROLLCALL_SKIP_MISSING_BACKENDS").is_none() {
+        panic!("{why}");
+    }
+    eprintln!("SKIPPED: {why}");
+    None
+}
+
+/// The dashboard in a real browser: headless Chromium (through ChromeDriver and the
+/// WebDriver protocol) loads `rollcall dashboard` against three `rollcall silo`
+/// processes on Redis and sees 3 Active rows; one silo is SIGKILLed and the page,
+/// never reloaded, shows it Dead with the survivors' votes, the history timeline
+/// shows the declaration, and the statistics charts are drawn. The screenshot goes
+/// to `$CARGO_TARGET_TMPDIR/dashboard.png` (and to `ROLLCALL_SCREENSHOT` when set:
+/// the README's picture).
+#[cfg(feature = "redis")]
+#[test]
+fn dashboard_in_a_real_browser_shows_a_killed_silo_dead_without_a_reload() {
+    use fantoccini::{ClientBuilder, Locator};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let Some((chromium, driver)) = browser_paths() else {
+        return;
+    };
+    let Some((rt, backend)) = redis_fixture() else {
+        return;
+    };
+    let store = backend.endpoint.clone();
+    let cluster = rollcall_tests::unique_id("dash");
+    let (mut procs, ports, _) = start_silos_with(
+        &store,
+        &cluster,
+        3,
+        &["--metrics-period", "300ms", "--statistics-period", "300ms"],
+    );
+    let web_port = rollcall_tests::fixtures::free_port().unwrap();
+    procs.0.push(
+        rollcall()
+            .args([
+                "dashboard",
+                "--store",
+                &store,
+                "--cluster",
+                &cluster,
+                "--interval",
+                "200ms",
+            ])
+            .args(["--listen", &format!("127.0.0.1:{web_port}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn rollcall dashboard"),
+    );
+    let driver_port = rollcall_tests::fixtures::free_port().unwrap();
+    procs.0.push(
+        std::process::Command::new(&driver)
+            .arg(format!("--port={driver_port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn chromedriver"),
+    );
+    wait_for_port(web_port, "rollcall dashboard");
+    wait_for_port(driver_port, "chromedriver");
+    let profile = tempfile::tempdir().expect("profile dir");
+    let screenshot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
+
+    // fantoccini's HTTP client is built with rustls, which wants a crypto provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    rt.block_on(async {
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            serde_json::json!({
+                "binary": chromium,
+                "args": [
+                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--disable-quic", "--no-first-run", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync", "--window-size=1400,1000",
+                    format!("--user-data-dir={}", profile.path().display()),
+                ],
+            }),
+        );
+        let client = ClientBuilder::rustls()
+            .expect("webdriver client")
+            .capabilities(caps)
+            .connect(&format!("http://127.0.0.1:{driver_port}"))
+            .await
+            .expect("start a headless Chromium session");
+        client
+            .goto(&format!("http://127.0.0.1:{web_port}/"))
+            .await
+            .expect("load the dashboard");
+        // A marker that a reload would wipe.
+        client
+            .execute("window.rollcallMarker = 42; return 1;", vec![])
+            .await
+            .expect("set the marker");
+        let rows = |status: &'static str| {
+            let client = client.clone();
+            async move {
+                client
+                    .find_all(Locator::Css(&format!("#silos tbody tr[data-status='{status}']")))
+                    .await
+                    .map(|r| r.len())
+                    .unwrap_or(0)
+            }
+        };
+        let start = Instant::now();
+        while rows("Active").await != 3 {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the page never showed 3 Active rows"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        procs.0[2].kill().expect("SIGKILL a silo");
+        let killed = Instant::now();
+        while rows("Dead").await != 1 {
+            assert!(
+                killed.elapsed() < Duration::from_secs(20),
+                "the page never showed the Dead row"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(rows("Active").await, 2);
+        let marker = client
+            .execute("return window.rollcallMarker === 42;", vec![])
+            .await
+            .expect("read the marker");
+        assert_eq!(marker, serde_json::Value::Bool(true), "the page was reloaded");
+        let dead = client
+            .find(Locator::Css("#silos tbody tr[data-status='Dead']"))
+            .await
+            .expect("the Dead row");
+        let dead_text = dead.text().await.expect("row text");
+        assert!(
+            dead_text.contains(&format!("127.0.0.1:{}", ports[2])),
+            "{dead_text}"
+        );
+        assert!(
+            dead_text.contains("ago)"),
+            "the Dead row shows its votes with ages: {dead_text}"
+        );
+        let start = Instant::now();
+        loop {
+            let history = client.find(Locator::Css("#history")).await.expect("timeline");
+            let text = history.text().await.unwrap_or_default();
+            let charts = client
+                .find_all(Locator::Css("#charts .chart svg polyline"))
+                .await
+                .map(|c| c.len())
+                .unwrap_or(0);
+            if text.contains(&format!("127.0.0.1:{}", ports[2])) && text.contains("Dead") && charts >= 4 {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no declaration in the timeline or no charts ({charts} series): {text}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let png = client.screenshot().await.expect("screenshot");
+        std::fs::write(&screenshot, &png).expect("write the screenshot");
+        if let Some(path) = std::env::var_os("ROLLCALL_SCREENSHOT") {
+            std::fs::write(path, &png).expect("write ROLLCALL_SCREENSHOT");
+        }
+        client.close().await.expect("close the browser");
+    });
+    assert!(std::fs::metadata(&screenshot).map(|m| m.len()).unwrap_or(0) > 10_000);
+}

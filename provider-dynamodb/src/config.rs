@@ -212,7 +212,8 @@ mod tests {
             (c.statistics_table.as_str(), c.statistics_shards),
             ("m.t_1-statistics", 4)
         );
-        let c = DynamoDbConfig::from_url("dynamodb://m?statistics_table=st-1&statistics_shards=64").unwrap();
+        let c =
+            DynamoDbConfig::from_url("dynamodb://mmm?statistics_table=st-1&statistics_shards=64").unwrap();
         assert_eq!((c.statistics_table.as_str(), c.statistics_shards), ("st-1", 64));
     }
 

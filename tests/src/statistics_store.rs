@@ -329,9 +329,9 @@ pub async fn check_invalid_points_and_retries(stats: &dyn StatisticsStore) {
     assert!(stats.scan(&empty_range).await.expect("scan").is_empty());
 }
 
-/// Scenario S4: 4 writers append 10 points each at once, all into the same buckets
+/// Scenario S4: 3 writers append 8 points each at once, all into the same buckets
 /// (one name and silo, distinct times within one minute): every bucket holds all
-/// 40, with the exact sum, min and max. (A silo's own series takes appends from that
+/// 24, with the exact sum, min and max. (A silo's own series takes appends from that
 /// silo only; this is the worst case of a stores' read-fold-write.)
 pub async fn statistics_concurrent_appends_fold_every_point(store: Store) {
     let cluster = unique_id("stats");
@@ -342,16 +342,16 @@ pub async fn statistics_concurrent_appends_fold_every_point(store: Store) {
         Err(e) => panic!("statistics_store: {e}"),
     };
     let mut tasks = Vec::new();
-    for w in 0..4u64 {
+    for w in 0..3u64 {
         // Each writer through its own handle, as separate silos would.
         let mine = store.statistics_store(&cluster, &options).expect("handle");
         tasks.push(tokio::spawn(async move {
-            for i in 0..10u64 {
+            for i in 0..8u64 {
                 let p = StatPoint {
-                    time: Timestamp::from_millis(BASE + w * 10 + i),
+                    time: Timestamp::from_millis(BASE + w * 8 + i),
                     silo: "shared-silo".into(),
                     name: "shared-name".into(),
-                    value: (w * 10 + i) as f64,
+                    value: (w * 8 + i) as f64,
                     is_delta: true,
                 };
                 assert_eq!(mine.append(&[p]).await.expect("append"), 1);
@@ -362,10 +362,10 @@ pub async fn statistics_concurrent_appends_fold_every_point(store: Store) {
         t.await.expect("writer");
     }
     let expected = Aggregate {
-        count: 40,
-        sum: (0..40).sum::<u64>() as f64,
+        count: 24,
+        sum: (0..24).sum::<u64>() as f64,
         min: 0.0,
-        max: 39.0,
+        max: 23.0,
     };
     for level in AggLevel::BUCKETS {
         let got = stats.scan(&StatFilter::all(level)).await.expect("scan");
@@ -378,7 +378,7 @@ pub async fn statistics_concurrent_appends_fold_every_point(store: Store) {
             .await
             .expect("scan")
             .len(),
-        40
+        24
     );
 }
 
