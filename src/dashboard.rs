@@ -457,3 +457,58 @@ async fn events(d: web::Data<Dashboard>) -> HttpResponse {
         .insert_header((header::CACHE_CONTROL, "no-cache"))
         .streaming(stream)
 }
+
+#[cfg(test)]
+mod tests {
+    use actix_web::{http::StatusCode, test, web, App};
+
+    use crate::{MembershipEntry, ProtocolMode, SiloStatus, Timestamp};
+
+    /// Mounted under a scope: the bare scope path redirects to the page, the page and
+    /// its script are served, and `/api/snapshot` soon holds the cluster's rows.
+    #[actix_rt::test]
+    async fn mounts_under_a_scope_and_serves_the_cluster() {
+        let store = crate::connect(&format!("memory://dash-{}", rand_suffix())).await.expect("store");
+        let table = store.membership_table("orders", ProtocolMode::Extended).expect("table");
+        table.init(true).await.expect("init");
+        let me = "127.0.0.1:11111@1".parse().expect("address");
+        let snap = table.read_all().await.expect("read");
+        let row = MembershipEntry::new(me, SiloStatus::Active, Timestamp::now());
+        assert!(table.insert_row(&row, &snap.version.next()).await.expect("insert"));
+        let dashboard = super::Dashboard::builder(store, "orders")
+            .interval(std::time::Duration::from_millis(100))
+            .build();
+        let app = test::init_service(
+            App::new().service(web::scope("/rollcall").configure(|c| dashboard.configure(c))),
+        )
+        .await;
+        let res = test::call_service(&app, test::TestRequest::get().uri("/rollcall").to_request()).await;
+        assert_eq!(res.status(), StatusCode::PERMANENT_REDIRECT);
+        assert_eq!(res.headers().get("location").unwrap(), "/rollcall/");
+        let page = test::call_and_read_body(&app, test::TestRequest::get().uri("/rollcall/").to_request()).await;
+        assert!(std::str::from_utf8(&page).unwrap().contains("<script src=\"app.js\">"));
+        let js = test::call_service(&app, test::TestRequest::get().uri("/rollcall/app.js").to_request()).await;
+        assert_eq!(js.status(), StatusCode::OK);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let body = test::call_and_read_body(&app, test::TestRequest::get().uri("/rollcall/api/snapshot").to_request()).await;
+            let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+            if let Some(silos) = v["membership"]["silos"].as_array() {
+                assert_eq!(silos.len(), 1);
+                assert_eq!(silos[0]["status"], "Active");
+                assert_eq!(v["membership"]["version"], 1);
+                assert_eq!(v["history"]["events"][0]["kind"], "insert");
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "no membership frame: {v}");
+            actix_rt::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    fn rand_suffix() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0)
+    }
+}
