@@ -468,13 +468,20 @@ mod tests {
     /// its script are served, and `/api/snapshot` soon holds the cluster's rows.
     #[actix_rt::test]
     async fn mounts_under_a_scope_and_serves_the_cluster() {
-        let store = crate::connect(&format!("memory://dash-{}", rand_suffix())).await.expect("store");
-        let table = store.membership_table("orders", ProtocolMode::Extended).expect("table");
+        let store = crate::connect(&format!("memory://dash-{}", rand_suffix()))
+            .await
+            .expect("store");
+        let table = store
+            .membership_table("orders", ProtocolMode::Extended)
+            .expect("table");
         table.init(true).await.expect("init");
         let me = "127.0.0.1:11111@1".parse().expect("address");
         let snap = table.read_all().await.expect("read");
         let row = MembershipEntry::new(me, SiloStatus::Active, Timestamp::now());
-        assert!(table.insert_row(&row, &snap.version.next()).await.expect("insert"));
+        assert!(table
+            .insert_row(&row, &snap.version.next())
+            .await
+            .expect("insert"));
         let dashboard = super::Dashboard::builder(store, "orders")
             .interval(std::time::Duration::from_millis(100))
             .build();
@@ -485,13 +492,26 @@ mod tests {
         let res = test::call_service(&app, test::TestRequest::get().uri("/rollcall").to_request()).await;
         assert_eq!(res.status(), StatusCode::PERMANENT_REDIRECT);
         assert_eq!(res.headers().get("location").unwrap(), "/rollcall/");
-        let page = test::call_and_read_body(&app, test::TestRequest::get().uri("/rollcall/").to_request()).await;
-        assert!(std::str::from_utf8(&page).unwrap().contains("<script src=\"app.js\">"));
-        let js = test::call_service(&app, test::TestRequest::get().uri("/rollcall/app.js").to_request()).await;
+        let page =
+            test::call_and_read_body(&app, test::TestRequest::get().uri("/rollcall/").to_request()).await;
+        assert!(std::str::from_utf8(&page)
+            .unwrap()
+            .contains("<script src=\"app.js\">"));
+        let js = test::call_service(
+            &app,
+            test::TestRequest::get().uri("/rollcall/app.js").to_request(),
+        )
+        .await;
         assert_eq!(js.status(), StatusCode::OK);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
-            let body = test::call_and_read_body(&app, test::TestRequest::get().uri("/rollcall/api/snapshot").to_request()).await;
+            let body = test::call_and_read_body(
+                &app,
+                test::TestRequest::get()
+                    .uri("/rollcall/api/snapshot")
+                    .to_request(),
+            )
+            .await;
             let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
             if let Some(silos) = v["membership"]["silos"].as_array() {
                 assert_eq!(silos.len(), 1);

@@ -675,3 +675,74 @@ async fn r09_real_time_on_real_tcp_etcd() {
         .expect("connect");
     real_time_exactly_once(store).await;
 }
+
+/// R11: the `metrics` series of a running cluster, read from a recorder: each
+/// silo's view gauges say 3 Active and the table version; the table operations
+/// counted include the joins' inserts; the reminder ticks counted equal the ticks
+/// delivered, with one lateness sample each; the owned gauges add up to every
+/// reminder.
+#[test]
+fn r11_metrics_series_count_what_the_cluster_did() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let delivered = metrics::with_local_recorder(&recorder, || {
+        run_virtual(|| async {
+            let mut c = ReminderCluster::new(ReminderOptions::default());
+            c.start_many(3).await;
+            for i in 0..30 {
+                c.services[i % 3]
+                    .register_or_update(&actor(i), "tick", Duration::from_secs(i as u64), MINUTE)
+                    .await
+                    .expect("register");
+            }
+            tokio::time::sleep(5 * MINUTE).await;
+            c.ticks().len()
+        })
+    });
+    assert!(delivered >= 120, "{delivered} ticks");
+    let mut sums: BTreeMap<String, f64> = BTreeMap::new();
+    let mut lateness_samples = 0;
+    let mut active_gauges = Vec::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let name = key.key().name().to_owned();
+        let labels: BTreeMap<String, String> = key
+            .key()
+            .labels()
+            .map(|l| (l.key().to_owned(), l.value().to_owned()))
+            .collect();
+        match value {
+            DebugValue::Counter(n) => *sums.entry(name.clone()).or_default() += n as f64,
+            DebugValue::Gauge(g) => {
+                if name == "rollcall_silos" && labels.get("status").map(String::as_str) == Some("Active") {
+                    active_gauges.push(g.into_inner());
+                }
+                *sums.entry(name.clone()).or_default() += g.into_inner();
+            }
+            DebugValue::Histogram(h) => {
+                if name == "rollcall_reminder_tick_lateness_seconds" {
+                    lateness_samples += h.len();
+                }
+                *sums.entry(name.clone()).or_default() += h.len() as f64;
+            }
+        }
+        assert!(labels.contains_key("silo"), "{name} has no silo label");
+    }
+    assert_eq!(active_gauges, vec![3.0; 3], "each silo sees 3 Active");
+    assert_eq!(
+        sums.get("rollcall_reminder_ticks_total"),
+        Some(&(delivered as f64))
+    );
+    assert_eq!(lateness_samples, delivered);
+    assert_eq!(sums.get("rollcall_reminders_owned"), Some(&30.0));
+    assert!(
+        sums.get("rollcall_table_operations_total") >= Some(&6.0),
+        "{sums:?}"
+    );
+    assert!(sums.get("rollcall_probes_total") > Some(&0.0), "{sums:?}");
+    assert!(
+        sums.get("rollcall_membership_table_version") >= Some(&6.0),
+        "{sums:?}"
+    );
+}
