@@ -63,13 +63,14 @@ fn payload() -> String {
     serde_json::to_string(&full_entry(1)).expect("row json")
 }
 
-struct RedisSet(redis::aio::MultiplexedConnection, String);
+/// A raw `SET` of key `<prefix>:raw:<client>`.
+struct RedisSet(redis::aio::MultiplexedConnection, String, String);
 
 #[async_trait]
 impl Op for RedisSet {
     async fn once(&self, i: usize) -> anyhow::Result<Duration> {
         let mut con = self.0.clone();
-        let key = format!("bench:raw:{i}");
+        let key = format!("{}:raw:{i}", self.2);
         Ok(timed(
             redis::cmd("SET")
                 .arg(key)
@@ -81,6 +82,44 @@ impl Op for RedisSet {
     }
 }
 
+/// A hash tag whose slot the Redis Cluster node behind `con` serves (`CLUSTER
+/// SLOTS` names the node's ranges as seen by itself; `CLUSTER KEYSLOT` places a
+/// candidate tag).
+async fn local_hash_tag(con: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<String> {
+    let myid: String = redis::cmd("CLUSTER").arg("MYID").query_async(con).await?;
+    let slots: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(con).await?;
+    let mut mine = Vec::new();
+    for range in slots {
+        let redis::Value::Array(parts) = range else {
+            continue;
+        };
+        let (Some(redis::Value::Int(lo)), Some(redis::Value::Int(hi)), Some(redis::Value::Array(master))) =
+            (parts.first(), parts.get(1), parts.get(2))
+        else {
+            continue;
+        };
+        let id = match master.get(2) {
+            Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            _ => continue,
+        };
+        if id == myid {
+            mine.push((*lo, *hi));
+        }
+    }
+    for n in 0..10_000 {
+        let tag = format!("bench{n}");
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(&tag)
+            .query_async(con)
+            .await?;
+        if mine.iter().any(|(lo, hi)| (*lo..=*hi).contains(&slot)) {
+            return Ok(tag);
+        }
+    }
+    anyhow::bail!("no hash tag of this node's slots among 10,000 candidates")
+}
+
 /// The floor of a conditional write on Redis: WATCH + GET pipelined, then MULTI /
 /// SET / EXEC, on a connection of the client's own.
 struct RedisCas(Vec<Mutex<redis::aio::MultiplexedConnection>>, String, String);
@@ -89,7 +128,7 @@ struct RedisCas(Vec<Mutex<redis::aio::MultiplexedConnection>>, String, String);
 impl Op for RedisCas {
     async fn once(&self, i: usize) -> anyhow::Result<Duration> {
         let mut con = self.0[i].lock().await;
-        let key = format!("bench:{}:cas:{i}", self.2);
+        let key = format!("{}:cas:{i}", self.2);
         let started = Instant::now();
         let (_v,): (Option<String>,) = redis::pipe()
             .cmd("WATCH")
@@ -488,15 +527,25 @@ async fn ops_for(
                 format!("redis://{first}")
             };
             let client = redis::Client::open(url.as_str())?;
-            let shared = client.get_multiplexed_async_connection().await?;
-            ops.push(("raw write (SET)", Arc::new(RedisSet(shared, value.clone()))));
+            let mut shared = client.get_multiplexed_async_connection().await?;
+            // On a cluster, the reference's keys carry a hash tag of a slot that the
+            // node it talks to serves (else every command is a MOVED).
+            let prefix = if provider == "redis" {
+                "bench".to_owned()
+            } else {
+                format!("{{{}}}", local_hash_tag(&mut shared).await?)
+            };
+            ops.push((
+                "raw write (SET)",
+                Arc::new(RedisSet(shared, value.clone(), prefix.clone())),
+            ));
             let mut own = Vec::new();
             for _ in 0..clients {
                 own.push(Mutex::new(client.get_multiplexed_async_connection().await?));
             }
             ops.push((
                 "raw conditional write (WATCH/GET/MULTI/EXEC)",
-                Arc::new(RedisCas(own, value, run.clone())),
+                Arc::new(RedisCas(own, value, format!("{prefix}:{run}"))),
             ));
         }
         "etcd" => {
