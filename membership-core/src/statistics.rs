@@ -321,6 +321,39 @@ pub fn expired_below(level: AggLevel, cutoff: Timestamp) -> Timestamp {
     Timestamp::from_millis(cutoff.as_millis().saturating_sub(level.width_ms().max(1) - 1))
 }
 
+/// The text key of a stored record as the Redis and DynamoDB stores lay it out:
+/// the start time (ms) as 16 hex digits, then the interned name and silo ids as 8
+/// each, all lowercase and fixed-width, so keys sort by time, then name id, then
+/// silo id.
+pub fn record_key(time_ms: u64, name_id: u32, silo_id: u32) -> String {
+    format!("{time_ms:016x}{name_id:08x}{silo_id:08x}")
+}
+
+/// The (start time ms, name id, silo id) of a [`record_key`]; `None` for anything
+/// else.
+pub fn parse_record_key(key: &str) -> Option<(u64, u32, u32)> {
+    if key.len() != 32 || !key.is_ascii() {
+        return None;
+    }
+    Some((
+        u64::from_str_radix(&key[..16], 16).ok()?,
+        u32::from_str_radix(&key[16..24], 16).ok()?,
+        u32::from_str_radix(&key[24..], 16).ok()?,
+    ))
+}
+
+/// Validates every point of an append batch ([`StatPoint::validate`]) before any
+/// is stored; `Ok(false)` for an empty batch (nothing to do).
+///
+/// # Errors
+/// The first invalid point's [`Error::InvalidConfig`].
+pub fn validate_batch(points: &[StatPoint]) -> Result<bool> {
+    for p in points {
+        p.validate()?;
+    }
+    Ok(!points.is_empty())
+}
+
 /// What an interned string names: the two kinds of strings a point carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StringKind {

@@ -11,7 +11,9 @@ use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, KeysAndAttributes, WriteRequest};
+use aws_sdk_dynamodb::types::{
+    AttributeValue, DeleteRequest, KeysAndAttributes, TransactWriteItem, WriteRequest,
+};
 use aws_sdk_dynamodb::Client;
 use rollcall_membership_core::{Error, Etag, Result};
 
@@ -187,6 +189,27 @@ impl Conn {
             }
         }
         Ok(found)
+    }
+
+    /// Runs one TransactWriteItems on `table`; `Ok(false)` when a condition failed or
+    /// a concurrent transaction got in the way (nothing was written).
+    pub(crate) async fn transact(
+        &self,
+        what: &str,
+        table: &str,
+        ops: Vec<TransactWriteItem>,
+    ) -> Result<bool> {
+        match self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(ops))
+            .send()
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if is_conflict(&e) => Ok(false),
+            Err(e) => Err(self.error(what, table, e)),
+        }
     }
 
     /// Deletes the items with `keys` from `table` without conditions, 25 per

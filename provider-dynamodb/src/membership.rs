@@ -12,7 +12,7 @@ use rollcall_membership_core::{
     SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteOrigin,
 };
 
-use crate::conn::{is_condition_failed, is_conflict, n, new_etag, s, Attrs, Conn, Item};
+use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
 use crate::schema::{self, CLUSTER_ID, HISTORY_ROWS, METRICS_ROWS, SILO_IDENTITY, VERSION_ROW};
 
 /// The version etag a cluster without a version item reads as. Never a stored
@@ -470,18 +470,7 @@ impl DynamoDbMembershipTable {
     /// Runs one TransactWriteItems; `Ok(false)` when a condition failed (nothing
     /// written).
     async fn transact(&self, what: &str, ops: Vec<TransactWriteItem>) -> Result<bool> {
-        match self
-            .conn
-            .client
-            .transact_write_items()
-            .set_transact_items(Some(ops))
-            .send()
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(e) if is_conflict(&e) => Ok(false),
-            Err(e) => Err(self.conn.error(what, self.table(), e)),
-        }
+        self.conn.transact(what, self.table(), ops).await
     }
 
     fn delete_op(&self, cluster: &str, sk: &str, etag: Option<&str>) -> Result<TransactWriteItem> {

@@ -34,14 +34,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, ReturnValue, TransactWriteItem};
 use futures_util::future::try_join_all;
-use rollcall_membership_core::statistics::{bucket_start, expired_below, Aggregate, StringCache, StringKind};
+use rollcall_membership_core::statistics::{
+    bucket_start, expired_below, parse_record_key, record_key, validate_batch, Aggregate, StringCache,
+    StringKind,
+};
 use rollcall_membership_core::{
     actor_hash, AggLevel, Error, Result, StatFilter, StatPoint, StatRecord, StatisticsOptions,
     StatisticsStore, Timestamp,
 };
 use tokio::sync::OnceCell;
 
-use crate::conn::{is_conflict, n, s, Attrs, Conn, Item};
+use crate::conn::{n, s, Attrs, Conn, Item};
 use crate::schema::{self, SHARD_KEY, SORT_KEY};
 
 const HOUR_MS: u64 = 3_600_000;
@@ -279,27 +282,22 @@ impl DynamoDbStatistics {
                 .map(|p| TransactWriteItem::builder().put(p).build())
                 .map_err(|e| Error::backend(format!("dynamodb intern: {e}")))
         };
-        match self
+        let ops = vec![put(forward)?, put(reverse)?];
+        if self
             .conn
-            .client
-            .transact_write_items()
-            .transact_items(put(forward)?)
-            .transact_items(put(reverse)?)
-            .send()
-            .await
+            .transact("TransactWriteItems (intern)", table, ops)
+            .await?
         {
-            Ok(_) => Ok(id),
-            Err(e) if is_conflict(&e) => {
-                let winner = self.conn.batch_get(table, vec![Self::key(pk, field)]).await?;
-                let item = winner.first().ok_or_else(|| {
-                    Error::backend(format!("{table}: interning {field:?} lost a race to nothing"))
-                })?;
-                Attrs(item)
-                    .n("Id")
-                    .map_err(|e| Error::corrupt(format!("{table} {pk} {field}"), e))
-            }
-            Err(e) => Err(self.conn.error("TransactWriteItems (intern)", table, e)),
+            return Ok(id);
         }
+        // A concurrent interning of the same string won: use its id.
+        let winner = self.conn.batch_get(table, vec![Self::key(pk, field)]).await?;
+        let item = winner
+            .first()
+            .ok_or_else(|| Error::backend(format!("{table}: interning {field:?} lost a race to nothing")))?;
+        Attrs(item)
+            .n("Id")
+            .map_err(|e| Error::corrupt(format!("{table} {pk} {field}"), e))
     }
 
     /// The strings of `ids` (the cache, else BatchGetItem of the reverse items).
@@ -484,29 +482,24 @@ impl DynamoDbStatistics {
                     .map_err(|e| Error::backend(format!("dynamodb statistics put: {e}")))?;
                 ops.push(TransactWriteItem::builder().put(put).build());
             }
-            match self
+            if self
                 .conn
-                .client
-                .transact_write_items()
-                .set_transact_items(Some(ops))
-                .send()
-                .await
+                .transact("TransactWriteItems (statistics)", table, ops)
+                .await?
             {
-                Ok(_) => return Ok(new_raw.len()),
-                Err(e) if is_conflict(&e) => {
-                    if tokio::time::Instant::now() + pause >= deadline {
-                        return Err(Error::backend(format!(
-                            "dynamodb statistics append on table `{table}`: still conflicting with \
-                             other writers after {:?}",
-                            self.conn.config.timeout
-                        )));
-                    }
-                    let jitter = rand::random::<u64>() % (pause.as_millis() as u64 + 1);
-                    tokio::time::sleep(pause + Duration::from_millis(jitter)).await;
-                    pause = (pause * 2).min(Duration::from_millis(100));
-                }
-                Err(e) => return Err(self.conn.error("TransactWriteItems (statistics)", table, e)),
+                return Ok(new_raw.len());
             }
+            // Another writer folded into one of these buckets: read again.
+            if tokio::time::Instant::now() + pause >= deadline {
+                return Err(Error::backend(format!(
+                    "dynamodb statistics append on table `{table}`: still conflicting with \
+                     other writers after {:?}",
+                    self.conn.config.timeout
+                )));
+            }
+            let jitter = rand::random::<u64>() % (pause.as_millis() as u64 + 1);
+            tokio::time::sleep(pause + Duration::from_millis(jitter)).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
         }
     }
 
@@ -568,18 +561,6 @@ fn sort_range(from: u64, to: u64) -> (String, String) {
     (hex_time(from), format!("{}ffffffffffffffff", hex_time(to - 1)))
 }
 
-/// (start, name id, silo id) of a data sort key.
-fn parse_sort_key(sk: &str) -> Option<(u64, u32, u32)> {
-    if sk.len() != 32 || !sk.is_ascii() {
-        return None;
-    }
-    Some((
-        u64::from_str_radix(&sk[..16], 16).ok()?,
-        u32::from_str_radix(&sk[16..24], 16).ok()?,
-        u32::from_str_radix(&sk[24..], 16).ok()?,
-    ))
-}
-
 #[async_trait]
 impl StatisticsStore for DynamoDbStatistics {
     fn cluster_id(&self) -> &str {
@@ -587,10 +568,7 @@ impl StatisticsStore for DynamoDbStatistics {
     }
 
     async fn append(&self, points: &[StatPoint]) -> Result<usize> {
-        for p in points {
-            p.validate()?;
-        }
-        if points.is_empty() {
+        if !validate_batch(points)? {
             return Ok(0);
         }
         self.ready().await?;
@@ -626,10 +604,7 @@ impl StatisticsStore for DynamoDbStatistics {
             let shard = self.shard(&p.silo);
             let key = |level: AggLevel| DataKey {
                 pk: self.partition(level, hour, shard),
-                sk: format!(
-                    "{}{name:08x}{silo:08x}",
-                    hex_time(bucket_start(level, p.time).as_millis())
-                ),
+                sk: record_key(bucket_start(level, p.time).as_millis(), name, silo),
             };
             let buckets = [
                 key(AggLevel::Minute1),
@@ -679,7 +654,7 @@ impl StatisticsStore for DynamoDbStatistics {
         for item in self.query_many(queries).await? {
             let key = Self::data_key(&item)
                 .ok_or_else(|| Error::corrupt(self.table_name(), "an item without keys"))?;
-            let (time, name, silo) = parse_sort_key(&key.sk)
+            let (time, name, silo) = parse_record_key(&key.sk)
                 .ok_or_else(|| self.corrupt(&key, "not <time><name id><silo id> in hex"))?;
             let cell = self.decode_cell(&key, &item)?;
             wanted.insert((NAME, name));
@@ -753,10 +728,10 @@ mod tests {
     #[test]
     fn sort_keys_cover_exactly_the_range() {
         let (lo, hi) = sort_range(0x10, 0x20);
-        let sk = |t: u64| format!("{}{:08x}{:08x}", hex_time(t), u32::MAX, u32::MAX);
+        let sk = |t: u64| record_key(t, u32::MAX, u32::MAX);
         assert!(lo <= sk(0x10) && sk(0x1f) <= hi && sk(0x20) > hi);
         assert!(format!("{}0000000000000000", hex_time(0x0f)) < lo);
-        assert_eq!(parse_sort_key(&sk(0x1f)), Some((0x1f, u32::MAX, u32::MAX)));
-        assert_eq!(parse_sort_key("zz"), None);
+        assert_eq!(parse_record_key(&sk(0x1f)), Some((0x1f, u32::MAX, u32::MAX)));
+        assert_eq!(parse_record_key("zz"), None);
     }
 }

@@ -369,6 +369,54 @@ impl Router {
     /// leaves the slot map as it is. A multi-key command whose keys are split
     /// between the two nodes meanwhile gets `TRYAGAIN`: a transient
     /// [`Error::Backend`] the caller retries.
+    /// Runs `script` with `keys` and `args` on the shared connection of the node
+    /// that serves `tag`'s slot, bounded by the node's timeout (see [`Node::timed`]).
+    pub(crate) async fn invoke<T: redis::FromRedisValue + Send>(
+        &self,
+        tag: &str,
+        what: &'static str,
+        script: &'static redis::Script,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<T> {
+        self.run(tag, |node: Arc<Node>| async move {
+            node.timed(what, async {
+                let mut con = node.shared().await?;
+                let mut invocation = script.prepare_invoke();
+                for k in keys {
+                    invocation.key(k);
+                }
+                for a in args {
+                    invocation.arg(a);
+                }
+                invocation
+                    .invoke_async(&mut con)
+                    .await
+                    .map_err(|e| backend(what, e))
+            })
+            .await
+        })
+        .await
+    }
+
+    /// Runs `cmd` on the shared connection of the node that serves `tag`'s slot,
+    /// bounded by the node's timeout.
+    pub(crate) async fn query<T: redis::FromRedisValue + Send>(
+        &self,
+        tag: &str,
+        what: &'static str,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
+        self.run(tag, |node: Arc<Node>| async move {
+            node.timed(what, async {
+                let mut con = node.shared().await?;
+                cmd.query_async(&mut con).await.map_err(|e| backend(what, e))
+            })
+            .await
+        })
+        .await
+    }
+
     pub(crate) async fn run<T, F, Fut>(&self, tag: &str, op: F) -> Result<T>
     where
         F: Fn(Arc<Node>) -> Fut,

@@ -484,29 +484,8 @@ impl RedisMembershipTable {
         script_keys: Vec<String>,
         args: Vec<String>,
     ) -> Result<Value> {
-        let keys = &self.keys;
         self.router
-            .run(&keys.tag, |node: Arc<Node>| {
-                let (script_keys, args) = (&script_keys, &args);
-                async move {
-                    node.timed(what, async {
-                        let mut con = node.shared().await?;
-                        let script = source;
-                        let mut invocation = script.prepare_invoke();
-                        for k in script_keys {
-                            invocation.key(k);
-                        }
-                        for a in args {
-                            invocation.arg(a);
-                        }
-                        invocation
-                            .invoke_async(&mut con)
-                            .await
-                            .map_err(|e| backend(what, e))
-                    })
-                    .await
-                }
-            })
+            .invoke(&self.keys.tag, what, source, &script_keys, &args)
             .await
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rollcall_membership_core::{CorruptRow, MetricsReport, MetricsRole, MetricsRow, MetricsTable, Result};
 
-use crate::conn::{backend, Node, Router};
+use crate::conn::Router;
 use crate::keys::{escape, MembershipKeys};
 
 /// The metrics table of one cluster on Redis.
@@ -32,16 +32,7 @@ impl RedisMetricsTable {
 
     /// Runs one command on the shared connection of the cluster's node.
     async fn query<T: redis::FromRedisValue + Send>(&self, what: &'static str, cmd: redis::Cmd) -> Result<T> {
-        let cmd = &cmd;
-        self.router
-            .run(&self.keys.tag, |node: Arc<Node>| async move {
-                node.timed(what, async {
-                    let mut con = node.shared().await?;
-                    cmd.query_async(&mut con).await.map_err(|e| backend(what, e))
-                })
-                .await
-            })
-            .await
+        self.router.query(&self.keys.tag, what, &cmd).await
     }
 }
 

@@ -24,12 +24,14 @@ use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
 use redis::Value;
-use rollcall_membership_core::statistics::{bucket_start, expired_below, Aggregate, StringCache, StringKind};
+use rollcall_membership_core::statistics::{
+    bucket_start, expired_below, parse_record_key, validate_batch, Aggregate, StringCache, StringKind,
+};
 use rollcall_membership_core::{
     AggLevel, Error, Result, StatFilter, StatPoint, StatRecord, StatisticsOptions, StatisticsStore, Timestamp,
 };
 
-use crate::conn::{backend, Node, Router};
+use crate::conn::Router;
 use crate::keys::escape;
 
 /// Members a scan or an expire reads per round trip.
@@ -194,7 +196,6 @@ impl RedisStatistics {
         format!("{}:{}:values", self.base, level.code())
     }
 
-    /// Runs a script on the node of the cluster's slot.
     async fn invoke<T: redis::FromRedisValue + Send>(
         &self,
         what: &'static str,
@@ -202,39 +203,11 @@ impl RedisStatistics {
         keys: &[String],
         args: &[String],
     ) -> Result<T> {
-        self.router
-            .run(&self.tag, |node: Arc<Node>| async move {
-                node.timed(what, async {
-                    let mut con = node.shared().await?;
-                    let mut invocation = script.prepare_invoke();
-                    for k in keys {
-                        invocation.key(k);
-                    }
-                    for a in args {
-                        invocation.arg(a);
-                    }
-                    invocation
-                        .invoke_async(&mut con)
-                        .await
-                        .map_err(|e| backend(what, e))
-                })
-                .await
-            })
-            .await
+        self.router.invoke(&self.tag, what, script, keys, args).await
     }
 
-    /// Runs one command on the node of the cluster's slot.
     async fn query<T: redis::FromRedisValue + Send>(&self, what: &'static str, cmd: redis::Cmd) -> Result<T> {
-        let cmd = &cmd;
-        self.router
-            .run(&self.tag, |node: Arc<Node>| async move {
-                node.timed(what, async {
-                    let mut con = node.shared().await?;
-                    cmd.query_async(&mut con).await.map_err(|e| backend(what, e))
-                })
-                .await
-            })
-            .await
+        self.router.query(&self.tag, what, &cmd).await
     }
 
     /// The ids of `wanted` strings of `kind` that exist (the cache, else one `HMGET`).
@@ -333,18 +306,6 @@ fn corrupt_bucket(e: Error) -> Error {
     }
 }
 
-/// (time, name id, silo id) of an index member.
-fn parse_member(m: &str) -> Option<(u64, u32, u32)> {
-    if m.len() != 32 || !m.is_ascii() {
-        return None;
-    }
-    Some((
-        u64::from_str_radix(&m[..16], 16).ok()?,
-        u32::from_str_radix(&m[16..24], 16).ok()?,
-        u32::from_str_radix(&m[24..], 16).ok()?,
-    ))
-}
-
 /// An aggregate and its delta flag from `<count> <sum> <min> <max> <0/1>`.
 fn parse_value(v: &str) -> Option<(Aggregate, bool)> {
     let mut parts = v.split(' ');
@@ -377,10 +338,7 @@ impl StatisticsStore for RedisStatistics {
     }
 
     async fn append(&self, points: &[StatPoint]) -> Result<usize> {
-        for p in points {
-            p.validate()?;
-        }
-        if points.is_empty() {
+        if !validate_batch(points)? {
             return Ok(0);
         }
         let mut keys = vec![self.ids_key(), self.strings_key()];
@@ -446,7 +404,7 @@ impl StatisticsStore for RedisStatistics {
             while let (Some(m), Some(v)) = (it.next(), it.next()) {
                 let m = bytes_reply(m)
                     .ok_or_else(|| Error::corrupt(index.clone(), "a member that is not text"))?;
-                let (time, name, silo) = parse_member(&m).ok_or_else(|| {
+                let (time, name, silo) = parse_record_key(&m).ok_or_else(|| {
                     Error::corrupt(format!("{index} {m}"), "not <time><name id><silo id> in hex")
                 })?;
                 let v = bytes_reply(v).ok_or_else(|| Error::corrupt(format!("{values} {m}"), "not text"))?;
@@ -516,11 +474,11 @@ mod tests {
     #[test]
     fn members_and_values_parse_strictly() {
         assert_eq!(
-            parse_member("0000019e1f5c2b400000000100000002"),
+            parse_record_key("0000019e1f5c2b400000000100000002"),
             Some((0x19e1f5c2b40, 1, 2))
         );
-        assert_eq!(parse_member("0000019e1f5c2b40000000010000000"), None);
-        assert_eq!(parse_member("0000019e1f5c2b40000000010000000g"), None);
+        assert_eq!(parse_record_key("0000019e1f5c2b40000000010000000"), None);
+        assert_eq!(parse_record_key("0000019e1f5c2b40000000010000000g"), None);
         let (a, d) = parse_value("3 0.30000000000000004 -1 1e+300 1").expect("value");
         assert_eq!(
             (a.count, a.sum, a.min, a.max, d),
