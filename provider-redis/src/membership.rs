@@ -186,6 +186,11 @@ struct WriteRow<'a> {
     event_json: Option<String>,
 }
 
+/// Rows decoded by earlier reads of one table handle, by silo key: the bytes each
+/// was decoded from, the IAmAlive time those bytes hold, and the row as last
+/// returned (with the IAmAlive time of that read).
+type DecodedRows = HashMap<String, (Vec<u8>, Timestamp, Arc<(MembershipEntry, Etag)>)>;
+
 /// The membership table of one cluster on Redis.
 #[derive(Debug, Clone)]
 pub struct RedisMembershipTable {
@@ -195,6 +200,11 @@ pub struct RedisMembershipTable {
     cluster_id: String,
     mode: ProtocolMode,
     history_capacity: u64,
+    /// A row whose stored bytes are those of the previous read is not parsed
+    /// again: rows change only on membership writes (heartbeats live in their own
+    /// hash), so most rows of most reads are unchanged. Holds the rows of the last
+    /// full read at most (a full read drops the keys it did not return).
+    decoded: Arc<std::sync::Mutex<DecodedRows>>,
 }
 
 /// The text of a string reply, borrowed from it (`None` for nil), or why it is not
@@ -295,6 +305,7 @@ impl RedisMembershipTable {
             cluster_id: cluster_id.to_owned(),
             mode,
             history_capacity,
+            decoded: Arc::default(),
         }
     }
 
@@ -451,7 +462,7 @@ impl RedisMembershipTable {
         args: Vec<String>,
     ) -> Result<(MembershipSnapshot, bool)> {
         let reply = self.invoke(what, source, script_keys, args).await?;
-        self.decode_read(reply)
+        self.decode_read(reply, what == "read_all")
     }
 
     /// The script behind `read_all`, its reply not decoded: the number of rows in it.
@@ -491,7 +502,7 @@ impl RedisMembershipTable {
 
     /// Decodes a reply of the [`READ_ALL`] shape (plus the full-read flag), borrowing
     /// every id and row from it.
-    fn decode_read(&self, reply: Value) -> Result<(MembershipSnapshot, bool)> {
+    fn decode_read(&self, reply: Value, whole_table: bool) -> Result<(MembershipSnapshot, bool)> {
         let parts = match reply {
             Value::Array(p) if p.len() == 4 || p.len() == 5 => p,
             other => {
@@ -536,6 +547,9 @@ impl RedisMembershipTable {
             version,
             ..Default::default()
         };
+        let full = matches!(parts.get(4), Some(Value::Int(1)));
+        let mut decoded = self.decoded.lock().unwrap_or_else(|p| p.into_inner());
+        let mut returned: Vec<&str> = Vec::with_capacity(ids.len());
         for (id, row) in ids.iter().zip(rows) {
             let id = match utf8(id) {
                 Ok(Some(id)) => id,
@@ -548,13 +562,34 @@ impl RedisMembershipTable {
                     continue;
                 }
             };
-            let decoded = utf8(row).and_then(|raw| raw.map(|raw| decode_row(raw, id)).transpose());
-            match decoded {
-                Ok(Some((mut entry, etag))) => {
-                    if let Some(t) = alive_times.get(id) {
-                        entry.i_am_alive_time = *t;
+            returned.push(id);
+            let alive = alive_times.get(id).copied();
+            // Unchanged bytes: the row decoded last time, with this read's IAmAlive.
+            if let (Value::BulkString(bytes), Some((seen, stored_alive, cached))) = (row, decoded.get_mut(id))
+            {
+                if seen == bytes {
+                    let now_alive = alive.unwrap_or(*stored_alive);
+                    if now_alive != cached.0.i_am_alive_time {
+                        let (mut entry, etag) = (**cached).clone();
+                        entry.i_am_alive_time = now_alive;
+                        *cached = Arc::new((entry, etag));
                     }
-                    snap.entries.insert(entry.silo, Arc::new((entry, etag)));
+                    snap.entries.insert(cached.0.silo, cached.clone());
+                    continue;
+                }
+            }
+            let decoded_row = utf8(row).and_then(|raw| raw.map(|raw| decode_row(raw, id)).transpose());
+            match decoded_row {
+                Ok(Some((mut entry, etag))) => {
+                    let stored_alive = entry.i_am_alive_time;
+                    if let Some(t) = alive {
+                        entry.i_am_alive_time = t;
+                    }
+                    let row_arc = Arc::new((entry, etag));
+                    if let Value::BulkString(bytes) = row {
+                        decoded.insert(id.to_owned(), (bytes.clone(), stored_alive, row_arc.clone()));
+                    }
+                    snap.entries.insert(row_arc.0.silo, row_arc);
                 }
                 Ok(None) => {}
                 Err(reason) => corrupt.push(CorruptRow {
@@ -563,9 +598,13 @@ impl RedisMembershipTable {
                 }),
             }
         }
+        if whole_table || full {
+            let returned: std::collections::HashSet<&str> = returned.into_iter().collect();
+            decoded.retain(|id, _| returned.contains(id.as_str()));
+        }
+        drop(decoded);
         corrupt.sort();
         snap.corrupt = corrupt;
-        let full = matches!(parts.get(4), Some(Value::Int(1)));
         Ok((snap, full))
     }
 }

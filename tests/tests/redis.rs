@@ -639,3 +639,61 @@ async fn a_corrupt_statistics_bucket_is_named_and_overwrites_nothing() {
         2
     );
 }
+
+/// Rows a handle decoded before are reused only while their stored bytes are the
+/// same: a heartbeat shows at once, a row overwritten behind the handle's back (with
+/// garbage, then with its old bytes) reads as stored each time, and a removed row
+/// is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_reuse_decoded_rows_only_while_their_bytes_are_unchanged() {
+    let Some(b) = fixtures::redis().await else { return };
+    let store = store_on(&b).await;
+    let cluster = unique_id("cluster");
+    let table = store.membership_table(&cluster, ProtocolMode::Extended).unwrap();
+    table.init(true).await.unwrap();
+    insert(&*table, &full_entry(1)).await;
+    insert(&*table, &full_entry(2)).await;
+    let first = table.read_all().await.unwrap();
+    assert_eq!(
+        table.read_all().await.unwrap(),
+        first,
+        "an unchanged table reads the same"
+    );
+    let silo = full_entry(1).silo;
+    let beat = Timestamp::from_millis(1_900_000_000_000);
+    table.update_i_am_alive(&silo, beat).await.unwrap();
+    let second = table.read_all().await.unwrap();
+    assert_eq!(second.entry(&silo).unwrap().i_am_alive_time, beat);
+    let key = format!("rollcall:{{m:{cluster}}}:silo:{silo}");
+    let mut con = raw(&b).await;
+    let original: Vec<u8> = redis::cmd("GET").arg(&key).query_async(&mut con).await.unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg("{garbage")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let third = table.read_all().await.unwrap();
+    assert!(
+        third.entry(&silo).is_none() && third.corrupt.len() == 1,
+        "{third:?}"
+    );
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(&original)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(
+        table.read_all().await.unwrap(),
+        second,
+        "the old bytes read as before"
+    );
+    let _: () = redis::cmd("SREM")
+        .arg(format!("rollcall:{{m:{cluster}}}:silos"))
+        .arg(silo.to_string())
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(table.read_all().await.unwrap().entry(&silo).is_none());
+}
