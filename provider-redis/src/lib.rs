@@ -8,7 +8,8 @@
 //!   `MULTI / SET row / SET version / EXEC`. A nil EXEC (a watched key changed) is
 //!   `Ok(false)`; connection and server errors are [`Error::Backend`](rollcall_membership_core::Error::Backend).
 //! - **Atomic `read_all`**: one read-only Lua script returns the version, the index,
-//!   every row and the IAmAlive hash at one instant.
+//!   every row and the IAmAlive hash at one instant. A table handle reuses the rows
+//!   it decoded before while their stored bytes are unchanged.
 //! - **Heartbeats** (`update_i_am_alive`) are one blind `HSET` into a hash of their
 //!   own, so they change neither row etags nor the version and never conflict.
 //! - **Reminders**: one JSON value per reminder plus a sorted set scored by the actor
