@@ -48,8 +48,8 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use crate::{
-    AggLevel, HistoryQuery, MembershipEvent, MembershipSnapshot, ProtocolMode, StatFilter, StatisticsOptions,
-    SystemStore, Timestamp,
+    AggLevel, HistoryQuery, MembershipEvent, MembershipSnapshot, MembershipTable, ProtocolMode,
+    ReminderTable, StatFilter, StatisticsOptions, StatisticsStore, SystemStore, Timestamp,
 };
 
 const INDEX_HTML: &str = include_str!("dashboard/index.html");
@@ -197,45 +197,52 @@ impl Dashboard {
 }
 
 /// Reads the store every `interval` while the dashboard exists.
+/// The store handles one poller reads through, opened once: a handle keeps what it
+/// learnt between reads (Redis reuses the rows it decoded, statistics stores their
+/// interned names, DynamoDB that the statistics table exists).
+struct Handles {
+    table: crate::Result<Arc<dyn MembershipTable>>,
+    statistics: crate::Result<Arc<dyn StatisticsStore>>,
+    reminders: Option<crate::Result<Arc<dyn ReminderTable>>>,
+}
+
 async fn poll(inner: Weak<Inner>) {
+    let Some(handles) = inner.upgrade().map(|me| Handles {
+        table: me.store.membership_table(&me.cluster, ProtocolMode::Extended),
+        statistics: me
+            .store
+            .statistics_store(&me.cluster, &StatisticsOptions::default()),
+        reminders: me.reminder_service.as_ref().map(|s| me.store.reminder_table(s)),
+    }) else {
+        return;
+    };
     let mut slow_due = tokio::time::Instant::now();
-    let mut problems: Vec<String>;
     loop {
         let Some(me) = inner.upgrade() else { return };
-        problems = Vec::new();
-        let table = me.store.membership_table(&me.cluster, ProtocolMode::Extended);
-        let snapshot = match table {
-            Ok(t) => match tokio::time::timeout(READ_TIMEOUT, t.read_all()).await {
-                Ok(Ok(s)) => {
-                    let history = tokio::time::timeout(
-                        READ_TIMEOUT,
-                        t.read_history(&HistoryQuery {
-                            from_version: s.version.version.saturating_sub(HISTORY_EVENTS - 1),
-                            silo: None,
-                            limit: HISTORY_EVENTS as usize,
-                        }),
-                    )
-                    .await;
-                    match history {
-                        Ok(Ok(events)) => me.frames.send_modify(|f| f.set(1, history_json(&events))),
-                        Ok(Err(e)) => problems.push(format!("history: {e}")),
-                        Err(_) => problems.push(format!("history: no answer within {READ_TIMEOUT:?}")),
-                    }
-                    Some(s)
-                }
-                Ok(Err(e)) => {
-                    problems.push(format!("membership table: {e}"));
-                    None
-                }
-                Err(_) => {
-                    problems.push(format!("membership table: no answer within {READ_TIMEOUT:?}"));
-                    None
-                }
-            },
+        let mut problems = Vec::new();
+        let snapshot = match &handles.table {
             Err(e) => {
                 problems.push(format!("membership table: {e}"));
                 None
             }
+            Ok(t) => match bounded("membership table", t.read_all()).await {
+                Err(e) => {
+                    problems.push(e);
+                    None
+                }
+                Ok(s) => {
+                    let query = HistoryQuery {
+                        from_version: s.version.version.saturating_sub(HISTORY_EVENTS - 1),
+                        silo: None,
+                        limit: HISTORY_EVENTS as usize,
+                    };
+                    match bounded("history", t.read_history(&query)).await {
+                        Ok(events) => me.frames.send_modify(|f| f.set(1, history_json(&events))),
+                        Err(e) => problems.push(e),
+                    }
+                    Some(s)
+                }
+            },
         };
         if let Some(s) = &snapshot {
             me.frames
@@ -243,12 +250,12 @@ async fn poll(inner: Weak<Inner>) {
         }
         if tokio::time::Instant::now() >= slow_due {
             slow_due = tokio::time::Instant::now() + SLOW_PANEL_PERIOD;
-            match statistics_json(&me).await {
+            match statistics_json(&handles.statistics).await {
                 Ok(v) => me.frames.send_modify(|f| f.set(2, v)),
                 Err(e) => problems.push(format!("statistics: {e}")),
             }
-            if let (Some(service), Some(s)) = (&me.reminder_service, &snapshot) {
-                match reminders_json(&me, service, s).await {
+            if let (Some(reminders), Some(s)) = (&handles.reminders, &snapshot) {
+                match reminders_json(&me, reminders, s).await {
                     Ok(v) => me.frames.send_modify(|f| f.set(3, v)),
                     Err(e) => problems.push(format!("reminders: {e}")),
                 }
@@ -259,6 +266,18 @@ async fn poll(inner: Weak<Inner>) {
         let interval = me.interval;
         drop(me);
         tokio::time::sleep(interval).await;
+    }
+}
+
+/// A store read bounded by [`READ_TIMEOUT`], its failure as the text the page shows.
+async fn bounded<T>(
+    what: &str,
+    read: impl std::future::Future<Output = crate::Result<T>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(READ_TIMEOUT, read).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(format!("{what}: {e}")),
+        Err(_) => Err(format!("{what}: no answer within {READ_TIMEOUT:?}")),
     }
 }
 
@@ -310,14 +329,11 @@ fn history_json(events: &[MembershipEvent]) -> Value {
     json!({ "events": events })
 }
 
-async fn statistics_json(me: &Inner) -> crate::Result<Value> {
-    let stats = match me
-        .store
-        .statistics_store(&me.cluster, &StatisticsOptions::default())
-    {
+async fn statistics_json(stats: &crate::Result<Arc<dyn StatisticsStore>>) -> Result<Value, String> {
+    let stats = match stats {
         Ok(s) => s,
         Err(crate::Error::Unsupported(why)) => return Ok(json!({ "unsupported": why, "levels": {} })),
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.to_string()),
     };
     let now = Timestamp::now();
     let mut levels = serde_json::Map::new();
@@ -333,9 +349,7 @@ async fn statistics_json(me: &Inner) -> crate::Result<Value> {
             names: Some(CHARTED_STATISTICS.iter().map(|s| s.to_string()).collect()),
             silos: None,
         };
-        let records = tokio::time::timeout(READ_TIMEOUT, stats.scan(&filter))
-            .await
-            .map_err(|_| crate::Error::backend(format!("scan: no answer within {READ_TIMEOUT:?}")))??;
+        let records = bounded("scan", stats.scan(&filter)).await?;
         let points: Vec<Value> = records
             .iter()
             .map(|r| {
@@ -354,11 +368,13 @@ async fn statistics_json(me: &Inner) -> crate::Result<Value> {
     Ok(json!({ "names": CHARTED_STATISTICS, "levels": levels }))
 }
 
-async fn reminders_json(me: &Inner, service: &str, membership: &MembershipSnapshot) -> crate::Result<Value> {
-    let table = me.store.reminder_table(service)?;
-    let rows = tokio::time::timeout(READ_TIMEOUT, table.read_rows_in_range(0, 0))
-        .await
-        .map_err(|_| crate::Error::backend(format!("reminders: no answer within {READ_TIMEOUT:?}")))??;
+async fn reminders_json(
+    me: &Inner,
+    table: &crate::Result<Arc<dyn ReminderTable>>,
+    membership: &MembershipSnapshot,
+) -> Result<Value, String> {
+    let table = table.as_ref().map_err(|e| e.to_string())?;
+    let rows = bounded("read_rows_in_range", table.read_rows_in_range(0, 0)).await?;
     let ring = crate::reminders::ring::Ring::of_active(membership, me.ring_points);
     let mut owners: std::collections::BTreeMap<String, u64> = Default::default();
     for r in &rows {
@@ -368,7 +384,7 @@ async fn reminders_json(me: &Inner, service: &str, membership: &MembershipSnapsh
         *owners.entry(owner).or_default() += 1;
     }
     Ok(json!({
-        "service": service,
+        "service": table.service_id(),
         "total": rows.len(),
         "owners": owners.into_iter().map(|(silo, count)| json!({ "silo": silo, "count": count })).collect::<Vec<_>>(),
     }))

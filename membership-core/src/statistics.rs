@@ -355,7 +355,7 @@ pub fn validate_batch(points: &[StatPoint]) -> Result<bool> {
 }
 
 /// What an interned string names: the two kinds of strings a point carries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum StringKind {
     /// A statistic's name.
     Name,

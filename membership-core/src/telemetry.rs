@@ -57,48 +57,46 @@ impl SiloLabels {
         }
     }
 
-    fn base(&self) -> [(&'static str, String); 2] {
-        [
-            ("cluster", self.cluster.to_string()),
-            ("silo", self.silo.to_string()),
-        ]
+    /// The `cluster` and `silo` label values.
+    fn base(&self) -> (String, String) {
+        (self.cluster.to_string(), self.silo.to_string())
     }
 
     /// A table call `op` ended with `outcome` (`ok`, `conflict`, `error`) after
     /// `elapsed`.
     pub fn table_operation(&self, op: &'static str, outcome: &'static str, elapsed: Duration) {
-        let [c, s] = self.base();
-        metrics::counter!(TABLE_OPERATIONS, "cluster" => c.1.clone(), "silo" => s.1.clone(), "op" => op, "outcome" => outcome)
+        let (c, s) = self.base();
+        metrics::counter!(TABLE_OPERATIONS, "cluster" => c.clone(), "silo" => s.clone(), "op" => op, "outcome" => outcome)
             .increment(1);
-        metrics::histogram!(TABLE_OPERATION_SECONDS, "cluster" => c.1, "silo" => s.1, "op" => op)
+        metrics::histogram!(TABLE_OPERATION_SECONDS, "cluster" => c, "silo" => s, "op" => op)
             .record(elapsed.as_secs_f64());
     }
 
     /// A direct probe was answered after `rtt` (`Some`) or failed (`None`).
     pub fn probe(&self, rtt: Option<Duration>) {
-        let [c, s] = self.base();
+        let (c, s) = self.base();
         let outcome = if rtt.is_some() { "answered" } else { "failed" };
-        metrics::counter!(PROBES, "cluster" => c.1.clone(), "silo" => s.1.clone(), "outcome" => outcome)
+        metrics::counter!(PROBES, "cluster" => c.clone(), "silo" => s.clone(), "outcome" => outcome)
             .increment(1);
         if let Some(rtt) = rtt {
-            metrics::histogram!(PROBE_RTT, "cluster" => c.1, "silo" => s.1).record(rtt.as_secs_f64());
+            metrics::histogram!(PROBE_RTT, "cluster" => c, "silo" => s).record(rtt.as_secs_f64());
         }
     }
 
     /// The silo wrote a vote into another silo's row.
     pub fn suspicion(&self) {
-        let [c, s] = self.base();
-        metrics::counter!(SUSPICIONS, "cluster" => c.1, "silo" => s.1).increment(1);
+        let (c, s) = self.base();
+        metrics::counter!(SUSPICIONS, "cluster" => c, "silo" => s).increment(1);
     }
 
     /// The silo's view is now `snapshot`.
     pub fn view(&self, snapshot: &MembershipSnapshot) {
-        let [c, s] = self.base();
-        metrics::gauge!(TABLE_VERSION, "cluster" => c.1.clone(), "silo" => s.1.clone())
+        let (c, s) = self.base();
+        metrics::gauge!(TABLE_VERSION, "cluster" => c.clone(), "silo" => s.clone())
             .set(snapshot.version.version as f64);
         for status in SiloStatus::ALL {
             let n = snapshot.rows().filter(|e| e.status == status).count();
-            metrics::gauge!(SILOS, "cluster" => c.1.clone(), "silo" => s.1.clone(), "status" => status.as_str())
+            metrics::gauge!(SILOS, "cluster" => c.clone(), "silo" => s.clone(), "status" => status.as_str())
                 .set(n as f64);
         }
     }

@@ -201,12 +201,12 @@ impl DynamoDbStatistics {
     /// same string wins: its id is read back).
     async fn intern(
         &self,
-        strings: &BTreeSet<(StringKindOrd, String)>,
-    ) -> Result<HashMap<(StringKindOrd, String), u32>> {
+        strings: &BTreeSet<(StringKind, String)>,
+    ) -> Result<HashMap<(StringKind, String), u32>> {
         let mut ids = HashMap::new();
         let mut missing = Vec::new();
         for (kind, st) in strings {
-            match self.cache.id(kind.0, st) {
+            match self.cache.id(*kind, st) {
                 Some(id) => {
                     ids.insert((*kind, st.clone()), id);
                 }
@@ -217,7 +217,7 @@ impl DynamoDbStatistics {
             return Ok(ids);
         }
         let pk = self.strings_pk();
-        let field = |kind: StringKindOrd, st: &str| format!("{}:{st}", kind.0.tag());
+        let field = |kind: StringKind, st: &str| format!("{}:{st}", kind.tag());
         let keys = missing
             .iter()
             .map(|(k, st)| Self::key(pk.clone(), field(*k, st)))
@@ -239,7 +239,7 @@ impl DynamoDbStatistics {
                 Some(id) => *id,
                 None => self.allocate(&pk, &f).await?,
             };
-            self.cache.insert(kind.0, &st, id);
+            self.cache.insert(kind, &st, id);
             ids.insert((kind, st), id);
         }
         Ok(ids)
@@ -303,13 +303,13 @@ impl DynamoDbStatistics {
     /// The strings of `ids` (the cache, else BatchGetItem of the reverse items).
     async fn strings_of(
         &self,
-        ids: &BTreeSet<(StringKindOrd, u32)>,
-    ) -> Result<HashMap<(StringKindOrd, u32), String>> {
+        ids: &BTreeSet<(StringKind, u32)>,
+    ) -> Result<HashMap<(StringKind, u32), String>> {
         let pk = self.strings_pk();
         let mut out = HashMap::new();
         let mut missing = Vec::new();
         for &(kind, id) in ids {
-            match self.cache.string(kind.0, id) {
+            match self.cache.string(kind, id) {
                 Some(st) => {
                     out.insert((kind, id), st);
                 }
@@ -346,10 +346,10 @@ impl DynamoDbStatistics {
                 .get(&id)
                 .ok_or_else(|| Error::corrupt(key(), "no such interned string"))?;
             let st = st
-                .strip_prefix(kind.0.tag())
+                .strip_prefix(kind.tag())
                 .and_then(|r| r.strip_prefix(':'))
-                .ok_or_else(|| Error::corrupt(key(), format!("a {:?} id names {st:?}", kind.0)))?;
-            self.cache.insert(kind.0, st, id);
+                .ok_or_else(|| Error::corrupt(key(), format!("a {kind:?} id names {st:?}")))?;
+            self.cache.insert(kind, st, id);
             out.insert((kind, id), st.to_owned());
         }
         Ok(out)
@@ -537,24 +537,8 @@ impl DynamoDbStatistics {
     }
 }
 
-/// [`StringKind`] with an order, for sets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct StringKindOrd(StringKind);
-
-impl PartialOrd for StringKindOrd {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for StringKindOrd {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.0.tag().cmp(&other.0.tag())
-    }
-}
-
-const NAME: StringKindOrd = StringKindOrd(StringKind::Name);
-const SILO: StringKindOrd = StringKindOrd(StringKind::Silo);
+const NAME: StringKind = StringKind::Name;
+const SILO: StringKind = StringKind::Silo;
 
 /// The lowest and highest sort keys of records starting in `[from, to)`.
 fn sort_range(from: u64, to: u64) -> (String, String) {
@@ -572,7 +556,7 @@ impl StatisticsStore for DynamoDbStatistics {
             return Ok(0);
         }
         self.ready().await?;
-        let strings: BTreeSet<(StringKindOrd, String)> = points
+        let strings: BTreeSet<(StringKind, String)> = points
             .iter()
             .flat_map(|p| [(NAME, p.name.clone()), (SILO, p.silo.clone())])
             .collect();

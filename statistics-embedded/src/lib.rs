@@ -21,15 +21,14 @@
 
 #![warn(missing_docs)]
 
-use std::num::NonZeroUsize;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use lru::LruCache;
 use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
 use rollcall_membership_core::statistics::{
     bucket_start, AggLevel, Aggregate, StatFilter, StatPoint, StatRecord, StatisticsOptions, StatisticsStore,
+    StringCache, StringKind,
 };
 use rollcall_membership_core::{Error, Result, Timestamp};
 
@@ -114,10 +113,14 @@ fn string_key(kind: u8, id: u32) -> [u8; 5] {
     k
 }
 
-/// The bounded caches of interned strings, both ways.
-struct Caches {
-    ids: LruCache<(u8, String), u32>,
-    strings: LruCache<(u8, u32), String>,
+/// The kind of cached string a key kind is (the cluster's own id is interned once,
+/// when the store opens, and not cached).
+fn cached_kind(kind: u8) -> Option<StringKind> {
+    match kind {
+        KIND_NAME => Some(StringKind::Name),
+        KIND_SILO => Some(StringKind::Silo),
+        _ => None,
+    }
 }
 
 struct Inner {
@@ -125,7 +128,7 @@ struct Inner {
     cluster_id: String,
     cluster: u32,
     options: StatisticsOptions,
-    caches: Mutex<Caches>,
+    cache: StringCache,
 }
 
 /// The statistics of one cluster in a redb file (see the crate docs for the layout).
@@ -145,15 +148,11 @@ impl std::fmt::Debug for EmbeddedStatistics {
 }
 
 impl Inner {
-    fn caches(&self) -> std::sync::MutexGuard<'_, Caches> {
-        self.caches.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The id of `s` of `kind`, allocated in `tx` when new. The caller clears the
     /// caches if `tx` is not committed.
     fn intern(&self, tx: &WriteTransaction, kind: u8, s: &str, now: u64) -> Result<u32> {
-        if let Some(id) = self.caches().ids.get(&(kind, s.to_owned())) {
-            return Ok(*id);
+        if let Some(id) = cached_kind(kind).and_then(|k| self.cache.id(k, s)) {
+            return Ok(id);
         }
         let key = string_id_key(kind, s);
         let mut ids = tx
@@ -187,9 +186,9 @@ impl Inner {
                 id
             }
         };
-        let mut caches = self.caches();
-        caches.ids.put((kind, s.to_owned()), id);
-        caches.strings.put((kind, id), s.to_owned());
+        if let Some(k) = cached_kind(kind) {
+            self.cache.insert(k, s, id);
+        }
         Ok(id)
     }
 
@@ -200,8 +199,8 @@ impl Inner {
         kind: u8,
         id: u32,
     ) -> Result<String> {
-        if let Some(s) = self.caches().strings.get(&(kind, id)) {
-            return Ok(s.clone());
+        if let Some(s) = cached_kind(kind).and_then(|k| self.cache.string(k, id)) {
+            return Ok(s);
         }
         let key = string_key(kind, id);
         let raw = strings
@@ -217,7 +216,9 @@ impl Inner {
         }
         let s = String::from_utf8(v[9..].to_vec())
             .map_err(|e| Error::corrupt(format!("strings/{kind}/{id}"), e))?;
-        self.caches().strings.put((kind, id), s.clone());
+        if let Some(k) = cached_kind(kind) {
+            self.cache.insert(k, &s, id);
+        }
         Ok(s)
     }
 
@@ -230,9 +231,7 @@ impl Inner {
         };
         if committed.is_err() {
             // Ids allocated in the aborted transaction must not stay cached.
-            let mut caches = self.caches();
-            caches.ids.clear();
-            caches.strings.clear();
+            self.cache.clear();
         }
         committed
     }
@@ -385,16 +384,12 @@ impl EmbeddedStatistics {
     pub fn open_in(db: Database, cluster_id: &str, options: StatisticsOptions) -> Result<Self> {
         options.validate()?;
         rollcall_membership_core::validate_id("cluster_id", cluster_id)?;
-        let capacity = NonZeroUsize::new(options.metadata_string_cache_capacity).expect("validated >= 16");
         let mut inner = Inner {
             db,
             cluster_id: cluster_id.to_owned(),
             cluster: 0,
+            cache: StringCache::new(options.metadata_string_cache_capacity),
             options,
-            caches: Mutex::new(Caches {
-                ids: LruCache::new(capacity),
-                strings: LruCache::new(capacity),
-            }),
         };
         let tx = inner.db.begin_write().map_err(|e| backend("begin write", e))?;
         let cluster = inner.intern(&tx, KIND_CLUSTER, cluster_id, Timestamp::now().as_millis())?;
