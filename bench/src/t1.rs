@@ -590,6 +590,18 @@ async fn ops_for(
             Tables::new(store, clients, &format!("{run}-upd")).await?,
         )),
     ));
+    if provider == "etcd" {
+        // The same write without the membership-history event (the trim, a range
+        // delete that finds nothing, stays): what the history event costs, and
+        // what `update_row` costs next to the row-shaped Txn above.
+        let plain = rollcall::connect(&format!("etcd://{endpoint}?history=0")).await?;
+        ops.push((
+            "update_row (history=0)",
+            Arc::new(UpdateRow(
+                Tables::new(&plain, clients, &format!("{run}-updh0")).await?,
+            )),
+        ));
+    }
     ops.push((
         "read_row",
         Arc::new(ReadRow(Tables::new(store, clients, &format!("{run}-rr")).await?)),
@@ -781,7 +793,8 @@ fn report(cells: &[Cell], clients: &[usize], rounds: u32, seconds: f64) -> Strin
          map insert) and by the raw conditional write (Redis `WATCH`+`GET`, `MULTI`/`SET`/`EXEC`; \
          etcd `Txn` on `mod_revision`) measured in the same run through the same client library; \
          etcd also gets the bare Txn `update_row` sends (its compares, puts and else-reads), the \
-         floor under any conditional row write on etcd. \
+         floor under any conditional row write on etcd, and `update_row` on a store opened with \
+         `history=0` (no history event in its Txn; the trim, an empty range delete, stays). \
          DynamoDB runs on the tests' local server (moto behind one lock), not AWS, at 1 client \
          only: its ratios compare rollcall's requests with a bare PutItem and a bare conditional \
          PutItem conditioned on an ETag on that server, and its absolute figures say nothing about AWS. \
