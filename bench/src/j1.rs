@@ -26,8 +26,15 @@ use rollcall_membership_core::{
 use rollcall_tests::counting::{CountingStore, Counts, CountsSnapshot};
 use serde::Serialize;
 
-/// Longest a storm may take in wall-clock time (virtual storms take far less).
-const WALL_LIMIT: Duration = Duration::from_secs(180);
+/// Longest a storm of `n` silos may take in wall-clock time: 180 s, plus 100 ms
+/// per silo (a 10,000-silo storm simulates 10^8 row updates of views, about ten
+/// minutes on one core).
+fn wall_limit(n: usize) -> Duration {
+    Duration::from_secs(180) + Duration::from_millis(100).saturating_mul(n as u32)
+}
+
+/// Where the clock of a virtual-time storm starts: 2026-01-01T00:00:00Z.
+const VIRTUAL_EPOCH: Timestamp = Timestamp::from_millis(1_767_225_600_000);
 
 /// Options of `j1`.
 #[derive(clap::Args, Clone, Debug)]
@@ -115,7 +122,15 @@ pub(crate) async fn storm(
     let table = store.membership_table(&cluster_id, options.protocol_mode())?;
     table.init(true).await?;
     let net = SimNetwork::new(seed);
-    let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(Timestamp::now()));
+    // In virtual time the clock starts at a fixed instant: silo generations (and so
+    // ring positions, probe targets and every decision after them) then depend on
+    // the seed alone, and a run repeats exactly. Real-time storms use the real time.
+    let start = if latency.is_zero() {
+        Timestamp::now()
+    } else {
+        VIRTUAL_EPOCH
+    };
+    let clock: Arc<dyn Clock> = Arc::new(TokioClock::starting_at(start));
     let before = counts.snapshot();
     let launched = tokio::time::Instant::now();
     let mut joins = Vec::with_capacity(n);
@@ -183,6 +198,11 @@ pub struct Storm {
     conflicts_per_commit: f64,
     /// Table calls per silo per minute over the quiet minute after convergence.
     quiet_calls_per_silo_min: f64,
+    /// The share of one core the storm's thread (every silo, the codec and the
+    /// store client: one event loop) was on CPU for, launch to convergence. Near
+    /// 1 means the host, not the store, set the pace (real-time storms only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_cpu_share: Option<f64>,
     /// Every silo Active in the table and in every view at the end.
     all_agree: bool,
     /// Why the storm did not finish (then the other figures are zero).
@@ -204,10 +224,19 @@ impl Storm {
             calls_per_join: 0.0,
             conflicts_per_commit: 0.0,
             quiet_calls_per_silo_min: 0.0,
+            client_cpu_share: None,
             all_agree: false,
             failed: Some(why),
         }
     }
+}
+
+/// CPU time the calling thread has run (`/proc/thread-self/schedstat`), if the
+/// kernel tells.
+fn thread_cpu() -> Option<Duration> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let ns: u64 = text.split_whitespace().next()?.parse().ok()?;
+    Some(Duration::from_nanos(ns))
 }
 
 async fn measure(
@@ -218,14 +247,16 @@ async fn measure(
     seed: u64,
     quiet: Duration,
 ) -> anyhow::Result<Storm> {
+    let real_time = latency.is_zero();
     let wall = Instant::now();
+    let cpu_before = thread_cpu();
     let options = ClusterMembershipOptions::default();
     // The storm is bounded in wall-clock time too (a tokio timeout would count
     // virtual seconds on the memory table): a host that cannot carry N silos fails
     // the row instead of running for ever.
     let outcome = tokio::select! {
         r = storm(store, latency, n, &options, seed) => Ok(r),
-        () = wall_clock_deadline(wall, WALL_LIMIT) => Err(()),
+        () = wall_clock_deadline(wall, wall_limit(n)) => Err(()),
     };
     let c = match outcome {
         Ok(Ok(c)) => c,
@@ -238,11 +269,15 @@ async fn measure(
             ))
         }
         Err(_) => {
-            let why = format!("not all Active within {WALL_LIMIT:?} of wall-clock time");
+            let why = format!("not all Active within {:?} of wall-clock time", wall_limit(n));
             return Ok(Storm::failed(store_name, n, wall.elapsed().as_secs_f64(), why));
         }
     };
     let wall_s = wall.elapsed().as_secs_f64();
+    let client_cpu_share = match (cpu_before, thread_cpu()) {
+        (Some(a), Some(b)) if real_time && wall_s > 0.0 => Some(b.saturating_sub(a).as_secs_f64() / wall_s),
+        _ => None,
+    };
     let before = c.counts.snapshot();
     tokio::time::sleep(quiet).await;
     let after = c.counts.snapshot().since(&before);
@@ -271,6 +306,7 @@ async fn measure(
         calls_per_join: per(s.calls()),
         conflicts_per_commit: s.conflicts as f64 / s.commits().max(1) as f64,
         quiet_calls_per_silo_min: per(after.calls()) * 60.0 / quiet.as_secs_f64(),
+        client_cpu_share,
         all_agree,
         failed: None,
     })
@@ -337,19 +373,22 @@ fn section(storms: &[Storm], args: &Args) -> String {
          writes, IAmAlive), divided by N; *quiet*: table calls per silo per minute after \
          convergence (a minute of virtual time; 10 s on Redis). Ratios (×) are against the \
          10-silo storm on the same store in the same run; log2 N ÷ log2 10 is given for the \
-         \"at most ~log N\" goal.\n",
+         \"at most ~log N\" goal. *Client CPU* (real time only): the share of one core the \
+         storm's thread ran, launch to convergence; every silo, the wire codec and the store \
+         client share that one event loop, so near 100% the host sets the pace: writes wait \
+         longer between their read and their commit, and more of them conflict.\n",
         args.latency_ms
     );
     let _ = writeln!(
         md,
-        "| store | silos | all Active s (× 10) | converged s | wall s | full reads/join | delta reads/join | writes/join | calls/join (× 10; log ×) | conflicts/commit | quiet calls/silo/min | all agree |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| store | silos | all Active s (× 10) | converged s | wall s | full reads/join | delta reads/join | writes/join | calls/join (× 10; log ×) | conflicts/commit | quiet calls/silo/min | client CPU | all agree |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for s in storms {
         if let Some(why) = &s.failed {
             let _ = writeln!(
                 md,
-                "| {} | {} | **failed** after {:.0} s wall: {why} | | | | | | | | | no |",
+                "| {} | {} | **failed** after {:.0} s wall: {why} | | | | | | | | | | no |",
                 s.store, s.silos, s.wall_s
             );
             continue;
@@ -360,7 +399,7 @@ fn section(storms: &[Storm], args: &Args) -> String {
             .unwrap_or(s);
         let _ = writeln!(
             md,
-            "| {} | {} | {:.2} ({:.1}) | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1} ({:.2}; {:.2}) | {:.3} | {:.1} | {} |",
+            "| {} | {} | {:.2} ({:.1}) | {:.2} | {:.1} | {:.2} | {:.2} | {:.2} | {:.1} ({:.2}; {:.2}) | {:.3} | {:.1} | {} | {} |",
             s.store,
             s.silos,
             s.all_active_s,
@@ -375,6 +414,8 @@ fn section(storms: &[Storm], args: &Args) -> String {
             (s.silos as f64).log2() / 10f64.log2(),
             s.conflicts_per_commit,
             s.quiet_calls_per_silo_min,
+            s.client_cpu_share
+                .map_or_else(|| "-".to_owned(), |c| format!("{:.0}%", c * 100.0)),
             if s.all_agree { "yes" } else { "**no**" },
         );
     }

@@ -30,9 +30,19 @@ fn smoke_run_reports_every_provider_with_ratios() {
     }
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let cells = parsed["t1"].as_array().unwrap();
-    // 3 providers x (9 ops + references: 1 for memory, 3 for Redis (raw write, raw
-    // conditional write, raw read script), 3 for etcd).
-    assert_eq!(cells.len(), 10 + 12 + 12, "{parsed:#}");
+    // 3 providers x 9 ops, plus references (memory: raw write; Redis: raw write,
+    // raw conditional write, the row-shaped MULTI, raw read script; etcd: raw
+    // write, raw conditional write, the row-shaped Txn) and `update_row` with
+    // history=0 on Redis and etcd.
+    assert_eq!(cells.len(), 10 + (9 + 4 + 1) + (9 + 3 + 1), "{parsed:#}");
+    for shape in ["raw MULTI of update_row's shape", "raw Txn of update_row's shape"] {
+        assert!(
+            cells
+                .iter()
+                .any(|c| c["op"].as_str().is_some_and(|o| o.starts_with(shape))),
+            "{shape} measured: {parsed:#}"
+        );
+    }
     assert!(
         report.contains("<= 1.3 x the raw read script"),
         "the read_all decoding goal is reported:\n{report}"
@@ -148,7 +158,30 @@ fn smoke_run_of_join_storms_and_detection() {
             s["writes_per_join"].as_f64().unwrap() >= 2.0,
             "two commits per join: {s}"
         );
+        // Real-time storms say how busy their one event loop was.
+        let cpu = s.get("client_cpu_share").and_then(|c| c.as_f64());
+        if s["store"] == "redis" {
+            assert!(cpu.is_some_and(|c| c > 0.0 && c <= 1.05), "{s}");
+        } else {
+            assert!(cpu.is_none(), "virtual storms have no CPU share: {s}");
+        }
     }
+    // The same seed repeats a virtual-time storm exactly (all but the wall time).
+    let (md2, json2) = (dir.join("again.md"), dir.join("again.json"));
+    run_bench(&["j1", "--silos", "30", "--no-redis"], &md2, &json2);
+    let again: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json2).unwrap()).unwrap();
+    let without_wall = |s: &serde_json::Value| {
+        let mut s = s.clone();
+        s.as_object_mut().unwrap().remove("wall_s");
+        s
+    };
+    let memory: Vec<_> = storms
+        .iter()
+        .filter(|s| s["store"] == "memory")
+        .map(without_wall)
+        .collect();
+    let repeated: Vec<_> = again["j1"].as_array().unwrap().iter().map(without_wall).collect();
+    assert_eq!(memory, repeated, "same seed, same storm");
     let detections = parsed["d1"].as_array().unwrap();
     // 5 and 40 silos in virtual time, then 5 on real TCP.
     assert_eq!(detections.len(), 3, "{parsed:#}");

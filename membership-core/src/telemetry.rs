@@ -21,10 +21,12 @@
 //! `rollcall_reminder_tick_lateness_seconds` and `rollcall_reminders_owned` (see
 //! `rollcall_reminders`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::{MembershipSnapshot, SiloAddress, SiloStatus};
+use imbl::ordmap::DiffItem;
+
+use crate::{MembershipRows, MembershipSnapshot, SiloAddress, SiloStatus};
 
 /// Gauge: the table version of the silo's view.
 pub const TABLE_VERSION: &str = "rollcall_membership_table_version";
@@ -46,6 +48,54 @@ pub const TABLE_OPERATION_SECONDS: &str = "rollcall_table_operation_seconds";
 pub struct SiloLabels {
     cluster: Arc<str>,
     silo: Arc<str>,
+    /// The status counts of the last view (shared by the clones).
+    counts: Arc<Mutex<StatusCounts>>,
+}
+
+/// Silos of each status in a view, kept up to date from the rows that changed
+/// since the previous view ([`imbl::OrdMap::diff`] skips the subtrees both views
+/// share): a view that changed k of N rows costs O(k log N), not a scan of the
+/// table, which in a join storm every silo would pay for every read.
+#[derive(Debug, Default)]
+struct StatusCounts {
+    seen: Option<MembershipRows>,
+    /// Indexed like [`SiloStatus::ALL`].
+    counts: [i64; SiloStatus::ALL.len()],
+}
+
+fn status_index(status: SiloStatus) -> usize {
+    SiloStatus::ALL
+        .iter()
+        .position(|s| *s == status)
+        .unwrap_or_default()
+}
+
+impl StatusCounts {
+    fn update(&mut self, rows: &MembershipRows) -> [i64; SiloStatus::ALL.len()] {
+        match &self.seen {
+            Some(seen) if seen.ptr_eq(rows) => {}
+            Some(seen) => {
+                for change in seen.diff(rows) {
+                    match change {
+                        DiffItem::Add(_, row) => self.counts[status_index(row.0.status)] += 1,
+                        DiffItem::Remove(_, row) => self.counts[status_index(row.0.status)] -= 1,
+                        DiffItem::Update { old, new } => {
+                            self.counts[status_index(old.1 .0.status)] -= 1;
+                            self.counts[status_index(new.1 .0.status)] += 1;
+                        }
+                    }
+                }
+            }
+            None => {
+                self.counts = Default::default();
+                for row in rows.values() {
+                    self.counts[status_index(row.0.status)] += 1;
+                }
+            }
+        }
+        self.seen = Some(rows.clone());
+        self.counts
+    }
 }
 
 impl SiloLabels {
@@ -54,6 +104,7 @@ impl SiloLabels {
         SiloLabels {
             cluster: cluster.into(),
             silo: silo.to_string().into(),
+            counts: Arc::default(),
         }
     }
 
@@ -94,8 +145,11 @@ impl SiloLabels {
         let (c, s) = self.base();
         metrics::gauge!(TABLE_VERSION, "cluster" => c.clone(), "silo" => s.clone())
             .set(snapshot.version.version as f64);
-        for status in SiloStatus::ALL {
-            let n = snapshot.rows().filter(|e| e.status == status).count();
+        let counts = match self.counts.lock() {
+            Ok(mut counts) => counts.update(&snapshot.entries),
+            Err(poisoned) => poisoned.into_inner().update(&snapshot.entries),
+        };
+        for (status, n) in SiloStatus::ALL.into_iter().zip(counts) {
             metrics::gauge!(SILOS, "cluster" => c.clone(), "silo" => s.clone(), "status" => status.as_str())
                 .set(n as f64);
         }
@@ -130,5 +184,57 @@ pub(crate) fn outcome<T: Outcome>(result: &crate::Result<T>) -> &'static str {
     match result {
         Ok(v) => v.outcome(),
         Err(_) => "error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Etag, MembershipEntry, Timestamp};
+
+    fn brute_force(snapshot: &MembershipSnapshot) -> [i64; SiloStatus::ALL.len()] {
+        SiloStatus::ALL.map(|status| snapshot.rows().filter(|e| e.status == status).count() as i64)
+    }
+
+    /// The counts kept from diffs equal a count of every row, through inserts,
+    /// status changes, removals and a view that shares nothing with the last.
+    #[test]
+    fn status_counts_follow_the_views() {
+        let mut counts = StatusCounts::default();
+        let mut snapshot = MembershipSnapshot::default();
+        let silo = |i: u32| -> SiloAddress { format!("10.0.0.{}:11111@1", i + 1).parse().unwrap() };
+        let mut state = 12345u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        };
+        for step in 0..500 {
+            let s = silo(next() % 40);
+            match next() % 4 {
+                0 => {
+                    snapshot.entries.remove(&s);
+                }
+                _ => {
+                    let status = SiloStatus::ALL[(next() % 6) as usize];
+                    let entry = MembershipEntry::new(s, status, Timestamp::from_millis(1));
+                    snapshot.insert(entry, Etag::new("e"));
+                }
+            }
+            if step % 97 == 0 {
+                // A view rebuilt from scratch (as after a full read).
+                snapshot.entries = snapshot
+                    .entries
+                    .iter()
+                    .map(|(k, v)| (*k, Arc::new((**v).clone())))
+                    .collect();
+            }
+            assert_eq!(
+                counts.update(&snapshot.entries),
+                brute_force(&snapshot),
+                "step {step}"
+            );
+        }
     }
 }

@@ -400,8 +400,9 @@ impl RedisMembershipTable {
             .hset(self.keys.alive(), &id, w.entry.i_am_alive_time.to_string())
             .ignore()
             // Delta reads: the version this row is written at (0 in basic mode).
-            .zadd(self.keys.changes(), &id, w.next.version)
-            .ignore();
+            // Its reply (0 or 1) is the one kept, so that a committed EXEC is a
+            // non-empty array: EXEC answers nil when a watched key changed.
+            .zadd(self.keys.changes(), &id, w.next.version);
         if extended {
             let stored = decode_version(version.as_deref(), &version_key)?;
             if !stored.admits(w.next, self.mode) {
@@ -421,9 +422,6 @@ impl RedisMembershipTable {
                 .arg(format!("({floor}"))
                 .ignore();
         }
-        // The one reply kept (SADD's count), so that a committed EXEC is a non-empty
-        // array: EXEC answers nil when a watched key changed.
-        tx.sadd(self.keys.index(), &id);
         let committed: Option<(i64,)> = tx.query_async(&mut *con).await.map_err(|e| backend("EXEC", e))?;
         Ok(committed.is_some())
     }

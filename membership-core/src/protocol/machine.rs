@@ -1550,12 +1550,8 @@ impl SiloMachine {
         }
         self.schedule(Timer::ProbeTick, self.options.probe_period());
         self.update_targets(now, true);
-        let stuck: Vec<SiloAddress> = self
-            .view
-            .rows()
-            .filter(|e| e.silo != self.me && is_stuck_joining(e, now, &self.options))
-            .map(|e| e.silo)
-            .collect();
+        // Kept by the selector with the other time-driven flags (no scan of the view).
+        let stuck: Vec<SiloAddress> = self.targets.stuck().to_vec();
         for suspect in stuck {
             self.enqueue(Job::Vote {
                 suspect,

@@ -25,6 +25,14 @@ use super::{is_i_am_alive_stale, is_stuck_joining};
 /// Position of `silo` on ring `ring`: xxHash32 of its text form, seeded by the ring
 /// number.
 pub fn ring_position(silo: &SiloAddress, ring: u32) -> u32 {
+    let mut one = Vec::with_capacity(1);
+    push_ring_positions(silo, ring..ring + 1, &mut one);
+    one[0]
+}
+
+/// Pushes the positions of `silo` on `rings` to `out` ([`ring_position`] of each),
+/// formatting its text form once for all of them.
+fn push_ring_positions(silo: &SiloAddress, rings: std::ops::Range<u32>, out: &mut Vec<u32>) {
     /// The text form on the stack: `[v6 address]:port@generation` fits in 72 bytes.
     struct Text {
         bytes: [u8; 80],
@@ -45,11 +53,14 @@ pub fn ring_position(silo: &SiloAddress, ring: u32) -> u32 {
         bytes: [0; 80],
         len: 0,
     };
-    if write!(text, "{silo}").is_ok() {
-        xxhash_rust::xxh32::xxh32(&text.bytes[..text.len], ring)
+    let long;
+    let bytes = if write!(text, "{silo}").is_ok() {
+        &text.bytes[..text.len]
     } else {
-        xxhash_rust::xxh32::xxh32(silo.to_string().as_bytes(), ring)
-    }
+        long = silo.to_string();
+        long.as_bytes()
+    };
+    out.extend(rings.map(|ring| xxhash_rust::xxh32::xxh32(bytes, ring)));
 }
 
 /// Whether a silo in `status` is monitored: Joining and Active silos (a Joining silo
@@ -83,47 +94,120 @@ pub struct TargetSelector {
     me: Option<SiloAddress>,
     wanted: usize,
     candidates: Vec<SiloAddress>,
-    /// Ring positions of `candidates[i]` (index = ring), extended on demand.
-    positions: Vec<Vec<u32>>,
-    /// Ring positions of `me`.
+    /// Ring positions of the candidates, `stride` per candidate: those of
+    /// `candidates[i]` on rings `0..stride` are `positions[i * stride..][..stride]`.
+    /// One flat vector, so that a silo in an N-silo cluster keeps 4 x stride bytes
+    /// per candidate (a join-storm simulation keeps N of them).
+    positions: Vec<u32>,
+    /// Rings whose positions are kept (`wanted`: ring `r` makes the `r`-th pick).
+    stride: usize,
+    /// Ring positions of `me` on rings `0..stride`.
     my_positions: Vec<u32>,
     picks: Vec<SiloAddress>,
     /// How many times the ring picks were computed from scratch.
     recomputes: u64,
+    /// How many times the flags were computed from every row.
+    scans: u64,
     /// The rows `candidates` was computed from: the next view is compared with
     /// them by [`imbl::OrdMap::diff`], which skips the subtrees both share, so a
     /// view that changed k rows costs O(k log N) instead of a scan of the table.
     seen: Option<MembershipRows>,
     /// Monitored silos with fresh votes, a stale IAmAlive or a stuck join, sorted.
     flagged: Vec<SiloAddress>,
+    /// Silos (not `me`) stuck in Joining or Created ([`is_stuck_joining`]), sorted.
+    stuck: Vec<SiloAddress>,
+    /// When the flags were last computed from every row, and with which limits.
+    scanned: Option<(Timestamp, FlagLimits)>,
+    /// The earliest instant, at or after the last full scan, at which a row's
+    /// flags may flip with time alone ([`flip_instants`]); until then a full
+    /// selection looks at no row the table did not change.
+    next_flip: Option<Timestamp>,
 }
 
-/// Position on `ring` from a silo's cached positions, hashing what is missing.
-fn cached(positions: &mut Vec<u32>, silo: &SiloAddress, ring: u32) -> u32 {
-    while positions.len() <= ring as usize {
-        positions.push(ring_position(silo, positions.len() as u32));
+/// The options the time-driven flags depend on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FlagLimits {
+    stale_after: std::time::Duration,
+    join_limit: std::time::Duration,
+    vote_expiration: std::time::Duration,
+}
+
+impl FlagLimits {
+    fn of(options: &ClusterMembershipOptions) -> Self {
+        FlagLimits {
+            stale_after: options
+                .i_am_alive_publish_period
+                .saturating_mul(options.num_missed_table_i_am_alive_limit),
+            join_limit: options.max_join_attempt_time,
+            vote_expiration: options.death_vote_expiration,
+        }
     }
-    positions[ring as usize]
+}
+
+/// The instants at which a row's flags can change with time alone: its IAmAlive
+/// goes stale after `last_alive + stale_after` ([`is_i_am_alive_stale`]), a join
+/// gets stuck after `start_time + join_limit` ([`is_stuck_joining`]), and its
+/// votes stop being fresh at `newest vote + vote_expiration` ([`fresh_votes`]).
+/// Between two of them every flag of the row is constant.
+fn flip_instants(e: &MembershipEntry, limits: &FlagLimits) -> impl Iterator<Item = Timestamp> {
+    let joining = matches!(e.status, SiloStatus::Joining | SiloStatus::Created);
+    let newest_vote = e.suspect_votes.iter().map(|v| v.time).max();
+    [
+        Some(e.last_alive().saturating_add(limits.stale_after)),
+        joining.then(|| e.start_time.saturating_add(limits.join_limit)),
+        newest_vote.map(|t| t.saturating_add(limits.vote_expiration)),
+    ]
+    .into_iter()
+    .flatten()
+}
+
+/// The earliest of `e`'s flip instants at or after `now`.
+fn next_flip(e: &MembershipEntry, limits: &FlagLimits, now: Timestamp) -> Option<Timestamp> {
+    flip_instants(e, limits).filter(|t| *t >= now).min()
+}
+
+/// Adds or removes `silo` in the sorted `list`.
+fn set_member(list: &mut Vec<SiloAddress>, silo: &SiloAddress, member: bool) {
+    match (list.binary_search(silo), member) {
+        (Err(at), true) => list.insert(at, *silo),
+        (Ok(at), false) => {
+            list.remove(at);
+        }
+        _ => {}
+    }
 }
 
 impl TargetSelector {
-    /// Takes the new (sorted) candidates, keeping the positions of those already
-    /// known (one merge of two sorted lists) and dropping the departed ones.
-    fn adopt(&mut self, me: &SiloAddress, candidates: Vec<SiloAddress>) {
-        if self.me != Some(*me) {
+    /// Takes the new (sorted) candidates for `me` with positions on `stride`
+    /// rings, keeping the positions of those already known (one merge of two
+    /// sorted lists) and hashing the newcomers.
+    fn adopt(&mut self, me: &SiloAddress, candidates: Vec<SiloAddress>, stride: usize) {
+        if self.me != Some(*me) || self.stride != stride {
             self.my_positions.clear();
+            push_ring_positions(me, 0..stride as u32, &mut self.my_positions);
         }
+        let keep = self.stride == stride;
+        let old_positions = std::mem::take(&mut self.positions);
         let mut old = std::mem::take(&mut self.candidates)
             .into_iter()
-            .zip(std::mem::take(&mut self.positions))
+            .zip(old_positions.chunks_exact(self.stride.max(1)))
             .peekable();
-        let mut positions = Vec::with_capacity(candidates.len());
+        let mut positions = Vec::with_capacity(candidates.len() * stride);
         for s in &candidates {
             while old.next_if(|(o, _)| o < s).is_some() {}
-            positions.push(old.next_if(|(o, _)| o == s).map(|(_, p)| p).unwrap_or_default());
+            match old.next_if(|(o, _)| o == s) {
+                Some((_, known)) if keep => positions.extend_from_slice(known),
+                _ => push_ring_positions(s, 0..stride as u32, &mut positions),
+            }
         }
         self.candidates = candidates;
         self.positions = positions;
+        self.stride = stride;
+    }
+
+    /// Position of `candidates[i]` on `ring` (< `stride`).
+    fn position(&self, i: usize, ring: usize) -> u32 {
+        self.positions[i * self.stride + ring]
     }
 
     /// [`adopt`](Self::adopt) for the same `me` and `wanted`, answering whether the
@@ -157,7 +241,7 @@ impl TargetSelector {
                 }
             }
         }
-        self.adopt(me, candidates);
+        self.adopt(me, candidates, self.stride);
         if departed_pick {
             return true;
         }
@@ -165,14 +249,16 @@ impl TargetSelector {
             let Ok(at) = self.candidates.binary_search(&s) else {
                 return true;
             };
-            for (ring, pick) in self.picks.clone().iter().enumerate() {
-                let ring = ring as u32;
+            for (ring, pick) in self.picks.iter().enumerate() {
                 let Ok(p) = self.candidates.binary_search(pick) else {
                     return true;
                 };
-                let mine = (cached(&mut self.my_positions, me, ring), *me);
-                let pick = (cached(&mut self.positions[p], pick, ring), *pick);
-                let new = (cached(&mut self.positions[at], &s, ring), s);
+                if ring >= self.stride {
+                    return true;
+                }
+                let mine = (self.my_positions[ring], *me);
+                let pick = (self.position(p, ring), *pick);
+                let new = (self.position(at, ring), s);
                 let before_pick = if mine < pick {
                     mine < new && new < pick
                 } else {
@@ -187,13 +273,13 @@ impl TargetSelector {
     }
 
     /// Ring `r` contributes the first successor of `me` on it that is not picked yet
-    /// (wrapping around), until `wanted` silos are picked.
+    /// (wrapping around), until `wanted` silos are picked (`wanted` <= `stride`
+    /// and <= the candidates, so ring `r < wanted` always picks one).
     fn ring_picks(&mut self, me: &SiloAddress, wanted: usize) -> Vec<SiloAddress> {
         self.recomputes += 1;
         let mut chosen: Vec<usize> = Vec::with_capacity(wanted);
-        let mut ring = 0u32;
-        while chosen.len() < wanted {
-            let mine = (cached(&mut self.my_positions, me, ring), *me);
+        for ring in 0..wanted.min(self.stride) {
+            let mine = (self.my_positions[ring], *me);
             // The best (position, index) after mine, and the best overall (the wrap).
             let mut after: Option<(u32, usize)> = None;
             let mut first: Option<(u32, usize)> = None;
@@ -201,7 +287,7 @@ impl TargetSelector {
                 if chosen.contains(&i) {
                     continue;
                 }
-                let p = cached(&mut self.positions[i], s, ring);
+                let p = self.position(i, ring);
                 // Ties on a position are broken by the silo's order, which is `i`'s.
                 if (p, *s) > mine && after.is_none_or(|a| (p, i) < a) {
                     after = Some((p, i));
@@ -214,7 +300,6 @@ impl TargetSelector {
                 Some((_, i)) => chosen.push(i),
                 None => break,
             }
-            ring += 1;
         }
         chosen.into_iter().map(|i| self.candidates[i]).collect()
     }
@@ -261,6 +346,13 @@ impl TargetSelector {
         self.select_with(me, snapshot, now, options, false)
     }
 
+    /// The silos (other than `me`) stuck in Joining or Created at the last
+    /// selection ([`is_stuck_joining`]), sorted: kept with the flags, so that a
+    /// silo need not scan its view for them every probe period.
+    pub fn stuck(&self) -> &[SiloAddress] {
+        &self.stuck
+    }
+
     fn select_with(
         &mut self,
         me: &SiloAddress,
@@ -283,30 +375,26 @@ impl TargetSelector {
             // `rows()` iterates in silo order, so the list is sorted.
             None => Some(snapshot.rows().filter(|e| counts(e)).map(|e| e.silo).collect()),
             Some(keys) => {
-                let mut list: Option<Vec<SiloAddress>> = None;
+                // The keys come sorted (a diff walks both maps in order): the
+                // silos that join and leave the monitored set, then one merge.
+                let (mut joined, mut left) = (Vec::new(), Vec::new());
                 for k in keys {
                     let is = snapshot.entry(k).is_some_and(counts);
-                    let found = self.candidates.binary_search(k);
-                    if found.is_ok() == is {
-                        continue;
-                    }
-                    let list = list.get_or_insert_with(|| self.candidates.clone());
-                    match (list.binary_search(k), is) {
-                        (Err(at), true) => list.insert(at, *k),
-                        (Ok(at), false) => {
-                            list.remove(at);
-                        }
+                    match (self.candidates.binary_search(k).is_ok(), is) {
+                        (false, true) => joined.push(*k),
+                        (true, false) => left.push(*k),
                         _ => {}
                     }
                 }
-                list
+                (!joined.is_empty() || !left.is_empty())
+                    .then(|| merge_changes(&self.candidates, &joined, &left))
             }
         };
         let count = changed.as_ref().map_or(self.candidates.len(), Vec::len);
         let wanted = (options.num_probed_silos as usize).min(count);
         if self.me != Some(*me) || self.wanted != wanted {
             let candidates = changed.unwrap_or_else(|| self.candidates.clone());
-            self.adopt(me, candidates);
+            self.adopt(me, candidates, wanted);
             self.picks = self.ring_picks(me, wanted);
             self.me = Some(*me);
             self.wanted = wanted;
@@ -316,26 +404,75 @@ impl TargetSelector {
                 self.picks = self.ring_picks(me, wanted);
             }
         }
-        // Suspects, stale and stuck silos, sorted.
-        match keys {
-            Some(keys) if !scan_all => {
-                for k in &keys {
-                    let is = snapshot.entry(k).is_some_and(flagged);
-                    match (self.flagged.binary_search(k), is) {
-                        (Err(at), true) => self.flagged.insert(at, *k),
-                        (Ok(at), false) => {
-                            self.flagged.remove(at);
-                        }
-                        _ => {}
-                    }
+        // Suspects, stale and stuck silos, sorted. A full selection rescans the
+        // rows only when some row's flags may have flipped with time since the
+        // last scan (or the clock went back, or the limits changed): time-driven
+        // flips are rare (minutes apart per row), so in a large cluster a probe
+        // period costs O(changed rows), not a scan of the table.
+        let limits = FlagLimits::of(options);
+        let stuck = |e: &MembershipEntry| e.silo != *me && is_stuck_joining(e, now, options);
+        let rescan = match (&keys, self.scanned) {
+            (None, _) | (_, None) => true,
+            (Some(_), Some((at, seen_limits))) => {
+                now < at || seen_limits != limits || (scan_all && self.next_flip.is_some_and(|t| now >= t))
+            }
+        };
+        if rescan {
+            self.flagged.clear();
+            self.stuck.clear();
+            self.next_flip = None;
+            for e in snapshot.rows() {
+                if flagged(e) {
+                    self.flagged.push(e.silo);
+                }
+                if stuck(e) {
+                    self.stuck.push(e.silo);
+                }
+                if e.silo != *me {
+                    self.next_flip = self.next_flip.into_iter().chain(next_flip(e, &limits, now)).min();
                 }
             }
-            _ => self.flagged = snapshot.rows().filter(|e| flagged(e)).map(|e| e.silo).collect(),
+            self.scanned = Some((now, limits));
+            self.scans += 1;
+        } else if let Some(keys) = &keys {
+            for k in keys {
+                let row = snapshot.entry(k);
+                set_member(&mut self.flagged, k, row.is_some_and(flagged));
+                set_member(&mut self.stuck, k, row.is_some_and(stuck));
+                if let Some(t) = row
+                    .filter(|e| e.silo != *me)
+                    .and_then(|e| next_flip(e, &limits, now))
+                {
+                    self.next_flip = Some(self.next_flip.map_or(t, |n| n.min(t)));
+                }
+            }
         }
         let mut chosen = self.picks.clone();
         chosen.extend(self.flagged.iter().filter(|s| !self.picks.contains(s)));
         chosen
     }
+}
+
+/// `candidates` (sorted) without `left` and with `joined` (both sorted, `joined`
+/// disjoint from `candidates`, `left` a subset of it), in one pass.
+fn merge_changes(
+    candidates: &[SiloAddress],
+    joined: &[SiloAddress],
+    left: &[SiloAddress],
+) -> Vec<SiloAddress> {
+    let mut out = Vec::with_capacity(candidates.len() + joined.len());
+    let mut joined = joined.iter().copied().peekable();
+    let mut left = left.iter().peekable();
+    for c in candidates {
+        while let Some(j) = joined.next_if(|j| j < c) {
+            out.push(j);
+        }
+        if left.next_if(|l| *l == c).is_none() {
+            out.push(*c);
+        }
+    }
+    out.extend(joined);
+    out
 }
 
 #[cfg(test)]
@@ -417,7 +554,7 @@ mod tests {
         assert_eq!(after, sorted_ring_picks(&me, &snap, 10));
         assert_eq!(
             selector.positions.len(),
-            selector.candidates.len(),
+            selector.candidates.len() * selector.stride,
             "departed silos dropped"
         );
         assert!(!selector.candidates.contains(&before[0]));
@@ -518,6 +655,79 @@ mod tests {
         let after = sel.select_changed(&me, &snap, later, &o);
         assert!(!after.contains(&others[0]), "{after:?}");
         assert!(after.contains(&others[1]));
+    }
+
+    /// Time passes in steps of a probe period while rows change, go stale, get
+    /// votes and hang in their join: every full selection equals a selection from
+    /// scratch and the stuck list equals a scan, although the rows are scanned
+    /// only when some row's flags may have flipped.
+    #[test]
+    fn full_selections_scan_only_when_a_flag_may_flip() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let o = opts(3);
+        let start = Timestamp::from_millis(10_000_000);
+        let me = silo(0);
+        let mut snap = snapshot(40, start);
+        let mut sel = TargetSelector::default();
+        let mut now = start;
+        let ticks = 2_000u32;
+        for tick in 0..ticks {
+            now = now.saturating_add(o.probe_period());
+            if rng.random_bool(0.05) {
+                let s = silo(rng.random_range(1..40));
+                let e = snap.entry_mut(&s).unwrap();
+                match rng.random_range(0..4) {
+                    0 => e.i_am_alive_time = now,
+                    1 => e.suspect_votes.push(SuspectVote {
+                        silo: silo(3),
+                        time: now,
+                    }),
+                    2 => {
+                        e.status = SiloStatus::Joining;
+                        e.start_time = now;
+                    }
+                    _ => e.status = SiloStatus::Active,
+                }
+            }
+            let got = sel.select(&me, &snap, now, &o);
+            assert_eq!(got, select_probe_targets(&me, &snap, now, &o), "tick {tick}");
+            let stuck: Vec<SiloAddress> = snap
+                .rows()
+                .filter(|e| e.silo != me && is_stuck_joining(e, now, &o))
+                .map(|e| e.silo)
+                .collect();
+            assert_eq!(sel.stuck(), stuck, "tick {tick}");
+        }
+        assert!(
+            sel.scans < u64::from(ticks) / 4,
+            "{} scans in {ticks} probe periods",
+            sel.scans
+        );
+        // A clock that goes back rescans.
+        let scans = sel.scans;
+        sel.select(&me, &snap, start, &o);
+        assert_eq!(sel.scans, scans + 1);
+    }
+
+    #[test]
+    fn merge_changes_equals_a_set_difference_and_union() {
+        let all: Vec<SiloAddress> = (0..30).map(silo).collect();
+        let mut sorted = all.clone();
+        sorted.sort();
+        let candidates: Vec<SiloAddress> = sorted.iter().copied().step_by(2).collect();
+        let joined: Vec<SiloAddress> = sorted.iter().copied().skip(1).step_by(6).collect();
+        let left: Vec<SiloAddress> = candidates.iter().copied().step_by(4).collect();
+        let expected: BTreeSet<SiloAddress> = candidates
+            .iter()
+            .chain(&joined)
+            .filter(|s| !left.contains(s))
+            .copied()
+            .collect();
+        let merged = merge_changes(&candidates, &joined, &left);
+        assert_eq!(merged, expected.into_iter().collect::<Vec<_>>());
+        assert_eq!(merge_changes(&[], &joined, &[]), joined);
+        assert!(merge_changes(&candidates, &[], &candidates).is_empty());
     }
 
     #[test]
