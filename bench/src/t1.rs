@@ -819,6 +819,16 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The store URL of `provider` on the backend at `endpoint` (as [`open`] returns it).
+pub(crate) fn store_url(provider: &str, endpoint: &str) -> String {
+    match provider {
+        "memory" => "memory://bench".to_owned(),
+        "etcd" => format!("etcd://{endpoint}"),
+        "dynamodb" => fixtures::dynamodb_url(endpoint),
+        _ => endpoint.to_owned(),
+    }
+}
+
 /// Opens a provider's store on a backend found or started like the tests do.
 pub(crate) async fn open(
     provider: &str,
@@ -831,13 +841,12 @@ pub(crate) async fn open(
         "dynamodb" => fixtures::dynamodb().await,
         other => anyhow::bail!("unknown provider `{other}` (memory, redis, redis-cluster, etcd, dynamodb)"),
     };
-    let (url, endpoint) = match (provider, &backend) {
-        ("memory", _) => ("memory://bench".to_owned(), String::new()),
+    let endpoint = match (provider, &backend) {
+        ("memory", _) => String::new(),
         (_, None) => anyhow::bail!("no {provider} backend"),
-        ("etcd", Some(b)) => (format!("etcd://{}", b.endpoint), b.endpoint.clone()),
-        ("dynamodb", Some(b)) => (fixtures::dynamodb_url(&b.endpoint), b.endpoint.clone()),
-        (_, Some(b)) => (b.endpoint.clone(), b.endpoint.clone()),
+        (_, Some(b)) => b.endpoint.clone(),
     };
+    let url = store_url(provider, &endpoint);
     let store = rollcall::connect(&url)
         .await
         .with_context(|| format!("connect {url}"))?;

@@ -15,6 +15,10 @@ use rollcall_membership_core::protocol::machine::{BACKOFF_BASE, BACKOFF_CAP};
 use rollcall_membership_core::{MembershipTable, ProtocolMode};
 use serde::Serialize;
 
+const BARE: &str = "bare loop";
+const BACKOFF: &str = "silo backoff";
+const JOINS: &str = "silo joins";
+
 /// Options of `t2`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -36,15 +40,40 @@ pub struct Args {
 #[derive(Clone, Debug, Serialize)]
 pub struct Contention {
     provider: String,
-    /// "bare loop", or "silo backoff": after a conflict a writer waits as a silo's
+    /// "bare loop"; "silo backoff": after a conflict a writer waits as a silo's
     /// write job does (`protocol::backoff_delay` with the machine's `BACKOFF_BASE`
-    /// and `BACKOFF_CAP`, full jitter), and starts again at attempt 0 after a commit.
+    /// and `BACKOFF_CAP`, full jitter), and starts again at attempt 0 after a
+    /// commit; or "silo joins": W real silos join at once, so the writes go
+    /// through the silos' own write jobs (two commits per join).
     mode: String,
     writers: usize,
     commits_per_s: f64,
     conflicts_per_commit: f64,
     /// `commits_per_s` over the 1-writer figure of the same provider and run.
     vs_one_writer: f64,
+}
+
+/// Starts `writers` real silos at once on the simulated network over the store
+/// at `url` (each in the same new cluster) and counts the writes their joins made
+/// through the silos' own write jobs: every join commits its Joining row and its
+/// Active row, retrying conflicts after the machine's backoff. Returns commits per
+/// second (launch until the last join returned) and conflicts per commit.
+fn measure_joins(url: String, writers: usize, seed: u64) -> anyhow::Result<(f64, f64)> {
+    crate::on_own_thread(format!("T2 joins of {writers}"), move || {
+        actix::System::new().block_on(async move {
+            let store = rollcall::connect(&url).await?;
+            let options = rollcall_membership_core::ClusterMembershipOptions::default();
+            let c = crate::j1::storm(store, Duration::ZERO, writers, &options, seed).await?;
+            for s in &c.silos {
+                s.kill();
+            }
+            let commits = c.storm.commits() as f64;
+            Ok((
+                commits / c.all_active.as_secs_f64().max(1e-9),
+                c.storm.conflicts as f64 / commits.max(1.0),
+            ))
+        })
+    })
 }
 
 async fn measure(
@@ -106,16 +135,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let rows = rt.block_on(async {
         let mut rows = Vec::new();
         for provider in &args.providers {
-            let (store, _, _guard) = crate::t1::open(provider).await?;
+            let (store, endpoint, _guard) = crate::t1::open(provider).await?;
             let mut writers: Vec<usize> = vec![1];
             writers.extend(args.writers.iter().copied().filter(|&w| w > 1));
-            for (mode, backoff) in [("bare loop", false), ("silo backoff", true)] {
+            for mode in [BARE, BACKOFF, JOINS] {
                 let mut one = None;
                 for &w in &writers {
-                    let id = rollcall_tests::unique_id(&format!("t2-{provider}-{w}"));
-                    let table = store.membership_table(&id, ProtocolMode::Extended)?;
-                    table.init(true).await?;
-                    let (rate, conflicts) = measure(table, w, args.seconds, backoff).await?;
+                    let (rate, conflicts) = if mode == JOINS {
+                        let url = crate::t1::store_url(provider, &endpoint);
+                        let seed = 7 + w as u64;
+                        tokio::task::spawn_blocking(move || measure_joins(url, w, seed)).await??
+                    } else {
+                        let id = rollcall_tests::unique_id(&format!("t2-{provider}-{w}"));
+                        let table = store.membership_table(&id, ProtocolMode::Extended)?;
+                        table.init(true).await?;
+                        measure(table, w, args.seconds, mode == BACKOFF).await?
+                    };
                     let base = *one.get_or_insert(rate);
                     let row = Contention {
                         provider: provider.clone(),
@@ -141,8 +176,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
          shared version row, so distinct rows still conflict. *Bare loop*: no pause; \
          *silo backoff*: after a conflict the writer waits as a silo's write job does \
          (`protocol::backoff_delay`, full jitter from 10 ms doubling to 2 s), the policy \
-         with the real function and constants, not the whole silo. Ratios are against 1 \
-         writer on the same provider and mode in the same run. Goal (for the silo's \
+         with the real function and constants; *silo joins*: W real silos (actix agents, \
+         the protocol machine, its write jobs and their backoff, on the simulated network \
+         in real time) start at once on one cluster of the provider, and each join commits \
+         its Joining and its Active row; commits/s runs from the launch until the last \
+         join returned, so it includes the joins' connectivity checks. Ratios are against \
+         1 writer on the same provider and mode in the same run. Goal (for the silo's \
          path): ≥ 0.5 × 1 writer at 64 writers.\n\n\
          | provider | mode | writers | commits/s | × 1 writer | conflicts/commit |\n|---|---|---|---|---|---|",
         s = args.seconds

@@ -197,7 +197,8 @@ fn smoke_run_of_join_storms_and_detection() {
             );
         }
     }
-    // T2 on memory: both modes, 1 and 4 writers, every row with commits.
+    // T2 on memory: the three modes (bare loop, silo backoff, real silos'
+    // joins), 1 and 4 writers, every row with commits.
     run_bench(
         &[
             "t2",
@@ -213,10 +214,15 @@ fn smoke_run_of_join_storms_and_detection() {
     );
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let rows = parsed["t2"].as_array().unwrap();
-    assert_eq!(rows.len(), 4, "{parsed:#}");
+    assert_eq!(rows.len(), 6, "{parsed:#}");
     for r in rows {
         assert!(r["commits_per_s"].as_f64().unwrap() > 0.0, "{r}");
     }
+    assert!(
+        rows.iter()
+            .any(|r| r["mode"] == "silo joins" && r["writers"] == 4),
+        "{parsed:#}"
+    );
     // F1: three silo processes and the reference, watched for a second.
     run_bench(&["f1", "--silos", "3", "--seconds", "1"], &md, &json);
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();

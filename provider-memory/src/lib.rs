@@ -39,13 +39,9 @@ use rollcall_membership_core::{
 #[derive(Debug, Default)]
 struct Cluster {
     version: TableVersion,
-    /// A persistent map, so that `read_all` hands out the rows in O(1).
+    /// A persistent map, so that `read_all` and `read_delta` hand out the rows in
+    /// O(1), sharing every node with the table and with each other.
     rows: MembershipRows,
-    /// The table version each row was last written at (delta reads).
-    written_at: BTreeMap<SiloAddress, u64>,
-    /// The same, keyed by version (extended mode, where every commit has its own
-    /// version): a delta read is one range scan of it.
-    by_version: BTreeMap<u64, SiloAddress>,
     /// The membership history, oldest first (extended mode).
     history: VecDeque<MembershipEvent>,
 }
@@ -149,8 +145,6 @@ impl MemoryStore {
                 etag: self.new_etag(),
             },
             rows: MembershipRows::new(),
-            written_at: BTreeMap::new(),
-            by_version: BTreeMap::new(),
             history: VecDeque::new(),
         });
         Ok(f(cluster))
@@ -280,13 +274,7 @@ impl MemoryMembershipTable {
     ) {
         let etag = self.store.new_etag();
         cluster.rows.insert(entry.silo, Arc::new((entry.clone(), etag)));
-        if let Some(old) = cluster.written_at.insert(entry.silo, next.version) {
-            if cluster.by_version.get(&old) == Some(&entry.silo) {
-                cluster.by_version.remove(&old);
-            }
-        }
         if self.mode == ProtocolMode::Extended {
-            cluster.by_version.insert(next.version, entry.silo);
             cluster.version = TableVersion {
                 version: next.version,
                 etag: self.store.new_etag(),
@@ -337,24 +325,17 @@ impl MembershipTable for MemoryMembershipTable {
         })
     }
 
-    async fn read_delta(&self, since: &TableVersion) -> Result<MembershipDelta> {
-        let since = since.version;
-        self.store.with_cluster(&self.cluster_id, |c| {
-            let full = self.mode == ProtocolMode::Basic || c.version.version < since;
-            let changed = if full {
-                c.rows.clone()
-            } else {
-                c.by_version
-                    .range(since.saturating_add(1)..)
-                    .filter_map(|(_, s)| c.rows.get(s).map(|row| (*s, row.clone())))
-                    .collect()
-            };
-            MembershipDelta {
-                version: c.version.clone(),
-                changed,
-                corrupt: Vec::new(),
-                complete: full,
-            }
+    /// Answers every delta with the whole table (`complete`): handing out the
+    /// persistent map costs O(1), less than building the k changed rows would, and
+    /// a silo that adopts it shares every node with the table and with the other
+    /// silos of the process, where k merged rows would copy O(k log N) nodes into
+    /// a view of its own (N silos in one process then hold N^2 rows' worth).
+    async fn read_delta(&self, _since: &TableVersion) -> Result<MembershipDelta> {
+        self.store.with_cluster(&self.cluster_id, |c| MembershipDelta {
+            version: c.version.clone(),
+            changed: c.rows.clone(),
+            corrupt: Vec::new(),
+            complete: true,
         })
     }
 
@@ -416,11 +397,6 @@ impl MembershipTable for MemoryMembershipTable {
                 .collect();
             for s in &defunct {
                 c.rows.remove(s);
-                if let Some(v) = c.written_at.remove(s) {
-                    if c.by_version.get(&v) == Some(s) {
-                        c.by_version.remove(&v);
-                    }
-                }
             }
             defunct.len()
         })
