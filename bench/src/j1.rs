@@ -444,5 +444,40 @@ fn section(storms: &[Storm], args: &Args) -> String {
         md,
         "\nGoal: 1,000 silos all Active in < 60 s on one real Redis: {goal}."
     );
+    // Calls per join of the largest storm of each store against log N.
+    let mut growth = Vec::new();
+    for store in ["memory", "redis"] {
+        let done = |s: &&Storm| s.store == store && s.failed.is_none();
+        let (Some(reference), Some(largest)) = (
+            storms.iter().filter(done).find(|s| s.silos == 10),
+            storms.iter().filter(done).max_by_key(|s| s.silos),
+        ) else {
+            continue;
+        };
+        if largest.silos <= 10 {
+            continue;
+        }
+        let ratio = largest.calls_per_join / reference.calls_per_join.max(1e-9);
+        let log = (largest.silos as f64).log2() / 10f64.log2();
+        growth.push(format!(
+            "{store} at {} silos {ratio:.2}x the 10-silo storm (log2 N / log2 10 = {log:.2}; {:.2} of it)",
+            largest.silos,
+            ratio / log
+        ));
+    }
+    if !growth.is_empty() {
+        let _ = writeln!(
+            md,
+            "Goal: table calls per join growing at most ~log N: {}.",
+            growth.join("; ")
+        );
+    }
+    if storms.iter().any(|s| s.silos >= 10_000) {
+        let _ = writeln!(
+            md,
+            "\nStorms of 10,000 silos are not part of `all` (about ten minutes of one core and \
+             10 GB for the simulated silos): `rollcall-bench j1 --silos 10,100,1000,10000`."
+        );
+    }
     md
 }
