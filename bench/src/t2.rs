@@ -180,7 +180,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
          the protocol machine, its write jobs and their backoff, on the simulated network \
          in real time) start at once on one cluster of the provider, and each join commits \
          its Joining and its Active row; commits/s runs from the launch until the last \
-         join returned, so it includes the joins' connectivity checks. Ratios are against \
+         join returned: a one-shot burst whose rate is set by its tail (the last joiner's \
+         backoff and connectivity check), not a sustained rate like the loops'. Ratios are against \
          1 writer on the same provider and mode in the same run. Goal (for the silo's \
          path): ≥ 0.5 × 1 writer at 64 writers.\n\n\
          | provider | mode | writers | commits/s | × 1 writer | conflicts/commit |\n|---|---|---|---|---|---|",

@@ -25,14 +25,19 @@ use super::{is_i_am_alive_stale, is_stuck_joining};
 /// Position of `silo` on ring `ring`: xxHash32 of its text form, seeded by the ring
 /// number.
 pub fn ring_position(silo: &SiloAddress, ring: u32) -> u32 {
-    let mut one = Vec::with_capacity(1);
-    push_ring_positions(silo, ring..ring + 1, &mut one);
-    one[0]
+    with_text(silo, |text| xxhash_rust::xxh32::xxh32(text, ring))
 }
 
 /// Pushes the positions of `silo` on `rings` to `out` ([`ring_position`] of each),
 /// formatting its text form once for all of them.
 fn push_ring_positions(silo: &SiloAddress, rings: std::ops::Range<u32>, out: &mut Vec<u32>) {
+    with_text(silo, |text| {
+        out.extend(rings.map(|ring| xxhash_rust::xxh32::xxh32(text, ring)));
+    });
+}
+
+/// Calls `f` with the text form of `silo`, formatted on the stack.
+fn with_text<R>(silo: &SiloAddress, f: impl FnOnce(&[u8]) -> R) -> R {
     /// The text form on the stack: `[v6 address]:port@generation` fits in 72 bytes.
     struct Text {
         bytes: [u8; 80],
@@ -53,14 +58,11 @@ fn push_ring_positions(silo: &SiloAddress, rings: std::ops::Range<u32>, out: &mu
         bytes: [0; 80],
         len: 0,
     };
-    let long;
-    let bytes = if write!(text, "{silo}").is_ok() {
-        &text.bytes[..text.len]
+    if write!(text, "{silo}").is_ok() {
+        f(&text.bytes[..text.len])
     } else {
-        long = silo.to_string();
-        long.as_bytes()
-    };
-    out.extend(rings.map(|ring| xxhash_rust::xxh32::xxh32(bytes, ring)));
+        f(silo.to_string().as_bytes())
+    }
 }
 
 /// Whether a silo in `status` is monitored: Joining and Active silos (a Joining silo
