@@ -34,47 +34,61 @@ pub(crate) fn escape(s: &str) -> String {
     out
 }
 
-/// Keys of one cluster's membership table.
+/// Keys of one cluster's membership table, formatted once (every row write names
+/// five of them).
 #[derive(Clone, Debug)]
 pub(crate) struct MembershipKeys {
     /// The hash tag content (`m:<escaped cluster>`), for slot routing.
     pub(crate) tag: String,
-    base: String,
+    version: String,
+    index: String,
+    alive: String,
+    changes: String,
+    metrics: String,
+    history: String,
+    row_prefix: String,
 }
 
 impl MembershipKeys {
     pub(crate) fn new(prefix: &str, cluster: &str) -> Self {
         let tag = format!("m:{}", escape(cluster));
+        let base = format!("{prefix}:{{{tag}}}");
         MembershipKeys {
-            base: format!("{prefix}:{{{tag}}}"),
+            version: format!("{base}:version"),
+            index: format!("{base}:silos"),
+            alive: format!("{base}:alive"),
+            changes: format!("{base}:changes"),
+            metrics: format!("{base}:metrics"),
+            history: format!("{base}:history"),
+            row_prefix: format!("{base}:silo:"),
             tag,
         }
     }
-    pub(crate) fn version(&self) -> String {
-        format!("{}:version", self.base)
+    pub(crate) fn version(&self) -> &str {
+        &self.version
     }
-    pub(crate) fn index(&self) -> String {
-        format!("{}:silos", self.base)
+    pub(crate) fn index(&self) -> &str {
+        &self.index
     }
-    pub(crate) fn alive(&self) -> String {
-        format!("{}:alive", self.base)
+    pub(crate) fn alive(&self) -> &str {
+        &self.alive
     }
-    pub(crate) fn changes(&self) -> String {
-        format!("{}:changes", self.base)
+    pub(crate) fn changes(&self) -> &str {
+        &self.changes
     }
     /// The metrics table: a hash of `<role>/<escaped id>` -> row JSON.
-    pub(crate) fn metrics(&self) -> String {
-        format!("{}:metrics", self.base)
+    pub(crate) fn metrics(&self) -> &str {
+        &self.metrics
     }
     /// The membership history: a sorted set of event JSON scored by table version.
-    pub(crate) fn history(&self) -> String {
-        format!("{}:history", self.base)
+    pub(crate) fn history(&self) -> &str {
+        &self.history
     }
-    pub(crate) fn row_prefix(&self) -> String {
-        format!("{}:silo:", self.base)
+    pub(crate) fn row_prefix(&self) -> &str {
+        &self.row_prefix
     }
     pub(crate) fn row(&self, silo: &str) -> String {
-        format!("{}{silo}", self.row_prefix())
+        format!("{}{silo}", self.row_prefix)
     }
 }
 

@@ -362,7 +362,7 @@ impl RedisMembershipTable {
         let version_key = self.keys.version();
         let extended = self.mode == ProtocolMode::Extended;
         let watched: Vec<&str> = if extended {
-            vec![row_key.as_str(), version_key.as_str()]
+            vec![row_key.as_str(), version_key]
         } else {
             vec![row_key.as_str()]
         };
@@ -373,7 +373,7 @@ impl RedisMembershipTable {
             .arg(&watched)
             .ignore()
             .get(&row_key)
-            .get(&version_key)
+            .get(version_key)
             .query_async(&mut *con)
             .await
             .map_err(|e| backend("WATCH and read before write", e))?;
@@ -404,20 +404,20 @@ impl RedisMembershipTable {
             // non-empty array: EXEC answers nil when a watched key changed.
             .zadd(self.keys.changes(), &id, w.next.version);
         if extended {
-            let stored = decode_version(version.as_deref(), &version_key)?;
+            let stored = decode_version(version.as_deref(), version_key)?;
             if !stored.admits(w.next, self.mode) {
                 return unwatch(con).await;
             }
             let (json, _) = encode_version(w.next.version)?;
-            tx.set(&version_key, json).ignore();
+            tx.set(version_key, json).ignore();
             // The history event, and the trim to the capacity, in the same MULTI.
             let history = self.keys.history();
             if let Some(event) = &w.event_json {
-                tx.zadd(&history, event, w.next.version).ignore();
+                tx.zadd(history, event, w.next.version).ignore();
             }
             let floor = history_floor(w.next.version, self.history_capacity);
             tx.cmd("ZREMRANGEBYSCORE")
-                .arg(&history)
+                .arg(history)
                 .arg("-inf")
                 .arg(format!("({floor}"))
                 .ignore();
@@ -434,15 +434,19 @@ impl RedisMembershipTable {
             None => (
                 "read_all",
                 &READ_ALL,
-                vec![keys.version(), keys.index(), keys.alive()],
-                vec![keys.row_prefix()],
+                vec![
+                    keys.version().to_owned(),
+                    keys.index().to_owned(),
+                    keys.alive().to_owned(),
+                ],
+                vec![keys.row_prefix().to_owned()],
             ),
             Some(silo) => {
                 let id = silo.to_string();
                 (
                     "read_row",
                     &READ_ROW,
-                    vec![keys.version(), keys.row(&id), keys.alive()],
+                    vec![keys.version().to_owned(), keys.row(&id), keys.alive().to_owned()],
                     vec![id],
                 )
             }
@@ -472,8 +476,12 @@ impl RedisMembershipTable {
             .invoke(
                 "read_all",
                 &READ_ALL,
-                vec![keys.version(), keys.index(), keys.alive()],
-                vec![keys.row_prefix()],
+                vec![
+                    keys.version().to_owned(),
+                    keys.index().to_owned(),
+                    keys.alive().to_owned(),
+                ],
+                vec![keys.row_prefix().to_owned()],
             )
             .await?;
         match reply {
@@ -511,7 +519,7 @@ impl RedisMembershipTable {
             }
         };
         let version_key = self.keys.version();
-        let version = decode_version(text(&parts[0], &version_key)?, &version_key)?;
+        let version = decode_version(text(&parts[0], version_key)?, version_key)?;
         let (Value::Array(ids), Value::Array(rows), Value::Array(alive)) = (&parts[1], &parts[2], &parts[3])
         else {
             return Err(Error::corrupt(self.keys.index(), "unexpected read_all reply"));
@@ -534,7 +542,7 @@ impl RedisMembershipTable {
                         }),
                     },
                     (Err(reason), _) | (_, Err(reason)) => corrupt.push(CorruptRow {
-                        key: self.keys.alive(),
+                        key: self.keys.alive().to_owned(),
                         reason,
                     }),
                     _ => {}
@@ -554,7 +562,7 @@ impl RedisMembershipTable {
                 Ok(None) => continue,
                 Err(reason) => {
                     corrupt.push(CorruptRow {
-                        key: self.keys.index(),
+                        key: self.keys.index().to_owned(),
                         reason,
                     });
                     continue;
@@ -618,12 +626,12 @@ impl MembershipTable for RedisMembershipTable {
         let (json, _) = encode_version(0)?;
         self.router
             .run(&self.keys.tag, |node: Arc<Node>| {
-                let (key, json) = (key.clone(), json.clone());
+                let (key, json) = (key, json.clone());
                 async move {
                     node.timed("init", async {
                         let mut con = node.shared().await?;
                         redis::cmd("SET")
-                            .arg(&key)
+                            .arg(key)
                             .arg(&json)
                             .arg("NX")
                             .query_async::<Option<String>>(&mut con)
@@ -654,8 +662,13 @@ impl MembershipTable for RedisMembershipTable {
             .read_script(
                 "read_delta",
                 &READ_DELTA,
-                vec![keys.version(), keys.index(), keys.alive(), keys.changes()],
-                vec![keys.row_prefix(), since.version.to_string()],
+                vec![
+                    keys.version().to_owned(),
+                    keys.index().to_owned(),
+                    keys.alive().to_owned(),
+                    keys.changes().to_owned(),
+                ],
+                vec![keys.row_prefix().to_owned(), since.version.to_string()],
             )
             .await?;
         Ok(MembershipDelta {
@@ -697,25 +710,22 @@ impl MembershipTable for RedisMembershipTable {
         };
         let raw: Vec<(String, u64)> = self
             .router
-            .run(&self.keys.tag, |node: Arc<Node>| {
-                let key = key.clone();
-                async move {
-                    node.timed("read_history", async {
-                        let mut con = node.shared().await?;
-                        redis::cmd("ZRANGEBYSCORE")
-                            .arg(&key)
-                            .arg(from)
-                            .arg("+inf")
-                            .arg("WITHSCORES")
-                            .arg("LIMIT")
-                            .arg(0)
-                            .arg(limit)
-                            .query_async(&mut con)
-                            .await
-                            .map_err(|e| backend("read_history", e))
-                    })
-                    .await
-                }
+            .run(&self.keys.tag, |node: Arc<Node>| async move {
+                node.timed("read_history", async {
+                    let mut con = node.shared().await?;
+                    redis::cmd("ZRANGEBYSCORE")
+                        .arg(key)
+                        .arg(from)
+                        .arg("+inf")
+                        .arg("WITHSCORES")
+                        .arg("LIMIT")
+                        .arg(0)
+                        .arg(limit)
+                        .query_async(&mut con)
+                        .await
+                        .map_err(|e| backend("read_history", e))
+                })
+                .await
             })
             .await?;
         let mut events = Vec::with_capacity(raw.len());
@@ -736,7 +746,7 @@ impl MembershipTable for RedisMembershipTable {
         );
         self.router
             .run(&self.keys.tag, |node: Arc<Node>| {
-                let (index, alive, id, t) = (index.clone(), alive.clone(), id.clone(), t.clone());
+                let (index, alive, id, t) = (index, alive, id.clone(), t.clone());
                 async move {
                     node.timed("update_i_am_alive", async {
                         let mut con = node.shared().await?;

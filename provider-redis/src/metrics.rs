@@ -56,7 +56,7 @@ impl MetricsTable for RedisMetricsTable {
     async fn read_all(&self) -> Result<MetricsReport> {
         let key = self.keys.metrics();
         let mut cmd = redis::cmd("HGETALL");
-        cmd.arg(&key);
+        cmd.arg(key);
         let fields: Vec<(String, String)> = self.query("metrics read_all", cmd).await?;
         let mut report = MetricsReport::default();
         for (f, json) in fields {
