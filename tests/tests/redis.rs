@@ -37,6 +37,22 @@ mod cluster {
     rollcall_tests::conformance_tests!(super::redis_cluster().await);
 }
 
+/// A new extended-mode table of a fresh cluster on `store`, initialised, holding
+/// `full_entry(i)` for each `i` of `rows`; with its cluster id.
+async fn table_with(
+    store: &Store,
+    what: &str,
+    rows: &[u32],
+) -> (String, Arc<dyn rollcall_membership_core::MembershipTable>) {
+    let cluster = unique_id(what);
+    let table = store.membership_table(&cluster, ProtocolMode::Extended).unwrap();
+    table.init(true).await.unwrap();
+    for &i in rows {
+        insert(&*table, &full_entry(i)).await;
+    }
+    (cluster, table)
+}
+
 async fn raw(b: &Backend) -> redis::aio::MultiplexedConnection {
     redis::Client::open(b.endpoint.as_str())
         .unwrap()
@@ -414,12 +430,8 @@ async fn cluster_ask_redirections_are_followed_with_asking_during_a_slot_migrati
     let Some((store, b)) = redis_cluster().await else {
         return;
     };
-    let cluster = unique_id("ask");
-    let t = store.membership_table(&cluster, ProtocolMode::Extended).unwrap();
-    t.init(true).await.unwrap();
+    let (cluster, t) = table_with(&store, "ask", &[1, 2]).await;
     let (one, two) = (full_entry(1), full_entry(2));
-    insert(&*t, &one).await;
-    insert(&*t, &two).await;
     t.update_i_am_alive(&one.silo, Timestamp::now()).await.unwrap();
     let addrs: Vec<String> = b
         .endpoint
@@ -550,10 +562,7 @@ async fn history_keeps_the_newest_events_on_a_server_and_a_cluster() {
 async fn a_corrupt_history_event_is_named_and_blocks_nothing_else() {
     let Some(b) = fixtures::redis().await else { return };
     let store = store_on(&b).await;
-    let cluster = unique_id("cluster");
-    let table = store.membership_table(&cluster, ProtocolMode::Extended).unwrap();
-    table.init(true).await.unwrap();
-    insert(&*table, &full_entry(1)).await;
+    let (cluster, table) = table_with(&store, "cluster", &[1]).await;
     let key = format!("rollcall:{{m:{cluster}}}:history");
     let mut con = raw(&b).await;
     let _: () = redis::cmd("ZADD")
@@ -648,11 +657,7 @@ async fn a_corrupt_statistics_bucket_is_named_and_overwrites_nothing() {
 async fn reads_reuse_decoded_rows_only_while_their_bytes_are_unchanged() {
     let Some(b) = fixtures::redis().await else { return };
     let store = store_on(&b).await;
-    let cluster = unique_id("cluster");
-    let table = store.membership_table(&cluster, ProtocolMode::Extended).unwrap();
-    table.init(true).await.unwrap();
-    insert(&*table, &full_entry(1)).await;
-    insert(&*table, &full_entry(2)).await;
+    let (cluster, table) = table_with(&store, "cluster", &[1, 2]).await;
     let first = table.read_all().await.unwrap();
     assert_eq!(
         table.read_all().await.unwrap(),
