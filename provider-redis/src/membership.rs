@@ -354,26 +354,31 @@ impl RedisMembershipTable {
             .await
     }
 
-    /// WATCH row (+ version), read, compare etags, MULTI / SET row / SET version /
-    /// ZADD history event / EXEC.
+    /// Two round trips. First `WATCH` row (+ version) and `MGET` both; the etags
+    /// and the version are compared here. Then `MULTI`, the writes, `EXEC`:
+    /// `MSET` row and version (one command: both keys carry the cluster's hash tag),
+    /// `SADD` index (inserts only: an updated row is in the index since its
+    /// insert), `HSET` IAmAlive, `ZADD` delta index, `ZADD` history event and
+    /// `ZREMRANGEBYSCORE` trim (only once the version passes the capacity: below it
+    /// the history holds at most `version` events, none under the floor).
     async fn write_on(&self, con: &mut Dedicated, w: &WriteRow<'_>) -> Result<bool> {
         let id = w.entry.silo.to_string();
         let row_key = self.keys.row(&id);
         let version_key = self.keys.version();
         let extended = self.mode == ProtocolMode::Extended;
-        let watched: Vec<&str> = if extended {
-            vec![row_key.as_str(), version_key]
-        } else {
-            vec![row_key.as_str()]
-        };
         // One round trip: WATCH and both reads (pooled connections never carry a
         // WATCH, see conn::WatchConnections), then one for MULTI ... EXEC.
-        let (row, version): (Option<String>, Option<String>) = redis::pipe()
-            .cmd("WATCH")
-            .arg(&watched)
+        let mut watch = redis::cmd("WATCH");
+        watch.arg(&row_key);
+        if extended {
+            watch.arg(version_key);
+        }
+        let ((row, version),): ((Option<String>, Option<String>),) = redis::pipe()
+            .add_command(watch)
             .ignore()
-            .get(&row_key)
-            .get(version_key)
+            .cmd("MGET")
+            .arg(&row_key)
+            .arg(version_key)
             .query_async(&mut *con)
             .await
             .map_err(|e| backend("WATCH and read before write", e))?;
@@ -392,35 +397,46 @@ impl RedisMembershipTable {
             (None, None) => {}
         }
         let mut tx = redis::pipe();
-        tx.atomic()
-            .set(&row_key, w.row_json)
-            .ignore()
-            .sadd(self.keys.index(), &id)
-            .ignore()
-            .hset(self.keys.alive(), &id, w.entry.i_am_alive_time.to_string())
-            .ignore()
-            // Delta reads: the version this row is written at (0 in basic mode).
-            // Its reply (0 or 1) is the one kept, so that a committed EXEC is a
-            // non-empty array: EXEC answers nil when a watched key changed.
-            .zadd(self.keys.changes(), &id, w.next.version);
+        tx.atomic();
         if extended {
             let stored = decode_version(version.as_deref(), version_key)?;
             if !stored.admits(w.next, self.mode) {
                 return unwatch(con).await;
             }
             let (json, _) = encode_version(w.next.version)?;
-            tx.set(version_key, json).ignore();
+            tx.cmd("MSET")
+                .arg(&row_key)
+                .arg(w.row_json)
+                .arg(version_key)
+                .arg(json)
+                .ignore();
+        } else {
+            tx.set(&row_key, w.row_json).ignore();
+        }
+        if w.expected.is_none() {
+            tx.sadd(self.keys.index(), &id).ignore();
+        }
+        tx.hset(self.keys.alive(), &id, w.entry.i_am_alive_time.to_string())
+            .ignore()
+            // Delta reads: the version this row is written at (0 in basic mode).
+            // Its reply (0 or 1) is the one kept, so that a committed EXEC is a
+            // non-empty array: EXEC answers nil when a watched key changed.
+            .zadd(self.keys.changes(), &id, w.next.version);
+        if extended {
             // The history event, and the trim to the capacity, in the same MULTI.
             let history = self.keys.history();
             if let Some(event) = &w.event_json {
                 tx.zadd(history, event, w.next.version).ignore();
             }
             let floor = history_floor(w.next.version, self.history_capacity);
-            tx.cmd("ZREMRANGEBYSCORE")
-                .arg(history)
-                .arg("-inf")
-                .arg(format!("({floor}"))
-                .ignore();
+            // Events exist only at versions 1..=next, so none lies under a floor of 1.
+            if floor > 1 {
+                tx.cmd("ZREMRANGEBYSCORE")
+                    .arg(history)
+                    .arg("-inf")
+                    .arg(format!("({floor}"))
+                    .ignore();
+            }
         }
         let committed: Option<(i64,)> = tx.query_async(&mut *con).await.map_err(|e| backend("EXEC", e))?;
         Ok(committed.is_some())
