@@ -48,6 +48,8 @@ struct World {
     max_gossip_fan_out: usize,
     /// Added to the latency of every table call (ms).
     table_delay: u64,
+    /// Per silo: when (ms) it asked for each delta read.
+    delta_reads_at: Vec<Vec<u64>>,
 }
 
 fn now_or_fail<T>(f: impl std::future::Future<Output = T>) -> T {
@@ -82,6 +84,7 @@ impl World {
             delta_reads: 0,
             max_gossip_fan_out: 0,
             table_delay: 0,
+            delta_reads_at: Vec::new(),
         }
     }
 
@@ -114,6 +117,7 @@ impl World {
         self.stalled_until.push(0);
         self.published.push(Vec::new());
         self.joined.push(None);
+        self.delta_reads_at.push(Vec::new());
         let i = self.machines.len() - 1;
         self.push(0, i, Event::Start);
         i
@@ -147,6 +151,7 @@ impl World {
             }
             Action::ReadDelta { id, since } => {
                 self.delta_reads += 1;
+                self.delta_reads_at[i].push(self.now);
                 let result = now_or_fail(table.read_delta(&since));
                 self.push(table_lat, i, Event::DeltaRead { id, result });
             }
@@ -533,6 +538,98 @@ fn gossip_triggered_refreshes_are_delta_reads() {
         assert_eq!(m.status(), SiloStatus::Active, "silo {i}");
     }
     assert_eq!(table.status_of(&victim), Some(SiloStatus::Dead));
+}
+
+/// Writes `entry` to the table at its next version, as a silo outside the test's
+/// machines would; returns the version written.
+fn write_row(w: &World, entry: &MembershipEntry) -> u64 {
+    let snap = w.table();
+    let next = snap.version.next();
+    let committed = match snap.entries.get(&entry.silo) {
+        Some(row) => now_or_fail(w.table.update_row(entry, &row.1, &next)),
+        None => now_or_fail(w.table.insert_row(entry, &next)),
+    };
+    assert_eq!(committed.ok(), Some(true), "the test's own write commits");
+    next.version
+}
+
+/// Issue 9: while reads show only joins (a join storm: rows inserted Joining, then
+/// turned Active), gossip-triggered reads thin out, one per half of the time the
+/// storm has lasted and at least one per probe period; the first read that shows a
+/// death goes back to the base interval. At the base interval a 12-s storm with a
+/// change every 50 ms costs a silo 48 reads, and per silo storm reads grow with
+/// the storm, so with N.
+#[test]
+fn gossip_reads_thin_out_during_a_join_storm_and_not_for_a_death() {
+    use rollcall_membership_core::protocol::{gossip_refresh_interval, gossip_refresh_interval_cap};
+    let mut w = cluster(3, 21, 5, 0.0);
+    w.run_for(30_000);
+    let o = ClusterMembershipOptions::default();
+    let (base, cap) = (
+        gossip_refresh_interval(&o).as_millis() as u64,
+        gossip_refresh_interval_cap(&o).as_millis() as u64,
+    );
+    // 12 s of joins, a change every 50 ms, each gossiped to silo 0: rows inserted
+    // Joining and rewritten. No silo answers for them, so the cluster's probes
+    // start voting against them about 16 s after their insert: the storm and the
+    // checks after it end before that (a vote is not a join).
+    let storm_start = w.now;
+    let mut joiners = Vec::new();
+    for k in 0..240u32 {
+        let silo: SiloAddress = format!("10.1.{}.{}:11111@1", k / 200, k % 200).parse().unwrap();
+        let mut row = MembershipEntry::new(silo, SiloStatus::Joining, w.time());
+        if k % 2 == 1 {
+            row = joiners.pop().expect("a joiner");
+            row.i_am_alive_time = w.time();
+        }
+        let version = write_row(&w, &row);
+        joiners.push(row);
+        w.push(1, 0, Event::GossipReceived { version });
+        w.run_for(50);
+    }
+    let reads: Vec<u64> = w.delta_reads_at[0]
+        .iter()
+        .copied()
+        .filter(|t| *t >= storm_start)
+        .collect();
+    let gaps: Vec<u64> = reads.windows(2).map(|p| p[1] - p[0]).collect();
+    assert!(
+        reads.len() <= 16,
+        "silo 0 read {} times during a 12-s join storm (48 at the base interval): at {reads:?}",
+        reads.len()
+    );
+    let widest = gaps.iter().copied().max().unwrap_or(0);
+    assert!(
+        widest <= cap + 100,
+        "a {widest} ms gap between reads during the storm (cap {cap} ms): at {reads:?}"
+    );
+    assert!(
+        gaps.iter().any(|g| *g >= cap - 100),
+        "the reads never thinned out to the cap: gaps {gaps:?}"
+    );
+    // A death, then another change 300 ms later: the first is read within the cap,
+    // the second within the base interval (the death reset it).
+    let mut dead = joiners.pop().expect("a joiner");
+    dead.status = SiloStatus::Dead;
+    let t_dead = w.now;
+    let v = write_row(&w, &dead);
+    w.push(1, 0, Event::GossipReceived { version: v });
+    w.run_until(cap + 200, |w| w.machines[0].view_version() >= v)
+        .expect("the death is read within the cap");
+    assert!(w.now - t_dead <= cap + 100);
+    w.run_for(300);
+    let mut other = joiners.pop().expect("a joiner");
+    other.status = SiloStatus::Active;
+    let t_next = w.now;
+    let v = write_row(&w, &other);
+    w.push(1, 0, Event::GossipReceived { version: v });
+    let took = w
+        .run_until(cap, |w| w.machines[0].view_version() >= v)
+        .expect("the next change is read");
+    assert!(
+        took <= base + 50,
+        "after a death the next change took {took} ms to read (base interval {base} ms); since {t_next}"
+    );
 }
 
 /// Issue 9: the table version spreads with the probes. With gossip off, the

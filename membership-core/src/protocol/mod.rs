@@ -26,7 +26,8 @@ pub mod votes;
 
 pub use cleanup::lost_row_grace;
 pub use machine::{
-    gossip_fan_out, gossip_refresh_interval, Action, Event, RowWrite, SiloMachine, StopReason, Timer,
+    gossip_fan_out, gossip_refresh_interval, gossip_refresh_interval_cap, Action, Event, RowWrite,
+    SiloMachine, StopReason, Timer,
 };
 pub use probe::{IndirectOutcome, PingOutcome, SuspectReason};
 
