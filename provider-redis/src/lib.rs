@@ -4,12 +4,13 @@
 //!
 //! - **Conditional writes** use `WATCH` / `MULTI` / `EXEC` on a dedicated pooled
 //!   connection (deadpool; WATCH state is per connection, so never on the shared
-//!   multiplexed one): WATCH row + version, read both, compare etags, then
-//!   `MULTI / SET row / SET version / EXEC`. A nil EXEC (a watched key changed) is
+//!   multiplexed one): WATCH row + version and `MGET` both, compare etags, then
+//!   `MULTI / MSET row version / HSET alive / ZADD changes (+ history) / EXEC`. A nil EXEC (a watched key changed) is
 //!   `Ok(false)`; connection and server errors are [`Error::Backend`](rollcall_membership_core::Error::Backend).
 //! - **Atomic `read_all`**: one read-only Lua script returns the version, the index,
-//!   every row and the IAmAlive hash at one instant. A table handle reuses the rows
-//!   it decoded before while their stored bytes are unchanged.
+//!   every row and the IAmAlive hash at one instant. The handles of one cluster's
+//!   table opened from one store reuse the rows any of them decoded before while
+//!   their stored bytes are unchanged.
 //! - **Heartbeats** (`update_i_am_alive`) are one blind `HSET` into a hash of their
 //!   own, so they change neither row etags nor the version and never conflict.
 //! - **Reminders**: one JSON value per reminder plus a sorted set scored by the actor
@@ -53,6 +54,7 @@ mod metrics;
 mod reminders;
 mod statistics;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 pub use config::RedisConfig;
@@ -79,6 +81,10 @@ pub(crate) fn new_etag() -> String {
 pub struct RedisStore {
     router: Arc<conn::Router>,
     config: RedisConfig,
+    /// Per cluster id: the decoded-row cache its table handles share, while one
+    /// of them is alive.
+    decoded:
+        Arc<std::sync::Mutex<HashMap<String, std::sync::Weak<std::sync::Mutex<membership::DecodedRows>>>>>,
 }
 
 impl RedisStore {
@@ -110,7 +116,11 @@ impl RedisStore {
             .query_async::<String>(&mut con)
             .await
             .map_err(|e| conn::backend("PING", e))?;
-        Ok(RedisStore { router, config })
+        Ok(RedisStore {
+            router,
+            config,
+            decoded: Arc::default(),
+        })
     }
 
     /// The configuration in use.
@@ -132,6 +142,7 @@ impl RedisStore {
             cluster_id,
             ProtocolMode::Extended,
             self.config.history_capacity,
+            Arc::default(),
         )
         .read_all_reply_rows()
         .await
@@ -145,12 +156,25 @@ impl SystemStore for RedisStore {
 
     fn membership_table(&self, cluster_id: &str, mode: ProtocolMode) -> Result<Arc<dyn MembershipTable>> {
         validate_id("cluster_id", cluster_id)?;
+        let decoded = {
+            let mut caches = self.decoded.lock().unwrap_or_else(|p| p.into_inner());
+            caches.retain(|_, cache| cache.strong_count() > 0);
+            match caches.get(cluster_id).and_then(std::sync::Weak::upgrade) {
+                Some(cache) => cache,
+                None => {
+                    let cache = membership::SharedDecodedRows::default();
+                    caches.insert(cluster_id.to_owned(), Arc::downgrade(&cache));
+                    cache
+                }
+            }
+        };
         Ok(Arc::new(RedisMembershipTable::new(
             self.router.clone(),
             &self.config.key_prefix,
             cluster_id,
             mode,
             self.config.history_capacity,
+            decoded,
         )))
     }
 

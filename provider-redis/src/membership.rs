@@ -186,10 +186,14 @@ struct WriteRow<'a> {
     event_json: Option<String>,
 }
 
-/// Rows decoded by earlier reads of one table handle, by silo key: the bytes each
-/// was decoded from, the IAmAlive time those bytes hold, and the row as last
+/// Rows decoded by earlier reads of one cluster's table, by silo key: the bytes
+/// each was decoded from, the IAmAlive time those bytes hold, and the row as last
 /// returned (with the IAmAlive time of that read).
-type DecodedRows = HashMap<String, (Vec<u8>, Timestamp, Arc<(MembershipEntry, Etag)>)>;
+pub(crate) type DecodedRows = HashMap<String, (Vec<u8>, Timestamp, Arc<(MembershipEntry, Etag)>)>;
+
+/// [`DecodedRows`] shared by every handle of one cluster's table opened from one
+/// store.
+pub(crate) type SharedDecodedRows = Arc<std::sync::Mutex<DecodedRows>>;
 
 /// The membership table of one cluster on Redis.
 #[derive(Debug, Clone)]
@@ -200,11 +204,13 @@ pub struct RedisMembershipTable {
     cluster_id: String,
     mode: ProtocolMode,
     history_capacity: u64,
-    /// A row whose stored bytes are those of the previous read is not parsed
+    /// A row whose stored bytes are those of an earlier read is not parsed
     /// again: rows change only on membership writes (heartbeats live in their own
     /// hash), so most rows of most reads are unchanged. Holds the rows of the last
-    /// full read at most (a full read drops the keys it did not return).
-    decoded: Arc<std::sync::Mutex<DecodedRows>>,
+    /// full read at most (a full read drops the keys it did not return), and is
+    /// shared by the handles of this cluster's table that one store opened (a
+    /// process running several silos, or a silo and tools, parses a row once).
+    decoded: SharedDecodedRows,
 }
 
 /// The text of a string reply, borrowed from it (`None` for nil), or why it is not
@@ -297,6 +303,7 @@ impl RedisMembershipTable {
         cluster_id: &str,
         mode: ProtocolMode,
         history_capacity: u64,
+        decoded: SharedDecodedRows,
     ) -> Self {
         RedisMembershipTable {
             router,
@@ -305,7 +312,7 @@ impl RedisMembershipTable {
             cluster_id: cluster_id.to_owned(),
             mode,
             history_capacity,
-            decoded: Arc::default(),
+            decoded,
         }
     }
 

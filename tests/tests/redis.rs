@@ -702,3 +702,52 @@ async fn reads_reuse_decoded_rows_only_while_their_bytes_are_unchanged() {
         .unwrap();
     assert!(table.read_all().await.unwrap().entry(&silo).is_none());
 }
+
+/// The handles of one cluster's table that one store opens share the rows decoded
+/// before: the second handle's read returns the very rows the first one decoded
+/// (a process of many silos parses each row once per change, not once per silo),
+/// and each handle still reads what is stored (a heartbeat written through one
+/// shows in the other's next read; a row rewritten shows in both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handles_of_one_cluster_share_their_decoded_rows() {
+    let Some(b) = fixtures::redis().await else { return };
+    let store = store_on(&b).await;
+    let (cluster, first) = table_with(&store, "cluster", &[1, 2]).await;
+    let second = store.membership_table(&cluster, ProtocolMode::Extended).unwrap();
+    let silo = full_entry(1).silo;
+    let a = first.read_all().await.unwrap();
+    let b_read = second.read_all().await.unwrap();
+    assert_eq!(a, b_read);
+    assert!(
+        Arc::ptr_eq(a.entries.get(&silo).unwrap(), b_read.entries.get(&silo).unwrap()),
+        "the second handle decoded the row again"
+    );
+    let beat = Timestamp::from_millis(1_900_000_000_000);
+    second.update_i_am_alive(&silo, beat).await.unwrap();
+    assert_eq!(
+        first
+            .read_all()
+            .await
+            .unwrap()
+            .entry(&silo)
+            .unwrap()
+            .i_am_alive_time,
+        beat
+    );
+    let snap = first.read_all().await.unwrap();
+    let (row, etag) = &**snap.entries.get(&silo).unwrap();
+    let mut changed = row.clone();
+    changed.status = SiloStatus::Dead;
+    assert!(first
+        .update_row(&changed, etag, &snap.version.next())
+        .await
+        .unwrap());
+    assert_eq!(
+        second.read_all().await.unwrap().status_of(&silo),
+        Some(SiloStatus::Dead)
+    );
+    let other = store
+        .membership_table("another-cluster", ProtocolMode::Extended)
+        .unwrap();
+    assert!(other.read_all().await.unwrap().entries.is_empty());
+}
