@@ -5,8 +5,9 @@
 //! - **Conditional writes** use `WATCH` / `MULTI` / `EXEC` on a dedicated pooled
 //!   connection (deadpool; WATCH state is per connection, so never on the shared
 //!   multiplexed one): WATCH row + version and `MGET` both, compare etags, then
-//!   `MULTI / MSET row version / HSET alive / ZADD changes (+ history) / EXEC`. A nil EXEC (a watched key changed) is
-//!   `Ok(false)`; connection and server errors are [`Error::Backend`](rollcall_membership_core::Error::Backend).
+//!   `MULTI / MSET row version / HSET alive / ZADD changes (+ history) / EXEC`. A
+//!   nil EXEC (a watched key changed) is `Ok(false)`; connection and server errors
+//!   are [`Error::Backend`](rollcall_membership_core::Error::Backend).
 //! - **Atomic `read_all`**: one read-only Lua script returns the version, the index,
 //!   every row and the IAmAlive hash at one instant. The handles of one cluster's
 //!   table opened from one store reuse the rows any of them decoded before while
@@ -55,7 +56,7 @@ mod reminders;
 mod statistics;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 pub use config::RedisConfig;
 pub use membership::RedisMembershipTable;
@@ -83,8 +84,7 @@ pub struct RedisStore {
     config: RedisConfig,
     /// Per cluster id: the decoded-row cache its table handles share, while one
     /// of them is alive.
-    decoded:
-        Arc<std::sync::Mutex<HashMap<String, std::sync::Weak<std::sync::Mutex<membership::DecodedRows>>>>>,
+    decoded: Arc<Mutex<HashMap<String, Weak<Mutex<membership::DecodedRows>>>>>,
 }
 
 impl RedisStore {
@@ -159,7 +159,7 @@ impl SystemStore for RedisStore {
         let decoded = {
             let mut caches = self.decoded.lock().unwrap_or_else(|p| p.into_inner());
             caches.retain(|_, cache| cache.strong_count() > 0);
-            match caches.get(cluster_id).and_then(std::sync::Weak::upgrade) {
+            match caches.get(cluster_id).and_then(Weak::upgrade) {
                 Some(cache) => cache,
                 None => {
                     let cache = membership::SharedDecodedRows::default();
