@@ -475,7 +475,7 @@ fn section(storms: &[Storm], args: &Args) -> String {
     if storms.iter().any(|s| s.silos >= 10_000) {
         let _ = writeln!(
             md,
-            "\nStorms of 10,000 silos are not part of `all` (about 15 minutes of one core and \
+            "\nStorms of 10,000 silos are not part of `all` (about 12 minutes of one core and \
              12 GB for the simulated silos): `rollcall-bench j1 --silos 10,100,1000,10000`."
         );
     }
