@@ -51,23 +51,54 @@ backends_install() {
   fi
 }
 
-backends_free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+# COUNT distinct free loopback ports in 10000-19999, all held at once while they
+# are picked (two picks can never be the same port). The range lies below Linux's
+# ephemeral ports (32768-60999), so an outgoing connection does not take one
+# between the pick and the server's bind, and apart from the Redis Cluster ports.
+backends_free_ports() { # count
+  python3 - "$1" <<'PY'
+import random, socket, sys
+n, held, ports = int(sys.argv[1]), [], []
+while len(ports) < n:
+    p = random.randint(10000, 19999)
+    if p in ports:
+        continue
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+    except OSError:
+        s.close()
+        continue
+    held.append(s)
+    ports.append(p)
+print(" ".join(map(str, ports)))
+PY
 }
 
-# A free port P below 45000 whose cluster bus port P+10000 is free too (Redis Cluster).
-backends_free_cluster_port() {
-  python3 -c '
-import random, socket
-for _ in range(1000):
-    p = random.randint(20000, 45000)
+# COUNT ports P in 20000-29999 whose cluster bus ports P+10000 are free too (Redis
+# Cluster), no port of one node being another's bus port.
+backends_free_cluster_ports() { # count
+  python3 - "$1" <<'PY'
+import random, socket, sys
+n, held, ports = int(sys.argv[1]), [], []
+while len(ports) < n:
+    p = random.randint(20000, 29999)
+    if p in ports:
+        continue
+    pair = []
     try:
         for q in (p, p + 10000):
-            s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
-        print(p); break
+            s = socket.socket()
+            pair.append(s)
+            s.bind(("127.0.0.1", q))
     except OSError:
-        pass
-'
+        for s in pair:
+            s.close()
+        continue
+    held.extend(pair)
+    ports.append(p)
+print(" ".join(map(str, ports)))
+PY
 }
 
 backends_wait_port() { # port name
@@ -95,21 +126,33 @@ sys.exit(1)
 PY
 }
 
+# Starts every backend (see the top of this file) and exports their addresses. A
+# port taken by another process between the pick and the bind fails one attempt:
+# the backends are stopped and started again on other ports, 3 attempts in all.
 backends_start() {
+  local attempt
+  for attempt in 1 2 3; do
+    backends_start_once && return 0
+    backends_log "backends did not all start (attempt $attempt of 3); stopping them, trying other ports"
+    backends_stop
+  done
+  return 1
+}
+
+backends_start_once() {
   rm -rf "$BACKENDS_DIR"
   mkdir -p "$BACKENDS_DIR"
-  local rp ep pp mp
-  rp=$(backends_free_port)
+  local ports rp ep pp mp
+  read -r -a ports <<<"$(backends_free_ports 10)"
+  rp=${ports[0]} ep=${ports[1]} pp=${ports[2]} mp=${ports[3]}
   redis-server --port "$rp" --bind 127.0.0.1 --save "" --appendonly no --dir "$BACKENDS_DIR" \
     >"$BACKENDS_DIR/redis.log" 2>&1 &
   BACKEND_PIDS+=($!)
-  ep=$(backends_free_port); pp=$(backends_free_port)
   etcd --name rollcall-test --data-dir "$BACKENDS_DIR/etcd" \
     --listen-client-urls "http://127.0.0.1:$ep" --advertise-client-urls "http://127.0.0.1:$ep" \
     --listen-peer-urls "http://127.0.0.1:$pp" --initial-advertise-peer-urls "http://127.0.0.1:$pp" \
     --initial-cluster "rollcall-test=http://127.0.0.1:$pp" >"$BACKENDS_DIR/etcd.log" 2>&1 &
   BACKEND_PIDS+=($!)
-  mp=$(backends_free_port)
   # One request at a time: see the script (moto's own server lets two
   # transactions both commit).
   "$ROLLCALL_ROOT/.venv/bin/python3" "$ROLLCALL_ROOT/scripts/moto_serialized.py" -H 127.0.0.1 -p "$mp" >"$BACKENDS_DIR/moto.log" 2>&1 &
@@ -117,7 +160,7 @@ backends_start() {
   # A 3-member etcd cluster for the etcd conformance run on a real quorum.
   local eports=() epeers=() einitial="" j
   for j in 0 1 2; do
-    eports+=("$(backends_free_port)"); epeers+=("$(backends_free_port)")
+    eports+=("${ports[$((4 + j))]}"); epeers+=("${ports[$((7 + j))]}")
     einitial+="m$j=http://127.0.0.1:${epeers[$j]},"
   done
   for j in 0 1 2; do
@@ -130,13 +173,13 @@ backends_start() {
   done
   # A 3-master Redis Cluster for the cluster-mode conformance run.
   local cports=() cp i
+  read -r -a cports <<<"$(backends_free_cluster_ports 3)"
   for i in 1 2 3; do
-    cp=$(backends_free_cluster_port)
+    cp=${cports[$((i - 1))]}
     mkdir -p "$BACKENDS_DIR/rc$i"
     redis-server --port "$cp" --bind 127.0.0.1 --save "" --appendonly no --cluster-enabled yes \
       --cluster-node-timeout 5000 --dir "$BACKENDS_DIR/rc$i" >"$BACKENDS_DIR/redis-cluster-$i.log" 2>&1 &
     BACKEND_PIDS+=($!)
-    cports+=("$cp")
   done
   backends_wait_port "$rp" redis && backends_wait_port "$ep" etcd && backends_wait_port "$mp" moto || return 1
   for cp in "${cports[@]}"; do backends_wait_port "$cp" "redis-cluster" || return 1; done
