@@ -51,51 +51,33 @@ backends_install() {
   fi
 }
 
-# COUNT distinct free loopback ports in 10000-19999, all held at once while they
-# are picked (two picks can never be the same port). The range lies below Linux's
-# ephemeral ports (32768-60999), so an outgoing connection does not take one
-# between the pick and the server's bind, and apart from the Redis Cluster ports.
-backends_free_ports() { # count
-  python3 - "$1" <<'PY'
+# COUNT distinct free loopback ports in LOW..HIGH, all held at once while they are
+# picked (two picks can never be the same port); with BUS, port P+BUS must be free
+# too and is held as well (a Redis Cluster node's bus port), so no pick is another's
+# bus port. Plain ports come from 10000-19999, cluster ports from 20000-29999 with
+# their buses at 30000-39999: below Linux's ephemeral range (32768-60999) as far
+# as possible, so an outgoing connection rarely takes one between the pick and the
+# server's bind (backends_start retries when one does).
+backends_free_ports() { # count [low high [bus]]
+  python3 - "$1" "${2:-10000}" "${3:-19999}" "${4:-0}" <<'PY'
 import random, socket, sys
-n, held, ports = int(sys.argv[1]), [], []
+n, low, high, bus = map(int, sys.argv[1:5])
+held, ports = [], []
 while len(ports) < n:
-    p = random.randint(10000, 19999)
+    p = random.randint(low, high)
     if p in ports:
         continue
-    s = socket.socket()
+    taken = []
     try:
-        s.bind(("127.0.0.1", p))
-    except OSError:
-        s.close()
-        continue
-    held.append(s)
-    ports.append(p)
-print(" ".join(map(str, ports)))
-PY
-}
-
-# COUNT ports P in 20000-29999 whose cluster bus ports P+10000 are free too (Redis
-# Cluster), no port of one node being another's bus port.
-backends_free_cluster_ports() { # count
-  python3 - "$1" <<'PY'
-import random, socket, sys
-n, held, ports = int(sys.argv[1]), [], []
-while len(ports) < n:
-    p = random.randint(20000, 29999)
-    if p in ports:
-        continue
-    pair = []
-    try:
-        for q in (p, p + 10000):
+        for q in (p, p + bus) if bus else (p,):
             s = socket.socket()
-            pair.append(s)
+            taken.append(s)
             s.bind(("127.0.0.1", q))
     except OSError:
-        for s in pair:
+        for s in taken:
             s.close()
         continue
-    held.extend(pair)
+    held.extend(taken)
     ports.append(p)
 print(" ".join(map(str, ports)))
 PY
@@ -173,7 +155,7 @@ backends_start_once() {
   done
   # A 3-master Redis Cluster for the cluster-mode conformance run.
   local cports=() cp i
-  read -r -a cports <<<"$(backends_free_cluster_ports 3)"
+  read -r -a cports <<<"$(backends_free_ports 3 20000 29999 10000)"
   for i in 1 2 3; do
     cp=${cports[$((i - 1))]}
     mkdir -p "$BACKENDS_DIR/rc$i"
