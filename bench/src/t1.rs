@@ -11,7 +11,8 @@ use anyhow::Context as _;
 use async_trait::async_trait;
 use hdrhistogram::Histogram;
 use rollcall_membership_core::{
-    MembershipEntry, MembershipTable, ProtocolMode, ReminderEntry, ReminderTable, SystemStore, Timestamp,
+    history, MembershipEntry, MembershipTable, ProtocolMode, ReminderEntry, ReminderTable, SystemStore,
+    Timestamp,
 };
 use rollcall_tests::fixtures;
 use rollcall_tests::membership_table::{full_entry, silo};
@@ -192,7 +193,7 @@ impl Op for RedisRowMulti {
             .zadd(&changes, &id, *version)
             .zadd(&history, format!("{version}:{}", self.1), *version)
             .ignore();
-        let floor = version.saturating_add(1).saturating_sub(10_000);
+        let floor = history::history_floor(*version, history::DEFAULT_HISTORY_CAPACITY);
         if floor > 1 {
             tx.cmd("ZREMRANGEBYSCORE")
                 .arg(&history)

@@ -747,7 +747,7 @@ async fn handles_of_one_cluster_share_their_decoded_rows() {
         Some(SiloStatus::Dead)
     );
     let other = store
-        .membership_table("another-cluster", ProtocolMode::Extended)
+        .membership_table(&unique_id("another"), ProtocolMode::Extended)
         .unwrap();
     assert!(other.read_all().await.unwrap().entries.is_empty());
 }
