@@ -34,7 +34,7 @@ mod time;
 pub mod transport;
 
 pub use agents::{
-    MembershipChanged, Notice, NoticeReceiver, NoticesDropped, OnDeclaredDead, Silo, SiloBuilder, SiloHandle,
+    LeaveHookGuard, LeaveWork, MembershipChanged, Notice, NoticeReceiver, NoticesDropped, OnDeclaredDead, Silo, SiloBuilder, SiloHandle,
     Subscription,
 };
 pub use error::{redact_password, retry_transient, BoxError, Error, Result, SiloError};

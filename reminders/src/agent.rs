@@ -26,13 +26,17 @@ use actix::{
 use rand::rngs::StdRng;
 use rand::Rng;
 use rollcall_membership_core::{
-    actor_hash, Clock, Etag, MembershipChanged, MissedTickPolicy, Notice, ReminderEntry, ReminderOptions,
-    ReminderTable, SiloAddress, SiloHandle, SiloStatus, Timestamp,
+    actor_hash, Clock, Etag, MembershipChanged, MembershipSnapshot, MissedTickPolicy, Notice, ReminderEntry,
+    ReminderOptions, ReminderTable, SiloAddress, SiloHandle, SiloStatus, Timestamp,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use crate::api::{ActorId, Counters, ReminderError, ReminderTarget, ReminderTick};
+use crate::handoff::{
+    Custody, Floor, HandoffMessage, Holds, Release, ReleaseRequest, ReleasedPiece, Start, MAX_RELEASE_HOPS,
+    REQUEST_AFTER,
+};
 use crate::queue::{key_of, Key, Queue};
 use crate::ring::{Ring, RingRange};
 use crate::schedule::{after_delivery, occurrence_after, plan, Learned, Planned, Timing};
@@ -45,6 +49,22 @@ fn occurrence_at_or_after(entry: Timing, t: Timestamp) -> Option<Timestamp> {
         entry.period,
         Timestamp::from_millis(t.as_millis().saturating_sub(1)),
     )
+}
+
+/// The next tick of a reminder learned at `now`, its schedule starting as the holds
+/// say: `Held` plans as usual (the slot waits out of the due index), `From(floor)`
+/// takes the first occurrence at or after the floor (at once if it has passed).
+fn planned(timing: Timing, now: Timestamp, learned: Learned, start: Start) -> Option<Planned> {
+    match start {
+        Start::Free | Start::Held => plan(timing, now, learned),
+        Start::From(floor) => {
+            let at = occurrence_at_or_after(timing, floor)?;
+            Some(Planned {
+                scheduled: at,
+                due: at.max(now),
+            })
+        }
+    }
 }
 
 /// Deliveries running at once per silo.
@@ -63,12 +83,13 @@ pub const LOAD_PIECE_ROWS: u64 = 2048;
 const FIRST_PIECE_WIDTH: u32 = 1 << 26;
 /// The narrowest piece (1/65,536 of the ring).
 const MIN_PIECE_WIDTH: u32 = 1 << 16;
-/// Reminders handed to their new owners with a notice per ring change (the rest
-/// are found by the new owner's loads).
-pub const MAX_HANDOFFS: usize = 1024;
-/// How long an overdue tick found by a load waits before delivery, so that the
-/// previous owner's handoff (which says what it already delivered) arrives first.
-pub const HANDOFF_GRACE: Duration = Duration::from_secs(1);
+/// How long an overdue tick found by a load outside a handoff waits before
+/// delivery (a registration rewritten meanwhile is read first).
+const LOAD_GRACE: Duration = Duration::from_secs(1);
+/// Releases received before the ring that needs them, kept to apply later.
+const EARLY_RELEASES: usize = 64;
+/// Attempts at sending one release.
+const RELEASE_ATTEMPTS: u32 = 3;
 /// `last_fired` writes and one-shot removals running at once.
 pub const MAX_WRITES: usize = 16;
 /// Longest wait between retries of deliveries and writes.
@@ -87,17 +108,6 @@ pub(crate) struct ChangedNotice {
     /// be older).
     #[serde(default)]
     pub hops: u8,
-    /// Sent by the previous owner of a reminder it dropped on a ring change: the
-    /// new owner schedules it as a loaded row (no late first tick: the previous
-    /// owner delivered what was due).
-    #[serde(default)]
-    pub handoff: bool,
-    /// With `handoff`: the registration's etag and the first occurrence (UTC ms) the
-    /// previous owner had not delivered; the new owner delivers nothing earlier.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub etag: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next: Option<u64>,
 }
 
 /// The notice topic of a service's reminder agents.
@@ -106,6 +116,41 @@ pub(crate) fn topic(service_id: &str) -> String {
         "rollcall.reminders/{:08x}",
         xxhash_rust::xxh32::xxh32(service_id.as_bytes(), 0)
     )
+}
+
+/// The topic of a service's range releases ([`crate::handoff`]).
+pub(crate) fn release_topic(service_id: &str) -> String {
+    format!("{}/release", topic(service_id))
+}
+
+/// Sends `releases` to their silos at once, each retried up to
+/// [`RELEASE_ATTEMPTS`] times (each bounded by the silo's `probe_timeout`);
+/// finishes when every one was taken or given up.
+pub(crate) async fn send_releases(silo: SiloHandle, releases: Vec<(SiloAddress, HandoffMessage)>) {
+    let topic = match releases.first() {
+        Some((_, HandoffMessage::Release(r))) => release_topic(&r.service),
+        Some((_, HandoffMessage::Request(r))) => release_topic(&r.service),
+        None => return,
+    };
+    let sends = releases.into_iter().map(|(to, message)| {
+        let (silo, topic) = (silo.clone(), topic.clone());
+        tokio::spawn(async move {
+            let Ok(body) = serde_json::to_vec(&message) else { return };
+            for attempt in 1..=RELEASE_ATTEMPTS {
+                match silo.send_notice(to, &topic, body.clone()).await {
+                    Ok(true) => return,
+                    Ok(false) => tracing::debug!(%to, attempt, "reminder release not taken"),
+                    Err(e) => tracing::debug!(%to, attempt, error = %e, "reminder release not sent"),
+                }
+                tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+            }
+            tracing::warn!(%to, "reminder release never taken; its receiver takes the range over after its hold timeout");
+        })
+    });
+    let sends: Vec<_> = sends.collect();
+    for s in sends {
+        let _ = s.await;
+    }
 }
 
 /// Sends `notices` to their silos one after another in a background task (each
@@ -160,6 +205,7 @@ pub(crate) struct ReminderAgent {
     pub counters: Arc<Counters>,
     pub rng: StdRng,
     pub notices: Option<rollcall_membership_core::NoticeReceiver>,
+    pub releases: Option<rollcall_membership_core::NoticeReceiver>,
     pub state: State,
 }
 
@@ -193,6 +239,20 @@ pub(crate) struct State {
     writes: usize,
     write_retry: Option<SpawnHandle>,
     write_failures: u32,
+    /// Ranges gained and not yet released by their previous owners.
+    holds: Holds,
+    /// The membership view the ring was built from.
+    view: Option<Arc<MembershipSnapshot>>,
+    /// Timer of the next hold expiry.
+    hold_timer: Option<SpawnHandle>,
+    /// Releases that freed no hold yet (they may arrive before the ring change).
+    early: VecDeque<Release>,
+    /// The silo is leaving: everything was released, nothing is delivered.
+    leaving: bool,
+    /// The releases sent last, to send again on request.
+    sent: VecDeque<(SiloAddress, Release)>,
+    /// When each previous owner a hold waits for was last asked for its release.
+    requested: HashMap<SiloAddress, Timestamp>,
 }
 
 impl Actor for ReminderAgent {
@@ -213,24 +273,13 @@ impl Actor for ReminderAgent {
                     ctx.stop();
                 }),
         );
-        // Notices: forwarded one at a time; the bounded queue behind them drops
-        // what the agent cannot take.
-        if let Some(mut rx) = self.notices.take() {
-            let addr = ctx.address();
-            actix::spawn(async move {
-                while let Some(first) = rx.recv().await {
-                    let mut batch = vec![first];
-                    while batch.len() < NOTICE_BATCH {
-                        match rx.try_recv() {
-                            Some(n) => batch.push(n),
-                            None => break,
-                        }
-                    }
-                    if addr.send(NoticesReceived(batch)).await.is_err() {
-                        return;
-                    }
-                }
-            });
+        // Notices and releases: forwarded in batches; the bounded queues behind
+        // them drop what the agent cannot take.
+        if let Some(rx) = self.notices.take() {
+            forward(rx, ctx.address(), |b| NoticesReceived(b, false));
+        }
+        if let Some(rx) = self.releases.take() {
+            forward(rx, ctx.address(), |b| NoticesReceived(b, true));
         }
         // Periodic reconciliation with the table.
         ctx.run_interval(self.options.refresh_reminder_list_period, |act, ctx| {
@@ -255,10 +304,41 @@ pub(crate) struct LoadRun {
 }
 
 /// Up to [`NOTICE_BATCH`] notices from the silo's notice queue; `Err` where some
-/// were dropped because the queue was full.
+/// were dropped because the queue was full. `true`: from the release topic.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub(crate) struct NoticesReceived(pub Vec<Result<Notice, rollcall_membership_core::NoticesDropped>>);
+pub(crate) struct NoticesReceived(
+    pub Vec<Result<Notice, rollcall_membership_core::NoticesDropped>>,
+    pub bool,
+);
+
+/// Forwards what `rx` receives to the agent in batches of up to [`NOTICE_BATCH`].
+fn forward(
+    mut rx: rollcall_membership_core::NoticeReceiver,
+    addr: actix::Addr<ReminderAgent>,
+    wrap: fn(Vec<Result<Notice, rollcall_membership_core::NoticesDropped>>) -> NoticesReceived,
+) {
+    actix::spawn(async move {
+        while let Some(first) = rx.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < NOTICE_BATCH {
+                match rx.try_recv() {
+                    Some(n) => batch.push(n),
+                    None => break,
+                }
+            }
+            if addr.send(wrap(batch)).await.is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// The silo is leaving gracefully: release every range, deliver nothing more, and
+/// answer once the releases were taken (see [`crate::handoff`]).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Leave(pub oneshot::Sender<()>);
 
 /// Answered once the first load of the agent's ranges finished.
 #[derive(Message)]
@@ -270,44 +350,77 @@ impl Handler<MembershipChanged> for ReminderAgent {
 
     fn handle(&mut self, msg: MembershipChanged, ctx: &mut Context<Self>) {
         let ring = Ring::of_active(&msg.0, self.options.ring_points_per_silo);
-        if ring == self.state.ring && self.state.ring_gen > 0 {
+        self.state.view = Some(msg.0);
+        if self.state.leaving {
             return;
         }
+        if ring == self.state.ring && self.state.ring_gen > 0 {
+            self.expire_holds(ctx);
+            return;
+        }
+        let now = self.clock.now();
+        let me = self.me;
         let s = &mut self.state;
         s.ring_gen += 1;
-        s.ranges = ring.ranges_of(&self.me);
+        let old = std::mem::take(&mut s.ring);
+        let lost = s.holds.ring_changed(&old, &ring, me, now, s.load_epoch);
+        let releases = self.releases_of(&lost, now);
+        let s = &mut self.state;
+        s.holds.keep_owned(&ring, me);
+        s.ranges = ring.ranges_of(&me);
         s.ring = ring;
-        let (ring, me) = (&s.ring, self.me);
-        // Hand the reminders we drop to their new owners: a row written just
-        // before the change may have been missed by the new owner's load.
-        let mut handoffs: Vec<(SiloAddress, ChangedNotice)> = Vec::new();
-        let service = self.table.service_id();
-        s.queue.retain(|slot| {
-            let owner = ring.owner_of(slot.hash);
-            if owner == Some(me) {
-                return true;
-            }
-            if let Some(owner) = owner.filter(|_| handoffs.len() < MAX_HANDOFFS) {
-                handoffs.push((
-                    owner,
-                    ChangedNotice {
-                        service: service.to_owned(),
-                        actor: slot.key.actor().to_owned(),
-                        name: slot.key.name().to_owned(),
-                        hops: 1,
-                        handoff: true,
-                        etag: Some(slot.etag.to_string()),
-                        // A delivery in progress covers its occurrence.
-                        next: Some(slot.next.scheduled.as_millis() + u64::from(slot.delivering)),
-                    },
-                ));
-            }
-            false
-        });
-        send_notices(&self.silo, self.table.service_id(), handoffs);
-        tracing::debug!(silo = %me, ranges = s.ranges.len(), silos = s.ring.silos().len(), "reminder ring changed");
+        let ring = &s.ring;
+        s.queue.retain(|slot| ring.owns(&me, slot.hash));
+        // Releases that came before this ring may free what it holds.
+        let early: Vec<Release> = s.early.drain(..).collect();
+        for r in early {
+            self.release_received(r);
+        }
+        self.hold_slots();
+        tracing::debug!(silo = %me, ranges = self.state.ranges.len(), silos = self.state.ring.silos().len(),
+            waiting_for = ?self.state.holds.waiting_for(), "reminder ring changed");
+        self.send(releases);
         self.request_load(ctx);
+        self.expire_holds(ctx);
         self.arm_timer(ctx);
+    }
+}
+
+impl Handler<Leave> for ReminderAgent {
+    type Result = ();
+
+    fn handle(&mut self, msg: Leave, ctx: &mut Context<Self>) {
+        if self.state.leaving {
+            let _ = msg.0.send(());
+            return;
+        }
+        let now = self.clock.now();
+        let me = self.me;
+        let remaining = self.state.ring.without(&me);
+        let lost: Vec<(RingRange, SiloAddress)> = crate::handoff::transfers(&self.state.ring, &remaining)
+            .into_iter()
+            .filter_map(|(range, was, is)| (was == Some(me)).then_some(range).zip(is))
+            .collect();
+        let releases = self.releases_of(&lost, now);
+        let releases: Vec<(SiloAddress, HandoffMessage)> = releases
+            .into_iter()
+            .map(|(to, r)| (to, HandoffMessage::Release(r)))
+            .collect();
+        let s = &mut self.state;
+        s.leaving = true;
+        s.queue.retain(|_| false);
+        if let Some((_, h)) = s.timer.take() {
+            ctx.cancel_future(h);
+        }
+        tracing::debug!(silo = %me, releases = releases.len(), "leaving: reminder ranges released");
+        let silo = self.silo.clone();
+        ctx.spawn(
+            async move { send_releases(silo, releases).await }
+                .into_actor(self)
+                .map(move |(), _, _| {
+                    let _ = msg.0.send(());
+                }),
+        );
     }
 }
 
@@ -327,6 +440,57 @@ impl Handler<NoticesReceived> for ReminderAgent {
     type Result = ();
 
     fn handle(&mut self, msg: NoticesReceived, ctx: &mut Context<Self>) {
+        if msg.1 {
+            let mut freed = false;
+            for notice in msg.0.into_iter().flatten() {
+                match serde_json::from_slice::<HandoffMessage>(&notice.body) {
+                    Ok(HandoffMessage::Release(r)) if r.service == self.table.service_id() => {
+                        freed |= self.release_received(r)
+                    }
+                    Ok(HandoffMessage::Request(r)) if r.service == self.table.service_id() => {
+                        // What this silo released of the asker's ranges (in this
+                        // silo's view), whoever it was sent to.
+                        let theirs = self.state.ring.ranges_of(&r.from);
+                        let again: Vec<Release> = self
+                            .state
+                            .sent
+                            .iter()
+                            .filter_map(|(_, rel)| {
+                                let pieces: Vec<ReleasedPiece> = rel
+                                    .pieces
+                                    .iter()
+                                    .flat_map(|p| {
+                                        theirs.iter().flat_map(move |t| {
+                                            crate::handoff::intersect(p.range, *t)
+                                                .into_iter()
+                                                .map(move |range| ReleasedPiece { range, ..*p })
+                                        })
+                                    })
+                                    .collect();
+                                (!pieces.is_empty()).then(|| Release {
+                                    pieces,
+                                    ..rel.clone()
+                                })
+                            })
+                            .collect();
+                        tracing::debug!(silo = %self.me, to = %r.from, releases = again.len(), "reminder releases asked for again");
+                        let again = again
+                            .into_iter()
+                            .map(|rel| (r.from, HandoffMessage::Release(rel)))
+                            .collect();
+                        tokio::spawn(send_releases(self.silo.clone(), again));
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!(from = %notice.from, error = %e, "undecodable reminder release dropped"),
+                }
+            }
+            if freed {
+                self.free_held();
+                self.publish_gauges();
+                self.arm_timer(ctx);
+            }
+            return;
+        }
         for notice in msg.0 {
             match notice {
                 Ok(notice) => self.notice(notice, ctx),
@@ -365,33 +529,7 @@ impl ReminderAgent {
             return;
         }
         let key = Key::new(&n.actor, &n.name);
-        let floor = n.next.map(Timestamp::from_millis);
-        if let (Some(etag), Some(floor)) = (&n.etag, floor) {
-            // A handoff for a registration we already hold: deliver nothing the
-            // previous owner delivered.
-            if let Some(slot) = self.state.queue.get(&key) {
-                if slot.etag == etag.as_str() {
-                    if !slot.delivering && slot.next.scheduled < floor {
-                        let next = occurrence_at_or_after(slot.timing(), floor);
-                        match next {
-                            Some(at) => self.state.queue.requeue(
-                                &key,
-                                Planned {
-                                    scheduled: at,
-                                    due: at,
-                                },
-                            ),
-                            None => {
-                                self.state.queue.remove(&key);
-                            }
-                        }
-                        self.arm_timer(ctx);
-                    }
-                    return;
-                }
-            }
-        }
-        if !n.handoff && self.state.load_pending {
+        if self.state.load_pending {
             // The pending load starts after this notice arrived, so it reads the
             // registration the notice is about.
             return;
@@ -404,7 +542,6 @@ impl ReminderAgent {
         let gen = self.state.ring_gen;
         let table = self.table.clone();
         let timeout = self.options.table_operation_timeout;
-        let learned = if n.handoff { Learned::Load } else { Learned::Notice };
         let (actor, name) = (n.actor, n.name);
         ctx.spawn(
             async move { bounded(timeout, table.read_row(&actor, &name)).await }
@@ -425,7 +562,7 @@ impl ReminderAgent {
                             }
                             act.state.changes += 1;
                             let now = act.clock.now();
-                            act.schedule_row(row, now, learned, false, floor);
+                            act.schedule_row(row, now, Learned::Notice, false);
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "reading a notified reminder failed; reloading the ranges");
@@ -446,7 +583,6 @@ impl ReminderAgent {
         now: Timestamp,
         learned: Learned,
         jitter: bool,
-        floor: Option<Timestamp>,
     ) {
         let key = key_of(&row);
         if let Some((etag, at)) = self.state.persist.get(&key) {
@@ -454,29 +590,19 @@ impl ReminderAgent {
                 row.last_fired = row.last_fired.max(Some(*at));
             }
         }
-        let Some(mut next) = plan(&row, now, learned) else {
+        let start = self
+            .state
+            .holds
+            .start_of(row.hash, &row.actor_id, &row.name, row.etag.as_str());
+        let Some(mut next) = planned(Timing::from(&row), now, learned, start) else {
             self.state.queue.remove(&key);
             return;
         };
-        if let Some(floor) = floor.filter(|f| next.scheduled < *f) {
-            match occurrence_at_or_after(Timing::from(&row), floor) {
-                Some(at) => {
-                    next = Planned {
-                        scheduled: at,
-                        due: at,
-                    }
-                }
-                None => {
-                    self.state.queue.remove(&key);
-                    return;
-                }
-            }
-        }
         if next.due > now.saturating_add(self.options.loading_window) {
             self.state.queue.remove(&key);
             return;
         }
-        if learned == Learned::Load && next.is_overdue(now) {
+        if start == Start::Free && learned == Learned::Load && next.is_overdue(now) {
             // A late or catch-up tick found by a load: give the previous owner's
             // handoff time to arrive, and at start-up spread these ticks over the
             // jitter window (restart storms).
@@ -486,10 +612,241 @@ impl ReminderAgent {
             } else {
                 0
             };
-            next.due = now.saturating_add(HANDOFF_GRACE + Duration::from_millis(spread));
+            next.due = now.saturating_add(LOAD_GRACE + Duration::from_millis(spread));
         }
         let changes = self.state.changes;
         self.state.queue.set(&row, next, changes);
+        if start == Start::Held {
+            self.state.queue.hold(&key);
+        }
+    }
+
+    /// The releases of the pieces `lost` (with their new owners) at `now`: per new
+    /// owner, the pieces this silo delivered in (or inherited a floor for), and the
+    /// first undelivered occurrence of every reminder whose floor is not the
+    /// piece's. Pieces still held are left out (rule 4 of [`crate::handoff`]).
+    fn releases_of(&self, lost: &[(RingRange, SiloAddress)], now: Timestamp) -> Vec<(SiloAddress, Release)> {
+        let s = &self.state;
+        let mut by_owner: HashMap<SiloAddress, Release> = HashMap::new();
+        let after = now.as_millis() + 1;
+        let mut inherited: Vec<RingRange> = Vec::new();
+        for (range, to) in lost {
+            let r = by_owner.entry(*to).or_insert_with(|| Release {
+                service: self.table.service_id().to_owned(),
+                from: self.me,
+                at: now.as_millis(),
+                pieces: Vec::new(),
+                floors: Vec::new(),
+                hops: 0,
+            });
+            for (piece, custody) in s.holds.custody(*range) {
+                let (floor, waiting_for) = match custody {
+                    Custody::Held(from) => (None, Some(from)),
+                    Custody::Free => (Some(after), None),
+                    Custody::Inherited(f) => {
+                        inherited.push(piece);
+                        (f.map(Timestamp::as_millis), None)
+                    }
+                };
+                r.pieces.push(ReleasedPiece {
+                    range: piece,
+                    floor,
+                    waiting_for,
+                });
+            }
+        }
+        for slot in s.queue.iter() {
+            let Some((range, to)) = lost.iter().find(|(r, _)| r.contains(slot.hash)) else {
+                continue;
+            };
+            let _ = range;
+            if slot.held {
+                continue;
+            }
+            // The first occurrence not delivered: a running delivery covers its own.
+            let next = if slot.delivering {
+                slot.next.scheduled.as_millis() + 1
+            } else {
+                slot.next.scheduled.as_millis()
+            };
+            let listed = inherited.iter().any(|p| p.contains(slot.hash));
+            if next < after || listed {
+                if let Some(r) = by_owner.get_mut(to) {
+                    r.floors.push(Floor {
+                        actor: slot.key.actor().to_owned(),
+                        name: slot.key.name().to_owned(),
+                        etag: slot.etag.to_string(),
+                        next,
+                    });
+                }
+            }
+        }
+        by_owner
+            .into_iter()
+            .filter(|(_, r)| !r.pieces.is_empty())
+            .collect()
+    }
+
+    /// Applies a release to the holds; keeps it for a later ring if it freed
+    /// nothing, and forwards the pieces owned by a third silo in this silo's view.
+    /// Returns whether a hold was freed.
+    fn release_received(&mut self, r: Release) -> bool {
+        let me = self.me;
+        let freed = self.state.holds.released(&r, me);
+        if r.hops < MAX_RELEASE_HOPS && !self.state.ring.is_empty() {
+            let mut forward: HashMap<SiloAddress, Release> = HashMap::new();
+            for silo in self.state.ring.silos() {
+                if silo == me || silo == r.from {
+                    continue;
+                }
+                for owned in self.state.ring.ranges_of(&silo) {
+                    for p in &r.pieces {
+                        for range in crate::handoff::intersect(p.range, owned) {
+                            forward
+                                .entry(silo)
+                                .or_insert_with(|| Release {
+                                    pieces: Vec::new(),
+                                    hops: r.hops + 1,
+                                    ..r.clone()
+                                })
+                                .pieces
+                                .push(ReleasedPiece { range, ..*p });
+                        }
+                    }
+                }
+            }
+            if !forward.is_empty() {
+                tracing::debug!(silo = %me, from = %r.from, to = ?forward.keys().collect::<Vec<_>>(), "forwarding a reminder release");
+                let forward: Vec<(SiloAddress, HandoffMessage)> = forward
+                    .into_iter()
+                    .map(|(to, r)| (to, HandoffMessage::Release(r)))
+                    .collect();
+                tokio::spawn(send_releases(self.silo.clone(), forward));
+            }
+        }
+        if !freed {
+            if self.state.early.len() == EARLY_RELEASES {
+                self.state.early.pop_front();
+            }
+            self.state.early.push_back(r);
+        }
+        freed
+    }
+
+    /// Sends `releases` in the background, keeping them to send again on request.
+    fn send(&mut self, releases: Vec<(SiloAddress, Release)>) {
+        if releases.is_empty() {
+            return;
+        }
+        for (to, r) in &releases {
+            if self.state.sent.len() == EARLY_RELEASES {
+                self.state.sent.pop_front();
+            }
+            self.state.sent.push_back((*to, r.clone()));
+        }
+        let messages = releases
+            .into_iter()
+            .map(|(to, r)| (to, HandoffMessage::Release(r)))
+            .collect();
+        tokio::spawn(send_releases(self.silo.clone(), messages));
+    }
+
+    /// Takes the slots of held ranges out of the due index.
+    fn hold_slots(&mut self) {
+        let s = &mut self.state;
+        let held: Vec<Key> = s
+            .queue
+            .iter()
+            .filter(|slot| {
+                !slot.held
+                    && s.holds.start_of(slot.hash, slot.key.actor(), slot.key.name(), &slot.etag) == Start::Held
+            })
+            .map(|slot| slot.key.clone())
+            .collect();
+        for k in held {
+            s.queue.hold(&k);
+        }
+    }
+
+    /// Schedules the held slots the holds no longer hold.
+    fn free_held(&mut self) {
+        let now = self.clock.now();
+        let s = &mut self.state;
+        let freed: Vec<(Key, Option<Planned>)> = s
+            .queue
+            .iter()
+            .filter(|slot| slot.held)
+            .filter_map(|slot| {
+                let start = s.holds.start_of(slot.hash, slot.key.actor(), slot.key.name(), &slot.etag);
+                (start != Start::Held).then(|| (slot.key.clone(), planned(slot.timing(), now, Learned::Load, start)))
+            })
+            .collect();
+        for (key, next) in freed {
+            match next {
+                Some(next) => s.queue.requeue(&key, next),
+                None => {
+                    s.queue.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Frees the holds whose previous owner is gone or silent too long, and keeps
+    /// a timer for the next expiry while some hold waits.
+    fn expire_holds(&mut self, ctx: &mut Context<Self>) {
+        let now = self.clock.now();
+        let view = self.state.view.clone();
+        let gone = |silo: &SiloAddress| {
+            view.as_ref()
+                .and_then(|v| v.status_of(silo))
+                .is_none_or(|st| st == SiloStatus::Dead)
+        };
+        let (changed, silent) = self.state.holds.expire(now, gone);
+        // Ask the previous owners still in the view that were silent for a while.
+        let waiting = self.state.holds.waiting_for();
+        let requested = &mut self.state.requested;
+        requested.retain(|s, _| waiting.contains(s));
+        let mut ask = Vec::new();
+        for silo in waiting.into_iter().filter(|s| !gone(s)) {
+            let last = *requested.entry(silo).or_insert(now);
+            if now.saturating_duration_since(last) >= REQUEST_AFTER {
+                requested.insert(silo, now);
+                ask.push((
+                    silo,
+                    HandoffMessage::Request(ReleaseRequest {
+                        service: self.table.service_id().to_owned(),
+                        from: self.me,
+                    }),
+                ));
+            }
+        }
+        if !ask.is_empty() {
+            tokio::spawn(send_releases(self.silo.clone(), ask));
+        }
+        for silo in silent {
+            tracing::warn!(silo = %self.me, previous_owner = %silo, timeout = ?crate::handoff::HANDOFF_TIMEOUT,
+                "no release of reminder ranges from their previous owner; taking them over");
+        }
+        if changed {
+            self.free_held();
+            self.publish_gauges();
+            self.arm_timer(ctx);
+        }
+        if let Some(h) = self.state.hold_timer.take() {
+            ctx.cancel_future(h);
+        }
+        if self.state.holds.waiting() {
+            // Re-checked at least every 250 ms while waiting: a previous owner's
+            // status changes with the view.
+            let at = self.state.holds.next_expiry().unwrap_or(now);
+            let wait = at
+                .saturating_duration_since(now)
+                .clamp(Duration::from_millis(10), Duration::from_millis(250));
+            self.state.hold_timer = Some(ctx.run_later(wait, |act, ctx| {
+                act.state.hold_timer = None;
+                act.expire_holds(ctx);
+            }));
+        }
     }
 
     fn publish_gauges(&self) {
@@ -608,7 +965,7 @@ impl ReminderAgent {
             match self.state.queue.get_mut(&key) {
                 Some(slot) if slot.etag == row.etag.as_str() || slot.touched > since => slot.seen = epoch,
                 _ => {
-                    self.schedule_row(row, now, Learned::Load, first, None);
+                    self.schedule_row(row, now, Learned::Load, first);
                     if let Some(slot) = self.state.queue.get_mut(&key) {
                         slot.seen = epoch;
                     }
@@ -639,6 +996,7 @@ impl ReminderAgent {
         self.state
             .queue
             .retain(|slot| slot.seen == run.epoch || slot.touched > run.since);
+        self.state.holds.load_finished(run.epoch);
         if !self.state.loaded_once {
             self.state.loaded_once = true;
             for w in self.state.first_load_waiters.drain(..) {
@@ -677,6 +1035,9 @@ impl ReminderAgent {
 
     fn deliver_due(&mut self, ctx: &mut Context<Self>) {
         let now = self.clock.now();
+        if self.state.leaving {
+            return;
+        }
         if self.silo.status() != SiloStatus::Active {
             // Not Active (yet, or any more): nothing is delivered; look again soon.
             let h = ctx.run_later(Duration::from_secs(1), |act, ctx| {

@@ -18,6 +18,7 @@
 
 mod agent;
 mod api;
+pub mod handoff;
 mod queue;
 pub mod ring;
 pub mod schedule;

@@ -75,6 +75,9 @@ pub(crate) struct Slot {
     pub policy: MissedTickPolicy,
     /// A delivery of `next` is running (the slot is out of the due index).
     pub delivering: bool,
+    /// Its range is held for a handoff (see [`crate::handoff`]): out of the due
+    /// index until freed by [`Queue::requeue`].
+    pub held: bool,
 }
 
 impl Slot {
@@ -132,6 +135,7 @@ impl Queue {
             attempts: 0,
             policy: entry.missed_tick_policy,
             delivering: false,
+            held: false,
         };
         let i = u32::try_from(self.slots.insert(slot)).expect("fewer than 2^32 reminders per silo");
         self.index.insert(key, i);
@@ -142,7 +146,7 @@ impl Queue {
     pub(crate) fn remove(&mut self, key: &Key) -> Option<Slot> {
         let i = self.index.remove(key)?;
         let slot = self.slots.remove(i as usize);
-        if !slot.delivering {
+        if !slot.delivering && !slot.held {
             self.due.remove(&(slot.next.due, i));
         }
         Some(slot)
@@ -188,12 +192,29 @@ impl Queue {
     pub(crate) fn requeue(&mut self, key: &Key, next: Planned) {
         let Some(&i) = self.index.get(key) else { return };
         let slot = &mut self.slots[i as usize];
-        if !slot.delivering {
+        if !slot.delivering && !slot.held {
             self.due.remove(&(slot.next.due, i));
         }
         slot.next = next;
         slot.delivering = false;
+        slot.held = false;
         self.due.insert((next.due, i));
+    }
+
+    /// Takes a slot out of the due index until [`requeue`](Self::requeue)d (a
+    /// running delivery finishes first).
+    pub(crate) fn hold(&mut self, key: &Key) {
+        let Some(&i) = self.index.get(key) else { return };
+        let slot = &mut self.slots[i as usize];
+        if !slot.delivering && !slot.held {
+            self.due.remove(&(slot.next.due, i));
+        }
+        slot.held = true;
+    }
+
+    /// The slots, in no order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Slot> {
+        self.slots.iter().map(|(_, s)| s)
     }
 }
 
@@ -267,6 +288,17 @@ mod tests {
         q.retain(|s| s.key.name() != "c");
         assert_eq!(q.next_due(), Some(Timestamp::from_millis(60)));
         assert_eq!(q.len(), 2);
+        // A held slot is out of the due index until requeued; removing it leaves
+        // nothing behind.
+        let d = Key::new("a", "d");
+        q.hold(&d);
+        assert!(q.get(&d).unwrap().held);
+        assert_eq!(q.next_due(), None, "a is delivering, d held");
+        q.requeue(&d, at(5));
+        assert_eq!(q.next_due(), Some(Timestamp::from_millis(5)));
+        q.hold(&d);
+        q.remove(&d);
+        assert_eq!((q.next_due(), q.len()), (None, 1));
     }
 
     #[test]

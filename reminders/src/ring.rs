@@ -16,7 +16,7 @@ use rollcall_membership_core::{hash_in_range, MembershipSnapshot, SiloAddress, S
 /// A ring range `(begin, end]` of 32-bit hashes, wrapping when `begin >= end`
 /// (`(x, x)` is the whole ring), as [`hash_in_range`] defines it and
 /// `ReminderTable::read_rows_in_range` reads it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct RingRange {
     /// Exclusive start.
     pub begin: u32,
@@ -71,6 +71,8 @@ pub fn point_of(silo: &SiloAddress, i: u32) -> u32 {
 pub struct Ring {
     /// Point -> owner, in ring order.
     points: BTreeMap<u32, SiloAddress>,
+    /// Points each silo takes.
+    per_silo: u32,
 }
 
 impl Ring {
@@ -85,7 +87,10 @@ impl Ring {
                     .or_insert(silo);
             }
         }
-        Ring { points }
+        Ring {
+            points,
+            per_silo: points_per_silo,
+        }
     }
 
     /// The ring of the Active silos of a membership view: the ring every reminder
@@ -155,6 +160,17 @@ impl Ring {
             out.push(RingRange { begin, end: previous });
         }
         out
+    }
+
+    /// The ring's points, in ring order.
+    pub fn points(&self) -> impl Iterator<Item = u32> + '_ {
+        self.points.keys().copied()
+    }
+
+    /// The same ring without `silo`'s points (as every silo computes it once `silo`
+    /// is no longer Active).
+    pub fn without(&self, silo: &SiloAddress) -> Ring {
+        Ring::new(self.silos().into_iter().filter(|s| s != silo), self.per_silo)
     }
 
     /// Whether `silo` owns `hash`.

@@ -13,7 +13,8 @@ use rollcall_membership_core::{
 use tokio::sync::oneshot;
 
 use crate::agent::{
-    bounded, send_notices, topic, ChangedNotice, ReminderAgent, State, WhenLoaded, NOTICE_QUEUE,
+    bounded, release_topic, send_notices, topic, ChangedNotice, Leave, ReminderAgent, State, WhenLoaded,
+    NOTICE_QUEUE,
 };
 use crate::api::{
     ActorId, Counters, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, MAX_NAME,
@@ -112,6 +113,7 @@ impl RemindersBuilder {
             Arc::new(|_: &ActorId| None)
         });
         let notices = self.silo.subscribe_notices(&topic(&service_id), NOTICE_QUEUE);
+        let releases = self.silo.subscribe_notices(&release_topic(&service_id), NOTICE_QUEUE);
         let agent = ReminderAgent {
             me: self.silo.address(),
             silo: self.silo.clone(),
@@ -125,9 +127,21 @@ impl RemindersBuilder {
                 None => rand::rngs::StdRng::from_os_rng(),
             },
             notices: Some(notices),
+            releases: Some(releases),
             state: State::default(),
         }
         .start();
+        // A graceful shutdown of the silo first releases this service's ranges.
+        let leaving = agent.clone();
+        let leave_hook = self.silo.on_leave(move || {
+            let agent = leaving.clone();
+            Box::pin(async move {
+                let (tx, rx) = oneshot::channel();
+                if agent.send(Leave(tx)).await.is_ok() {
+                    let _ = rx.await;
+                }
+            })
+        });
         let subscription = self.silo.subscribe_recipient(agent.clone().recipient());
         let (tx, rx) = oneshot::channel();
         agent
@@ -155,6 +169,7 @@ impl RemindersBuilder {
                 service_id,
                 _agent: agent,
                 _subscription: subscription,
+                _leave_hook: leave_hook,
             }),
         })
     }
@@ -172,6 +187,7 @@ struct Inner {
     service_id: String,
     _agent: Addr<ReminderAgent>,
     _subscription: rollcall_membership_core::Subscription,
+    _leave_hook: rollcall_membership_core::LeaveHookGuard,
 }
 
 /// A silo's reminder service: registers, lists and removes durable reminders, and
@@ -392,9 +408,6 @@ impl Reminders {
             actor: actor_id.to_owned(),
             name: name.to_owned(),
             hops: 0,
-            handoff: false,
-            etag: None,
-            next: None,
         };
         send_notices(&self.inner.silo, &self.inner.service_id, vec![(owner, notice)]);
     }

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use actix::{Actor, Context, Handler};
 use rollcall_membership_core::{ReminderOptions, SiloAddress, SiloError, SiloHandle, SystemStore, Timestamp};
@@ -218,4 +219,117 @@ impl ReminderCluster {
 /// Actor `cart/<i>`.
 pub fn actor(i: usize) -> ActorId {
     ActorId::new("cart", i.to_string()).expect("actor id")
+}
+
+/// One delivered tick as a churn analysis reads it (from a [`Log`] or from the log
+/// files of silo processes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Occurrence {
+    /// (actor id, reminder name).
+    pub reminder: (String, String),
+    /// The occurrence it stands for.
+    pub scheduled: Timestamp,
+    /// When it was sent.
+    pub at: Timestamp,
+}
+
+impl From<&Delivered> for Occurrence {
+    fn from(d: &Delivered) -> Occurrence {
+        Occurrence {
+            reminder: (d.tick.actor.to_string(), d.tick.name.clone()),
+            scheduled: d.tick.scheduled,
+            at: d.tick.now,
+        }
+    }
+}
+
+/// What a churn run delivered against what it should have: every occurrence of
+/// every reminder in `[from, to]` exactly once.
+#[derive(Clone, Debug, Default)]
+pub struct ChurnReport {
+    /// Occurrences due in the window.
+    pub occurrences: usize,
+    /// Occurrences delivered twice or more (each extra delivery once).
+    pub duplicates: Vec<((String, String), Timestamp)>,
+    /// Occurrences in the window never delivered.
+    pub missed: Vec<((String, String), Timestamp)>,
+    /// Longest time between two consecutive delivered occurrences of one reminder.
+    pub worst_gap: Duration,
+    /// Lateness (sent - scheduled) of the deliveries in the window: p50, p99, max.
+    pub lateness: [Duration; 3],
+}
+
+impl std::fmt::Display for ChurnReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} occurrences, {} duplicates, {} missed, worst gap {:?}, lateness p50 {:?} p99 {:?} max {:?}",
+            self.occurrences,
+            self.duplicates.len(),
+            self.missed.len(),
+            self.worst_gap,
+            self.lateness[0],
+            self.lateness[1],
+            self.lateness[2]
+        )
+    }
+}
+
+/// Compares `ticks` with the occurrences of reminders starting at `starts` (every
+/// `period`) that fall in `[from, to]`.
+pub fn churn_report(
+    starts: &BTreeMap<(String, String), Timestamp>,
+    period: Duration,
+    from: Timestamp,
+    to: Timestamp,
+    ticks: &[Occurrence],
+) -> ChurnReport {
+    let mut got: BTreeMap<&(String, String), Vec<&Occurrence>> = BTreeMap::new();
+    for t in ticks {
+        got.entry(&t.reminder).or_default().push(t);
+    }
+    let mut report = ChurnReport::default();
+    let mut lateness = Vec::new();
+    let p = period.as_millis() as u64;
+    for (key, start) in starts {
+        let mut delivered: BTreeMap<Timestamp, usize> = BTreeMap::new();
+        for t in got.get(key).into_iter().flatten() {
+            *delivered.entry(t.scheduled).or_default() += 1;
+            if t.scheduled >= from && t.scheduled <= to {
+                lateness.push(t.at.saturating_duration_since(t.scheduled));
+            }
+        }
+        for (at, n) in &delivered {
+            for _ in 1..*n {
+                report.duplicates.push((key.clone(), *at));
+            }
+        }
+        let times: Vec<Timestamp> = delivered.keys().copied().filter(|t| *t >= from && *t <= to).collect();
+        for w in times.windows(2) {
+            report.worst_gap = report.worst_gap.max(w[1].saturating_duration_since(w[0]));
+        }
+        let mut k = from.as_millis().saturating_sub(start.as_millis()).div_ceil(p);
+        loop {
+            let t = Timestamp::from_millis(start.as_millis() + k * p);
+            if t > to {
+                break;
+            }
+            if t >= from {
+                report.occurrences += 1;
+                if !delivered.contains_key(&t) {
+                    report.missed.push((key.clone(), t));
+                }
+            }
+            k += 1;
+        }
+    }
+    lateness.sort();
+    let pick = |q: f64| {
+        lateness
+            .get(((lateness.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or_default()
+    };
+    report.lateness = [pick(0.5), pick(0.99), lateness.last().copied().unwrap_or_default()];
+    report
 }

@@ -746,3 +746,73 @@ fn r11_metrics_series_count_what_the_cluster_did() {
         "{sums:?}"
     );
 }
+
+/// Churn in virtual time: 4 silos, 200 reminders with 1-s periods; every 15 s the
+/// oldest silo leaves (gracefully, or killed) and a new one joins, 8 times.
+/// Returns the report over the whole run and the kill times.
+async fn sim_churn(graceful: bool) -> (rollcall_tests::reminders::ChurnReport, Vec<Timestamp>) {
+    use rollcall_tests::reminders::{churn_report, Occurrence};
+    const SECOND: Duration = Duration::from_secs(1);
+    let options = ReminderOptions {
+        minimum_period: SECOND,
+        ..ReminderOptions::default()
+    };
+    let mut c = ReminderCluster::new(options);
+    c.start_many(4).await;
+    let mut starts = BTreeMap::new();
+    for i in 0..200 {
+        let due = Duration::from_millis(2_000 + (i as u64 * 37) % 1_000);
+        let h = c.services[i % 4]
+            .register_or_update(&actor(i), "tick", due, SECOND)
+            .await
+            .expect("register");
+        starts.insert((h.actor.to_string(), h.name.clone()), h.start_at);
+    }
+    let from = c.now().saturating_add(3 * SECOND);
+    let mut kills = Vec::new();
+    let mut next = 5;
+    for _ in 0..8 {
+        tokio::time::sleep(15 * SECOND).await;
+        let i = c.sim.silos.iter().position(|s| !s.is_stopped()).expect("a running silo");
+        kills.push(c.now());
+        if graceful {
+            c.sim.silos[i].shutdown().await.expect("graceful shutdown");
+        } else {
+            c.sim.silos[i].kill();
+        }
+        c.start(next, 1).await.expect("new silo joins");
+        next += 1;
+    }
+    tokio::time::sleep(15 * SECOND).await;
+    let to = c.now().saturating_sub(3 * SECOND);
+    let ticks: Vec<Occurrence> = c.ticks().iter().map(Occurrence::from).collect();
+    (churn_report(&starts, SECOND, from, to, &ticks), kills)
+}
+
+#[test]
+fn r12_graceful_leaves_and_joins_neither_repeat_nor_lose_a_tick() {
+    run_virtual(|| async {
+        let (report, _) = sim_churn(true).await;
+        eprintln!("graceful churn: {report}");
+        assert!(report.occurrences > 20_000, "{report}");
+        assert!(report.duplicates.is_empty(), "{report}: {:?}", &report.duplicates[..report.duplicates.len().min(10)]);
+        assert!(report.missed.is_empty(), "{report}: {:?}", &report.missed[..report.missed.len().min(10)]);
+    });
+}
+
+#[test]
+fn r13_crashes_repeat_no_tick_and_lose_only_inside_the_failover_window() {
+    run_virtual(|| async {
+        let (report, kills) = sim_churn(false).await;
+        eprintln!("crash churn: {report}");
+        assert!(report.duplicates.is_empty(), "{report}: {:?}", &report.duplicates[..report.duplicates.len().min(10)]);
+        // Failover window: detection, the survivors' load, and one period.
+        let window = detection_bound() + Duration::from_secs(2);
+        for (key, t) in &report.missed {
+            assert!(
+                kills.iter().any(|k| *t >= *k && t.saturating_duration_since(*k) <= window),
+                "{key:?} missed {t} outside every failover window ({report})"
+            );
+        }
+    });
+}

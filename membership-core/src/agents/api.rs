@@ -231,6 +231,55 @@ pub struct SiloHandle {
     pub(super) notices: Arc<super::NoticeSinks>,
     pub(super) counters: Arc<crate::metrics::CounterCells>,
     pub(super) health: Arc<super::executor::SharedHealth>,
+    pub(super) leave_hooks: Arc<LeaveHooks>,
+}
+
+/// What a hook given to [`SiloHandle::on_leave`] returns: the work to finish before
+/// the silo's ShuttingDown row is written.
+pub type LeaveWork = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+type LeaveHook = Arc<dyn Fn() -> LeaveWork + Send + Sync>;
+
+/// The hooks of one silo, by id.
+#[derive(Default)]
+pub(super) struct LeaveHooks {
+    next: std::sync::atomic::AtomicU64,
+    hooks: std::sync::Mutex<Vec<(u64, LeaveHook)>>,
+}
+
+impl std::fmt::Debug for LeaveHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaveHooks").finish_non_exhaustive()
+    }
+}
+
+impl LeaveHooks {
+    fn list(&self) -> Vec<LeaveHook> {
+        let hooks = self.hooks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        hooks.iter().map(|(_, h)| h.clone()).collect()
+    }
+}
+
+/// Keeps a hook given to [`SiloHandle::on_leave`] registered until dropped.
+#[must_use = "the hook is removed when this guard is dropped"]
+pub struct LeaveHookGuard {
+    id: u64,
+    hooks: std::sync::Weak<LeaveHooks>,
+}
+
+impl std::fmt::Debug for LeaveHookGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaveHookGuard").field("id", &self.id).finish()
+    }
+}
+
+impl Drop for LeaveHookGuard {
+    fn drop(&mut self) {
+        if let Some(hooks) = self.hooks.upgrade() {
+            let mut list = hooks.hooks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            list.retain(|(id, _)| *id != self.id);
+        }
+    }
 }
 
 /// Delivers [`MembershipChanged`] to an actor until dropped. See
@@ -355,6 +404,25 @@ impl SiloHandle {
 
     async fn leave(&self, graceful: bool) -> Result<(), SiloError> {
         let bound = self.shutdown_bound();
+        if graceful && !self.is_stopped() {
+            // The subsystems hand their work over while this silo is still Active
+            // in every view (reminder ranges, for one); each is bounded.
+            let work: Vec<_> = self
+                .leave_hooks
+                .list()
+                .into_iter()
+                .map(|hook| tokio::spawn(hook()))
+                .collect();
+            let all = async {
+                for w in work {
+                    let _ = w.await;
+                }
+            };
+            if tokio::time::timeout(self.options.shutdown_timeout, all).await.is_err() {
+                tracing::warn!(silo = %self.address, timeout = ?self.options.shutdown_timeout,
+                    "leave hooks did not finish in shutdown_timeout; leaving anyway");
+            }
+        }
         let (tx, rx) = oneshot::channel();
         let call = async {
             self.agent
@@ -363,6 +431,7 @@ impl SiloHandle {
                 .map_err(|_| SiloError::Stopped)?;
             rx.await.map_err(|_| SiloError::Stopped)?
         };
+        let bound = bound - self.options.shutdown_timeout;
         let r = tokio::time::timeout(bound, call)
             .await
             .unwrap_or(Err(SiloError::Timeout(bound)));
@@ -371,13 +440,38 @@ impl SiloHandle {
     }
 
     /// The bound of [`shutdown`](Self::shutdown) and [`stop`](Self::stop):
-    /// `shutdown_timeout + table_operation_timeout` (a write already sent finishes
-    /// first) plus one second of slack.
+    /// `shutdown_timeout` for the [leave hooks](Self::on_leave) (graceful shutdown
+    /// only), then `shutdown_timeout + table_operation_timeout` (a write already sent
+    /// finishes first) plus one second of slack.
     pub fn shutdown_bound(&self) -> Duration {
-        self.options.shutdown_timeout + self.options.table_operation_timeout + Duration::from_secs(1)
+        2 * self.options.shutdown_timeout + self.options.table_operation_timeout + Duration::from_secs(1)
     }
 
-    /// Graceful shutdown: writes ShuttingDown then Dead, gossips, stops every agent.
+    /// Registers work to finish before a graceful [`shutdown`](Self::shutdown)
+    /// writes this silo's ShuttingDown row: `hook()` is called once per shutdown,
+    /// and its future runs (with the other hooks, at once) while the silo is still
+    /// Active in every view, for at most `shutdown_timeout` (past it the silo
+    /// leaves anyway). The reminder service hands its ranges over this way. Not run
+    /// by [`stop`](Self::stop) or [`kill`](Self::kill). The hook stays registered
+    /// until the guard is dropped.
+    pub fn on_leave(&self, hook: impl Fn() -> LeaveWork + Send + Sync + 'static) -> LeaveHookGuard {
+        let id = self
+            .leave_hooks
+            .next
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.leave_hooks
+            .hooks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((id, Arc::new(hook)));
+        LeaveHookGuard {
+            id,
+            hooks: Arc::downgrade(&self.leave_hooks),
+        }
+    }
+
+    /// Graceful shutdown: runs the [leave hooks](Self::on_leave), writes
+    /// ShuttingDown then Dead, gossips, stops every agent.
     /// Returns within [`shutdown_bound`](Self::shutdown_bound) whatever the table does.
     ///
     /// # Errors

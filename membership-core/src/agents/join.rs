@@ -169,6 +169,7 @@ impl SiloBuilder {
             notices,
             counters,
             health,
+            leave_hooks: Arc::default(),
         };
         // The machine bounds the join: every write job gives up after a bounded number
         // of attempts and connectivity validation after max_join_attempt_time.

@@ -19,7 +19,9 @@ mod server;
 use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context};
 use tokio::sync::watch;
 
-pub use api::{MembershipChanged, OnDeclaredDead, Silo, SiloBuilder, SiloHandle, Subscription};
+pub use api::{
+    LeaveHookGuard, LeaveWork, MembershipChanged, OnDeclaredDead, Silo, SiloBuilder, SiloHandle, Subscription,
+};
 pub(crate) use notices::NoticeSinks;
 pub use notices::{Notice, NoticeReceiver, NoticesDropped};
 

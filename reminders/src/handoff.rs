@@ -1,0 +1,656 @@
+//! Handing ring ranges from one owner to the next without repeating or losing a
+//! tick. Pure: no I/O, no clock; the agent feeds it rings, releases and the time.
+//!
+//! Silos see a membership change at different moments, so for a while two silos
+//! can both own a range in their views (a joiner before the old owner reads the
+//! table), or none (a leaver stopped before the new owner read the table). Without
+//! a handoff the first case repeats ticks and the second loses them. The rules:
+//!
+//! 1. **Release.** A silo that stops owning a range (its ring changed, or it is
+//!    leaving) stops delivering there at once and sends the new owner (as its own
+//!    ring says) a [`Release`]: the time `at` it stopped, and for every reminder of
+//!    the range it had scheduled and not delivered by then, the first occurrence it
+//!    did not deliver ([`Floor`]). Every other occurrence up to `at` it delivered
+//!    or had started to deliver. A graceful leaver sends its releases before its
+//!    ShuttingDown row is written, and waits (bounded) until they are taken.
+//! 2. **Hold.** A silo that starts owning a range holds it: it loads the range's
+//!    rows but delivers nothing there until the range's previous owner (the owner
+//!    in its previous ring; for a joiner, the ring without itself) released it. A
+//!    held range is freed by
+//!    - the previous owner's release covering it: each reminder starts at its
+//!      floor, or at its first occurrence after `at`; occurrences between that
+//!      floor and now are delivered at once (late, once);
+//!    - the previous owner being Dead or gone in the view for [`HANDOFF_GRACE`]
+//!      (a crash: its release will never come): failover, the reminders are
+//!      planned as after a load (`Skip` waits for the next occurrence, `FireOnce`
+//!      catches up once); what fell due since the crash is the failover window;
+//!    - [`HANDOFF_TIMEOUT`] without a release (a previous owner alive but silent):
+//!      failover, logged as a warning.
+//! 3. **Forwarding.** A release for ranges its receiver does not own in its view
+//!    goes on to the owner it sees (at most [`MAX_RELEASE_HOPS`] hops), so a release
+//!    sent to a silo that has since lost the range to a third one reaches it.
+//! 4. **Chains.** A silo that loses a range it still holds itself delivered nothing
+//!    there: its release names the silo it was waiting for, and the receiver waits
+//!    for that one instead (gone: failover; asked again: it sends what it released
+//!    of the receiver's ranges, whoever it sent it to). For pieces it had freed but
+//!    not yet loaded in full, its release passes on the floor it inherited and
+//!    lists every reminder it had scheduled there.
+//!
+//! A hold is dropped once it is freed and a load that started after it finished (so
+//! every row of the range was scheduled with the floor).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollcall_membership_core::{SiloAddress, Timestamp};
+use serde::{Deserialize, Serialize};
+
+use crate::ring::{Ring, RingRange};
+
+/// How long a range whose previous owner is Dead (or gone from the view) stays held,
+/// waiting for a release already on its way (a graceful leaver's release can arrive
+/// after the row that says it left). 1 s.
+pub const HANDOFF_GRACE: Duration = Duration::from_secs(1);
+/// Longest hold: after 10 s without a release from a previous owner still Active or
+/// ShuttingDown in the view, the range is taken over as after a crash.
+pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a release is forwarded at most.
+pub const MAX_RELEASE_HOPS: u8 = 2;
+
+/// The first occurrence of one reminder its previous owner did not deliver.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Floor {
+    /// The actor id (`kind/key`).
+    pub actor: String,
+    /// The reminder name.
+    pub name: String,
+    /// The registration (etag) the floor belongs to; a newer registration starts
+    /// afresh.
+    pub etag: String,
+    /// The first occurrence not delivered (UTC ms, inclusive).
+    pub next: u64,
+}
+
+/// One released piece of the ring and the floor of the reminders of it that
+/// [`Release::floors`] does not name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleasedPiece {
+    /// The piece.
+    pub range: RingRange,
+    /// First occurrence (UTC ms, inclusive) its new owner may deliver of a reminder
+    /// without a floor of its own: `at + 1` normally; `None` where the sender had
+    /// itself taken the piece over as after a crash and not loaded it yet (the new
+    /// owner plans those reminders as after a load).
+    pub floor: Option<u64>,
+    /// The sender still held this piece itself, waiting for this silo's release:
+    /// the receiver waits for that release instead (`floor` is then unused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<SiloAddress>,
+}
+
+/// "I stopped delivering these ranges": sent by a range's previous owner to its new
+/// one (rule 1 of the module docs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Release {
+    /// The reminder service.
+    pub service: String,
+    /// The silo that released the ranges.
+    pub from: SiloAddress,
+    /// When it stopped delivering them (UTC ms).
+    pub at: u64,
+    /// The released pieces.
+    pub pieces: Vec<ReleasedPiece>,
+    /// Reminders whose first undelivered occurrence is not the piece's floor.
+    pub floors: Vec<Floor>,
+    /// Times it was forwarded.
+    #[serde(default)]
+    pub hops: u8,
+}
+
+/// "Send me again what you released to me": sent by a silo whose hold waited
+/// [`REQUEST_AFTER`] for a previous owner still in its view (the release may have
+/// been sent before the receiver listened, or lost).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseRequest {
+    /// The reminder service.
+    pub service: String,
+    /// The silo asking.
+    pub from: SiloAddress,
+}
+
+/// What travels on a service's release topic.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum HandoffMessage {
+    /// A release.
+    Release(Release),
+    /// A request to send releases again.
+    Request(ReleaseRequest),
+}
+
+/// How long a hold waits before asking its previous owner to send its release
+/// again, and between two such requests. 500 ms.
+pub const REQUEST_AFTER: Duration = Duration::from_millis(500);
+
+/// Where a reminder's schedule starts, as the holds say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// Not in a held range: plan it as usual.
+    Free,
+    /// In a range still held: deliver nothing yet.
+    Held,
+    /// Freed by a release: the first occurrence at or after this time (inclusive).
+    From(Timestamp),
+}
+
+type Floors = Arc<HashMap<(String, String), (String, Timestamp)>>;
+
+#[derive(Clone, Debug)]
+enum HoldState {
+    Waiting,
+    Released { floor: Timestamp, floors: Floors },
+    Failover,
+}
+
+/// A range this silo gained and may not deliver yet (or has freed but not yet
+/// loaded in full).
+#[derive(Clone, Debug)]
+struct Hold {
+    range: RingRange,
+    from: SiloAddress,
+    since: Timestamp,
+    /// The load epoch current when the hold was made: a load with a later epoch
+    /// that finishes has read every row of the range.
+    epoch: u32,
+    loaded: bool,
+    state: HoldState,
+}
+
+/// The holds of one silo's reminder service.
+#[derive(Clone, Debug, Default)]
+pub struct Holds {
+    /// Oldest first; a newer hold over the same hashes wins.
+    holds: Vec<Hold>,
+}
+
+/// What a piece of a range to release is, under the holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Custody {
+    /// Not held: the silo delivered there up to the release.
+    Free,
+    /// Still held, waiting for this silo's release: the silo delivered nothing
+    /// there and knows no floor.
+    Held(SiloAddress),
+    /// Freed with this floor (`None`: as after a crash), not loaded in full since:
+    /// the silo delivered only what it had scheduled there.
+    Inherited(Option<Timestamp>),
+}
+
+/// The pieces where ownership differs between `old` and `new`: `(piece, old owner,
+/// new owner)`, adjacent pieces with the same pair merged.
+pub fn transfers(old: &Ring, new: &Ring) -> Vec<(RingRange, Option<SiloAddress>, Option<SiloAddress>)> {
+    let mut bounds: Vec<u32> = old.points().chain(new.points()).collect();
+    bounds.sort_unstable();
+    bounds.dedup();
+    let mut out: Vec<(RingRange, Option<SiloAddress>, Option<SiloAddress>)> = Vec::new();
+    let n = bounds.len();
+    for k in 0..n {
+        let end = bounds[k];
+        let begin = bounds[(k + n - 1) % n];
+        let (a, b) = (old.owner_of(end), new.owner_of(end));
+        if a == b {
+            continue;
+        }
+        match out.last_mut() {
+            Some((r, oa, ob)) if *oa == a && *ob == b && r.end == begin => r.end = end,
+            _ => out.push((RingRange { begin, end }, a, b)),
+        }
+    }
+    // A single bound: the piece (b, b] is the whole ring.
+    out
+}
+
+/// A range as inclusive intervals of `0..2^32`.
+fn linear(r: RingRange) -> Vec<(u64, u64)> {
+    let (b, e) = (u64::from(r.begin), u64::from(r.end));
+    let max = u64::from(u32::MAX);
+    if b < e {
+        vec![(b + 1, e)]
+    } else if b == e {
+        vec![(0, max)]
+    } else {
+        let mut v = vec![(0, e)];
+        if b < max {
+            v.push((b + 1, max));
+        }
+        v
+    }
+}
+
+fn ring_range(lo: u64, hi: u64) -> RingRange {
+    RingRange {
+        begin: if lo == 0 { u32::MAX } else { (lo - 1) as u32 },
+        end: hi as u32,
+    }
+}
+
+/// The hashes both ranges hold, as ranges.
+pub fn intersect(a: RingRange, b: RingRange) -> Vec<RingRange> {
+    let mut out = Vec::new();
+    for (alo, ahi) in linear(a) {
+        for (blo, bhi) in linear(b) {
+            let (lo, hi) = (alo.max(blo), ahi.min(bhi));
+            if lo <= hi {
+                out.push(ring_range(lo, hi));
+            }
+        }
+    }
+    out
+}
+
+/// The hashes of `a` that none of `cut` holds, as ranges.
+pub fn subtract(a: RingRange, cut: &[RingRange]) -> Vec<RingRange> {
+    let mut left = linear(a);
+    for c in cut {
+        for (clo, chi) in linear(*c) {
+            left = left
+                .into_iter()
+                .flat_map(|(lo, hi)| {
+                    if chi < lo || clo > hi {
+                        return vec![(lo, hi)];
+                    }
+                    let mut v = Vec::new();
+                    if clo > lo {
+                        v.push((lo, clo - 1));
+                    }
+                    if chi < hi {
+                        v.push((chi + 1, hi));
+                    }
+                    v
+                })
+                .collect();
+        }
+    }
+    left.into_iter().map(|(lo, hi)| ring_range(lo, hi)).collect()
+}
+
+impl Holds {
+    /// Whether no range is held or waiting for a load.
+    pub fn is_empty(&self) -> bool {
+        self.holds.is_empty()
+    }
+
+    /// Whether some range waits for a release.
+    pub fn waiting(&self) -> bool {
+        self.holds.iter().any(|h| matches!(h.state, HoldState::Waiting))
+    }
+
+    /// The silos whose releases some range waits for.
+    pub fn waiting_for(&self) -> Vec<SiloAddress> {
+        let mut v: Vec<SiloAddress> = self
+            .holds
+            .iter()
+            .filter(|h| matches!(h.state, HoldState::Waiting))
+            .map(|h| h.from)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    /// Holds the pieces `me` gains from `old` to `new` (`old` empty: `new` without
+    /// `me`, as for a joiner). Returns what `me` loses, with the new owners.
+    pub fn ring_changed(
+        &mut self,
+        old: &Ring,
+        new: &Ring,
+        me: SiloAddress,
+        now: Timestamp,
+        epoch: u32,
+    ) -> Vec<(RingRange, SiloAddress)> {
+        let without_me;
+        let old = if old.is_empty() {
+            without_me = new.without(&me);
+            &without_me
+        } else {
+            old
+        };
+        let mut lost = Vec::new();
+        for (range, was, is) in transfers(old, new) {
+            if is == Some(me) {
+                if let Some(from) = was.filter(|w| *w != me) {
+                    self.holds.push(Hold {
+                        range,
+                        from,
+                        since: now,
+                        epoch,
+                        loaded: false,
+                        state: HoldState::Waiting,
+                    });
+                }
+            } else if was == Some(me) {
+                if let Some(to) = is {
+                    lost.push((range, to));
+                }
+            }
+        }
+        lost
+    }
+
+    /// Drops the holds over hashes `me` does not own in `ring` any more (call after
+    /// the releases of what it lost were built).
+    pub fn keep_owned(&mut self, ring: &Ring, me: SiloAddress) {
+        let mine = ring.ranges_of(&me);
+        let mut kept = Vec::new();
+        for h in self.holds.drain(..) {
+            for m in &mine {
+                for range in intersect(h.range, *m) {
+                    kept.push(Hold { range, ..h.clone() });
+                }
+            }
+        }
+        self.holds = kept;
+    }
+
+    /// Where the schedule of a reminder at `hash` starts.
+    pub fn start_of(&self, hash: u32, actor: &str, name: &str, etag: &str) -> Start {
+        let Some(h) = self.holds.iter().rev().find(|h| h.range.contains(hash)) else {
+            return Start::Free;
+        };
+        match &h.state {
+            HoldState::Waiting => Start::Held,
+            HoldState::Failover => Start::Free,
+            HoldState::Released { floor, floors } => {
+                match floors.get(&(actor.to_owned(), name.to_owned())) {
+                    Some((e, next)) if e == etag => Start::From(*next),
+                    _ => Start::From(*floor),
+                }
+            }
+        }
+    }
+
+    /// What each part of `range` is under the holds (newest hold wins).
+    ///
+    /// (See [`Custody`].)
+    pub fn custody(&self, range: RingRange) -> Vec<(RingRange, Custody)> {
+        let mut pieces = vec![(range, Custody::Free)];
+        for h in &self.holds {
+            let state = match &h.state {
+                HoldState::Waiting => Custody::Held(h.from),
+                HoldState::Released { floor, .. } if !h.loaded => Custody::Inherited(Some(*floor)),
+                HoldState::Failover if !h.loaded => Custody::Inherited(None),
+                _ => Custody::Free,
+            };
+            let mut next = Vec::new();
+            for (p, c) in pieces {
+                for inside in intersect(p, h.range) {
+                    next.push((inside, state));
+                }
+                for outside in subtract(p, &[h.range]) {
+                    next.push((outside, c));
+                }
+            }
+            pieces = next;
+        }
+        pieces
+    }
+
+    /// Applies a release received by `me`: frees the parts of the holds waiting for
+    /// `r.from` that its pieces cover (a piece the sender still held makes them
+    /// wait for the silo it waited for; for `me` itself, a failover). Returns
+    /// whether any hold changed.
+    pub fn released(&mut self, r: &Release, me: SiloAddress) -> bool {
+        let floors: Floors = Arc::new(
+            r.floors
+                .iter()
+                .map(|f| {
+                    (
+                        (f.actor.clone(), f.name.clone()),
+                        (f.etag.clone(), Timestamp::from_millis(f.next)),
+                    )
+                })
+                .collect(),
+        );
+        let covered: Vec<RingRange> = r.pieces.iter().map(|p| p.range).collect();
+        let mut changed = false;
+        let mut out = Vec::with_capacity(self.holds.len());
+        for h in self.holds.drain(..) {
+            if h.from != r.from || !matches!(h.state, HoldState::Waiting) {
+                out.push(h);
+                continue;
+            }
+            for p in &r.pieces {
+                for range in intersect(h.range, p.range) {
+                    changed = true;
+                    let (state, from) = match (p.waiting_for, p.floor) {
+                        (Some(w), _) if w != me => (HoldState::Waiting, w),
+                        (Some(_), _) | (None, None) => (HoldState::Failover, h.from),
+                        (None, Some(floor)) => (
+                            HoldState::Released {
+                                floor: Timestamp::from_millis(floor),
+                                floors: floors.clone(),
+                            },
+                            h.from,
+                        ),
+                    };
+                    out.push(Hold {
+                        range,
+                        state,
+                        from,
+                        ..h.clone()
+                    });
+                }
+            }
+            for range in subtract(h.range, &covered) {
+                out.push(Hold { range, ..h.clone() });
+            }
+        }
+        self.holds = out;
+        changed
+    }
+
+    /// Frees, as a failover, the holds waiting for a silo `gone` says is Dead or
+    /// absent for [`HANDOFF_GRACE`], and every hold older than [`HANDOFF_TIMEOUT`].
+    /// Returns the silos given up on after the timeout while not gone (to log).
+    pub fn expire(&mut self, now: Timestamp, gone: impl Fn(&SiloAddress) -> bool) -> (bool, Vec<SiloAddress>) {
+        let mut changed = false;
+        let mut timed_out = Vec::new();
+        for h in &mut self.holds {
+            if !matches!(h.state, HoldState::Waiting) {
+                continue;
+            }
+            let age = now.saturating_duration_since(h.since);
+            let dead = gone(&h.from) && age >= HANDOFF_GRACE;
+            if dead || age >= HANDOFF_TIMEOUT {
+                if !dead {
+                    timed_out.push(h.from);
+                }
+                h.state = HoldState::Failover;
+                changed = true;
+            }
+        }
+        timed_out.sort_unstable();
+        timed_out.dedup();
+        (changed, timed_out)
+    }
+
+    /// The earliest time [`expire`](Self::expire) can free a hold.
+    pub fn next_expiry(&self) -> Option<Timestamp> {
+        self.holds
+            .iter()
+            .filter(|h| matches!(h.state, HoldState::Waiting))
+            .map(|h| h.since.saturating_add(HANDOFF_GRACE))
+            .min()
+    }
+
+    /// A load of epoch `epoch` finished: the holds made before it started are
+    /// loaded; freed and loaded holds are dropped.
+    pub fn load_finished(&mut self, epoch: u32) {
+        for h in &mut self.holds {
+            if epoch.wrapping_sub(h.epoch) as i32 > 0 {
+                h.loaded = true;
+            }
+        }
+        self.holds
+            .retain(|h| !(h.loaded && !matches!(h.state, HoldState::Waiting)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn silo(n: u8) -> SiloAddress {
+        format!("10.0.0.{n}:11111@1").parse().unwrap()
+    }
+
+    fn r(begin: u32, end: u32) -> RingRange {
+        RingRange { begin, end }
+    }
+
+    fn t(ms: u64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
+
+    fn contains_any(rs: &[RingRange], h: u32) -> bool {
+        rs.iter().any(|x| x.contains(h))
+    }
+
+    proptest! {
+        #[test]
+        fn intersect_and_subtract_agree_with_contains(a in any::<(u32, u32)>(), b in any::<(u32, u32)>(), hs in proptest::collection::vec(any::<u32>(), 64)) {
+            let (a, b) = (r(a.0, a.1), r(b.0, b.1));
+            let both = intersect(a, b);
+            let left = subtract(a, &[b]);
+            for h in hs.into_iter().chain([a.begin, a.end, b.begin, b.end, 0, u32::MAX]) {
+                prop_assert_eq!(contains_any(&both, h), a.contains(h) && b.contains(h), "{}", h);
+                prop_assert_eq!(contains_any(&left, h), a.contains(h) && !b.contains(h), "{}", h);
+            }
+        }
+
+        #[test]
+        fn transfers_name_every_hash_whose_owner_changed(old in proptest::collection::btree_set(1u8..8, 0..5), new in proptest::collection::btree_set(1u8..8, 0..5), hs in proptest::collection::vec(any::<u32>(), 128)) {
+            let old = Ring::new(old.into_iter().map(silo), 4);
+            let new = Ring::new(new.into_iter().map(silo), 4);
+            let moved = transfers(&old, &new);
+            for h in hs {
+                let found: Vec<_> = moved.iter().filter(|(r, _, _)| r.contains(h)).collect();
+                if old.owner_of(h) == new.owner_of(h) {
+                    prop_assert!(found.is_empty());
+                } else {
+                    prop_assert_eq!(found.len(), 1);
+                    prop_assert_eq!((found[0].1, found[0].2), (old.owner_of(h), new.owner_of(h)));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_joiner_holds_what_it_gains_until_each_previous_owner_releases_it() {
+        let (a, b, j) = (silo(1), silo(2), silo(3));
+        let new = Ring::new([a, b, j], 8);
+        let mut holds = Holds::default();
+        // A joiner's first ring: gained from the ring without it.
+        let lost = holds.ring_changed(&Ring::default(), &new, j, t(1_000), 1);
+        assert!(lost.is_empty());
+        let mine = new.ranges_of(&j);
+        let h = mine[0].end;
+        let prev = new.without(&j).owner_of(h).unwrap();
+        assert_eq!(holds.start_of(h, "c/1", "r", "e1"), Start::Held);
+        // The old owner's view: it loses exactly those pieces to j.
+        let mut old_holds = Holds::default();
+        let old_ring = new.without(&j);
+        old_holds.ring_changed(&Ring::new([a, b], 8), &old_ring, prev, t(0), 0);
+        let lost = old_holds.ring_changed(&old_ring, &new, prev, t(1_200), 1);
+        assert!(lost.iter().all(|(_, to)| *to == j));
+        assert!(lost.iter().any(|(r, _)| r.contains(h)));
+        let release = Release {
+            service: "s".into(),
+            from: prev,
+            at: 1_200,
+            pieces: lost
+                .iter()
+                .map(|(range, _)| ReleasedPiece {
+                    range: *range,
+                    floor: Some(1_201),
+                    waiting_for: None,
+                })
+                .collect(),
+            floors: vec![Floor {
+                actor: "c/1".into(),
+                name: "r".into(),
+                etag: "e1".into(),
+                next: 1_100,
+            }],
+            hops: 0,
+        };
+        assert!(holds.released(&release, j));
+        assert_eq!(holds.start_of(h, "c/1", "r", "e1"), Start::From(t(1_100)));
+        assert_eq!(holds.start_of(h, "c/1", "r", "e2"), Start::From(t(1_201)));
+        assert_eq!(holds.start_of(h, "c/2", "r", "e1"), Start::From(t(1_201)));
+        // A load started after the hold finishes: the hold is dropped once every
+        // previous owner released.
+        holds.load_finished(2);
+        assert_eq!(holds.start_of(h, "c/1", "r", "e1"), Start::Free);
+    }
+
+    #[test]
+    fn a_dead_previous_owner_fails_over_after_the_grace_and_a_silent_one_after_the_timeout() {
+        let (a, b) = (silo(1), silo(2));
+        let mut holds = Holds::default();
+        let two = Ring::new([a, b], 8);
+        holds.ring_changed(&two, &Ring::new([b], 8), b, t(0), 1);
+        let h = two.ranges_of(&a)[0].end;
+        assert_eq!(holds.start_of(h, "c/1", "r", "e"), Start::Held);
+        assert_eq!(holds.next_expiry(), Some(t(0).saturating_add(HANDOFF_GRACE)));
+        assert!(!holds.expire(t(500), |s| *s == a).0, "within the grace");
+        assert!(holds.expire(t(1_000), |s| *s == a).0);
+        assert_eq!(holds.start_of(h, "c/1", "r", "e"), Start::Free);
+        // Alive but silent: the timeout.
+        let mut holds = Holds::default();
+        holds.ring_changed(&two, &Ring::new([b], 8), b, t(0), 1);
+        assert!(!holds.expire(t(9_999), |_| false).0);
+        let (changed, silent) = holds.expire(t(10_000), |_| false);
+        assert!(changed);
+        assert_eq!(silent, vec![a]);
+    }
+
+    #[test]
+    fn custody_splits_a_range_by_the_holds_over_it() {
+        let (a, b) = (silo(1), silo(2));
+        let mut holds = Holds::default();
+        holds.holds.push(Hold {
+            range: r(100, 200),
+            from: a,
+            since: t(0),
+            epoch: 0,
+            loaded: false,
+            state: HoldState::Waiting,
+        });
+        holds.holds.push(Hold {
+            range: r(150, 300),
+            from: b,
+            since: t(0),
+            epoch: 0,
+            loaded: false,
+            state: HoldState::Released {
+                floor: t(7),
+                floors: Floors::default(),
+            },
+        });
+        let mut got = holds.custody(r(50, 400));
+        got.sort_by_key(|(r, _)| r.end);
+        assert_eq!(
+            got,
+            vec![
+                (r(50, 100), Custody::Free),
+                (r(100, 150), Custody::Held(a)),
+                (r(150, 200), Custody::Inherited(Some(t(7)))),
+                (r(200, 300), Custody::Inherited(Some(t(7)))),
+                (r(300, 400), Custody::Free),
+            ]
+        );
+    }
+}
