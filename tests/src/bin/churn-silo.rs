@@ -1,0 +1,131 @@
+//! A silo process for the reminder churn tests (`tests/tests/churn.rs`): a silo with
+//! the fast membership profile and a reminder service on one store, which appends
+//! every tick it delivers to a log file, one line per tick:
+//! `actor name scheduled_ms sent_ms silo`.
+//!
+//! ```text
+//! churn-silo CLUSTER STORE_URL LISTEN_ADDR LOG_FILE [REGISTER_COUNT STARTS_FILE]
+//! ```
+//!
+//! `CLUSTER` is the cluster id and the reminder service id.
+//!
+//! With `REGISTER_COUNT`, it registers `cart/0..REGISTER_COUNT` (reminder `tick`,
+//! 1-s period, first ticks 2-3 s from now, spread) and writes `actor name
+//! start_ms` lines to `STARTS_FILE`. It prints `ready` once its reminder service
+//! has loaded its ranges. SIGTERM shuts the silo down gracefully (the reminder
+//! service hands its ranges over first) and exits 0.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::{Actor, Context, Handler};
+use rollcall::{ClusterMembershipOptions, ReminderOptions, Silo};
+use rollcall_reminders::{ActorId, ReminderTick, Reminders};
+
+struct Logger {
+    silo: String,
+    out: Arc<Mutex<std::fs::File>>,
+}
+
+impl Actor for Logger {
+    type Context = Context<Self>;
+}
+
+impl Handler<ReminderTick> for Logger {
+    type Result = ();
+
+    fn handle(&mut self, t: ReminderTick, _: &mut Context<Self>) {
+        let line = format!(
+            "{} {} {} {} {}\n",
+            t.actor,
+            t.name,
+            t.scheduled.as_millis(),
+            t.now.as_millis(),
+            self.silo
+        );
+        let mut out = self.out.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Err(e) = out.write_all(line.as_bytes()) {
+            eprintln!("tick log: {e}");
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() != 4 && args.len() != 6 {
+        eprintln!("usage: churn-silo CLUSTER STORE_URL LISTEN_ADDR LOG_FILE [REGISTER_COUNT STARTS_FILE]");
+        std::process::exit(2);
+    }
+    if let Err(e) = run(&args) {
+        eprintln!("churn-silo: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+    let cluster = args[0].clone();
+    let args = &args[1..];
+    let listen: std::net::SocketAddr = args[1].parse()?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&args[2])?;
+    let out = Arc::new(Mutex::new(log));
+    let system = actix::System::new();
+    let silo = system.block_on(async {
+        let options = ClusterMembershipOptions::fast();
+        let store = rollcall::connect_retrying(&args[0], options.max_join_attempt_time).await?;
+        let silo = Silo::builder(store.clone(), cluster.clone())
+            .listen(listen)
+            .options(options)
+            .start()
+            .await?;
+        let logger = Logger {
+            silo: silo.address().to_string(),
+            out,
+        }
+        .start()
+        .recipient();
+        let reminders = Reminders::builder(&silo, store)
+            .service_id(cluster.clone())
+            .options(ReminderOptions {
+                minimum_period: Duration::from_secs(1),
+                ..ReminderOptions::default()
+            })
+            .target(move |_: &ActorId| Some(logger.clone()))
+            .start()
+            .await?;
+        if args.len() == 5 {
+            let n: usize = args[3].parse()?;
+            let mut starts = String::new();
+            for i in 0..n {
+                let actor = ActorId::new("cart", i.to_string())?;
+                let due = Duration::from_millis(2_000 + (i * 1_000 / n.max(1)) as u64);
+                let h = reminders
+                    .register_or_update(&actor, "tick", due, Duration::from_secs(1))
+                    .await?;
+                starts.push_str(&format!("{} {} {}\n", h.actor, h.name, h.start_at.as_millis()));
+            }
+            std::fs::write(&args[4], starts)?;
+        }
+        println!("ready {}", silo.address());
+        Ok::<_, Box<dyn std::error::Error>>((silo, reminders))
+    })?;
+    let (silo, reminders) = silo;
+    system.block_on(async move {
+        actix::spawn(async move {
+            let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+                return;
+            };
+            term.recv().await;
+            if let Err(e) = silo.shutdown().await {
+                eprintln!("graceful shutdown: {e}");
+            }
+            drop(reminders);
+            actix::System::current().stop();
+        });
+    });
+    system.run()?;
+    Ok(())
+}
