@@ -249,10 +249,17 @@ pub(crate) struct State {
     early: VecDeque<Release>,
     /// The silo is leaving: everything was released, nothing is delivered.
     leaving: bool,
-    /// The releases sent last, to send again on request.
-    sent: VecDeque<(SiloAddress, Release)>,
-    /// When each previous owner a hold waits for was last asked for its release.
-    requested: HashMap<SiloAddress, Timestamp>,
+    /// The ring before `ring`.
+    prev_ring: Ring,
+    /// The releases received last (from other silos), to pass on on request.
+    received: VecDeque<Release>,
+    /// The releases sent last, to send again on request, less what this silo
+    /// owns again.
+    sent: VecDeque<Release>,
+    /// When the holds last asked for releases (or stopped waiting).
+    asked: Timestamp,
+    /// When each silo a hold waits for was first seen Dead or absent.
+    gone_at: HashMap<SiloAddress, Timestamp>,
 }
 
 impl Actor for ReminderAgent {
@@ -368,7 +375,11 @@ impl Handler<MembershipChanged> for ReminderAgent {
         let s = &mut self.state;
         s.holds.keep_owned(&ring, me);
         s.ranges = ring.ranges_of(&me);
+        // What this silo owns again, it no longer has released.
+        let sent = std::mem::take(&mut s.sent);
+        s.sent = sent.into_iter().filter_map(|r| r.without(&s.ranges)).collect();
         s.ring = ring;
+        s.prev_ring = old;
         let ring = &s.ring;
         s.queue.retain(|slot| ring.owns(&me, slot.hash));
         // Releases that came before this ring may free what it holds.
@@ -448,37 +459,7 @@ impl Handler<NoticesReceived> for ReminderAgent {
                         freed |= self.release_received(r)
                     }
                     Ok(HandoffMessage::Request(r)) if r.service == self.table.service_id() => {
-                        // What this silo released of the asker's ranges (in this
-                        // silo's view), whoever it was sent to.
-                        let theirs = self.state.ring.ranges_of(&r.from);
-                        let again: Vec<Release> = self
-                            .state
-                            .sent
-                            .iter()
-                            .filter_map(|(_, rel)| {
-                                let pieces: Vec<ReleasedPiece> = rel
-                                    .pieces
-                                    .iter()
-                                    .flat_map(|p| {
-                                        theirs.iter().flat_map(move |t| {
-                                            crate::handoff::intersect(p.range, *t)
-                                                .into_iter()
-                                                .map(move |range| ReleasedPiece { range, ..*p })
-                                        })
-                                    })
-                                    .collect();
-                                (!pieces.is_empty()).then(|| Release {
-                                    pieces,
-                                    ..rel.clone()
-                                })
-                            })
-                            .collect();
-                        tracing::debug!(silo = %self.me, to = %r.from, releases = again.len(), "reminder releases asked for again");
-                        let again = again
-                            .into_iter()
-                            .map(|rel| (r.from, HandoffMessage::Release(rel)))
-                            .collect();
-                        tokio::spawn(send_releases(self.silo.clone(), again));
+                        self.answer_request(r)
                     }
                     Ok(_) => {}
                     Err(e) => tracing::debug!(from = %notice.from, error = %e, "undecodable reminder release dropped"),
@@ -616,8 +597,14 @@ impl ReminderAgent {
         }
         let changes = self.state.changes;
         self.state.queue.set(&row, next, changes);
-        if start == Start::Held {
-            self.state.queue.hold(&key);
+        match start {
+            Start::Held => self.state.queue.hold(&key),
+            Start::From(_) if next.scheduled < now => {
+                if let Some(slot) = self.state.queue.get_mut(&key) {
+                    slot.catch_up_to = now;
+                }
+            }
+            _ => {}
         }
     }
 
@@ -692,6 +679,10 @@ impl ReminderAgent {
     /// Returns whether a hold was freed.
     fn release_received(&mut self, r: Release) -> bool {
         let me = self.me;
+        tracing::trace!(silo = %me, from = %r.from, at = r.at, pieces = r.pieces.len(), floors = ?r.floors.iter().map(|f| (&f.actor, f.next)).collect::<Vec<_>>(), "release received");
+        if r.from != me && !self.state.received.contains(&r) {
+            crate::handoff::remember(&mut self.state.received, r.clone(), EARLY_RELEASES);
+        }
         let freed = self.state.holds.released(&r, me);
         if r.hops < MAX_RELEASE_HOPS && !self.state.ring.is_empty() {
             let mut forward: HashMap<SiloAddress, Release> = HashMap::new();
@@ -733,16 +724,84 @@ impl ReminderAgent {
         freed
     }
 
+    /// Answers a [`ReleaseRequest`]: for each piece the asker waits on this silo
+    /// for, what this silo released of it (whoever it was sent to) and, for the
+    /// rest that this silo owns neither now nor in its previous ring (its view
+    /// skipped the ring where it would have), the silo that owned it in its previous
+    /// ring, for the asker to wait for instead; for each piece it waits on a third
+    /// silo for, that silo's releases this silo received.
+    fn answer_request(&mut self, r: ReleaseRequest) {
+        let s = &self.state;
+        let (me, asker) = (self.me, r.from);
+        let mut again: Vec<Release> = Vec::new();
+        let mut elsewhere = Vec::new();
+        let mine_now = s.ring.ranges_of(&me);
+        for (piece, from) in &r.waiting {
+            if *from != me {
+                // A third silo's releases, passed on only once it is gone (alive,
+                // it answers itself and knows best).
+                if r.gone.contains(from) {
+                    again.extend(
+                        s.received
+                            .iter()
+                            .filter(|rel| rel.from == *from)
+                            .filter_map(|rel| rel.within(*piece)),
+                    );
+                }
+                continue;
+            }
+            let mut covered: Vec<RingRange> = mine_now.clone();
+            for rel in &s.sent {
+                if let Some(c) = rel.within(*piece) {
+                    covered.extend(c.pieces.iter().map(|p| p.range));
+                    again.push(c);
+                }
+            }
+            for rest in crate::handoff::subtract(*piece, &covered) {
+                for before in s.prev_ring.silos() {
+                    if before == me || before == asker {
+                        continue;
+                    }
+                    for owned in s.prev_ring.ranges_of(&before) {
+                        for range in crate::handoff::intersect(rest, owned) {
+                            elsewhere.push(ReleasedPiece {
+                                range,
+                                floor: None,
+                                waiting_for: Some(before),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        if !elsewhere.is_empty() {
+            again.push(Release {
+                service: self.table.service_id().to_owned(),
+                from: me,
+                at: self.clock.now().as_millis(),
+                pieces: elsewhere,
+                floors: Vec::new(),
+                hops: 0,
+            });
+        }
+        if again.is_empty() {
+            return;
+        }
+        tracing::debug!(silo = %me, to = %asker, releases = again.len(), "answering a request for reminder releases");
+        let again = again
+            .into_iter()
+            .map(|rel| (asker, HandoffMessage::Release(rel)))
+            .collect();
+        tokio::spawn(send_releases(self.silo.clone(), again));
+    }
+
     /// Sends `releases` in the background, keeping them to send again on request.
     fn send(&mut self, releases: Vec<(SiloAddress, Release)>) {
         if releases.is_empty() {
             return;
         }
-        for (to, r) in &releases {
-            if self.state.sent.len() == EARLY_RELEASES {
-                self.state.sent.pop_front();
-            }
-            self.state.sent.push_back((*to, r.clone()));
+        for (_, r) in &releases {
+            crate::handoff::remember(&mut self.state.sent, r.clone(), EARLY_RELEASES);
         }
         let messages = releases
             .into_iter()
@@ -772,18 +831,26 @@ impl ReminderAgent {
     fn free_held(&mut self) {
         let now = self.clock.now();
         let s = &mut self.state;
-        let freed: Vec<(Key, Option<Planned>)> = s
+        let freed: Vec<(Key, Option<Planned>, bool)> = s
             .queue
             .iter()
             .filter(|slot| slot.held)
             .filter_map(|slot| {
                 let start = s.holds.start_of(slot.hash, slot.key.actor(), slot.key.name(), &slot.etag);
-                (start != Start::Held).then(|| (slot.key.clone(), planned(slot.timing(), now, Learned::Load, start)))
+                (start != Start::Held).then(|| {
+                    let next = planned(slot.timing(), now, Learned::Load, start);
+                    (slot.key.clone(), next, matches!(start, Start::From(_)))
+                })
             })
             .collect();
-        for (key, next) in freed {
+        for (key, next, catch_up) in freed {
             match next {
-                Some(next) => s.queue.requeue(&key, next),
+                Some(next) => {
+                    s.queue.requeue(&key, next);
+                    if let (true, Some(slot)) = (catch_up && next.scheduled < now, s.queue.get_mut(&key)) {
+                        slot.catch_up_to = now;
+                    }
+                }
                 None => {
                     s.queue.remove(&key);
                 }
@@ -801,28 +868,45 @@ impl ReminderAgent {
                 .and_then(|v| v.status_of(silo))
                 .is_none_or(|st| st == SiloStatus::Dead)
         };
-        let (changed, silent) = self.state.holds.expire(now, gone);
-        // Ask the previous owners still in the view that were silent for a while.
+        // When each silo waited for was first seen gone: the grace counts from then.
         let waiting = self.state.holds.waiting_for();
-        let requested = &mut self.state.requested;
-        requested.retain(|s, _| waiting.contains(s));
-        let mut ask = Vec::new();
-        for silo in waiting.into_iter().filter(|s| !gone(s)) {
-            let last = *requested.entry(silo).or_insert(now);
-            if now.saturating_duration_since(last) >= REQUEST_AFTER {
-                requested.insert(silo, now);
-                ask.push((
-                    silo,
-                    HandoffMessage::Request(ReleaseRequest {
-                        service: self.table.service_id().to_owned(),
-                        from: self.me,
-                    }),
-                ));
+        let gone_at = &mut self.state.gone_at;
+        gone_at.retain(|s, _| waiting.contains(s));
+        let mut newly_gone = false;
+        for s in waiting.iter().filter(|s| gone(s)) {
+            gone_at.entry(*s).or_insert_with(|| {
+                newly_gone = true;
+                now
+            });
+        }
+        let gone_at = gone_at.clone();
+        // Ask the previous owners still in the view that were silent for a while,
+        // and, once one waited for is gone, every Active silo (one of them may have
+        // its release).
+        if !waiting.is_empty() && (newly_gone || now.saturating_duration_since(self.state.asked) >= REQUEST_AFTER) {
+            self.state.asked = now;
+            let mut to: Vec<SiloAddress> = waiting.iter().copied().filter(|s| !gone(s)).collect();
+            if !gone_at.is_empty() {
+                to.extend(self.state.ring.silos());
             }
-        }
-        if !ask.is_empty() {
+            to.sort_unstable();
+            to.dedup();
+            let request = ReleaseRequest {
+                service: self.table.service_id().to_owned(),
+                from: self.me,
+                waiting: self.state.holds.waiting_pieces(),
+                gone: gone_at.keys().copied().collect(),
+            };
+            let ask: Vec<_> = to
+                .into_iter()
+                .filter(|s| *s != self.me)
+                .map(|silo| (silo, HandoffMessage::Request(request.clone())))
+                .collect();
             tokio::spawn(send_releases(self.silo.clone(), ask));
+        } else if waiting.is_empty() {
+            self.state.asked = now;
         }
+        let (changed, silent) = self.state.holds.expire(now, |s| gone_at.get(s).copied());
         for silo in silent {
             tracing::warn!(silo = %self.me, previous_owner = %silo, timeout = ?crate::handoff::HANDOFF_TIMEOUT,
                 "no release of reminder ranges from their previous owner; taking them over");
@@ -1115,7 +1199,9 @@ impl ReminderAgent {
                         slot.last_fired = now;
                         self.state.persist.insert(key.clone(), (etag(), now));
                     }
-                    match after_delivery(slot.timing(), scheduled, now) {
+                    // A handoff's catch-up delivers every occurrence it owes in turn.
+                    let done = if scheduled < slot.catch_up_to { scheduled } else { now };
+                    match after_delivery(slot.timing(), scheduled, done) {
                         None => {
                             self.state.queue.remove(&key);
                             self.state.persist.remove(&key);

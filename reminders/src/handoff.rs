@@ -108,15 +108,27 @@ pub struct Release {
     pub hops: u8,
 }
 
-/// "Send me again what you released to me": sent by a silo whose hold waited
-/// [`REQUEST_AFTER`] for a previous owner still in its view (the release may have
-/// been sent before the receiver listened, or lost).
+/// "Send me what you know of these pieces' releases": sent by a silo whose holds
+/// waited [`REQUEST_AFTER`], to each previous owner it waits for that is still in
+/// its view (its release may have been sent before the asker listened, or lost,
+/// or to a silo that has since lost the pieces), and, while it waits for a silo
+/// that is gone, to every Active silo (one of them may have received the gone
+/// silo's release). A silo answers with the releases it sent or received that
+/// cover the pieces, and, for pieces the asker waits on it for that it never owned
+/// in its last two rings, the silo that owned them in its previous ring.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleaseRequest {
     /// The reminder service.
     pub service: String,
     /// The silo asking.
     pub from: SiloAddress,
+    /// The pieces the asker holds, each with the silo whose release it waits for.
+    #[serde(default)]
+    pub waiting: Vec<(RingRange, SiloAddress)>,
+    /// Silos waited for that are Dead or absent in the asker's view: their
+    /// releases, whoever received them, answer for them.
+    #[serde(default)]
+    pub gone: Vec<SiloAddress>,
 }
 
 /// What travels on a service's release topic.
@@ -132,6 +144,63 @@ pub enum HandoffMessage {
 /// How long a hold waits before asking its previous owner to send its release
 /// again, and between two such requests. 500 ms.
 pub const REQUEST_AFTER: Duration = Duration::from_millis(500);
+
+impl Release {
+    /// This release without the hashes of `cut`; `None` if nothing is left.
+    pub fn without(&self, cut: &[RingRange]) -> Option<Release> {
+        let pieces: Vec<ReleasedPiece> = self
+            .pieces
+            .iter()
+            .flat_map(|p| {
+                subtract(p.range, cut)
+                    .into_iter()
+                    .map(move |range| ReleasedPiece { range, ..*p })
+            })
+            .collect();
+        (!pieces.is_empty()).then(|| Release {
+            pieces,
+            ..self.clone()
+        })
+    }
+
+    /// This release cut down to the hashes of `keep`; `None` if nothing is left.
+    pub fn within(&self, keep: RingRange) -> Option<Release> {
+        let pieces: Vec<ReleasedPiece> = self
+            .pieces
+            .iter()
+            .flat_map(|p| {
+                intersect(p.range, keep)
+                    .into_iter()
+                    .map(move |range| ReleasedPiece { range, ..*p })
+            })
+            .collect();
+        (!pieces.is_empty()).then(|| Release {
+            pieces,
+            hops: 0,
+            ..self.clone()
+        })
+    }
+}
+
+/// Keeps `buffer` (releases, oldest first, at most `cap`) true of the latest
+/// release of each sender: `newer` replaces what older releases of its sender said
+/// about its pieces (a silo that released a piece, took it back and released it
+/// again stopped at the later time).
+pub fn remember(buffer: &mut std::collections::VecDeque<Release>, newer: Release, cap: usize) {
+    let cut: Vec<RingRange> = newer.pieces.iter().map(|p| p.range).collect();
+    let old = std::mem::take(buffer);
+    buffer.extend(old.into_iter().filter_map(|r| {
+        if r.from == newer.from {
+            r.without(&cut)
+        } else {
+            Some(r)
+        }
+    }));
+    while buffer.len() >= cap.max(1) {
+        buffer.pop_front();
+    }
+    buffer.push_back(newer);
+}
 
 /// Where a reminder's schedule starts, as the holds say.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -284,6 +353,15 @@ impl Holds {
     /// Whether some range waits for a release.
     pub fn waiting(&self) -> bool {
         self.holds.iter().any(|h| matches!(h.state, HoldState::Waiting))
+    }
+
+    /// The held pieces, each with the silo whose release it waits for.
+    pub fn waiting_pieces(&self) -> Vec<(RingRange, SiloAddress)> {
+        self.holds
+            .iter()
+            .filter(|h| matches!(h.state, HoldState::Waiting))
+            .map(|h| (h.range, h.from))
+            .collect()
     }
 
     /// The silos whose releases some range waits for.
@@ -450,10 +528,15 @@ impl Holds {
         changed
     }
 
-    /// Frees, as a failover, the holds waiting for a silo `gone` says is Dead or
-    /// absent for [`HANDOFF_GRACE`], and every hold older than [`HANDOFF_TIMEOUT`].
-    /// Returns the silos given up on after the timeout while not gone (to log).
-    pub fn expire(&mut self, now: Timestamp, gone: impl Fn(&SiloAddress) -> bool) -> (bool, Vec<SiloAddress>) {
+    /// Frees, as a failover, the holds waiting for a silo that `gone_since` says
+    /// has been Dead or absent since at least [`HANDOFF_GRACE`] ago, and every hold
+    /// older than [`HANDOFF_TIMEOUT`]. Returns whether a hold was freed, and the
+    /// silos given up on after the timeout while not gone (to log).
+    pub fn expire(
+        &mut self,
+        now: Timestamp,
+        gone_since: impl Fn(&SiloAddress) -> Option<Timestamp>,
+    ) -> (bool, Vec<SiloAddress>) {
         let mut changed = false;
         let mut timed_out = Vec::new();
         for h in &mut self.holds {
@@ -461,7 +544,7 @@ impl Holds {
                 continue;
             }
             let age = now.saturating_duration_since(h.since);
-            let dead = gone(&h.from) && age >= HANDOFF_GRACE;
+            let dead = gone_since(&h.from).is_some_and(|t| now.saturating_duration_since(t) >= HANDOFF_GRACE);
             if dead || age >= HANDOFF_TIMEOUT {
                 if !dead {
                     timed_out.push(h.from);
@@ -605,14 +688,15 @@ mod tests {
         let h = two.ranges_of(&a)[0].end;
         assert_eq!(holds.start_of(h, "c/1", "r", "e"), Start::Held);
         assert_eq!(holds.next_expiry(), Some(t(0).saturating_add(HANDOFF_GRACE)));
-        assert!(!holds.expire(t(500), |s| *s == a).0, "within the grace");
-        assert!(holds.expire(t(1_000), |s| *s == a).0);
+        let gone = |s: &SiloAddress| (*s == a).then_some(t(200));
+        assert!(!holds.expire(t(1_000), gone).0, "within the grace");
+        assert!(holds.expire(t(1_200), gone).0);
         assert_eq!(holds.start_of(h, "c/1", "r", "e"), Start::Free);
         // Alive but silent: the timeout.
         let mut holds = Holds::default();
         holds.ring_changed(&two, &Ring::new([b], 8), b, t(0), 1);
-        assert!(!holds.expire(t(9_999), |_| false).0);
-        let (changed, silent) = holds.expire(t(10_000), |_| false);
+        assert!(!holds.expire(t(9_999), |_| None).0);
+        let (changed, silent) = holds.expire(t(10_000), |_| None);
         assert!(changed);
         assert_eq!(silent, vec![a]);
     }

@@ -78,6 +78,9 @@ pub(crate) struct Slot {
     /// Its range is held for a handoff (see [`crate::handoff`]): out of the due
     /// index until freed by [`Queue::requeue`].
     pub held: bool,
+    /// Freed by a handoff at this time with occurrences already due: each of them
+    /// up to this time is delivered in turn (none is skipped for lateness).
+    pub catch_up_to: Timestamp,
 }
 
 impl Slot {
@@ -136,6 +139,7 @@ impl Queue {
             policy: entry.missed_tick_policy,
             delivering: false,
             held: false,
+            catch_up_to: Timestamp::EPOCH,
         };
         let i = u32::try_from(self.slots.insert(slot)).expect("fewer than 2^32 reminders per silo");
         self.index.insert(key, i);
