@@ -412,11 +412,27 @@ impl Handler<Leave> for ReminderAgent {
             .into_iter()
             .filter_map(|(range, was, is)| (was == Some(me)).then_some(range).zip(is))
             .collect();
-        let releases = self.releases_of(&lost, now);
-        let releases: Vec<(SiloAddress, HandoffMessage)> = releases
-            .into_iter()
-            .map(|(to, r)| (to, HandoffMessage::Release(r)))
-            .collect();
+        // One release of every range, to every silo of the ring: a new owner in
+        // this silo's view may leave too before it sees this silo go, and the
+        // silo that gets the range in the end then has the release all the same.
+        let mut all: Option<Release> = None;
+        for (_, r) in self.releases_of(&lost, now) {
+            match &mut all {
+                None => all = Some(r),
+                Some(a) => {
+                    a.pieces.extend(r.pieces);
+                    a.floors.extend(r.floors);
+                }
+            }
+        }
+        let releases: Vec<(SiloAddress, HandoffMessage)> = match all.map(|a| Release { last: true, ..a }) {
+            None => Vec::new(),
+            Some(all) => remaining
+                .silos()
+                .into_iter()
+                .map(|to| (to, HandoffMessage::Release(all.clone())))
+                .collect(),
+        };
         let s = &mut self.state;
         s.leaving = true;
         s.queue.retain(|_| false);
@@ -625,6 +641,7 @@ impl ReminderAgent {
                 pieces: Vec::new(),
                 floors: Vec::new(),
                 hops: 0,
+                last: false,
             });
             for (piece, custody) in s.holds.custody(*range) {
                 let (floor, waiting_for) = match custody {
@@ -782,6 +799,7 @@ impl ReminderAgent {
                 pieces: elsewhere,
                 floors: Vec::new(),
                 hops: 0,
+                last: false,
             });
         }
         if again.is_empty() {
@@ -906,7 +924,17 @@ impl ReminderAgent {
         } else if waiting.is_empty() {
             self.state.asked = now;
         }
+        // A gone silo's last release settles what it did not own at the end.
+        let mut settled = false;
+        for silo in gone_at.keys() {
+            let last = self.state.received.iter().rev().find(|r| r.from == *silo && r.last).cloned();
+            if let Some(last) = last {
+                let others: Vec<Release> = self.state.received.iter().cloned().collect();
+                settled |= self.state.holds.settle_with_last(&last, &others, self.me);
+            }
+        }
         let (changed, silent) = self.state.holds.expire(now, |s| gone_at.get(s).copied());
+        let changed = changed || settled;
         for silo in silent {
             tracing::warn!(silo = %self.me, previous_owner = %silo, timeout = ?crate::handoff::HANDOFF_TIMEOUT,
                 "no release of reminder ranges from their previous owner; taking them over");

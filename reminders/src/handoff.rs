@@ -11,8 +11,10 @@
 //!    ring says) a [`Release`]: the time `at` it stopped, and for every reminder of
 //!    the range it had scheduled and not delivered by then, the first occurrence it
 //!    did not deliver ([`Floor`]). Every other occurrence up to `at` it delivered
-//!    or had started to deliver. A graceful leaver sends its releases before its
-//!    ShuttingDown row is written, and waits (bounded) until they are taken.
+//!    or had started to deliver. A graceful leaver sends one release of all its
+//!    ranges to every silo of its ring before its ShuttingDown row is written, and
+//!    waits (bounded) until they are taken: the silo that gets a range in the end
+//!    has it even if the new owner in the leaver's view leaves as well.
 //! 2. **Hold.** A silo that starts owning a range holds it: it loads the range's
 //!    rows but delivers nothing there until the range's previous owner (the owner
 //!    in its previous ring; for a joiner, the ring without itself) released it. A
@@ -106,6 +108,10 @@ pub struct Release {
     /// Times it was forwarded.
     #[serde(default)]
     pub hops: u8,
+    /// Sent by a graceful leaver: its last release, of every range it owned at the
+    /// end (what it does not name it did not own then).
+    #[serde(default)]
+    pub last: bool,
 }
 
 /// "Send me what you know of these pieces' releases": sent by a silo whose holds
@@ -528,6 +534,41 @@ impl Holds {
         changed
     }
 
+    /// The silo of `last` (its last release) is gone: the parts of the holds
+    /// waiting for it that `last` does not cover it did not own at the end (its
+    /// view skipped the ring that gave them to it), so they take the newest of
+    /// `others` (releases of other silos) that covers them. Returns whether a hold
+    /// changed.
+    pub fn settle_with_last(&mut self, last: &Release, others: &[Release], me: SiloAddress) -> bool {
+        let mut taken: Vec<RingRange> = last.pieces.iter().map(|p| p.range).collect();
+        let mut sorted: Vec<&Release> = others.iter().filter(|r| r.from != last.from).collect();
+        sorted.sort_by_key(|r| std::cmp::Reverse(r.at));
+        let mut pieces = Vec::new();
+        let mut floors: Vec<Floor> = Vec::new();
+        for r in sorted {
+            let mut used = false;
+            for p in &r.pieces {
+                for range in subtract(p.range, &taken) {
+                    pieces.push(ReleasedPiece { range, ..*p });
+                    taken.push(range);
+                    used = true;
+                }
+            }
+            if used {
+                floors.extend(r.floors.iter().cloned());
+            }
+        }
+        if pieces.is_empty() {
+            return false;
+        }
+        let settled = Release {
+            pieces,
+            floors,
+            ..last.clone()
+        };
+        self.released(&settled, me)
+    }
+
     /// Frees, as a failover, the holds waiting for a silo that `gone_since` says
     /// has been Dead or absent since at least [`HANDOFF_GRACE`] ago, and every hold
     /// older than [`HANDOFF_TIMEOUT`]. Returns whether a hold was freed, and the
@@ -668,6 +709,7 @@ mod tests {
                 next: 1_100,
             }],
             hops: 0,
+            last: false,
         };
         assert!(holds.released(&release, j));
         assert_eq!(holds.start_of(h, "c/1", "r", "e1"), Start::From(t(1_100)));

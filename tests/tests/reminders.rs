@@ -835,8 +835,9 @@ fn r14_random_churn_schedules_never_repeat_a_tick() {
         Some((a, b)) => a.parse().unwrap_or(0)..b.parse().unwrap_or(64),
         None => 0..seeds.parse().unwrap_or(64),
     };
+    let mut failures = Vec::new();
     for seed in seeds {
-        run_virtual(|| async move {
+        let failure = run_virtual(|| async move {
             let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
             let options = ReminderOptions {
                 minimum_period: SECOND,
@@ -893,35 +894,35 @@ fn r14_random_churn_schedules_never_repeat_a_tick() {
             let to = c.now().saturating_sub(3 * SECOND);
             let ticks: Vec<Occurrence> = c.ticks().iter().map(Occurrence::from).collect();
             let report = churn_report(&starts, SECOND, from, to, &ticks);
-            assert!(
-                report.duplicates.is_empty(),
-                "seed {seed} {events:?}: {report}: {:?}",
-                &report.duplicates[..report.duplicates.len().min(5)]
-            );
             if let (Some((key, _)), true) = (report.missed.first(), std::env::var_os("ROLLCALL_CHURN_DEBUG").is_some()) {
                 for d in c.ticks().iter().filter(|d| (d.tick.actor.to_string(), d.tick.name.clone()) == *key) {
                     eprintln!("{key:?} scheduled {} sent {} on {}", d.tick.scheduled, d.tick.now, d.silo);
                 }
             }
-            if graceful_only {
-                assert!(
-                    report.missed.is_empty(),
-                    "seed {seed} {events:?}: {report}: {:?}",
-                    &report.missed[..report.missed.len().min(5)]
-                );
+            let mut failed = Vec::new();
+            if !report.duplicates.is_empty() {
+                failed.push(format!("{:?} repeated", &report.duplicates[..report.duplicates.len().min(3)]));
+            }
+            if graceful_only && !report.missed.is_empty() {
+                failed.push(format!("{:?} lost", &report.missed[..report.missed.len().min(3)]));
             }
             // A crash: what was lost fell due after a kill, within the failover
             // window (a leave during a failover may hand a range to the crashed
-            // silo, so the window counts from the kill to the end of the events
-            // that followed it within a window).
+            // silo, so the window is doubled).
             let window = detection_bound() + 2 * SECOND;
             for (key, t) in &report.missed {
                 let in_window = kills
                     .iter()
                     .any(|k| *t >= *k && t.saturating_duration_since(*k) <= 2 * window);
-                assert!(in_window, "seed {seed} {events:?}: {key:?} missed {t} ({report})");
+                if !in_window && !graceful_only {
+                    failed.push(format!("{key:?} missed {t} outside every failover window"));
+                    break;
+                }
             }
             eprintln!("seed {seed} {events:?}: {report}");
+            (!failed.is_empty()).then(|| format!("seed {seed} {events:?}: {report}: {}", failed.join("; ")))
         });
+        failures.extend(failure);
     }
+    assert!(failures.is_empty(), "{} schedules failed:\n{}", failures.len(), failures.join("\n"));
 }
