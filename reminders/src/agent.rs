@@ -1,7 +1,8 @@
 //! The reminder agent: one actix actor per silo and service. It keeps the ring of
 //! the silo's membership view, loads the ranges it owns, keeps the reminders due
 //! within the loading window in a [`Queue`], delivers ticks, and records
-//! `last_fired` and one-shot removals. Every table call and delivery runs as a
+//! `last_fired` and one-shot removals. Ranges change hands by releases and holds
+//! ([`crate::handoff`]). Every table call and delivery runs as a
 //! future on the actor's context, bounded by a timeout; its result comes back to
 //! the actor, which never waits on anything.
 //!
@@ -14,6 +15,8 @@
 //! | notice reads in flight | [`MAX_NOTICE_READS`] (beyond: one coalesced load) |
 //! | queued notices | [`NOTICE_QUEUE`] (beyond: dropped; a load covers them), taken [`NOTICE_BATCH`] per actor turn; while a load is pending, a registration notice needs no read of its own |
 //! | pending `last_fired` writes and one-shot removals | one per reminder, [`MAX_WRITES`] in flight |
+//! | releases ([`crate::handoff`]) | one per new owner per ring change, one per silo of the ring on a graceful leave, each sent in a background task with 3 attempts; 64 sent, 64 received and 64 early ones kept |
+//! | holds | at most [`HANDOFF_TIMEOUT`](crate::handoff::HANDOFF_TIMEOUT); one request round every [`REQUEST_AFTER`] while one waits |
 //! | retries | backoff timers, never a loop |
 
 use std::collections::{HashMap, VecDeque};
@@ -425,7 +428,11 @@ impl Handler<Leave> for ReminderAgent {
                 }
             }
         }
-        let releases: Vec<(SiloAddress, HandoffMessage)> = match all.map(|a| Release { last: true, ..a }) {
+        let releases: Vec<(SiloAddress, HandoffMessage)> = match all.map(|a| Release {
+            last: true,
+            to: None,
+            ..a
+        }) {
             None => Vec::new(),
             Some(all) => remaining
                 .silos()
@@ -600,9 +607,9 @@ impl ReminderAgent {
             return;
         }
         if start == Start::Free && learned == Learned::Load && next.is_overdue(now) {
-            // A late or catch-up tick found by a load: give the previous owner's
-            // handoff time to arrive, and at start-up spread these ticks over the
-            // jitter window (restart storms).
+            // A late or catch-up tick found by a load outside a handoff: wait the
+            // load grace, and at start-up spread these ticks over the jitter
+            // window (restart storms).
             let spread = if jitter && !self.options.startup_jitter.is_zero() {
                 self.rng
                     .random_range(0..=self.options.startup_jitter.as_millis() as u64)
@@ -627,7 +634,8 @@ impl ReminderAgent {
     /// The releases of the pieces `lost` (with their new owners) at `now`: per new
     /// owner, the pieces this silo delivered in (or inherited a floor for), and the
     /// first undelivered occurrence of every reminder whose floor is not the
-    /// piece's. Pieces still held are left out (rule 4 of [`crate::handoff`]).
+    /// piece's. A piece this silo still holds names the silo it waits for (rule 4
+    /// of [`crate::handoff`]).
     fn releases_of(&self, lost: &[(RingRange, SiloAddress)], now: Timestamp) -> Vec<(SiloAddress, Release)> {
         let s = &self.state;
         let mut by_owner: HashMap<SiloAddress, Release> = HashMap::new();
@@ -642,6 +650,7 @@ impl ReminderAgent {
                 floors: Vec::new(),
                 hops: 0,
                 last: false,
+                to: Some(*to),
             });
             for (piece, custody) in s.holds.custody(*range) {
                 let (floor, waiting_for) = match custody {
@@ -753,6 +762,24 @@ impl ReminderAgent {
         let mut again: Vec<Release> = Vec::new();
         let mut elsewhere = Vec::new();
         let mine_now = s.ring.ranges_of(&me);
+        // A release meant for another silo than the asker is not the last word on
+        // its pieces: that silo had them next, so the asker waits for it instead.
+        let answer = |c: Release| match c.to {
+            Some(to) if to != asker => Release {
+                pieces: c
+                    .pieces
+                    .iter()
+                    .map(|p| ReleasedPiece {
+                        range: p.range,
+                        floor: None,
+                        waiting_for: p.waiting_for.or(Some(to)),
+                    })
+                    .collect(),
+                floors: Vec::new(),
+                ..c
+            },
+            _ => c,
+        };
         for (piece, from) in &r.waiting {
             if *from != me {
                 // A third silo's releases, passed on only once it is gone (alive,
@@ -762,7 +789,8 @@ impl ReminderAgent {
                         s.received
                             .iter()
                             .filter(|rel| rel.from == *from)
-                            .filter_map(|rel| rel.within(*piece)),
+                            .filter_map(|rel| rel.within(*piece))
+                            .map(answer),
                     );
                 }
                 continue;
@@ -771,7 +799,7 @@ impl ReminderAgent {
             for rel in &s.sent {
                 if let Some(c) = rel.within(*piece) {
                     covered.extend(c.pieces.iter().map(|p| p.range));
-                    again.push(c);
+                    again.push(answer(c));
                 }
             }
             for rest in crate::handoff::subtract(*piece, &covered) {
@@ -800,6 +828,7 @@ impl ReminderAgent {
                 floors: Vec::new(),
                 hops: 0,
                 last: false,
+                to: Some(asker),
             });
         }
         if again.is_empty() {

@@ -112,6 +112,12 @@ pub struct Release {
     /// end (what it does not name it did not own then).
     #[serde(default)]
     pub last: bool,
+    /// The silo it was meant for (the new owner in the sender's view); `None` for a
+    /// leaver's last release, meant for every silo. Passed on to another silo, a
+    /// release meant for a third one only names that third one (it had the pieces
+    /// next).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<SiloAddress>,
 }
 
 /// "Send me what you know of these pieces' releases": sent by a silo whose holds
@@ -710,6 +716,7 @@ mod tests {
             }],
             hops: 0,
             last: false,
+            to: Some(j),
         };
         assert!(holds.released(&release, j));
         assert_eq!(holds.start_of(h, "c/1", "r", "e1"), Start::From(t(1_100)));

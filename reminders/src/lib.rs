@@ -9,6 +9,8 @@
 //!   and removes reminders.
 //! - [`ring`]: which silo owns which hash range (pure, property-tested).
 //! - [`schedule`]: when a reminder ticks next (pure).
+//! - [`handoff`]: how a range changes hands on a leave or a join without a tick
+//!   repeated or lost: releases, holds, requests (pure).
 //! - The agent (one actix actor per silo) loads the owned ranges at start, on every
 //!   ring change and every `refresh_reminder_list_period`, keeps the reminders due
 //!   within `loading_window` in memory ordered by due time, and delivers ticks to
