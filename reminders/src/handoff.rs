@@ -553,11 +553,20 @@ impl Holds {
         let mut floors: Vec<Floor> = Vec::new();
         for r in sorted {
             let mut used = false;
+            // A release meant for a third silo: that silo had the pieces next.
+            let next = r.to.filter(|to| *to != me);
             for p in &r.pieces {
                 for range in subtract(p.range, &taken) {
-                    pieces.push(ReleasedPiece { range, ..*p });
+                    pieces.push(match next {
+                        Some(to) => ReleasedPiece {
+                            range,
+                            floor: None,
+                            waiting_for: p.waiting_for.or(Some(to)),
+                        },
+                        None => ReleasedPiece { range, ..*p },
+                    });
                     taken.push(range);
-                    used = true;
+                    used |= next.is_none();
                 }
             }
             if used {
