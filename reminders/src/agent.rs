@@ -669,10 +669,9 @@ impl ReminderAgent {
             }
         }
         for slot in s.queue.iter() {
-            let Some((range, to)) = lost.iter().find(|(r, _)| r.contains(slot.hash)) else {
+            let Some((_, to)) = lost.iter().find(|(r, _)| r.contains(slot.hash)) else {
                 continue;
             };
-            let _ = range;
             if slot.held {
                 continue;
             }
@@ -803,16 +802,30 @@ impl ReminderAgent {
                 }
             }
             for rest in crate::handoff::subtract(*piece, &covered) {
+                if s.prev_ring.is_empty() {
+                    // This silo has had one ring, which did not give it these
+                    // pieces: it never delivered there, and knows nobody who did
+                    // (two silos that started together both hold on each other).
+                    elsewhere.push(ReleasedPiece {
+                        range: rest,
+                        floor: None,
+                        waiting_for: None,
+                    });
+                    continue;
+                }
                 for before in s.prev_ring.silos() {
-                    if before == me || before == asker {
+                    if before == me {
                         continue;
                     }
                     for owned in s.prev_ring.ranges_of(&before) {
                         for range in crate::handoff::intersect(rest, owned) {
+                            // The asker itself had them before: its service did
+                            // not run then (it started on a silo already Active).
+                            let waiting_for = (before != asker).then_some(before);
                             elsewhere.push(ReleasedPiece {
                                 range,
                                 floor: None,
-                                waiting_for: Some(before),
+                                waiting_for,
                             });
                         }
                     }

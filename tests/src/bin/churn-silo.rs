@@ -52,6 +52,14 @@ impl Handler<ReminderTick> for Logger {
 }
 
 fn main() {
+    // Warnings (a hold given up on, a release never taken) go to stderr.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() != 4 && args.len() != 6 {
         eprintln!("usage: churn-silo CLUSTER STORE_URL LISTEN_ADDR LOG_FILE [REGISTER_COUNT STARTS_FILE]");
