@@ -93,6 +93,9 @@ const LOAD_GRACE: Duration = Duration::from_secs(1);
 const EARLY_RELEASES: usize = 64;
 /// Attempts at sending one release.
 const RELEASE_ATTEMPTS: u32 = 3;
+/// How long a graceful leave waits for the deliveries in flight before it releases
+/// its ranges (a delivery still running then counts as delivered).
+const LEAVE_DRAIN: Duration = Duration::from_secs(2);
 /// `last_fired` writes and one-shot removals running at once.
 pub const MAX_WRITES: usize = 16;
 /// Longest wait between retries of deliveries and writes.
@@ -249,9 +252,12 @@ pub(crate) struct State {
     /// Timer of the next hold expiry.
     hold_timer: Option<SpawnHandle>,
     /// Releases that freed no hold yet (they may arrive before the ring change).
-    early: VecDeque<Release>,
-    /// The silo is leaving: everything was released, nothing is delivered.
+    early: VecDeque<(Timestamp, Release)>,
+    /// The silo is leaving: nothing more is delivered, and once the deliveries in
+    /// flight finished every range is released.
     leaving: bool,
+    /// The leave hook's answer, until the releases are sent.
+    leave_reply: Option<oneshot::Sender<()>>,
     /// The ring before `ring`.
     prev_ring: Ring,
     /// The releases received last (from other silos), to pass on on request.
@@ -386,9 +392,14 @@ impl Handler<MembershipChanged> for ReminderAgent {
         let ring = &s.ring;
         s.queue.retain(|slot| ring.owns(&me, slot.hash));
         // Releases that came before this ring may free what it holds.
-        let early: Vec<Release> = s.early.drain(..).collect();
-        for r in early {
-            self.release_received(r);
+        // (Kept for a hold timeout at most: older ones can free nothing.)
+        let early: Vec<(Timestamp, Release)> = s
+            .early
+            .drain(..)
+            .filter(|(t, _)| now.saturating_duration_since(*t) < crate::handoff::HANDOFF_TIMEOUT)
+            .collect();
+        for (at, r) in early {
+            self.release_received(r, at);
         }
         self.hold_slots();
         tracing::debug!(silo = %me, ranges = self.state.ranges.len(), silos = self.state.ring.silos().len(),
@@ -403,58 +414,25 @@ impl Handler<MembershipChanged> for ReminderAgent {
 impl Handler<Leave> for ReminderAgent {
     type Result = ();
 
+    /// Stops delivering, lets the deliveries in flight finish (at most
+    /// [`LEAVE_DRAIN`]: a tick whose handler completed is delivered, one that
+    /// failed goes to the new owner), then releases every range.
     fn handle(&mut self, msg: Leave, ctx: &mut Context<Self>) {
         if self.state.leaving {
             let _ = msg.0.send(());
             return;
         }
-        let now = self.clock.now();
-        let me = self.me;
-        let remaining = self.state.ring.without(&me);
-        let lost: Vec<(RingRange, SiloAddress)> = crate::handoff::transfers(&self.state.ring, &remaining)
-            .into_iter()
-            .filter_map(|(range, was, is)| (was == Some(me)).then_some(range).zip(is))
-            .collect();
-        // One release of every range, to every silo of the ring: a new owner in
-        // this silo's view may leave too before it sees this silo go, and the
-        // silo that gets the range in the end then has the release all the same.
-        let mut all: Option<Release> = None;
-        for (_, r) in self.releases_of(&lost, now) {
-            match &mut all {
-                None => all = Some(r),
-                Some(a) => {
-                    a.pieces.extend(r.pieces);
-                    a.floors.extend(r.floors);
-                }
-            }
-        }
-        let releases: Vec<(SiloAddress, HandoffMessage)> = match all.map(|a| Release {
-            last: true,
-            to: None,
-            ..a
-        }) {
-            None => Vec::new(),
-            Some(all) => remaining
-                .silos()
-                .into_iter()
-                .map(|to| (to, HandoffMessage::Release(all.clone())))
-                .collect(),
-        };
         let s = &mut self.state;
         s.leaving = true;
-        s.queue.retain(|_| false);
+        s.leave_reply = Some(msg.0);
         if let Some((_, h)) = s.timer.take() {
             ctx.cancel_future(h);
         }
-        tracing::debug!(silo = %me, releases = releases.len(), "leaving: reminder ranges released");
-        let silo = self.silo.clone();
-        ctx.spawn(
-            async move { send_releases(silo, releases).await }
-                .into_actor(self)
-                .map(move |(), _, _| {
-                    let _ = msg.0.send(());
-                }),
-        );
+        if s.deliveries == 0 {
+            self.finish_leave(ctx);
+        } else {
+            ctx.run_later(LEAVE_DRAIN, |act, ctx| act.finish_leave(ctx));
+        }
     }
 }
 
@@ -479,7 +457,7 @@ impl Handler<NoticesReceived> for ReminderAgent {
             for notice in msg.0.into_iter().flatten() {
                 match serde_json::from_slice::<HandoffMessage>(&notice.body) {
                     Ok(HandoffMessage::Release(r)) if r.service == self.table.service_id() => {
-                        freed |= self.release_received(r)
+                        freed |= self.release_received(r, self.clock.now())
                     }
                     Ok(HandoffMessage::Request(r)) if r.service == self.table.service_id() => {
                         self.answer_request(r)
@@ -702,7 +680,7 @@ impl ReminderAgent {
     /// Applies a release to the holds; keeps it for a later ring if it freed
     /// nothing, and forwards the pieces owned by a third silo in this silo's view.
     /// Returns whether a hold was freed.
-    fn release_received(&mut self, r: Release) -> bool {
+    fn release_received(&mut self, r: Release, received: Timestamp) -> bool {
         let me = self.me;
         tracing::trace!(silo = %me, from = %r.from, at = r.at, pieces = r.pieces.len(), floors = ?r.floors.iter().map(|f| (&f.actor, f.next)).collect::<Vec<_>>(), "release received");
         if r.from != me && !self.state.received.contains(&r) {
@@ -744,7 +722,7 @@ impl ReminderAgent {
             if self.state.early.len() == EARLY_RELEASES {
                 self.state.early.pop_front();
             }
-            self.state.early.push_back(r);
+            self.state.early.push_back((received, r));
         }
         freed
     }
@@ -798,7 +776,7 @@ impl ReminderAgent {
             for rel in &s.sent {
                 if let Some(c) = rel.within(*piece) {
                     covered.extend(c.pieces.iter().map(|p| p.range));
-                    again.push(answer(c));
+                    again.extend(self.resolve_chain(c).into_iter().map(answer));
                 }
             }
             for rest in crate::handoff::subtract(*piece, &covered) {
@@ -853,6 +831,93 @@ impl ReminderAgent {
             .map(|rel| (asker, HandoffMessage::Release(rel)))
             .collect();
         tokio::spawn(send_releases(self.silo.clone(), again));
+    }
+
+    /// A release of this silo's whose pieces name a silo it was waiting for when it
+    /// let them go: where this silo has since received that silo's release of them
+    /// (meant for it), those pieces carry that release's floor instead (this silo
+    /// delivered nothing there, so the floor it inherited is the one to pass on).
+    fn resolve_chain(&self, rel: Release) -> Vec<Release> {
+        if rel.pieces.iter().all(|p| p.waiting_for.is_none()) {
+            return vec![rel];
+        }
+        let mut out = Vec::new();
+        let mut left = Vec::new();
+        for p in &rel.pieces {
+            let Some(w) = p.waiting_for else {
+                left.push(*p);
+                continue;
+            };
+            let mut rest = vec![p.range];
+            for got in self.state.received.iter().filter(|r| r.from == w && r.to == Some(self.me)) {
+                for piece in &got.pieces {
+                    for r in std::mem::take(&mut rest) {
+                        for range in crate::handoff::intersect(r, piece.range) {
+                            out.push(Release {
+                                pieces: vec![ReleasedPiece { range, ..*piece }],
+                                floors: got.floors.clone(),
+                                ..rel.clone()
+                            });
+                        }
+                        rest.extend(crate::handoff::subtract(r, &[piece.range]));
+                    }
+                }
+            }
+            left.extend(rest.into_iter().map(|range| ReleasedPiece { range, ..*p }));
+        }
+        if !left.is_empty() {
+            out.push(Release { pieces: left, ..rel });
+        }
+        out
+    }
+
+    /// The last step of a graceful leave: one release of every range, to every silo
+    /// of the ring (a new owner in this silo's view may leave too before it sees
+    /// this silo go; the silo that gets a range in the end has the release all the
+    /// same); answers the leave hook once they were taken.
+    fn finish_leave(&mut self, ctx: &mut Context<Self>) {
+        let Some(reply) = self.state.leave_reply.take() else {
+            return;
+        };
+        let now = self.clock.now();
+        let me = self.me;
+        let remaining = self.state.ring.without(&me);
+        let lost: Vec<(RingRange, SiloAddress)> = crate::handoff::transfers(&self.state.ring, &remaining)
+            .into_iter()
+            .filter_map(|(range, was, is)| (was == Some(me)).then_some(range).zip(is))
+            .collect();
+        let mut all: Option<Release> = None;
+        for (_, r) in self.releases_of(&lost, now) {
+            match &mut all {
+                None => all = Some(r),
+                Some(a) => {
+                    a.pieces.extend(r.pieces);
+                    a.floors.extend(r.floors);
+                }
+            }
+        }
+        let releases: Vec<(SiloAddress, HandoffMessage)> = match all.map(|a| Release {
+            last: true,
+            to: None,
+            ..a
+        }) {
+            None => Vec::new(),
+            Some(all) => remaining
+                .silos()
+                .into_iter()
+                .map(|to| (to, HandoffMessage::Release(all.clone())))
+                .collect(),
+        };
+        self.state.queue.retain(|_| false);
+        tracing::debug!(silo = %me, releases = releases.len(), "leaving: reminder ranges released");
+        let silo = self.silo.clone();
+        ctx.spawn(
+            async move { send_releases(silo, releases).await }
+                .into_actor(self)
+                .map(move |(), _, _| {
+                    let _ = reply.send(());
+                }),
+        );
     }
 
     /// Sends `releases` in the background, keeping them to send again on request.
@@ -1315,6 +1380,12 @@ impl ReminderAgent {
             }
         }
         self.publish_gauges();
+        if self.state.leaving {
+            if self.state.deliveries == 0 {
+                self.finish_leave(ctx);
+            }
+            return;
+        }
         // Room for deliveries that waited on the bound.
         if self.state.queue.next_due().is_some_and(|d| d <= now) {
             self.deliver_due(ctx);
