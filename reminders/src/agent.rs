@@ -748,7 +748,9 @@ impl ReminderAgent {
                     .iter()
                     .map(|p| ReleasedPiece {
                         range: p.range,
-                        floor: None,
+                        // Kept: if the silos after `to` only held the pieces,
+                        // this is the floor to start from.
+                        floor: p.floor,
                         waiting_for: p.waiting_for.or(Some(to)),
                     })
                     .collect(),

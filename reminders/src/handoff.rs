@@ -261,6 +261,11 @@ struct Hold {
     epoch: u32,
     loaded: bool,
     state: HoldState,
+    /// The silos this hold waited for before `from` (each named the next one).
+    visited: Vec<SiloAddress>,
+    /// The floor of the release a silo passed on to another silo than this one
+    /// (it delivered up to there; the silos after it held the pieces).
+    fallback: Option<u64>,
 }
 
 /// The holds of one silo's reminder service.
@@ -432,6 +437,8 @@ impl Holds {
                         epoch,
                         loaded: false,
                         state: HoldState::Waiting,
+                        visited: Vec::new(),
+                        fallback: None,
                     });
                 }
             } else if was == Some(me) {
@@ -528,21 +535,37 @@ impl Holds {
             for p in &r.pieces {
                 for range in intersect(h.range, p.range) {
                     changed = true;
-                    let (state, from) = match (p.waiting_for, p.floor) {
-                        (Some(w), _) if w != me => (HoldState::Waiting, w),
-                        (Some(_), _) | (None, None) => (HoldState::Failover, h.from),
-                        (None, Some(floor)) => (
-                            HoldState::Released {
-                                floor: Timestamp::from_millis(floor),
-                                floors: floors.clone(),
-                            },
-                            h.from,
-                        ),
+                    let fallback = p.floor.or(h.fallback);
+                    let released = |floor: u64| HoldState::Released {
+                        floor: Timestamp::from_millis(floor),
+                        floors: if p.waiting_for.is_none() {
+                            floors.clone()
+                        } else {
+                            Floors::default()
+                        },
                     };
+                    let (state, from) = match (p.waiting_for, p.floor) {
+                        // The chain of silos that held the pieces came back to
+                        // one it named before (or to `me`): none of them
+                        // delivered; the last silo that did passed on its floor.
+                        (Some(w), _) if w == me || w == h.from || h.visited.contains(&w) => match fallback {
+                            Some(f) => (released(f), h.from),
+                            None => (HoldState::Failover, h.from),
+                        },
+                        (Some(w), _) => (HoldState::Waiting, w),
+                        (None, None) => (HoldState::Failover, h.from),
+                        (None, Some(floor)) => (released(floor), h.from),
+                    };
+                    let mut visited = h.visited.clone();
+                    if from != h.from {
+                        visited.push(h.from);
+                    }
                     out.push(Hold {
                         range,
                         state,
                         from,
+                        visited,
+                        fallback,
                         ..h.clone()
                     });
                 }
@@ -575,7 +598,7 @@ impl Holds {
                     pieces.push(match next {
                         Some(to) => ReleasedPiece {
                             range,
-                            floor: None,
+                            floor: p.floor,
                             waiting_for: p.waiting_for.or(Some(to)),
                         },
                         None => ReleasedPiece { range, ..*p },
@@ -785,6 +808,8 @@ mod tests {
             epoch: 0,
             loaded: false,
             state: HoldState::Waiting,
+            visited: Vec::new(),
+            fallback: None,
         });
         holds.holds.push(Hold {
             range: r(150, 300),
@@ -796,6 +821,8 @@ mod tests {
                 floor: t(7),
                 floors: Floors::default(),
             },
+            visited: Vec::new(),
+            fallback: None,
         });
         let mut got = holds.custody(r(50, 400));
         got.sort_by_key(|(r, _)| r.end);
