@@ -34,8 +34,8 @@ mod time;
 pub mod transport;
 
 pub use agents::{
-    LeaveHookGuard, LeaveWork, MembershipChanged, Notice, NoticeReceiver, NoticesDropped, OnDeclaredDead, Silo, SiloBuilder, SiloHandle,
-    Subscription,
+    LeaveHookGuard, LeaveWork, MembershipChanged, Notice, NoticeReceiver, NoticesDropped, OnDeclaredDead,
+    Silo, SiloBuilder, SiloHandle, Subscription,
 };
 pub use error::{redact_password, retry_transient, BoxError, Error, Result, SiloError};
 pub use history::{HistoryQuery, MembershipEvent, WriteKind, WriteOrigin, DEFAULT_HISTORY_CAPACITY};

@@ -463,7 +463,9 @@ impl Handler<NoticesReceived> for ReminderAgent {
                         self.answer_request(r)
                     }
                     Ok(_) => {}
-                    Err(e) => tracing::debug!(from = %notice.from, error = %e, "undecodable reminder release dropped"),
+                    Err(e) => {
+                        tracing::debug!(from = %notice.from, error = %e, "undecodable reminder release dropped")
+                    }
                 }
             }
             if freed {
@@ -559,13 +561,7 @@ impl ReminderAgent {
 
     /// Materialises `row` if its next tick is within the loading window (else drops
     /// any slot it had). `jitter` spreads an overdue tick over `startup_jitter`.
-    fn schedule_row(
-        &mut self,
-        mut row: ReminderEntry,
-        now: Timestamp,
-        learned: Learned,
-        jitter: bool,
-    ) {
+    fn schedule_row(&mut self, mut row: ReminderEntry, now: Timestamp, learned: Learned, jitter: bool) {
         let key = key_of(&row);
         if let Some((etag, at)) = self.state.persist.get(&key) {
             if *etag == row.etag {
@@ -851,7 +847,12 @@ impl ReminderAgent {
                 continue;
             };
             let mut rest = vec![p.range];
-            for got in self.state.received.iter().filter(|r| r.from == w && r.to == Some(self.me)) {
+            for got in self
+                .state
+                .received
+                .iter()
+                .filter(|r| r.from == w && r.to == Some(self.me))
+            {
                 for piece in &got.pieces {
                     for r in std::mem::take(&mut rest) {
                         for range in crate::handoff::intersect(r, piece.range) {
@@ -945,7 +946,9 @@ impl ReminderAgent {
             .iter()
             .filter(|slot| {
                 !slot.held
-                    && s.holds.start_of(slot.hash, slot.key.actor(), slot.key.name(), &slot.etag) == Start::Held
+                    && s.holds
+                        .start_of(slot.hash, slot.key.actor(), slot.key.name(), &slot.etag)
+                        == Start::Held
             })
             .map(|slot| slot.key.clone())
             .collect();
@@ -963,7 +966,9 @@ impl ReminderAgent {
             .iter()
             .filter(|slot| slot.held)
             .filter_map(|slot| {
-                let start = s.holds.start_of(slot.hash, slot.key.actor(), slot.key.name(), &slot.etag);
+                let start = s
+                    .holds
+                    .start_of(slot.hash, slot.key.actor(), slot.key.name(), &slot.etag);
                 (start != Start::Held).then(|| {
                     let next = planned(slot.timing(), now, Learned::Load, start);
                     (slot.key.clone(), next, matches!(start, Start::From(_)))
@@ -1010,7 +1015,9 @@ impl ReminderAgent {
         // Ask the previous owners still in the view that were silent for a while,
         // and, once one waited for is gone, every Active silo (one of them may have
         // its release).
-        if !waiting.is_empty() && (newly_gone || now.saturating_duration_since(self.state.asked) >= REQUEST_AFTER) {
+        if !waiting.is_empty()
+            && (newly_gone || now.saturating_duration_since(self.state.asked) >= REQUEST_AFTER)
+        {
             self.state.asked = now;
             let mut to: Vec<SiloAddress> = waiting.iter().copied().filter(|s| !gone(s)).collect();
             if !gone_at.is_empty() {
@@ -1036,7 +1043,13 @@ impl ReminderAgent {
         // A gone silo's last release settles what it did not own at the end.
         let mut settled = false;
         for silo in gone_at.keys() {
-            let last = self.state.received.iter().rev().find(|r| r.from == *silo && r.last).cloned();
+            let last = self
+                .state
+                .received
+                .iter()
+                .rev()
+                .find(|r| r.from == *silo && r.last)
+                .cloned();
             if let Some(last) = last {
                 let others: Vec<Release> = self.state.received.iter().cloned().collect();
                 settled |= self.state.holds.settle_with_last(&last, &others, self.me);
@@ -1337,7 +1350,11 @@ impl ReminderAgent {
                         self.state.persist.insert(key.clone(), (etag(), now));
                     }
                     // A handoff's catch-up delivers every occurrence it owes in turn.
-                    let done = if scheduled < slot.catch_up_to { scheduled } else { now };
+                    let done = if scheduled < slot.catch_up_to {
+                        scheduled
+                    } else {
+                        now
+                    };
                     match after_delivery(slot.timing(), scheduled, done) {
                         None => {
                             self.state.queue.remove(&key);

@@ -48,10 +48,14 @@
 //!    silo's `last` release settles what it did not own at the end with the newest
 //!    release of another silo covering it ([`Holds::settle_with_last`]).
 //!
-//! Known limit: when two silos join within a few milliseconds and a third leaves,
-//! the chain of owners can lead a hold back to its own silo; the hold then fails
-//! over (0 duplicates, a tick or so lost): 2 of 600 random schedules with events
-//! 0.2-6 s apart (R14's seeds 411 and 502) lost ticks this way or after a crash.
+//! A chain of holders can come back to a silo it named before (silos that
+//! started within milliseconds of each other each waited for another one, and
+//! the first passed the pieces to a third): then none of them delivered, and the
+//! hold starts from the floor of the silo that passed the pieces on.
+//!
+//! Known limit: 2 of 600 random schedules with events 0.2-6 s apart (R14's seeds
+//! 411 and 502: two joins within milliseconds around a leave, or after a crash)
+//! lost a tick or a few when a hold failed over; none repeated one.
 //!
 //! A hold is dropped once it is freed and a load that started after it finished (so
 //! every row of the range was scheduled with the floor).
@@ -100,8 +104,11 @@ pub struct ReleasedPiece {
     /// itself taken the piece over as after a crash and not loaded it yet (the new
     /// owner plans those reminders as after a load).
     pub floor: Option<u64>,
-    /// The sender still held this piece itself, waiting for this silo's release:
-    /// the receiver waits for that release instead (`floor` is then unused).
+    /// The sender still held this piece itself, waiting for this silo's release,
+    /// or passed it on to this silo: the receiver waits for that silo instead.
+    /// `floor` then is the floor of the last silo in the chain that delivered, used
+    /// if the chain comes back to a silo it named before (every silo after that
+    /// one only held the piece).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_for: Option<SiloAddress>,
 }
@@ -473,12 +480,10 @@ impl Holds {
         match &h.state {
             HoldState::Waiting => Start::Held,
             HoldState::Failover => Start::Free,
-            HoldState::Released { floor, floors } => {
-                match floors.get(&(actor.to_owned(), name.to_owned())) {
-                    Some((e, next)) if e == etag => Start::From(*next),
-                    _ => Start::From(*floor),
-                }
-            }
+            HoldState::Released { floor, floors } => match floors.get(&(actor.to_owned(), name.to_owned())) {
+                Some((e, next)) if e == etag => Start::From(*next),
+                _ => Start::From(*floor),
+            },
         }
     }
 
@@ -670,7 +675,7 @@ impl Holds {
             }
         }
         self.holds
-            .retain(|h| !(h.loaded && !matches!(h.state, HoldState::Waiting)));
+            .retain(|h| !h.loaded || matches!(h.state, HoldState::Waiting));
     }
 }
 

@@ -113,7 +113,9 @@ impl RemindersBuilder {
             Arc::new(|_: &ActorId| None)
         });
         let notices = self.silo.subscribe_notices(&topic(&service_id), NOTICE_QUEUE);
-        let releases = self.silo.subscribe_notices(&release_topic(&service_id), NOTICE_QUEUE);
+        let releases = self
+            .silo
+            .subscribe_notices(&release_topic(&service_id), NOTICE_QUEUE);
         let agent = ReminderAgent {
             me: self.silo.address(),
             silo: self.silo.clone(),

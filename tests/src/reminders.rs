@@ -304,7 +304,11 @@ pub fn churn_report(
                 report.duplicates.push((key.clone(), *at));
             }
         }
-        let times: Vec<Timestamp> = delivered.keys().copied().filter(|t| *t >= from && *t <= to).collect();
+        let times: Vec<Timestamp> = delivered
+            .keys()
+            .copied()
+            .filter(|t| *t >= from && *t <= to)
+            .collect();
         for w in times.windows(2) {
             report.worst_gap = report.worst_gap.max(w[1].saturating_duration_since(w[0]));
         }
@@ -330,6 +334,10 @@ pub fn churn_report(
             .copied()
             .unwrap_or_default()
     };
-    report.lateness = [pick(0.5), pick(0.99), lateness.last().copied().unwrap_or_default()];
+    report.lateness = [
+        pick(0.5),
+        pick(0.99),
+        lateness.last().copied().unwrap_or_default(),
+    ];
     report
 }

@@ -770,10 +770,14 @@ async fn sim_churn(graceful: bool) -> (rollcall_tests::reminders::ChurnReport, V
     }
     let from = c.now().saturating_add(3 * SECOND);
     let mut kills = Vec::new();
-    let mut next = 5;
-    for _ in 0..8 {
+    for next in 5..13 {
         tokio::time::sleep(15 * SECOND).await;
-        let i = c.sim.silos.iter().position(|s| !s.is_stopped()).expect("a running silo");
+        let i = c
+            .sim
+            .silos
+            .iter()
+            .position(|s| !s.is_stopped())
+            .expect("a running silo");
         kills.push(c.now());
         if graceful {
             c.sim.silos[i].shutdown().await.expect("graceful shutdown");
@@ -781,7 +785,6 @@ async fn sim_churn(graceful: bool) -> (rollcall_tests::reminders::ChurnReport, V
             c.sim.silos[i].kill();
         }
         c.start(next, 1).await.expect("new silo joins");
-        next += 1;
     }
     tokio::time::sleep(15 * SECOND).await;
     let to = c.now().saturating_sub(3 * SECOND);
@@ -795,8 +798,16 @@ fn r12_graceful_leaves_and_joins_neither_repeat_nor_lose_a_tick() {
         let (report, _) = sim_churn(true).await;
         eprintln!("graceful churn: {report}");
         assert!(report.occurrences > 20_000, "{report}");
-        assert!(report.duplicates.is_empty(), "{report}: {:?}", &report.duplicates[..report.duplicates.len().min(10)]);
-        assert!(report.missed.is_empty(), "{report}: {:?}", &report.missed[..report.missed.len().min(10)]);
+        assert!(
+            report.duplicates.is_empty(),
+            "{report}: {:?}",
+            &report.duplicates[..report.duplicates.len().min(10)]
+        );
+        assert!(
+            report.missed.is_empty(),
+            "{report}: {:?}",
+            &report.missed[..report.missed.len().min(10)]
+        );
     });
 }
 
@@ -805,12 +816,18 @@ fn r13_crashes_repeat_no_tick_and_lose_only_inside_the_failover_window() {
     run_virtual(|| async {
         let (report, kills) = sim_churn(false).await;
         eprintln!("crash churn: {report}");
-        assert!(report.duplicates.is_empty(), "{report}: {:?}", &report.duplicates[..report.duplicates.len().min(10)]);
+        assert!(
+            report.duplicates.is_empty(),
+            "{report}: {:?}",
+            &report.duplicates[..report.duplicates.len().min(10)]
+        );
         // Failover window: detection, the survivors' load, and one period.
         let window = detection_bound() + Duration::from_secs(2);
         for (key, t) in &report.missed {
             assert!(
-                kills.iter().any(|k| *t >= *k && t.saturating_duration_since(*k) <= window),
+                kills
+                    .iter()
+                    .any(|k| *t >= *k && t.saturating_duration_since(*k) <= window),
                 "{key:?} missed {t} outside every failover window ({report})"
             );
         }
@@ -866,10 +883,16 @@ fn r14_random_churn_schedules_never_repeat_a_tick() {
             for _ in 0..6 {
                 let gap = Duration::from_millis(rng.random_range(200..6_000));
                 tokio::time::sleep(gap).await;
-                let running: Vec<usize> = (0..c.sim.silos.len()).filter(|i| !c.sim.silos[*i].is_stopped()).collect();
+                let running: Vec<usize> = (0..c.sim.silos.len())
+                    .filter(|i| !c.sim.silos[*i].is_stopped())
+                    .collect();
                 // Even seeds: graceful leaves and joins only.
                 let kinds = if seed % 2 == 0 { [0, 2, 2] } else { [0, 1, 2] };
-                let kind = if running.len() <= 2 { 2 } else { kinds[rng.random_range(0..3)] };
+                let kind = if running.len() <= 2 {
+                    2
+                } else {
+                    kinds[rng.random_range(0..3)]
+                };
                 match kind {
                     0 => {
                         let i = running[rng.random_range(0..running.len())];
@@ -894,14 +917,27 @@ fn r14_random_churn_schedules_never_repeat_a_tick() {
             let to = c.now().saturating_sub(3 * SECOND);
             let ticks: Vec<Occurrence> = c.ticks().iter().map(Occurrence::from).collect();
             let report = churn_report(&starts, SECOND, from, to, &ticks);
-            if let (Some((key, _)), true) = (report.missed.first(), std::env::var_os("ROLLCALL_CHURN_DEBUG").is_some()) {
-                for d in c.ticks().iter().filter(|d| (d.tick.actor.to_string(), d.tick.name.clone()) == *key) {
-                    eprintln!("{key:?} scheduled {} sent {} on {}", d.tick.scheduled, d.tick.now, d.silo);
+            if let (Some((key, _)), true) = (
+                report.missed.first(),
+                std::env::var_os("ROLLCALL_CHURN_DEBUG").is_some(),
+            ) {
+                for d in c
+                    .ticks()
+                    .iter()
+                    .filter(|d| (d.tick.actor.to_string(), d.tick.name.clone()) == *key)
+                {
+                    eprintln!(
+                        "{key:?} scheduled {} sent {} on {}",
+                        d.tick.scheduled, d.tick.now, d.silo
+                    );
                 }
             }
             let mut failed = Vec::new();
             if !report.duplicates.is_empty() {
-                failed.push(format!("{:?} repeated", &report.duplicates[..report.duplicates.len().min(3)]));
+                failed.push(format!(
+                    "{:?} repeated",
+                    &report.duplicates[..report.duplicates.len().min(3)]
+                ));
             }
             if graceful_only && !report.missed.is_empty() {
                 failed.push(format!("{:?} lost", &report.missed[..report.missed.len().min(3)]));
@@ -924,5 +960,10 @@ fn r14_random_churn_schedules_never_repeat_a_tick() {
         });
         failures.extend(failure);
     }
-    assert!(failures.is_empty(), "{} schedules failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} schedules failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -255,7 +255,10 @@ impl std::fmt::Debug for LeaveHooks {
 
 impl LeaveHooks {
     fn list(&self) -> Vec<LeaveHook> {
-        let hooks = self.hooks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let hooks = self
+            .hooks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         hooks.iter().map(|(_, h)| h.clone()).collect()
     }
 }
@@ -276,7 +279,10 @@ impl std::fmt::Debug for LeaveHookGuard {
 impl Drop for LeaveHookGuard {
     fn drop(&mut self) {
         if let Some(hooks) = self.hooks.upgrade() {
-            let mut list = hooks.hooks.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut list = hooks
+                .hooks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             list.retain(|(id, _)| *id != self.id);
         }
     }
@@ -418,7 +424,10 @@ impl SiloHandle {
                     let _ = w.await;
                 }
             };
-            if tokio::time::timeout(self.options.shutdown_timeout, all).await.is_err() {
+            if tokio::time::timeout(self.options.shutdown_timeout, all)
+                .await
+                .is_err()
+            {
                 tracing::warn!(silo = %self.address, timeout = ?self.options.shutdown_timeout,
                     "leave hooks did not finish in shutdown_timeout; leaving anyway");
             }

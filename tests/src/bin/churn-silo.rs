@@ -123,7 +123,8 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let (silo, reminders) = silo;
     system.block_on(async move {
         actix::spawn(async move {
-            let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+            let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            else {
                 return;
             };
             term.recv().await;
