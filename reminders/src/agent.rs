@@ -37,8 +37,7 @@ use tokio::sync::oneshot;
 
 use crate::api::{ActorId, Counters, ReminderError, ReminderTarget, ReminderTick};
 use crate::handoff::{
-    Custody, Floor, HandoffMessage, Holds, Release, ReleaseRequest, ReleasedPiece, Start, MAX_RELEASE_HOPS,
-    REQUEST_AFTER,
+    Custody, Floor, HandoffMessage, Holds, Release, ReleaseRequest, ReleasedPiece, Start, REQUEST_AFTER,
 };
 use crate::queue::{key_of, Key, Queue};
 use crate::ring::{Ring, RingRange};
@@ -91,6 +90,8 @@ const MIN_PIECE_WIDTH: u32 = 1 << 16;
 const LOAD_GRACE: Duration = Duration::from_secs(1);
 /// Releases received before the ring that needs them, kept to apply later.
 const EARLY_RELEASES: usize = 64;
+/// How often waiting holds are looked at (expiry, requests).
+const HOLD_CHECK: Duration = Duration::from_millis(100);
 /// Attempts at sending one release.
 const RELEASE_ATTEMPTS: u32 = 3;
 /// How long a graceful leave waits for the deliveries in flight before it releases
@@ -683,36 +684,13 @@ impl ReminderAgent {
             crate::handoff::remember(&mut self.state.received, r.clone(), EARLY_RELEASES);
         }
         let freed = self.state.holds.released(&r, me);
-        if r.hops < MAX_RELEASE_HOPS && !self.state.ring.is_empty() {
-            let mut forward: HashMap<SiloAddress, Release> = HashMap::new();
-            for silo in self.state.ring.silos() {
-                if silo == me || silo == r.from {
-                    continue;
-                }
-                for owned in self.state.ring.ranges_of(&silo) {
-                    for p in &r.pieces {
-                        for range in crate::handoff::intersect(p.range, owned) {
-                            forward
-                                .entry(silo)
-                                .or_insert_with(|| Release {
-                                    pieces: Vec::new(),
-                                    hops: r.hops + 1,
-                                    ..r.clone()
-                                })
-                                .pieces
-                                .push(ReleasedPiece { range, ..*p });
-                        }
-                    }
-                }
-            }
-            if !forward.is_empty() {
-                tracing::debug!(silo = %me, from = %r.from, to = ?forward.keys().collect::<Vec<_>>(), "forwarding a reminder release");
-                let forward: Vec<(SiloAddress, HandoffMessage)> = forward
-                    .into_iter()
-                    .map(|(to, r)| (to, HandoffMessage::Release(r)))
-                    .collect();
-                tokio::spawn(send_releases(self.silo.clone(), forward));
-            }
+        let forward: Vec<(SiloAddress, HandoffMessage)> = crate::handoff::forwards(&r, &self.state.ring, me)
+            .into_iter()
+            .map(|(to, r)| (to, HandoffMessage::Release(r)))
+            .collect();
+        if !forward.is_empty() {
+            tracing::debug!(silo = %me, from = %r.from, to = ?forward.iter().map(|(to, _)| to).collect::<Vec<_>>(), "forwarding a reminder release");
+            tokio::spawn(send_releases(self.silo.clone(), forward));
         }
         if !freed {
             if self.state.early.len() == EARLY_RELEASES {
@@ -723,155 +701,27 @@ impl ReminderAgent {
         freed
     }
 
-    /// Answers a [`ReleaseRequest`]: for each piece the asker waits on this silo
-    /// for, what this silo released of it (whoever it was sent to) and, for the
-    /// rest that this silo owns neither now nor in its previous ring (its view
-    /// skipped the ring where it would have), the silo that owned it in its previous
-    /// ring, for the asker to wait for instead; for each piece it waits on a third
-    /// silo for, that silo's releases this silo received.
+    /// Answers a [`ReleaseRequest`] with what [`crate::handoff::answer`] says.
     fn answer_request(&mut self, r: ReleaseRequest) {
         let s = &self.state;
-        let (me, asker) = (self.me, r.from);
-        let mut again: Vec<Release> = Vec::new();
-        let mut elsewhere = Vec::new();
-        let mine_now = s.ring.ranges_of(&me);
-        // A release meant for another silo than the asker is not the last word on
-        // its pieces: that silo had them next, so the asker waits for it instead.
-        let answer = |c: Release| match c.to {
-            Some(to) if to != asker => Release {
-                pieces: c
-                    .pieces
-                    .iter()
-                    .map(|p| ReleasedPiece {
-                        range: p.range,
-                        // Kept: if the silos after `to` only held the pieces,
-                        // this is the floor to start from.
-                        floor: p.floor,
-                        waiting_for: p.waiting_for.or(Some(to)),
-                    })
-                    .collect(),
-                floors: Vec::new(),
-                ..c
-            },
-            _ => c,
-        };
-        for (piece, from) in &r.waiting {
-            if *from != me {
-                // A third silo's releases, passed on only once it is gone (alive,
-                // it answers itself and knows best).
-                if r.gone.contains(from) {
-                    again.extend(
-                        s.received
-                            .iter()
-                            .filter(|rel| rel.from == *from)
-                            .filter_map(|rel| rel.within(*piece))
-                            .map(answer),
-                    );
-                }
-                continue;
-            }
-            let mut covered: Vec<RingRange> = mine_now.clone();
-            for rel in &s.sent {
-                if let Some(c) = rel.within(*piece) {
-                    covered.extend(c.pieces.iter().map(|p| p.range));
-                    again.extend(self.resolve_chain(c).into_iter().map(answer));
-                }
-            }
-            for rest in crate::handoff::subtract(*piece, &covered) {
-                if s.prev_ring.is_empty() {
-                    // This silo has had one ring, which did not give it these
-                    // pieces: it never delivered there, and knows nobody who did
-                    // (two silos that started together both hold on each other).
-                    elsewhere.push(ReleasedPiece {
-                        range: rest,
-                        floor: None,
-                        waiting_for: None,
-                    });
-                    continue;
-                }
-                for before in s.prev_ring.silos() {
-                    if before == me {
-                        continue;
-                    }
-                    for owned in s.prev_ring.ranges_of(&before) {
-                        for range in crate::handoff::intersect(rest, owned) {
-                            // The asker itself had them before: its service did
-                            // not run then (it started on a silo already Active).
-                            let waiting_for = (before != asker).then_some(before);
-                            elsewhere.push(ReleasedPiece {
-                                range,
-                                floor: None,
-                                waiting_for,
-                            });
-                        }
-                    }
-                }
-            }
-        }
-        if !elsewhere.is_empty() {
-            again.push(Release {
-                service: self.table.service_id().to_owned(),
-                from: me,
-                at: self.clock.now().as_millis(),
-                pieces: elsewhere,
-                floors: Vec::new(),
-                hops: 0,
-                last: false,
-                to: Some(asker),
-            });
-        }
+        let again = crate::handoff::answer(
+            &r,
+            self.me,
+            self.clock.now(),
+            &s.ring,
+            &s.prev_ring,
+            &s.sent,
+            &s.received,
+        );
         if again.is_empty() {
             return;
         }
-        tracing::debug!(silo = %me, to = %asker, releases = again.len(), "answering a request for reminder releases");
+        tracing::debug!(silo = %self.me, to = %r.from, releases = again.len(), "answering a request for reminder releases");
         let again = again
             .into_iter()
-            .map(|rel| (asker, HandoffMessage::Release(rel)))
+            .map(|rel| (r.from, HandoffMessage::Release(rel)))
             .collect();
         tokio::spawn(send_releases(self.silo.clone(), again));
-    }
-
-    /// A release of this silo's whose pieces name a silo it was waiting for when it
-    /// let them go: where this silo has since received that silo's release of them
-    /// (meant for it), those pieces carry that release's floor instead (this silo
-    /// delivered nothing there, so the floor it inherited is the one to pass on).
-    fn resolve_chain(&self, rel: Release) -> Vec<Release> {
-        if rel.pieces.iter().all(|p| p.waiting_for.is_none()) {
-            return vec![rel];
-        }
-        let mut out = Vec::new();
-        let mut left = Vec::new();
-        for p in &rel.pieces {
-            let Some(w) = p.waiting_for else {
-                left.push(*p);
-                continue;
-            };
-            let mut rest = vec![p.range];
-            for got in self
-                .state
-                .received
-                .iter()
-                .filter(|r| r.from == w && r.to == Some(self.me))
-            {
-                for piece in &got.pieces {
-                    for r in std::mem::take(&mut rest) {
-                        for range in crate::handoff::intersect(r, piece.range) {
-                            out.push(Release {
-                                pieces: vec![ReleasedPiece { range, ..*piece }],
-                                floors: got.floors.clone(),
-                                ..rel.clone()
-                            });
-                        }
-                        rest.extend(crate::handoff::subtract(r, &[piece.range]));
-                    }
-                }
-            }
-            left.extend(rest.into_iter().map(|range| ReleasedPiece { range, ..*p }));
-        }
-        if !left.is_empty() {
-            out.push(Release { pieces: left, ..rel });
-        }
-        out
     }
 
     /// The last step of a graceful leave: one release of every range, to every silo
@@ -1070,13 +920,10 @@ impl ReminderAgent {
             ctx.cancel_future(h);
         }
         if self.state.holds.waiting() {
-            // Re-checked at least every 250 ms while waiting: a previous owner's
-            // status changes with the view.
-            let at = self.state.holds.next_expiry().unwrap_or(now);
-            let wait = at
-                .saturating_duration_since(now)
-                .clamp(Duration::from_millis(10), Duration::from_millis(250));
-            self.state.hold_timer = Some(ctx.run_later(wait, |act, ctx| {
+            // Re-checked every HOLD_CHECK while waiting: a previous owner's
+            // status changes with the view, and requests go out every
+            // REQUEST_AFTER.
+            self.state.hold_timer = Some(ctx.run_later(HOLD_CHECK, |act, ctx| {
                 act.state.hold_timer = None;
                 act.expire_holds(ctx);
             }));

@@ -180,13 +180,13 @@ pub enum HandoffMessage {
 pub const REQUEST_AFTER: Duration = Duration::from_millis(500);
 
 impl Release {
-    /// This release without the hashes of `cut`; `None` if nothing is left.
-    pub fn without(&self, cut: &[RingRange]) -> Option<Release> {
+    /// This release with each piece cut to `cut(piece)`; `None` if nothing is left.
+    fn cut(&self, cut: impl Fn(RingRange) -> Vec<RingRange>) -> Option<Release> {
         let pieces: Vec<ReleasedPiece> = self
             .pieces
             .iter()
             .flat_map(|p| {
-                subtract(p.range, cut)
+                cut(p.range)
                     .into_iter()
                     .map(move |range| ReleasedPiece { range, ..*p })
             })
@@ -197,23 +197,193 @@ impl Release {
         })
     }
 
-    /// This release cut down to the hashes of `keep`; `None` if nothing is left.
-    pub fn within(&self, keep: RingRange) -> Option<Release> {
-        let pieces: Vec<ReleasedPiece> = self
-            .pieces
-            .iter()
-            .flat_map(|p| {
-                intersect(p.range, keep)
-                    .into_iter()
-                    .map(move |range| ReleasedPiece { range, ..*p })
-            })
-            .collect();
-        (!pieces.is_empty()).then(|| Release {
-            pieces,
-            hops: 0,
-            ..self.clone()
-        })
+    /// This release without the hashes of `cut`; `None` if nothing is left.
+    pub fn without(&self, cut: &[RingRange]) -> Option<Release> {
+        self.cut(|r| subtract(r, cut))
     }
+
+    /// This release cut down to the hashes of `keep`, as a fresh message (no hops);
+    /// `None` if nothing is left.
+    pub fn within(&self, keep: RingRange) -> Option<Release> {
+        self.cut(|r| intersect(r, keep)).map(|r| Release { hops: 0, ..r })
+    }
+
+    /// This release as it bears on `viewer`'s holds: meant for a third silo, it is
+    /// not the last word on its pieces (that silo had them next), so its pieces
+    /// name that silo to wait for, keeping their floor for a chain that comes back
+    /// (rule 5 of the module docs), and its per-reminder floors go.
+    pub fn seen_by(self, viewer: SiloAddress) -> Release {
+        match self.to {
+            Some(to) if to != viewer => Release {
+                pieces: self
+                    .pieces
+                    .iter()
+                    .map(|p| ReleasedPiece {
+                        waiting_for: p.waiting_for.or(Some(to)),
+                        ..*p
+                    })
+                    .collect(),
+                floors: Vec::new(),
+                ..self
+            },
+            _ => self,
+        }
+    }
+}
+
+/// Where the pieces of `r` that a third silo owns in `ring` go on to: one release
+/// per such silo (not `me`, not the sender), one hop more (rule 3 of the module
+/// docs); nothing past [`MAX_RELEASE_HOPS`].
+pub fn forwards(r: &Release, ring: &Ring, me: SiloAddress) -> Vec<(SiloAddress, Release)> {
+    if r.hops >= MAX_RELEASE_HOPS {
+        return Vec::new();
+    }
+    ring.silos()
+        .into_iter()
+        .filter(|silo| *silo != me && *silo != r.from)
+        .filter_map(|silo| {
+            let theirs = ring.ranges_of(&silo);
+            let on = r.cut(|p| theirs.iter().flat_map(|t| intersect(p, *t)).collect())?;
+            Some((
+                silo,
+                Release {
+                    hops: r.hops + 1,
+                    ..on
+                },
+            ))
+        })
+        .collect()
+}
+
+/// What `me` answers to a [`ReleaseRequest`] (rule 5 of the module docs), given
+/// its ring and previous ring and the releases it sent and received: for each
+/// piece the asker waits on `me` for, what `me` released of it (its own holds
+/// resolved by releases it received since, then [seen by](Release::seen_by) the
+/// asker), and for the rest it owns neither now nor by a release, the owner in its
+/// previous ring (none, or the asker: take them at once); for each piece the asker
+/// waits on a gone silo for, that silo's releases `me` received.
+#[allow(clippy::too_many_arguments)]
+pub fn answer(
+    r: &ReleaseRequest,
+    me: SiloAddress,
+    now: Timestamp,
+    ring: &Ring,
+    prev_ring: &Ring,
+    sent: &std::collections::VecDeque<Release>,
+    received: &std::collections::VecDeque<Release>,
+) -> Vec<Release> {
+    let asker = r.from;
+    let mut again: Vec<Release> = Vec::new();
+    let mut elsewhere = Vec::new();
+    let mine_now = ring.ranges_of(&me);
+    for (piece, from) in &r.waiting {
+        if *from != me {
+            // A third silo's releases, passed on only once it is gone (alive, it
+            // answers itself and knows best).
+            if r.gone.contains(from) {
+                again.extend(
+                    received
+                        .iter()
+                        .filter(|rel| rel.from == *from)
+                        .filter_map(|rel| rel.within(*piece))
+                        .map(|rel| rel.seen_by(asker)),
+                );
+            }
+            continue;
+        }
+        let mut covered: Vec<RingRange> = mine_now.clone();
+        for rel in sent {
+            if let Some(c) = rel.within(*piece) {
+                covered.extend(c.pieces.iter().map(|p| p.range));
+                again.extend(
+                    resolve_chain(c, received, me)
+                        .into_iter()
+                        .map(|rel| rel.seen_by(asker)),
+                );
+            }
+        }
+        for rest in subtract(*piece, &covered) {
+            if prev_ring.is_empty() {
+                // One ring so far, which did not give `me` these pieces: it never
+                // delivered there and knows nobody who did (two silos that started
+                // together both hold on each other).
+                elsewhere.push(ReleasedPiece {
+                    range: rest,
+                    floor: None,
+                    waiting_for: None,
+                });
+                continue;
+            }
+            for before in prev_ring.silos().into_iter().filter(|b| *b != me) {
+                for owned in prev_ring.ranges_of(&before) {
+                    for range in intersect(rest, owned) {
+                        // The asker itself had them before: its service did not
+                        // run then (it started on a silo already Active).
+                        elsewhere.push(ReleasedPiece {
+                            range,
+                            floor: None,
+                            waiting_for: (before != asker).then_some(before),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    if !elsewhere.is_empty() {
+        again.push(Release {
+            service: r.service.clone(),
+            from: me,
+            at: now.as_millis(),
+            pieces: elsewhere,
+            floors: Vec::new(),
+            hops: 0,
+            last: false,
+            to: Some(asker),
+        });
+    }
+    again
+}
+
+/// A release of `me`'s whose pieces name a silo `me` was waiting for when it let
+/// them go: where `me` has since received that silo's release of them (meant for
+/// `me`), those pieces carry that release's floor instead (`me` delivered nothing
+/// there, so the floor it inherited is the one to pass on).
+fn resolve_chain(
+    rel: Release,
+    received: &std::collections::VecDeque<Release>,
+    me: SiloAddress,
+) -> Vec<Release> {
+    if rel.pieces.iter().all(|p| p.waiting_for.is_none()) {
+        return vec![rel];
+    }
+    let mut out = Vec::new();
+    let mut left = Vec::new();
+    for p in &rel.pieces {
+        let Some(w) = p.waiting_for else {
+            left.push(*p);
+            continue;
+        };
+        let mut rest = vec![p.range];
+        for got in received.iter().filter(|r| r.from == w && r.to == Some(me)) {
+            for piece in &got.pieces {
+                for r in std::mem::take(&mut rest) {
+                    for range in intersect(r, piece.range) {
+                        out.push(Release {
+                            pieces: vec![ReleasedPiece { range, ..*piece }],
+                            floors: got.floors.clone(),
+                            ..rel.clone()
+                        });
+                    }
+                    rest.extend(subtract(r, &[piece.range]));
+                }
+            }
+        }
+        left.extend(rest.into_iter().map(|range| ReleasedPiece { range, ..*p }));
+    }
+    if !left.is_empty() {
+        out.push(Release { pieces: left, ..rel });
+    }
+    out
 }
 
 /// Keeps `buffer` (releases, oldest first, at most `cap`) true of the latest
@@ -595,25 +765,17 @@ impl Holds {
         let mut pieces = Vec::new();
         let mut floors: Vec<Floor> = Vec::new();
         for r in sorted {
+            let r = r.clone().seen_by(me);
             let mut used = false;
-            // A release meant for a third silo: that silo had the pieces next.
-            let next = r.to.filter(|to| *to != me);
             for p in &r.pieces {
                 for range in subtract(p.range, &taken) {
-                    pieces.push(match next {
-                        Some(to) => ReleasedPiece {
-                            range,
-                            floor: p.floor,
-                            waiting_for: p.waiting_for.or(Some(to)),
-                        },
-                        None => ReleasedPiece { range, ..*p },
-                    });
+                    pieces.push(ReleasedPiece { range, ..*p });
                     taken.push(range);
-                    used |= next.is_none();
+                    used = true;
                 }
             }
             if used {
-                floors.extend(r.floors.iter().cloned());
+                floors.extend(r.floors);
             }
         }
         if pieces.is_empty() {
@@ -655,15 +817,6 @@ impl Holds {
         timed_out.sort_unstable();
         timed_out.dedup();
         (changed, timed_out)
-    }
-
-    /// The earliest time [`expire`](Self::expire) can free a hold.
-    pub fn next_expiry(&self) -> Option<Timestamp> {
-        self.holds
-            .iter()
-            .filter(|h| matches!(h.state, HoldState::Waiting))
-            .map(|h| h.since.saturating_add(HANDOFF_GRACE))
-            .min()
     }
 
     /// A load of epoch `epoch` finished: the holds made before it started are
@@ -788,7 +941,6 @@ mod tests {
         holds.ring_changed(&two, &Ring::new([b], 8), b, t(0), 1);
         let h = two.ranges_of(&a)[0].end;
         assert_eq!(holds.start_of(h, "c/1", "r", "e"), Start::Held);
-        assert_eq!(holds.next_expiry(), Some(t(0).saturating_add(HANDOFF_GRACE)));
         let gone = |s: &SiloAddress| (*s == a).then_some(t(200));
         assert!(!holds.expire(t(1_000), gone).0, "within the grace");
         assert!(holds.expire(t(1_200), gone).0);
@@ -800,6 +952,73 @@ mod tests {
         let (changed, silent) = holds.expire(t(10_000), |_| None);
         assert!(changed);
         assert_eq!(silent, vec![a]);
+    }
+
+    fn release(from: SiloAddress, to: Option<SiloAddress>, ranges: &[RingRange]) -> Release {
+        Release {
+            service: "s".into(),
+            from,
+            at: 100,
+            pieces: ranges
+                .iter()
+                .map(|range| ReleasedPiece {
+                    range: *range,
+                    floor: Some(101),
+                    waiting_for: None,
+                })
+                .collect(),
+            floors: vec![Floor {
+                actor: "c/1".into(),
+                name: "r".into(),
+                etag: "e".into(),
+                next: 90,
+            }],
+            hops: 0,
+            last: false,
+            to,
+        }
+    }
+
+    #[test]
+    fn a_release_meant_for_a_third_silo_names_it_and_keeps_its_floor() {
+        let (a, b, c) = (silo(1), silo(2), silo(3));
+        let rel = release(a, Some(b), &[r(0, 10)]);
+        assert_eq!(rel.clone().seen_by(b), rel, "meant for the viewer: unchanged");
+        let seen = rel.seen_by(c);
+        assert_eq!(seen.pieces[0].waiting_for, Some(b));
+        assert_eq!(seen.pieces[0].floor, Some(101));
+        assert!(seen.floors.is_empty());
+        // A leaver's last release is meant for everyone.
+        let last = Release {
+            to: None,
+            last: true,
+            ..release(a, None, &[r(0, 10)])
+        };
+        assert_eq!(last.clone().seen_by(c), last);
+    }
+
+    #[test]
+    fn forwards_go_to_the_owners_of_the_pieces_and_stop_after_the_hops() {
+        let (a, b, c) = (silo(1), silo(2), silo(3));
+        let ring = Ring::new([a, b, c], 8);
+        let whole = release(a, Some(b), &[r(5, 5)]);
+        let out = forwards(&whole, &ring, b);
+        assert_eq!(out.len(), 1, "neither to b itself nor back to a");
+        let (to, fwd) = &out[0];
+        assert_eq!(*to, c);
+        assert_eq!(fwd.hops, 1);
+        for h in [0u32, 1 << 20, 1 << 31, u32::MAX] {
+            assert_eq!(
+                fwd.pieces.iter().any(|p| p.range.contains(h)),
+                ring.owns(&c, h),
+                "{h}"
+            );
+        }
+        let tired = Release {
+            hops: MAX_RELEASE_HOPS,
+            ..whole
+        };
+        assert!(forwards(&tired, &ring, b).is_empty());
     }
 
     #[test]
