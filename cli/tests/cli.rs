@@ -1369,11 +1369,27 @@ fn dashboard_in_a_real_browser_shows_a_killed_silo_dead_without_a_reload() {
             .await
             .expect("read the marker");
         assert_eq!(marker, serde_json::Value::Bool(true), "the page was reloaded");
-        let dead = client
-            .find(Locator::Css("#silos tbody tr[data-status='Dead']"))
-            .await
-            .expect("the Dead row");
-        let dead_text = dead.text().await.expect("row text");
+        // The row is read in one script (the live updates replace rows, so an
+        // element found first can be stale by the time its text is read), until it
+        // shows what is asserted below or 10 s pass.
+        let read_start = Instant::now();
+        let dead_text = loop {
+            let text = client
+                .execute(
+                    "const r = document.querySelector(\"#silos tbody tr[data-status='Dead']\"); return r ? r.innerText : '';",
+                    vec![],
+                )
+                .await
+                .expect("read the Dead row")
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let done = text.contains(&format!("127.0.0.1:{}", ports[2])) && text.contains("ago)");
+            if done || read_start.elapsed() > Duration::from_secs(10) {
+                break text;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         assert!(
             dead_text.contains(&format!("127.0.0.1:{}", ports[2])),
             "{dead_text}"
