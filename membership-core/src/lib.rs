@@ -51,5 +51,5 @@ pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};
 pub use reminder::{actor_hash, hash_in_range, ReminderEntry};
 pub use silo::{SiloAddress, SiloStatus};
 pub use statistics::{AggLevel, StatFilter, StatPoint, StatRecord, StatisticsOptions, StatisticsStore};
-pub use table::{validate_id, MembershipTable, ProtocolMode, ReminderTable, SystemStore};
+pub use table::{validate_id, MembershipTable, ProtocolMode, ReminderTable, SystemStore, WriteMode};
 pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp, TokioClock};

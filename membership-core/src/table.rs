@@ -11,7 +11,7 @@ use async_trait::async_trait;
 
 use crate::{
     Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipSnapshot, ReminderEntry,
-    Result, SiloAddress, TableVersion, Timestamp, WriteOrigin,
+    Result, SiloAddress, TableVersion, Timestamp, WriteKind, WriteOrigin,
 };
 
 /// Whether writes are ordered by the version row.
@@ -33,6 +33,42 @@ pub enum ProtocolMode {
     Basic,
 }
 
+/// The precondition of a membership row write ([`MembershipTable::write_row`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteMode<'a> {
+    /// The row must not exist (Orleans' `InsertRow`: a silo joining).
+    Insert,
+    /// The row must exist with this etag (Orleans' `UpdateRow`: a status change or a
+    /// vote).
+    Update(&'a Etag),
+}
+
+impl WriteMode<'_> {
+    /// The kind the membership history records for this write.
+    pub fn kind(&self) -> WriteKind {
+        match self {
+            WriteMode::Insert => WriteKind::Insert,
+            WriteMode::Update(_) => WriteKind::Update,
+        }
+    }
+
+    /// The name of the write in logs and errors: `"insert_row"` or `"update_row"`.
+    pub fn method(&self) -> &'static str {
+        match self {
+            WriteMode::Insert => "insert_row",
+            WriteMode::Update(_) => "update_row",
+        }
+    }
+
+    /// The etag the row must have, or `None` when it must not exist.
+    pub fn expected_etag(&self) -> Option<&Etag> {
+        match self {
+            WriteMode::Insert => None,
+            WriteMode::Update(etag) => Some(etag),
+        }
+    }
+}
+
 /// The membership table of **one cluster** (the Orleans `IMembershipTable`, with the
 /// version row of the extended protocol).
 ///
@@ -40,7 +76,8 @@ pub enum ProtocolMode {
 /// - [`read_all`](Self::read_all) returns every row of the cluster and the version row
 ///   as **one atomic snapshot**: no row written at version `v` is ever seen together
 ///   with a table version `< v`.
-/// - [`insert_row`](Self::insert_row) atomically creates the row and sets the version
+/// - [`insert_row`](Self::insert_row) ([`write_row`](Self::write_row) with
+///   [`WriteMode::Insert`]) atomically creates the row and sets the version
 ///   row to `next_version`; `Ok(false)`, with no side effect, if the row exists or the
 ///   version row's etag is not `next_version.etag` (or its version is not
 ///   `next_version.version - 1`).
@@ -115,52 +152,61 @@ pub trait MembershipTable: Send + Sync + std::fmt::Debug {
         Ok(MembershipDelta::full(self.read_all().await?))
     }
 
-    /// Inserts `entry` if no row exists for `entry.silo`, and sets the version row to
-    /// `next_version`, in one conditional transaction. `Ok(false)` on conflict.
+    /// Writes the row of `entry.silo` under the precondition `mode` and sets the
+    /// version row to `next_version`, in one conditional transaction: the one write
+    /// every provider implements ([`insert_row`](Self::insert_row) and
+    /// [`update_row`](Self::update_row) are shorthands for it).
     ///
-    /// In extended mode the same transaction appends the write's
-    /// [`MembershipEvent`] (made by [`MembershipEvent::of`] with `origin`) to the
-    /// membership history and drops the events beyond the store's history capacity;
-    /// a conflict appends nothing.
-    async fn insert_row_from(
+    /// - [`WriteMode::Insert`]: only if no row exists for `entry.silo` (Orleans'
+    ///   `InsertRow`, a silo joining).
+    /// - [`WriteMode::Update`]`(etag)`: only if the row exists and its etag is `etag`
+    ///   (Orleans' `UpdateRow`). Every column is written, IAmAlive included: a
+    ///   heartbeat that lands between the writer's read and this write may be replaced
+    ///   by the value the writer read, until the next heartbeat.
+    ///
+    /// In extended mode the version row must also be at `next_version.version - 1`
+    /// with etag `next_version.etag`, and the same transaction appends the write's
+    /// [`MembershipEvent`] (made by [`MembershipEvent::of`] with `origin` and
+    /// [`WriteMode::kind`]) to the membership history, dropping the events beyond
+    /// the store's history capacity.
+    ///
+    /// `Ok(false)`, with no side effect at all (no row, no version, no event), when
+    /// any precondition fails.
+    ///
+    /// # Errors
+    /// [`Error::Backend`](crate::Error::Backend) if the backend fails;
+    /// [`Error::Corrupt`](crate::Error::Corrupt) if the precondition needs a row that
+    /// does not decode (nothing is overwritten).
+    async fn write_row(
         &self,
         entry: &MembershipEntry,
+        mode: WriteMode<'_>,
         next_version: &TableVersion,
         origin: &WriteOrigin,
     ) -> Result<bool>;
 
-    /// Replaces the row of `entry.silo` if its etag is `etag`, and sets the version
-    /// row to `next_version`, in one conditional transaction. `Ok(false)` on conflict
-    /// or a missing row. Every column is written, IAmAlive included (as Orleans'
-    /// `UpdateRow`): a heartbeat that lands between the writer's read and this write
-    /// may be replaced by the value the writer read, until the next heartbeat.
-    ///
-    /// The history event is appended as for [`insert_row_from`](Self::insert_row_from).
-    async fn update_row_from(
-        &self,
-        entry: &MembershipEntry,
-        etag: &Etag,
-        next_version: &TableVersion,
-        origin: &WriteOrigin,
-    ) -> Result<bool>;
-
-    /// [`insert_row_from`](Self::insert_row_from) by an anonymous writer
-    /// ([`WriteOrigin::anonymous`]).
+    /// [`write_row`](Self::write_row) with [`WriteMode::Insert`] by an anonymous
+    /// writer ([`WriteOrigin::anonymous`]).
     async fn insert_row(&self, entry: &MembershipEntry, next_version: &TableVersion) -> Result<bool> {
-        self.insert_row_from(entry, next_version, &WriteOrigin::anonymous())
+        self.write_row(entry, WriteMode::Insert, next_version, &WriteOrigin::anonymous())
             .await
     }
 
-    /// [`update_row_from`](Self::update_row_from) by an anonymous writer
-    /// ([`WriteOrigin::anonymous`]).
+    /// [`write_row`](Self::write_row) with [`WriteMode::Update`]`(etag)` by an
+    /// anonymous writer ([`WriteOrigin::anonymous`]).
     async fn update_row(
         &self,
         entry: &MembershipEntry,
         etag: &Etag,
         next_version: &TableVersion,
     ) -> Result<bool> {
-        self.update_row_from(entry, etag, next_version, &WriteOrigin::anonymous())
-            .await
+        self.write_row(
+            entry,
+            WriteMode::Update(etag),
+            next_version,
+            &WriteOrigin::anonymous(),
+        )
+        .await
     }
 
     /// The membership history's events that match `query`, in version order (see

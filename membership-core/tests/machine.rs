@@ -160,8 +160,10 @@ impl World {
                 write,
                 next_version,
                 origin,
+                ..
             } => {
-                let result = now_or_fail(write.apply(&*table, &next_version, &origin));
+                let result =
+                    now_or_fail(table.write_row(write.entry(), write.mode(), &next_version, &origin));
                 self.push(table_lat, i, Event::RowWritten { id, result });
             }
             Action::WriteIAmAlive { time } => {
@@ -735,8 +737,13 @@ fn join_validation_pings_a_bounded_sample() {
                     write,
                     next_version,
                     origin,
+                    ..
                 } => {
-                    let result = now_or_fail(write.apply(&*w.table, &next_version, &origin));
+                    let result =
+                        now_or_fail(
+                            w.table
+                                .write_row(write.entry(), write.mode(), &next_version, &origin),
+                        );
                     next.push(Event::RowWritten { id, result });
                 }
                 Action::Ping { .. } => pings += 1,

@@ -9,7 +9,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, Delete, Get, Put, TransactGetItem,
 use rollcall_membership_core::{
     history::require_history, CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry,
     MembershipEvent, MembershipRows, MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress,
-    SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteOrigin,
+    SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteMode, WriteOrigin,
 };
 
 use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
@@ -321,67 +321,6 @@ impl DynamoDbMembershipTable {
         Some(TransactWriteItem::builder().update(update).build())
     }
 
-    async fn write_row(
-        &self,
-        entry: &MembershipEntry,
-        expected: Option<&Etag>,
-        next: &TableVersion,
-        origin: &WriteOrigin,
-    ) -> Result<bool> {
-        let (what, kind) = if expected.is_some() {
-            ("update_row", WriteKind::Update)
-        } else {
-            ("insert_row", WriteKind::Insert)
-        };
-        if expected.is_some_and(|e| e.is_empty()) {
-            return Ok(false);
-        }
-        let item = row_item(&self.cluster_id, entry, next.version, &new_etag());
-        let mut put = Put::builder()
-            .table_name(self.table())
-            .set_item(Some(item))
-            .expression_attribute_names("#sk", SILO_IDENTITY);
-        put = match expected {
-            None => put.condition_expression("attribute_not_exists(#sk)"),
-            Some(etag) => put
-                .condition_expression("attribute_exists(#sk) AND #e = :re")
-                .expression_attribute_names("#e", ETAG)
-                .expression_attribute_values(":re", s(etag.as_str())),
-        };
-        let put = put
-            .build()
-            .map_err(|e| Error::backend(format!("dynamodb {what}: {e}")))?;
-        let committed = if self.mode == ProtocolMode::Basic {
-            let mut req = self
-                .conn
-                .client
-                .put_item()
-                .table_name(self.table())
-                .set_item(Some(put.item))
-                .set_condition_expression(put.condition_expression)
-                .set_expression_attribute_names(put.expression_attribute_names);
-            if let Some(values) = put.expression_attribute_values {
-                req = req.set_expression_attribute_values(Some(values));
-            }
-            match req.send().await {
-                Ok(_) => true,
-                Err(e) if is_condition_failed(&e) => false,
-                Err(e) => return Err(self.conn.error(what, self.table(), e)),
-            }
-        } else {
-            let Some(version_op) = self.version_op(next) else {
-                return Ok(false);
-            };
-            let mut ops = vec![TransactWriteItem::builder().put(put).build(), version_op];
-            ops.extend(self.history_ops(entry, kind, next, origin)?);
-            self.transact(what, ops).await?
-        };
-        if !committed {
-            self.explain_conflict(&entry.silo).await?;
-        }
-        Ok(committed)
-    }
-
     /// The history items of a write at `next`, for its transaction: the event, and
     /// the deletion of the one that falls out of the capacity (versions are gapless
     /// in extended mode, so one delete per write keeps the history at capacity).
@@ -587,23 +526,61 @@ impl MembershipTable for DynamoDbMembershipTable {
         })
     }
 
-    async fn insert_row_from(
+    async fn write_row(
         &self,
         entry: &MembershipEntry,
-        next_version: &TableVersion,
+        mode: WriteMode<'_>,
+        next: &TableVersion,
         origin: &WriteOrigin,
     ) -> Result<bool> {
-        self.write_row(entry, None, next_version, origin).await
-    }
-
-    async fn update_row_from(
-        &self,
-        entry: &MembershipEntry,
-        etag: &Etag,
-        next_version: &TableVersion,
-        origin: &WriteOrigin,
-    ) -> Result<bool> {
-        self.write_row(entry, Some(etag), next_version, origin).await
+        let (what, kind, expected) = (mode.method(), mode.kind(), mode.expected_etag());
+        if expected.is_some_and(|e| e.is_empty()) {
+            return Ok(false);
+        }
+        let item = row_item(&self.cluster_id, entry, next.version, &new_etag());
+        let mut put = Put::builder()
+            .table_name(self.table())
+            .set_item(Some(item))
+            .expression_attribute_names("#sk", SILO_IDENTITY);
+        put = match expected {
+            None => put.condition_expression("attribute_not_exists(#sk)"),
+            Some(etag) => put
+                .condition_expression("attribute_exists(#sk) AND #e = :re")
+                .expression_attribute_names("#e", ETAG)
+                .expression_attribute_values(":re", s(etag.as_str())),
+        };
+        let put = put
+            .build()
+            .map_err(|e| Error::backend(format!("dynamodb {what}: {e}")))?;
+        let committed = if self.mode == ProtocolMode::Basic {
+            let mut req = self
+                .conn
+                .client
+                .put_item()
+                .table_name(self.table())
+                .set_item(Some(put.item))
+                .set_condition_expression(put.condition_expression)
+                .set_expression_attribute_names(put.expression_attribute_names);
+            if let Some(values) = put.expression_attribute_values {
+                req = req.set_expression_attribute_values(Some(values));
+            }
+            match req.send().await {
+                Ok(_) => true,
+                Err(e) if is_condition_failed(&e) => false,
+                Err(e) => return Err(self.conn.error(what, self.table(), e)),
+            }
+        } else {
+            let Some(version_op) = self.version_op(next) else {
+                return Ok(false);
+            };
+            let mut ops = vec![TransactWriteItem::builder().put(put).build(), version_op];
+            ops.extend(self.history_ops(entry, kind, next, origin)?);
+            self.transact(what, ops).await?
+        };
+        if !committed {
+            self.explain_conflict(&entry.silo).await?;
+        }
+        Ok(committed)
     }
 
     async fn read_history(&self, query: &HistoryQuery) -> Result<Vec<MembershipEvent>> {

@@ -12,7 +12,7 @@ use rollcall_membership_core::{
     history::{history_floor, require_history},
     CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipRows,
     MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress, TableVersion, Timestamp,
-    WriteKind, WriteOrigin,
+    WriteMode, WriteOrigin,
 };
 use serde::{Deserialize, Serialize};
 
@@ -223,78 +223,6 @@ impl EtcdMembershipTable {
         }
     }
 
-    async fn write_row(
-        &self,
-        entry: &MembershipEntry,
-        expected: Option<&Etag>,
-        next: &TableVersion,
-        origin: &WriteOrigin,
-    ) -> Result<bool> {
-        let (what, kind) = if expected.is_some() {
-            ("update_row", WriteKind::Update)
-        } else {
-            ("insert_row", WriteKind::Insert)
-        };
-        let id = entry.silo.to_string();
-        let (row_key, version_key) = (self.keys.silo(&id), self.keys.version());
-        let precondition = match expected {
-            None => None,
-            Some(etag) => match revision(etag).filter(|r| *r > 0) {
-                Some(r) => Some(r),
-                None => return Ok(false),
-            },
-        };
-        let Some(mut compares) = self.version_compares(next) else {
-            return Ok(false);
-        };
-        compares.push(match precondition {
-            None => Compare::create_revision(row_key.clone(), CompareOp::Equal, 0),
-            Some(r) => Compare::mod_revision(row_key.clone(), CompareOp::Equal, r),
-        });
-        let row_json = serde_json::to_string(&StoredRow {
-            entry: entry.clone(),
-            written_at: next.version,
-        })
-        .map_err(|e| Error::backend(format!("encode row: {e}")))?;
-        let mut puts = vec![
-            TxnOp::put(row_key.clone(), row_json.clone(), None),
-            TxnOp::put(self.keys.alive(&id), entry.i_am_alive_time.to_string(), None),
-        ];
-        if self.mode == ProtocolMode::Extended {
-            puts.push(TxnOp::put(
-                version_key.clone(),
-                encode_version(next.version),
-                None,
-            ));
-            // The history event and the trim to the capacity, in the same Txn. The
-            // trimmed range ends below the event's key (floor <= version when the
-            // capacity is >= 1): etcd rejects a Txn whose put and delete overlap.
-            if self.history_capacity > 0 {
-                let event = MembershipEvent::of(entry, kind, next, origin);
-                let json = serde_json::to_string(&event)
-                    .map_err(|e| Error::backend(format!("encode event: {e}")))?;
-                puts.push(TxnOp::put(self.keys.history(next.version), json, None));
-            }
-            let floor = history_floor(next.version, self.history_capacity);
-            puts.push(TxnOp::delete(
-                self.keys.history_prefix(),
-                Some(DeleteOptions::new().with_range(self.keys.history(floor))),
-            ));
-        }
-        let txn = Txn::new().when(compares).and_then(puts).or_else(vec![
-            TxnOp::get(row_key.clone(), None),
-            TxnOp::get(version_key.clone(), None),
-        ]);
-        let resp = match self.conn.txn(what, txn).await {
-            Ok(r) => r,
-            Err(e) => return self.settle(e, &row_key, &row_json, precondition).await,
-        };
-        if resp.succeeded() {
-            return Ok(true);
-        }
-        self.explain_conflict(&resp, &row_key, &version_key)
-    }
-
     /// A failed compare: `Err(Corrupt)` if the row or version it needed does not
     /// decode (nothing was written), else `Ok(false)`.
     fn explain_conflict(&self, resp: &TxnResponse, row_key: &str, version_key: &str) -> Result<bool> {
@@ -445,23 +373,72 @@ impl MembershipTable for EtcdMembershipTable {
         })
     }
 
-    async fn insert_row_from(
+    async fn write_row(
         &self,
         entry: &MembershipEntry,
-        next_version: &TableVersion,
+        mode: WriteMode<'_>,
+        next: &TableVersion,
         origin: &WriteOrigin,
     ) -> Result<bool> {
-        self.write_row(entry, None, next_version, origin).await
-    }
-
-    async fn update_row_from(
-        &self,
-        entry: &MembershipEntry,
-        etag: &Etag,
-        next_version: &TableVersion,
-        origin: &WriteOrigin,
-    ) -> Result<bool> {
-        self.write_row(entry, Some(etag), next_version, origin).await
+        let (what, kind, expected) = (mode.method(), mode.kind(), mode.expected_etag());
+        let id = entry.silo.to_string();
+        let (row_key, version_key) = (self.keys.silo(&id), self.keys.version());
+        let precondition = match expected {
+            None => None,
+            Some(etag) => match revision(etag).filter(|r| *r > 0) {
+                Some(r) => Some(r),
+                None => return Ok(false),
+            },
+        };
+        let Some(mut compares) = self.version_compares(next) else {
+            return Ok(false);
+        };
+        compares.push(match precondition {
+            None => Compare::create_revision(row_key.clone(), CompareOp::Equal, 0),
+            Some(r) => Compare::mod_revision(row_key.clone(), CompareOp::Equal, r),
+        });
+        let row_json = serde_json::to_string(&StoredRow {
+            entry: entry.clone(),
+            written_at: next.version,
+        })
+        .map_err(|e| Error::backend(format!("encode row: {e}")))?;
+        let mut puts = vec![
+            TxnOp::put(row_key.clone(), row_json.clone(), None),
+            TxnOp::put(self.keys.alive(&id), entry.i_am_alive_time.to_string(), None),
+        ];
+        if self.mode == ProtocolMode::Extended {
+            puts.push(TxnOp::put(
+                version_key.clone(),
+                encode_version(next.version),
+                None,
+            ));
+            // The history event and the trim to the capacity, in the same Txn. The
+            // trimmed range ends below the event's key (floor <= version when the
+            // capacity is >= 1): etcd rejects a Txn whose put and delete overlap.
+            if self.history_capacity > 0 {
+                let event = MembershipEvent::of(entry, kind, next, origin);
+                let json = serde_json::to_string(&event)
+                    .map_err(|e| Error::backend(format!("encode event: {e}")))?;
+                puts.push(TxnOp::put(self.keys.history(next.version), json, None));
+            }
+            let floor = history_floor(next.version, self.history_capacity);
+            puts.push(TxnOp::delete(
+                self.keys.history_prefix(),
+                Some(DeleteOptions::new().with_range(self.keys.history(floor))),
+            ));
+        }
+        let txn = Txn::new().when(compares).and_then(puts).or_else(vec![
+            TxnOp::get(row_key.clone(), None),
+            TxnOp::get(version_key.clone(), None),
+        ]);
+        let resp = match self.conn.txn(what, txn).await {
+            Ok(r) => r,
+            Err(e) => return self.settle(e, &row_key, &row_json, precondition).await,
+        };
+        if resp.succeeded() {
+            return Ok(true);
+        }
+        self.explain_conflict(&resp, &row_key, &version_key)
     }
 
     async fn read_history(&self, query: &HistoryQuery) -> Result<Vec<MembershipEvent>> {

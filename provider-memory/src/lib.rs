@@ -33,7 +33,7 @@ use rollcall_membership_core::{
     validate_id, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent,
     MembershipRows, MembershipSnapshot, MembershipTable, MetricsReport, MetricsRole, MetricsRow,
     MetricsTable, ProtocolMode, ReminderEntry, ReminderTable, Result, SiloAddress, SystemStore, TableVersion,
-    Timestamp, WriteKind, WriteOrigin, DEFAULT_HISTORY_CAPACITY,
+    Timestamp, WriteKind, WriteMode, WriteOrigin, DEFAULT_HISTORY_CAPACITY,
 };
 
 #[derive(Debug, Default)]
@@ -339,34 +339,23 @@ impl MembershipTable for MemoryMembershipTable {
         })
     }
 
-    async fn insert_row_from(
+    async fn write_row(
         &self,
         entry: &MembershipEntry,
+        mode: WriteMode<'_>,
         next_version: &TableVersion,
         origin: &WriteOrigin,
     ) -> Result<bool> {
         self.store.with_cluster(&self.cluster_id, |c| {
-            if c.rows.contains_key(&entry.silo) || !c.version.admits(next_version, self.mode) {
-                return false;
-            }
-            self.commit(c, entry, next_version, WriteKind::Insert, origin);
-            true
-        })
-    }
-
-    async fn update_row_from(
-        &self,
-        entry: &MembershipEntry,
-        etag: &Etag,
-        next_version: &TableVersion,
-        origin: &WriteOrigin,
-    ) -> Result<bool> {
-        self.store.with_cluster(&self.cluster_id, |c| {
-            let row_ok = c.rows.get(&entry.silo).is_some_and(|row| row.1 == *etag);
+            let row_ok = match (mode, c.rows.get(&entry.silo)) {
+                (WriteMode::Insert, row) => row.is_none(),
+                (WriteMode::Update(etag), Some(row)) => row.1 == *etag,
+                (WriteMode::Update(_), None) => false,
+            };
             if !row_ok || !c.version.admits(next_version, self.mode) {
                 return false;
             }
-            self.commit(c, entry, next_version, WriteKind::Update, origin);
+            self.commit(c, entry, next_version, mode.kind(), origin);
             true
         })
     }

@@ -9,7 +9,7 @@ use rollcall_membership_core::{
     history::{history_floor, require_history},
     CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent,
     MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress, SiloStatus, SuspectVote,
-    TableVersion, Timestamp, WriteKind, WriteOrigin,
+    TableVersion, Timestamp, WriteMode, WriteOrigin,
 };
 use serde::{Deserialize, Serialize};
 
@@ -314,51 +314,6 @@ impl RedisMembershipTable {
             history_capacity,
             decoded,
         }
-    }
-
-    async fn write_row(
-        &self,
-        entry: &MembershipEntry,
-        expected: Option<&Etag>,
-        next: &TableVersion,
-        origin: &WriteOrigin,
-    ) -> Result<bool> {
-        let (what, kind) = if expected.is_some() {
-            ("update_row", WriteKind::Update)
-        } else {
-            ("insert_row", WriteKind::Insert)
-        };
-        let row_json = encode_row(entry, &new_etag())?;
-        let event_json = if self.mode == ProtocolMode::Extended && self.history_capacity > 0 {
-            let event = MembershipEvent::of(entry, kind, next, origin);
-            Some(serde_json::to_string(&event).map_err(|e| Error::backend(format!("encode event: {e}")))?)
-        } else {
-            None
-        };
-        let write = WriteRow {
-            entry,
-            expected,
-            next,
-            row_json: &row_json,
-            event_json,
-        };
-        self.router
-            .run(&self.keys.tag, |node: Arc<Node>| {
-                let write = &write;
-                async move {
-                    node.timed(what, async {
-                        let mut con = node.dedicated().await?;
-                        let r = self.write_on(&mut con, write).await;
-                        if r.is_err() {
-                            // Never hand a connection with unknown WATCH state back to the pool.
-                            crate::conn::discard(con);
-                        }
-                        r
-                    })
-                    .await
-                }
-            })
-            .await
     }
 
     /// Two round trips. First `WATCH` row (+ version) and `MGET` both; the etags
@@ -702,23 +657,45 @@ impl MembershipTable for RedisMembershipTable {
         })
     }
 
-    async fn insert_row_from(
+    async fn write_row(
         &self,
         entry: &MembershipEntry,
-        next_version: &TableVersion,
+        mode: WriteMode<'_>,
+        next: &TableVersion,
         origin: &WriteOrigin,
     ) -> Result<bool> {
-        self.write_row(entry, None, next_version, origin).await
-    }
-
-    async fn update_row_from(
-        &self,
-        entry: &MembershipEntry,
-        etag: &Etag,
-        next_version: &TableVersion,
-        origin: &WriteOrigin,
-    ) -> Result<bool> {
-        self.write_row(entry, Some(etag), next_version, origin).await
+        let (what, kind, expected) = (mode.method(), mode.kind(), mode.expected_etag());
+        let row_json = encode_row(entry, &new_etag())?;
+        let event_json = if self.mode == ProtocolMode::Extended && self.history_capacity > 0 {
+            let event = MembershipEvent::of(entry, kind, next, origin);
+            Some(serde_json::to_string(&event).map_err(|e| Error::backend(format!("encode event: {e}")))?)
+        } else {
+            None
+        };
+        let write = WriteRow {
+            entry,
+            expected,
+            next,
+            row_json: &row_json,
+            event_json,
+        };
+        self.router
+            .run(&self.keys.tag, |node: Arc<Node>| {
+                let write = &write;
+                async move {
+                    node.timed(what, async {
+                        let mut con = node.dedicated().await?;
+                        let r = self.write_on(&mut con, write).await;
+                        if r.is_err() {
+                            // Never hand a connection with unknown WATCH state back to the pool.
+                            crate::conn::discard(con);
+                        }
+                        r
+                    })
+                    .await
+                }
+            })
+            .await
     }
 
     async fn read_history(&self, query: &HistoryQuery) -> Result<Vec<MembershipEvent>> {

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rollcall_membership_core::{
-    Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipSnapshot,
-    MembershipTable, ProtocolMode, ReminderTable, Result, SiloAddress, SystemStore, TableVersion, Timestamp,
+    HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipSnapshot, MembershipTable,
+    ProtocolMode, ReminderTable, Result, SiloAddress, SystemStore, TableVersion, Timestamp, WriteMode,
     WriteOrigin,
 };
 
@@ -188,28 +188,15 @@ impl MembershipTable for CountingTable {
         self.delay(&self.counts.read_delta).await;
         self.inner.read_delta(since).await
     }
-    async fn insert_row_from(
+    async fn write_row(
         &self,
         entry: &MembershipEntry,
+        mode: WriteMode<'_>,
         next_version: &TableVersion,
         origin: &WriteOrigin,
     ) -> Result<bool> {
         self.delay(&self.counts.writes).await;
-        self.settle(self.inner.insert_row_from(entry, next_version, origin).await)
-    }
-    async fn update_row_from(
-        &self,
-        entry: &MembershipEntry,
-        etag: &Etag,
-        next_version: &TableVersion,
-        origin: &WriteOrigin,
-    ) -> Result<bool> {
-        self.delay(&self.counts.writes).await;
-        self.settle(
-            self.inner
-                .update_row_from(entry, etag, next_version, origin)
-                .await,
-        )
+        self.settle(self.inner.write_row(entry, mode, next_version, origin).await)
     }
     async fn read_history(&self, query: &HistoryQuery) -> Result<Vec<MembershipEvent>> {
         self.inner.read_history(query).await

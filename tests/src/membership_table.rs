@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rollcall_membership_core::{
     Error, Etag, HistoryQuery, MembershipEntry, MembershipEvent, MembershipTable, ProtocolMode, SiloAddress,
-    SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteOrigin,
+    SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteMode, WriteOrigin,
 };
 use tokio::sync::Barrier;
 
@@ -1015,23 +1015,23 @@ pub async fn history_records_each_committed_write_and_nothing_else(store: Store)
     let v0 = table.read_all().await.expect("read_all").version;
     let by_self = WriteOrigin::silo(row.silo, Timestamp::from_millis(1_795_000_000_001));
     assert!(table
-        .insert_row_from(&row, &v0.next(), &by_self)
+        .write_row(&row, WriteMode::Insert, &v0.next(), &by_self)
         .await
         .expect("insert"));
     expected.push(event(&row, WriteKind::Insert, &v0.next(), &by_self));
 
     // Writes that lose their precondition leave no event.
     assert!(!table
-        .insert_row_from(&row, &v0.next().next(), &by_self)
+        .write_row(&row, WriteMode::Insert, &v0.next().next(), &by_self)
         .await
         .expect("duplicate insert"));
     let (_, etag, v1) = row_and_etag(&*table, &row.silo).await;
     assert!(!table
-        .update_row_from(&row, &Etag::new("stale"), &v1.next(), &by_self)
+        .write_row(&row, WriteMode::Update(&Etag::new("stale")), &v1.next(), &by_self)
         .await
         .expect("stale etag"));
     assert!(!table
-        .update_row_from(&row, &etag, &v0.next(), &by_self)
+        .write_row(&row, WriteMode::Update(&etag), &v0.next(), &by_self)
         .await
         .expect("stale version"));
     assert_eq!(history(&*table).await, expected, "conflicts must append nothing");
@@ -1039,7 +1039,7 @@ pub async fn history_records_each_committed_write_and_nothing_else(store: Store)
     // Active, then a vote by another silo, then a declaration by a third.
     row.status = SiloStatus::Active;
     assert!(table
-        .update_row_from(&row, &etag, &v1.next(), &by_self)
+        .write_row(&row, WriteMode::Update(&etag), &v1.next(), &by_self)
         .await
         .expect("active"));
     expected.push(event(&row, WriteKind::Update, &v1.next(), &by_self));
@@ -1051,7 +1051,7 @@ pub async fn history_records_each_committed_write_and_nothing_else(store: Store)
     });
     let by_voter = WriteOrigin::silo(voter, vote_time);
     assert!(table
-        .update_row_from(&row, &etag, &v2.next(), &by_voter)
+        .write_row(&row, WriteMode::Update(&etag), &v2.next(), &by_voter)
         .await
         .expect("vote"));
     expected.push(event(&row, WriteKind::Update, &v2.next(), &by_voter));
@@ -1064,7 +1064,7 @@ pub async fn history_records_each_committed_write_and_nothing_else(store: Store)
     row.status = SiloStatus::Dead;
     let by_declarer = WriteOrigin::silo(declarer, dead_time);
     assert!(table
-        .update_row_from(&row, &etag, &v3.next(), &by_declarer)
+        .write_row(&row, WriteMode::Update(&etag), &v3.next(), &by_declarer)
         .await
         .expect("declare dead"));
     expected.push(event(&row, WriteKind::Update, &v3.next(), &by_declarer));
@@ -1159,8 +1159,12 @@ pub async fn history_of_concurrent_writes_is_exactly_the_commits(store: Store) {
                     let mut row = me.clone();
                     row.update_zone = attempts;
                     let ok = match snap.get(&me.silo) {
-                        None => table.insert_row_from(&row, &next, &origin).await,
-                        Some((_, etag)) => table.update_row_from(&row, etag, &next, &origin).await,
+                        None => table.write_row(&row, WriteMode::Insert, &next, &origin).await,
+                        Some((_, etag)) => {
+                            table
+                                .write_row(&row, WriteMode::Update(etag), &next, &origin)
+                                .await
+                        }
                     }
                     .expect("write");
                     if ok {

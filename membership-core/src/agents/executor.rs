@@ -22,7 +22,6 @@ use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler,
 use tokio::sync::{oneshot, watch};
 
 use crate::metrics::CounterCells;
-use crate::protocol::RowWrite;
 use crate::protocol::{Action, Event, IndirectOutcome, PingOutcome, SiloMachine, StopReason, Timer};
 use crate::telemetry::{outcome, Outcome, SiloLabels};
 use crate::transport::{Listener, ProbeRequest, Transport};
@@ -167,9 +166,8 @@ impl MembershipAgent {
                 write,
                 next_version,
                 origin,
+                vote,
             } => {
-                // A silo writes another silo's row only to vote (or declare).
-                let vote = matches!(&write, RowWrite::Update(e, _) if e.silo != self.me);
                 self.vote_write = vote.then_some(id);
                 if vote {
                     CounterCells::add(&self.counters.suspicions_sent, 1);
@@ -180,7 +178,7 @@ impl MembershipAgent {
                         &labels,
                         timeout,
                         write.method(),
-                        write.apply(&*table, &next_version, &origin),
+                        table.write_row(write.entry(), write.mode(), &next_version, &origin),
                     )
                     .await;
                     Event::RowWritten { id, result }

@@ -32,8 +32,8 @@ use rand::{Rng, SeedableRng};
 
 use crate::{
     ClusterMembershipOptions, CorruptRow, Error, Etag, MembershipDelta, MembershipEntry, MembershipRows,
-    MembershipSnapshot, MembershipTable, ProtocolMode, SiloAddress, SiloError, SiloStatus, SuspectVote,
-    TableVersion, Timestamp, WriteOrigin,
+    MembershipSnapshot, ProtocolMode, SiloAddress, SiloError, SiloStatus, SuspectVote, TableVersion,
+    Timestamp, WriteMode, WriteOrigin,
 };
 
 use super::cleanup::{defunct_cutoff, lost_row_grace};
@@ -251,29 +251,24 @@ pub enum RowWrite {
 }
 
 impl RowWrite {
-    /// The table method this write calls (`"insert_row"` or `"update_row"`).
-    pub fn method(&self) -> &'static str {
+    /// The row to write.
+    pub fn entry(&self) -> &MembershipEntry {
         match self {
-            RowWrite::Insert(_) => "insert_row",
-            RowWrite::Update(..) => "update_row",
+            RowWrite::Insert(e) | RowWrite::Update(e, _) => e,
         }
     }
 
-    /// Carries out the write on `table` at `next_version`, recording `origin` in its
-    /// history event; `Ok(false)` on conflict.
-    ///
-    /// # Errors
-    /// As [`MembershipTable::insert_row_from`] / [`MembershipTable::update_row_from`].
-    pub async fn apply(
-        &self,
-        table: &dyn MembershipTable,
-        next_version: &TableVersion,
-        origin: &WriteOrigin,
-    ) -> Result<bool, Error> {
+    /// The precondition, as [`MembershipTable::write_row`] takes it.
+    pub fn mode(&self) -> WriteMode<'_> {
         match self {
-            RowWrite::Insert(e) => table.insert_row_from(e, next_version, origin).await,
-            RowWrite::Update(e, etag) => table.update_row_from(e, etag, next_version, origin).await,
+            RowWrite::Insert(_) => WriteMode::Insert,
+            RowWrite::Update(_, etag) => WriteMode::Update(etag),
         }
+    }
+
+    /// The table method this write calls (`"insert_row"` or `"update_row"`).
+    pub fn method(&self) -> &'static str {
+        self.mode().method()
     }
 }
 
@@ -317,6 +312,9 @@ pub enum Action {
         next_version: TableVersion,
         /// This silo and its clock's time when it planned the write (for the history).
         origin: WriteOrigin,
+        /// True when the write is a suspicion (a vote or a declaration of death in
+        /// another silo's row), for the counters and the vote-latency metric.
+        vote: bool,
     },
     /// `update_i_am_alive(me, time)`; answer with [`Event::IAmAliveWritten`].
     WriteIAmAlive {
@@ -1276,6 +1274,7 @@ impl SiloMachine {
                     write,
                     next_version,
                     origin: WriteOrigin::silo(self.me, now),
+                    vote: matches!(job, Job::Vote { .. }),
                 });
             }
         }
