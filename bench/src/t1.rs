@@ -11,8 +11,8 @@ use anyhow::Context as _;
 use async_trait::async_trait;
 use hdrhistogram::Histogram;
 use rollcall_membership_core::{
-    history, MembershipEntry, MembershipTable, ProtocolMode, ReminderEntry, ReminderTable, SystemStore,
-    Timestamp,
+    history, MembershipEntry, MembershipRow, MembershipTable, ProtocolMode, ReminderEntry, ReminderTable,
+    SystemStore, Timestamp,
 };
 use rollcall_tests::fixtures;
 use rollcall_tests::membership_table::{full_entry, silo};
@@ -457,7 +457,11 @@ impl Op for UpdateRow {
         let t = &self.0.tables[i];
         let s = own(i).silo;
         let snap = t.read_row(&s).await?;
-        let (row, etag) = snap.get(&s).cloned().context("own row")?;
+        let (row, etag) = snap
+            .row(&s)
+            .cloned()
+            .map(MembershipRow::into_parts)
+            .context("own row")?;
         let row = MembershipEntry {
             update_zone: row.update_zone.wrapping_add(1),
             ..row

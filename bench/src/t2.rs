@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use rollcall_membership_core::protocol::backoff_delay;
 use rollcall_membership_core::protocol::machine::{BACKOFF_BASE, BACKOFF_CAP};
-use rollcall_membership_core::{MembershipTable, ProtocolMode};
+use rollcall_membership_core::{MembershipRow, MembershipTable, ProtocolMode};
 use serde::Serialize;
 
 const BARE: &str = "bare loop";
@@ -99,7 +99,7 @@ async fn measure(
             let mut attempt = 0u32;
             while Instant::now() < until {
                 let snap = table.read_row(&e.silo).await?;
-                let Some((_, etag)) = snap.get(&e.silo).cloned() else {
+                let Some((_, etag)) = snap.row(&e.silo).cloned().map(MembershipRow::into_parts) else {
                     anyhow::bail!("row gone");
                 };
                 e.proxy_port = e.proxy_port.wrapping_add(1);

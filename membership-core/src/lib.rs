@@ -39,12 +39,9 @@ pub use agents::{
 };
 pub use error::{redact_password, retry_transient, BoxError, Error, Result, SiloError};
 pub use history::{HistoryQuery, MembershipEvent, WriteKind, WriteOrigin, DEFAULT_HISTORY_CAPACITY};
-/// The persistent-collections crate behind [`MembershipRows`], re-exported so that
-/// callers name the same version.
-pub use imbl;
 pub use membership::{
-    CorruptRow, Etag, MembershipDelta, MembershipEntry, MembershipRows, MembershipSnapshot, SuspectVote,
-    TableVersion,
+    CorruptRow, Etag, IntoRows, MembershipDelta, MembershipEntry, MembershipRow, MembershipRows,
+    MembershipSnapshot, RowChange, SuspectVote, TableVersion,
 };
 pub use metrics::{MembershipCounters, MetricsReport, MetricsRole, MetricsRow, MetricsTable};
 pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};

@@ -187,20 +187,207 @@ impl fmt::Display for CorruptRow {
     }
 }
 
-/// The rows of a membership table keyed by silo, each row with its etag behind an
-/// `Arc`, in silo order.
+/// One row of a membership table as read: the silo's entry and the etag a
+/// conditional write of this row must name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MembershipRow {
+    /// The row's columns.
+    pub entry: MembershipEntry,
+    /// The row's etag (opaque; see [`Etag`]).
+    pub etag: Etag,
+}
+
+impl MembershipRow {
+    /// A row of `entry` at `etag`.
+    pub fn new(entry: MembershipEntry, etag: Etag) -> Self {
+        MembershipRow { entry, etag }
+    }
+
+    /// The entry and the etag.
+    pub fn into_parts(self) -> (MembershipEntry, Etag) {
+        (self.entry, self.etag)
+    }
+}
+
+/// How one row differs between two [`MembershipRows`] (see
+/// [`MembershipRows::changes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowChange<'a> {
+    /// The row exists only in the newer rows.
+    Added(&'a MembershipRow),
+    /// The row exists only in the older rows.
+    Removed(&'a MembershipRow),
+    /// The row exists in both with different columns or etag.
+    Updated {
+        /// The row in the older rows.
+        old: &'a MembershipRow,
+        /// The row in the newer rows.
+        new: &'a MembershipRow,
+    },
+}
+
+impl RowChange<'_> {
+    /// The silo whose row changed.
+    pub fn silo(&self) -> SiloAddress {
+        match self {
+            RowChange::Added(r) | RowChange::Removed(r) | RowChange::Updated { new: r, .. } => r.entry.silo,
+        }
+    }
+}
+
+/// The rows of a membership table keyed by silo, in silo order.
 ///
-/// A persistent ordered map ([`imbl::OrdMap`], a B-tree whose nodes are shared
-/// between copies): cloning it is O(1), and a view that replaces k rows of an
-/// N-row view shares everything else with it (O(k log N) time and memory; the
-/// rows are `Arc`s so that copying a tree node copies pointers, not strings).
-/// Every delta read of every silo builds a new view this way; with a plain
-/// `BTreeMap` each one deep-copied the whole table, which is what a 1,000-silo join
-/// storm spent its CPU on. It reads like a `BTreeMap` (`get`, `iter`, `values`,
-/// `len`, `insert`); iteration yields `(&SiloAddress, &Arc<(MembershipEntry, Etag)>)`.
-/// Build one with [`MembershipSnapshot::insert`] or by collecting
-/// `(SiloAddress, Arc<(MembershipEntry, Etag)>)` pairs.
-pub type MembershipRows = imbl::OrdMap<SiloAddress, Arc<(MembershipEntry, Etag)>>;
+/// A persistent ordered map (a B-tree whose nodes are shared between copies, from
+/// the `imbl` crate, which is not part of this API): cloning it is O(1), and a view
+/// that replaces k rows of an N-row view shares everything else with it (O(k log N)
+/// time and memory; each row sits behind an `Arc`, so copying a tree node copies
+/// pointers, not strings). Every delta read of every silo builds a new view this
+/// way; with a plain `BTreeMap` each one deep-copied the whole table, which is what
+/// a 1,000-silo join storm spent its CPU on. [`changes`](Self::changes) between two
+/// views skips the subtrees they share.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MembershipRows(imbl::OrdMap<SiloAddress, Arc<MembershipRow>>);
+
+impl MembershipRows {
+    /// No rows.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The row of `silo`, if present.
+    pub fn get(&self, silo: &SiloAddress) -> Option<&Arc<MembershipRow>> {
+        self.0.get(silo)
+    }
+
+    /// The row of `silo` for in-place changes (copied first if another view shares
+    /// it), if present.
+    pub fn get_mut(&mut self, silo: &SiloAddress) -> Option<&mut MembershipRow> {
+        self.0.get_mut(silo).map(Arc::make_mut)
+    }
+
+    /// True when `silo` has a row.
+    pub fn contains(&self, silo: &SiloAddress) -> bool {
+        self.0.contains_key(silo)
+    }
+
+    /// Adds or replaces the row of `row.entry.silo`; returns the row it replaced.
+    pub fn insert(&mut self, row: Arc<MembershipRow>) -> Option<Arc<MembershipRow>> {
+        self.0.insert(row.entry.silo, row)
+    }
+
+    /// Removes the row of `silo`; returns it.
+    pub fn remove(&mut self, silo: &SiloAddress) -> Option<Arc<MembershipRow>> {
+        self.0.remove(silo)
+    }
+
+    /// Keeps the rows for which `keep` is true.
+    pub fn retain(&mut self, mut keep: impl FnMut(&MembershipRow) -> bool) {
+        let gone: Vec<SiloAddress> = self
+            .0
+            .iter()
+            .filter(|(_, row)| !keep(row))
+            .map(|(s, _)| *s)
+            .collect();
+        for silo in gone {
+            self.0.remove(&silo);
+        }
+    }
+
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// True when there is no row.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Every row, in silo order.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<MembershipRow>> {
+        self.0.values()
+    }
+
+    /// Every silo with a row, in order.
+    pub fn silos(&self) -> impl Iterator<Item = &SiloAddress> {
+        self.0.keys()
+    }
+
+    /// True when both hold the very same tree (a clone never changed since): then
+    /// they have no [`changes`](Self::changes). O(1).
+    pub fn shares_all(&self, other: &MembershipRows) -> bool {
+        self.0.ptr_eq(&other.0)
+    }
+
+    /// The rows that differ from `self` (older) to `newer`, in silo order. Subtrees
+    /// both share are skipped, so a view derived from `self` by a delta costs its
+    /// changed rows.
+    pub fn changes<'a>(&'a self, newer: &'a MembershipRows) -> impl Iterator<Item = RowChange<'a>> + 'a {
+        use imbl::ordmap::DiffItem;
+        self.0.diff(&newer.0).map(|change| match change {
+            DiffItem::Add(_, r) => RowChange::Added(r),
+            DiffItem::Remove(_, r) => RowChange::Removed(r),
+            DiffItem::Update { old, new } => RowChange::Updated {
+                old: old.1,
+                new: new.1,
+            },
+        })
+    }
+}
+
+impl Extend<Arc<MembershipRow>> for MembershipRows {
+    fn extend<I: IntoIterator<Item = Arc<MembershipRow>>>(&mut self, rows: I) {
+        for row in rows {
+            self.insert(row);
+        }
+    }
+}
+
+impl Extend<MembershipRow> for MembershipRows {
+    fn extend<I: IntoIterator<Item = MembershipRow>>(&mut self, rows: I) {
+        self.extend(rows.into_iter().map(Arc::new));
+    }
+}
+
+impl FromIterator<Arc<MembershipRow>> for MembershipRows {
+    fn from_iter<I: IntoIterator<Item = Arc<MembershipRow>>>(rows: I) -> Self {
+        let mut all = MembershipRows::new();
+        all.extend(rows);
+        all
+    }
+}
+
+impl FromIterator<MembershipRow> for MembershipRows {
+    fn from_iter<I: IntoIterator<Item = MembershipRow>>(rows: I) -> Self {
+        rows.into_iter().map(Arc::new).collect()
+    }
+}
+
+impl IntoIterator for MembershipRows {
+    type Item = Arc<MembershipRow>;
+    type IntoIter = IntoRows;
+    fn into_iter(self) -> IntoRows {
+        IntoRows(self.0.into_iter())
+    }
+}
+
+/// The rows of a [`MembershipRows`] taken by value, in silo order.
+pub struct IntoRows(
+    imbl::ordmap::ConsumingIter<SiloAddress, Arc<MembershipRow>, imbl::shared_ptr::DefaultSharedPtr>,
+);
+
+impl Iterator for IntoRows {
+    type Item = Arc<MembershipRow>;
+    fn next(&mut self) -> Option<Arc<MembershipRow>> {
+        self.0.next().map(|(_, row)| row)
+    }
+}
+
+impl std::fmt::Debug for IntoRows {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("IntoRows")
+    }
+}
 
 /// A consistent view of a cluster's membership table: every row with its etag, and
 /// the version row, all read at one instant (`read_all`), or one row plus the version
@@ -219,24 +406,29 @@ pub struct MembershipSnapshot {
 
 impl MembershipSnapshot {
     /// The row and etag of `silo`, if present.
-    pub fn get(&self, silo: &SiloAddress) -> Option<&(MembershipEntry, Etag)> {
+    pub fn get(&self, silo: &SiloAddress) -> Option<(&MembershipEntry, &Etag)> {
+        self.entries.get(silo).map(|row| (&row.entry, &row.etag))
+    }
+
+    /// The row of `silo` as one value, if present.
+    pub fn row(&self, silo: &SiloAddress) -> Option<&MembershipRow> {
         self.entries.get(silo).map(|row| &**row)
     }
 
     /// Adds or replaces the row of `entry.silo` with its etag.
     pub fn insert(&mut self, entry: MembershipEntry, etag: Etag) {
-        self.entries.insert(entry.silo, Arc::new((entry, etag)));
+        self.entries.insert(Arc::new(MembershipRow { entry, etag }));
     }
 
     /// The row of `silo` for in-place changes (copied first if another view shares
     /// it), if present. For tests and tools that build views by hand.
     pub fn entry_mut(&mut self, silo: &SiloAddress) -> Option<&mut MembershipEntry> {
-        self.entries.get_mut(silo).map(|row| &mut Arc::make_mut(row).0)
+        self.entries.get_mut(silo).map(|row| &mut row.entry)
     }
 
     /// The row of `silo`, if present.
     pub fn entry(&self, silo: &SiloAddress) -> Option<&MembershipEntry> {
-        self.entries.get(silo).map(|row| &row.0)
+        self.entries.get(silo).map(|row| &row.entry)
     }
 
     /// Number of rows.
@@ -251,7 +443,7 @@ impl MembershipSnapshot {
 
     /// All rows, ordered by silo address.
     pub fn rows(&self) -> impl Iterator<Item = &MembershipEntry> {
-        self.entries.values().map(|row| &row.0)
+        self.entries.iter().map(|row| &row.entry)
     }
 
     /// The rows whose status is Active, ordered by silo address.
@@ -339,7 +531,7 @@ mod tests {
         let t = Timestamp::from_millis(1);
         let row = |n: u16, status| {
             let e = MembershipEntry::new(silo(&format!("10.0.0.1:{n}@1")), status, t);
-            (e.silo, (e, Etag::new(format!("e{n}"))))
+            MembershipRow::new(e, Etag::new(format!("e{n}")))
         };
         let base = MembershipSnapshot {
             version: TableVersion {

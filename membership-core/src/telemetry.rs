@@ -24,9 +24,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use imbl::ordmap::DiffItem;
-
-use crate::{MembershipRows, MembershipSnapshot, SiloAddress, SiloStatus};
+use crate::{MembershipRows, MembershipSnapshot, RowChange, SiloAddress, SiloStatus};
 
 /// Gauge: the table version of the silo's view.
 pub const TABLE_VERSION: &str = "rollcall_membership_table_version";
@@ -53,7 +51,7 @@ pub struct SiloLabels {
 }
 
 /// Silos of each status in a view, kept up to date from the rows that changed
-/// since the previous view ([`imbl::OrdMap::diff`] skips the subtrees both views
+/// since the previous view ([`MembershipRows::changes`] skips the subtrees both views
 /// share): a view that changed k of N rows costs O(k log N), not a scan of the
 /// table, which in a join storm every silo would pay for every read.
 #[derive(Debug, Default)]
@@ -73,23 +71,23 @@ fn status_index(status: SiloStatus) -> usize {
 impl StatusCounts {
     fn update(&mut self, rows: &MembershipRows) -> [i64; SiloStatus::ALL.len()] {
         match &self.seen {
-            Some(seen) if seen.ptr_eq(rows) => {}
+            Some(seen) if seen.shares_all(rows) => {}
             Some(seen) => {
-                for change in seen.diff(rows) {
+                for change in seen.changes(rows) {
                     match change {
-                        DiffItem::Add(_, row) => self.counts[status_index(row.0.status)] += 1,
-                        DiffItem::Remove(_, row) => self.counts[status_index(row.0.status)] -= 1,
-                        DiffItem::Update { old, new } => {
-                            self.counts[status_index(old.1 .0.status)] -= 1;
-                            self.counts[status_index(new.1 .0.status)] += 1;
+                        RowChange::Added(row) => self.counts[status_index(row.entry.status)] += 1,
+                        RowChange::Removed(row) => self.counts[status_index(row.entry.status)] -= 1,
+                        RowChange::Updated { old, new } => {
+                            self.counts[status_index(old.entry.status)] -= 1;
+                            self.counts[status_index(new.entry.status)] += 1;
                         }
                     }
                 }
             }
             None => {
                 self.counts = Default::default();
-                for row in rows.values() {
-                    self.counts[status_index(row.0.status)] += 1;
+                for row in rows.iter() {
+                    self.counts[status_index(row.entry.status)] += 1;
                 }
             }
         }
@@ -224,11 +222,7 @@ mod tests {
             }
             if step % 97 == 0 {
                 // A view rebuilt from scratch (as after a full read).
-                snapshot.entries = snapshot
-                    .entries
-                    .iter()
-                    .map(|(k, v)| (*k, Arc::new((**v).clone())))
-                    .collect();
+                snapshot.entries = snapshot.entries.iter().map(|v| Arc::new((**v).clone())).collect();
             }
             assert_eq!(
                 counts.update(&snapshot.entries),

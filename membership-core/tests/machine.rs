@@ -548,7 +548,7 @@ fn write_row(w: &World, entry: &MembershipEntry) -> u64 {
     let snap = w.table();
     let next = snap.version.next();
     let committed = match snap.entries.get(&entry.silo) {
-        Some(row) => now_or_fail(w.table.update_row(entry, &row.1, &next)),
+        Some(row) => now_or_fail(w.table.update_row(entry, &row.etag, &next)),
         None => now_or_fail(w.table.insert_row(entry, &next)),
     };
     assert_eq!(committed.ok(), Some(true), "the test's own write commits");

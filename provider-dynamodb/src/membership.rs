@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Get, Put, TransactGetItem, TransactWriteItem, Update};
 use rollcall_membership_core::{
     history::require_history, CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry,
-    MembershipEvent, MembershipRows, MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress,
-    SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteMode, WriteOrigin,
+    MembershipEvent, MembershipRow, MembershipRows, MembershipSnapshot, MembershipTable, ProtocolMode,
+    Result, SiloAddress, SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteMode, WriteOrigin,
 };
 
 use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
@@ -235,7 +235,8 @@ impl DynamoDbMembershipTable {
             match decode_row(item) {
                 Ok((entry, etag, written_at)) => {
                     read.newest_row = read.newest_row.max(written_at);
-                    read.rows.insert(entry.silo, std::sync::Arc::new((entry, etag)));
+                    read.rows
+                        .insert(std::sync::Arc::new(MembershipRow::new(entry, etag)));
                 }
                 Err(reason) => read.corrupt.push(CorruptRow {
                     key: self.item_name(sk),
@@ -643,9 +644,9 @@ impl MembershipTable for DynamoDbMembershipTable {
         let snap = self.read_all().await?;
         let defunct: Vec<(String, Etag)> = snap
             .entries
-            .values()
-            .filter(|row| row.0.is_defunct(before))
-            .map(|row| (row.0.silo.to_string(), row.1.clone()))
+            .iter()
+            .filter(|row| row.entry.is_defunct(before))
+            .map(|row| (row.entry.silo.to_string(), row.etag.clone()))
             .collect();
         let mut deleted = 0;
         for batch in defunct.chunks(TRANSACT_ITEMS) {

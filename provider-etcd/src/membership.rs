@@ -10,9 +10,9 @@ use etcd_client::{
 };
 use rollcall_membership_core::{
     history::{history_floor, require_history},
-    CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipRows,
-    MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress, TableVersion, Timestamp,
-    WriteMode, WriteOrigin,
+    CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipRow,
+    MembershipRows, MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress, TableVersion,
+    Timestamp, WriteMode, WriteOrigin,
 };
 use serde::{Deserialize, Serialize};
 
@@ -161,7 +161,7 @@ impl EtcdMembershipTable {
                     if let Some(t) = alive_times.get(&silo) {
                         row.entry.i_am_alive_time = *t;
                     }
-                    entries.insert(silo, std::sync::Arc::new((row.entry, etag_of(kv))));
+                    entries.insert(std::sync::Arc::new(MembershipRow::new(row.entry, etag_of(kv))));
                 }
                 Err(e) => corrupt.push(CorruptRow {
                     key,
@@ -475,9 +475,9 @@ impl MembershipTable for EtcdMembershipTable {
         let snap = self.read_full("cleanup_defunct read").await?;
         let defunct: Vec<(String, i64)> = snap
             .entries
-            .values()
-            .filter(|row| row.0.is_defunct(before))
-            .filter_map(|row| Some((row.0.silo.to_string(), revision(&row.1)?)))
+            .iter()
+            .filter(|row| row.entry.is_defunct(before))
+            .filter_map(|row| Some((row.entry.silo.to_string(), revision(&row.etag)?)))
             .collect();
         let delete = |id: &str| {
             [

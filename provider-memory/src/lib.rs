@@ -30,7 +30,7 @@ use async_trait::async_trait;
 use rollcall_membership_core::{
     actor_hash,
     history::{history_floor, require_history},
-    validate_id, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent,
+    validate_id, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipRow,
     MembershipRows, MembershipSnapshot, MembershipTable, MetricsReport, MetricsRole, MetricsRow,
     MetricsTable, ProtocolMode, ReminderEntry, ReminderTable, Result, SiloAddress, SystemStore, TableVersion,
     Timestamp, WriteKind, WriteMode, WriteOrigin, DEFAULT_HISTORY_CAPACITY,
@@ -273,7 +273,9 @@ impl MemoryMembershipTable {
         origin: &WriteOrigin,
     ) {
         let etag = self.store.new_etag();
-        cluster.rows.insert(entry.silo, Arc::new((entry.clone(), etag)));
+        cluster
+            .rows
+            .insert(Arc::new(MembershipRow::new(entry.clone(), etag)));
         if self.mode == ProtocolMode::Extended {
             cluster.version = TableVersion {
                 version: next.version,
@@ -306,12 +308,7 @@ impl MembershipTable for MemoryMembershipTable {
     async fn read_row(&self, silo: &SiloAddress) -> Result<MembershipSnapshot> {
         self.store.with_cluster(&self.cluster_id, |c| MembershipSnapshot {
             version: c.version.clone(),
-            entries: c
-                .rows
-                .get(silo)
-                .map(|row| (*silo, row.clone()))
-                .into_iter()
-                .collect(),
+            entries: c.rows.get(silo).cloned().into_iter().collect(),
             // Rows are stored typed: nothing here can fail to decode.
             ..Default::default()
         })
@@ -349,7 +346,7 @@ impl MembershipTable for MemoryMembershipTable {
         self.store.with_cluster(&self.cluster_id, |c| {
             let row_ok = match (mode, c.rows.get(&entry.silo)) {
                 (WriteMode::Insert, row) => row.is_none(),
-                (WriteMode::Update(etag), Some(row)) => row.1 == *etag,
+                (WriteMode::Update(etag), Some(row)) => row.etag == *etag,
                 (WriteMode::Update(_), None) => false,
             };
             if !row_ok || !c.version.admits(next_version, self.mode) {
@@ -371,7 +368,7 @@ impl MembershipTable for MemoryMembershipTable {
     async fn update_i_am_alive(&self, silo: &SiloAddress, time: Timestamp) -> Result<()> {
         self.store.with_cluster(&self.cluster_id, |c| {
             if let Some(row) = c.rows.get_mut(silo) {
-                Arc::make_mut(row).0.i_am_alive_time = time;
+                row.entry.i_am_alive_time = time;
             }
         })
     }
@@ -381,8 +378,8 @@ impl MembershipTable for MemoryMembershipTable {
             let defunct: Vec<SiloAddress> = c
                 .rows
                 .iter()
-                .filter(|(_, row)| row.0.is_defunct(before))
-                .map(|(s, _)| *s)
+                .filter(|row| row.entry.is_defunct(before))
+                .map(|row| row.entry.silo)
                 .collect();
             for s in &defunct {
                 c.rows.remove(s);

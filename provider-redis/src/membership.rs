@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use redis::Value;
 use rollcall_membership_core::{
     history::{history_floor, require_history},
-    CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent,
+    CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipRow,
     MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress, SiloStatus, SuspectVote,
     TableVersion, Timestamp, WriteMode, WriteOrigin,
 };
@@ -189,7 +189,7 @@ struct WriteRow<'a> {
 /// Rows decoded by earlier reads of one cluster's table, by silo key: the bytes
 /// each was decoded from, the IAmAlive time those bytes hold, and the row as last
 /// returned (with the IAmAlive time of that read).
-pub(crate) type DecodedRows = HashMap<String, (Vec<u8>, Timestamp, Arc<(MembershipEntry, Etag)>)>;
+pub(crate) type DecodedRows = HashMap<String, (Vec<u8>, Timestamp, Arc<MembershipRow>)>;
 
 /// [`DecodedRows`] shared by every handle of one cluster's table opened from one
 /// store.
@@ -553,12 +553,10 @@ impl RedisMembershipTable {
             {
                 if seen == bytes {
                     let now_alive = alive.unwrap_or(*stored_alive);
-                    if now_alive != cached.0.i_am_alive_time {
-                        let (mut entry, etag) = (**cached).clone();
-                        entry.i_am_alive_time = now_alive;
-                        *cached = Arc::new((entry, etag));
+                    if now_alive != cached.entry.i_am_alive_time {
+                        Arc::make_mut(cached).entry.i_am_alive_time = now_alive;
                     }
-                    snap.entries.insert(cached.0.silo, cached.clone());
+                    snap.entries.insert(cached.clone());
                     continue;
                 }
             }
@@ -569,11 +567,11 @@ impl RedisMembershipTable {
                     if let Some(t) = alive {
                         entry.i_am_alive_time = t;
                     }
-                    let row_arc = Arc::new((entry, etag));
+                    let row_arc = Arc::new(MembershipRow::new(entry, etag));
                     if let Value::BulkString(bytes) = row {
                         decoded.insert(id.to_owned(), (bytes.clone(), stored_alive, row_arc.clone()));
                     }
-                    snap.entries.insert(row_arc.0.silo, row_arc);
+                    snap.entries.insert(row_arc);
                 }
                 Ok(None) => {}
                 Err(reason) => corrupt.push(CorruptRow {

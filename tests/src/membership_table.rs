@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rollcall_membership_core::{
-    Error, Etag, HistoryQuery, MembershipEntry, MembershipEvent, MembershipTable, ProtocolMode, SiloAddress,
-    SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteMode, WriteOrigin,
+    Error, Etag, HistoryQuery, MembershipEntry, MembershipEvent, MembershipRow, MembershipTable,
+    ProtocolMode, SiloAddress, SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteMode,
+    WriteOrigin,
 };
 use tokio::sync::Barrier;
 
@@ -69,7 +70,11 @@ pub async fn insert(table: &dyn MembershipTable, entry: &MembershipEntry) {
 
 async fn row_and_etag(table: &dyn MembershipTable, s: &SiloAddress) -> (MembershipEntry, Etag, TableVersion) {
     let snap = table.read_row(s).await.expect("read_row");
-    let (e, etag) = snap.get(s).cloned().unwrap_or_else(|| panic!("row {s} missing"));
+    let (e, etag) = snap
+        .row(s)
+        .cloned()
+        .map(MembershipRow::into_parts)
+        .unwrap_or_else(|| panic!("row {s} missing"));
     (e, etag, snap.version)
 }
 
@@ -312,7 +317,7 @@ pub async fn different_rows_same_version_one_winner(store: Store) {
                 let (table, snap, barrier) = (table.clone(), snap.clone(), barrier.clone());
                 tokio::spawn(async move {
                     let s = full_entry(20 + n).silo;
-                    let (e, etag) = snap.get(&s).cloned().expect("row");
+                    let (e, etag) = snap.row(&s).cloned().map(MembershipRow::into_parts).expect("row");
                     let mut e = e;
                     e.update_zone = round;
                     barrier.wait().await;
@@ -357,7 +362,7 @@ pub async fn snapshots_are_atomic(store: Store) {
                 let mut ok = 0;
                 while ok < WRITES_EACH {
                     let snap = table.read_all().await.expect("read_all");
-                    let (mut e, etag) = snap.get(&s).cloned().expect("row");
+                    let (mut e, etag) = snap.row(&s).cloned().map(MembershipRow::into_parts).expect("row");
                     let next = snap.version.next();
                     e.update_zone = u32::try_from(next.version).expect("small");
                     if table.update_row(&e, &etag, &next).await.expect("update") {
@@ -518,7 +523,11 @@ pub async fn basic_mode_checks_row_etag_only(store: Store) {
     );
     let snap = table.read_all().await.expect("read_all");
     for n in [1, 2] {
-        let (e, etag) = snap.get(&full_entry(n).silo).cloned().expect("row");
+        let (e, etag) = snap
+            .row(&full_entry(n).silo)
+            .cloned()
+            .map(MembershipRow::into_parts)
+            .expect("row");
         let mut e = e;
         e.update_zone = 99;
         assert!(
@@ -603,8 +612,12 @@ pub async fn delete_cluster_racing_writers_leaves_no_half_row(store: Store) {
     );
     // Every row is writable again (none is stuck half-deleted).
     let v = all.version.clone();
-    if let Some((row, etag)) = all.entries.values().next().map(|r| &**r) {
-        assert!(table.update_row(row, etag, &v.next()).await.expect("update"));
+    let first = all.entries.iter().next().cloned();
+    if let Some(r) = first {
+        assert!(table
+            .update_row(&r.entry, &r.etag, &v.next())
+            .await
+            .expect("update"));
     }
 }
 
@@ -732,7 +745,7 @@ pub async fn read_row_is_atomic(store: Store) {
             let mut writes = 0;
             while !done.load(std::sync::atomic::Ordering::SeqCst) && writes < 200 {
                 let snap = table.read_row(&s).await.expect("read_row");
-                let (row, etag) = snap.get(&s).cloned().expect("row");
+                let (row, etag) = snap.row(&s).cloned().map(MembershipRow::into_parts).expect("row");
                 let next = snap.version.next();
                 let row = MembershipEntry {
                     update_zone: next.version as u32,
@@ -772,7 +785,11 @@ pub async fn init_on_a_populated_cluster_changes_nothing(store: Store) {
         .expect("reopen");
     again.init(true).await.expect("init through another handle");
     assert_eq!(table.read_all().await.expect("read_all"), before);
-    let (row, etag) = before.get(&full_entry(1).silo).cloned().expect("row");
+    let (row, etag) = before
+        .row(&full_entry(1).silo)
+        .cloned()
+        .map(MembershipRow::into_parts)
+        .expect("row");
     assert!(table
         .update_row(&row, &etag, &before.version.next())
         .await
@@ -834,7 +851,11 @@ pub async fn malformed_version_preconditions_are_refused(store: Store) {
         ),
         ("older version", v0.next()),
     ];
-    let (row, etag) = snap.get(&e1.silo).cloned().expect("row");
+    let (row, etag) = snap
+        .row(&e1.silo)
+        .cloned()
+        .map(MembershipRow::into_parts)
+        .expect("row");
     let changed = MembershipEntry {
         update_zone: 77,
         ..row
@@ -891,14 +912,15 @@ pub async fn read_delta_returns_the_rows_written_after_a_version(store: Store) {
                 "a complete read_delta({since}) holds every row"
             );
         } else {
-            let silos: Vec<SiloAddress> = d.changed.keys().copied().collect();
+            let silos: Vec<SiloAddress> = d.changed.silos().copied().collect();
             let mut want: Vec<SiloAddress> = expected.iter().map(|n| full_entry(*n).silo).collect();
             want.sort();
             assert_eq!(silos, want, "read_delta({since})");
-            for (s, r) in &d.changed {
+            for r in d.changed.iter() {
+                let s = r.entry.silo;
                 assert_eq!(
                     Some(r),
-                    all.entries.get(s),
+                    all.entries.get(&s),
                     "read_delta({since}) row {s} as read_all has it"
                 );
             }
@@ -938,7 +960,7 @@ pub async fn read_delta_never_misses_a_committed_write(store: Store) {
             let mut n = 0u32;
             while !done.load(std::sync::atomic::Ordering::SeqCst) && n < 60 {
                 let snap = table.read_row(&s).await.expect("read_row");
-                let (row, etag) = snap.get(&s).cloned().expect("row");
+                let (row, etag) = snap.row(&s).cloned().map(MembershipRow::into_parts).expect("row");
                 let next = snap.version.next();
                 let row = MembershipEntry {
                     update_zone: next.version as u32,

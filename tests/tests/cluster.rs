@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rollcall_membership_core::transport::{ProbeHandler, ProbeRequest, ProbeResponse, Transport};
 use rollcall_membership_core::{
-    ClusterMembershipOptions, MembershipEntry, SiloAddress, SiloStatus, SystemStore,
+    ClusterMembershipOptions, MembershipEntry, MembershipRow, SiloAddress, SiloStatus, SystemStore,
 };
 use rollcall_tests::sim::{all_see_dead, endpoint, run_virtual, wait_for, SimCluster};
 
@@ -596,7 +596,7 @@ fn t15_declared_dead_stops_the_actix_system_with_an_error_code() {
     system.block_on(async move {
         // Another silo's verdict, written into the table; the silo notices on refresh.
         let snap = table.read_all().await.unwrap();
-        let (row, etag) = snap.get(&me).cloned().unwrap();
+        let (row, etag) = snap.row(&me).cloned().map(MembershipRow::into_parts).unwrap();
         let dead = MembershipEntry {
             status: SiloStatus::Dead,
             ..row

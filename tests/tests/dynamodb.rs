@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 use rollcall_membership_core::{
-    hash_in_range, Error, Etag, MembershipEntry, ProtocolMode, ReminderEntry, TableVersion, Timestamp,
+    hash_in_range, Error, Etag, MembershipEntry, MembershipRow, ProtocolMode, ReminderEntry, TableVersion,
+    Timestamp,
 };
 use rollcall_tests::fixtures::{self, Backend};
 use rollcall_tests::membership_table::{full_entry, insert};
@@ -110,7 +111,7 @@ async fn cancelled_transaction_writes_nothing() {
     let e = full_entry(1);
     insert(&*table, &e).await;
     let snap = table.read_all().await.unwrap();
-    let (row, etag) = snap.get(&e.silo).cloned().unwrap();
+    let (row, etag) = snap.row(&e.silo).cloned().map(MembershipRow::into_parts).unwrap();
     let client = raw(&b.endpoint).await;
     let before_row = get_item(&client, "rollcall-test", row_key(&cluster, &e.silo.to_string())).await;
     let before_version = get_item(&client, "rollcall-test", row_key(&cluster, "#VERSION")).await;

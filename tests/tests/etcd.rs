@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rollcall_membership_core::{
-    Error, Etag, MembershipEntry, ProtocolMode, ReminderEntry, SuspectVote, TableVersion, Timestamp,
+    Error, Etag, MembershipEntry, MembershipRow, ProtocolMode, ReminderEntry, SuspectVote, TableVersion,
+    Timestamp,
 };
 use rollcall_tests::fixtures::{self, Backend};
 use rollcall_tests::membership_table::{full_entry, insert};
@@ -148,7 +149,7 @@ async fn delta_reads_select_rows_by_revision() {
     let d = table.read_delta(&seen).await.unwrap();
     assert!(!d.complete, "native delta");
     assert_eq!(
-        d.changed.keys().copied().collect::<Vec<_>>(),
+        d.changed.silos().copied().collect::<Vec<_>>(),
         vec![full_entry(2).silo]
     );
     assert_eq!(d.version.version, 2);
@@ -193,7 +194,7 @@ async fn values_are_json_under_the_documented_keys() {
     assert_eq!(row["status"], "Active");
     let snap = table.read_all().await.unwrap();
     assert_eq!(
-        snap.get(&silo).unwrap().1,
+        *snap.get(&silo).unwrap().1,
         Etag::new(kv.mod_revision().to_string())
     );
     let (_, alive) = get(format!("rollcall/{cluster}/alive/{silo}")).await;
@@ -236,8 +237,9 @@ async fn garbage_values_are_corrupt_and_nothing_is_overwritten() {
         .read_all()
         .await
         .unwrap()
-        .get(&full_entry(1).silo)
+        .row(&full_entry(1).silo)
         .cloned()
+        .map(MembershipRow::into_parts)
         .unwrap();
     client.put(row_key.clone(), "{not json", None).await.unwrap();
 
@@ -596,7 +598,7 @@ async fn leader_loss_under_concurrent_conditional_updates_loses_nothing() {
                 let snap = table.read_row(&silo).await;
                 seen.slowest = seen.slowest.max(started.elapsed());
                 let Ok(snap) = snap else { continue };
-                let Some((row, etag)) = snap.get(&silo).cloned() else {
+                let Some((row, etag)) = snap.row(&silo).cloned().map(MembershipRow::into_parts) else {
                     panic!("row of writer {w} missing")
                 };
                 mark += 1;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rollcall_membership_core::{
-    Error, Etag, MembershipEntry, ProtocolMode, SiloStatus, TableVersion, Timestamp,
+    Error, Etag, MembershipEntry, MembershipRow, ProtocolMode, SiloStatus, TableVersion, Timestamp,
 };
 use rollcall_tests::fixtures::{self, Backend};
 use rollcall_tests::membership_table::{full_entry, insert, silo};
@@ -88,7 +88,11 @@ async fn heartbeats_never_conflict_with_row_writes() {
     // One writer, so every conflict would come from a heartbeat.
     for i in 0..50u32 {
         let snap = table.read_all().await.unwrap();
-        let (e, etag) = snap.get(&full_entry(i % 10).silo).cloned().unwrap();
+        let (e, etag) = snap
+            .row(&full_entry(i % 10).silo)
+            .cloned()
+            .map(MembershipRow::into_parts)
+            .unwrap();
         let e = MembershipEntry { update_zone: i, ..e };
         assert!(
             table.update_row(&e, &etag, &snap.version.next()).await.unwrap(),
@@ -344,7 +348,7 @@ async fn delta_reads_are_native_and_fall_back_without_the_change_index() {
     let d = table.read_delta(&at_2).await.unwrap();
     assert!(!d.complete, "native delta");
     assert_eq!(
-        d.changed.keys().copied().collect::<Vec<_>>(),
+        d.changed.silos().copied().collect::<Vec<_>>(),
         vec![full_entry(3).silo]
     );
     let mut con = raw(&b).await;
@@ -384,7 +388,11 @@ async fn update_row_sends_no_unwatch_and_no_ping() {
     const WRITES: u64 = 50;
     for i in 0..WRITES {
         let snap = table.read_all().await.unwrap();
-        let (row, etag) = snap.get(&full_entry(1).silo).cloned().unwrap();
+        let (row, etag) = snap
+            .row(&full_entry(1).silo)
+            .cloned()
+            .map(MembershipRow::into_parts)
+            .unwrap();
         let row = MembershipEntry {
             update_zone: i as u32,
             ..row
@@ -508,7 +516,11 @@ async fn cluster_ask_redirections_are_followed_with_asking_during_a_slot_migrati
     // Mid-migration: every operation the keys allow goes through ASK.
     let during = async {
         let all = t.read_all().await?;
-        let (row, etag) = all.get(&one.silo).cloned().expect("row one");
+        let (row, etag) = all
+            .row(&one.silo)
+            .cloned()
+            .map(MembershipRow::into_parts)
+            .expect("row one");
         let mut moved = row.clone();
         moved.status = SiloStatus::ShuttingDown;
         let written = t.update_row(&moved, &etag, &all.version.next()).await?;
@@ -533,7 +545,7 @@ async fn cluster_ask_redirections_are_followed_with_asking_during_a_slot_migrati
     assert_eq!(rows, 2);
     assert!(written, "the conditional write committed on the importing node");
     assert_eq!(status, Some(SiloStatus::ShuttingDown));
-    assert!(delta.changed.contains_key(&one.silo), "{delta:?}");
+    assert!(delta.changed.contains(&one.silo), "{delta:?}");
     // After it: the slot map is refreshed on MOVED and writes go on.
     let all = t.read_all().await.unwrap();
     assert_eq!(
@@ -735,7 +747,7 @@ async fn handles_of_one_cluster_share_their_decoded_rows() {
         beat
     );
     let snap = first.read_all().await.unwrap();
-    let (row, etag) = &**snap.entries.get(&silo).unwrap();
+    let (row, etag) = snap.get(&silo).unwrap();
     let mut changed = row.clone();
     changed.status = SiloStatus::Dead;
     assert!(first

@@ -44,8 +44,8 @@ pub fn plan_join(me: &SiloAddress, snapshot: &MembershipSnapshot) -> JoinPlan {
     }
     let declare_dead = snapshot
         .entries
-        .values()
-        .map(|row| &**row)
+        .iter()
+        .map(|row| (&row.entry, &row.etag))
         .filter(|(e, _)| e.silo.same_endpoint(me) && e.silo.generation() < me.generation())
         .filter(|(e, _)| e.status != SiloStatus::Dead)
         .map(|(e, etag)| {
@@ -62,10 +62,10 @@ mod tests {
     use super::*;
     use crate::Timestamp;
 
-    fn row(s: &str, status: SiloStatus) -> (SiloAddress, std::sync::Arc<(MembershipEntry, Etag)>) {
+    fn row(s: &str, status: SiloStatus) -> crate::MembershipRow {
         let silo: SiloAddress = s.parse().unwrap();
         let entry = MembershipEntry::new(silo, status, Timestamp::from_millis(1));
-        (silo, std::sync::Arc::new((entry, Etag::new("e"))))
+        crate::MembershipRow::new(entry, Etag::new("e"))
     }
 
     #[test]

@@ -32,8 +32,8 @@ use rand::{Rng, SeedableRng};
 
 use crate::{
     ClusterMembershipOptions, CorruptRow, Error, Etag, MembershipDelta, MembershipEntry, MembershipRows,
-    MembershipSnapshot, ProtocolMode, SiloAddress, SiloError, SiloStatus, SuspectVote, TableVersion,
-    Timestamp, WriteMode, WriteOrigin,
+    MembershipSnapshot, ProtocolMode, RowChange, SiloAddress, SiloError, SiloStatus, SuspectVote,
+    TableVersion, Timestamp, WriteMode, WriteOrigin,
 };
 
 use super::cleanup::{defunct_cutoff, lost_row_grace};
@@ -140,7 +140,7 @@ enum Churn {
     Urgent,
 }
 
-/// Classifies the changes from `old` to `new` (imbl skips the subtrees both share,
+/// Classifies the changes from `old` to `new` (the rows' diff skips the subtrees both share,
 /// so a delta merged onto the view costs its changed rows). This silo's own row is
 /// no exception: a vote against it or its death is urgent by the same rule, and
 /// its IAmAlive time changing is not.
@@ -152,11 +152,10 @@ fn churn(old: &MembershipRows, new: &MembershipRows) -> Churn {
                 SiloStatus::Created | SiloStatus::Joining | SiloStatus::Active
             )
     };
-    for change in old.diff(new) {
+    for change in old.changes(new) {
         let ok = match change {
-            imbl::ordmap::DiffItem::Add(_, row) => calm(&row.0),
-            imbl::ordmap::DiffItem::Update { new: (_, row), .. } => calm(&row.0),
-            imbl::ordmap::DiffItem::Remove(_, row) => row.0.status == SiloStatus::Dead,
+            RowChange::Added(row) | RowChange::Updated { new: row, .. } => calm(&row.entry),
+            RowChange::Removed(row) => row.entry.status == SiloStatus::Dead,
         };
         if !ok {
             return Churn::Urgent;
@@ -1715,12 +1714,8 @@ impl SiloMachine {
 /// disappeared, or changed status or votes.
 fn content_changed(old: &MembershipSnapshot, new: &MembershipSnapshot) -> bool {
     old.entries.len() != new.entries.len()
-        || old
-            .entries
-            .iter()
-            .zip(new.entries.iter())
-            .any(|((a, ra), (b, rb))| {
-                let (ea, eb) = (&ra.0, &rb.0);
-                a != b || ea.status != eb.status || ea.suspect_votes != eb.suspect_votes
-            })
+        || old.entries.iter().zip(new.entries.iter()).any(|(ra, rb)| {
+            let (ea, eb) = (&ra.entry, &rb.entry);
+            ea.silo != eb.silo || ea.status != eb.status || ea.suspect_votes != eb.suspect_votes
+        })
 }

@@ -12,8 +12,6 @@
 
 use std::fmt::Write as _;
 
-use imbl::ordmap::DiffItem;
-
 use crate::{
     ClusterMembershipOptions, MembershipEntry, MembershipRows, MembershipSnapshot, SiloAddress, SiloStatus,
     Timestamp,
@@ -111,7 +109,7 @@ pub struct TargetSelector {
     /// How many times the flags were computed from every row.
     scans: u64,
     /// The rows `candidates` was computed from: the next view is compared with
-    /// them by [`imbl::OrdMap::diff`], which skips the subtrees both share, so a
+    /// them by [`MembershipRows::changes`], which skips the subtrees both share, so a
     /// view that changed k rows costs O(k log N) instead of a scan of the table.
     seen: Option<MembershipRows>,
     /// Monitored silos with fresh votes, a stale IAmAlive or a stuck join, sorted.
@@ -310,14 +308,10 @@ impl TargetSelector {
     /// when every row must be looked at (no previous view, or another `me`).
     fn changed_keys(&self, me: &SiloAddress, rows: &MembershipRows) -> Option<Vec<SiloAddress>> {
         let seen = self.seen.as_ref().filter(|_| self.me == Some(*me))?;
-        if seen.ptr_eq(rows) {
+        if seen.shares_all(rows) {
             return Some(Vec::new());
         }
-        let keys = seen.diff(rows).map(|change| match change {
-            DiffItem::Add(s, _) | DiffItem::Remove(s, _) => *s,
-            DiffItem::Update { new, .. } => *new.0,
-        });
-        Some(keys.collect())
+        Some(seen.changes(rows).map(|change| change.silo()).collect())
     }
 
     /// The silos `me` should probe now: see [`select_probe_targets`]. Looks at every
