@@ -237,9 +237,12 @@ pub trait MembershipTable: Send + Sync + std::fmt::Debug {
     /// Returns how many rows were deleted.
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize>;
 
-    /// Deletes every row, the version row and the membership history of `cluster_id`
-    /// (which may be another cluster than this table's) and nothing else.
-    async fn delete_cluster(&self, cluster_id: &str) -> Result<()>;
+    /// Deletes every row, the version row and the membership history of this
+    /// table's cluster, and nothing else (other clusters, reminders and metrics of
+    /// the store stay). A write racing the delete commits wholly before it (and is
+    /// deleted) or wholly after it. [`init`](Self::init) makes the cluster usable
+    /// again. To delete a cluster by id, see [`SystemStore::delete_cluster`].
+    async fn delete_all(&self) -> Result<()>;
 }
 
 /// The reminder table of **one service** (the Orleans `IReminderTable`).
@@ -306,6 +309,7 @@ pub trait ReminderTable: Send + Sync + std::fmt::Debug {
 
 /// A storage backend that opens membership tables per cluster and reminder tables
 /// per service. `rollcall::connect(url)` returns one.
+#[async_trait]
 pub trait SystemStore: Send + Sync + std::fmt::Debug {
     /// A short name of the provider (`"memory"`, `"redis"`, ...).
     fn provider(&self) -> &'static str;
@@ -323,6 +327,18 @@ pub trait SystemStore: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// As for [`membership_table`](Self::membership_table).
     fn reminder_table(&self, service_id: &str) -> Result<Arc<dyn ReminderTable>>;
+
+    /// Deletes the membership table of `cluster_id` (every row, the version row and
+    /// the history: [`MembershipTable::delete_all`]) and nothing else.
+    ///
+    /// # Errors
+    /// [`Error::Validation`](crate::Error::Validation) for an invalid id;
+    /// [`Error::Backend`](crate::Error::Backend) if the backend fails.
+    async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
+        self.membership_table(cluster_id, ProtocolMode::Extended)?
+            .delete_all()
+            .await
+    }
 
     /// The statistics store of `cluster_id` (see
     /// [`StatisticsStore`](crate::StatisticsStore)), run with `options`.

@@ -430,7 +430,7 @@ fn a_table_that_loses_its_data_is_survived() {
         let mut w = cluster(4, 5, 5, 0.0);
         w.run_for(30_000);
         let old_version = w.table().version.version;
-        now_or_fail(w.table.delete_cluster("m")).unwrap();
+        now_or_fail(w.table.delete_all()).unwrap();
         now_or_fail(w.table.init(true)).unwrap();
         if push_past {
             // Someone else writes more versions than the survivors have seen.

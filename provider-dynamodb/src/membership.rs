@@ -669,7 +669,8 @@ impl MembershipTable for DynamoDbMembershipTable {
         Ok(deleted)
     }
 
-    async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
+    async fn delete_all(&self) -> Result<()> {
+        let cluster_id = self.cluster_id.as_str();
         // Rows go first (the version item stays, so every read stays ordered: a
         // row deleted under a live version item is what cleanup does too), then,
         // once few remain, the last rows and the version item in one

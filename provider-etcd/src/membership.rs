@@ -82,7 +82,6 @@ fn range(resp: &[TxnOpResponse], i: usize) -> &[KeyValue] {
 pub struct EtcdMembershipTable {
     conn: Arc<Conn>,
     keys: MembershipKeys,
-    prefix: String,
     cluster_id: String,
     mode: ProtocolMode,
     history_capacity: u64,
@@ -99,7 +98,6 @@ impl EtcdMembershipTable {
         EtcdMembershipTable {
             conn,
             keys: MembershipKeys::new(prefix, cluster_id),
-            prefix: prefix.to_owned(),
             cluster_id: cluster_id.to_owned(),
             mode,
             history_capacity,
@@ -514,8 +512,8 @@ impl MembershipTable for EtcdMembershipTable {
         Ok(deleted)
     }
 
-    async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
-        let keys = MembershipKeys::new(&self.prefix, cluster_id);
+    async fn delete_all(&self) -> Result<()> {
+        let keys = &self.keys;
         let prefix = || Some(etcd_client::DeleteOptions::new().with_prefix());
         // One transaction: a racing write commits wholly before (and is deleted) or
         // wholly after (and is complete) the delete. Reminders of a service with

@@ -388,9 +388,9 @@ impl MembershipTable for MemoryMembershipTable {
         })
     }
 
-    async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
+    async fn delete_all(&self) -> Result<()> {
         self.store.check_available()?;
-        lock(&self.store.inner.clusters).remove(cluster_id);
+        lock(&self.store.inner.clusters).remove(&self.cluster_id);
         Ok(())
     }
 }

@@ -200,7 +200,6 @@ pub(crate) type SharedDecodedRows = Arc<std::sync::Mutex<DecodedRows>>;
 pub struct RedisMembershipTable {
     router: Arc<Router>,
     keys: MembershipKeys,
-    prefix: String,
     cluster_id: String,
     mode: ProtocolMode,
     history_capacity: u64,
@@ -308,7 +307,6 @@ impl RedisMembershipTable {
         RedisMembershipTable {
             router,
             keys: MembershipKeys::new(prefix, cluster_id),
-            prefix: prefix.to_owned(),
             cluster_id: cluster_id.to_owned(),
             mode,
             history_capacity,
@@ -806,8 +804,8 @@ impl MembershipTable for RedisMembershipTable {
         Ok(ids.len())
     }
 
-    async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
-        let keys = MembershipKeys::new(&self.prefix, cluster_id);
+    async fn delete_all(&self) -> Result<()> {
+        let keys = self.keys.clone();
         self.router
             .run(&keys.tag, |node: Arc<Node>| {
                 let keys = keys.clone();

@@ -208,7 +208,7 @@ impl MembershipTable for CountingTable {
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
         self.inner.cleanup_defunct(before).await
     }
-    async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
-        self.inner.delete_cluster(cluster_id).await
+    async fn delete_all(&self) -> Result<()> {
+        self.inner.delete_all().await
     }
 }

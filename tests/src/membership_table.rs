@@ -485,7 +485,10 @@ pub async fn delete_cluster_and_isolation(store: Store) {
     assert_eq!((a_snap.len(), a_snap.version.version), (2, 2));
     assert_eq!((b_snap.len(), b_snap.version.version), (1, 1));
 
-    a.delete_cluster(b.cluster_id()).await.expect("delete_cluster");
+    store
+        .delete_cluster(b.cluster_id())
+        .await
+        .expect("delete_cluster");
     assert_eq!(
         a.read_all().await.expect("read_all"),
         a_snap,
@@ -494,9 +497,7 @@ pub async fn delete_cluster_and_isolation(store: Store) {
     b.init(true).await.expect("re-init");
     let b_after = b.read_all().await.expect("read_all");
     assert_eq!((b_after.len(), b_after.version.version), (0, 0));
-    a.delete_cluster(a.cluster_id())
-        .await
-        .expect("delete own cluster");
+    a.delete_all().await.expect("delete own cluster");
     a.init(true).await.expect("re-init");
     assert!(a.read_all().await.expect("read_all").is_empty());
 }
@@ -578,10 +579,7 @@ pub async fn delete_cluster_racing_writers_leaves_no_half_row(store: Store) {
     }
     for _ in 0..20 {
         tokio::time::sleep(Duration::from_millis(5)).await;
-        table
-            .delete_cluster(table.cluster_id())
-            .await
-            .expect("delete_cluster");
+        table.delete_all().await.expect("delete_cluster");
         table.init(true).await.expect("init");
     }
     done.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -650,10 +648,7 @@ pub async fn ids_with_separators_and_prefixes_stay_apart(store: Store) {
             t.cluster_id()
         );
     }
-    tables[0]
-        .delete_cluster(tables[0].cluster_id())
-        .await
-        .expect("delete");
+    tables[0].delete_all().await.expect("delete");
     tables[0].init(true).await.expect("init");
     assert!(tables[0].read_all().await.expect("read_all").is_empty());
     for (i, t) in tables.iter().enumerate().skip(1) {
@@ -664,7 +659,7 @@ pub async fn ids_with_separators_and_prefixes_stay_apart(store: Store) {
             tables[0].cluster_id(),
             t.cluster_id()
         );
-        t.delete_cluster(t.cluster_id()).await.expect("cleanup");
+        t.delete_all().await.expect("cleanup");
     }
 }
 
@@ -1138,10 +1133,7 @@ pub async fn history_records_each_committed_write_and_nothing_else(store: Store)
         .is_empty());
 
     // delete_cluster takes the history with it.
-    table
-        .delete_cluster(table.cluster_id())
-        .await
-        .expect("delete_cluster");
+    table.delete_all().await.expect("delete_cluster");
     table.init(true).await.expect("re-init");
     assert!(
         history(&*table).await.is_empty(),

@@ -110,7 +110,7 @@ pub async fn metrics_upsert_replaces_in_place(store: Store) {
 
 /// Scenario M2: metrics of different clusters never mix, and metrics and membership
 /// leave each other alone: upserts and `clear` change no membership row, version or
-/// history, and `MembershipTable::delete_cluster` leaves the metrics.
+/// history, and `MembershipTable::delete_all` leaves the metrics.
 pub async fn metrics_stay_apart_from_membership_and_other_clusters(store: Store) {
     let membership = fresh_table(&store, ProtocolMode::Extended).await;
     let mut entry = full_entry(1);
@@ -145,10 +145,7 @@ pub async fn metrics_stay_apart_from_membership_and_other_clusters(store: Store)
         history_before
     );
 
-    membership
-        .delete_cluster(membership.cluster_id())
-        .await
-        .expect("delete_cluster");
+    membership.delete_all().await.expect("delete_cluster");
     assert_eq!(
         metrics.read_all().await.expect("read_all").rows,
         vec![row],

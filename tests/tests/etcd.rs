@@ -208,7 +208,7 @@ async fn values_are_json_under_the_documented_keys() {
     assert_eq!(etag, Etag::new(kv.mod_revision().to_string()));
     // The membership table and a reminder service of the same id share a prefix
     // and nothing else: deleting the cluster leaves the reminder.
-    table.delete_cluster(&cluster).await.unwrap();
+    table.delete_all().await.unwrap();
     assert!(reminders.read_row("user/7", "daily").await.unwrap().is_some());
     let left = client
         .get(
