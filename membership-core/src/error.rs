@@ -132,6 +132,7 @@ fn cause_chain(source: Option<&(dyn StdError + Send + Sync + 'static)>) -> Strin
 /// # Errors
 /// A non-transient error at once; after `within`, [`Error::Backend`] saying
 /// "`what` unreachable for `within` (N attempts)" with the last error as its source.
+#[cfg(feature = "runtime")]
 pub async fn retry_transient<T, F, Fut>(what: &str, within: std::time::Duration, mut attempt: F) -> Result<T>
 where
     F: FnMut() -> Fut,
@@ -175,7 +176,7 @@ pub enum SiloError {
     Table(#[from] Error),
     /// The probe endpoint could not be served.
     #[error(transparent)]
-    Transport(#[from] crate::transport::TransportError),
+    Transport(#[from] TransportError),
     /// Some Active silos stayed unreachable for `max_join_attempt_time`; this silo
     /// wrote itself Dead and stopped.
     #[error("could not reach {unreachable:?} within max_join_attempt_time ({waited:?})")]
@@ -200,6 +201,36 @@ pub enum SiloError {
     /// The silo's agents have stopped.
     #[error("the silo is stopped")]
     Stopped,
+}
+
+/// Why a request got no response.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// No response within the timeout.
+    #[error("no response within {0:?}")]
+    Timeout(std::time::Duration),
+    /// The peer could not be reached (connection refused, reset, no route).
+    #[error("peer unreachable: {0}")]
+    Unreachable(String),
+    /// The peer sent bytes that are not a valid frame.
+    #[error("bad frame: {0}")]
+    Codec(String),
+    /// The peer refused the request: it serves another cluster.
+    #[error("refused by the peer: {0}")]
+    Refused(String),
+    /// A frame without a valid HMAC tag where a shared secret is set (or a tagged
+    /// frame where none is): dropped unanswered.
+    #[error("unauthenticated frame: {0}")]
+    Unauthenticated(String),
+    /// The local endpoint could not be served.
+    #[error("cannot serve {addr}: {reason}")]
+    Bind {
+        /// The endpoint.
+        addr: std::net::SocketAddr,
+        /// Why.
+        reason: String,
+    },
 }
 
 #[cfg(test)]

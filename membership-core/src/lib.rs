@@ -18,6 +18,7 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "runtime")]
 pub mod agents;
 mod error;
 pub mod history;
@@ -29,15 +30,20 @@ mod reminder;
 mod silo;
 pub mod statistics;
 mod table;
+#[cfg(feature = "runtime")]
 pub mod telemetry;
 mod time;
+#[cfg(feature = "runtime")]
 pub mod transport;
 
+#[cfg(feature = "runtime")]
 pub use agents::{
     LeaveHookGuard, LeaveWork, MembershipChanged, Notice, NoticeReceiver, NoticesDropped, OnDeclaredDead,
     Silo, SiloBuilder, SiloHandle, Subscription,
 };
-pub use error::{redact_password, retry_transient, BoxError, Error, Result, SiloError};
+#[cfg(feature = "runtime")]
+pub use error::retry_transient;
+pub use error::{redact_password, BoxError, Error, Result, SiloError, TransportError};
 pub use history::{HistoryQuery, MembershipEvent, WriteKind, WriteOrigin, DEFAULT_HISTORY_CAPACITY};
 pub use membership::{
     CorruptRow, Etag, IntoRows, MembershipDelta, MembershipEntry, MembershipRow, MembershipRows,
@@ -49,4 +55,6 @@ pub use reminder::{actor_hash, hash_in_range, ReminderEntry};
 pub use silo::{SiloAddress, SiloStatus};
 pub use statistics::{AggLevel, StatFilter, StatPoint, StatRecord, StatisticsOptions, StatisticsStore};
 pub use table::{validate_id, MembershipTable, ProtocolMode, ReminderTable, SystemStore, WriteMode};
-pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp, TokioClock};
+#[cfg(feature = "runtime")]
+pub use time::TokioClock;
+pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp};

@@ -7,9 +7,13 @@
 //! operations, suspicions, votes, probe round trips); the publisher in the `rollcall`
 //! crate adds CPU, memory and reminder figures and writes a [`MetricsRow`].
 
+#[cfg(feature = "runtime")]
 use std::collections::VecDeque;
+#[cfg(feature = "runtime")]
 use std::sync::atomic::{AtomicU64, Ordering};
+#[cfg(feature = "runtime")]
 use std::sync::Mutex;
+#[cfg(feature = "runtime")]
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -216,6 +220,7 @@ pub const RTT_WINDOW: usize = 1024;
 /// What a silo counts about its own membership work, shared between its agent
 /// (which counts) and its handle (which reads). Cheap: atomics and one small lock
 /// per probe answer.
+#[cfg(feature = "runtime")]
 #[derive(Debug, Default)]
 pub struct CounterCells {
     pub(crate) table_reads: AtomicU64,
@@ -228,6 +233,7 @@ pub struct CounterCells {
     rtt_us: Mutex<VecDeque<u32>>,
 }
 
+#[cfg(feature = "runtime")]
 impl CounterCells {
     pub(crate) fn add(cell: &AtomicU64, n: u64) {
         cell.fetch_add(n, Ordering::Relaxed);

@@ -332,7 +332,7 @@ pub trait SystemStore: Send + Sync + std::fmt::Debug {
     /// the history: [`MembershipTable::delete_all`]) and nothing else.
     ///
     /// # Errors
-    /// [`Error::Validation`](crate::Error::Validation) for an invalid id;
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for an invalid id;
     /// [`Error::Backend`](crate::Error::Backend) if the backend fails.
     async fn delete_cluster(&self, cluster_id: &str) -> Result<()> {
         self.membership_table(cluster_id, ProtocolMode::Extended)?

@@ -135,12 +135,14 @@ impl Clock for SystemClock {
 /// Under `tokio::time::pause()` (or `start_paused`) this advances with virtual time,
 /// which is what the simulated-network tests and benchmarks need. It must be created
 /// inside a tokio runtime.
+#[cfg(feature = "runtime")]
 #[derive(Clone, Debug)]
 pub struct TokioClock {
     origin_wall: Timestamp,
     origin: tokio::time::Instant,
 }
 
+#[cfg(feature = "runtime")]
 impl TokioClock {
     /// A clock that reads `origin_wall` now and advances with tokio time.
     pub fn starting_at(origin_wall: Timestamp) -> Self {
@@ -156,12 +158,14 @@ impl TokioClock {
     }
 }
 
+#[cfg(feature = "runtime")]
 impl Default for TokioClock {
     fn default() -> Self {
         Self::new()
     }
 }
 
+#[cfg(feature = "runtime")]
 impl Clock for TokioClock {
     fn now(&self) -> Timestamp {
         self.origin_wall.saturating_add(self.origin.elapsed())
@@ -234,6 +238,7 @@ mod tests {
         assert_eq!(c.now().as_millis(), 15);
     }
 
+    #[cfg(feature = "runtime")]
     #[tokio::test(start_paused = true)]
     async fn tokio_clock_follows_virtual_time() {
         let c = TokioClock::starting_at(Timestamp::from_millis(1_000_000));

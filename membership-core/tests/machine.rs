@@ -226,13 +226,14 @@ impl World {
                 target,
                 seq,
                 timeout,
+                intermediary_timeout,
             } => {
                 let v = self.addrs.iter().position(|a| *a == via);
                 let t = self.addrs.iter().position(|a| *a == target);
                 let outcome = match (v, t) {
                     (Some(v), Some(t)) if self.alive(v) && !self.lost() => {
                         let reachable = self.alive(t)
-                            && self.stalled_until[t] <= self.now + timeout.as_millis() as u64 * 4 / 5;
+                            && self.stalled_until[t] <= self.now + intermediary_timeout.as_millis() as u64;
                         if reachable && !self.lost() {
                             IndirectOutcome::Answered
                         } else {

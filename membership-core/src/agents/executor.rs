@@ -22,9 +22,9 @@ use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler,
 use tokio::sync::{oneshot, watch};
 
 use crate::metrics::CounterCells;
-use crate::protocol::{Action, Event, IndirectOutcome, PingOutcome, SiloMachine, StopReason, Timer};
+use crate::protocol::{Action, Event, PingOutcome, SiloMachine, StopReason, Timer};
 use crate::telemetry::{outcome, Outcome, SiloLabels};
-use crate::transport::{Listener, ProbeRequest, Transport};
+use crate::transport::{Listener, ProbeRequest, ProbeResponse, Transport};
 use crate::{Clock, Error, MembershipSnapshot, MembershipTable, SiloAddress, SiloError, SiloStatus};
 
 use super::OnDeclaredDead;
@@ -216,12 +216,12 @@ impl MembershipAgent {
                     let response = transport
                         .request(target.endpoint(), &cluster, request, timeout)
                         .await;
-                    let outcome = PingOutcome::from_response(&target, &response, started.elapsed());
+                    let outcome = ProbeResponse::ping_outcome(&target, &response, started.elapsed());
                     Event::PingResult {
                         target,
                         seq,
                         outcome,
-                        peer_version: crate::protocol::probe::peer_version(&response),
+                        peer_version: ProbeResponse::peer_version(&response),
                     }
                 })
             }
@@ -230,11 +230,11 @@ impl MembershipAgent {
                 target,
                 seq,
                 timeout,
+                intermediary_timeout,
             } => {
                 let (transport, cluster, me) = (self.transport.clone(), self.cluster.clone(), self.me);
                 self.spawn_event(ctx, async move {
-                    // The intermediary gets 80% of our wait, so its answer can reach us.
-                    let timeout_ms = u32::try_from(timeout.mul_f64(0.8).as_millis()).unwrap_or(u32::MAX);
+                    let timeout_ms = u32::try_from(intermediary_timeout.as_millis()).unwrap_or(u32::MAX);
                     let request = ProbeRequest::IndirectPing {
                         from: me,
                         target,
@@ -243,7 +243,7 @@ impl MembershipAgent {
                     let response = transport
                         .request(via.endpoint(), &cluster, request, timeout)
                         .await;
-                    let outcome = IndirectOutcome::from_response(&response);
+                    let outcome = ProbeResponse::indirect_outcome(&response);
                     Event::IndirectResult { target, seq, outcome }
                 })
             }

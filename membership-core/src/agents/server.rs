@@ -1,7 +1,8 @@
 //! The probe server: answers pings, performs indirect pings for others, and hands
 //! gossip to the membership agent. It runs on the transport's tasks, not in an
 //! actor, and holds no protocol state: the answers come from
-//! [`answer_ping`](crate::protocol::probe::answer_ping) and the shared health score.
+//! [`answers_ping`](crate::protocol::probe::answers_ping) and the shared health score,
+//! and indirect probes follow [`IndirectProbe`].
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
@@ -10,7 +11,7 @@ use std::time::Duration;
 use actix::Addr;
 use async_trait::async_trait;
 
-use crate::protocol::probe::answer_ping;
+use crate::protocol::probe::{answers_ping, IndirectProbe, IndirectStep};
 use crate::protocol::PingOutcome;
 use crate::transport::{ProbeHandler, ProbeRequest, ProbeResponse, Transport};
 use crate::SiloAddress;
@@ -31,30 +32,20 @@ pub(crate) struct ProbeServer {
     pub(crate) notices: Arc<super::NoticeSinks>,
 }
 
-/// Pings an intermediary sends to a suspect for one indirect probe, staggered over
-/// the prober's timeout.
-pub(crate) const INDIRECT_ATTEMPTS: u32 = 3;
-
 impl ProbeServer {
-    /// Whether `target` answers any of [`INDIRECT_ATTEMPTS`] pings, all due by
-    /// `timeout`: one at once, the next at `timeout / 3` and `2 x timeout / 3`, or as
-    /// soon as the one before fails outright (a refused connection is no lost
-    /// message, so a crashed target is reported as fast as before). Returns at the
-    /// first answer. A "no" here becomes a second vote against the target, so it
-    /// must not rest on one message: under 5% loss a ping or its pong is lost about
-    /// one time in ten, and the prober that asked has just seen its own pings fail,
-    /// so one such loss declared a live silo Dead (found by D2: 50 silos, 30
-    /// minutes). Three pings are all lost about one time in a thousand.
+    /// Carries out an [`IndirectProbe`] (the rule and its reasons live there):
+    /// pings `target` when it says so and reports each result, until it is done.
     async fn indirect_ping(
         &self,
         me: SiloAddress,
         target: SiloAddress,
         known: u64,
-        timeout: Duration,
+        requested: Duration,
     ) -> bool {
         use futures_util::stream::{FuturesUnordered, StreamExt};
+        let mut probe = IndirectProbe::new(requested, self.max_indirect_timeout);
         let started = tokio::time::Instant::now();
-        let deadline = started + timeout;
+        let deadline = started + probe.timeout();
         let attempt = || async move {
             let sent = tokio::time::Instant::now();
             let ping = ProbeRequest::Ping {
@@ -71,30 +62,25 @@ impl ProbeServer {
                     deadline.saturating_duration_since(sent),
                 )
                 .await;
-            matches!(
-                PingOutcome::from_response(&target, &response, sent.elapsed()),
-                PingOutcome::Answered { .. }
-            )
+            ProbeResponse::ping_outcome(&target, &response, sent.elapsed())
         };
         let mut in_flight = FuturesUnordered::new();
-        in_flight.push(attempt());
-        let mut sent = 1;
         loop {
-            let next_at = started + timeout / INDIRECT_ATTEMPTS * sent;
-            tokio::select! {
-                answered = in_flight.next(), if !in_flight.is_empty() => match answered {
-                    Some(true) => return true,
-                    _ if sent < INDIRECT_ATTEMPTS && tokio::time::Instant::now() < deadline => {
-                        in_flight.push(attempt());
-                        sent += 1;
-                    }
-                    _ if in_flight.is_empty() => return false,
-                    _ => {}
-                },
-                () = tokio::time::sleep_until(next_at), if sent < INDIRECT_ATTEMPTS => {
+            let wait_until = match probe.step(started.elapsed()) {
+                IndirectStep::Done(answered) => return answered,
+                IndirectStep::Send => {
                     in_flight.push(attempt());
-                    sent += 1;
+                    continue;
                 }
+                IndirectStep::Wait(until) => until.map(|u| started + u),
+            };
+            tokio::select! {
+                outcome = in_flight.next(), if !in_flight.is_empty() => match outcome {
+                    Some(PingOutcome::Answered { .. }) => probe.answered(),
+                    Some(_) => probe.failed(),
+                    None => {}
+                },
+                () = tokio::time::sleep_until(wait_until.unwrap_or(deadline)), if wait_until.is_some() => {}
                 else => return false,
             }
         }
@@ -112,25 +98,29 @@ impl ProbeHandler for ProbeServer {
         let known = self.health.view_version.load(Ordering::Relaxed);
         match request {
             ProbeRequest::Ping { target, version, .. } => {
-                let answer = answer_ping(me, target, health, known);
-                if matches!(answer, ProbeResponse::Pong { .. }) {
-                    self.health.probes_received.fetch_add(1, Ordering::Relaxed);
-                    if version > known {
-                        // The prober read a newer table: like gossip, the machine
-                        // decides (and coalesces) the refresh.
-                        if let Some(agent) = self.agent.get() {
-                            let _ = agent.try_send(GossipReceived { version });
-                        }
+                if !answers_ping(&me, &target) {
+                    return ProbeResponse::WrongSilo { responder: me };
+                }
+                self.health.probes_received.fetch_add(1, Ordering::Relaxed);
+                if version > known {
+                    // The prober read a newer table: like gossip, the machine
+                    // decides (and coalesces) the refresh.
+                    if let Some(agent) = self.agent.get() {
+                        let _ = agent.try_send(GossipReceived { version });
                     }
                 }
-                answer
+                ProbeResponse::Pong {
+                    responder: me,
+                    health,
+                    version: known,
+                }
             }
             ProbeRequest::IndirectPing {
                 target, timeout_ms, ..
             } => {
-                let timeout = Duration::from_millis(u64::from(timeout_ms)).min(self.max_indirect_timeout);
+                let requested = Duration::from_millis(u64::from(timeout_ms));
                 ProbeResponse::IndirectResult {
-                    target_answered: self.indirect_ping(me, target, known, timeout).await,
+                    target_answered: self.indirect_ping(me, target, known, requested).await,
                     intermediary_health: health,
                 }
             }

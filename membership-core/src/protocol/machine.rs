@@ -257,7 +257,7 @@ impl RowWrite {
         }
     }
 
-    /// The precondition, as [`MembershipTable::write_row`] takes it.
+    /// The precondition, as [`MembershipTable::write_row`](crate::MembershipTable::write_row) takes it.
     pub fn mode(&self) -> WriteMode<'_> {
         match self {
             RowWrite::Insert(_) => WriteMode::Insert,
@@ -344,6 +344,9 @@ pub enum Action {
         seq: u64,
         /// How long to wait for the intermediary.
         timeout: Duration,
+        /// How long the intermediary may try the suspect
+        /// ([`intermediary_timeout`](super::probe::intermediary_timeout) of `timeout`).
+        intermediary_timeout: Duration,
     },
     /// Send "re-read the table, now at `version`" to these silos (fire and forget).
     Gossip {
@@ -1695,6 +1698,7 @@ impl SiloMachine {
                         target,
                         seq,
                         timeout,
+                        intermediary_timeout: super::probe::intermediary_timeout(timeout),
                     });
                 }
             }

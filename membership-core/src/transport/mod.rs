@@ -110,35 +110,59 @@ pub enum ProbeResponse {
     },
 }
 
-/// Why a request got no response.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TransportError {
-    /// No response within the timeout.
-    #[error("no response within {0:?}")]
-    Timeout(Duration),
-    /// The peer could not be reached (connection refused, reset, no route).
-    #[error("peer unreachable: {0}")]
-    Unreachable(String),
-    /// The peer sent bytes that are not a valid frame.
-    #[error("bad frame: {0}")]
-    Codec(String),
-    /// The peer refused the request: it serves another cluster.
-    #[error("refused by the peer: {0}")]
-    Refused(String),
-    /// A frame without a valid HMAC tag where a shared secret is set (or a tagged
-    /// frame where none is): dropped unanswered.
-    #[error("unauthenticated frame: {0}")]
-    Unauthenticated(String),
-    /// The local endpoint could not be served.
-    #[error("cannot serve {addr}: {reason}")]
-    Bind {
-        /// The endpoint.
-        addr: SocketAddr,
-        /// Why.
-        reason: String,
-    },
+impl ProbeResponse {
+    /// Who answered a ping (`Pong` or `WrongSilo`); `None` for any other answer.
+    pub fn responder(&self) -> Option<SiloAddress> {
+        match self {
+            ProbeResponse::Pong { responder, .. } | ProbeResponse::WrongSilo { responder } => {
+                Some(*responder)
+            }
+            _ => None,
+        }
+    }
+
+    /// The outcome of a ping of `target` that got `response` after `rtt` (see
+    /// [`PingOutcome::classify`](crate::protocol::PingOutcome::classify)).
+    pub fn ping_outcome(
+        target: &SiloAddress,
+        response: &Result<ProbeResponse, TransportError>,
+        rtt: Duration,
+    ) -> crate::protocol::PingOutcome {
+        let responder = response.as_ref().ok().and_then(ProbeResponse::responder);
+        crate::protocol::PingOutcome::classify(target, responder, rtt)
+    }
+
+    /// The table version a ping's answer carries (`Pong`), if any.
+    pub fn peer_version(response: &Result<ProbeResponse, TransportError>) -> Option<u64> {
+        match response {
+            Ok(ProbeResponse::Pong { version, .. }) => Some(*version),
+            _ => None,
+        }
+    }
+
+    /// What an intermediary's answer to `IndirectPing` reports; no answer (or
+    /// another one) is [`IndirectOutcome::Unknown`](crate::protocol::IndirectOutcome::Unknown).
+    pub fn indirect_outcome(
+        response: &Result<ProbeResponse, TransportError>,
+    ) -> crate::protocol::IndirectOutcome {
+        use crate::protocol::IndirectOutcome;
+        match response {
+            Ok(ProbeResponse::IndirectResult {
+                target_answered: true,
+                ..
+            }) => IndirectOutcome::Answered,
+            Ok(ProbeResponse::IndirectResult {
+                target_answered: false,
+                intermediary_health,
+            }) => IndirectOutcome::Failed {
+                intermediary_health: *intermediary_health,
+            },
+            _ => IndirectOutcome::Unknown,
+        }
+    }
 }
+
+pub use crate::error::TransportError;
 
 /// The server side: answers requests arriving at a silo's probe endpoint.
 #[async_trait]
