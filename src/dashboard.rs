@@ -274,11 +274,12 @@ async fn bounded<T>(
     what: &str,
     read: impl std::future::Future<Output = crate::Result<T>>,
 ) -> Result<T, String> {
-    match tokio::time::timeout(READ_TIMEOUT, read).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(format!("{what}: {e}")),
-        Err(_) => Err(format!("{what}: no answer within {READ_TIMEOUT:?}")),
-    }
+    rollcall_membership_core::bounded(
+        READ_TIMEOUT,
+        async { read.await.map_err(|e| format!("{what}: {e}")) },
+        |t| format!("{what}: no answer within {t:?}"),
+    )
+    .await
 }
 
 fn membership_json(cluster: &str, s: &MembershipSnapshot, now: Timestamp) -> Value {

@@ -120,6 +120,37 @@ fn cause_chain(source: Option<&(dyn StdError + Send + Sync + 'static)>) -> Strin
     out
 }
 
+/// Runs `call` for at most `timeout`: its own result, or `timed_out(timeout)` if it
+/// has not answered by then (the call is dropped). The one way rollcall bounds a
+/// store or network call, so that every public call answers within a stated bound.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::time::Duration;
+/// use rollcall_membership_core::{bounded, Error};
+/// let slow = async {
+///     tokio::time::sleep(Duration::from_secs(60)).await;
+///     Ok::<u32, Error>(1)
+/// };
+/// let r = bounded(Duration::from_millis(10), slow, |t| {
+///     Error::backend(format!("no answer within {t:?}"))
+/// })
+/// .await;
+/// assert!(r.unwrap_err().is_transient());
+/// # }
+/// ```
+#[cfg(feature = "runtime")]
+pub async fn bounded<T, E>(
+    timeout: std::time::Duration,
+    call: impl std::future::Future<Output = std::result::Result<T, E>>,
+    timed_out: impl FnOnce(std::time::Duration) -> E,
+) -> std::result::Result<T, E> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(result) => result,
+        Err(_) => Err(timed_out(timeout)),
+    }
+}
+
 /// Runs `attempt` until it succeeds, fails with a non-transient error, or `within`
 /// has passed, backing off between tries (100 ms, doubling, at most 5 s; the last
 /// try starts no later than `within` after the call). Each transient failure is

@@ -42,7 +42,7 @@ pub use agents::{
     Silo, SiloBuilder, SiloHandle, Subscription,
 };
 #[cfg(feature = "runtime")]
-pub use error::retry_transient;
+pub use error::{bounded, retry_transient};
 pub use error::{redact_password, BoxError, Error, Result, SiloError, TransportError};
 pub use history::{HistoryQuery, MembershipEvent, WriteKind, WriteOrigin, DEFAULT_HISTORY_CAPACITY};
 pub use membership::{

@@ -184,11 +184,18 @@ pub(crate) fn send_notices(silo: &SiloHandle, service_id: &str, notices: Vec<(Si
     });
 }
 
-/// `base x 2^(attempt-1)`, capped at [`MAX_BACKOFF`].
-pub(crate) fn backoff(attempt: u32) -> Duration {
-    Duration::from_secs(1)
-        .saturating_mul(1 << attempt.saturating_sub(1).min(10))
-        .min(MAX_BACKOFF)
+/// The wait before retry number `attempt` (1 for the first): exponential backoff
+/// with full jitter from 1 s, capped at [`MAX_BACKOFF`]
+/// ([`backoff_delay`](rollcall_membership_core::protocol::backoff_delay), as the
+/// membership machine's retries), so silos that failed together do not retry
+/// together.
+pub(crate) fn backoff(attempt: u32, rng: &mut StdRng) -> Duration {
+    rollcall_membership_core::protocol::backoff_delay(
+        attempt.saturating_sub(1),
+        Duration::from_secs(1),
+        MAX_BACKOFF,
+        rng.random(),
+    )
 }
 
 /// Runs `call` bounded by `timeout`.
@@ -196,10 +203,12 @@ pub(crate) async fn bounded<T>(
     timeout: Duration,
     call: impl std::future::Future<Output = rollcall_membership_core::Result<T>>,
 ) -> Result<T, ReminderError> {
-    match tokio::time::timeout(timeout, call).await {
-        Ok(r) => r.map_err(ReminderError::from),
-        Err(_) => Err(ReminderError::Timeout(timeout)),
-    }
+    rollcall_membership_core::bounded(
+        timeout,
+        async { call.await.map_err(ReminderError::from) },
+        ReminderError::Timeout,
+    )
+    .await
 }
 
 pub(crate) struct ReminderAgent {
@@ -1013,7 +1022,7 @@ impl ReminderAgent {
                 self.state.load = None;
                 Counters::bump(&self.counters.load_failures);
                 self.state.load_failures += 1;
-                let wait = backoff(self.state.load_failures)
+                let wait = backoff(self.state.load_failures, &mut self.rng)
                     .min(MAX_LOAD_BACKOFF)
                     .min(self.options.refresh_reminder_list_period);
                 tracing::warn!(silo = %self.me, error = %e, retry_in = ?wait, "loading reminders failed; the schedule in memory keeps ticking");
@@ -1221,7 +1230,7 @@ impl ReminderAgent {
                 if current {
                     let slot = self.state.queue.get_mut(&key).expect("current");
                     slot.attempts = slot.attempts.saturating_add(1);
-                    let retry = now.saturating_add(backoff(u32::from(slot.attempts)));
+                    let retry = now.saturating_add(backoff(u32::from(slot.attempts), &mut self.rng));
                     match after_delivery(slot.timing(), scheduled, now) {
                         Some(next) if next.due <= retry => {
                             Counters::bump(&self.counters.ticks_given_up);
@@ -1320,7 +1329,7 @@ impl ReminderAgent {
         Counters::bump(&self.counters.write_failures);
         self.state.write_failures += 1;
         if self.state.write_retry.is_none() {
-            let wait = backoff(self.state.write_failures);
+            let wait = backoff(self.state.write_failures, &mut self.rng);
             tracing::warn!(error = %err, retry_in = ?wait, "recording a reminder tick failed; retrying");
             self.state.write_retry = Some(ctx.run_later(wait, |act, ctx| {
                 act.state.write_retry = None;

@@ -92,11 +92,10 @@ async fn bounded<T: Outcome>(
     call: impl std::future::Future<Output = crate::Result<T>>,
 ) -> crate::Result<T> {
     let started = tokio::time::Instant::now();
-    let result = tokio::time::timeout(timeout, call).await.unwrap_or_else(|_| {
-        Err(Error::backend(format!(
-            "{what} did not answer within {timeout:?}"
-        )))
-    });
+    let result = crate::bounded(timeout, call, |t| {
+        Error::backend(format!("{what} did not answer within {t:?}"))
+    })
+    .await;
     labels.table_operation(what, outcome(&result), started.elapsed());
     result
 }

@@ -28,14 +28,10 @@ async fn init_table(
 ) -> Result<(), Error> {
     let what = format!("membership table of cluster {cluster}");
     crate::retry_transient(&what, options.max_join_attempt_time, || async {
-        tokio::time::timeout(options.table_operation_timeout, table.init(true))
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::backend(format!(
-                    "init did not answer within {:?}",
-                    options.table_operation_timeout
-                )))
-            })
+        crate::bounded(options.table_operation_timeout, table.init(true), |t| {
+            Error::backend(format!("init did not answer within {t:?}"))
+        })
+        .await
     })
     .await
 }
