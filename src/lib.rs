@@ -35,7 +35,7 @@
 mod connect;
 #[cfg(feature = "dashboard")]
 pub mod dashboard;
-pub mod metrics;
+pub mod metrics_table;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
 

@@ -83,7 +83,7 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
         } else {
             match metrics_table(&*store, &args.cluster).await {
                 Ok(table) => {
-                    let mut publisher = rollcall::metrics::MetricsPublisher::builder(&silo, table)
+                    let mut publisher = rollcall::metrics_table::MetricsPublisher::builder(&silo, table)
                         .period(args.metrics_period);
                     if !args.statistics_period.is_zero() {
                         let options = rollcall::StatisticsOptions {

@@ -23,7 +23,7 @@ pub mod agents;
 mod error;
 pub mod history;
 mod membership;
-pub mod metrics;
+pub mod metrics_table;
 mod options;
 pub mod protocol;
 mod reminder;
@@ -49,7 +49,7 @@ pub use membership::{
     CorruptRow, Etag, IntoRows, MembershipDelta, MembershipEntry, MembershipRow, MembershipRows,
     MembershipSnapshot, RowChange, SuspectVote, TableVersion,
 };
-pub use metrics::{MembershipCounters, MetricsReport, MetricsRole, MetricsRow, MetricsTable};
+pub use metrics_table::{MembershipCounters, MetricsReport, MetricsRole, MetricsRow, MetricsTable};
 pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};
 pub use reminder::{actor_hash, hash_in_range, ReminderEntry};
 pub use silo::{SiloAddress, SiloStatus};

@@ -66,7 +66,7 @@
 mod config;
 mod conn;
 mod membership;
-mod metrics;
+mod metrics_table;
 mod reminders;
 mod schema;
 mod statistics;
@@ -75,7 +75,7 @@ use std::sync::Arc;
 
 pub use config::DynamoDbConfig;
 pub use membership::DynamoDbMembershipTable;
-pub use metrics::DynamoDbMetricsTable;
+pub use metrics_table::DynamoDbMetricsTable;
 pub use reminders::DynamoDbReminderTable;
 use rollcall_membership_core::{
     validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, StatisticsOptions,

@@ -47,14 +47,14 @@ mod config;
 mod conn;
 mod keys;
 mod membership;
-mod metrics;
+mod metrics_table;
 mod reminders;
 
 use std::sync::Arc;
 
 pub use config::EtcdConfig;
 pub use membership::EtcdMembershipTable;
-pub use metrics::EtcdMetricsTable;
+pub use metrics_table::EtcdMetricsTable;
 pub use reminders::EtcdReminderTable;
 use rollcall_membership_core::{
     validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, SystemStore,

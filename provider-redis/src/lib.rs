@@ -51,7 +51,7 @@ mod config;
 mod conn;
 mod keys;
 mod membership;
-mod metrics;
+mod metrics_table;
 mod reminders;
 mod statistics;
 
@@ -60,7 +60,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 pub use config::RedisConfig;
 pub use membership::RedisMembershipTable;
-pub use metrics::RedisMetricsTable;
+pub use metrics_table::RedisMetricsTable;
 pub use reminders::RedisReminderTable;
 use rollcall_membership_core::{
     validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, StatisticsOptions,

@@ -1,7 +1,7 @@
 //! When a reminder ticks next: pure functions of its row, the time, and how the
 //! service learned of it.
 //!
-//! Rules (REMINDERS.md, Orleans plus what its users asked for):
+//! Rules (Orleans' reminder semantics plus what its users asked for):
 //! - A periodic reminder ticks at `start_at + k x period`, `k >= 0`.
 //! - Learned **before** `start_at`: the first tick is at `start_at`.
 //! - Learned **after** `start_at` from a registration notice, within the first

@@ -1,4 +1,4 @@
-//! Reminder table conformance scenarios (REMINDERS.md, "Model and table").
+//! Reminder table conformance scenarios: the contract of `ReminderTable` (membership-core `table.rs`), one scenario per rule.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -1026,7 +1026,7 @@ fn t23_an_intermediary_retries_before_reporting_a_suspect_silent() {
 /// that declared it, and the dead silo's row stops changing.
 #[test]
 fn t24_metrics_rows_count_what_the_silos_did() {
-    use rollcall::metrics::MetricsPublisher;
+    use rollcall::metrics_table::MetricsPublisher;
     use rollcall_membership_core::MetricsReport;
 
     run_virtual(|| async {

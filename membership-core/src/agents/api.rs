@@ -229,7 +229,7 @@ pub struct SiloHandle {
     pub(super) stop: Arc<watch::Sender<bool>>,
     pub(super) transport: Arc<dyn Transport>,
     pub(super) notices: Arc<super::NoticeSinks>,
-    pub(super) counters: Arc<crate::metrics::CounterCells>,
+    pub(super) counters: Arc<crate::metrics_table::CounterCells>,
     pub(super) health: Arc<super::executor::SharedHealth>,
     pub(super) leave_hooks: Arc<LeaveHooks>,
 }

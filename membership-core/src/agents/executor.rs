@@ -21,7 +21,7 @@ use std::time::Duration;
 use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
 use tokio::sync::{oneshot, watch};
 
-use crate::metrics::CounterCells;
+use crate::metrics_table::CounterCells;
 use crate::protocol::{Action, Event, PingOutcome, SiloMachine, StopReason, Timer};
 use crate::telemetry::{outcome, Outcome, SiloLabels};
 use crate::transport::{Listener, ProbeRequest, ProbeResponse, Transport};

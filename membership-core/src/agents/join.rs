@@ -125,7 +125,7 @@ impl SiloBuilder {
         let (joined_tx, joined_rx) = oneshot::channel();
         let ctx: Context<MembershipAgent> = Context::new();
         let _ = agent_cell.set(ctx.address());
-        let counters = Arc::new(crate::metrics::CounterCells::default());
+        let counters = Arc::new(crate::metrics_table::CounterCells::default());
         let agent = MembershipAgent {
             machine,
             cluster,

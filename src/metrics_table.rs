@@ -8,7 +8,7 @@
 //! # async fn run(silo: rollcall::SiloHandle, store: std::sync::Arc<dyn rollcall::SystemStore>) -> rollcall::Result<()> {
 //! let table = store.metrics_table(silo.cluster_id())?;
 //! table.init().await?;
-//! let publisher = rollcall::metrics::MetricsPublisher::builder(&silo, table).start();
+//! let publisher = rollcall::metrics_table::MetricsPublisher::builder(&silo, table).start();
 //! // ... the row is rewritten every 30 s until the silo stops or `publisher` is dropped.
 //! # Ok(()) }
 //! ```
@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use rollcall_membership_core::metrics::*;
+pub use rollcall_membership_core::metrics_table::*;
 
 use rollcall_membership_core::{SiloHandle, SiloStatus, StatPoint, StatisticsStore, Timestamp};
 use rollcall_reminders::Reminders;
