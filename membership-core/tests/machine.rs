@@ -50,6 +50,10 @@ struct World {
     table_delay: u64,
     /// Per silo: when (ms) it asked for each delta read.
     delta_reads_at: Vec<Vec<u64>>,
+    /// Per silo: its side of a network partition. Silos on different sides drop
+    /// each other's messages silently (pings time out); every silo still reaches
+    /// the table.
+    side: Vec<u8>,
 }
 
 fn now_or_fail<T>(f: impl std::future::Future<Output = T>) -> T {
@@ -85,6 +89,7 @@ impl World {
             max_gossip_fan_out: 0,
             table_delay: 0,
             delta_reads_at: Vec::new(),
+            side: Vec::new(),
         }
     }
 
@@ -118,6 +123,7 @@ impl World {
         self.published.push(Vec::new());
         self.joined.push(None);
         self.delta_reads_at.push(Vec::new());
+        self.side.push(0);
         let i = self.machines.len() - 1;
         self.push(0, i, Event::Start);
         i
@@ -125,6 +131,20 @@ impl World {
 
     fn alive(&self, i: usize) -> bool {
         !self.crashed[i] && !self.stopped[i]
+    }
+
+    /// Whether `i` and `j` are on the same side of the partition (if any).
+    fn linked(&self, i: usize, j: usize) -> bool {
+        self.side[i] == self.side[j]
+    }
+
+    /// Splits the network: silo `k` goes to side `sides[k]`.
+    fn partition(&mut self, sides: &[u8]) {
+        self.side = sides.to_vec();
+    }
+
+    fn heal(&mut self) {
+        self.side.iter_mut().for_each(|s| *s = 0);
     }
 
     fn feed(&mut self, i: usize, event: Event) {
@@ -179,7 +199,7 @@ impl World {
                 let j = self.addrs.iter().position(|a| *a == target);
                 let timeout_ms = timeout.as_millis() as u64;
                 let (after, outcome) = match j {
-                    Some(j) if self.alive(j) && !self.lost() => {
+                    Some(j) if self.alive(j) && self.linked(i, j) && !self.lost() => {
                         // A stalled target answers when it resumes.
                         let rtt = 2 * lat + self.stalled_until[j].saturating_sub(self.now);
                         if rtt < timeout_ms {
@@ -194,7 +214,7 @@ impl World {
                         }
                     }
                     // A crashed silo's port is closed: refused at once.
-                    Some(j) if self.crashed[j] => (lat, PingOutcome::Failed),
+                    Some(j) if self.crashed[j] && self.linked(i, j) => (lat, PingOutcome::Failed),
                     _ => (timeout_ms, PingOutcome::Failed),
                 };
                 // The target answers with its view's version (the version spreads
@@ -231,8 +251,9 @@ impl World {
                 let v = self.addrs.iter().position(|a| *a == via);
                 let t = self.addrs.iter().position(|a| *a == target);
                 let outcome = match (v, t) {
-                    (Some(v), Some(t)) if self.alive(v) && !self.lost() => {
+                    (Some(v), Some(t)) if self.alive(v) && self.linked(i, v) && !self.lost() => {
                         let reachable = self.alive(t)
+                            && self.linked(v, t)
                             && self.stalled_until[t] <= self.now + intermediary_timeout.as_millis() as u64;
                         if reachable && !self.lost() {
                             IndirectOutcome::Answered
@@ -255,7 +276,7 @@ impl World {
                 self.max_gossip_fan_out = self.max_gossip_fan_out.max(to.len());
                 for silo in to {
                     if let Some(j) = self.addrs.iter().position(|a| *a == silo) {
-                        if !self.lost() {
+                        if self.linked(i, j) && !self.lost() {
                             let lat = self.latency();
                             self.push(lat, j, Event::GossipReceived { version });
                         }
@@ -331,7 +352,11 @@ impl World {
 }
 
 fn cluster(n: u8, seed: u64, jitter_ms: u64, loss: f64) -> World {
-    let mut w = World::new(ClusterMembershipOptions::default(), seed, jitter_ms, loss);
+    cluster_with(ClusterMembershipOptions::default(), n, seed, jitter_ms, loss)
+}
+
+fn cluster_with(options: ClusterMembershipOptions, n: u8, seed: u64, jitter_ms: u64, loss: f64) -> World {
+    let mut w = World::new(options, seed, jitter_ms, loss);
     for k in 1..=n {
         w.add_silo(k);
         w.run_until(60_000, |w| w.joined.last().is_some_and(Option::is_some))
@@ -788,4 +813,173 @@ fn a_join_storm_converges_without_failed_joins() {
         table.rows().filter(|e| e.status == SiloStatus::Active).count(),
         250
     );
+}
+
+// ---- network partitions (every silo still reaches the table) -----------------------
+
+/// How long a silo cut off from everyone is voted against at most: the suspicion
+/// window, the probe period, the indirect probe and a reach round, plus the writes.
+fn probe_detection_bound(o: &ClusterMembershipOptions) -> u64 {
+    let t = o.probe_timeout.as_millis() as u64;
+    t * u64::from(o.num_missed_probes_limit) + o.probe_period().as_millis() as u64 + 2 * t + 1_000
+}
+
+/// How long a crashed silo is declared Dead at most when the survivors hold no
+/// majority: its IAmAlive goes stale (`i_am_alive_publish_period x
+/// num_missed_table_i_am_alive_limit` after its last one, measured from the newest
+/// one in the table, at most one period old), then a suspicion window of probes
+/// whose timeouts doubled (the survivors found no majority before, which raised
+/// their local health score by 1), plus the probe period and the writes.
+fn stale_detection_bound(o: &ClusterMembershipOptions) -> u64 {
+    let period = o.i_am_alive_publish_period.as_millis() as u64;
+    let t = o.probe_timeout.as_millis() as u64;
+    period * u64::from(o.num_missed_table_i_am_alive_limit + 1)
+        + 2 * t * u64::from(o.num_missed_probes_limit)
+        + o.probe_period().as_millis() as u64
+        + 2 * t
+        + 1_000
+}
+
+fn profiles() -> [(&'static str, ClusterMembershipOptions); 2] {
+    [
+        ("default", ClusterMembershipOptions::default()),
+        ("fast", ClusterMembershipOptions::fast()),
+    ]
+}
+
+/// Silos that are Dead in the table or stopped.
+fn fallen(w: &World) -> Vec<usize> {
+    let dead = w.dead();
+    (0..w.addrs.len())
+        .filter(|i| w.stopped[*i] || dead.contains(&w.addrs[*i]))
+        .collect()
+}
+
+/// After healing: every silo still running is Active, in one view.
+fn assert_one_view(w: &mut World, what: &str) {
+    let settle = 4 * probe_detection_bound(&w.options);
+    let ok = w.run_until(settle.max(60_000), |w| {
+        let running: Vec<usize> = (0..w.addrs.len()).filter(|i| w.alive(*i)).collect();
+        let versions: Vec<u64> = running.iter().map(|i| w.machines[*i].view_version()).collect();
+        running
+            .iter()
+            .all(|i| w.machines[*i].status() == SiloStatus::Active)
+            && versions.windows(2).all(|p| p[0] == p[1])
+    });
+    assert!(
+        ok.is_some(),
+        "{what}: after healing, the running silos are not all Active in one view"
+    );
+}
+
+/// 2|3 for long enough to detect anything: the 3 never die, the 2 are declared Dead.
+#[test]
+fn a_2_3_split_takes_down_only_the_minority() {
+    for (name, o) in profiles() {
+        let mut w = cluster_with(o.clone(), 5, 11, 5, 0.0);
+        w.run_for(60_000);
+        w.partition(&[1, 1, 0, 0, 0]);
+        w.run_for(3 * probe_detection_bound(&o));
+        let fell = fallen(&w);
+        assert!(fell.iter().all(|i| *i < 2), "{name}: the majority lost {fell:?}");
+        assert_eq!(
+            w.dead(),
+            vec![w.addrs[0], w.addrs[1]],
+            "{name}: the minority is declared Dead"
+        );
+        w.heal();
+        assert_one_view(&mut w, name);
+        assert!((2..5).all(|i| w.alive(i)), "{name}");
+    }
+}
+
+/// 2|2|1: no side holds a majority, so nobody declares anybody, however long.
+#[test]
+fn a_split_without_a_majority_kills_nobody() {
+    for (name, o) in profiles() {
+        let mut w = cluster_with(o.clone(), 5, 12, 5, 0.0);
+        w.run_for(60_000);
+        w.partition(&[0, 0, 1, 1, 2]);
+        w.run_for(3 * stale_detection_bound(&o));
+        assert!(w.dead().is_empty(), "{name}: {:?} died", w.dead());
+        assert!((0..5).all(|i| w.alive(i)), "{name}");
+        w.heal();
+        assert_one_view(&mut w, name);
+        assert!(w.dead().is_empty(), "{name}: {:?} died after healing", w.dead());
+    }
+}
+
+/// 1|4: only the isolated silo may die (and does).
+#[test]
+fn an_isolated_silo_is_the_only_one_to_die() {
+    for (name, o) in profiles() {
+        let mut w = cluster_with(o.clone(), 5, 13, 5, 0.0);
+        w.run_for(60_000);
+        w.partition(&[0, 0, 1, 0, 0]);
+        w.run_for(3 * probe_detection_bound(&o));
+        assert_eq!(fallen(&w), vec![2], "{name}");
+        w.heal();
+        assert_one_view(&mut w, name);
+    }
+}
+
+/// 3 of 5 crash at once: the 2 survivors hold no majority of the 5, but the table
+/// witnesses the crash (the 3 stop heartbeating): they are declared Dead within
+/// the stale-detection bound, and the 2 keep running.
+#[test]
+fn a_mass_crash_is_detected_through_stale_heartbeats() {
+    for (name, o) in profiles() {
+        let mut w = cluster_with(o.clone(), 5, 14, 5, 0.0);
+        w.run_for(60_000);
+        for i in 2..5 {
+            w.crashed[i] = true;
+        }
+        let victims: Vec<SiloAddress> = w.addrs[2..].to_vec();
+        let bound = stale_detection_bound(&o);
+        let took = w
+            .run_until(2 * bound, |w| victims.iter().all(|v| w.dead().contains(v)))
+            .unwrap_or_else(|| panic!("{name}: {:?} of {victims:?} declared Dead", w.dead()));
+        assert!(took <= bound, "{name}: took {took} ms, bound {bound} ms");
+        assert!(w.alive(0) && w.alive(1), "{name}");
+        assert_eq!(w.dead().len(), 3, "{name}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    /// Random partitions of 3 to 9 silos into 1 to 4 sides, lasting less or more
+    /// than the detection bound: a silo on a side that holds a strict majority
+    /// never dies; with no such side nobody dies; after healing the silos still
+    /// running are all Active in one view.
+    #[test]
+    fn random_partitions_never_take_down_a_majority(
+        seed in any::<u64>(),
+        n in 3u8..=9,
+        sides in proptest::collection::vec(0u8..4, 9),
+        fast in any::<bool>(),
+        length_pct in 20u64..400,
+    ) {
+        let o = if fast { ClusterMembershipOptions::fast() } else { ClusterMembershipOptions::default() };
+        let mut w = cluster_with(o.clone(), n, seed, 20, 0.0);
+        w.run_for(60_000);
+        let sides = &sides[..usize::from(n)];
+        let mut sizes = [0usize; 4];
+        for s in sides {
+            sizes[usize::from(*s)] += 1;
+        }
+        let majority = (0..4u8).find(|s| sizes[usize::from(*s)] * 2 > usize::from(n));
+        w.partition(sides);
+        w.run_for(probe_detection_bound(&o) * length_pct / 100);
+        let fell = fallen(&w);
+        match majority {
+            Some(m) => prop_assert!(
+                fell.iter().all(|i| sides[*i] != m),
+                "sides {:?}: the majority side {} lost {:?}", sides, m, fell
+            ),
+            None => prop_assert!(fell.is_empty(), "sides {:?} (no majority): {:?} fell", sides, fell),
+        }
+        w.heal();
+        assert_one_view(&mut w, "random partition");
+    }
 }

@@ -25,6 +25,9 @@ pub struct HealthInputs {
     pub expecting_probes: bool,
     /// Whether our own row carries fresh suspicion votes.
     pub suspected: bool,
+    /// Whether this silo's last reach round found no majority of the active silos
+    /// (see [`reach`](super::reach)): it is probably the one cut off.
+    pub cut_off: bool,
     /// How late this silo's timers fired (event-loop / scheduling delay).
     pub event_loop_delay: Duration,
 }
@@ -33,6 +36,9 @@ pub struct HealthInputs {
 /// - +2 if probes were sent and none was answered (we are probably the one cut off);
 /// - +1 if others should probe us and none did;
 /// - +2 if our own row is suspected;
+/// - +1 if we reach no majority of the active silos (probe timeouts double: in a
+///   partition this silo does not vote anyway; after a mass crash it is one of the
+///   survivors, which must still detect the crashed silos once they go stale);
 /// - +1 per full second of event-loop delay, up to +3.
 pub fn local_health_score(i: &HealthInputs) -> u8 {
     let mut score: u32 = 0;
@@ -44,6 +50,9 @@ pub fn local_health_score(i: &HealthInputs) -> u8 {
     }
     if i.suspected {
         score += 2;
+    }
+    if i.cut_off {
+        score += 1;
     }
     score += (i.event_loop_delay.as_secs() as u32).min(3);
     score.min(u32::from(MAX_SCORE)) as u8
@@ -77,9 +86,11 @@ mod tests {
             probes_received: 0,
             expecting_probes: true,
             suspected: true,
+            cut_off: true,
             event_loop_delay: Duration::from_secs(60),
         };
         assert_eq!(local_health_score(&worst), MAX_SCORE);
+        assert_eq!(local_health_score(&HealthInputs { cut_off: true, ..ok }), 1);
         assert_eq!(
             local_health_score(&HealthInputs {
                 suspected: true,

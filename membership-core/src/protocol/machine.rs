@@ -40,9 +40,10 @@ use super::cleanup::{defunct_cutoff, lost_row_grace};
 use super::health::{local_health_score, HealthInputs};
 use super::join::{plan_join, JoinPlan};
 use super::probe::{IndirectOutcome, PingOutcome, ProbeCycle, SuspectReason, Verdict};
+use super::reach::{is_majority, Reach};
 use super::refresh::Refresher;
 use super::targets::{is_monitored, TargetSelector};
-use super::votes::{active_non_stale, decide_vote, fresh_votes, VoteDecision};
+use super::votes::{active_non_stale, active_non_stale_silos, decide_vote, fresh_votes, VoteDecision};
 use super::{backoff_delay, is_stuck_joining};
 
 /// Write jobs queued at most (besides the one running); a vote beyond that is dropped
@@ -426,6 +427,13 @@ enum Plan {
     /// Write this; `true` when the job is done once it commits.
     Write(RowWrite, bool),
     Done,
+    /// A vote on probe evidence, but this silo reaches no majority of the active
+    /// silos of the fresh read ([`super::reach`]): no write.
+    NoMajority {
+        suspect: SiloAddress,
+        reached: usize,
+        active: usize,
+    },
     Abort(SiloError),
 }
 
@@ -482,6 +490,11 @@ pub struct SiloMachine {
     probes_sent: u32,
     probes_answered: u32,
     last_health_check: Option<Timestamp>,
+    /// Whom this silo reaches, and the reach round in progress ([`super::reach`]).
+    reach: Reach,
+    /// The last reach round found no majority: this silo is probably the one cut
+    /// off (raises the local health score until a majority is seen again).
+    cut_off: bool,
     alive_in_flight: bool,
     /// The newest sign of life our own row carried when we last read it (non-Dead).
     /// An IAmAlive write is no proof: it is a no-op on a missing row.
@@ -543,6 +556,8 @@ impl SiloMachine {
             probes_sent: 0,
             probes_answered: 0,
             last_health_check: None,
+            reach: Reach::default(),
+            cut_off: false,
             alive_in_flight: false,
             own_alive_mark: None,
             known_version: 0,
@@ -658,7 +673,13 @@ impl SiloMachine {
                         self.gossip_refresh(now);
                     }
                 }
-                self.on_ping(now, target, seq, outcome)
+                self.reach
+                    .record(target, now, matches!(outcome, PingOutcome::Answered { .. }));
+                if self.reach.on_round_result(seq, &target) {
+                    self.reach_round_progress(now)
+                } else {
+                    self.on_ping(now, target, seq, outcome)
+                }
             }
             Event::IndirectResult { target, seq, outcome } => {
                 if let Some(cycle) = self.probes.get_mut(&target) {
@@ -891,6 +912,7 @@ impl SiloMachine {
             expecting_probes: self.status == SiloStatus::Active
                 && self.view.active().any(|e| e.silo != self.me),
             suspected,
+            cut_off: self.cut_off,
             event_loop_delay: lateness.min(Duration::from_secs(3600)),
         };
         let score = local_health_score(&inputs);
@@ -1261,6 +1283,14 @@ impl SiloMachine {
         }
         match plan {
             Plan::Done => self.job_finished(Ok(())),
+            Plan::NoMajority {
+                suspect,
+                reached,
+                active,
+            } => {
+                self.no_majority(suspect, reached, active);
+                self.job_finished(Ok(()))
+            }
             Plan::Abort(e) => self.job_finished(Err(e)),
             Plan::Write(write, completes) => {
                 let id = self.id();
@@ -1503,7 +1533,20 @@ impl SiloMachine {
         if reason == SuspectReason::StuckJoining && !is_stuck_joining(row, now, options) {
             return Plan::Done;
         }
-        let active = active_non_stale(snap, now, options);
+        // A vote on probe evidence needs a majority of the silos that are active and
+        // not stale in this fresh read (stale ones are the table's witness of a crash).
+        let active_silos = active_non_stale_silos(snap, now, options);
+        let active = active_silos.len();
+        if reason == SuspectReason::MissedProbes {
+            let reached = self.reach.count(&me, &active_silos, now, options);
+            if !is_majority(reached, active) {
+                return Plan::NoMajority {
+                    suspect,
+                    reached,
+                    active,
+                };
+            }
+        }
         // Our own vote from less than a probe timeout ago already says this.
         let voted_recently = row
             .suspect_votes
@@ -1704,6 +1747,9 @@ impl SiloMachine {
             }
             Verdict::Suspect { reason, intermediary } => {
                 tracing::debug!(cluster = %self.cluster, silo = %self.me, %target, ?reason, ?intermediary, "suspect");
+                if reason == SuspectReason::MissedProbes {
+                    return self.suspect_on_probes(now, target, intermediary);
+                }
                 self.enqueue(Job::Vote {
                     suspect: target,
                     intermediary,
@@ -1711,6 +1757,71 @@ impl SiloMachine {
                 });
             }
         }
+    }
+
+    // ---- partitions: a vote on probe evidence needs a majority ([`super::reach`]) ---
+
+    /// A suspicion from unanswered probes: vote if this silo reaches a majority of
+    /// the active silos; otherwise find out with a reach round first.
+    fn suspect_on_probes(&mut self, now: Timestamp, suspect: SiloAddress, intermediary: Option<SiloAddress>) {
+        let active = active_non_stale_silos(&self.view, now, &self.options);
+        if self.reach.sees_majority(&self.me, &active, now, &self.options) {
+            self.cut_off = false;
+            return self.enqueue(Job::Vote {
+                suspect,
+                intermediary,
+                reason: SuspectReason::MissedProbes,
+            });
+        }
+        if self.reach.round_running() {
+            return self.reach.wait_for_round((suspect, intermediary));
+        }
+        let unknown = self.reach.unknown(&self.me, &active, now, &self.options);
+        let pings: Vec<(u64, SiloAddress)> = unknown.into_iter().map(|s| (self.id(), s)).collect();
+        if pings.is_empty() {
+            // Nobody left to ask: the vote job decides on its fresh read, where
+            // crashed silos may have gone stale since this view.
+            return self.enqueue(Job::Vote {
+                suspect,
+                intermediary,
+                reason: SuspectReason::MissedProbes,
+            });
+        }
+        tracing::debug!(cluster = %self.cluster, silo = %self.me, %suspect, asking = pings.len(),
+            "no majority in recent answers: checking whom this silo reaches before voting");
+        self.reach.start_round(&pings, (suspect, intermediary));
+        let timeout = self.options.probe_timeout;
+        for (seq, target) in pings {
+            self.out.push(Action::Ping { target, seq, timeout });
+        }
+    }
+
+    fn reach_round_progress(&mut self, now: Timestamp) {
+        let active = active_non_stale_silos(&self.view, now, &self.options);
+        let Some(verdict) = self.reach.finish_round(&self.me, &active, now, &self.options) else {
+            return;
+        };
+        if verdict.majority {
+            self.cut_off = false;
+        }
+        // Each vote job checks the majority again on its fresh read (crashed silos
+        // may have gone stale since this view).
+        for (suspect, intermediary) in verdict.pending {
+            self.enqueue(Job::Vote {
+                suspect,
+                intermediary,
+                reason: SuspectReason::MissedProbes,
+            });
+        }
+    }
+
+    fn no_majority(&mut self, suspect: SiloAddress, reached: usize, active: usize) {
+        if !self.cut_off {
+            tracing::warn!(cluster = %self.cluster, silo = %self.me, %suspect, reached, active,
+                "this silo reaches no majority of the active silos: not voting on probe evidence \
+                 (it is probably the one cut off; a crashed silo is declared once its IAmAlive is stale)");
+        }
+        self.cut_off = true;
     }
 }
 

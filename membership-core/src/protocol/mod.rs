@@ -12,7 +12,9 @@
 //! - [`join`]: what a joining silo must write (older generations Dead);
 //! - [`refresh`]: coalesced table reads;
 //! - [`cleanup`]: the defunct-row cutoff;
-//! - [`health`]: the Lifeguard-style local health score.
+//! - [`health`]: the Lifeguard-style local health score;
+//! - [`reach`]: whether this silo reaches a majority, which a vote on probe
+//!   evidence needs (network partitions).
 
 pub mod cleanup;
 pub mod health;
@@ -20,6 +22,7 @@ pub mod join;
 pub mod machine;
 pub mod probe;
 pub mod probe_timeout;
+pub mod reach;
 pub mod refresh;
 pub mod targets;
 pub mod votes;

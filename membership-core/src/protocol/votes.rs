@@ -49,6 +49,15 @@ pub fn active_non_stale(
     now: Timestamp,
     options: &ClusterMembershipOptions,
 ) -> usize {
+    active_non_stale_silos(snapshot, now, options).len()
+}
+
+/// The silos [`active_non_stale`] counts, in address order.
+pub fn active_non_stale_silos(
+    snapshot: &MembershipSnapshot,
+    now: Timestamp,
+    options: &ClusterMembershipOptions,
+) -> Vec<SiloAddress> {
     let newest = snapshot
         .active()
         .map(|e| e.last_alive())
@@ -58,7 +67,8 @@ pub fn active_non_stale(
     snapshot
         .active()
         .filter(|e| !is_i_am_alive_stale(e, newest, options))
-        .count()
+        .map(|e| e.silo)
+        .collect()
 }
 
 /// Votes needed to declare a silo Dead: `min(num_votes_for_death_declaration,
