@@ -43,7 +43,7 @@ use super::probe::{IndirectOutcome, PingOutcome, ProbeCycle, SuspectReason, Verd
 use super::reach::{is_majority, Reach};
 use super::refresh::Refresher;
 use super::targets::{is_monitored, TargetSelector};
-use super::votes::{active_non_stale, active_non_stale_silos, decide_vote, fresh_votes, VoteDecision};
+use super::votes::{active_non_stale_silos, decide_vote, fresh_votes, VoteDecision};
 use super::{backoff_delay, is_stuck_joining};
 
 /// Write jobs queued at most (besides the one running); a vote beyond that is dropped
