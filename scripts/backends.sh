@@ -32,6 +32,8 @@ backends_install() {
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
   [ -d /usr/share/fonts/truetype/dejavu ] || missing+=(fonts-dejavu-core)
+  # The partition tests: network namespaces, a bridge and blackhole routes.
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
   if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ]; then
       backends_log "installing ${missing[*]} with apt-get"

@@ -6,6 +6,8 @@ mod basics;
 mod faults;
 #[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 mod observability;
+#[cfg(all(feature = "redis", target_os = "linux"))]
+mod partitions;
 #[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 mod reminders;
 
