@@ -5,7 +5,11 @@
 //! - every message lost with probability 5%, for 30 minutes;
 //! - one silo's network stalled for 2 s every 30 s (its messages wait), for 30
 //!   minutes;
-//! - the membership table unavailable for 60 s, then 5 minutes more.
+//! - the membership table unavailable for 60 s, then 5 minutes more;
+//! - network partitions for 60 s (every silo still reaches the table), then healed:
+//!   sides in the ratios 2|3 and 3|4, and 5|5 (no side holds a majority). Deaths on
+//!   the minority side of a split are correct; a death on the majority side, or any
+//!   death when no side holds a majority, is a false death.
 //!
 //! Reported per scenario: the silos declared Dead (false deaths; goal 0), the
 //! suspicion votes written meanwhile (row writes during the scenario: a silo that
@@ -31,6 +35,10 @@ pub struct Args {
     /// Seed of the clusters and of the network.
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// Only the partition scenarios (`true`) or only the others (`false`); both
+    /// when absent.
+    #[arg(long)]
+    partitions_only: Option<bool>,
     /// The reports to add the D2 section and the `d2` key to.
     #[command(flatten)]
     pub reports: crate::Reports,
@@ -47,6 +55,9 @@ pub struct Outcome {
     false_deaths: usize,
     /// Suspicion votes written during the scenario.
     votes_written: u64,
+    /// Partitions: silos of the minority side declared Dead (a correct outcome).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    minority_deaths: Option<usize>,
     /// Every silo Active, and every view at the table's version, at the end.
     all_active_and_agree: bool,
 }
@@ -57,14 +68,28 @@ enum Scenario {
     Loss,
     Stalls,
     TableOutage,
+    /// A partition for [`SPLIT`] into sides in the ratio `a : b` (`a <= b`).
+    Split(usize, usize),
 }
 
+/// How long a D2 partition lasts: well past the detection bound (17.5 s).
+const SPLIT: Duration = Duration::from_secs(60);
+
 impl Scenario {
-    fn name(self) -> &'static str {
+    fn name(self) -> String {
         match self {
-            Scenario::Loss => "5% message loss",
-            Scenario::Stalls => "one silo stalled 2 s every 30 s",
-            Scenario::TableOutage => "table unavailable for 60 s",
+            Scenario::Loss => "5% message loss".to_owned(),
+            Scenario::Stalls => "one silo stalled 2 s every 30 s".to_owned(),
+            Scenario::TableOutage => "table unavailable for 60 s".to_owned(),
+            Scenario::Split(a, b) => format!("partition {a}|{b} for 60 s"),
+        }
+    }
+
+    /// The minority side's size in a cluster of `n` (`a / (a + b)` of it).
+    fn minority(self, n: usize) -> usize {
+        match self {
+            Scenario::Split(a, b) => (n * a + (a + b) / 2) / (a + b),
+            _ => 0,
         }
     }
 }
@@ -98,17 +123,47 @@ async fn measure(n: usize, scenario: Scenario, minutes: u64, seed: u64) -> anyho
             tokio::time::sleep(Duration::from_secs(300)).await;
             Duration::from_secs(360)
         }
+        Scenario::Split(..) => {
+            let k = scenario.minority(n);
+            let addrs: Vec<_> = cluster.silos.iter().map(|s| s.address().endpoint()).collect();
+            for a in &addrs[..k] {
+                for b in &addrs[k..] {
+                    cluster.net.partition(*a, *b);
+                }
+            }
+            tokio::time::sleep(SPLIT).await;
+            cluster.net.heal();
+            SPLIT
+        }
     };
     // Let the last suspicions expire or settle, then look.
     tokio::time::sleep(options.probe_timeout * options.num_missed_probes_limit * 2).await;
     let votes_written = cluster.counts.snapshot().since(&before).writes;
-    let observer = &cluster.silos[0];
+    // The last silo is on the majority side of a split.
+    let observer = &cluster.silos[n - 1];
     observer.refresh().await.ok();
     let view = observer.shared_snapshot();
-    let false_deaths = view.rows().filter(|e| e.status == SiloStatus::Dead).count();
+    let k = scenario.minority(n);
+    let minority: Vec<_> = cluster.silos[..k].iter().map(|s| s.address()).collect();
+    let dead: Vec<_> = view
+        .rows()
+        .filter(|e| e.status == SiloStatus::Dead)
+        .map(|e| e.silo)
+        .collect();
+    let minority_deaths = dead.iter().filter(|s| minority.contains(s)).count();
+    // A minority side may die only where the other side is a strict majority.
+    let split_has_majority = 2 * (n - k) > n;
+    let false_deaths = if split_has_majority {
+        dead.len() - minority_deaths
+    } else {
+        dead.len()
+    };
     let version = view.version.version;
     let all_active_and_agree = cluster.silos.iter().all(|s| {
-        !s.is_stopped() && s.status() == SiloStatus::Active && s.shared_snapshot().version.version >= version
+        dead.contains(&s.address())
+            || (!s.is_stopped()
+                && s.status() == SiloStatus::Active
+                && s.shared_snapshot().version.version >= version)
     });
     for s in &cluster.silos {
         s.kill();
@@ -119,6 +174,7 @@ async fn measure(n: usize, scenario: Scenario, minutes: u64, seed: u64) -> anyho
         minutes: lasted.as_secs_f64() / 60.0,
         false_deaths,
         votes_written,
+        minority_deaths: matches!(scenario, Scenario::Split(..)).then_some(minority_deaths),
         all_active_and_agree,
     })
 }
@@ -129,7 +185,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut all = Vec::new();
     for &n in &args.sizes {
         anyhow::ensure!(n >= 3, "D2 needs clusters of at least 3 silos");
-        for scenario in [Scenario::Loss, Scenario::Stalls, Scenario::TableOutage] {
+        let scenarios = [
+            Scenario::Loss,
+            Scenario::Stalls,
+            Scenario::TableOutage,
+            Scenario::Split(2, 3),
+            Scenario::Split(3, 4),
+            Scenario::Split(5, 5),
+        ];
+        for scenario in scenarios {
+            if !args
+                .partitions_only
+                .is_none_or(|p| p == matches!(scenario, Scenario::Split(..)))
+            {
+                continue;
+            }
             let (minutes, seed) = (args.minutes, args.seed);
             let row = crate::on_own_thread(format!("D2 {n} {}", scenario.name()), move || {
                 rollcall_tests::sim::run_virtual(|| measure(n, scenario, minutes, seed))
@@ -147,18 +217,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
          lost with probability 5% for {m} minutes; one silo's network stalled for 2 s every \
          30 s for {m} minutes (its messages wait 2 s, less than a probe timeout, so \
          only a protocol that counts late answers as losses would suspect it); the table \
-         unavailable for 60 s, then 5 minutes more. Each is followed by `2 x L x T` of quiet. \
-         *Votes*: suspicions written during the scenario. Goal: 0 false deaths.\n",
+         unavailable for 60 s, then 5 minutes more; partitions for 60 s (every silo still \
+         reaches the table) into sides in the ratios 2|3 and 3|4 of the cluster, and 5|5, then \
+         healed. Each is followed by `2 x L x T` of quiet. *Votes*: suspicions written during \
+         the scenario. *False deaths*: any death, except on the minority side of a split whose \
+         other side holds a strict majority (those are *minority deaths*, the expected outcome; \
+         with 5|5 nobody may die). *All Active, one view*: every silo not declared Dead. \
+         Goal: 0 false deaths.\n",
         m = args.minutes
     );
     let _ = writeln!(
         md,
-        "| silos | scenario | minutes | votes written | false deaths | all Active, one view |\n|---|---|---|---|---|---|"
+        "| silos | scenario | minutes | votes written | false deaths | minority deaths | all Active, one view |\n|---|---|---|---|---|---|---|"
     );
     for o in &all {
         let _ = writeln!(
             md,
-            "| {} | {} | {:.0} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {} | {} | {} | {} |",
             o.silos,
             o.scenario,
             o.minutes,
@@ -168,6 +243,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             } else {
                 format!("**{}**", o.false_deaths)
             },
+            o.minority_deaths.map_or("-".to_owned(), |d| d.to_string()),
             if o.all_active_and_agree { "yes" } else { "**no**" }
         );
     }

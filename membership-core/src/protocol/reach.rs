@@ -183,8 +183,12 @@ impl Reach {
         }
     }
 
-    /// The verdict once every ping of the round has come back (the round ends);
-    /// `None` while some are out or when no round runs.
+    /// The verdict as soon as the round decides it (the round ends): a majority
+    /// reached, or too few pings still out to make one; `None` while undecided or
+    /// when no round runs. Pings still out when it ends are ignored (their results
+    /// are still [`record`](Self::record)ed). So in a large healthy cluster a round
+    /// ends after the first half of the answers, one round trip, however slow the
+    /// pings to crashed silos are.
     pub fn finish_round(
         &mut self,
         me: &SiloAddress,
@@ -192,11 +196,13 @@ impl Reach {
         now: Timestamp,
         options: &ClusterMembershipOptions,
     ) -> Option<RoundVerdict> {
-        if !self.round.as_ref()?.outstanding.is_empty() {
+        let out = self.round.as_ref()?.outstanding.len();
+        let reached = self.count(me, active, now, options);
+        let decided = is_majority(reached, active.len()) || !is_majority(reached + out, active.len());
+        if !decided {
             return None;
         }
         let round = self.round.take()?;
-        let reached = self.count(me, active, now, options);
         Some(RoundVerdict {
             majority: is_majority(reached, active.len()),
             reached,
@@ -270,6 +276,7 @@ mod tests {
         r.wait_for_round((silo(4), Some(silo(2))));
         r.wait_for_round((silo(3), None)); // already waiting
         assert!(!r.on_round_result(99, &silo(3)), "not of this round");
+        // Me and silo 2 reached: only the third failure rules a majority out.
         for (seq, s) in &pings {
             assert!(r.finish_round(&me, &active, t(200), &o).is_none());
             assert!(r.on_round_result(*seq, s));
@@ -286,13 +293,15 @@ mod tests {
         let o = ClusterMembershipOptions::fast();
         let (me, active): (SiloAddress, Vec<_>) = (silo(1), (1..=5).map(silo).collect());
         let mut r = Reach::default();
-        r.start_round(&[(7, silo(2)), (8, silo(3))], (silo(5), None));
+        r.start_round(&[(7, silo(2)), (8, silo(3)), (9, silo(4))], (silo(5), None));
         assert!(r.on_round_result(7, &silo(2)));
         r.record(silo(2), t(10), true);
+        assert!(r.finish_round(&me, &active, t(10), &o).is_none(), "2 of 5, 2 out");
         assert!(r.on_round_result(8, &silo(3)));
         r.record(silo(3), t(10), true);
         let v = r.finish_round(&me, &active, t(10), &o).unwrap();
-        assert!(v.majority);
+        assert!(v.majority, "3 of 5 without waiting for the last ping");
         assert_eq!(v.reached, 3);
+        assert!(!r.on_round_result(9, &silo(4)), "the round is over");
     }
 }
