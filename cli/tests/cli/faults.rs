@@ -413,7 +413,8 @@ fn redis_multi_process_lost_table_is_survived() {
             .arg(0)
             .arg(&pattern),
     );
-    assert_eq!(status(&store, &cluster).0, 0, "the table is empty");
+    // (No "the table is empty" check here: a silo may write its row back at once;
+    // the log checked below says the loss was seen.)
     // --fast reads the table every 10 s at least; no silo may exit meanwhile.
     await_active(&store, &cluster, 3, &mut procs, Duration::from_secs(30));
     kill_and_await_dead(&mut procs, 2, ports[2], &store, &cluster, 2);
