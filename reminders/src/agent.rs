@@ -41,7 +41,7 @@ use crate::handoff::{
 };
 use crate::queue::{key_of, Key, Queue};
 use crate::ring::{Ring, RingRange};
-use crate::schedule::{after_delivery, occurrence_after, plan, Learned, Planned, Timing};
+use crate::schedule::{after_attempt, occurrence_after, plan, AfterAttempt, Learned, Planned, Timing};
 
 /// The first occurrence of `entry` at or after `t`; `None` for a one-shot whose
 /// time is before `t`.
@@ -1205,22 +1205,17 @@ impl ReminderAgent {
                         slot.last_fired = now;
                         self.state.persist.insert(key.clone(), (etag(), now));
                     }
-                    // A handoff's catch-up delivers every occurrence it owes in turn.
-                    let done = if scheduled < slot.catch_up_to {
-                        scheduled
-                    } else {
-                        now
-                    };
-                    match after_delivery(slot.timing(), scheduled, done) {
-                        None => {
+                    let window = self.options.loading_window;
+                    match after_attempt(slot.timing(), scheduled, now, true, slot.catch_up_to, window, now) {
+                        AfterAttempt::Remove => {
                             self.state.queue.remove(&key);
                             self.state.persist.remove(&key);
                             self.state.removals.insert(key, etag());
                         }
-                        Some(next) if next.due > now.saturating_add(self.options.loading_window) => {
+                        AfterAttempt::Next(next) => self.state.queue.requeue(&key, next),
+                        _ => {
                             self.state.queue.remove(&key);
                         }
-                        Some(next) => self.state.queue.requeue(&key, next),
                     }
                     self.pump_writes(ctx);
                 }
@@ -1231,24 +1226,29 @@ impl ReminderAgent {
                     let slot = self.state.queue.get_mut(&key).expect("current");
                     slot.attempts = slot.attempts.saturating_add(1);
                     let retry = now.saturating_add(backoff(u32::from(slot.attempts), &mut self.rng));
-                    match after_delivery(slot.timing(), scheduled, now) {
-                        Some(next) if next.due <= retry => {
+                    let window = self.options.loading_window;
+                    match after_attempt(
+                        slot.timing(),
+                        scheduled,
+                        now,
+                        false,
+                        slot.catch_up_to,
+                        window,
+                        retry,
+                    ) {
+                        AfterAttempt::GiveUp(next) => {
                             Counters::bump(&self.counters.ticks_given_up);
                             tracing::error!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why, attempts = slot.attempts,
                                 "reminder tick not delivered before the next one was due; moving on");
                             slot.attempts = 0;
                             self.state.queue.requeue(&key, next);
                         }
-                        _ => {
+                        plan => {
                             tracing::warn!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why, attempt = slot.attempts,
                                 "reminder tick delivery failed; retrying");
-                            self.state.queue.requeue(
-                                &key,
-                                Planned {
-                                    scheduled,
-                                    due: retry,
-                                },
-                            );
+                            if let AfterAttempt::Retry(retry) = plan {
+                                self.state.queue.requeue(&key, retry);
+                            }
                         }
                     }
                 }

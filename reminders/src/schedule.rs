@@ -146,11 +146,123 @@ pub fn after_delivery(entry: impl Into<Timing>, scheduled: Timestamp, done: Time
     })
 }
 
+/// What becomes of a reminder's slot after one delivery attempt (the agent carries
+/// it out; see [`after_attempt`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterAttempt {
+    /// A one-shot reminder was delivered: remove its row.
+    Remove,
+    /// Delivered; the next tick is beyond the loading window: drop the slot (the
+    /// next load finds it again).
+    Unload,
+    /// Delivered; the next tick.
+    Next(Planned),
+    /// Failed; try the same occurrence again at `due`.
+    Retry(Planned),
+    /// Failed, and the retry would come after the next occurrence: this occurrence
+    /// is given up (logged and counted), the next one is planned.
+    GiveUp(Planned),
+}
+
+/// The rule after a delivery attempt of the occurrence `scheduled`, finished at
+/// `now`:
+/// - delivered: the next occurrence after `now`, or after `scheduled` itself while
+///   it is below `catch_up_to` (a handoff's catch-up delivers every occurrence owed
+///   in turn, where a handler that overran skips them); a one-shot is removed; a
+///   next tick past `now + loading_window` leaves the slot;
+/// - failed: retried at `retry_at` (the caller's jittered backoff), unless the next
+///   occurrence is due by then, which gives this one up (no burst of stale ticks).
+pub fn after_attempt(
+    entry: impl Into<Timing>,
+    scheduled: Timestamp,
+    now: Timestamp,
+    delivered: bool,
+    catch_up_to: Timestamp,
+    loading_window: Duration,
+    retry_at: Timestamp,
+) -> AfterAttempt {
+    let timing = entry.into();
+    if !delivered {
+        return match after_delivery(timing, scheduled, now) {
+            Some(next) if next.due <= retry_at => AfterAttempt::GiveUp(next),
+            _ => AfterAttempt::Retry(Planned {
+                scheduled,
+                due: retry_at,
+            }),
+        };
+    }
+    let done = if scheduled < catch_up_to { scheduled } else { now };
+    match after_delivery(timing, scheduled, done) {
+        None => AfterAttempt::Remove,
+        Some(next) if next.due > now.saturating_add(loading_window) => AfterAttempt::Unload,
+        Some(next) => AfterAttempt::Next(next),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const MIN: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn after_an_attempt() {
+        let e = entry(0, Some(MIN), MissedTickPolicy::Skip);
+        let window = Duration::from_secs(600);
+        let none = t(0);
+        // Delivered on time: the next occurrence.
+        let next = after_attempt(&e, t(60), t(61), true, none, window, t(0));
+        assert_eq!(
+            next,
+            AfterAttempt::Next(Planned {
+                scheduled: t(120),
+                due: t(120)
+            })
+        );
+        // A catch-up delivers the occurrence right after, however late it is.
+        let next = after_attempt(&e, t(60), t(300), true, t(240), window, t(0));
+        assert_eq!(
+            next,
+            AfterAttempt::Next(Planned {
+                scheduled: t(120),
+                due: t(120)
+            })
+        );
+        // Beyond the loading window: the slot leaves.
+        let short = Duration::from_secs(30);
+        assert_eq!(
+            after_attempt(&e, t(60), t(61), true, none, short, t(0)),
+            AfterAttempt::Unload
+        );
+        // A one-shot is removed once delivered, retried while failing.
+        let once = entry(100, None, MissedTickPolicy::Skip);
+        assert_eq!(
+            after_attempt(&once, t(100), t(101), true, none, window, t(0)),
+            AfterAttempt::Remove
+        );
+        assert_eq!(
+            after_attempt(&once, t(100), t(101), false, none, window, t(900)),
+            AfterAttempt::Retry(Planned {
+                scheduled: t(100),
+                due: t(900)
+            })
+        );
+        // A failure retried before the next occurrence, or given up for it.
+        assert_eq!(
+            after_attempt(&e, t(60), t(61), false, none, window, t(62)),
+            AfterAttempt::Retry(Planned {
+                scheduled: t(60),
+                due: t(62)
+            })
+        );
+        assert_eq!(
+            after_attempt(&e, t(60), t(61), false, none, window, t(120)),
+            AfterAttempt::GiveUp(Planned {
+                scheduled: t(120),
+                due: t(120)
+            })
+        );
+    }
 
     fn t(s: u64) -> Timestamp {
         Timestamp::from_millis(1_000_000 + s * 1000)
