@@ -194,10 +194,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Split(5, 5),
         ];
         for scenario in scenarios {
-            if !args
-                .partitions_only
-                .is_none_or(|p| p == matches!(scenario, Scenario::Split(..)))
-            {
+            let split = matches!(scenario, Scenario::Split(..));
+            if args.partitions_only.is_some_and(|p| p != split) {
                 continue;
             }
             let (minutes, seed) = (args.minutes, args.seed);
