@@ -70,6 +70,8 @@ enum Scenario {
     TableOutage,
     /// A partition for [`SPLIT`] into sides in the ratio `a : b` (`a <= b`).
     Split(usize, usize),
+    /// The same with Orleans' rule (`vote_needs_majority = false`): the reference.
+    SplitOrleans(usize, usize),
 }
 
 /// How long a D2 partition lasts: well past the detection bound (17.5 s).
@@ -82,20 +84,28 @@ impl Scenario {
             Scenario::Stalls => "one silo stalled 2 s every 30 s".to_owned(),
             Scenario::TableOutage => "table unavailable for 60 s".to_owned(),
             Scenario::Split(a, b) => format!("partition {a}|{b} for 60 s"),
+            Scenario::SplitOrleans(a, b) => format!("partition {a}|{b} for 60 s, Orleans' rule (reference)"),
         }
+    }
+
+    fn is_split(self) -> bool {
+        matches!(self, Scenario::Split(..) | Scenario::SplitOrleans(..))
     }
 
     /// The minority side's size in a cluster of `n` (`a / (a + b)` of it).
     fn minority(self, n: usize) -> usize {
         match self {
-            Scenario::Split(a, b) => (n * a + (a + b) / 2) / (a + b),
+            Scenario::Split(a, b) | Scenario::SplitOrleans(a, b) => (n * a + (a + b) / 2) / (a + b),
             _ => 0,
         }
     }
 }
 
 async fn measure(n: usize, scenario: Scenario, minutes: u64, seed: u64) -> anyhow::Result<Outcome> {
-    let options = ClusterMembershipOptions::default();
+    let options = ClusterMembershipOptions {
+        vote_needs_majority: !matches!(scenario, Scenario::SplitOrleans(..)),
+        ..ClusterMembershipOptions::default()
+    };
     let store = Arc::new(rollcall::memory::MemoryStore::new());
     let cluster = crate::j1::storm(store.clone(), Duration::from_millis(1), n, &options, seed).await?;
     let before = cluster.counts.snapshot();
@@ -123,7 +133,7 @@ async fn measure(n: usize, scenario: Scenario, minutes: u64, seed: u64) -> anyho
             tokio::time::sleep(Duration::from_secs(300)).await;
             Duration::from_secs(360)
         }
-        Scenario::Split(..) => {
+        Scenario::Split(..) | Scenario::SplitOrleans(..) => {
             let k = scenario.minority(n);
             let addrs: Vec<_> = cluster.silos.iter().map(|s| s.address().endpoint()).collect();
             for a in &addrs[..k] {
@@ -174,7 +184,7 @@ async fn measure(n: usize, scenario: Scenario, minutes: u64, seed: u64) -> anyho
         minutes: lasted.as_secs_f64() / 60.0,
         false_deaths,
         votes_written,
-        minority_deaths: matches!(scenario, Scenario::Split(..)).then_some(minority_deaths),
+        minority_deaths: scenario.is_split().then_some(minority_deaths),
         all_active_and_agree,
     })
 }
@@ -190,11 +200,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Scenario::Stalls,
             Scenario::TableOutage,
             Scenario::Split(2, 3),
+            Scenario::SplitOrleans(2, 3),
             Scenario::Split(3, 4),
+            Scenario::SplitOrleans(3, 4),
             Scenario::Split(5, 5),
+            Scenario::SplitOrleans(5, 5),
         ];
         for scenario in scenarios {
-            let split = matches!(scenario, Scenario::Split(..));
+            let split = scenario.is_split();
             if args.partitions_only.is_some_and(|p| p != split) {
                 continue;
             }
@@ -221,7 +234,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
          the scenario. *False deaths*: any death, except on the minority side of a split whose \
          other side holds a strict majority (those are *minority deaths*, the expected outcome; \
          with 5|5 nobody may die). *All Active, one view*: every silo not declared Dead. \
-         Goal: 0 false deaths.\n",
+         Each split also runs with Orleans' rule (`vote_needs_majority = false`: votes alone, \
+         `min(2, (active + 1) / 2)`) as the same-run reference. Goal: 0 false deaths (the \
+         reference rows show what the rule prevents).\n",
         m = args.minutes
     );
     let _ = writeln!(
@@ -233,7 +248,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             md,
             "| {} | {} | {:.0} | {} | {} | {} | {} |",
             o.silos,
-            o.scenario,
+            // A `|` inside a Markdown table cell must be escaped.
+            o.scenario.replace('|', "\\|"),
             o.minutes,
             o.votes_written,
             if o.false_deaths == 0 {

@@ -73,6 +73,16 @@ pub struct ClusterMembershipOptions {
     pub max_join_validation_probes: Option<u32>,
     /// Try an indirect probe through another silo before voting. Default true.
     pub enable_indirect_probes: bool,
+    /// Vote on probe evidence ("it does not answer") only while this silo reaches a
+    /// strict majority of the active, non-stale silos (see
+    /// [`protocol::reach`](crate::protocol::reach)): in a network partition only a
+    /// minority side may die, and a split without a majority kills nobody; a crash
+    /// that leaves no majority (1 of 2, 3 of 5) is declared once the victims'
+    /// IAmAlive is stale (`i_am_alive_publish_period x
+    /// num_missed_table_i_am_alive_limit` later). Default true. `false` is Orleans'
+    /// rule (votes alone), which detects such crashes within the probe bound but
+    /// lets a minority declare the majority Dead.
+    pub vote_needs_majority: bool,
     /// Lengthen the probe timeout while the local silo itself is degraded.
     /// Default true.
     pub extend_probe_timeout_during_degradation: bool,
@@ -123,6 +133,7 @@ impl Default for ClusterMembershipOptions {
             max_gossip_fan_out: None,
             max_join_validation_probes: None,
             enable_indirect_probes: true,
+            vote_needs_majority: true,
             extend_probe_timeout_during_degradation: true,
             local_health_monitoring_period: Duration::from_secs(10),
             defunct_silo_expiration: Duration::from_secs(7 * 24 * 3600),

@@ -1537,7 +1537,7 @@ impl SiloMachine {
         // not stale in this fresh read (stale ones are the table's witness of a crash).
         let active_silos = active_non_stale_silos(snap, now, options);
         let active = active_silos.len();
-        if reason == SuspectReason::MissedProbes {
+        if reason == SuspectReason::MissedProbes && options.vote_needs_majority {
             let reached = self.reach.count(&me, &active_silos, now, options);
             if !is_majority(reached, active) {
                 return Plan::NoMajority {
@@ -1747,7 +1747,7 @@ impl SiloMachine {
             }
             Verdict::Suspect { reason, intermediary } => {
                 tracing::debug!(cluster = %self.cluster, silo = %self.me, %target, ?reason, ?intermediary, "suspect");
-                if reason == SuspectReason::MissedProbes {
+                if reason == SuspectReason::MissedProbes && self.options.vote_needs_majority {
                     return self.suspect_on_probes(now, target, intermediary);
                 }
                 self.enqueue(Job::Vote {
