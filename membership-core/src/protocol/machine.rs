@@ -896,6 +896,9 @@ impl SiloMachine {
     fn on_health_check(&mut self, now: Timestamp, probes_received: u32) {
         let period = self.options.local_health_monitoring_period;
         self.schedule(Timer::HealthCheck, period);
+        // Forget the reach of silos that left the view (restarts add generations).
+        let view = Arc::clone(&self.view);
+        self.reach.retain(|s| view.entries.contains(s));
         let lateness = match self.last_health_check {
             Some(last) => now.saturating_duration_since(last.saturating_add(period)),
             None => Duration::ZERO,
