@@ -149,24 +149,28 @@ async fn measure(n: usize, scenario: Scenario, minutes: u64, seed: u64) -> anyho
     // Let the last suspicions expire or settle, then look.
     tokio::time::sleep(options.probe_timeout * options.num_missed_probes_limit * 2).await;
     let votes_written = cluster.counts.snapshot().since(&before).writes;
-    // The last silo is on the majority side of a split.
-    let observer = &cluster.silos[n - 1];
+    // The observer is on the larger side of a split (the first k silos or the rest).
+    let k = scenario.minority(n);
+    let observer = &cluster.silos[if 2 * k > n { 0 } else { n - 1 }];
     observer.refresh().await.ok();
     let view = observer.shared_snapshot();
-    let k = scenario.minority(n);
-    let minority: Vec<_> = cluster.silos[..k].iter().map(|s| s.address()).collect();
+    // The sides are the first k silos and the rest; with an odd n a "5|5" split is
+    // as even as it gets, and one side may then hold a strict majority.
+    let first: Vec<_> = cluster.silos[..k].iter().map(|s| s.address()).collect();
     let dead: Vec<_> = view
         .rows()
         .filter(|e| e.status == SiloStatus::Dead)
         .map(|e| e.silo)
         .collect();
-    let minority_deaths = dead.iter().filter(|s| minority.contains(s)).count();
-    // A minority side may die only where the other side is a strict majority.
-    let split_has_majority = 2 * (n - k) > n;
-    let false_deaths = if split_has_majority {
-        dead.len() - minority_deaths
+    let in_first = dead.iter().filter(|s| first.contains(s)).count();
+    let in_rest = dead.len() - in_first;
+    // A side may die only where the other side holds a strict majority.
+    let (false_deaths, minority_deaths) = if 2 * (n - k) > n {
+        (in_rest, in_first)
+    } else if 2 * k > n {
+        (in_first, in_rest)
     } else {
-        dead.len()
+        (dead.len(), 0)
     };
     let version = view.version.version;
     let all_active_and_agree = cluster.silos.iter().all(|s| {
