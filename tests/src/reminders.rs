@@ -259,6 +259,27 @@ pub struct ChurnReport {
     pub lateness: [Duration; 3],
 }
 
+impl ChurnReport {
+    /// Panics, naming the first ones, if an occurrence was delivered twice.
+    pub fn assert_no_duplicates(&self) {
+        assert!(
+            self.duplicates.is_empty(),
+            "{self}: {:?}",
+            &self.duplicates[..self.duplicates.len().min(10)]
+        );
+    }
+
+    /// Panics, naming the first ones, if an occurrence was delivered twice or never.
+    pub fn assert_none_repeated_or_lost(&self) {
+        self.assert_no_duplicates();
+        assert!(
+            self.missed.is_empty(),
+            "{self}: {:?}",
+            &self.missed[..self.missed.len().min(10)]
+        );
+    }
+}
+
 impl std::fmt::Display for ChurnReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

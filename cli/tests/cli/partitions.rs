@@ -84,22 +84,17 @@ impl Net {
             ]);
             sh(&["ip", "link", "set", &veth, "master", &br]);
             sh(&["ip", "link", "set", &veth, "up"]);
-            sh(&[
-                "ip",
-                "netns",
-                "exec",
-                &ns,
-                "ip",
-                "addr",
-                "add",
-                &format!("{}/24", net.ip(i)),
-                "dev",
-                "eth0",
-            ]);
-            sh(&["ip", "netns", "exec", &ns, "ip", "link", "set", "eth0", "up"]);
-            sh(&["ip", "netns", "exec", &ns, "ip", "link", "set", "lo", "up"]);
+            net.ip_in(i, &["addr", "add", &format!("{}/24", net.ip(i)), "dev", "eth0"]);
+            net.ip_in(i, &["link", "set", "eth0", "up"]);
+            net.ip_in(i, &["link", "set", "lo", "up"]);
         }
         net
+    }
+
+    /// Runs `ip ARGS` in silo `i`'s namespace (`ip -n`).
+    fn ip_in(&self, i: usize, args: &[&str]) {
+        let ns = self.ns(i);
+        sh(&[&["ip", "-n", ns.as_str()], args].concat());
     }
 
     fn bridge(&self) -> String {
@@ -190,17 +185,7 @@ impl Net {
     /// Drops everything between silos `i` and `j`, both ways.
     fn cut(&self, i: usize, j: usize) {
         for (a, b) in [(i, j), (j, i)] {
-            sh(&[
-                "ip",
-                "netns",
-                "exec",
-                &self.ns(a),
-                "ip",
-                "route",
-                "add",
-                "blackhole",
-                &format!("{}/32", self.ip(b)),
-            ]);
+            self.ip_in(a, &["route", "add", "blackhole", &format!("{}/32", self.ip(b))]);
         }
     }
 
@@ -218,33 +203,13 @@ impl Net {
 
     /// Cuts silo `i` off from the store only.
     fn cut_store(&self, i: usize) {
-        sh(&[
-            "ip",
-            "netns",
-            "exec",
-            &self.ns(i),
-            "ip",
-            "route",
-            "add",
-            "blackhole",
-            &format!("{}/32", self.host()),
-        ]);
+        self.ip_in(i, &["route", "add", "blackhole", &format!("{}/32", self.host())]);
     }
 
     /// Removes every blackhole route.
     fn heal(&self) {
         for i in 0..self.n {
-            sh(&[
-                "ip",
-                "netns",
-                "exec",
-                &self.ns(i),
-                "ip",
-                "route",
-                "flush",
-                "type",
-                "blackhole",
-            ]);
+            self.ip_in(i, &["route", "flush", "type", "blackhole"]);
         }
     }
 }
@@ -287,7 +252,7 @@ impl Cluster {
         let name = rollcall_tests::unique_id("split");
         let procs = Procs((0..n).map(|i| net.silo(i, &name, fast)).collect());
         let c = Cluster { procs, net, name };
-        c.await_all_active(Duration::from_secs(60), &[]);
+        c.await_all_active(Duration::from_secs(60));
         c
     }
 
@@ -303,20 +268,35 @@ impl Cluster {
         self.procs.0[i].try_wait().expect("wait").is_none()
     }
 
-    /// Waits until every silo not in `gone` is running and Active.
-    fn await_all_active(&self, limit: Duration, gone: &[usize]) {
+    /// Waits until every silo is Active.
+    fn await_all_active(&self, limit: Duration) {
         let started = Instant::now();
         loop {
             let lines = self.status();
-            if (0..self.net.n)
-                .filter(|i| !gone.contains(i))
-                .all(|i| self.of(&lines, i).as_deref() == Some("Active"))
-            {
+            if (0..self.net.n).all(|i| self.of(&lines, i).as_deref() == Some("Active")) {
                 return;
             }
             assert!(
                 started.elapsed() < limit,
                 "not all Active within {limit:?}: {lines:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until every silo is Dead in the table or exited ("fallen"), or running
+    /// and Active; returns the fallen ones.
+    fn await_settled(&mut self, limit: Duration) -> Vec<usize> {
+        let started = Instant::now();
+        loop {
+            let lines = self.status();
+            let fell = self.fallen_in(&lines);
+            if (0..self.net.n).all(|i| fell.contains(&i) || self.of(&lines, i).as_deref() == Some("Active")) {
+                return fell;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "not settled within {limit:?}: {lines:#?}"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -342,13 +322,14 @@ impl Cluster {
     /// The silos that are Dead in the table or have exited.
     fn fallen(&mut self) -> Vec<usize> {
         let lines = self.status();
-        let mut fell = Vec::new();
-        for i in 0..self.net.n {
-            if self.of(&lines, i).as_deref() == Some("Dead") || !self.running(i) {
-                fell.push(i);
-            }
-        }
-        fell
+        self.fallen_in(&lines)
+    }
+
+    /// [`fallen`](Self::fallen) by `lines` of `rollcall status`.
+    fn fallen_in(&mut self, lines: &[String]) -> Vec<usize> {
+        (0..self.net.n)
+            .filter(|i| self.of(lines, *i).as_deref() == Some("Dead") || !self.running(*i))
+            .collect()
     }
 }
 
@@ -367,12 +348,13 @@ fn split_scenario(sides: &[u8], protected: &[usize], what: &str) {
         c.net.split(sides);
         c.hold(SPLIT, protected, &what);
         c.net.heal();
-        let fell = c.fallen();
+        // A declaration may still land after the heal: wait until every silo has
+        // either fallen or is running and Active, then look at who fell.
+        let fell = c.await_settled(Duration::from_secs(60));
         assert!(
             fell.iter().all(|i| !protected.contains(i)),
             "{what}: {fell:?} fell"
         );
-        c.await_all_active(Duration::from_secs(60), &fell);
         eprintln!("{what}: fallen {fell:?}");
     }
 }
@@ -447,6 +429,6 @@ fn partition_flaps_and_a_store_outage_kill_nobody() {
     c.net.cut_store(0);
     c.hold(Duration::from_secs(30), &[1, 2, 3, 4], "silo 0 without the store");
     c.net.heal();
-    c.await_all_active(Duration::from_secs(30), &[]);
+    c.await_all_active(Duration::from_secs(30));
     assert!(c.fallen().is_empty(), "{:?}", c.status());
 }

@@ -159,7 +159,7 @@ impl IndirectProbe {
         let in_flight = self.sent - self.failed;
         let more = self.sent < INDIRECT_ATTEMPTS && elapsed < self.timeout;
         let due = self.timeout / INDIRECT_ATTEMPTS * self.sent;
-        if more && (self.retries > 0 || in_flight == 0) {
+        if more && self.retries > 0 {
             // A failure is answered with the next ping at once.
             self.retries = self.retries.saturating_sub(1);
             self.sent += 1;

@@ -18,7 +18,7 @@
 //!   silo sent it was answered, within the last [`fresh_window`].
 //! - When its recent answers do not show a majority, it pings every active silo it has
 //!   no fresh answer from (one **reach round**, at most one at a time, each ping
-//!   bounded by the probe timeout) and decides when all have answered or failed.
+//!   bounded by the probe timeout) and decides as soon as a majority is reached or ruled out.
 //! - Without a majority it does not vote: it treats its own connectivity as the
 //!   suspect (the machine raises its local health score, which lengthens its probe
 //!   timeouts, as Lifeguard and Orleans' local-health monitor do). The suspicions wait
