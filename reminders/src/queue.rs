@@ -19,10 +19,11 @@ use crate::schedule::{Planned, Timing};
 /// `"<actor length>:<actor><name>"` (unambiguous for any UTF-8 text), inline when
 /// it is at most 23 bytes long; cloning it never copies a long one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) struct Key(SmolStr);
+pub struct Key(SmolStr);
 
 impl Key {
-    pub(crate) fn new(actor: &str, name: &str) -> Key {
+    /// The key of reminder `name` of actor `actor` (the actor id as stored).
+    pub fn new(actor: &str, name: &str) -> Key {
         Key(smol_str::format_smolstr!("{}:{actor}{name}", actor.len()))
     }
 
@@ -35,12 +36,12 @@ impl Key {
     }
 
     /// The actor id.
-    pub(crate) fn actor(&self) -> &str {
+    pub fn actor(&self) -> &str {
         self.split().0
     }
 
     /// The reminder name.
-    pub(crate) fn name(&self) -> &str {
+    pub fn name(&self) -> &str {
         self.split().1
     }
 }

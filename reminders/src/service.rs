@@ -12,14 +12,13 @@ use rollcall_membership_core::{
 };
 use tokio::sync::oneshot;
 
-use crate::agent::{
-    bounded, release_topic, send_notices, topic, ChangedNotice, Leave, ReminderAgent, State, WhenLoaded,
-    NOTICE_QUEUE,
-};
+use crate::agent::{Leave, ReminderAgent, WhenLoaded};
 use crate::api::{
     ActorId, Counters, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, MAX_NAME,
 };
+use crate::machine::{release_topic, topic, ChangedNotice, ReminderMachine, NOTICE_QUEUE};
 use crate::ring::Ring;
+use crate::send::{bounded, send_notices};
 
 /// Configures and starts a silo's reminder service. See [`Reminders::builder`].
 pub struct RemindersBuilder {
@@ -107,7 +106,6 @@ impl RemindersBuilder {
         if self.silo.is_stopped() {
             return Err(ReminderError::Stopped);
         }
-        let counters = Arc::new(Counters::default());
         let target = self.target.unwrap_or_else(|| {
             tracing::warn!("reminder service started without a target: ticks cannot be delivered");
             Arc::new(|_: &ActorId| None)
@@ -116,21 +114,24 @@ impl RemindersBuilder {
         let releases = self
             .silo
             .subscribe_notices(&release_topic(&service_id), NOTICE_QUEUE);
+        let rng = match self.seed {
+            Some(s) => rand::rngs::StdRng::seed_from_u64(s),
+            None => rand::rngs::StdRng::from_os_rng(),
+        };
+        let machine = ReminderMachine::new(self.silo.address(), &service_id, options.clone(), rng);
+        let counters = machine.counters();
         let agent = ReminderAgent {
-            me: self.silo.address(),
             silo: self.silo.clone(),
             table: table.clone(),
             target,
             options: options.clone(),
             clock: self.clock.clone(),
-            counters: counters.clone(),
-            rng: match self.seed {
-                Some(s) => rand::rngs::StdRng::seed_from_u64(s),
-                None => rand::rngs::StdRng::from_os_rng(),
-            },
+            machine,
             notices: Some(notices),
             releases: Some(releases),
-            state: State::default(),
+            timers: Default::default(),
+            first_load_waiters: Vec::new(),
+            leave_replies: Vec::new(),
         }
         .start();
         // A graceful shutdown of the silo first releases this service's ranges.

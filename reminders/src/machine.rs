@@ -1,0 +1,1444 @@
+//! The reminder service's rules as a sans-io state machine, built like the
+//! membership's `SiloMachine`: [`ReminderMachine::handle`] takes the time and one
+//! [`Event`] (a membership view, notices and releases from other silos, the result
+//! of a table call or of a delivery, a timer) and returns the [`Action`]s to carry
+//! out (table reads and writes, deliveries, messages to other silos, timers). It
+//! does no I/O, reads no clock and spawns nothing; the agent (one actix actor per
+//! silo) only carries its actions out and feeds the results back, and the
+//! virtual-time world of [`crate::sim`] drives many of them against the real
+//! in-memory table.
+//!
+//! What it keeps: the ring of the silo's view and the ranges it owns, the
+//! reminders due within `loading_window` (a [`Queue`]), the running range load,
+//! the pending `last_fired` writes and one-shot removals, and the handoff state
+//! ([`crate::handoff`]: holds, releases sent and received).
+//!
+//! Bounded work (under any fault):
+//!
+//! | work | bound |
+//! |---|---|
+//! | range loads | 1 running + 1 pending (coalesced); each reads its ranges in pieces of about [`LOAD_PIECE_ROWS`] rows, one piece in flight, each handled in its own event |
+//! | deliveries in flight | [`MAX_DELIVERIES`] (the rest wait in the queue) |
+//! | notice reads in flight | [`MAX_NOTICE_READS`] (beyond: one coalesced load) |
+//! | queued notices | [`NOTICE_QUEUE`] (beyond: dropped; a load covers them), taken [`NOTICE_BATCH`] per event; while a load is pending, a registration notice needs no read of its own |
+//! | pending `last_fired` writes and one-shot removals | one per reminder, [`MAX_WRITES`] in flight |
+//! | releases ([`crate::handoff`]) | one per new owner per ring change, one per silo of the ring on a graceful leave; [`EARLY_RELEASES`] sent, received and early ones kept |
+//! | holds | at most [`HANDOFF_TIMEOUT`](crate::handoff::HANDOFF_TIMEOUT); one request round every [`REQUEST_AFTER`] while one waits |
+//! | retries | backoff timers (full jitter, at most [`MAX_BACKOFF`]; loads at most [`MAX_LOAD_BACKOFF`]), never a loop |
+//!
+//! Time bounds (checked by the property tests of `reminders/tests/machine.rs`):
+//! - a registration is delivered from its first occurrence once its owner read the
+//!   notice (or, if the notice was lost, by the next load: at most
+//!   `refresh_reminder_list_period` later);
+//! - a graceful leave releases every range within [`LEAVE_DRAIN`] plus the sends;
+//!   the new owners deliver every occurrence in turn (owed ones at once): none is
+//!   lost, none is repeated;
+//! - after a crash, the new owner delivers again within the membership's detection
+//!   time plus [`HANDOFF_GRACE`](crate::handoff::HANDOFF_GRACE) plus one load; the
+//!   occurrences that fell due in between (the failover window) are planned as
+//!   after a load (`Skip` drops them, `FireOnce` delivers one).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use rollcall_membership_core::{
+    actor_hash, Etag, MembershipSnapshot, MissedTickPolicy, ReminderEntry, ReminderOptions, SiloAddress,
+    SiloStatus, Timestamp,
+};
+use serde::{Deserialize, Serialize};
+use smol_str::SmolStr;
+
+use crate::api::{ActorId, Counters, ReminderError, ReminderTick};
+use crate::handoff::{
+    Custody, Floor, HandoffMessage, Holds, Release, ReleaseRequest, ReleasedPiece, Start, REQUEST_AFTER,
+};
+pub use crate::queue::Key;
+use crate::queue::{key_of, Queue};
+use crate::ring::{Ring, RingRange};
+use crate::schedule::{after_attempt, occurrence_after, plan, AfterAttempt, Learned, Planned, Timing};
+
+/// Deliveries running at once per silo.
+pub const MAX_DELIVERIES: usize = 1024;
+/// Notice-triggered row reads running at once.
+pub const MAX_NOTICE_READS: usize = 64;
+/// Notices queued for the agent.
+pub const NOTICE_QUEUE: usize = 1024;
+/// Notices handed to the machine per event.
+pub const NOTICE_BATCH: usize = 256;
+/// About how many rows a load reads with one `read_rows_in_range` and handles in
+/// one event, so that ticks keep flowing while a million rows load: the width of
+/// the next piece of the ring follows the density of the rows read so far.
+pub const LOAD_PIECE_ROWS: u64 = 2048;
+/// The width of the first piece a silo's first load reads (1/64 of the ring).
+const FIRST_PIECE_WIDTH: u32 = 1 << 26;
+/// The narrowest piece (1/65,536 of the ring).
+const MIN_PIECE_WIDTH: u32 = 1 << 16;
+/// How long an overdue tick found by a load outside a handoff waits before
+/// delivery (a registration rewritten meanwhile is read first): 1 s.
+pub const LOAD_GRACE: Duration = Duration::from_secs(1);
+/// Releases kept: received before the ring that needs them, received from other
+/// silos (to pass on on request), and sent (to send again on request).
+pub const EARLY_RELEASES: usize = 64;
+/// How often waiting holds are looked at (expiry, requests): 100 ms.
+pub const HOLD_CHECK: Duration = Duration::from_millis(100);
+/// How long a graceful leave waits for the deliveries in flight before it releases
+/// its ranges (a delivery still running then counts as delivered): 2 s.
+pub const LEAVE_DRAIN: Duration = Duration::from_secs(2);
+/// How long a silo that is not Active waits before it looks at its due ticks
+/// again: 1 s.
+pub const INACTIVE_RECHECK: Duration = Duration::from_secs(1);
+/// `last_fired` writes and one-shot removals running at once.
+pub const MAX_WRITES: usize = 16;
+/// Longest wait between retries of deliveries and writes: 60 s.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// Longest wait between retries of a failed load (a ring change waits for it): 5 s.
+pub const MAX_LOAD_BACKOFF: Duration = Duration::from_secs(5);
+
+/// The notice a registering silo sends to the owner: "re-read this reminder".
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ChangedNotice {
+    /// The reminder's service id.
+    pub service: String,
+    /// The actor id, as stored (`kind/key`).
+    pub actor: String,
+    /// The reminder name.
+    pub name: String,
+    /// Times it was forwarded: a silo that gets a notice for a range it does not own
+    /// in its view forwards it once to the owner of its view (the sender's view may
+    /// be older).
+    #[serde(default)]
+    pub hops: u8,
+}
+
+/// The notice topic of a service's reminder machines.
+pub fn topic(service_id: &str) -> String {
+    format!(
+        "rollcall.reminders/{:08x}",
+        xxhash_rust::xxh32::xxh32(service_id.as_bytes(), 0)
+    )
+}
+
+/// The topic of a service's range releases ([`crate::handoff`]).
+pub fn release_topic(service_id: &str) -> String {
+    format!("{}/release", topic(service_id))
+}
+
+/// The wait before retry number `attempt` (1 for the first): exponential backoff
+/// with full jitter from 1 s, capped at [`MAX_BACKOFF`]
+/// ([`backoff_delay`](rollcall_membership_core::protocol::backoff_delay), as the
+/// membership machine's retries), so silos that failed together do not retry
+/// together.
+pub fn backoff(attempt: u32, rng: &mut StdRng) -> Duration {
+    rollcall_membership_core::protocol::backoff_delay(
+        attempt.saturating_sub(1),
+        Duration::from_secs(1),
+        MAX_BACKOFF,
+        rng.random(),
+    )
+}
+
+/// The first occurrence of `entry` at or after `t`; `None` for a one-shot whose
+/// time is before `t`.
+fn occurrence_at_or_after(entry: Timing, t: Timestamp) -> Option<Timestamp> {
+    occurrence_after(
+        entry.start_at,
+        entry.period,
+        Timestamp::from_millis(t.as_millis().saturating_sub(1)),
+    )
+}
+
+/// The next tick of a reminder learned at `now`, its schedule starting as the holds
+/// say: `Held` plans as usual (the slot waits out of the due index), `From(floor)`
+/// takes the first occurrence at or after the floor (at once if it has passed).
+fn planned(timing: Timing, now: Timestamp, learned: Learned, start: Start) -> Option<Planned> {
+    match start {
+        Start::Free | Start::Held => plan(timing, now, learned),
+        Start::From(floor) => {
+            let at = occurrence_at_or_after(timing, floor)?;
+            Some(Planned {
+                scheduled: at,
+                due: at.max(now),
+            })
+        }
+    }
+}
+
+/// A message that reached the silo on one of the service's topics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Inbound {
+    /// A message: its sender and its body (JSON).
+    Message {
+        /// The sending silo.
+        from: SiloAddress,
+        /// The body as sent.
+        body: Vec<u8>,
+    },
+    /// This many messages were dropped because the silo's queue was full.
+    Dropped(u64),
+}
+
+/// A machine timer. The machine keeps at most one of each armed
+/// ([`Action::SetTimer`] replaces the previous one of the kind).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Timer {
+    /// The earliest due tick; answer with [`Event::Due`].
+    Due,
+    /// Look at the waiting holds again ([`HOLD_CHECK`]).
+    Holds,
+    /// Retry the load that failed.
+    LoadRetry,
+    /// Retry the writes that failed.
+    WriteRetry,
+    /// The periodic reload (`refresh_reminder_list_period`).
+    Refresh,
+    /// The deliveries of a leaving silo had [`LEAVE_DRAIN`] to finish.
+    LeaveDrain,
+}
+
+/// A table write the machine asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// `update_last_fired(actor, name, etag, at)` (a `FireOnce` reminder ticked).
+    LastFired {
+        /// The reminder.
+        key: Key,
+        /// The row's etag when it was scheduled.
+        etag: Etag,
+        /// The time of the delivery.
+        at: Timestamp,
+    },
+    /// `remove_row(actor, name, etag)` (a one-shot reminder ticked).
+    Remove {
+        /// The reminder.
+        key: Key,
+        /// The row's etag when it was scheduled.
+        etag: Etag,
+    },
+}
+
+/// What happens to a reminder machine.
+#[derive(Debug)]
+pub enum Event {
+    /// The service started: arm the periodic reload.
+    Start,
+    /// The silo's membership view changed (or was published again).
+    View(Arc<MembershipSnapshot>),
+    /// Messages on the notice topic ([`ChangedNotice`]), at most [`NOTICE_BATCH`].
+    Notices(Vec<Inbound>),
+    /// Messages on the release topic ([`HandoffMessage`]).
+    Releases(Vec<Inbound>),
+    /// The silo leaves gracefully: release every range. Answered by
+    /// [`Action::FinishLeave`] (or [`Action::LeaveDone`] if it was leaving already).
+    Leave,
+    /// [`Timer::Due`] fired; `active`: whether the silo is Active now (only an
+    /// Active silo delivers).
+    Due {
+        /// The silo's own status is Active.
+        active: bool,
+    },
+    /// Any other timer fired.
+    Timer(Timer),
+    /// The answer to [`Action::ReadRow`].
+    RowRead {
+        /// The ring generation of the request.
+        gen: u64,
+        /// The reminder.
+        key: Key,
+        /// The row, none if absent, or the error.
+        result: Result<Option<ReminderEntry>, ReminderError>,
+    },
+    /// The answer to [`Action::ReadPiece`].
+    PieceRead {
+        /// The load's epoch, as asked.
+        epoch: u32,
+        /// The piece read.
+        piece: RingRange,
+        /// The width the piece was cut with.
+        width: u32,
+        /// Its rows, or the error.
+        result: Result<Vec<ReminderEntry>, ReminderError>,
+    },
+    /// The end of [`Action::Deliver`]: `Ok` once the recipient's handler completed.
+    Delivered {
+        /// The reminder.
+        key: Key,
+        /// The etag it was delivered under.
+        etag: SmolStr,
+        /// The occurrence.
+        scheduled: Timestamp,
+        /// `Err` with the reason when it was not delivered.
+        result: Result<(), String>,
+    },
+    /// The end of [`Action::Write`].
+    Written {
+        /// The write, as asked.
+        write: Write,
+        /// Its result.
+        result: Result<(), ReminderError>,
+    },
+}
+
+/// What the machine asks its executor to do.
+#[derive(Debug)]
+pub enum Action {
+    /// `read_row(key)`, bounded by `table_operation_timeout`; answer with
+    /// [`Event::RowRead`].
+    ReadRow {
+        /// Echoed in the answer.
+        gen: u64,
+        /// The reminder.
+        key: Key,
+    },
+    /// `read_rows_in_range(piece)`, bounded by `table_operation_timeout`; answer
+    /// with [`Event::PieceRead`].
+    ReadPiece {
+        /// Echoed in the answer.
+        epoch: u32,
+        /// The piece.
+        piece: RingRange,
+        /// Echoed in the answer.
+        width: u32,
+    },
+    /// Deliver `tick` to its actor's recipient, bounded by `delivery_timeout`
+    /// (`Err`: no tick can be built: a failed delivery); answer with
+    /// [`Event::Delivered`].
+    Deliver {
+        /// Echoed in the answer.
+        key: Key,
+        /// Echoed in the answer.
+        etag: SmolStr,
+        /// Echoed in the answer.
+        scheduled: Timestamp,
+        /// The tick.
+        tick: Result<ReminderTick, String>,
+    },
+    /// A table write, bounded by `table_operation_timeout`; answer with
+    /// [`Event::Written`].
+    Write(Write),
+    /// Send these notices (best effort, in order).
+    SendNotices(Vec<(SiloAddress, ChangedNotice)>),
+    /// Send these handoff messages (each retried a few times).
+    SendReleases(Vec<(SiloAddress, HandoffMessage)>),
+    /// Send these last releases, then answer the leave.
+    FinishLeave(Vec<(SiloAddress, HandoffMessage)>),
+    /// Answer the leave now (the silo was leaving already).
+    LeaveDone,
+    /// Arm `timer` at this time (replacing the one armed).
+    SetTimer(Timer, Timestamp),
+    /// Disarm `timer`.
+    CancelTimer(Timer),
+    /// The first load of the owned ranges finished.
+    Loaded,
+    /// A tick was delivered this late (for the lateness histogram).
+    TickDelivered {
+        /// Delivery time minus the occurrence.
+        lateness: Duration,
+    },
+    /// The last load found this many rows in the owned ranges.
+    Owned(u64),
+}
+
+/// A load in progress: the pieces of the owned ranges still to read.
+struct LoadRun {
+    /// The ring generation it reads for (a ring change abandons it).
+    gen: u64,
+    /// `changes` when it started: slots touched after that are newer than what it
+    /// reads.
+    since: u64,
+    /// Its epoch, written into `Slot::seen` of every row it reads.
+    epoch: u32,
+    /// What is left to read of the owned ranges.
+    left: VecDeque<RingRange>,
+    /// Rows read so far.
+    owned: u64,
+}
+
+/// One silo's reminder service as a state machine (see the module docs).
+pub struct ReminderMachine {
+    me: SiloAddress,
+    service: String,
+    options: Arc<ReminderOptions>,
+    counters: Arc<Counters>,
+    rng: StdRng,
+    now: Timestamp,
+    out: Vec<Action>,
+    ring: Ring,
+    ranges: Vec<RingRange>,
+    ring_gen: u64,
+    queue: Queue,
+    /// Bumped on every change from a notice; loads started before a change do not
+    /// undo it.
+    changes: u64,
+    load: Option<LoadRun>,
+    load_epoch: u32,
+    /// Width of the next piece a load reads (follows the table's density).
+    load_width: u32,
+    load_pending: bool,
+    load_failures: u32,
+    load_retry: bool,
+    loaded_once: bool,
+    /// When [`Timer::Due`] is armed.
+    due_timer: Option<Timestamp>,
+    /// The silo's status was Active at the last [`Event::Due`].
+    active: bool,
+    /// The silo was not Active: nothing is looked at before this time.
+    inactive_until: Timestamp,
+    deliveries: usize,
+    notice_reads: usize,
+    /// Pending `last_fired` writes: key -> (etag, time).
+    persist: HashMap<Key, (Etag, Timestamp)>,
+    /// Pending one-shot removals: key -> etag.
+    removals: HashMap<Key, Etag>,
+    writes: usize,
+    write_retry: bool,
+    write_failures: u32,
+    /// Ranges gained and not yet released by their previous owners.
+    holds: Holds,
+    hold_timer: bool,
+    /// The membership view the ring was built from.
+    view: Option<Arc<MembershipSnapshot>>,
+    /// Releases that freed no hold yet (they may arrive before the ring change).
+    early: VecDeque<(Timestamp, Release)>,
+    /// The silo is leaving: nothing more is delivered, and once the deliveries in
+    /// flight finished every range is released.
+    leaving: bool,
+    /// A leave waits for its releases.
+    leave_pending: bool,
+    /// The ring before `ring`.
+    prev_ring: Ring,
+    /// The releases received last (from other silos), to pass on on request.
+    received: VecDeque<Release>,
+    /// The releases sent last, to send again on request, less what this silo
+    /// owns again.
+    sent: VecDeque<Release>,
+    /// When the holds last asked for releases (or stopped waiting).
+    asked: Timestamp,
+    /// When each silo a hold waits for was first seen Dead or absent.
+    gone_at: HashMap<SiloAddress, Timestamp>,
+}
+
+impl ReminderMachine {
+    /// The machine of silo `me` for service `service`, its random choices (backoff
+    /// jitter, start-up spread) drawn from `rng`: a run is a function of the rng's
+    /// seed and the events.
+    pub fn new(me: SiloAddress, service: &str, options: Arc<ReminderOptions>, rng: StdRng) -> Self {
+        ReminderMachine {
+            me,
+            service: service.to_owned(),
+            options,
+            counters: Arc::default(),
+            rng,
+            now: Timestamp::from_millis(0),
+            out: Vec::new(),
+            ring: Ring::default(),
+            ranges: Vec::new(),
+            ring_gen: 0,
+            queue: Queue::default(),
+            changes: 0,
+            load: None,
+            load_epoch: 0,
+            load_width: 0,
+            load_pending: false,
+            load_failures: 0,
+            load_retry: false,
+            loaded_once: false,
+            due_timer: None,
+            active: false,
+            inactive_until: Timestamp::from_millis(0),
+            deliveries: 0,
+            notice_reads: 0,
+            persist: HashMap::new(),
+            removals: HashMap::new(),
+            writes: 0,
+            write_retry: false,
+            write_failures: 0,
+            holds: Holds::default(),
+            hold_timer: false,
+            view: None,
+            early: VecDeque::new(),
+            leaving: false,
+            leave_pending: false,
+            prev_ring: Ring::default(),
+            received: VecDeque::new(),
+            sent: VecDeque::new(),
+            asked: Timestamp::from_millis(0),
+            gone_at: HashMap::new(),
+        }
+    }
+
+    /// This silo.
+    pub fn me(&self) -> SiloAddress {
+        self.me
+    }
+
+    /// This silo's counters (see [`ReminderStats`](crate::ReminderStats)).
+    pub fn stats(&self) -> crate::ReminderStats {
+        self.counters.read()
+    }
+
+    /// The counters, shared with the service handle (read without the actor).
+    pub(crate) fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
+    }
+
+    /// Whether the first load of the owned ranges finished.
+    pub fn loaded_once(&self) -> bool {
+        self.loaded_once
+    }
+
+    /// Reminders held in memory (due within the loading window).
+    pub fn scheduled(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Deliveries in flight.
+    pub fn deliveries(&self) -> usize {
+        self.deliveries
+    }
+
+    /// Table writes in flight.
+    pub fn writes_in_flight(&self) -> usize {
+        self.writes
+    }
+
+    /// Notice reads in flight.
+    pub fn notice_reads(&self) -> usize {
+        self.notice_reads
+    }
+
+    /// Whether some gained range still waits for its previous owner's release.
+    pub fn holding(&self) -> bool {
+        self.holds.waiting()
+    }
+
+    /// Handles `event` at `now`; returns what to do.
+    pub fn handle(&mut self, now: Timestamp, event: Event) -> Vec<Action> {
+        self.now = now;
+        match event {
+            Event::Start => {
+                let at = now.saturating_add(self.options.refresh_reminder_list_period);
+                self.out.push(Action::SetTimer(Timer::Refresh, at));
+            }
+            Event::View(view) => self.view_changed(view),
+            Event::Notices(batch) => self.notices(batch),
+            Event::Releases(batch) => self.releases(batch),
+            Event::Leave => self.leave(),
+            Event::Due { active } => {
+                self.active = active;
+                self.due_timer = None;
+                self.deliver_due();
+                self.arm_timer();
+            }
+            Event::Timer(t) => self.timer(t),
+            Event::RowRead { gen, key, result } => self.row_read(gen, key, result),
+            Event::PieceRead {
+                epoch,
+                piece,
+                width,
+                result,
+            } => self.piece_loaded(epoch, (piece, width), result),
+            Event::Delivered {
+                key,
+                etag,
+                scheduled,
+                result,
+            } => self.delivered(key, etag, scheduled, result),
+            Event::Written { write, result } => self.written(write, result),
+        }
+        std::mem::take(&mut self.out)
+    }
+
+    fn timer(&mut self, t: Timer) {
+        match t {
+            Timer::Due => {
+                // Executors answer Due with Event::Due; a bare one keeps the status.
+                self.due_timer = None;
+                self.deliver_due();
+                self.arm_timer();
+            }
+            Timer::Holds => {
+                self.hold_timer = false;
+                self.expire_holds();
+            }
+            Timer::LoadRetry => {
+                self.load_retry = false;
+                self.request_load();
+            }
+            Timer::WriteRetry => {
+                self.write_retry = false;
+                self.pump_writes();
+            }
+            Timer::Refresh => {
+                let at = self.now.saturating_add(self.options.refresh_reminder_list_period);
+                self.out.push(Action::SetTimer(Timer::Refresh, at));
+                self.request_load();
+            }
+            Timer::LeaveDrain => self.finish_leave(),
+        }
+    }
+
+    fn view_changed(&mut self, view: Arc<MembershipSnapshot>) {
+        let ring = Ring::of_active(&view, self.options.ring_points_per_silo);
+        self.view = Some(view);
+        if self.leaving {
+            return;
+        }
+        if ring == self.ring && self.ring_gen > 0 {
+            self.expire_holds();
+            return;
+        }
+        let (now, me) = (self.now, self.me);
+        self.ring_gen += 1;
+        let old = std::mem::take(&mut self.ring);
+        let lost = self.holds.ring_changed(&old, &ring, me, now, self.load_epoch);
+        let releases = self.releases_of(&lost, now);
+        self.holds.keep_owned(&ring, me);
+        self.ranges = ring.ranges_of(&me);
+        // What this silo owns again, it no longer has released.
+        let sent = std::mem::take(&mut self.sent);
+        let ranges = &self.ranges;
+        self.sent = sent.into_iter().filter_map(|r| r.without(ranges)).collect();
+        self.ring = ring;
+        self.prev_ring = old;
+        let ring = &self.ring;
+        self.queue.retain(|slot| ring.owns(&me, slot.hash));
+        // Releases that came before this ring may free what it holds.
+        // (Kept for a hold timeout at most: older ones can free nothing.)
+        let early: Vec<(Timestamp, Release)> = self
+            .early
+            .drain(..)
+            .filter(|(t, _)| now.saturating_duration_since(*t) < crate::handoff::HANDOFF_TIMEOUT)
+            .collect();
+        for (at, r) in early {
+            self.release_received(r, at);
+        }
+        self.hold_slots();
+        tracing::debug!(silo = %me, ranges = self.ranges.len(), silos = self.ring.silos().len(),
+            waiting_for = ?self.holds.waiting_for(), "reminder ring changed");
+        self.send(releases);
+        self.request_load();
+        self.expire_holds();
+        self.arm_timer();
+    }
+
+    /// Stops delivering, lets the deliveries in flight finish (at most
+    /// [`LEAVE_DRAIN`]: a tick whose handler completed is delivered, one that
+    /// failed goes to the new owner), then releases every range.
+    fn leave(&mut self) {
+        if self.leaving {
+            self.out.push(Action::LeaveDone);
+            return;
+        }
+        self.leaving = true;
+        self.leave_pending = true;
+        if self.due_timer.take().is_some() {
+            self.out.push(Action::CancelTimer(Timer::Due));
+        }
+        if self.deliveries == 0 {
+            self.finish_leave();
+        } else {
+            let at = self.now.saturating_add(LEAVE_DRAIN);
+            self.out.push(Action::SetTimer(Timer::LeaveDrain, at));
+        }
+    }
+
+    fn releases(&mut self, batch: Vec<Inbound>) {
+        let mut freed = false;
+        for inbound in batch {
+            let Inbound::Message { from, body } = inbound else {
+                continue; // a request is asked again, a release arrives again or times out
+            };
+            match serde_json::from_slice::<HandoffMessage>(&body) {
+                Ok(HandoffMessage::Release(r)) if r.service == self.service => {
+                    freed |= self.release_received(r, self.now)
+                }
+                Ok(HandoffMessage::Request(r)) if r.service == self.service => self.answer_request(r),
+                Ok(_) => {}
+                Err(e) => tracing::debug!(%from, error = %e, "undecodable reminder release dropped"),
+            }
+        }
+        if freed {
+            self.free_held();
+            self.publish_gauges();
+            self.arm_timer();
+        }
+    }
+
+    fn notices(&mut self, batch: Vec<Inbound>) {
+        for inbound in batch {
+            match inbound {
+                Inbound::Message { from, body } => self.notice(from, &body),
+                Inbound::Dropped(n) => {
+                    tracing::debug!(silo = %self.me, dropped = n, "reminder notices were dropped (queue full); reloading the ranges");
+                    self.request_load();
+                }
+            }
+        }
+    }
+
+    /// Handles one notice: re-reads the reminder it names (bounded), or leaves it
+    /// to a pending load, or forwards it to the owner.
+    fn notice(&mut self, from: SiloAddress, body: &[u8]) {
+        let Ok(n) = serde_json::from_slice::<ChangedNotice>(body) else {
+            tracing::debug!(%from, "undecodable reminder notice dropped");
+            return;
+        };
+        if n.service != self.service {
+            return;
+        }
+        Counters::bump(&self.counters.notices);
+        let hash = actor_hash(&n.actor);
+        if !self.ring.owns(&self.me, hash) {
+            // Not ours in our view: forward once to the owner we see (the sender's
+            // view may be older); past that, the owner's own loads cover it.
+            if let (0, Some(owner)) = (n.hops, self.ring.owner_of(hash)) {
+                let forward = ChangedNotice { hops: 1, ..n };
+                self.out.push(Action::SendNotices(vec![(owner, forward)]));
+            }
+            return;
+        }
+        if self.load_pending {
+            // The pending load starts after this notice arrived, so it reads the
+            // registration the notice is about.
+            return;
+        }
+        if self.notice_reads >= MAX_NOTICE_READS {
+            self.request_load();
+            return;
+        }
+        self.notice_reads += 1;
+        self.out.push(Action::ReadRow {
+            gen: self.ring_gen,
+            key: Key::new(&n.actor, &n.name),
+        });
+    }
+
+    fn row_read(&mut self, gen: u64, key: Key, result: Result<Option<ReminderEntry>, ReminderError>) {
+        self.notice_reads = self.notice_reads.saturating_sub(1);
+        if gen != self.ring_gen {
+            return; // the load of the new ring reads it
+        }
+        match result {
+            Ok(None) => {
+                self.changes += 1;
+                self.queue.remove(&key);
+            }
+            Ok(Some(row)) => {
+                if self.queue.get(&key).is_some_and(|s| s.etag == row.etag.as_str()) {
+                    return;
+                }
+                self.changes += 1;
+                self.schedule_row(row, Learned::Notice, false);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading a notified reminder failed; reloading the ranges");
+                self.request_load();
+            }
+        }
+        self.publish_gauges();
+        self.arm_timer();
+    }
+
+    /// Materialises `row` if its next tick is within the loading window (else drops
+    /// any slot it had). `jitter` spreads an overdue tick over `startup_jitter`.
+    fn schedule_row(&mut self, mut row: ReminderEntry, learned: Learned, jitter: bool) {
+        let now = self.now;
+        let key = key_of(&row);
+        if let Some((etag, at)) = self.persist.get(&key) {
+            if *etag == row.etag {
+                row.last_fired = row.last_fired.max(Some(*at));
+            }
+        }
+        let start = self
+            .holds
+            .start_of(row.hash, &row.actor_id, &row.name, row.etag.as_str());
+        let Some(mut next) = planned(Timing::from(&row), now, learned, start) else {
+            self.queue.remove(&key);
+            return;
+        };
+        if next.due > now.saturating_add(self.options.loading_window) {
+            self.queue.remove(&key);
+            return;
+        }
+        if start == Start::Free && learned == Learned::Load && next.is_overdue(now) {
+            // A late or catch-up tick found by a load outside a handoff: wait the
+            // load grace, and at start-up spread these ticks over the jitter
+            // window (restart storms).
+            let spread = if jitter && !self.options.startup_jitter.is_zero() {
+                self.rng
+                    .random_range(0..=self.options.startup_jitter.as_millis() as u64)
+            } else {
+                0
+            };
+            next.due = now.saturating_add(LOAD_GRACE + Duration::from_millis(spread));
+        }
+        self.queue.set(&row, next, self.changes);
+        match start {
+            Start::Held => self.queue.hold(&key),
+            Start::From(_) if next.scheduled < now => {
+                if let Some(slot) = self.queue.get_mut(&key) {
+                    slot.catch_up_to = now;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The releases of the pieces `lost` (with their new owners) at `now`: per new
+    /// owner, the pieces this silo delivered in (or inherited a floor for), and the
+    /// first undelivered occurrence of every reminder whose floor is not the
+    /// piece's. A piece this silo still holds names the silo it waits for (rule 4
+    /// of [`crate::handoff`]).
+    fn releases_of(&self, lost: &[(RingRange, SiloAddress)], now: Timestamp) -> Vec<(SiloAddress, Release)> {
+        let mut by_owner: HashMap<SiloAddress, Release> = HashMap::new();
+        let after = now.as_millis() + 1;
+        let mut inherited: Vec<RingRange> = Vec::new();
+        for (range, to) in lost {
+            let r = by_owner.entry(*to).or_insert_with(|| Release {
+                service: self.service.clone(),
+                from: self.me,
+                at: now.as_millis(),
+                pieces: Vec::new(),
+                floors: Vec::new(),
+                hops: 0,
+                last: false,
+                to: Some(*to),
+            });
+            for (piece, custody) in self.holds.custody(*range) {
+                let (floor, waiting_for) = match custody {
+                    Custody::Held(from) => (None, Some(from)),
+                    Custody::Free => (Some(after), None),
+                    Custody::Inherited(f) => {
+                        inherited.push(piece);
+                        (f.map(Timestamp::as_millis), None)
+                    }
+                };
+                r.pieces.push(ReleasedPiece {
+                    range: piece,
+                    floor,
+                    waiting_for,
+                });
+            }
+        }
+        for slot in self.queue.iter() {
+            let Some((_, to)) = lost.iter().find(|(r, _)| r.contains(slot.hash)) else {
+                continue;
+            };
+            if slot.held {
+                continue;
+            }
+            // The first occurrence not delivered: a running delivery covers its own.
+            let next = if slot.delivering {
+                slot.next.scheduled.as_millis() + 1
+            } else {
+                slot.next.scheduled.as_millis()
+            };
+            let listed = inherited.iter().any(|p| p.contains(slot.hash));
+            if next < after || listed {
+                if let Some(r) = by_owner.get_mut(to) {
+                    r.floors.push(Floor {
+                        actor: slot.key.actor().to_owned(),
+                        name: slot.key.name().to_owned(),
+                        etag: slot.etag.to_string(),
+                        next,
+                    });
+                }
+            }
+        }
+        by_owner
+            .into_iter()
+            .filter(|(_, r)| !r.pieces.is_empty())
+            .collect()
+    }
+
+    /// Applies a release to the holds; keeps it for a later ring if it freed
+    /// nothing, and forwards the pieces owned by a third silo in this silo's view.
+    /// Returns whether a hold was freed.
+    fn release_received(&mut self, r: Release, received: Timestamp) -> bool {
+        let me = self.me;
+        tracing::trace!(silo = %me, from = %r.from, at = r.at, pieces = r.pieces.len(), "release received");
+        if r.from != me && !self.received.contains(&r) {
+            crate::handoff::remember(&mut self.received, r.clone(), EARLY_RELEASES);
+        }
+        let freed = self.holds.released(&r, me);
+        let forward: Vec<(SiloAddress, HandoffMessage)> = crate::handoff::forwards(&r, &self.ring, me)
+            .into_iter()
+            .map(|(to, r)| (to, HandoffMessage::Release(r)))
+            .collect();
+        if !forward.is_empty() {
+            tracing::debug!(silo = %me, from = %r.from, to = ?forward.iter().map(|(to, _)| to).collect::<Vec<_>>(), "forwarding a reminder release");
+            self.out.push(Action::SendReleases(forward));
+        }
+        if !freed {
+            if self.early.len() == EARLY_RELEASES {
+                self.early.pop_front();
+            }
+            self.early.push_back((received, r));
+        }
+        freed
+    }
+
+    /// Answers a [`ReleaseRequest`] with what [`crate::handoff::answer`] says.
+    fn answer_request(&mut self, r: ReleaseRequest) {
+        let again = crate::handoff::answer(
+            &r,
+            self.me,
+            self.now,
+            &self.ring,
+            &self.prev_ring,
+            &self.sent,
+            &self.received,
+        );
+        if again.is_empty() {
+            return;
+        }
+        tracing::debug!(silo = %self.me, to = %r.from, releases = again.len(), "answering a request for reminder releases");
+        let again = again
+            .into_iter()
+            .map(|rel| (r.from, HandoffMessage::Release(rel)))
+            .collect();
+        self.out.push(Action::SendReleases(again));
+    }
+
+    /// The last step of a graceful leave: one release of every range, to every silo
+    /// of the ring (a new owner in this silo's view may leave too before it sees
+    /// this silo go; the silo that gets a range in the end has the release all the
+    /// same); the executor answers the leave once they were taken.
+    fn finish_leave(&mut self) {
+        if !std::mem::take(&mut self.leave_pending) {
+            return;
+        }
+        let (now, me) = (self.now, self.me);
+        let remaining = self.ring.without(&me);
+        let lost: Vec<(RingRange, SiloAddress)> = crate::handoff::transfers(&self.ring, &remaining)
+            .into_iter()
+            .filter_map(|(range, was, is)| (was == Some(me)).then_some(range).zip(is))
+            .collect();
+        let mut all: Option<Release> = None;
+        for (_, r) in self.releases_of(&lost, now) {
+            match &mut all {
+                None => all = Some(r),
+                Some(a) => {
+                    a.pieces.extend(r.pieces);
+                    a.floors.extend(r.floors);
+                }
+            }
+        }
+        let releases: Vec<(SiloAddress, HandoffMessage)> = match all {
+            None => Vec::new(),
+            Some(all) => {
+                let all = Release {
+                    last: true,
+                    to: None,
+                    ..all
+                };
+                remaining
+                    .silos()
+                    .into_iter()
+                    .map(|to| (to, HandoffMessage::Release(all.clone())))
+                    .collect()
+            }
+        };
+        self.queue.retain(|_| false);
+        tracing::debug!(silo = %me, releases = releases.len(), "leaving: reminder ranges released");
+        self.out.push(Action::FinishLeave(releases));
+    }
+
+    /// Sends `releases`, keeping them to send again on request.
+    fn send(&mut self, releases: Vec<(SiloAddress, Release)>) {
+        if releases.is_empty() {
+            return;
+        }
+        for (_, r) in &releases {
+            crate::handoff::remember(&mut self.sent, r.clone(), EARLY_RELEASES);
+        }
+        let messages = releases
+            .into_iter()
+            .map(|(to, r)| (to, HandoffMessage::Release(r)))
+            .collect();
+        self.out.push(Action::SendReleases(messages));
+    }
+
+    /// Takes the slots of held ranges out of the due index.
+    fn hold_slots(&mut self) {
+        let holds = &self.holds;
+        let held: Vec<Key> = self
+            .queue
+            .iter()
+            .filter(|slot| {
+                !slot.held
+                    && holds.start_of(slot.hash, slot.key.actor(), slot.key.name(), &slot.etag) == Start::Held
+            })
+            .map(|slot| slot.key.clone())
+            .collect();
+        for k in held {
+            self.queue.hold(&k);
+        }
+    }
+
+    /// Schedules the held slots the holds no longer hold.
+    fn free_held(&mut self) {
+        let now = self.now;
+        let holds = &self.holds;
+        let freed: Vec<(Key, Option<Planned>, bool)> = self
+            .queue
+            .iter()
+            .filter(|slot| slot.held)
+            .filter_map(|slot| {
+                let start = holds.start_of(slot.hash, slot.key.actor(), slot.key.name(), &slot.etag);
+                (start != Start::Held).then(|| {
+                    let next = planned(slot.timing(), now, Learned::Load, start);
+                    (slot.key.clone(), next, matches!(start, Start::From(_)))
+                })
+            })
+            .collect();
+        for (key, next, catch_up) in freed {
+            match next {
+                Some(next) => {
+                    self.queue.requeue(&key, next);
+                    if let (true, Some(slot)) = (catch_up && next.scheduled < now, self.queue.get_mut(&key)) {
+                        slot.catch_up_to = now;
+                    }
+                }
+                None => {
+                    self.queue.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Frees the holds whose previous owner is gone or silent too long, asks for
+    /// releases, and keeps [`Timer::Holds`] armed while some hold waits.
+    fn expire_holds(&mut self) {
+        let now = self.now;
+        let view = self.view.clone();
+        let gone = |silo: &SiloAddress| {
+            view.as_ref()
+                .and_then(|v| v.status_of(silo))
+                .is_none_or(|st| st == SiloStatus::Dead)
+        };
+        // When each silo waited for was first seen gone: the grace counts from then.
+        let waiting = self.holds.waiting_for();
+        self.gone_at.retain(|s, _| waiting.contains(s));
+        let mut newly_gone = false;
+        for s in waiting.iter().filter(|s| gone(s)) {
+            self.gone_at.entry(*s).or_insert_with(|| {
+                newly_gone = true;
+                now
+            });
+        }
+        let gone_at = self.gone_at.clone();
+        // Ask the previous owners still in the view that were silent for a while,
+        // and, once one waited for is gone, every Active silo (one of them may have
+        // its release).
+        if !waiting.is_empty() && (newly_gone || now.saturating_duration_since(self.asked) >= REQUEST_AFTER) {
+            self.asked = now;
+            let mut to: Vec<SiloAddress> = waiting.iter().copied().filter(|s| !gone(s)).collect();
+            if !gone_at.is_empty() {
+                to.extend(self.ring.silos());
+            }
+            to.sort_unstable();
+            to.dedup();
+            let request = ReleaseRequest {
+                service: self.service.clone(),
+                from: self.me,
+                waiting: self.holds.waiting_pieces(),
+                gone: gone_at.keys().copied().collect(),
+            };
+            let ask: Vec<_> = to
+                .into_iter()
+                .filter(|s| *s != self.me)
+                .map(|silo| (silo, HandoffMessage::Request(request.clone())))
+                .collect();
+            if !ask.is_empty() {
+                self.out.push(Action::SendReleases(ask));
+            }
+        } else if waiting.is_empty() {
+            self.asked = now;
+        }
+        // A gone silo's last release settles what it did not own at the end.
+        let mut settled = false;
+        for silo in gone_at.keys() {
+            let last = self
+                .received
+                .iter()
+                .rev()
+                .find(|r| r.from == *silo && r.last)
+                .cloned();
+            if let Some(last) = last {
+                let others: Vec<Release> = self.received.iter().cloned().collect();
+                settled |= self.holds.settle_with_last(&last, &others, self.me);
+            }
+        }
+        let (changed, silent) = self.holds.expire(now, |s| gone_at.get(s).copied());
+        for silo in silent {
+            tracing::warn!(silo = %self.me, previous_owner = %silo, timeout = ?crate::handoff::HANDOFF_TIMEOUT,
+                "no release of reminder ranges from their previous owner; taking them over");
+        }
+        if changed || settled {
+            self.free_held();
+            self.publish_gauges();
+            self.arm_timer();
+        }
+        // Re-checked every HOLD_CHECK while waiting: a previous owner's status
+        // changes with the view, and requests go out every REQUEST_AFTER.
+        if self.holds.waiting() {
+            self.hold_timer = true;
+            self.out
+                .push(Action::SetTimer(Timer::Holds, now.saturating_add(HOLD_CHECK)));
+        } else if std::mem::take(&mut self.hold_timer) {
+            self.out.push(Action::CancelTimer(Timer::Holds));
+        }
+    }
+
+    fn publish_gauges(&self) {
+        use std::sync::atomic::Ordering;
+        self.counters
+            .scheduled
+            .store(self.queue.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Starts a load of every owned range, or marks one pending if one runs.
+    fn request_load(&mut self) {
+        if self.load.is_some() || self.load_retry {
+            // One load at a time; while backing off after a failure, the retry
+            // timer runs the next one.
+            self.load_pending = true;
+            return;
+        }
+        self.load_pending = false;
+        self.load_epoch = self.load_epoch.wrapping_add(1).max(1);
+        self.load = Some(LoadRun {
+            gen: self.ring_gen,
+            since: self.changes,
+            epoch: self.load_epoch,
+            left: self.ranges.iter().copied().collect(),
+            owned: 0,
+        });
+        self.load_next_piece();
+    }
+
+    /// Reads the next piece of the running load, or ends it.
+    fn load_next_piece(&mut self) {
+        let width = match self.load_width {
+            0 => FIRST_PIECE_WIDTH,
+            w => w,
+        };
+        let Some(run) = self.load.as_mut() else {
+            return;
+        };
+        let Some(range) = run.left.pop_front() else {
+            self.load_finished();
+            return;
+        };
+        let (piece, rest) = range.cut(width);
+        if let Some(rest) = rest {
+            run.left.push_front(rest);
+        }
+        let epoch = run.epoch;
+        self.out.push(Action::ReadPiece { epoch, piece, width });
+    }
+
+    fn piece_loaded(
+        &mut self,
+        epoch: u32,
+        (piece, width): (RingRange, u32),
+        res: Result<Vec<ReminderEntry>, ReminderError>,
+    ) {
+        let Some(run) = self.load.as_ref().filter(|r| r.epoch == epoch) else {
+            return;
+        };
+        let (gen, since) = (run.gen, run.since);
+        if gen != self.ring_gen {
+            // Read under an older ring: discarded; the new ring's load follows.
+            self.load = None;
+            self.request_load();
+            return;
+        }
+        let rows = match res {
+            Ok(rows) => rows,
+            Err(e) => {
+                self.load = None;
+                Counters::bump(&self.counters.load_failures);
+                self.load_failures += 1;
+                let wait = backoff(self.load_failures, &mut self.rng)
+                    .min(MAX_LOAD_BACKOFF)
+                    .min(self.options.refresh_reminder_list_period);
+                tracing::warn!(silo = %self.me, error = %e, retry_in = ?wait, "loading reminders failed; the schedule in memory keeps ticking");
+                self.load_retry = true;
+                self.out
+                    .push(Action::SetTimer(Timer::LoadRetry, self.now.saturating_add(wait)));
+                self.arm_timer();
+                return;
+            }
+        };
+        let first = !self.loaded_once;
+        if let Some(run) = self.load.as_mut() {
+            run.owned += rows.len() as u64;
+        }
+        // The next piece: about LOAD_PIECE_ROWS rows at the density just read,
+        // at most 8x wider or narrower than this one's width.
+        let width = u64::from(width);
+        let next = match rows.len() as u64 {
+            0 => width * 8,
+            n => (piece.size() * LOAD_PIECE_ROWS / n).clamp(width / 8, width * 8),
+        };
+        self.load_width = next.clamp(u64::from(MIN_PIECE_WIDTH), u64::from(u32::MAX)) as u32;
+        for row in rows {
+            let key = key_of(&row);
+            if self.removals.get(&key) == Some(&row.etag) {
+                continue; // a delivered one-shot whose removal is pending
+            }
+            match self.queue.get_mut(&key) {
+                Some(slot) if slot.etag == row.etag.as_str() || slot.touched > since => slot.seen = epoch,
+                _ => {
+                    self.schedule_row(row, Learned::Load, first);
+                    if let Some(slot) = self.queue.get_mut(&key) {
+                        slot.seen = epoch;
+                    }
+                }
+            }
+        }
+        self.publish_gauges();
+        self.arm_timer();
+        self.load_next_piece();
+    }
+
+    /// Ends the running load: drops the slots it did not read (deleted rows, or
+    /// ranges no longer owned) unless a notice touched them meanwhile.
+    fn load_finished(&mut self) {
+        let Some(run) = self.load.take() else { return };
+        Counters::bump(&self.counters.loads);
+        self.load_failures = 0;
+        self.counters
+            .owned
+            .store(run.owned, std::sync::atomic::Ordering::Relaxed);
+        self.out.push(Action::Owned(run.owned));
+        self.queue
+            .retain(|slot| slot.seen == run.epoch || slot.touched > run.since);
+        self.holds.load_finished(run.epoch);
+        if !self.loaded_once {
+            self.loaded_once = true;
+            self.out.push(Action::Loaded);
+        }
+        self.publish_gauges();
+        if self.load_pending {
+            self.request_load();
+        }
+        self.arm_timer();
+    }
+
+    /// Keeps [`Timer::Due`] at the earliest due time; none while every delivery
+    /// slot is taken (the next [`Event::Delivered`] delivers what waits), and not
+    /// before the next look of a silo that was not Active.
+    fn arm_timer(&mut self) {
+        let next = match self.queue.next_due() {
+            Some(next) if self.deliveries < MAX_DELIVERIES => next.max(self.inactive_until),
+            _ => {
+                if self.due_timer.take().is_some() {
+                    self.out.push(Action::CancelTimer(Timer::Due));
+                }
+                return;
+            }
+        };
+        if self.due_timer.is_some_and(|at| at <= next) {
+            return;
+        }
+        self.due_timer = Some(next);
+        self.out.push(Action::SetTimer(Timer::Due, next));
+    }
+
+    fn deliver_due(&mut self) {
+        let now = self.now;
+        if self.leaving || now < self.inactive_until {
+            return;
+        }
+        if !self.active {
+            // Not Active (yet, or any more): nothing is delivered; look again soon
+            // (arm_timer waits for this time).
+            self.inactive_until = now.saturating_add(INACTIVE_RECHECK);
+            return;
+        }
+        let room = MAX_DELIVERIES.saturating_sub(self.deliveries);
+        for key in self.queue.take_due(now, room) {
+            let Some(slot) = self.queue.get(&key) else {
+                continue;
+            };
+            let (etag, scheduled) = (slot.etag.clone(), slot.next.scheduled);
+            let tick = ActorId::parse(key.actor())
+                .map(|actor| ReminderTick {
+                    actor,
+                    name: key.name().to_owned(),
+                    first_tick: slot.start_at,
+                    period: slot.period(),
+                    scheduled,
+                    now,
+                })
+                .map_err(|e| e.to_string());
+            self.deliveries += 1;
+            self.out.push(Action::Deliver {
+                key,
+                etag,
+                scheduled,
+                tick,
+            });
+        }
+    }
+
+    fn delivered(&mut self, key: Key, etag: SmolStr, scheduled: Timestamp, res: Result<(), String>) {
+        self.deliveries = self.deliveries.saturating_sub(1);
+        let now = self.now;
+        let current = self
+            .queue
+            .get(&key)
+            .is_some_and(|s| s.delivering && s.etag == etag && s.next.scheduled == scheduled);
+        match res {
+            Ok(()) => {
+                Counters::bump(&self.counters.ticks_delivered);
+                let lateness = now.saturating_duration_since(scheduled);
+                if lateness > crate::api::LATE_TICK {
+                    Counters::bump(&self.counters.ticks_late);
+                }
+                self.out.push(Action::TickDelivered { lateness });
+                if current {
+                    self.advance(&key, &etag, scheduled);
+                    self.pump_writes();
+                }
+            }
+            Err(why) => {
+                Counters::bump(&self.counters.delivery_failures);
+                if current {
+                    self.retry(&key, scheduled, &why);
+                }
+            }
+        }
+        self.publish_gauges();
+        if self.leaving {
+            if self.deliveries == 0 {
+                self.finish_leave();
+            }
+            return;
+        }
+        // Room for deliveries that waited on the bound.
+        if self.queue.next_due().is_some_and(|d| d <= now) {
+            self.deliver_due();
+        }
+        self.arm_timer();
+    }
+
+    /// After a delivery of the slot's current occurrence: the next one, the
+    /// `last_fired` write of a `FireOnce` reminder, a one-shot's removal.
+    fn advance(&mut self, key: &Key, etag: &SmolStr, scheduled: Timestamp) {
+        let now = self.now;
+        let window = self.options.loading_window;
+        let Some(slot) = self.queue.get_mut(key) else {
+            return;
+        };
+        slot.attempts = 0;
+        let etag = Etag::new(etag.as_str());
+        if slot.policy == MissedTickPolicy::FireOnce {
+            slot.last_fired = now;
+            self.persist.insert(key.clone(), (etag.clone(), now));
+        }
+        match after_attempt(slot.timing(), scheduled, now, true, slot.catch_up_to, window, now) {
+            AfterAttempt::Remove => {
+                self.queue.remove(key);
+                self.persist.remove(key);
+                self.removals.insert(key.clone(), etag);
+            }
+            AfterAttempt::Next(next) => self.queue.requeue(key, next),
+            _ => {
+                self.queue.remove(key);
+            }
+        }
+    }
+
+    /// After a failed delivery: the same occurrence again after a backoff, or the
+    /// next one if that comes first.
+    fn retry(&mut self, key: &Key, scheduled: Timestamp, why: &str) {
+        let now = self.now;
+        let window = self.options.loading_window;
+        let Some(slot) = self.queue.get_mut(key) else {
+            return;
+        };
+        slot.attempts = slot.attempts.saturating_add(1);
+        let retry = now.saturating_add(backoff(u32::from(slot.attempts), &mut self.rng));
+        match after_attempt(
+            slot.timing(),
+            scheduled,
+            now,
+            false,
+            slot.catch_up_to,
+            window,
+            retry,
+        ) {
+            AfterAttempt::GiveUp(next) => {
+                Counters::bump(&self.counters.ticks_given_up);
+                tracing::error!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why, attempts = slot.attempts,
+                    "reminder tick not delivered before the next one was due; moving on");
+                slot.attempts = 0;
+                self.queue.requeue(key, next);
+            }
+            plan => {
+                tracing::warn!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why, attempt = slot.attempts,
+                    "reminder tick delivery failed; retrying");
+                if let AfterAttempt::Retry(retry) = plan {
+                    self.queue.requeue(key, retry);
+                }
+            }
+        }
+    }
+
+    /// Asks for pending `last_fired` writes and one-shot removals, at most
+    /// [`MAX_WRITES`] at once; failures are retried after a backoff.
+    fn pump_writes(&mut self) {
+        if self.write_retry {
+            return; // backing off after a failure: the timer pumps
+        }
+        while self.writes < MAX_WRITES {
+            let write = if let Some(key) = self.removals.keys().next().cloned() {
+                let etag = self.removals.remove(&key).unwrap_or_else(|| Etag::new(""));
+                Write::Remove { key, etag }
+            } else if let Some(key) = self.persist.keys().next().cloned() {
+                let Some((etag, at)) = self.persist.remove(&key) else {
+                    return;
+                };
+                Write::LastFired { key, etag, at }
+            } else {
+                return;
+            };
+            self.writes += 1;
+            self.out.push(Action::Write(write));
+        }
+    }
+
+    fn written(&mut self, write: Write, result: Result<(), ReminderError>) {
+        self.writes = self.writes.saturating_sub(1);
+        let Err(err) = result else {
+            self.write_failures = 0;
+            self.pump_writes();
+            return;
+        };
+        match write {
+            Write::Remove { key, etag } => {
+                self.removals.entry(key).or_insert(etag);
+            }
+            Write::LastFired { key, etag, at } => {
+                // A newer time queued meanwhile wins.
+                self.persist.entry(key).or_insert((etag, at));
+            }
+        }
+        Counters::bump(&self.counters.write_failures);
+        self.write_failures += 1;
+        if !self.write_retry {
+            let wait = backoff(self.write_failures, &mut self.rng);
+            tracing::warn!(error = %err, retry_in = ?wait, "recording a reminder tick failed; retrying");
+            self.write_retry = true;
+            self.out
+                .push(Action::SetTimer(Timer::WriteRetry, self.now.saturating_add(wait)));
+        }
+    }
+}
