@@ -28,6 +28,8 @@ mod options;
 pub mod protocol;
 mod reminder;
 mod silo;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod statistics;
 mod table;
 #[cfg(feature = "runtime")]

@@ -1,33 +1,28 @@
 //! The membership protocol as state machines only: no actix, no tokio, no sockets.
 //!
-//! A small deterministic driver feeds [`SiloMachine`]s their events in time order,
+//! A small deterministic driver (on the shared virtual-time
+//! [`Scheduler`](rollcall_membership_core::sim::Scheduler)) feeds [`SiloMachine`]s their events in time order,
 //! executes their table actions on the real in-memory provider (whose futures
 //! complete at once) and delivers every result after a latency drawn from a seeded
 //! RNG; pings are answered by the target's liveness. Property tests vary the
 //! latencies (so the order of events), the cluster size, message loss and the time
 //! of a crash.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::FutureExt;
 use proptest::prelude::*;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use rollcall_membership_core::protocol::{Action, Event, IndirectOutcome, PingOutcome, SiloMachine, Timer};
+use rollcall_membership_core::sim::{now_or_fail, Scheduler};
 use rollcall_membership_core::{
     ClusterMembershipOptions, MembershipEntry, MembershipSnapshot, MembershipTable, SiloAddress, SiloStatus,
     SystemStore, Timestamp,
 };
 use rollcall_provider_memory::MemoryStore;
 
-const T0: u64 = 1_795_000_000_000;
-
 struct World {
-    now: u64,
-    order: u64,
-    queue: BTreeMap<(u64, u64), (usize, Event)>,
+    sched: Scheduler<Event>,
     machines: Vec<SiloMachine>,
     addrs: Vec<SiloAddress>,
     crashed: Vec<bool>,
@@ -37,8 +32,6 @@ struct World {
     store: MemoryStore,
     table: Arc<dyn MembershipTable>,
     options: ClusterMembershipOptions,
-    rng: StdRng,
-    jitter_ms: u64,
     loss: f64,
     published: Vec<Vec<u64>>,
     joined: Vec<Option<Result<(), String>>>,
@@ -56,20 +49,13 @@ struct World {
     side: Vec<u8>,
 }
 
-fn now_or_fail<T>(f: impl std::future::Future<Output = T>) -> T {
-    f.now_or_never()
-        .expect("memory provider futures complete at once")
-}
-
 impl World {
     fn new(options: ClusterMembershipOptions, seed: u64, jitter_ms: u64, loss: f64) -> Self {
         let store = MemoryStore::new();
         let table = store.membership_table("m", options.protocol_mode()).unwrap();
         now_or_fail(table.init(true)).unwrap();
         World {
-            now: 0,
-            order: 0,
-            queue: BTreeMap::new(),
+            sched: Scheduler::new(seed, jitter_ms),
             machines: Vec::new(),
             addrs: Vec::new(),
             crashed: Vec::new(),
@@ -78,8 +64,6 @@ impl World {
             store,
             table,
             options,
-            rng: StdRng::seed_from_u64(seed),
-            jitter_ms,
             loss,
             published: Vec::new(),
             joined: Vec::new(),
@@ -94,26 +78,29 @@ impl World {
     }
 
     fn time(&self) -> Timestamp {
-        Timestamp::from_millis(T0 + self.now)
+        self.sched.time()
+    }
+
+    fn now(&self) -> u64 {
+        self.sched.now_ms()
     }
 
     fn push(&mut self, after: u64, silo: usize, event: Event) {
-        self.order += 1;
-        self.queue.insert((self.now + after, self.order), (silo, event));
+        self.sched.push(after, silo, event);
     }
 
     fn latency(&mut self) -> u64 {
-        1 + self.rng.random_range(0..=self.jitter_ms)
+        self.sched.latency()
     }
 
     fn lost(&mut self) -> bool {
-        self.loss > 0.0 && self.rng.random_bool(self.loss)
+        self.loss > 0.0 && self.sched.rng().random_bool(self.loss)
     }
 
     fn add_silo(&mut self, n: u8) -> usize {
         let me: SiloAddress = format!("10.0.0.{n}:11111@1").parse().unwrap();
         let row = MembershipEntry::new(me, SiloStatus::Created, self.time());
-        let seed = self.rng.random();
+        let seed = self.sched.rng().random();
         self.machines
             .push(SiloMachine::new("m", me, row, self.options.clone(), seed));
         self.addrs.push(me);
@@ -171,7 +158,8 @@ impl World {
             }
             Action::ReadDelta { id, since } => {
                 self.delta_reads += 1;
-                self.delta_reads_at[i].push(self.now);
+                let now = self.now();
+                self.delta_reads_at[i].push(now);
                 let result = now_or_fail(table.read_delta(&since));
                 self.push(table_lat, i, Event::DeltaRead { id, result });
             }
@@ -201,7 +189,7 @@ impl World {
                 let (after, outcome) = match j {
                     Some(j) if self.alive(j) && self.linked(i, j) && !self.lost() => {
                         // A stalled target answers when it resumes.
-                        let rtt = 2 * lat + self.stalled_until[j].saturating_sub(self.now);
+                        let rtt = 2 * lat + self.stalled_until[j].saturating_sub(self.now());
                         if rtt < timeout_ms {
                             (
                                 rtt,
@@ -254,7 +242,7 @@ impl World {
                     (Some(v), Some(t)) if self.alive(v) && self.linked(i, v) && !self.lost() => {
                         let reachable = self.alive(t)
                             && self.linked(v, t)
-                            && self.stalled_until[t] <= self.now + intermediary_timeout.as_millis() as u64;
+                            && self.stalled_until[t] <= self.now() + intermediary_timeout.as_millis() as u64;
                         if reachable && !self.lost() {
                             IndirectOutcome::Answered
                         } else {
@@ -308,13 +296,9 @@ impl World {
     }
 
     fn run_for(&mut self, ms: u64) {
-        let until = self.now + ms;
-        while let Some(entry) = self.queue.first_entry() {
-            if entry.key().0 > until {
-                break;
-            }
-            let ((at, _), (i, event)) = entry.remove_entry();
-            self.now = at;
+        let until = self.now() + ms;
+        while let Some((i, event)) = self.sched.next_until(until) {
+            let at = self.now();
             if self.stalled_until[i] > at {
                 let wait = self.stalled_until[i] - at;
                 self.push(wait, i, event);
@@ -322,7 +306,6 @@ impl World {
             }
             self.feed(i, event);
         }
-        self.now = until;
     }
 
     fn table(&self) -> MembershipSnapshot {
@@ -340,10 +323,10 @@ impl World {
     /// Runs in steps of `step` ms until `cond` holds (returns the time it took) or
     /// `limit` ms pass.
     fn run_until(&mut self, limit: u64, mut cond: impl FnMut(&World) -> bool) -> Option<u64> {
-        let start = self.now;
-        while self.now - start <= limit {
+        let start = self.now();
+        while self.now() - start <= limit {
             if cond(self) {
-                return Some(self.now - start);
+                return Some(self.now() - start);
             }
             self.run_for(10);
         }
@@ -429,7 +412,7 @@ fn a_stall_shorter_than_the_limit_kills_nobody() {
     for phase in [0u64, 700, 1300, 2100] {
         w.run_for(phase);
         // Stalled: it handles nothing (and answers nothing) until it resumes.
-        w.stalled_until[2] = w.now + tolerated - 100;
+        w.stalled_until[2] = w.now() + tolerated - 100;
         w.run_for(60_000);
         assert!(
             w.dead().is_empty(),
@@ -439,7 +422,7 @@ fn a_stall_shorter_than_the_limit_kills_nobody() {
         );
     }
     // ... while a stall well beyond it is detected, and the silo stops when it wakes.
-    w.stalled_until[2] = w.now + 3 * tolerated;
+    w.stalled_until[2] = w.now() + 3 * tolerated;
     w.run_for(3 * tolerated + 60_000);
     assert_eq!(w.dead(), vec![w.addrs[2]]);
     assert!(w.stopped[2], "the stalled silo reads itself Dead and stops");
@@ -601,7 +584,7 @@ fn gossip_reads_thin_out_during_a_join_storm_and_not_for_a_death() {
     // Joining and rewritten. No silo answers for them, so the cluster's probes
     // start voting against them about 16 s after their insert: the storm and the
     // checks after it end before that (a vote is not a join).
-    let storm_start = w.now;
+    let storm_start = w.now();
     let mut joiners = Vec::new();
     for k in 0..240u32 {
         let silo: SiloAddress = format!("10.1.{}.{}:11111@1", k / 200, k % 200).parse().unwrap();
@@ -639,16 +622,16 @@ fn gossip_reads_thin_out_during_a_join_storm_and_not_for_a_death() {
     // the second within the base interval (the death reset it).
     let mut dead = joiners.pop().expect("a joiner");
     dead.status = SiloStatus::Dead;
-    let t_dead = w.now;
+    let t_dead = w.now();
     let v = write_row(&w, &dead);
     w.push(1, 0, Event::GossipReceived { version: v });
     w.run_until(cap + 200, |w| w.machines[0].view_version() >= v)
         .expect("the death is read within the cap");
-    assert!(w.now - t_dead <= cap + 100);
+    assert!(w.now() - t_dead <= cap + 100);
     w.run_for(300);
     let mut other = joiners.pop().expect("a joiner");
     other.status = SiloStatus::Active;
-    let t_next = w.now;
+    let t_next = w.now();
     let v = write_row(&w, &other);
     w.push(1, 0, Event::GossipReceived { version: v });
     let took = w
@@ -793,7 +776,7 @@ fn join_validation_pings_a_bounded_sample() {
 #[test]
 fn a_join_storm_converges_without_failed_joins() {
     let mut w = World::new(ClusterMembershipOptions::default(), 11, 10, 0.0);
-    w.jitter_ms = 10;
+    w.sched.set_jitter_ms(10);
     for k in 1..=250u8 {
         w.add_silo(k);
     }
