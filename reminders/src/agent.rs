@@ -68,11 +68,15 @@ impl Actor for ReminderAgent {
 #[rtype(result = "()")]
 pub(crate) struct NoticesReceived(pub Vec<Result<Notice, NoticesDropped>>, pub bool);
 
-/// The silo is leaving gracefully: release every range, deliver nothing more, and
-/// answer once the releases were taken (see [`crate::handoff`]).
+/// The silo is leaving gracefully: release every range (by the view given, the
+/// newest), deliver nothing more, and answer once the releases were taken (see
+/// [`crate::handoff`]).
 #[derive(Message)]
 #[rtype(result = "()")]
-pub(crate) struct Leave(pub oneshot::Sender<()>);
+pub(crate) struct Leave(
+    pub oneshot::Sender<()>,
+    pub Option<Arc<rollcall_membership_core::MembershipSnapshot>>,
+);
 
 /// Answered once the first load of the agent's ranges finished.
 #[derive(Message)]
@@ -92,6 +96,9 @@ impl Handler<Leave> for ReminderAgent {
 
     fn handle(&mut self, msg: Leave, ctx: &mut Context<Self>) {
         self.leave_replies.push(msg.0);
+        if let Some(view) = msg.1 {
+            self.run(Event::View(view), ctx);
+        }
         self.run(Event::Leave, ctx);
     }
 }

@@ -163,6 +163,13 @@ pub struct ReleaseRequest {
     /// releases, whoever received them, answer for them.
     #[serde(default)]
     pub gone: Vec<SiloAddress>,
+    /// The version of the asker's membership view. A silo whose view is older
+    /// does not answer (the asker asks again): what it released under an older
+    /// view says nothing of the ranges a view between the two gives it, and an
+    /// answer would send the asker after a silo that no longer has them while
+    /// the answerer takes them over.
+    #[serde(default)]
+    pub version: u64,
 }
 
 /// What travels on a service's release topic.

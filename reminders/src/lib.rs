@@ -29,6 +29,8 @@ pub mod ring;
 pub mod schedule;
 mod send;
 mod service;
+#[cfg(feature = "sim")]
+pub mod sim;
 
 pub use api::{
     ActorId, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, ReminderTick,

@@ -97,6 +97,18 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Longest wait between retries of a failed load (a ring change waits for it): 5 s.
 pub const MAX_LOAD_BACKOFF: Duration = Duration::from_secs(5);
 
+/// How many times a notice is forwarded at most: a registration's notice can go
+/// to a silo two membership versions behind the owner's (a joiner's view, then a
+/// silo that saw only the first of two joins).
+pub const MAX_NOTICE_HOPS: u8 = 3;
+
+/// How many times a registering silo sends a notice that its owner did not take
+/// (the owner stopped and the registering silo's view is behind), each time to
+/// the owner in its view then.
+pub const NOTICE_ATTEMPTS: u32 = 6;
+/// The wait between two such attempts: 500 ms.
+pub const NOTICE_RETRY: Duration = Duration::from_millis(500);
+
 /// The notice a registering silo sends to the owner: "re-read this reminder".
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct ChangedNotice {
@@ -107,8 +119,8 @@ pub struct ChangedNotice {
     /// The reminder name.
     pub name: String,
     /// Times it was forwarded: a silo that gets a notice for a range it does not own
-    /// in its view forwards it once to the owner of its view (the sender's view may
-    /// be older).
+    /// in its view forwards it to the owner of its view (the sender's view may be
+    /// older), at most [`MAX_NOTICE_HOPS`] times.
     #[serde(default)]
     pub hops: u8,
 }
@@ -354,6 +366,9 @@ struct LoadRun {
     left: VecDeque<RingRange>,
     /// Rows read so far.
     owned: u64,
+    /// The pieces it reads, for a partial load (released pieces); `None`: every
+    /// owned range.
+    only: Option<Vec<RingRange>>,
 }
 
 /// One silo's reminder service as a state machine (see the module docs).
@@ -380,6 +395,8 @@ pub struct ReminderMachine {
     load_failures: u32,
     load_retry: bool,
     loaded_once: bool,
+    /// Pieces to read again once the running load finished (released pieces).
+    reload: Vec<RingRange>,
     /// When [`Timer::Due`] is armed.
     due_timer: Option<Timestamp>,
     /// The silo's status was Active at the last [`Event::Due`].
@@ -414,6 +431,9 @@ pub struct ReminderMachine {
     /// The releases sent last, to send again on request, less what this silo
     /// owns again.
     sent: VecDeque<Release>,
+    /// Every release this silo sent last, untrimmed: where a chain of holders
+    /// comes back to this silo, its own floor there.
+    history: VecDeque<Release>,
     /// When the holds last asked for releases (or stopped waiting).
     asked: Timestamp,
     /// When each silo a hold waits for was first seen Dead or absent.
@@ -445,6 +465,7 @@ impl ReminderMachine {
             load_failures: 0,
             load_retry: false,
             loaded_once: false,
+            reload: Vec::new(),
             due_timer: None,
             active: false,
             inactive_until: Timestamp::from_millis(0),
@@ -464,6 +485,7 @@ impl ReminderMachine {
             prev_ring: Ring::default(),
             received: VecDeque::new(),
             sent: VecDeque::new(),
+            history: VecDeque::new(),
             asked: Timestamp::from_millis(0),
             gone_at: HashMap::new(),
         }
@@ -507,6 +529,31 @@ impl ReminderMachine {
     /// Notice reads in flight.
     pub fn notice_reads(&self) -> usize {
         self.notice_reads
+    }
+
+    /// What this machine holds of reminder `name` of `actor` (its slot, the
+    /// handoff start of its hash), for diagnostics.
+    pub fn describe(&self, actor: &str, name: &str) -> String {
+        let key = Key::new(actor, name);
+        let hash = actor_hash(actor);
+        let slot = self.queue.get(&key).map(|s| {
+            format!(
+                "etag {} next {:?} held {} delivering {} seen {} touched {}",
+                s.etag, s.next, s.held, s.delivering, s.seen, s.touched
+            )
+        });
+        let start = self
+            .queue
+            .get(&key)
+            .map_or(Start::Free, |s| self.holds.start_of(hash, actor, name, &s.etag));
+        format!(
+            "owns {} view {} slot {:?} start {:?} load {:?}",
+            self.ring.owns(&self.me, hash),
+            self.view_version(),
+            slot,
+            start,
+            self.load.as_ref().map(|l| (l.epoch, l.only.is_some()))
+        )
     }
 
     /// Whether some gained range still waits for its previous owner's release.
@@ -565,7 +612,12 @@ impl ReminderMachine {
             }
             Timer::LoadRetry => {
                 self.load_retry = false;
-                self.request_load();
+                if self.load_pending || self.reload.is_empty() {
+                    self.request_load();
+                } else {
+                    let pieces = std::mem::take(&mut self.reload);
+                    self.request_reload(pieces);
+                }
             }
             Timer::WriteRetry => {
                 self.write_retry = false;
@@ -691,11 +743,28 @@ impl ReminderMachine {
         }
         Counters::bump(&self.counters.notices);
         let hash = actor_hash(&n.actor);
+        if self.leaving {
+            // Leaving: the owner once this silo is gone reads it.
+            if let (true, Some(owner)) = (
+                n.hops < MAX_NOTICE_HOPS,
+                self.ring.without(&self.me).owner_of(hash),
+            ) {
+                let forward = ChangedNotice {
+                    hops: n.hops + 1,
+                    ..n
+                };
+                self.out.push(Action::SendNotices(vec![(owner, forward)]));
+            }
+            return;
+        }
         if !self.ring.owns(&self.me, hash) {
-            // Not ours in our view: forward once to the owner we see (the sender's
-            // view may be older); past that, the owner's own loads cover it.
-            if let (0, Some(owner)) = (n.hops, self.ring.owner_of(hash)) {
-                let forward = ChangedNotice { hops: 1, ..n };
+            // Not ours in our view: forward to the owner we see (the sender's view
+            // may be older); past MAX_NOTICE_HOPS, the owner's own loads cover it.
+            if let (true, Some(owner)) = (n.hops < MAX_NOTICE_HOPS, self.ring.owner_of(hash)) {
+                let forward = ChangedNotice {
+                    hops: n.hops + 1,
+                    ..n
+                };
                 self.out.push(Action::SendNotices(vec![(owner, forward)]));
             }
             return;
@@ -718,8 +787,25 @@ impl ReminderMachine {
 
     fn row_read(&mut self, gen: u64, key: Key, result: Result<Option<ReminderEntry>, ReminderError>) {
         self.notice_reads = self.notice_reads.saturating_sub(1);
-        if gen != self.ring_gen {
-            return; // the load of the new ring reads it
+        if gen != self.ring_gen || self.leaving {
+            // The ring changed meanwhile: the load of the new ring reads it if this
+            // silo still owns it; else its owner now is told.
+            let hash = actor_hash(key.actor());
+            let ring = if self.leaving {
+                self.ring.without(&self.me)
+            } else {
+                self.ring.clone()
+            };
+            if let Some(owner) = ring.owner_of(hash).filter(|o| *o != self.me) {
+                let notice = ChangedNotice {
+                    service: self.service.clone(),
+                    actor: key.actor().to_owned(),
+                    name: key.name().to_owned(),
+                    hops: 1,
+                };
+                self.out.push(Action::SendNotices(vec![(owner, notice)]));
+            }
+            return;
         }
         match result {
             Ok(None) => {
@@ -859,11 +945,15 @@ impl ReminderMachine {
     /// Returns whether a hold was freed.
     fn release_received(&mut self, r: Release, received: Timestamp) -> bool {
         let me = self.me;
+        let r = self.newest(self.back_to_me(r));
         tracing::trace!(silo = %me, from = %r.from, at = r.at, pieces = r.pieces.len(), "release received");
         if r.from != me && !self.received.contains(&r) {
             crate::handoff::remember(&mut self.received, r.clone(), EARLY_RELEASES);
         }
         let freed = self.holds.released(&r, me);
+        if freed {
+            self.request_reload(r.pieces.iter().map(|p| p.range).collect());
+        }
         let forward: Vec<(SiloAddress, HandoffMessage)> = crate::handoff::forwards(&r, &self.ring, me)
             .into_iter()
             .map(|(to, r)| (to, HandoffMessage::Release(r)))
@@ -881,13 +971,109 @@ impl ReminderMachine {
         freed
     }
 
-    /// Answers a [`ReleaseRequest`] with what [`crate::handoff::answer`] says.
+    /// The version of the membership view the ring was built from.
+    fn view_version(&self) -> u64 {
+        self.view.as_ref().map_or(0, |v| v.version.version)
+    }
+
+    /// `r` with every piece that names this silo as the one its sender waited for
+    /// (a chain of holders that came back here: none of them delivered) replaced
+    /// by this silo's own release of it, floors included: it delivered there last
+    /// and stopped where its release says.
+    fn back_to_me(&self, mut r: Release) -> Release {
+        if r.from == self.me || r.pieces.iter().all(|p| p.waiting_for != Some(self.me)) {
+            return r;
+        }
+        let mut pieces = Vec::with_capacity(r.pieces.len());
+        for p in std::mem::take(&mut r.pieces) {
+            if p.waiting_for != Some(self.me) {
+                pieces.push(p);
+                continue;
+            }
+            let mut rest = vec![p.range];
+            for mine in self.history.iter().rev() {
+                for q in &mine.pieces {
+                    for left in std::mem::take(&mut rest) {
+                        for range in crate::handoff::intersect(left, q.range) {
+                            pieces.push(ReleasedPiece { range, ..*q });
+                            r.floors.extend(
+                                mine.floors
+                                    .iter()
+                                    .filter(|f| range.contains(actor_hash(&f.actor)))
+                                    .cloned(),
+                            );
+                        }
+                        rest.extend(crate::handoff::subtract(left, &[q.range]));
+                    }
+                }
+            }
+            pieces.extend(rest.into_iter().map(|range| ReleasedPiece { range, ..p }));
+        }
+        r.pieces = pieces;
+        r
+    }
+
+    /// `r` with every part of a piece that a later release of another silo
+    /// covers with a later floor taken from that release (its piece and its
+    /// per-reminder floors): that silo delivered there after `r`'s sender
+    /// stopped (a view that skipped a ring names an older owner), and a floor
+    /// only moves forward.
+    fn newest(&self, mut r: Release) -> Release {
+        let newer: Vec<&Release> = self
+            .received
+            .iter()
+            .filter(|o| o.from != r.from && o.at > r.at)
+            .collect();
+        if newer.is_empty() {
+            return r;
+        }
+        let mut pieces = Vec::with_capacity(r.pieces.len());
+        for p in std::mem::take(&mut r.pieces) {
+            let mut rest = vec![p.range];
+            for o in &newer {
+                for q in o
+                    .pieces
+                    .iter()
+                    .filter(|q| q.floor.is_some() && q.floor >= p.floor)
+                {
+                    for left in std::mem::take(&mut rest) {
+                        for range in crate::handoff::intersect(left, q.range) {
+                            pieces.push(ReleasedPiece { range, ..*q });
+                            r.floors.retain(|f| !range.contains(actor_hash(&f.actor)));
+                            r.floors.extend(
+                                o.floors
+                                    .iter()
+                                    .filter(|f| range.contains(actor_hash(&f.actor)))
+                                    .cloned(),
+                            );
+                        }
+                        rest.extend(crate::handoff::subtract(left, &[q.range]));
+                    }
+                }
+            }
+            pieces.extend(rest.into_iter().map(|range| ReleasedPiece { range, ..p }));
+        }
+        r.pieces = pieces;
+        r
+    }
+
+    /// Answers a [`ReleaseRequest`] with what [`crate::handoff::answer`] says,
+    /// once this silo's view is at least as new as the asker's.
     fn answer_request(&mut self, r: ReleaseRequest) {
+        if self.view_version() < r.version {
+            return; // asked again every REQUEST_AFTER
+        }
+        // A leaving silo owns nothing any more: its last release answers.
+        let ring = if self.leaving {
+            self.ring.without(&self.me)
+        } else {
+            self.ring.clone()
+        };
         let again = crate::handoff::answer(
             &r,
             self.me,
             self.now,
-            &self.ring,
+            &ring,
             &self.prev_ring,
             &self.sent,
             &self.received,
@@ -935,6 +1121,8 @@ impl ReminderMachine {
                     to: None,
                     ..all
                 };
+                // Kept to answer requests until this silo stops.
+                crate::handoff::remember(&mut self.sent, all.clone(), EARLY_RELEASES);
                 remaining
                     .silos()
                     .into_iter()
@@ -954,6 +1142,7 @@ impl ReminderMachine {
         }
         for (_, r) in &releases {
             crate::handoff::remember(&mut self.sent, r.clone(), EARLY_RELEASES);
+            crate::handoff::remember(&mut self.history, r.clone(), EARLY_RELEASES);
         }
         let messages = releases
             .into_iter()
@@ -1047,6 +1236,7 @@ impl ReminderMachine {
                 from: self.me,
                 waiting: self.holds.waiting_pieces(),
                 gone: gone_at.keys().copied().collect(),
+                version: self.view_version(),
             };
             let ask: Vec<_> = to
                 .into_iter()
@@ -1079,6 +1269,9 @@ impl ReminderMachine {
                 "no release of reminder ranges from their previous owner; taking them over");
         }
         if changed || settled {
+            // What the previous owner learned from notices after this silo's load
+            // started is read now.
+            self.request_load();
             self.free_held();
             self.publish_gauges();
             self.arm_timer();
@@ -1110,13 +1303,41 @@ impl ReminderMachine {
             return;
         }
         self.load_pending = false;
+        self.reload.clear();
+        let left = self.ranges.iter().copied().collect();
+        self.start_load(left, None);
+    }
+
+    /// Reads `pieces` again (those of them this silo owns): a previous owner
+    /// released them, and rows it learned from notices after this silo's load of
+    /// them started are read now. Coalesced like full loads (a full load pending
+    /// covers them).
+    fn request_reload(&mut self, pieces: Vec<RingRange>) {
+        let owned: Vec<RingRange> = pieces
+            .iter()
+            .flat_map(|p| self.ranges.iter().flat_map(|r| crate::handoff::intersect(*p, *r)))
+            .collect();
+        if owned.is_empty() {
+            return;
+        }
+        if self.load.is_some() || self.load_retry || self.load_pending {
+            if !self.load_pending {
+                self.reload.extend(owned);
+            }
+            return;
+        }
+        self.start_load(owned.clone().into(), Some(owned));
+    }
+
+    fn start_load(&mut self, left: VecDeque<RingRange>, only: Option<Vec<RingRange>>) {
         self.load_epoch = self.load_epoch.wrapping_add(1).max(1);
         self.load = Some(LoadRun {
             gen: self.ring_gen,
             since: self.changes,
             epoch: self.load_epoch,
-            left: self.ranges.iter().copied().collect(),
+            left,
             owned: 0,
+            only,
         });
         self.load_next_piece();
     }
@@ -1158,10 +1379,16 @@ impl ReminderMachine {
             self.request_load();
             return;
         }
+        let partial = self.load.as_ref().and_then(|r| r.only.clone());
         let rows = match res {
             Ok(rows) => rows,
             Err(e) => {
                 self.load = None;
+                if let Some(pieces) = partial {
+                    self.reload.extend(pieces); // read again with the retry
+                } else {
+                    self.load_pending = true;
+                }
                 Counters::bump(&self.counters.load_failures);
                 self.load_failures += 1;
                 let wait = backoff(self.load_failures, &mut self.rng)
@@ -1208,35 +1435,48 @@ impl ReminderMachine {
     }
 
     /// Ends the running load: drops the slots it did not read (deleted rows, or
-    /// ranges no longer owned) unless a notice touched them meanwhile.
+    /// ranges no longer owned) unless a notice touched them meanwhile; a partial
+    /// load only within its pieces.
     fn load_finished(&mut self) {
         let Some(run) = self.load.take() else { return };
-        Counters::bump(&self.counters.loads);
         self.load_failures = 0;
-        self.counters
-            .owned
-            .store(run.owned, std::sync::atomic::Ordering::Relaxed);
-        self.out.push(Action::Owned(run.owned));
-        self.queue
-            .retain(|slot| slot.seen == run.epoch || slot.touched > run.since);
-        self.holds.load_finished(run.epoch);
-        if !self.loaded_once {
-            self.loaded_once = true;
-            self.out.push(Action::Loaded);
+        if let Some(only) = &run.only {
+            self.queue.retain(|slot| {
+                !only.iter().any(|p| p.contains(slot.hash))
+                    || slot.seen == run.epoch
+                    || slot.touched > run.since
+            });
+        } else {
+            Counters::bump(&self.counters.loads);
+            self.counters
+                .owned
+                .store(run.owned, std::sync::atomic::Ordering::Relaxed);
+            self.out.push(Action::Owned(run.owned));
+            self.queue
+                .retain(|slot| slot.seen == run.epoch || slot.touched > run.since);
+            self.holds.load_finished(run.epoch);
+            if !self.loaded_once {
+                self.loaded_once = true;
+                self.out.push(Action::Loaded);
+            }
         }
         self.publish_gauges();
         if self.load_pending {
             self.request_load();
+        } else if !self.reload.is_empty() {
+            let pieces = std::mem::take(&mut self.reload);
+            self.request_reload(pieces);
         }
         self.arm_timer();
     }
 
     /// Keeps [`Timer::Due`] at the earliest due time; none while every delivery
-    /// slot is taken (the next [`Event::Delivered`] delivers what waits), and not
-    /// before the next look of a silo that was not Active.
+    /// slot is taken (the next [`Event::Delivered`] delivers what waits) or the
+    /// silo is leaving, and not before the next look of a silo that was not
+    /// Active.
     fn arm_timer(&mut self) {
         let next = match self.queue.next_due() {
-            Some(next) if self.deliveries < MAX_DELIVERIES => next.max(self.inactive_until),
+            Some(next) if self.deliveries < MAX_DELIVERIES && !self.leaving => next.max(self.inactive_until),
             _ => {
                 if self.due_timer.take().is_some() {
                     self.out.push(Action::CancelTimer(Timer::Due));

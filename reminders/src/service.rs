@@ -16,9 +16,11 @@ use crate::agent::{Leave, ReminderAgent, WhenLoaded};
 use crate::api::{
     ActorId, Counters, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, MAX_NAME,
 };
-use crate::machine::{release_topic, topic, ChangedNotice, ReminderMachine, NOTICE_QUEUE};
+use crate::machine::{
+    release_topic, topic, ChangedNotice, ReminderMachine, NOTICE_ATTEMPTS, NOTICE_QUEUE, NOTICE_RETRY,
+};
 use crate::ring::Ring;
-use crate::send::{bounded, send_notices};
+use crate::send::bounded;
 
 /// Configures and starts a silo's reminder service. See [`Reminders::builder`].
 pub struct RemindersBuilder {
@@ -136,11 +138,16 @@ impl RemindersBuilder {
         .start();
         // A graceful shutdown of the silo first releases this service's ranges.
         let leaving = agent.clone();
+        let silo = self.silo.clone();
         let leave_hook = self.silo.on_leave(move || {
-            let agent = leaving.clone();
+            let (agent, silo) = (leaving.clone(), silo.clone());
             Box::pin(async move {
+                // The newest view first (bounded by 2 x table_operation_timeout):
+                // the ranges go to the silos that have them now, joiners this
+                // silo has not seen yet included.
+                let view = silo.refresh().await.ok().map(Arc::new);
                 let (tx, rx) = oneshot::channel();
-                if agent.send(Leave(tx)).await.is_ok() {
+                if agent.send(Leave(tx, view)).await.is_ok() {
                     let _ = rx.await;
                 }
             })
@@ -401,18 +408,36 @@ impl Reminders {
         self.inner.counters.read()
     }
 
-    /// Sends "re-read this reminder" to its owner in the background.
+    /// Sends "re-read this reminder" to its owner in the background; a notice
+    /// the owner does not take (it stopped: this silo's view is behind) goes to
+    /// the owner in the view of [`NOTICE_RETRY`] later, at most
+    /// [`NOTICE_ATTEMPTS`] times (past that, the owner's loads cover it).
     fn notify_owner(&self, actor_id: &str, name: &str) {
-        let Some(owner) = owner_in(&self.inner, actor_id) else {
-            return;
-        };
+        let inner = self.inner.clone();
         let notice = ChangedNotice {
             service: self.inner.service_id.clone(),
             actor: actor_id.to_owned(),
             name: name.to_owned(),
             hops: 0,
         };
-        send_notices(&self.inner.silo, &self.inner.service_id, vec![(owner, notice)]);
+        tokio::spawn(async move {
+            let topic = topic(&inner.service_id);
+            let Ok(body) = serde_json::to_vec(&notice) else {
+                return;
+            };
+            for attempt in 1..=NOTICE_ATTEMPTS {
+                let Some(owner) = owner_in(&inner, &notice.actor) else {
+                    return;
+                };
+                match inner.silo.send_notice(owner, &topic, body.clone()).await {
+                    Ok(true) => return,
+                    Ok(false) => tracing::debug!(%owner, attempt, "reminder notice not taken"),
+                    Err(e) => tracing::debug!(%owner, attempt, error = %e, "reminder notice not sent"),
+                }
+                tokio::time::sleep(NOTICE_RETRY).await;
+            }
+            tracing::debug!("reminder notice never taken; the owner's loads cover it");
+        });
     }
 }
 

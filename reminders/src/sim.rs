@@ -1,0 +1,834 @@
+//! A deterministic world of [`ReminderMachine`]s in virtual time (feature `sim`):
+//! silos that join, leave gracefully or crash, a scripted membership whose views
+//! reach each silo after its own delay, the real in-memory reminder table (with
+//! outages), messages with latency, and handlers that can fail. Built on the
+//! membership's [`Scheduler`](rollcall_membership_core::sim::Scheduler); every
+//! random choice comes from the seed, so a failing schedule replays exactly.
+//!
+//! The world executes the machines' actions as the agent does (table calls on the
+//! table, deliveries to a recorder, notices and releases to the other machines,
+//! timers on the scheduler) and keeps what the checks need: every delivered
+//! tick, each reminder's lifetime, the crashes and outages with their times, and
+//! the largest number of deliveries, writes and notice reads in flight.
+//!
+//! It stands in for what the membership protocol does (the silos' views), not for
+//! anything of the reminder service: registrations write the real table and send
+//! the notice the service sends, to the owner in the registering silo's view.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rollcall_membership_core::sim::{now_or_fail, Scheduler};
+use rollcall_membership_core::{
+    actor_hash, Etag, MembershipEntry, MembershipSnapshot, MissedTickPolicy, ReminderEntry, ReminderOptions,
+    ReminderTable, SiloAddress, SiloStatus, SystemStore, TableVersion, Timestamp,
+};
+use rollcall_provider_memory::MemoryStore;
+
+use crate::machine::{Action, ChangedNotice, Event, Inbound, ReminderMachine, Timer, Write};
+use crate::ring::Ring;
+use crate::ReminderError;
+
+/// The service id of the world's reminders.
+pub const SERVICE: &str = "sim";
+
+/// Events handled at one virtual instant beyond which [`World::run_for`] calls it
+/// a livelock.
+pub const LIVELOCK: u32 = 100_000;
+
+/// How a world behaves (latencies, delays, failures). All times in ms.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The options of every machine.
+    pub options: ReminderOptions,
+    /// Extra latency of a message between silos: 1 to `1 + message_jitter` ms.
+    pub message_jitter: u64,
+    /// Latency of a table call: 1 to `1 + table_jitter` ms.
+    pub table_jitter: u64,
+    /// How late a silo sees a membership change: 0 to `view_spread` ms (the
+    /// joiner and the leaver see their own change at once).
+    pub view_spread: u64,
+    /// How long the membership takes to declare a crashed silo Dead: a time in
+    /// this range, ms.
+    pub detection: (u64, u64),
+    /// How long a handler runs: 0 to `handler` ms.
+    pub handler: u64,
+    /// Probability that a delivery fails (the handler returns an error).
+    pub delivery_failure: f64,
+}
+
+impl Default for Config {
+    /// Options as deployed except `refresh_reminder_list_period` 30 s,
+    /// `table_operation_timeout` 2 s and `startup_jitter` 2 s; messages 1-31 ms,
+    /// table calls 1-21 ms, views up to 1.5 s late, crashes declared after 3-10 s,
+    /// handlers up to 20 ms, no delivery failure.
+    fn default() -> Self {
+        let options = ReminderOptions {
+            refresh_reminder_list_period: Duration::from_secs(30),
+            loading_window: Duration::from_secs(600),
+            table_operation_timeout: Duration::from_secs(2),
+            startup_jitter: Duration::from_secs(2),
+            ..ReminderOptions::default()
+        };
+        Config {
+            options,
+            message_jitter: 30,
+            table_jitter: 20,
+            view_spread: 1500,
+            detection: (3_000, 10_000),
+            handler: 20,
+            delivery_failure: 0.0,
+        }
+    }
+}
+
+/// A delivered tick.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tick {
+    /// (actor id, name).
+    pub reminder: (String, String),
+    /// The occurrence.
+    pub scheduled: Timestamp,
+    /// When the handler ran (virtual ms).
+    pub at: u64,
+    /// The silo (index) that delivered it.
+    pub silo: usize,
+}
+
+/// A reminder's life in the world.
+#[derive(Clone, Debug)]
+pub struct Lifetime {
+    /// First occurrence.
+    pub start_at: Timestamp,
+    /// Period.
+    pub period: Duration,
+    /// When it was registered (virtual ms).
+    pub registered: u64,
+    /// When it was removed (virtual ms), if it was.
+    pub removed: Option<u64>,
+    /// Its etag.
+    pub etag: Etag,
+}
+
+/// A crash: the victim, when it crashed and when it was declared Dead (virtual
+/// ms), and the reminders it owned at the crash (in the true ring or its view).
+#[derive(Clone, Debug)]
+pub struct Crash {
+    /// The silo (index).
+    pub silo: usize,
+    /// When it crashed.
+    pub at: u64,
+    /// When the membership declared it Dead.
+    pub declared: Option<u64>,
+    /// The reminders it owned at the crash in the true ring or in its own view,
+    /// or in a true ring of a membership change before it was declared Dead
+    /// (joiners since the crash left out: what they gain from the victim waits
+    /// for the failover as well).
+    pub owned: std::collections::BTreeSet<(String, String)>,
+    /// The silos of the membership at the crash, less those still holding
+    /// ranges then (they may wait for the victim's release).
+    pub members: std::collections::BTreeSet<SiloAddress>,
+}
+
+/// The state of a silo of the world.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Life {
+    /// Active in the membership.
+    Active,
+    /// Leaving gracefully (its ranges are being released).
+    Leaving,
+    /// Left: Dead in the membership, stopped.
+    Left,
+    /// Crashed (Dead once declared).
+    Crashed,
+}
+
+struct Node {
+    addr: SiloAddress,
+    machine: Option<ReminderMachine>,
+    life: Life,
+    view: Arc<MembershipSnapshot>,
+    timers: HashMap<Timer, u64>,
+}
+
+enum Ev {
+    Machine(Event),
+    Timer(Timer, u64),
+    View(Arc<MembershipSnapshot>),
+    Left,
+    Declared,
+    /// A registering silo sends its notice again (the owner did not take it).
+    Notify(String, String, u32),
+}
+
+/// The world (see the module docs).
+pub struct World {
+    sched: Scheduler<Ev>,
+    cfg: Config,
+    nodes: Vec<Node>,
+    members: BTreeMap<SiloAddress, (SiloStatus, Timestamp)>,
+    version: u64,
+    latest: Arc<MembershipSnapshot>,
+    tokens: u64,
+    _store: MemoryStore,
+    table: Arc<dyn ReminderTable>,
+    outage_until: u64,
+    /// Every delivered tick, in order.
+    pub ticks: Vec<Tick>,
+    /// Every reminder registered, by (actor, name).
+    pub reminders: BTreeMap<(String, String), Lifetime>,
+    /// Crashes, in order.
+    pub crashes: Vec<Crash>,
+    /// Table outages: (from, to), virtual ms.
+    pub outages: Vec<(u64, u64)>,
+    /// Graceful leaves: (silo, started, left), virtual ms.
+    pub leaves: Vec<(usize, u64, Option<u64>)>,
+    /// Occurrences whose delivery failed at least once (the handler's error).
+    pub failed: std::collections::BTreeSet<((String, String), Timestamp)>,
+    /// Largest number of deliveries, writes and notice reads in flight on one silo.
+    pub max_in_flight: (usize, usize, usize),
+    /// Debugging: print (to stderr) every event and action whose text contains
+    /// this string, with the virtual time and the silo (from the environment
+    /// variable `ROLLCALL_SIM_WATCH` when set).
+    pub watch: Option<String>,
+}
+
+impl World {
+    /// An empty world seeded with `seed`.
+    pub fn new(cfg: Config, seed: u64) -> World {
+        let store = MemoryStore::new();
+        let table = store.reminder_table(SERVICE).expect("the service id is valid");
+        now_or_fail(table.init()).expect("the memory table initialises");
+        World {
+            sched: Scheduler::new(seed, 0),
+            cfg,
+            nodes: Vec::new(),
+            members: BTreeMap::new(),
+            version: 0,
+            latest: Arc::default(),
+            tokens: 0,
+            _store: store,
+            table,
+            outage_until: 0,
+            ticks: Vec::new(),
+            reminders: BTreeMap::new(),
+            crashes: Vec::new(),
+            outages: Vec::new(),
+            leaves: Vec::new(),
+            failed: Default::default(),
+            max_in_flight: (0, 0, 0),
+            watch: std::env::var("ROLLCALL_SIM_WATCH").ok(),
+        }
+    }
+
+    /// Virtual time now, ms.
+    pub fn now(&self) -> u64 {
+        self.sched.now_ms()
+    }
+
+    /// The wall-clock time of virtual time `ms`.
+    pub fn time_at(ms: u64) -> Timestamp {
+        Scheduler::<()>::time_at(ms)
+    }
+
+    /// The state of silo `i`.
+    pub fn life(&self, i: usize) -> Life {
+        self.nodes[i].life
+    }
+
+    /// Silos that are Active (not leaving, left or crashed).
+    pub fn active(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|i| self.nodes[*i].life == Life::Active)
+            .collect()
+    }
+
+    /// The machine of silo `i`, while it runs.
+    pub fn machine(&self, i: usize) -> Option<&ReminderMachine> {
+        self.nodes[i].machine.as_ref()
+    }
+
+    /// Whether the table is out now.
+    fn out(&self) -> bool {
+        self.now() < self.outage_until
+    }
+
+    fn rand(&mut self, max: u64) -> u64 {
+        self.sched.rng().random_range(0..=max)
+    }
+
+    /// A new silo joins (Active at once, as a silo whose reminder service starts);
+    /// returns its index.
+    pub fn join(&mut self) -> usize {
+        let i = self.nodes.len();
+        let addr: SiloAddress = format!("10.0.{}.{}:11111@1", i / 250, i % 250 + 1)
+            .parse()
+            .expect("a valid silo address");
+        let rng = StdRng::seed_from_u64(self.sched.rng().random());
+        let machine = ReminderMachine::new(addr, SERVICE, Arc::new(self.cfg.options.clone()), rng);
+        self.nodes.push(Node {
+            addr,
+            machine: Some(machine),
+            life: Life::Active,
+            view: Arc::default(),
+            timers: HashMap::new(),
+        });
+        let now = self.sched.time();
+        self.members.insert(addr, (SiloStatus::Active, now));
+        self.sched.push(0, i, Ev::Machine(Event::Start));
+        self.publish(Some(i));
+        i
+    }
+
+    /// Silo `i` leaves gracefully: it releases its ranges, then is Dead.
+    pub fn leave(&mut self, i: usize) {
+        if self.nodes[i].life != Life::Active {
+            return;
+        }
+        self.nodes[i].life = Life::Leaving;
+        self.leaves.push((i, self.now(), None));
+        // The leave hook reads the table first: the leaver sees the newest view.
+        let view = self.latest.clone();
+        self.sched.push(0, i, Ev::View(view));
+        self.sched.push(0, i, Ev::Machine(Event::Leave));
+    }
+
+    /// Silo `i` crashes: it stops at once; the membership declares it Dead after
+    /// the configured detection time.
+    pub fn crash(&mut self, i: usize) {
+        if !matches!(self.nodes[i].life, Life::Active | Life::Leaving) {
+            return;
+        }
+        let own_view = Ring::of_active(&self.nodes[i].view, self.cfg.options.ring_points_per_silo);
+        let me = self.nodes[i].addr;
+        // Silos still holding ranges may wait for the victim's release: what they
+        // gained from it counts as the victim's.
+        let members: std::collections::BTreeSet<SiloAddress> = self
+            .members
+            .keys()
+            .copied()
+            .filter(|a| {
+                self.index_of(*a)
+                    .and_then(|j| self.nodes[j].machine.as_ref())
+                    .is_none_or(|m| *a == me || !m.holding())
+            })
+            .collect();
+        let ring = ring_among(&self.members, &members, self.cfg.options.ring_points_per_silo);
+        let owned = self
+            .reminders
+            .keys()
+            .filter(|(actor, _)| {
+                let hash = actor_hash(actor);
+                own_view.owner_of(hash) == Some(me) || ring.owner_of(hash) == Some(me)
+            })
+            .cloned()
+            .collect();
+        self.nodes[i].life = Life::Crashed;
+        self.nodes[i].machine = None;
+        let (lo, hi) = self.cfg.detection;
+        let after = self.sched.rng().random_range(lo..=hi);
+        self.crashes.push(Crash {
+            silo: i,
+            at: self.now(),
+            declared: None,
+            owned,
+            members: members.clone(),
+        });
+        self.sched.push(after, i, Ev::Declared);
+    }
+
+    /// The table is unreachable for `ms`: every call fails after
+    /// `table_operation_timeout`.
+    pub fn outage(&mut self, ms: u64) {
+        let (from, to) = (self.now(), self.now() + ms);
+        self.outage_until = self.outage_until.max(to);
+        self.outages.push((from, to));
+    }
+
+    /// Registers reminder `name` of `actor` (first tick at `start_at`, every
+    /// `period`), through a random Active silo as the service does: writes the row,
+    /// then notifies the owner in that silo's view. `false` (nothing registered) if
+    /// the table is out or no silo is Active.
+    pub fn register(&mut self, actor: &str, name: &str, start_at: Timestamp, period: Duration) -> bool {
+        let active = self.active();
+        if self.out() || active.is_empty() {
+            return false;
+        }
+        let via = active[self.sched.rng().random_range(0..active.len())];
+        let entry = ReminderEntry {
+            service_id: SERVICE.to_owned(),
+            actor_id: actor.to_owned(),
+            name: name.to_owned(),
+            start_at,
+            period: Some(period),
+            hash: actor_hash(actor),
+            etag: Etag::default(),
+            last_fired: None,
+            missed_tick_policy: MissedTickPolicy::Skip,
+        };
+        let Ok(etag) = now_or_fail(self.table.upsert_row(&entry)) else {
+            return false;
+        };
+        self.reminders.insert(
+            (actor.to_owned(), name.to_owned()),
+            Lifetime {
+                start_at,
+                period,
+                registered: self.now(),
+                removed: None,
+                etag,
+            },
+        );
+        // Registered while a crashed silo that owns it is not yet declared Dead:
+        // it waits for the failover too.
+        let points = self.cfg.options.ring_points_per_silo;
+        let view_ring = Ring::of_active(&self.nodes[via].view, points);
+        let hash = actor_hash(actor);
+        for c in self.crashes.iter_mut().filter(|c| c.declared.is_none()) {
+            let victim = self.nodes[c.silo].addr;
+            let ring = ring_among(&self.members, &c.members, points);
+            if ring.owner_of(hash) == Some(victim) || view_ring.owner_of(hash) == Some(victim) {
+                c.owned.insert((actor.to_owned(), name.to_owned()));
+            }
+        }
+        self.notify(via, actor, name, 1);
+        true
+    }
+
+    /// Removes reminder `name` of `actor` through a random Active silo (row, then
+    /// notice). `false` if the table is out, no silo is Active, or it is not
+    /// registered.
+    pub fn unregister(&mut self, actor: &str, name: &str) -> bool {
+        let active = self.active();
+        let key = (actor.to_owned(), name.to_owned());
+        let Some(life) = self.reminders.get(&key).filter(|l| l.removed.is_none()).cloned() else {
+            return false;
+        };
+        if self.out() || active.is_empty() {
+            return false;
+        }
+        let via = active[self.sched.rng().random_range(0..active.len())];
+        if !now_or_fail(self.table.remove_row(actor, name, &life.etag)).unwrap_or(false) {
+            return false;
+        }
+        let now = self.now();
+        if let Some(l) = self.reminders.get_mut(&key) {
+            l.removed = Some(now);
+        }
+        self.notify(via, actor, name, 1);
+        true
+    }
+
+    /// The notice the service sends after a registration change: to the owner in
+    /// the view of `via`; again [`NOTICE_RETRY`](crate::machine::NOTICE_RETRY)
+    /// later if that one does not run.
+    fn notify(&mut self, via: usize, actor: &str, name: &str, attempt: u32) {
+        if self.nodes[via].machine.is_none() {
+            return;
+        }
+        let ring = Ring::of_active(&self.nodes[via].view, self.cfg.options.ring_points_per_silo);
+        let Some(owner) = ring.owner_of(actor_hash(actor)) else {
+            return;
+        };
+        let taken = self
+            .index_of(owner)
+            .is_some_and(|j| self.nodes[j].machine.is_some());
+        if !taken && attempt < crate::machine::NOTICE_ATTEMPTS {
+            let retry = crate::machine::NOTICE_RETRY.as_millis() as u64;
+            self.sched.push(
+                retry,
+                via,
+                Ev::Notify(actor.to_owned(), name.to_owned(), attempt + 1),
+            );
+        }
+        let notice = ChangedNotice {
+            service: SERVICE.to_owned(),
+            actor: actor.to_owned(),
+            name: name.to_owned(),
+            hops: 0,
+        };
+        let from = self.nodes[via].addr;
+        self.message(
+            from,
+            owner,
+            serde_json::to_vec(&notice).unwrap_or_default(),
+            false,
+        );
+    }
+
+    /// A message from `from` to `to` on the notice (or release) topic, lost if `to`
+    /// does not run; returns its latency.
+    fn message(&mut self, from: SiloAddress, to: SiloAddress, body: Vec<u8>, release: bool) -> u64 {
+        let lat = 1 + self.rand(self.cfg.message_jitter);
+        if let Some(j) = self.index_of(to).filter(|j| self.nodes[*j].machine.is_some()) {
+            let batch = vec![Inbound::Message { from, body }];
+            let event = if release {
+                Event::Releases(batch)
+            } else {
+                Event::Notices(batch)
+            };
+            self.sched.push(lat, j, Ev::Machine(event));
+        }
+        lat
+    }
+
+    fn index_of(&self, addr: SiloAddress) -> Option<usize> {
+        self.nodes.iter().position(|n| n.addr == addr)
+    }
+
+    /// Writes a new membership version and sends it to every running silo, each
+    /// after its own delay (`at_once` sees it at once).
+    fn publish(&mut self, at_once: Option<usize>) {
+        self.version += 1;
+        let mut view = MembershipSnapshot {
+            version: TableVersion {
+                version: self.version,
+                etag: Etag::new(self.version.to_string()),
+            },
+            ..MembershipSnapshot::default()
+        };
+        for (addr, (status, since)) in &self.members {
+            view.insert(MembershipEntry::new(*addr, *status, *since), Etag::new("1"));
+        }
+        // A crashed silo not yet declared Dead owns what the new ring gives it:
+        // those reminders wait for the failover too.
+        let points = self.cfg.options.ring_points_per_silo;
+        for c in self.crashes.iter_mut().filter(|c| c.declared.is_none()) {
+            let victim = self.nodes[c.silo].addr;
+            let ring = ring_among(&self.members, &c.members, points);
+            for key in self.reminders.keys() {
+                if ring.owner_of(actor_hash(&key.0)) == Some(victim) {
+                    c.owned.insert(key.clone());
+                }
+            }
+        }
+        let view = Arc::new(view);
+        self.latest = view.clone();
+        for i in 0..self.nodes.len() {
+            if self.nodes[i].machine.is_none() {
+                continue;
+            }
+            let after = if at_once == Some(i) {
+                0
+            } else {
+                self.rand(self.cfg.view_spread)
+            };
+            self.sched.push(after, i, Ev::View(view.clone()));
+        }
+    }
+
+    /// Runs the world for `ms` of virtual time.
+    ///
+    /// # Panics
+    /// If the machines handle [`LIVELOCK`] events without the clock moving (a
+    /// machine that keeps re-arming a timer at the present, say).
+    pub fn run_for(&mut self, ms: u64) {
+        let until = self.now() + ms;
+        let (mut at, mut same) = (self.now(), 0u32);
+        while let Some((i, ev)) = self.sched.next_until(until) {
+            if self.now() == at {
+                same += 1;
+                assert!(
+                    same < LIVELOCK,
+                    "livelock at {at} ms: silo {i} handles {same} events without the clock moving"
+                );
+            } else {
+                (at, same) = (self.now(), 0);
+            }
+            self.step(i, ev);
+        }
+    }
+
+    fn step(&mut self, i: usize, ev: Ev) {
+        let event = match ev {
+            Ev::Machine(e) => e,
+            Ev::Timer(t, token) => {
+                if self.nodes[i].timers.get(&t) != Some(&token) {
+                    return;
+                }
+                self.nodes[i].timers.remove(&t);
+                match t {
+                    Timer::Due => Event::Due {
+                        active: matches!(self.nodes[i].life, Life::Active | Life::Leaving),
+                    },
+                    t => Event::Timer(t),
+                }
+            }
+            Ev::View(view) => {
+                if view.version.version <= self.nodes[i].view.version.version {
+                    return;
+                }
+                self.nodes[i].view = view.clone();
+                Event::View(view)
+            }
+            Ev::Left => {
+                let now = self.now();
+                if let Some(l) = self.leaves.iter_mut().rev().find(|l| l.0 == i) {
+                    l.2 = Some(now);
+                }
+                self.nodes[i].life = Life::Left;
+                self.nodes[i].machine = None;
+                self.mark_dead(i);
+                return;
+            }
+            Ev::Notify(actor, name, attempt) => {
+                self.notify(i, &actor, &name, attempt);
+                return;
+            }
+            Ev::Declared => {
+                let now = self.now();
+                if let Some(c) = self.crashes.iter_mut().rev().find(|c| c.silo == i) {
+                    c.declared = Some(now);
+                }
+                self.mark_dead(i);
+                return;
+            }
+        };
+        self.feed(i, event);
+    }
+
+    fn mark_dead(&mut self, i: usize) {
+        let now = self.sched.time();
+        self.members.insert(self.nodes[i].addr, (SiloStatus::Dead, now));
+        self.publish(None);
+    }
+
+    fn feed(&mut self, i: usize, event: Event) {
+        let now = self.sched.time();
+        let Some(machine) = self.nodes[i].machine.as_mut() else {
+            return;
+        };
+        let shown = self.watch.as_ref().map(|w| (w.clone(), describe(&event)));
+        let actions = machine.handle(now, event);
+        if let Some((w, event)) = shown {
+            let actions = format!("{actions:?}");
+            if event.contains(&w) || actions.contains(&w) {
+                eprintln!(
+                    "{:>7} ms silo {i}: {event}\n          -> {actions}",
+                    self.sched.now_ms()
+                );
+            }
+        }
+        let m = &mut self.max_in_flight;
+        m.0 = m.0.max(machine.deliveries());
+        m.1 = m.1.max(machine.writes_in_flight());
+        m.2 = m.2.max(machine.notice_reads());
+        for a in actions {
+            self.execute(i, a);
+        }
+    }
+
+    /// The latency of a table call and whether it fails (outage: after the
+    /// operation timeout).
+    fn table_call(&mut self) -> (u64, bool) {
+        if self.out() {
+            (self.cfg.options.table_operation_timeout.as_millis() as u64, true)
+        } else {
+            (1 + self.rand(self.cfg.table_jitter), false)
+        }
+    }
+
+    fn execute(&mut self, i: usize, action: Action) {
+        let me = self.nodes[i].addr;
+        match action {
+            Action::ReadRow { gen, key } => {
+                let (lat, fail) = self.table_call();
+                let result = if fail {
+                    Err(ReminderError::Timeout(self.cfg.options.table_operation_timeout))
+                } else {
+                    now_or_fail(self.table.read_row(key.actor(), key.name())).map_err(ReminderError::from)
+                };
+                self.sched
+                    .push(lat, i, Ev::Machine(Event::RowRead { gen, key, result }));
+            }
+            Action::ReadPiece { epoch, piece, width } => {
+                let (lat, fail) = self.table_call();
+                let result = if fail {
+                    Err(ReminderError::Timeout(self.cfg.options.table_operation_timeout))
+                } else {
+                    now_or_fail(self.table.read_rows_in_range(piece.begin, piece.end))
+                        .map_err(ReminderError::from)
+                };
+                let event = Event::PieceRead {
+                    epoch,
+                    piece,
+                    width,
+                    result,
+                };
+                self.sched.push(lat, i, Ev::Machine(event));
+            }
+            Action::Deliver {
+                key,
+                etag,
+                scheduled,
+                tick,
+            } => {
+                let lat = 1 + self.rand(self.cfg.handler);
+                let fails = self.cfg.delivery_failure > 0.0
+                    && self.sched.rng().random_bool(self.cfg.delivery_failure);
+                let result = match tick {
+                    Err(e) => Err(e),
+                    Ok(tick) if fails => {
+                        self.failed
+                            .insert(((tick.actor.to_string(), tick.name), scheduled));
+                        Err("the handler failed".to_owned())
+                    }
+                    Ok(tick) => {
+                        self.ticks.push(Tick {
+                            reminder: (tick.actor.to_string(), tick.name),
+                            scheduled,
+                            at: self.now(),
+                            silo: i,
+                        });
+                        Ok(())
+                    }
+                };
+                let event = Event::Delivered {
+                    key,
+                    etag,
+                    scheduled,
+                    result,
+                };
+                self.sched.push(lat, i, Ev::Machine(event));
+            }
+            Action::Write(write) => {
+                let (lat, fail) = self.table_call();
+                let result = if fail {
+                    Err(ReminderError::Timeout(self.cfg.options.table_operation_timeout))
+                } else {
+                    let done = match &write {
+                        Write::Remove { key, etag } => {
+                            now_or_fail(self.table.remove_row(key.actor(), key.name(), etag)).map(drop)
+                        }
+                        Write::LastFired { key, etag, at } => {
+                            now_or_fail(self.table.update_last_fired(key.actor(), key.name(), etag, *at))
+                                .map(drop)
+                        }
+                    };
+                    done.map_err(ReminderError::from)
+                };
+                self.sched
+                    .push(lat, i, Ev::Machine(Event::Written { write, result }));
+            }
+            Action::SendNotices(notices) => {
+                for (to, n) in notices {
+                    self.message(me, to, serde_json::to_vec(&n).unwrap_or_default(), false);
+                }
+            }
+            Action::SendReleases(messages) => {
+                for (to, m) in messages {
+                    self.message(me, to, serde_json::to_vec(&m).unwrap_or_default(), true);
+                }
+            }
+            Action::FinishLeave(messages) => {
+                let mut last = 0;
+                for (to, m) in messages {
+                    last = last.max(self.message(me, to, serde_json::to_vec(&m).unwrap_or_default(), true));
+                }
+                self.sched.push(last + 1, i, Ev::Left);
+            }
+            Action::SetTimer(timer, at) => {
+                self.tokens += 1;
+                let token = self.tokens;
+                self.nodes[i].timers.insert(timer, token);
+                let at_ms = at
+                    .as_millis()
+                    .saturating_sub(rollcall_membership_core::sim::T0_MS);
+                self.sched.push_at(at_ms, i, Ev::Timer(timer, token));
+            }
+            Action::CancelTimer(timer) => {
+                self.nodes[i].timers.remove(&timer);
+            }
+            Action::LeaveDone | Action::Loaded | Action::TickDelivered { .. } | Action::Owned(_) => {}
+        }
+    }
+
+    /// Which Active silo owns `actor`'s reminders in the true membership now.
+    pub fn owner_now(&self, actor: &str) -> Option<usize> {
+        let mut view = MembershipSnapshot::default();
+        for (addr, (status, since)) in &self.members {
+            view.insert(MembershipEntry::new(*addr, *status, *since), Etag::new("1"));
+        }
+        let ring = Ring::of_active(&view, self.cfg.options.ring_points_per_silo);
+        ring.owner_of(actor_hash(actor)).and_then(|a| self.index_of(a))
+    }
+
+    /// Occurrences delivered more than once: ((actor, name), occurrence).
+    pub fn duplicates(&self) -> Vec<((String, String), Timestamp)> {
+        let mut seen: BTreeMap<(&(String, String), Timestamp), usize> = BTreeMap::new();
+        for t in &self.ticks {
+            *seen.entry((&t.reminder, t.scheduled)).or_default() += 1;
+        }
+        seen.into_iter()
+            .filter(|(_, n)| *n > 1)
+            .map(|((r, s), _)| (r.clone(), s))
+            .collect()
+    }
+
+    /// Occurrences never delivered: for each reminder, every occurrence from its
+    /// first one up to `until` (virtual ms) and, if it was removed, up to `slack`
+    /// ms before its removal (a tick due just before its removal may still be on
+    /// its way when the owner reads the removal).
+    pub fn missed(&self, until: u64, slack: u64) -> Vec<((String, String), Timestamp)> {
+        let delivered: std::collections::BTreeSet<(&(String, String), Timestamp)> =
+            self.ticks.iter().map(|t| (&t.reminder, t.scheduled)).collect();
+        let mut missed = Vec::new();
+        for (key, life) in &self.reminders {
+            let end = life
+                .removed
+                .map_or(u64::MAX, |r| r.saturating_sub(slack))
+                .min(until);
+            let end = World::time_at(end);
+            let mut t = life.start_at;
+            while t < end {
+                if !delivered.contains(&(key, t)) {
+                    missed.push((key.clone(), t));
+                }
+                t = t.saturating_add(life.period);
+            }
+        }
+        missed
+    }
+}
+
+/// An event as text, message bodies decoded (for [`World::watch`]).
+fn describe(event: &Event) -> String {
+    let batch = |b: &[Inbound]| {
+        b.iter()
+            .map(|m| match m {
+                Inbound::Message { from, body } => format!("{from}: {}", String::from_utf8_lossy(body)),
+                Inbound::Dropped(n) => format!("{n} dropped"),
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    match event {
+        Event::Notices(b) => format!("Notices({})", batch(b)),
+        Event::Releases(b) => format!("Releases({})", batch(b)),
+        Event::View(v) => format!(
+            "View(v{}: {:?})",
+            v.version.version,
+            v.entries
+                .iter()
+                .map(|r| (r.entry.silo.to_string(), r.entry.status))
+                .collect::<Vec<_>>()
+        ),
+        e => format!("{e:?}"),
+    }
+}
+
+/// The ring of the Active silos of `members` that are also in `among`.
+fn ring_among(
+    members: &BTreeMap<SiloAddress, (SiloStatus, Timestamp)>,
+    among: &std::collections::BTreeSet<SiloAddress>,
+    points: u32,
+) -> Ring {
+    let mut view = MembershipSnapshot::default();
+    for (addr, (status, since)) in members.iter().filter(|(a, _)| among.contains(a)) {
+        view.insert(MembershipEntry::new(*addr, *status, *since), Etag::new("1"));
+    }
+    Ring::of_active(&view, points)
+}
