@@ -1,9 +1,7 @@
 //! The reminder agent: one actix actor per silo and service that carries out what
-//! its [`ReminderMachine`] decides. It feeds the machine the silo's membership
-//! views, the notices and releases of the service's topics, timers, and the
-//! results of table calls and deliveries; every table call and delivery runs as a
-//! future on the actor's context, bounded by a timeout, and its result comes back
-//! as an event. The agent decides nothing and never waits on anything.
+//! its [`ReminderMachine`] decides, feeding it views, notices, releases, timers and
+//! the results of table calls and deliveries (each a future bounded by a timeout).
+//! The agent decides nothing and never waits on anything.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -9,7 +9,7 @@
 //! in-memory table.
 //!
 //! What it keeps: the ring of the silo's view and the ranges it owns, the
-//! reminders due within `loading_window` (a [`Queue`]), the running range load,
+//! reminders due within `loading_window` (a queue ordered by due time), the running range load,
 //! the pending `last_fired` writes and one-shot removals, and the handoff state
 //! ([`crate::handoff`]: holds, releases sent and received).
 //!

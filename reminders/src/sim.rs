@@ -2,7 +2,7 @@
 //! silos that join, leave gracefully or crash, a scripted membership whose views
 //! reach each silo after its own delay, the real in-memory reminder table (with
 //! outages), messages with latency, and handlers that can fail. Built on the
-//! membership's [`Scheduler`](rollcall_membership_core::sim::Scheduler); every
+//! membership's `Scheduler` (`rollcall_membership_core::sim`); every
 //! random choice comes from the seed, so a failing schedule replays exactly.
 //!
 //! The world executes the machines' actions as the agent does (table calls on the
