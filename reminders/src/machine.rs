@@ -951,7 +951,11 @@ impl ReminderMachine {
             crate::handoff::remember(&mut self.received, r.clone(), EARLY_RELEASES);
         }
         let freed = self.holds.released(&r, me);
-        if freed {
+        // The sender had these pieces: what it scheduled there (registrations
+        // whose notices reached it) this silo may not have loaded. Its owned ones
+        // are read again (a silo whose view skipped the sender's ring owns them
+        // without a hold).
+        if r.from != me {
             self.request_reload(r.pieces.iter().map(|p| p.range).collect());
         }
         let forward: Vec<(SiloAddress, HandoffMessage)> = crate::handoff::forwards(&r, &self.ring, me)
@@ -1019,9 +1023,11 @@ impl ReminderMachine {
     /// stopped (a view that skipped a ring names an older owner), and a floor
     /// only moves forward.
     fn newest(&self, mut r: Release) -> Release {
+        // This silo's own releases count too: it delivered there up to them.
         let newer: Vec<&Release> = self
             .received
             .iter()
+            .chain(self.history.iter())
             .filter(|o| o.from != r.from && o.at > r.at)
             .collect();
         if newer.is_empty() {
@@ -1322,7 +1328,11 @@ impl ReminderMachine {
         }
         if self.load.is_some() || self.load_retry || self.load_pending {
             if !self.load_pending {
-                self.reload.extend(owned);
+                for range in owned {
+                    if !self.reload.contains(&range) {
+                        self.reload.push(range);
+                    }
+                }
             }
             return;
         }
