@@ -60,11 +60,11 @@
 //! floor as late or later; a chain back to the receiver starts at its own release;
 //! freed pieces are read again.
 //!
-//! Known limit: random schedules beyond those run in CI
-//! (`PROPTEST_RNG_SEED=<n> cargo nextest run -p rollcall-reminders --test machine`)
-//! still find rare cases, mostly several joins and leaves within a view's spread of
-//! each other, where a hold fails over (a few ticks lost) or a stale chain's floor
-//! repeats ticks; see the project notes.
+//! Known limit: random schedules beyond the ones CI runs still find rare cases
+//! (`PROPTEST_RNG_SEED=201` and `=202` with
+//! `cargo nextest run -p rollcall-reminders --test machine`): a tick or two lost
+//! when several joins land within a view's spread of each other, and, with a
+//! table outage during the churn, a reminder repeated for a few periods.
 //!
 //! A hold is dropped once it is freed and a load that started after it finished (so
 //! every row of the range was scheduled with the floor).

@@ -369,6 +369,8 @@ struct LoadRun {
     /// The pieces it reads, for a partial load (released pieces); `None`: every
     /// owned range.
     only: Option<Vec<RingRange>>,
+    /// When it started.
+    started: Timestamp,
 }
 
 /// One silo's reminder service as a state machine (see the module docs).
@@ -616,7 +618,7 @@ impl ReminderMachine {
                     self.request_load();
                 } else {
                     let pieces = std::mem::take(&mut self.reload);
-                    self.request_reload(pieces);
+                    self.request_reload(pieces, self.now);
                 }
             }
             Timer::WriteRetry => {
@@ -657,6 +659,9 @@ impl ReminderMachine {
         self.prev_ring = old;
         let ring = &self.ring;
         self.queue.retain(|slot| ring.owns(&me, slot.hash));
+        // The new ring's load first: the pieces the releases below free are read by
+        // it (it starts after they were received).
+        self.request_load();
         // Releases that came before this ring may free what it holds.
         // (Kept for a hold timeout at most: older ones can free nothing.)
         let early: Vec<(Timestamp, Release)> = self
@@ -671,7 +676,6 @@ impl ReminderMachine {
         tracing::debug!(silo = %me, ranges = self.ranges.len(), silos = self.ring.silos().len(),
             waiting_for = ?self.holds.waiting_for(), "reminder ring changed");
         self.send(releases);
-        self.request_load();
         self.expire_holds();
         self.arm_timer();
     }
@@ -956,7 +960,7 @@ impl ReminderMachine {
         // are read again (a silo whose view skipped the sender's ring owns them
         // without a hold).
         if r.from != me {
-            self.request_reload(r.pieces.iter().map(|p| p.range).collect());
+            self.request_reload(r.pieces.iter().map(|p| p.range).collect(), received);
         }
         let forward: Vec<(SiloAddress, HandoffMessage)> = crate::handoff::forwards(&r, &self.ring, me)
             .into_iter()
@@ -1275,9 +1279,6 @@ impl ReminderMachine {
                 "no release of reminder ranges from their previous owner; taking them over");
         }
         if changed || settled {
-            // What the previous owner learned from notices after this silo's load
-            // started is read now.
-            self.request_load();
             self.free_held();
             self.publish_gauges();
             self.arm_timer();
@@ -1318,7 +1319,15 @@ impl ReminderMachine {
     /// released them, and rows it learned from notices after this silo's load of
     /// them started are read now. Coalesced like full loads (a full load pending
     /// covers them).
-    fn request_reload(&mut self, pieces: Vec<RingRange>) {
+    fn request_reload(&mut self, pieces: Vec<RingRange>, received: Timestamp) {
+        if self
+            .load
+            .as_ref()
+            .is_some_and(|l| l.only.is_none() && l.started >= received)
+            || self.load_pending
+        {
+            return; // a full load that starts after the release reads them
+        }
         let owned: Vec<RingRange> = pieces
             .iter()
             .flat_map(|p| self.ranges.iter().flat_map(|r| crate::handoff::intersect(*p, *r)))
@@ -1326,12 +1335,10 @@ impl ReminderMachine {
         if owned.is_empty() {
             return;
         }
-        if self.load.is_some() || self.load_retry || self.load_pending {
-            if !self.load_pending {
-                for range in owned {
-                    if !self.reload.contains(&range) {
-                        self.reload.push(range);
-                    }
+        if self.load.is_some() || self.load_retry {
+            for range in owned {
+                if !self.reload.contains(&range) {
+                    self.reload.push(range);
                 }
             }
             return;
@@ -1348,6 +1355,7 @@ impl ReminderMachine {
             left,
             owned: 0,
             only,
+            started: self.now,
         });
         self.load_next_piece();
     }
@@ -1475,7 +1483,7 @@ impl ReminderMachine {
             self.request_load();
         } else if !self.reload.is_empty() {
             let pieces = std::mem::take(&mut self.reload);
-            self.request_reload(pieces);
+            self.request_reload(pieces, self.now);
         }
         self.arm_timer();
     }
