@@ -113,7 +113,11 @@ pub(crate) async fn store_for(
             let b = rollcall_tests::fixtures::redis()
                 .await
                 .ok_or_else(|| anyhow::anyhow!("no redis-server"))?;
-            (rollcall::connect(&b.endpoint).await?, Some(b))
+            // Clearing a million reference rows is one script that takes longer
+            // than the default 5-s response timeout on this kind of machine.
+            let sep = if b.endpoint.contains('?') { '&' } else { '?' };
+            let url = format!("{}{sep}timeout_ms=60000", b.endpoint);
+            (rollcall::connect(&url).await?, Some(b))
         }
         other => anyhow::bail!("R1 measures memory and redis, not {other}"),
     })
