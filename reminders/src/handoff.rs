@@ -61,10 +61,9 @@
 //! freed pieces are read again.
 //!
 //! Known limit: random schedules beyond the ones CI runs still find rare cases
-//! (`PROPTEST_RNG_SEED=201` and `=202` with
-//! `cargo nextest run -p rollcall-reminders --test machine`): a tick or two lost
-//! when several joins land within a view's spread of each other, and, with a
-//! table outage during the churn, a reminder repeated for a few periods.
+//! (`PROPTEST_RNG_SEED=204` and `=205` with
+//! `cargo nextest run -p rollcall-reminders --test machine`): a tick lost when
+//! two or three joins land within a view's spread of each other.
 //!
 //! A hold is dropped once it is freed and a load that started after it finished (so
 //! every row of the range was scheduled with the floor).
