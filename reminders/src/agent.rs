@@ -15,8 +15,8 @@ use rollcall_membership_core::{
 use tokio::sync::oneshot;
 
 use crate::api::ReminderTarget;
-use crate::machine::{Action, Event, Inbound, ReminderMachine, Timer, Write, NOTICE_QUEUE};
-use crate::send::{bounded, forward, send_notices, send_releases};
+use crate::machine::{Action, Event, Inbound, ReminderMachine, Timer, NOTICE_QUEUE};
+use crate::send::{apply_write, bounded, forward, send_notices, send_releases};
 
 pub(crate) struct ReminderAgent {
     pub silo: SiloHandle,
@@ -211,21 +211,7 @@ impl ReminderAgent {
             }
             Action::Write(write) => {
                 let w = write.clone();
-                let call = async move {
-                    match &w {
-                        Write::Remove { key, etag } => {
-                            bounded(timeout, table.remove_row(key.actor(), key.name(), etag))
-                                .await
-                                .map(drop)
-                        }
-                        Write::LastFired { key, etag, at } => bounded(
-                            timeout,
-                            table.update_last_fired(key.actor(), key.name(), etag, *at),
-                        )
-                        .await
-                        .map(drop),
-                    }
-                };
+                let call = async move { bounded(timeout, apply_write(&*table, &w)).await };
                 ctx.spawn(
                     call.into_actor(self)
                         .map(move |result, act, ctx| act.run(Event::Written { write, result }, ctx)),

@@ -577,9 +577,7 @@ impl ReminderMachine {
             Event::Leave => self.leave(),
             Event::Due { active } => {
                 self.active = active;
-                self.due_timer = None;
-                self.deliver_due();
-                self.arm_timer();
+                self.timer(Timer::Due);
             }
             Event::Timer(t) => self.timer(t),
             Event::RowRead { gen, key, result } => self.row_read(gen, key, result),
@@ -603,7 +601,8 @@ impl ReminderMachine {
     fn timer(&mut self, t: Timer) {
         match t {
             Timer::Due => {
-                // Executors answer Due with Event::Due; a bare one keeps the status.
+                // Executors answer Due with Event::Due (the status); a bare one
+                // keeps the last status seen.
                 self.due_timer = None;
                 self.deliver_due();
                 self.arm_timer();
@@ -747,24 +746,12 @@ impl ReminderMachine {
         }
         Counters::bump(&self.counters.notices);
         let hash = actor_hash(&n.actor);
-        if self.leaving {
-            // Leaving: the owner once this silo is gone reads it.
-            if let (true, Some(owner)) = (
-                n.hops < MAX_NOTICE_HOPS,
-                self.ring.without(&self.me).owner_of(hash),
-            ) {
-                let forward = ChangedNotice {
-                    hops: n.hops + 1,
-                    ..n
-                };
-                self.out.push(Action::SendNotices(vec![(owner, forward)]));
-            }
-            return;
-        }
-        if !self.ring.owns(&self.me, hash) {
-            // Not ours in our view: forward to the owner we see (the sender's view
-            // may be older); past MAX_NOTICE_HOPS, the owner's own loads cover it.
-            if let (true, Some(owner)) = (n.hops < MAX_NOTICE_HOPS, self.ring.owner_of(hash)) {
+        let owner = self.owners().owner_of(hash);
+        if owner != Some(self.me) {
+            // Not ours in our view (or this silo is leaving): forward to the owner
+            // we see (the sender's view may be older); past MAX_NOTICE_HOPS, the
+            // owner's own loads cover it.
+            if let (true, Some(owner)) = (n.hops < MAX_NOTICE_HOPS, owner) {
                 let forward = ChangedNotice {
                     hops: n.hops + 1,
                     ..n
@@ -795,12 +782,7 @@ impl ReminderMachine {
             // The ring changed meanwhile: the load of the new ring reads it if this
             // silo still owns it; else its owner now is told.
             let hash = actor_hash(key.actor());
-            let ring = if self.leaving {
-                self.ring.without(&self.me)
-            } else {
-                self.ring.clone()
-            };
-            if let Some(owner) = ring.owner_of(hash).filter(|o| *o != self.me) {
+            if let Some(owner) = self.owners().owner_of(hash).filter(|o| *o != self.me) {
                 let notice = ChangedNotice {
                     service: self.service.clone(),
                     actor: key.actor().to_owned(),
@@ -979,6 +961,16 @@ impl ReminderMachine {
         freed
     }
 
+    /// The ring that decides who owns a hash for this silo: its ring, or, once it
+    /// is leaving, its ring without itself.
+    fn owners(&self) -> std::borrow::Cow<'_, Ring> {
+        if self.leaving {
+            std::borrow::Cow::Owned(self.ring.without(&self.me))
+        } else {
+            std::borrow::Cow::Borrowed(&self.ring)
+        }
+    }
+
     /// The version of the membership view the ring was built from.
     fn view_version(&self) -> u64 {
         self.view.as_ref().map_or(0, |v| v.version.version)
@@ -998,24 +990,12 @@ impl ReminderMachine {
                 pieces.push(p);
                 continue;
             }
-            let mut rest = vec![p.range];
-            for mine in self.history.iter().rev() {
-                for q in &mine.pieces {
-                    for left in std::mem::take(&mut rest) {
-                        for range in crate::handoff::intersect(left, q.range) {
-                            pieces.push(ReleasedPiece { range, ..*q });
-                            r.floors.extend(
-                                mine.floors
-                                    .iter()
-                                    .filter(|f| range.contains(actor_hash(&f.actor)))
-                                    .cloned(),
-                            );
-                        }
-                        rest.extend(crate::handoff::subtract(left, &[q.range]));
-                    }
-                }
-            }
-            pieces.extend(rest.into_iter().map(|range| ReleasedPiece { range, ..p }));
+            let mine = self
+                .history
+                .iter()
+                .rev()
+                .flat_map(|m| m.pieces.iter().map(move |q| (m, q)));
+            overlay(p, mine, &mut pieces, &mut r.floors);
         }
         r.pieces = pieces;
         r
@@ -1039,29 +1019,13 @@ impl ReminderMachine {
         }
         let mut pieces = Vec::with_capacity(r.pieces.len());
         for p in std::mem::take(&mut r.pieces) {
-            let mut rest = vec![p.range];
-            for o in &newer {
-                for q in o
-                    .pieces
+            let later = newer.iter().flat_map(|o| {
+                o.pieces
                     .iter()
-                    .filter(|q| q.floor.is_some() && q.floor >= p.floor)
-                {
-                    for left in std::mem::take(&mut rest) {
-                        for range in crate::handoff::intersect(left, q.range) {
-                            pieces.push(ReleasedPiece { range, ..*q });
-                            r.floors.retain(|f| !range.contains(actor_hash(&f.actor)));
-                            r.floors.extend(
-                                o.floors
-                                    .iter()
-                                    .filter(|f| range.contains(actor_hash(&f.actor)))
-                                    .cloned(),
-                            );
-                        }
-                        rest.extend(crate::handoff::subtract(left, &[q.range]));
-                    }
-                }
-            }
-            pieces.extend(rest.into_iter().map(|range| ReleasedPiece { range, ..p }));
+                    .filter(move |q| q.floor.is_some() && q.floor >= p.floor)
+                    .map(move |q| (*o, q))
+            });
+            overlay(p, later, &mut pieces, &mut r.floors);
         }
         r.pieces = pieces;
         r
@@ -1074,11 +1038,7 @@ impl ReminderMachine {
             return; // asked again every REQUEST_AFTER
         }
         // A leaving silo owns nothing any more: its last release answers.
-        let ring = if self.leaving {
-            self.ring.without(&self.me)
-        } else {
-            self.ring.clone()
-        };
+        let ring = self.owners();
         let again = crate::handoff::answer(
             &r,
             self.me,
@@ -1699,4 +1659,34 @@ impl ReminderMachine {
                 .push(Action::SetTimer(Timer::WriteRetry, self.now.saturating_add(wait)));
         }
     }
+}
+
+/// Splits `p` by the pieces of `over` (each with its release), in order: a part
+/// that one of them covers becomes that piece (its floor, the silo it waited for)
+/// and carries that release's per-reminder floors there instead of `floors`' own;
+/// the rest keeps `p`. The parts go to `pieces`.
+fn overlay<'a>(
+    p: ReleasedPiece,
+    over: impl Iterator<Item = (&'a Release, &'a ReleasedPiece)>,
+    pieces: &mut Vec<ReleasedPiece>,
+    floors: &mut Vec<Floor>,
+) {
+    let mut rest = vec![p.range];
+    for (release, q) in over {
+        for left in std::mem::take(&mut rest) {
+            for range in crate::handoff::intersect(left, q.range) {
+                pieces.push(ReleasedPiece { range, ..*q });
+                floors.retain(|f| !range.contains(actor_hash(&f.actor)));
+                floors.extend(
+                    release
+                        .floors
+                        .iter()
+                        .filter(|f| range.contains(actor_hash(&f.actor)))
+                        .cloned(),
+                );
+            }
+            rest.extend(crate::handoff::subtract(left, &[q.range]));
+        }
+    }
+    pieces.extend(rest.into_iter().map(|range| ReleasedPiece { range, ..p }));
 }

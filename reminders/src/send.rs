@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use rollcall_membership_core::{SiloAddress, SiloHandle};
+use rollcall_membership_core::{ReminderTable, SiloAddress, SiloHandle};
 
 use rollcall_membership_core::{Notice, NoticeReceiver, NoticesDropped};
 
 use crate::agent::{NoticesReceived, ReminderAgent};
 use crate::api::ReminderError;
 use crate::handoff::HandoffMessage;
-use crate::machine::{release_topic, topic, ChangedNotice, NOTICE_BATCH};
+use crate::machine::{release_topic, topic, ChangedNotice, Write, NOTICE_BATCH};
 
 /// Attempts at sending one release.
 const RELEASE_ATTEMPTS: u32 = 3;
@@ -26,6 +26,20 @@ pub(crate) async fn bounded<T>(
         ReminderError::Timeout,
     )
     .await
+}
+
+/// Carries out `write` on `table` (`remove_row` or `update_last_fired`).
+pub(crate) async fn apply_write(
+    table: &dyn ReminderTable,
+    write: &Write,
+) -> rollcall_membership_core::Result<()> {
+    match write {
+        Write::Remove { key, etag } => table.remove_row(key.actor(), key.name(), etag).await.map(drop),
+        Write::LastFired { key, etag, at } => table
+            .update_last_fired(key.actor(), key.name(), etag, *at)
+            .await
+            .map(drop),
+    }
 }
 
 /// Sends `releases` to their silos at once, each retried up to

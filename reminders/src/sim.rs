@@ -28,7 +28,7 @@ use rollcall_membership_core::{
 };
 use rollcall_provider_memory::MemoryStore;
 
-use crate::machine::{Action, ChangedNotice, Event, Inbound, ReminderMachine, Timer, Write};
+use crate::machine::{Action, ChangedNotice, Event, Inbound, ReminderMachine, Timer};
 use crate::ring::Ring;
 use crate::ReminderError;
 
@@ -621,13 +621,18 @@ impl World {
         }
     }
 
-    /// The latency of a table call and whether it fails (outage: after the
-    /// operation timeout).
-    fn table_call(&mut self) -> (u64, bool) {
+    /// A table call: its latency and its result (during an outage it times out
+    /// after the operation timeout and `call` does not run).
+    fn table_call<T>(
+        &mut self,
+        call: impl std::future::Future<Output = rollcall_membership_core::Result<T>>,
+    ) -> (u64, Result<T, ReminderError>) {
+        let timeout = self.cfg.options.table_operation_timeout;
         if self.out() {
-            (self.cfg.options.table_operation_timeout.as_millis() as u64, true)
+            (timeout.as_millis() as u64, Err(ReminderError::Timeout(timeout)))
         } else {
-            (1 + self.rand(self.cfg.table_jitter), false)
+            let lat = 1 + self.rand(self.cfg.table_jitter);
+            (lat, now_or_fail(call).map_err(ReminderError::from))
         }
     }
 
@@ -635,23 +640,14 @@ impl World {
         let me = self.nodes[i].addr;
         match action {
             Action::ReadRow { gen, key } => {
-                let (lat, fail) = self.table_call();
-                let result = if fail {
-                    Err(ReminderError::Timeout(self.cfg.options.table_operation_timeout))
-                } else {
-                    now_or_fail(self.table.read_row(key.actor(), key.name())).map_err(ReminderError::from)
-                };
+                let table = self.table.clone();
+                let (lat, result) = self.table_call(table.read_row(key.actor(), key.name()));
                 self.sched
                     .push(lat, i, Ev::Machine(Event::RowRead { gen, key, result }));
             }
             Action::ReadPiece { epoch, piece, width } => {
-                let (lat, fail) = self.table_call();
-                let result = if fail {
-                    Err(ReminderError::Timeout(self.cfg.options.table_operation_timeout))
-                } else {
-                    now_or_fail(self.table.read_rows_in_range(piece.begin, piece.end))
-                        .map_err(ReminderError::from)
-                };
+                let table = self.table.clone();
+                let (lat, result) = self.table_call(table.read_rows_in_range(piece.begin, piece.end));
                 let event = Event::PieceRead {
                     epoch,
                     piece,
@@ -695,21 +691,8 @@ impl World {
                 self.sched.push(lat, i, Ev::Machine(event));
             }
             Action::Write(write) => {
-                let (lat, fail) = self.table_call();
-                let result = if fail {
-                    Err(ReminderError::Timeout(self.cfg.options.table_operation_timeout))
-                } else {
-                    let done = match &write {
-                        Write::Remove { key, etag } => {
-                            now_or_fail(self.table.remove_row(key.actor(), key.name(), etag)).map(drop)
-                        }
-                        Write::LastFired { key, etag, at } => {
-                            now_or_fail(self.table.update_last_fired(key.actor(), key.name(), etag, *at))
-                                .map(drop)
-                        }
-                    };
-                    done.map_err(ReminderError::from)
-                };
+                let table = self.table.clone();
+                let (lat, result) = self.table_call(crate::send::apply_write(&*table, &write));
                 self.sched
                     .push(lat, i, Ev::Machine(Event::Written { write, result }));
             }
