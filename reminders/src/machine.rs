@@ -533,31 +533,6 @@ impl ReminderMachine {
         self.notice_reads
     }
 
-    /// What this machine holds of reminder `name` of `actor` (its slot, the
-    /// handoff start of its hash), for diagnostics.
-    pub fn describe(&self, actor: &str, name: &str) -> String {
-        let key = Key::new(actor, name);
-        let hash = actor_hash(actor);
-        let slot = self.queue.get(&key).map(|s| {
-            format!(
-                "etag {} next {:?} held {} delivering {} seen {} touched {}",
-                s.etag, s.next, s.held, s.delivering, s.seen, s.touched
-            )
-        });
-        let start = self
-            .queue
-            .get(&key)
-            .map_or(Start::Free, |s| self.holds.start_of(hash, actor, name, &s.etag));
-        format!(
-            "owns {} view {} slot {:?} start {:?} load {:?}",
-            self.ring.owns(&self.me, hash),
-            self.view_version(),
-            slot,
-            start,
-            self.load.as_ref().map(|l| (l.epoch, l.only.is_some()))
-        )
-    }
-
     /// Whether some gained range still waits for its previous owner's release.
     pub fn holding(&self) -> bool {
         self.holds.waiting()
