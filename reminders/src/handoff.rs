@@ -310,11 +310,15 @@ pub fn answer(
         for rel in sent {
             if let Some(c) = rel.within(*piece) {
                 covered.extend(c.pieces.iter().map(|p| p.range));
-                again.extend(
-                    resolve_chain(c, received, me)
-                        .into_iter()
-                        .map(|rel| rel.seen_by(asker)),
-                );
+                let (c, moved) = moved_on(c, prev_ring, me, asker);
+                elsewhere.extend(moved);
+                if let Some(c) = c {
+                    again.extend(
+                        resolve_chain(c, received, me)
+                            .into_iter()
+                            .map(|rel| rel.seen_by(asker)),
+                    );
+                }
             }
         }
         for rest in subtract(*piece, &covered) {
@@ -357,6 +361,52 @@ pub fn answer(
         });
     }
     again
+}
+
+/// Splits a release `me` sent to one silo by what `me` saw next: pieces that a
+/// third silo owns in `me`'s previous ring (not the receiver, not the asker, not
+/// `me`) went on from the receiver to that silo in a ring `me` saw later, so the
+/// release is not the last word on them. Those are answered as "wait for that
+/// silo", with no floor: the receiver and the silos after it delivered there
+/// since, so the release's floor is no fallback. (Found by the property tests: an
+/// old release answered for a piece whose later owner had crashed, and the
+/// asker, settling it as a chain that came back, delivered the occurrences since
+/// that old floor a second time.)
+fn moved_on(
+    rel: Release,
+    prev_ring: &Ring,
+    me: SiloAddress,
+    asker: SiloAddress,
+) -> (Option<Release>, Vec<ReleasedPiece>) {
+    let Some(to) = rel.to else {
+        return (Some(rel), Vec::new());
+    };
+    if prev_ring.is_empty() {
+        return (Some(rel), Vec::new());
+    }
+    let mut moved = Vec::new();
+    let mut cut = Vec::new();
+    for p in &rel.pieces {
+        for silo in prev_ring.silos() {
+            if silo == to || silo == asker || silo == me {
+                continue;
+            }
+            for owned in prev_ring.ranges_of(&silo) {
+                for range in intersect(p.range, owned) {
+                    cut.push(range);
+                    moved.push(ReleasedPiece {
+                        range,
+                        floor: None,
+                        waiting_for: Some(silo),
+                    });
+                }
+            }
+        }
+    }
+    if moved.is_empty() {
+        return (Some(rel), moved);
+    }
+    (rel.without(&cut), moved)
 }
 
 /// A release of `me`'s whose pieces name a silo `me` was waiting for when it let
@@ -473,8 +523,10 @@ pub enum Custody {
     /// Not held: the silo delivered there up to the release.
     Free,
     /// Still held, waiting for this silo's release: the silo delivered nothing
-    /// there and knows no floor.
-    Held(SiloAddress),
+    /// there. The floor (ms) is the one a silo earlier in the chain passed on
+    /// while naming another silo to wait for, if any: the receiver uses it when the
+    /// chain comes back to it (rule 4).
+    Held(SiloAddress, Option<u64>),
     /// Freed with this floor (`None`: as after a crash), not loaded in full since:
     /// the silo delivered only what it had scheduled there.
     Inherited(Option<Timestamp>),
@@ -679,7 +731,7 @@ impl Holds {
         let mut pieces = vec![(range, Custody::Free)];
         for h in &self.holds {
             let state = match &h.state {
-                HoldState::Waiting => Custody::Held(h.from),
+                HoldState::Waiting => Custody::Held(h.from, h.fallback),
                 HoldState::Released { floor, .. } if !h.loaded => Custody::Inherited(Some(*floor)),
                 HoldState::Failover if !h.loaded => Custody::Inherited(None),
                 _ => Custody::Free,
@@ -1069,7 +1121,7 @@ mod tests {
             got,
             vec![
                 (r(50, 100), Custody::Free),
-                (r(100, 150), Custody::Held(a)),
+                (r(100, 150), Custody::Held(a, None)),
                 (r(150, 200), Custody::Inherited(Some(t(7)))),
                 (r(200, 300), Custody::Inherited(Some(t(7)))),
                 (r(300, 400), Custody::Free),

@@ -856,7 +856,7 @@ impl ReminderMachine {
             });
             for (piece, custody) in self.holds.custody(*range) {
                 let (floor, waiting_for) = match custody {
-                    Custody::Held(from) => (None, Some(from)),
+                    Custody::Held(from, fallback) => (fallback, Some(from)),
                     Custody::Free => (Some(after), None),
                     Custody::Inherited(f) => {
                         inherited.push(piece);

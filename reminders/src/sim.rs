@@ -605,7 +605,7 @@ impl World {
         let actions = machine.handle(now, event);
         if let Some((w, event)) = shown {
             let actions = format!("{actions:?}");
-            if event.contains(&w) || actions.contains(&w) {
+            if w.split('|').any(|w| event.contains(w) || actions.contains(w)) {
                 eprintln!(
                     "{:>7} ms silo {i}: {event}\n          -> {actions}",
                     self.sched.now_ms()

@@ -251,3 +251,54 @@ proptest! {
         check_bounds(&w);
     }
 }
+
+/// Found by a random seed: a joiner whose view skipped a ring got its range from
+/// the old owner directly, while the silo it waited for (another joiner) had only
+/// held the range and named it in return: the chain came back to the receiver,
+/// and the floor the old owner passed on travelled with it (it used to be
+/// dropped, and the range failed over, losing the tick due meanwhile).
+#[test]
+fn a_chain_of_two_joiners_keeps_the_floor_of_the_silo_that_delivered() {
+    let ops = vec![
+        (343, Op::Join),
+        (2179, Op::Leave(1_086_577_628_956_843_491)),
+        (1153, Op::Join),
+        (668, Op::Join),
+    ];
+    let (w, end) = run(15_110_814_259_630_567_966, Config::default(), &ops);
+    let dup = w.duplicates();
+    let missed = w.missed(end + 30_000 - TAIL, SLACK);
+    assert!(dup.is_empty(), "duplicates: {dup:?}");
+    assert!(missed.is_empty(), "missed: {missed:?}");
+}
+
+/// Found by a random seed: a joiner asked the one other survivor for a range
+/// that survivor had released long before to a silo that left since; the range
+/// had gone on to a third silo that then crashed. The old release used to be the
+/// answer, and its floor was taken as a chain that came back: nine occurrences
+/// delivered a second time. Now the answer names the later owner the survivor saw
+/// (a crash: failover).
+#[test]
+fn an_old_release_is_not_the_answer_for_a_range_that_moved_on() {
+    let ops = vec![
+        (2183, Op::Leave(15_507_254_076_904_455_043)),
+        (
+            4453,
+            Op::Register {
+                actor: 0,
+                name: 1,
+                delay: 0,
+                period: 1,
+            },
+        ),
+        (764, Op::Crash(13_856_863_650_566_444_623)),
+        (3784, Op::Join),
+    ];
+    let cfg = Config {
+        delivery_failure: 0.02,
+        ..Config::default()
+    };
+    let (w, _) = run(6_574_212_339_858_785_347, cfg, &ops);
+    let dup = w.duplicates();
+    assert!(dup.is_empty(), "duplicates: {dup:?}");
+}
