@@ -953,23 +953,38 @@ impl ReminderMachine {
 
     /// `r` with every piece that names this silo as the one its sender waited for
     /// (a chain of holders that came back here: none of them delivered) replaced
-    /// by this silo's own release of it, floors included: it delivered there last
-    /// and stopped where its release says.
+    /// by the newest release this silo knows of it, floors included: its own (it
+    /// delivered there last and stopped where its release says) or one it
+    /// received without passing the pieces on (a release forwarded through this
+    /// silo to a joiner that left before it arrived: the sender delivered there
+    /// last).
     fn back_to_me(&self, mut r: Release) -> Release {
         if r.from == self.me || r.pieces.iter().all(|p| p.waiting_for != Some(self.me)) {
             return r;
         }
+        let mut known: Vec<&Release> = self
+            .history
+            .iter()
+            .chain(
+                self.received
+                    .iter()
+                    .filter(|o| o.from != r.from && o.to.is_none_or(|to| to == self.me)),
+            )
+            .collect();
+        known.sort_by_key(|o| std::cmp::Reverse(o.at));
         let mut pieces = Vec::with_capacity(r.pieces.len());
         for p in std::mem::take(&mut r.pieces) {
             if p.waiting_for != Some(self.me) {
                 pieces.push(p);
                 continue;
             }
-            let mine = self
-                .history
-                .iter()
-                .rev()
-                .flat_map(|m| m.pieces.iter().map(move |q| (m, q)));
+            let me = self.me;
+            let mine = known.iter().flat_map(move |m| {
+                m.pieces
+                    .iter()
+                    .filter(move |q| m.from == me || (q.waiting_for.is_none() && q.floor.is_some()))
+                    .map(move |q| (*m, q))
+            });
             overlay(p, mine, &mut pieces, &mut r.floors);
         }
         r.pieces = pieces;

@@ -302,3 +302,35 @@ fn an_old_release_is_not_the_answer_for_a_range_that_moved_on() {
     let dup = w.duplicates();
     assert!(dup.is_empty(), "duplicates: {dup:?}");
 }
+
+/// Found by a random seed: a leaver's release reached the only other silo
+/// before its view showed a joiner, which left 200 ms after joining, holding the
+/// range and naming that silo. The chain came back to the silo that had received
+/// the leaver's release: it now starts from that release's floor (it used to fail
+/// the range over and lose the ticks due meanwhile).
+#[test]
+fn a_chain_back_to_a_silo_starts_from_the_release_it_received() {
+    let ops = vec![
+        (2954, Op::Leave(5_594_129_122_179_634_562)),
+        (
+            3124,
+            Op::Register {
+                actor: 0,
+                name: 1,
+                delay: 1403,
+                period: 2,
+            },
+        ),
+        (1346, Op::Leave(0)),
+        (939, Op::Leave(0)),
+        (879, Op::Join),
+        (2558, Op::Leave(0)),
+        (200, Op::Join),
+        (200, Op::Leave(2_777_457_959_843_441_113)),
+    ];
+    let (w, end) = run(12_167_970_949_498_898_634, Config::default(), &ops);
+    let dup = w.duplicates();
+    let missed = w.missed(end + 30_000 - TAIL, SLACK);
+    assert!(dup.is_empty(), "duplicates: {dup:?}");
+    assert!(missed.is_empty(), "missed: {missed:?}");
+}
