@@ -643,10 +643,14 @@ impl ReminderMachine {
             .drain(..)
             .filter(|(t, _)| now.saturating_duration_since(*t) < crate::handoff::HANDOFF_TIMEOUT)
             .collect();
+        let mut freed = false;
         for (at, r) in early {
-            self.release_received(r, at);
+            freed |= self.release_received(r, at);
         }
         self.hold_slots();
+        if freed {
+            self.free_held();
+        }
         tracing::debug!(silo = %me, ranges = self.ranges.len(), silos = self.ring.silos().len(),
             waiting_for = ?self.holds.waiting_for(), "reminder ring changed");
         self.send(releases);
@@ -911,7 +915,13 @@ impl ReminderMachine {
         if r.from != me && !self.received.contains(&r) {
             crate::handoff::remember(&mut self.received, r.clone(), EARLY_RELEASES);
         }
-        let freed = self.holds.released(&r, me);
+        let mut freed = self.holds.released(&r, me);
+        // A piece that now waits for another silo (a chain) may be freed by a
+        // release of that silo received before: apply those again (each chain step
+        // names a new silo, so this ends within the releases kept).
+        if freed {
+            freed |= self.replay_received();
+        }
         // The sender had these pieces: what it scheduled there (registrations
         // whose notices reached it) this silo may not have loaded. Its owned ones
         // are read again (a silo whose view skipped the sender's ring owns them
@@ -934,6 +944,31 @@ impl ReminderMachine {
             self.early.push_back((received, r));
         }
         freed
+    }
+
+    /// Applies again the releases received from the silos some hold waits for
+    /// now, until none frees anything more. Returns whether a hold changed.
+    fn replay_received(&mut self) -> bool {
+        let mut changed = false;
+        for _ in 0..EARLY_RELEASES {
+            let waiting = self.holds.waiting_for();
+            let again: Vec<Release> = self
+                .received
+                .iter()
+                .filter(|r| waiting.contains(&r.from))
+                .cloned()
+                .collect();
+            let mut any = false;
+            for r in again {
+                let r = self.newest(self.back_to_me(r));
+                any |= self.holds.released(&r, self.me);
+            }
+            if !any {
+                break;
+            }
+            changed = true;
+        }
+        changed
     }
 
     /// The ring that decides who owns a hash for this silo: its ring, or, once it
@@ -1387,8 +1422,20 @@ impl ReminderMachine {
             if self.removals.get(&key) == Some(&row.etag) {
                 continue; // a delivered one-shot whose removal is pending
             }
+            // A slot still held where no hold holds it any more is planned again.
+            let stale_hold = |slot: &crate::queue::Slot| {
+                slot.held
+                    && self
+                        .holds
+                        .start_of(row.hash, &row.actor_id, &row.name, row.etag.as_str())
+                        != Start::Held
+            };
             match self.queue.get_mut(&key) {
-                Some(slot) if slot.etag == row.etag.as_str() || slot.touched > since => slot.seen = epoch,
+                Some(slot)
+                    if (slot.etag == row.etag.as_str() || slot.touched > since) && !stale_hold(slot) =>
+                {
+                    slot.seen = epoch
+                }
                 _ => {
                     self.schedule_row(row, Learned::Load, first);
                     if let Some(slot) = self.queue.get_mut(&key) {

@@ -334,3 +334,45 @@ fn a_chain_back_to_a_silo_starts_from_the_release_it_received() {
     assert!(dup.is_empty(), "duplicates: {dup:?}");
     assert!(missed.is_empty(), "missed: {missed:?}");
 }
+
+/// Found by a random seed: a release forwarded to a joiner arrived before the
+/// joiner's hold named its sender (the hold waited for the forwarder, whose
+/// answer named the sender later). The release is applied again when a hold
+/// comes to wait for its sender, and a slot left held where nothing holds it any
+/// more is planned again by the next load (three reminders were never delivered
+/// again).
+#[test]
+fn a_release_received_before_the_chain_named_its_sender_still_frees_the_range() {
+    let ops = vec![
+        (4418, Op::Leave(5_594_129_122_179_634_562)),
+        (
+            3776,
+            Op::Register {
+                actor: 0,
+                name: 1,
+                delay: 1403,
+                period: 2,
+            },
+        ),
+        (3647, Op::Leave(7_981_317_974_460_458_204)),
+        (880, Op::Leave(0)),
+        (879, Op::Join),
+        (5800, Op::Leave(1_545_796_543_862_021_786)),
+        (200, Op::Join),
+        (
+            667,
+            Op::Register {
+                actor: 0,
+                name: 0,
+                delay: 0,
+                period: 1,
+            },
+        ),
+        (367, Op::Leave(0)),
+    ];
+    let (w, end) = run(12_167_970_949_514_807_013, Config::default(), &ops);
+    let dup = w.duplicates();
+    let missed = w.missed(end + 30_000 - TAIL, SLACK);
+    assert!(dup.is_empty(), "duplicates: {dup:?}");
+    assert!(missed.is_empty(), "missed: {missed:?}");
+}
