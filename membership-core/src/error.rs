@@ -47,6 +47,28 @@ pub enum Error {
     /// store URL whose provider feature is compiled out).
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A state write or clear found another etag than it expected (Orleans'
+    /// `InconsistentStateException`): another writer won. Nothing was written;
+    /// re-read, re-apply, write again (see [`crate::state`]).
+    #[error("inconsistent state at `{key}`: expected etag {expected:?}, found {current:?}")]
+    InconsistentState {
+        /// The state (`actor#name`).
+        key: String,
+        /// The etag the writer expected (`None`: no record).
+        expected: Option<crate::Etag>,
+        /// The etag found (`None`: no record).
+        current: Option<crate::Etag>,
+    },
+    /// A state larger than the provider stores; nothing was written.
+    #[error("state `{key}` of {size} bytes is larger than the {max} bytes a state may have")]
+    TooLarge {
+        /// The state (`actor#name`).
+        key: String,
+        /// Its size, bytes.
+        size: u64,
+        /// The largest size, bytes.
+        max: u64,
+    },
 }
 
 impl Error {

@@ -30,6 +30,7 @@ mod reminder;
 mod silo;
 #[cfg(feature = "sim")]
 pub mod sim;
+pub mod state;
 pub mod statistics;
 mod table;
 #[cfg(feature = "runtime")]
@@ -55,6 +56,7 @@ pub use metrics_table::{MembershipCounters, MetricsReport, MetricsRole, MetricsR
 pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};
 pub use reminder::{actor_hash, hash_in_range, ReminderEntry};
 pub use silo::{SiloAddress, SiloStatus};
+pub use state::{ClearMode, Codec, Expected, StateKey, StateRead, StateStorage, StateTable};
 pub use statistics::{AggLevel, StatFilter, StatPoint, StatRecord, StatisticsOptions, StatisticsStore};
 pub use table::{validate_id, MembershipTable, ProtocolMode, ReminderTable, SystemStore, WriteMode};
 #[cfg(feature = "runtime")]

@@ -340,6 +340,21 @@ pub trait SystemStore: Send + Sync + std::fmt::Debug {
             .await
     }
 
+    /// The grain-state table of `service_id` (see [`crate::state`]); wrap it in
+    /// a [`StateStorage`](crate::StateStorage) to read and write states.
+    ///
+    /// # Errors
+    /// As for [`membership_table`](Self::membership_table);
+    /// [`Error::Unsupported`](crate::Error::Unsupported) from providers without
+    /// one (the default).
+    fn state_table(&self, service_id: &str) -> Result<Arc<dyn crate::StateTable>> {
+        let _ = service_id;
+        Err(crate::Error::Unsupported(format!(
+            "the {} provider has no state table",
+            self.provider()
+        )))
+    }
+
     /// The statistics store of `cluster_id` (see
     /// [`StatisticsStore`](crate::StatisticsStore)), run with `options`.
     ///

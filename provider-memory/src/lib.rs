@@ -19,7 +19,9 @@
 
 #![warn(missing_docs)]
 
+mod state;
 mod statistics;
+pub use state::{MemoryStateTable, MEMORY_STATE_LIMITS};
 pub use statistics::MemoryStatistics;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -61,6 +63,8 @@ struct Inner {
     metrics: Mutex<HashMap<String, MetricsRows>>,
     /// Statistics per cluster.
     statistics: Mutex<HashMap<String, Arc<MemoryStatistics>>>,
+    /// Grain-state rows per service.
+    states: Mutex<HashMap<String, state::States>>,
     next_etag: AtomicU64,
     unavailable: AtomicBool,
     history_capacity: u64,
@@ -73,6 +77,7 @@ impl Default for Inner {
             services: Mutex::default(),
             metrics: Mutex::default(),
             statistics: Mutex::default(),
+            states: Mutex::default(),
             next_etag: AtomicU64::new(0),
             unavailable: AtomicBool::new(false),
             history_capacity: DEFAULT_HISTORY_CAPACITY,
@@ -177,6 +182,10 @@ impl SystemStore for MemoryStore {
             store: self.clone(),
             service_id: service_id.to_owned(),
         }))
+    }
+
+    fn state_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::StateTable>> {
+        self.state_table_with_limits(service_id, MEMORY_STATE_LIMITS)
     }
 
     /// One [`MemoryStatistics`] per cluster id, shared by every handle on this store

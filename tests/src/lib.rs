@@ -20,6 +20,7 @@ pub mod metrics_table;
 pub mod reminder_table;
 pub mod reminders;
 pub mod sim;
+pub mod state_table;
 pub mod statistics_store;
 
 /// The Redis client the fixtures use, for tests that poke at a server directly.
@@ -44,6 +45,46 @@ pub fn unique_id(what: &str) -> String {
 /// [`conformance_tests!`] expands (a unit test checks that the list names every
 /// scenario function, so it cannot drift).
 pub const SCENARIOS: &[&str] = conformance_tests!(@names);
+
+/// Every grain-state scenario as `"state_table::function"`, from the list that
+/// [`state_conformance_tests!`] expands.
+pub const STATE_SCENARIOS: &[&str] = state_conformance_tests!(@names);
+
+/// Expands to one `#[tokio::test]` per grain-state scenario ([`state_table`]),
+/// for a store expression as in [`conformance_tests!`]. Run by every provider
+/// with a state table (memory and Redis so far).
+#[macro_export]
+macro_rules! state_conformance_tests {
+    (@names) => {
+        $crate::state_conformance_tests!(@list [@names_out])
+    };
+    (@list [$($pre:tt)*]) => {
+        $crate::state_conformance_tests! { $($pre)*
+            state_table::state_sizes_round_trip,
+            state_table::state_largest_state_and_one_byte_over,
+            state_table::state_grows_and_shrinks_leaving_no_stale_chunk,
+            state_table::state_multibyte_utf8_across_chunk_boundaries,
+            state_table::state_preconditions,
+            state_table::state_concurrent_writers_one_winner_per_etag,
+            state_table::state_clear_against_a_concurrent_writer,
+            state_table::state_killed_write_leaves_the_old_state_and_the_sweep_removes_orphans,
+            state_table::state_corrupt_header_or_chunk_is_an_error,
+            state_table::state_expiry,
+            state_table::state_enumeration_pages,
+            state_table::state_atomic_write_of_several_states,
+            state_table::state_services_are_isolated,
+        }
+    };
+    (@names_out $($module:ident :: $scenario:ident),+ $(,)?) => {
+        $crate::conformance_tests!(@names_out $($module :: $scenario),+)
+    };
+    (@each $store:expr; $($module:ident :: $scenario:ident),+ $(,)?) => {
+        $crate::conformance_tests!(@each $store; $($module :: $scenario),+);
+    };
+    ($store:expr) => {
+        $crate::state_conformance_tests!(@list [@each $store;]);
+    };
+}
 
 /// Expands to one `#[tokio::test]` per conformance scenario (membership and
 /// reminders), each running against the store produced by `$store`, an expression
@@ -142,6 +183,7 @@ mod tests {
             ("reminder_table", include_str!("reminder_table.rs")),
             ("metrics_table", include_str!("metrics_table.rs")),
             ("statistics_store", include_str!("statistics_store.rs")),
+            ("state_table", include_str!("state_table.rs")),
         ] {
             for line in source.lines() {
                 if let Some(rest) = line.strip_prefix("pub async fn ") {
@@ -153,7 +195,11 @@ mod tests {
                 }
             }
         }
-        let mut listed: Vec<String> = super::SCENARIOS.iter().map(|s| s.to_string()).collect();
+        let mut listed: Vec<String> = super::SCENARIOS
+            .iter()
+            .chain(super::STATE_SCENARIOS)
+            .map(|s| s.to_string())
+            .collect();
         found.sort();
         listed.sort();
         assert_eq!(

@@ -52,3 +52,8 @@ async fn history_keeps_the_newest_events() {
     ))
     .await;
 }
+
+/// The grain-state scenarios against the in-memory provider.
+mod state {
+    rollcall_tests::state_conformance_tests!(Some((super::memory_store(), ())));
+}

@@ -1,0 +1,1066 @@
+//! Actor state: Orleans' grain-state table (`OrleansGrainState`: one row per
+//! actor and state name, the serialized state, an etag for optimistic
+//! concurrency), with an envelope that makes a corrupt record an error and chunks
+//! that let a state outgrow one backend request.
+//!
+//! Three layers:
+//!
+//! - [`StateTable`]: what a provider implements, once: a header row per state
+//!   (the envelope, the concurrency fence) and chunk rows under a generation id,
+//!   one conditional [`commit`](StateTable::commit) that compares every header's
+//!   etag and writes headers and inline chunks in **one** backend transaction.
+//! - The rules, sans-io: [`StateHeader`] (the envelope: format, codec, length,
+//!   checksum, generation, chunk count, expiry), [`WriteMachine`] (events in,
+//!   actions out: stage chunks, commit, sweep the replaced generation) and the read
+//!   check [`assemble`].
+//! - [`StateStorage`]: carries the machine's actions out against a table: `read`,
+//!   `write`, `clear`, `write_many`, `list`, `sweep`.
+//!
+//! # Contract (checked by the conformance scenarios `state_table::*`)
+//! - Key: service id (the table), actor id `kind/key` and state name
+//!   ([`StateKey::new`] validates them).
+//! - [`StateStorage::read`] returns the bytes and their etag, or
+//!   [`StateRead::record_exists`] = false (never written, cleared, or expired).
+//! - [`StateStorage::write`] with [`Expected::Absent`] (no header may exist: not
+//!   even a tombstone), [`Expected::Etag`] (the header's etag must be this one) or
+//!   [`Expected::Any`] (last writer wins, explicitly). A failed compare is
+//!   [`Error::InconsistentState`] and writes nothing; nothing is retried.
+//! - [`StateStorage::clear`]: [`ClearMode::Tombstone`] by default: the header is
+//!   replaced by an empty, cleared one with a new etag, so a writer holding an old
+//!   etag cannot recreate the state (Orleans' `DeleteStateOnClear = false`);
+//!   [`ClearMode::Delete`] deletes the header conditionally, after which
+//!   [`Expected::Absent`] writes again.
+//! - A state larger than one transaction is written as chunks under a fresh
+//!   generation first, then published by its header's conditional commit: a reader
+//!   sees the old state or the new one, never a mix. The replaced generation is
+//!   deleted after the commit; generations of writes that never published are
+//!   removed by [`StateStorage::sweep`].
+//! - An expired state (`expires_at` in the past) reads as absent and
+//!   [`Expected::Absent`] writes over it.
+//! - A header or chunk that does not decode or check out is [`Error::Corrupt`],
+//!   never bytes handed to a deserializer.
+//! - States up to [`MAX_STATE_BYTES`] (64 MiB) on every provider; larger ones are
+//!   [`Error::TooLarge`] before anything is written.
+
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::{Clock, Error, Etag, Result, SystemClock, Timestamp};
+
+/// The largest state every provider stores: 64 MiB.
+pub const MAX_STATE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// The envelope format written by this version.
+pub const STATE_FORMAT: u32 = 1;
+
+/// How long a generation that was staged and never published is kept before
+/// [`StateStorage::sweep`] removes it: longer than any write takes (the bound of a
+/// write is its chunk batches times the table operation timeout).
+pub const SWEEP_GRACE: Duration = Duration::from_secs(600);
+
+/// The key of one stored state: (actor id, state name) in one service's table.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct StateKey {
+    actor_id: String,
+    name: String,
+}
+
+impl StateKey {
+    /// The state `name` of actor `actor_id` (`kind/key`, as the reminder
+    /// service's actor ids).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming `actor_id` or `name`: empty, longer than
+    /// 1,024 bytes, with control characters, or an actor id without a non-empty
+    /// kind and key around its first `/`.
+    pub fn new(actor_id: impl Into<String>, name: impl Into<String>) -> Result<StateKey> {
+        let (actor_id, name) = (actor_id.into(), name.into());
+        for (field, v) in [("actor_id", &actor_id), ("name", &name)] {
+            if v.is_empty() {
+                return Err(Error::invalid_config(field, "must not be empty"));
+            }
+            if v.len() > 1024 {
+                return Err(Error::invalid_config(field, "longer than 1024 bytes"));
+            }
+            if v.chars().any(char::is_control) {
+                return Err(Error::invalid_config(field, "contains control characters"));
+            }
+        }
+        match actor_id.split_once('/') {
+            Some((kind, key)) if !kind.is_empty() && !key.is_empty() => {}
+            _ => return Err(Error::invalid_config("actor_id", "must be `kind/key`")),
+        }
+        Ok(StateKey { actor_id, name })
+    }
+
+    /// The actor id, `kind/key`.
+    pub fn actor_id(&self) -> &str {
+        &self.actor_id
+    }
+
+    /// The actor kind (the part before the first `/`).
+    pub fn kind(&self) -> &str {
+        self.actor_id.split_once('/').map_or("", |(k, _)| k)
+    }
+
+    /// The state name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::fmt::Display for StateKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}#{}", self.actor_id, self.name)
+    }
+}
+
+/// The precondition of a write or clear.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expected {
+    /// No header may exist (a first write; a tombstone counts as existing).
+    Absent,
+    /// The header must have this etag.
+    Etag(Etag),
+    /// No precondition: last writer wins.
+    Any,
+}
+
+impl Expected {
+    /// From what a reader last saw: its etag, or `Absent` when it saw none.
+    pub fn from_etag(etag: Option<&Etag>) -> Expected {
+        etag.map_or(Expected::Absent, |e| Expected::Etag(e.clone()))
+    }
+
+    /// Whether a header with `current` etag (none: no header) passes.
+    pub fn admits(&self, current: Option<&Etag>) -> bool {
+        match self {
+            Expected::Absent => current.is_none(),
+            Expected::Etag(e) => current == Some(e),
+            Expected::Any => true,
+        }
+    }
+}
+
+/// What [`StateStorage::clear`] leaves behind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ClearMode {
+    /// An empty, cleared header with a new etag (the default).
+    #[default]
+    Tombstone,
+    /// No header at all (a conditional delete).
+    Delete,
+}
+
+/// How a state's bytes were serialized (the typed layer's choice; stored in the
+/// envelope so a reader knows).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Codec {
+    /// serde_json (self-describing; the default).
+    #[default]
+    Json,
+    /// postcard (compact, not self-describing).
+    Postcard,
+    /// Bytes the caller serialized itself.
+    Raw,
+}
+
+/// The size limits of one provider, bytes and rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateLimits {
+    /// Largest chunk row.
+    pub chunk_bytes: usize,
+    /// Largest payload of one transaction (chunks plus headers).
+    pub txn_bytes: usize,
+    /// Most rows one transaction writes (chunks plus headers).
+    pub txn_rows: usize,
+}
+
+/// The envelope: the header row of a stored state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateHeader {
+    /// Envelope format ([`STATE_FORMAT`]).
+    pub format: u32,
+    /// How the bytes were serialized.
+    pub codec: Codec,
+    /// Length of the state, bytes.
+    pub len: u64,
+    /// xxHash3-64 of the state's bytes, hex.
+    pub checksum: String,
+    /// The generation whose chunks hold the bytes.
+    pub generation: String,
+    /// How many chunks.
+    pub chunks: u32,
+    /// When the state expires (UTC ms), if ever.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<Timestamp>,
+    /// A tombstone left by a clear: no state.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cleared: bool,
+}
+
+impl StateHeader {
+    /// The header of `data` stored under `generation` in `chunks` chunks.
+    pub fn of(
+        data: &[u8],
+        codec: Codec,
+        generation: String,
+        chunks: u32,
+        expires_at: Option<Timestamp>,
+    ) -> Self {
+        StateHeader {
+            format: STATE_FORMAT,
+            codec,
+            len: data.len() as u64,
+            checksum: checksum(data),
+            generation,
+            chunks,
+            expires_at,
+            cleared: false,
+        }
+    }
+
+    /// A tombstone under `generation` (no chunks).
+    pub fn tombstone(generation: String) -> Self {
+        StateHeader {
+            cleared: true,
+            ..StateHeader::of(&[], Codec::Raw, generation, 0, None)
+        }
+    }
+
+    /// The header as stored (JSON).
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// A stored header.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] (naming `key`) for bytes that are not a header of a
+    /// format this version reads.
+    pub fn decode(key: &StateKey, bytes: &[u8]) -> Result<StateHeader> {
+        let h: StateHeader = serde_json::from_slice(bytes)
+            .map_err(|e| Error::corrupt(key.to_string(), format!("header: {e}")))?;
+        if h.format != STATE_FORMAT {
+            return Err(Error::corrupt(
+                key.to_string(),
+                format!("header format {} (this version reads {STATE_FORMAT})", h.format),
+            ));
+        }
+        Ok(h)
+    }
+
+    /// Whether the state has expired at `now`.
+    pub fn expired(&self, now: Timestamp) -> bool {
+        self.expires_at.is_some_and(|t| t <= now)
+    }
+}
+
+/// The checksum of a state's bytes (xxHash3-64, hex).
+pub fn checksum(data: &[u8]) -> String {
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(data))
+}
+
+/// A fresh generation id: the time (ms, 13 digits, so ids sort by time) and 32
+/// random bits.
+pub fn new_generation(now: Timestamp) -> String {
+    format!("{:013}-{:08x}", now.as_millis(), rand::random::<u32>())
+}
+
+/// The time a generation id was made (ms), if it is one.
+pub fn generation_time(generation: &str) -> Option<u64> {
+    generation.split_once('-').and_then(|(ms, _)| ms.parse().ok())
+}
+
+/// The bytes of a state from its header and chunks, checked: every chunk
+/// present, the length and the checksum right.
+///
+/// # Errors
+/// [`Error::Corrupt`] naming `key` and what does not check out.
+pub fn assemble(key: &StateKey, header: &StateHeader, chunks: Vec<Option<Vec<u8>>>) -> Result<Vec<u8>> {
+    let mut data = Vec::with_capacity(header.len.min(MAX_STATE_BYTES) as usize);
+    for (i, c) in chunks.into_iter().enumerate() {
+        match c {
+            Some(c) => data.extend_from_slice(&c),
+            None => {
+                return Err(Error::corrupt(
+                    key.to_string(),
+                    format!("chunk {i} of generation {} is missing", header.generation),
+                ))
+            }
+        }
+    }
+    if data.len() as u64 != header.len {
+        return Err(Error::corrupt(
+            key.to_string(),
+            format!("{} bytes stored, the header says {}", data.len(), header.len),
+        ));
+    }
+    if checksum(&data) != header.checksum {
+        return Err(Error::corrupt(key.to_string(), "checksum mismatch"));
+    }
+    Ok(data)
+}
+
+/// One header write of a [`StateTable::commit`].
+#[derive(Clone, Debug)]
+pub struct HeaderWrite<'a> {
+    /// The state.
+    pub key: &'a StateKey,
+    /// The precondition on its header.
+    pub expected: Expected,
+    /// The new header ([`StateHeader::encode`]), or `None` to delete the header.
+    pub header: Option<Vec<u8>>,
+    /// The generation of the chunks below.
+    pub generation: &'a str,
+    /// Chunks `0..n` of `generation` written in the same transaction (empty
+    /// when they were staged by [`StateTable::put_chunks`]).
+    pub chunks: Vec<&'a [u8]>,
+    /// Expiry of the header and chunks (UTC ms), if any.
+    pub expires_at: Option<Timestamp>,
+}
+
+/// The outcome of a [`StateTable::commit`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Commit {
+    /// Every write committed: the new etag of each header (`None` where the
+    /// header was deleted), in order.
+    Done(Vec<Option<Etag>>),
+    /// The compare of write `index` failed (the header's etag is `current`, none:
+    /// no header); nothing was written.
+    Conflict {
+        /// Which write.
+        index: usize,
+        /// The etag found.
+        current: Option<Etag>,
+    },
+}
+
+/// The grain-state table of one service, as a provider implements it: header rows
+/// and chunk rows. See the [module docs](self) for the contract; the envelope,
+/// chunking and sweeping are [`StateStorage`]'s, so a provider only maps rows onto
+/// its own conditional writes.
+#[async_trait]
+pub trait StateTable: Send + Sync + std::fmt::Debug {
+    /// The service this table belongs to.
+    fn service_id(&self) -> &str;
+
+    /// The provider's size limits.
+    fn limits(&self) -> StateLimits;
+
+    /// The header of `key` and its etag; `None` if there is none or it expired.
+    async fn read_header(&self, key: &StateKey) -> Result<Option<(Vec<u8>, Etag)>>;
+
+    /// Chunks `0..count` of `generation` (`None` for a missing one).
+    async fn read_chunks(&self, key: &StateKey, generation: &str, count: u32)
+        -> Result<Vec<Option<Vec<u8>>>>;
+
+    /// Writes chunks `first..first + chunks.len()` of `generation` (unconditional:
+    /// nobody reads a generation before its header publishes it). At most
+    /// [`StateLimits::txn_rows`] chunks and [`StateLimits::txn_bytes`] per call.
+    async fn put_chunks(
+        &self,
+        key: &StateKey,
+        generation: &str,
+        first: u32,
+        chunks: &[&[u8]],
+        expires_at: Option<Timestamp>,
+    ) -> Result<()>;
+
+    /// Compares every write's header against its [`Expected`] and, only if all
+    /// pass, writes every header and inline chunk, in one transaction. An
+    /// expired header counts as absent.
+    async fn commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Commit>;
+
+    /// Every generation with chunks stored for `key`.
+    async fn generations(&self, key: &StateKey) -> Result<Vec<String>>;
+
+    /// Deletes every chunk of `generation` of `key`.
+    async fn delete_generation(&self, key: &StateKey, generation: &str) -> Result<()>;
+
+    /// Up to `limit` keys of actor kind `kind` with a header, in key order, after
+    /// `after` (a page's last key). May include expired or cleared states.
+    async fn list(&self, kind: &str, after: Option<&StateKey>, limit: usize) -> Result<Vec<StateKey>>;
+}
+
+/// What a read found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StateRead {
+    /// The state's bytes (empty when it does not exist).
+    pub data: Vec<u8>,
+    /// How they were serialized.
+    pub codec: Codec,
+    /// The header's etag: the one to write with. `None`: no header (a first
+    /// write expects [`Expected::Absent`]); `Some` with `record_exists` false: a
+    /// tombstone.
+    pub etag: Option<Etag>,
+    /// Whether a state is stored (not cleared, not expired).
+    pub record_exists: bool,
+}
+
+/// A step of a write, decided by [`WriteMachine`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteAction {
+    /// Read the current header (its generation is deleted once replaced).
+    ReadHeader,
+    /// Stage chunks `range` of the new generation.
+    PutChunks(Range<usize>),
+    /// Commit the header, with chunks `range` inline.
+    Commit(Range<usize>),
+    /// Delete this generation (the replaced one, or the new one after a failure).
+    DeleteGeneration(String),
+    /// The write is over.
+    Finish(std::result::Result<Option<Etag>, WriteFailure>),
+}
+
+/// Why a write failed, as the machine sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteFailure {
+    /// The precondition failed (the etag found).
+    Conflict(Option<Etag>),
+    /// A table call failed (the caller keeps its error).
+    Failed,
+}
+
+/// What happened to the last action.
+#[derive(Clone, Debug)]
+pub enum WriteEvent {
+    /// Start.
+    Start,
+    /// The header read: its generation, if any.
+    HeaderRead(Option<String>),
+    /// A [`WriteAction::PutChunks`] succeeded.
+    ChunksPut,
+    /// The commit's outcome (the etag of the header written).
+    Committed(Commit),
+    /// A [`WriteAction::DeleteGeneration`] finished (ok or not: garbage only).
+    Deleted,
+    /// A table call failed.
+    Failed,
+}
+
+/// The rules of one write (sans-io): chunk the bytes, inline them in the header's
+/// transaction when they fit, else stage them in batches first; after the commit
+/// delete the generation it replaced; after a conflict or a failure delete the
+/// staged one.
+#[derive(Debug)]
+pub struct WriteMachine {
+    limits: StateLimits,
+    /// Byte ranges of the chunks.
+    chunks: Vec<Range<usize>>,
+    generation: String,
+    inline: bool,
+    /// Chunks staged so far.
+    staged: usize,
+    batch: Range<usize>,
+    replaced: Option<String>,
+    outcome: Option<std::result::Result<Option<Etag>, WriteFailure>>,
+    header_len: usize,
+}
+
+impl WriteMachine {
+    /// A write of `len` bytes under `generation` (`clear`: a tombstone or delete,
+    /// no chunks).
+    ///
+    /// # Errors
+    /// [`Error::TooLarge`] over [`MAX_STATE_BYTES`].
+    pub fn new(key: &StateKey, len: usize, generation: String, limits: StateLimits) -> Result<WriteMachine> {
+        if len as u64 > MAX_STATE_BYTES {
+            return Err(Error::TooLarge {
+                key: key.to_string(),
+                size: len as u64,
+                max: MAX_STATE_BYTES,
+            });
+        }
+        let step = limits.chunk_bytes.max(1);
+        let chunks: Vec<Range<usize>> = (0..len).step_by(step).map(|a| a..(a + step).min(len)).collect();
+        let header_len = 512;
+        let inline = chunks.len() < limits.txn_rows && len + header_len <= limits.txn_bytes;
+        Ok(WriteMachine {
+            limits,
+            chunks,
+            generation,
+            inline,
+            staged: 0,
+            batch: 0..0,
+            replaced: None,
+            outcome: None,
+            header_len,
+        })
+    }
+
+    /// The chunks' byte ranges.
+    pub fn chunk_ranges(&self) -> &[Range<usize>] {
+        &self.chunks
+    }
+
+    /// Whether the chunks go in the header's transaction.
+    pub fn inline(&self) -> bool {
+        self.inline
+    }
+
+    /// The new generation.
+    pub fn generation(&self) -> &str {
+        &self.generation
+    }
+
+    fn next_batch(&self) -> Range<usize> {
+        let mut end = self.staged;
+        let mut bytes = 0;
+        while end < self.chunks.len() && end - self.staged < self.limits.txn_rows.max(1) {
+            let b = self.chunks[end].len();
+            if end > self.staged && bytes + b > self.limits.txn_bytes {
+                break;
+            }
+            bytes += b;
+            end += 1;
+        }
+        self.staged..end
+    }
+
+    /// The next action after `event`.
+    pub fn handle(&mut self, event: WriteEvent) -> WriteAction {
+        match event {
+            WriteEvent::Start => WriteAction::ReadHeader,
+            WriteEvent::HeaderRead(generation) => {
+                self.replaced = generation.filter(|g| *g != self.generation);
+                self.stage_or_commit()
+            }
+            WriteEvent::ChunksPut => {
+                self.staged = self.batch.end;
+                self.stage_or_commit()
+            }
+            WriteEvent::Committed(Commit::Done(etags)) => {
+                self.outcome = Some(Ok(etags.into_iter().next().flatten()));
+                match self.replaced.take() {
+                    Some(g) => WriteAction::DeleteGeneration(g),
+                    None => self.finish(),
+                }
+            }
+            WriteEvent::Committed(Commit::Conflict { current, .. }) => {
+                self.fail(WriteFailure::Conflict(current))
+            }
+            WriteEvent::Failed => self.fail(WriteFailure::Failed),
+            WriteEvent::Deleted => self.finish(),
+        }
+    }
+
+    fn stage_or_commit(&mut self) -> WriteAction {
+        if self.inline {
+            return WriteAction::Commit(0..self.chunks.len());
+        }
+        if self.staged < self.chunks.len() {
+            self.batch = self.next_batch();
+            return WriteAction::PutChunks(self.batch.clone());
+        }
+        WriteAction::Commit(0..0)
+    }
+
+    fn fail(&mut self, why: WriteFailure) -> WriteAction {
+        self.outcome = Some(Err(why));
+        self.replaced = None;
+        if !self.inline && self.staged + self.batch.len() > 0 {
+            // Staged chunks nobody will publish.
+            self.staged = 0;
+            self.batch = 0..0;
+            return WriteAction::DeleteGeneration(self.generation.clone());
+        }
+        self.finish()
+    }
+
+    fn finish(&mut self) -> WriteAction {
+        WriteAction::Finish(self.outcome.take().unwrap_or(Err(WriteFailure::Failed)))
+    }
+
+    /// Bytes of the header's transaction besides the chunks (an estimate).
+    pub fn header_len(&self) -> usize {
+        self.header_len
+    }
+}
+
+/// The generations of a key that a sweep removes: not `published`, and made
+/// before `now - grace` (a write still staging is younger).
+pub fn sweepable(
+    generations: &[String],
+    published: Option<&str>,
+    now: Timestamp,
+    grace: Duration,
+) -> Vec<String> {
+    let before = now.as_millis().saturating_sub(grace.as_millis() as u64);
+    generations
+        .iter()
+        .filter(|g| Some(g.as_str()) != published)
+        .filter(|g| generation_time(g).is_none_or(|t| t < before))
+        .cloned()
+        .collect()
+}
+
+/// How many times a read starts again when its chunks changed under it (a write
+/// replaced the generation between the header and the chunks).
+pub const READ_ATTEMPTS: usize = 3;
+
+/// Reads and writes states through a [`StateTable`]: the envelope, chunking,
+/// generations and sweeping, the same on every provider. Cheap to clone.
+///
+/// Every call makes a bounded number of table calls (a write: one header read,
+/// `ceil(chunks / txn_rows)` staging calls when staged, one commit, one delete; a
+/// read: at most [`READ_ATTEMPTS`] x 3), so it answers within that many table
+/// operation timeouts (the typed layer bounds each call).
+#[derive(Clone, Debug)]
+pub struct StateStorage {
+    table: Arc<dyn StateTable>,
+    clock: Arc<dyn Clock>,
+}
+
+impl StateStorage {
+    /// Storage over `table`, on the system clock.
+    pub fn new(table: Arc<dyn StateTable>) -> StateStorage {
+        StateStorage::with_clock(table, Arc::new(SystemClock))
+    }
+
+    /// Storage over `table` on `clock` (expiry and generation ids).
+    pub fn with_clock(table: Arc<dyn StateTable>, clock: Arc<dyn Clock>) -> StateStorage {
+        StateStorage { table, clock }
+    }
+
+    /// The table.
+    pub fn table(&self) -> &Arc<dyn StateTable> {
+        &self.table
+    }
+
+    /// The stored state of `key`.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a header or chunks that do not check out (after
+    /// [`READ_ATTEMPTS`] reads when a concurrent write could explain it);
+    /// [`Error::Backend`] if the backend fails.
+    pub async fn read(&self, key: &StateKey) -> Result<StateRead> {
+        let mut last = None;
+        for _ in 0..READ_ATTEMPTS {
+            let Some((bytes, etag)) = self.table.read_header(key).await? else {
+                return Ok(StateRead::default());
+            };
+            let header = StateHeader::decode(key, &bytes)?;
+            if header.cleared || header.expired(self.clock.now()) {
+                return Ok(StateRead {
+                    etag: (!header.expired(self.clock.now())).then_some(etag),
+                    ..StateRead::default()
+                });
+            }
+            let chunks = self
+                .table
+                .read_chunks(key, &header.generation, header.chunks)
+                .await?;
+            match assemble(key, &header, chunks) {
+                Ok(data) => {
+                    return Ok(StateRead {
+                        data,
+                        codec: header.codec,
+                        etag: Some(etag),
+                        record_exists: true,
+                    })
+                }
+                Err(e) => {
+                    // A write that replaced the generation meanwhile explains it:
+                    // read again; the same header twice does not.
+                    let now = self.table.read_header(key).await?;
+                    if now.as_ref().map(|(_, e)| e) == Some(&etag) {
+                        return Err(e);
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::corrupt(key.to_string(), "unreadable")))
+    }
+
+    /// Writes `data` (serialized with `codec`) as the state of `key` if its
+    /// header passes `expected`; returns the new etag.
+    ///
+    /// # Errors
+    /// [`Error::InconsistentState`] when the precondition fails (nothing
+    /// written); [`Error::TooLarge`] over [`MAX_STATE_BYTES`] (nothing written);
+    /// [`Error::Backend`] if the backend fails (the old state stays readable).
+    pub async fn write(
+        &self,
+        key: &StateKey,
+        expected: Expected,
+        codec: Codec,
+        data: &[u8],
+        expires_at: Option<Timestamp>,
+    ) -> Result<Etag> {
+        let generation = new_generation(self.clock.now());
+        let mut m = WriteMachine::new(key, data.len(), generation.clone(), self.table.limits())?;
+        let ranges = m.chunk_ranges().to_vec();
+        let header =
+            StateHeader::of(data, codec, generation.clone(), ranges.len() as u32, expires_at).encode();
+        let mut error = None;
+        let mut action = m.handle(WriteEvent::Start);
+        loop {
+            let event = match action {
+                WriteAction::ReadHeader => match self.table.read_header(key).await {
+                    Ok(h) => WriteEvent::HeaderRead(
+                        h.and_then(|(b, _)| StateHeader::decode(key, &b).ok())
+                            .map(|h| h.generation),
+                    ),
+                    Err(e) => {
+                        error = Some(e);
+                        WriteEvent::Failed
+                    }
+                },
+                WriteAction::PutChunks(r) => {
+                    let chunks: Vec<&[u8]> = ranges[r.clone()].iter().map(|b| &data[b.clone()]).collect();
+                    match self
+                        .table
+                        .put_chunks(key, &generation, r.start as u32, &chunks, expires_at)
+                        .await
+                    {
+                        Ok(()) => WriteEvent::ChunksPut,
+                        Err(e) => {
+                            error = Some(e);
+                            WriteEvent::Failed
+                        }
+                    }
+                }
+                WriteAction::Commit(r) => {
+                    let w = HeaderWrite {
+                        key,
+                        expected: expected.clone(),
+                        header: Some(header.clone()),
+                        generation: &generation,
+                        chunks: ranges[r].iter().map(|b| &data[b.clone()]).collect(),
+                        expires_at,
+                    };
+                    match self.table.commit(std::slice::from_ref(&w)).await {
+                        Ok(c) => WriteEvent::Committed(c),
+                        Err(e) => {
+                            error = Some(e);
+                            WriteEvent::Failed
+                        }
+                    }
+                }
+                WriteAction::DeleteGeneration(g) => {
+                    if let Err(e) = self.table.delete_generation(key, &g).await {
+                        tracing::debug!(key = %key, generation = %g, error = %e, "deleting a generation failed; a sweep removes it");
+                    }
+                    WriteEvent::Deleted
+                }
+                WriteAction::Finish(r) => {
+                    return match r {
+                        Ok(Some(etag)) => Ok(etag),
+                        Ok(None) => Err(Error::backend("the commit returned no etag")),
+                        Err(WriteFailure::Conflict(current)) => Err(Error::InconsistentState {
+                            key: key.to_string(),
+                            expected: expected_etag(&expected),
+                            current,
+                        }),
+                        Err(WriteFailure::Failed) => {
+                            Err(error.unwrap_or_else(|| Error::backend("state write failed")))
+                        }
+                    }
+                }
+            };
+            action = m.handle(event);
+        }
+    }
+
+    /// Writes several states of one actor atomically: all or none.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when the states do not fit one transaction of
+    /// this provider (or belong to different actors); otherwise as
+    /// [`write`](Self::write) ([`Error::InconsistentState`] names the first state
+    /// whose precondition failed).
+    pub async fn write_many(&self, states: &[(StateKey, Expected, Codec, &[u8])]) -> Result<Vec<Etag>> {
+        let limits = self.table.limits();
+        if let Some((first, ..)) = states.first() {
+            if states.iter().any(|(k, ..)| k.actor_id() != first.actor_id()) {
+                return Err(Error::invalid_config(
+                    "states",
+                    "all states must belong to one actor",
+                ));
+            }
+        }
+        let generation = new_generation(self.clock.now());
+        let mut rows = 0;
+        let mut bytes = 0;
+        let mut planned = Vec::with_capacity(states.len());
+        for (key, _, _, data) in states {
+            let m = WriteMachine::new(key, data.len(), generation.clone(), limits)?;
+            rows += m.chunk_ranges().len() + 1;
+            bytes += data.len() + m.header_len();
+            planned.push(m.chunk_ranges().to_vec());
+        }
+        if rows > limits.txn_rows || bytes > limits.txn_bytes {
+            return Err(Error::invalid_config(
+                "states",
+                format!(
+                    "{rows} rows and {bytes} bytes do not fit one transaction of this provider ({} rows, {} bytes)",
+                    limits.txn_rows, limits.txn_bytes
+                ),
+            ));
+        }
+        let mut replaced = Vec::new();
+        for (key, ..) in states {
+            if let Some((b, _)) = self.table.read_header(key).await? {
+                if let Ok(h) = StateHeader::decode(key, &b) {
+                    replaced.push((key.clone(), h.generation));
+                }
+            }
+        }
+        let headers: Vec<Vec<u8>> = states
+            .iter()
+            .zip(&planned)
+            .map(|((_, _, codec, data), r)| {
+                StateHeader::of(data, *codec, generation.clone(), r.len() as u32, None).encode()
+            })
+            .collect();
+        let writes: Vec<HeaderWrite<'_>> = states
+            .iter()
+            .zip(&planned)
+            .zip(&headers)
+            .map(|(((key, expected, _, data), r), h)| HeaderWrite {
+                key,
+                expected: expected.clone(),
+                header: Some(h.clone()),
+                generation: &generation,
+                chunks: r.iter().map(|b| &data[b.clone()]).collect(),
+                expires_at: None,
+            })
+            .collect();
+        match self.table.commit(&writes).await? {
+            Commit::Done(etags) => {
+                for (key, g) in replaced {
+                    if g != generation {
+                        let _ = self.table.delete_generation(&key, &g).await;
+                    }
+                }
+                etags
+                    .into_iter()
+                    .map(|e| e.ok_or_else(|| Error::backend("the commit returned no etag")))
+                    .collect()
+            }
+            Commit::Conflict { index, current } => Err(Error::InconsistentState {
+                key: states[index].0.to_string(),
+                expected: expected_etag(&states[index].1),
+                current,
+            }),
+        }
+    }
+
+    /// Clears the state of `key` if its header passes `expected`: a tombstone
+    /// (returns its etag) or, with [`ClearMode::Delete`], no header (returns
+    /// `None`). The cleared state's chunks are deleted.
+    ///
+    /// # Errors
+    /// As [`write`](Self::write).
+    pub async fn clear(&self, key: &StateKey, expected: Expected, mode: ClearMode) -> Result<Option<Etag>> {
+        let old = self
+            .table
+            .read_header(key)
+            .await?
+            .and_then(|(b, _)| StateHeader::decode(key, &b).ok())
+            .map(|h| h.generation);
+        let generation = new_generation(self.clock.now());
+        let header = match mode {
+            ClearMode::Tombstone => Some(StateHeader::tombstone(generation.clone()).encode()),
+            ClearMode::Delete => None,
+        };
+        let w = HeaderWrite {
+            key,
+            expected: expected.clone(),
+            header,
+            generation: &generation,
+            chunks: Vec::new(),
+            expires_at: None,
+        };
+        match self.table.commit(std::slice::from_ref(&w)).await? {
+            Commit::Done(etags) => {
+                if let Some(g) = old {
+                    let _ = self.table.delete_generation(key, &g).await;
+                }
+                Ok(etags.into_iter().next().flatten())
+            }
+            Commit::Conflict { current, .. } => Err(Error::InconsistentState {
+                key: key.to_string(),
+                expected: expected_etag(&expected),
+                current,
+            }),
+        }
+    }
+
+    /// One page of the keys of actor kind `kind` (at most `limit`, after `after`).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if the backend fails.
+    pub async fn list(&self, kind: &str, after: Option<&StateKey>, limit: usize) -> Result<Vec<StateKey>> {
+        self.table.list(kind, after, limit).await
+    }
+
+    /// Removes the generations of `key` that no header publishes and that are
+    /// older than `grace` ([`SWEEP_GRACE`] normally: younger ones may belong to a
+    /// write still staging). Returns how many.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if the backend fails.
+    pub async fn sweep(&self, key: &StateKey, grace: Duration) -> Result<usize> {
+        let published = match self.table.read_header(key).await? {
+            Some((b, _)) => Some(StateHeader::decode(key, &b)?.generation),
+            None => None,
+        };
+        let gens = self.table.generations(key).await?;
+        let gone = sweepable(&gens, published.as_deref(), self.clock.now(), grace);
+        for g in &gone {
+            self.table.delete_generation(key, g).await?;
+        }
+        Ok(gone.len())
+    }
+}
+
+fn expected_etag(e: &Expected) -> Option<Etag> {
+    match e {
+        Expected::Etag(e) => Some(e.clone()),
+        Expected::Absent | Expected::Any => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> StateKey {
+        StateKey::new("cart/1", "state").unwrap()
+    }
+
+    const LIMITS: StateLimits = StateLimits {
+        chunk_bytes: 10,
+        txn_bytes: 1000,
+        txn_rows: 4,
+    };
+
+    #[test]
+    fn keys_are_validated() {
+        assert!(StateKey::new("cart/1", "s").is_ok());
+        for (a, n) in [
+            ("", "s"),
+            ("cart", "s"),
+            ("/1", "s"),
+            ("cart/", "s"),
+            ("cart/1", ""),
+            ("cart/\n", "s"),
+        ] {
+            assert!(
+                matches!(StateKey::new(a, n), Err(Error::InvalidConfig { .. })),
+                "{a:?} {n:?}"
+            );
+        }
+        assert_eq!(key().kind(), "cart");
+    }
+
+    #[test]
+    fn a_small_state_is_inline_and_replaces_the_old_generation() {
+        let mut m = WriteMachine::new(&key(), 25, "g2".into(), LIMITS).unwrap();
+        assert!(m.inline());
+        assert_eq!(m.chunk_ranges(), &[0..10, 10..20, 20..25]);
+        assert_eq!(m.handle(WriteEvent::Start), WriteAction::ReadHeader);
+        assert_eq!(
+            m.handle(WriteEvent::HeaderRead(Some("g1".into()))),
+            WriteAction::Commit(0..3)
+        );
+        assert_eq!(
+            m.handle(WriteEvent::Committed(Commit::Done(vec![Some(Etag::new("e"))]))),
+            WriteAction::DeleteGeneration("g1".into())
+        );
+        assert_eq!(
+            m.handle(WriteEvent::Deleted),
+            WriteAction::Finish(Ok(Some(Etag::new("e"))))
+        );
+    }
+
+    #[test]
+    fn a_large_state_is_staged_in_batches_and_a_conflict_deletes_them() {
+        let mut m = WriteMachine::new(&key(), 95, "g2".into(), LIMITS).unwrap();
+        assert!(!m.inline());
+        m.handle(WriteEvent::Start);
+        assert_eq!(
+            m.handle(WriteEvent::HeaderRead(None)),
+            WriteAction::PutChunks(0..4)
+        );
+        assert_eq!(m.handle(WriteEvent::ChunksPut), WriteAction::PutChunks(4..8));
+        assert_eq!(m.handle(WriteEvent::ChunksPut), WriteAction::PutChunks(8..10));
+        assert_eq!(m.handle(WriteEvent::ChunksPut), WriteAction::Commit(0..0));
+        assert_eq!(
+            m.handle(WriteEvent::Committed(Commit::Conflict {
+                index: 0,
+                current: Some(Etag::new("x"))
+            })),
+            WriteAction::DeleteGeneration("g2".into())
+        );
+        assert_eq!(
+            m.handle(WriteEvent::Deleted),
+            WriteAction::Finish(Err(WriteFailure::Conflict(Some(Etag::new("x")))))
+        );
+    }
+
+    #[test]
+    fn a_failed_staging_call_deletes_what_was_staged() {
+        let mut m = WriteMachine::new(&key(), 95, "g2".into(), LIMITS).unwrap();
+        m.handle(WriteEvent::Start);
+        m.handle(WriteEvent::HeaderRead(None));
+        assert_eq!(
+            m.handle(WriteEvent::Failed),
+            WriteAction::DeleteGeneration("g2".into())
+        );
+        assert_eq!(
+            m.handle(WriteEvent::Deleted),
+            WriteAction::Finish(Err(WriteFailure::Failed))
+        );
+    }
+
+    #[test]
+    fn too_large_is_refused_before_anything() {
+        let e = WriteMachine::new(&key(), MAX_STATE_BYTES as usize + 1, "g".into(), LIMITS).unwrap_err();
+        assert!(matches!(e, Error::TooLarge { .. }));
+    }
+
+    #[test]
+    fn assemble_checks_every_chunk_length_and_checksum() {
+        let data = b"hello world".to_vec();
+        let h = StateHeader::of(&data, Codec::Raw, "g".into(), 2, None);
+        let ok = assemble(
+            &key(),
+            &h,
+            vec![Some(b"hello ".to_vec()), Some(b"world".to_vec())],
+        )
+        .unwrap();
+        assert_eq!(ok, data);
+        for bad in [
+            vec![Some(b"hello ".to_vec()), None],
+            vec![Some(b"hello ".to_vec()), Some(b"worl".to_vec())],
+            vec![Some(b"hello ".to_vec()), Some(b"World".to_vec())],
+        ] {
+            assert!(matches!(assemble(&key(), &h, bad), Err(Error::Corrupt { .. })));
+        }
+        assert!(matches!(
+            StateHeader::decode(&key(), b"{nope"),
+            Err(Error::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn sweep_spares_the_published_and_the_young() {
+        let now = Timestamp::from_millis(1_000_000);
+        let gens = vec![
+            new_generation(Timestamp::from_millis(1_000)),
+            new_generation(Timestamp::from_millis(2_000)),
+            new_generation(Timestamp::from_millis(999_000)),
+        ];
+        let gone = sweepable(&gens, Some(&gens[1]), now, Duration::from_secs(10));
+        assert_eq!(gone, vec![gens[0].clone()]);
+    }
+}

@@ -1,0 +1,561 @@
+//! Grain-state table conformance scenarios: the contract of `StateTable` and
+//! `StateStorage` (membership-core `state.rs`), one scenario per rule, run by
+//! [`state_conformance_tests!`](crate::state_conformance_tests) on every provider
+//! that has a state table.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rollcall_membership_core::state::{Commit, HeaderWrite, StateLimits, StateTable, MAX_STATE_BYTES};
+use rollcall_membership_core::{ClearMode, Codec, Error, Etag, Expected, StateKey, StateStorage, Timestamp};
+
+use crate::{unique_id, Store};
+
+/// A [`StateStorage`] over a fresh service's state table of `store`.
+pub fn fresh_storage(store: &Store) -> StateStorage {
+    StateStorage::new(
+        store
+            .state_table(&unique_id("state"))
+            .expect("the provider has a state table"),
+    )
+}
+
+fn key(actor: &str, name: &str) -> StateKey {
+    StateKey::new(actor, name).expect("valid key")
+}
+
+fn bytes(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+async fn generations(s: &StateStorage, k: &StateKey) -> usize {
+    s.table().generations(k).await.expect("generations").len()
+}
+
+/// Sizes 0, 1, chunk-1, chunk, chunk+1, inline and staged: every one reads back
+/// as written, with the codec, and leaves exactly one generation.
+pub async fn state_sizes_round_trip(store: Store) {
+    let s = fresh_storage(&store);
+    let StateLimits {
+        chunk_bytes,
+        txn_bytes,
+        ..
+    } = s.table().limits();
+    let k = key("cart/sizes", "state");
+    let mut etag = None;
+    for (i, n) in [
+        0,
+        1,
+        chunk_bytes - 1,
+        chunk_bytes,
+        chunk_bytes + 1,
+        3 * chunk_bytes + 7,
+        txn_bytes + 1,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let data = bytes(n, i as u8);
+        let e = s
+            .write(&k, Expected::from_etag(etag.as_ref()), Codec::Raw, &data, None)
+            .await
+            .unwrap_or_else(|e| panic!("write of {n} bytes: {e}"));
+        let r = s.read(&k).await.expect("read");
+        assert!(r.record_exists, "{n} bytes");
+        assert_eq!(r.data.len(), n);
+        assert!(r.data == data, "{n} bytes read back differently");
+        assert_eq!(r.codec, Codec::Raw);
+        assert_eq!(r.etag.as_ref(), Some(&e));
+        assert_eq!(
+            generations(&s, &k).await,
+            usize::from(n > 0),
+            "{n} bytes: one generation"
+        );
+        etag = Some(e);
+    }
+}
+
+/// The largest state (64 MiB) is stored and read back; one byte more is
+/// `Error::TooLarge` and writes nothing.
+pub async fn state_largest_state_and_one_byte_over(store: Store) {
+    let s = fresh_storage(&store);
+    let k = key("cart/large", "state");
+    let data = bytes(MAX_STATE_BYTES as usize, 7);
+    let e = s
+        .write(&k, Expected::Absent, Codec::Raw, &data, None)
+        .await
+        .expect("64 MiB");
+    let r = s.read(&k).await.expect("read");
+    assert!(r.data == data, "64 MiB read back differently");
+    let mut over = data;
+    over.push(1);
+    let err = s
+        .write(&k, Expected::Etag(e.clone()), Codec::Raw, &over, None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+    assert_eq!(s.read(&k).await.expect("read").etag, Some(e), "nothing written");
+}
+
+/// A state that grows and shrinks leaves no stale chunk: one generation after
+/// each write, and the bytes of the last write only.
+pub async fn state_grows_and_shrinks_leaving_no_stale_chunk(store: Store) {
+    let s = fresh_storage(&store);
+    let limits = s.table().limits();
+    let k = key("cart/grow", "state");
+    let mut etag = None;
+    for (i, n) in [10, limits.txn_bytes * 2, 5, limits.chunk_bytes * 3, 0, 17]
+        .into_iter()
+        .enumerate()
+    {
+        let data = bytes(n, i as u8);
+        etag = Some(
+            s.write(&k, Expected::from_etag(etag.as_ref()), Codec::Raw, &data, None)
+                .await
+                .expect("write"),
+        );
+        assert_eq!(s.read(&k).await.expect("read").data, data);
+        assert!(
+            generations(&s, &k).await <= 1,
+            "a stale generation after writing {n} bytes"
+        );
+    }
+}
+
+/// Multibyte UTF-8 split across chunk boundaries reads back as the same text.
+pub async fn state_multibyte_utf8_across_chunk_boundaries(store: Store) {
+    let s = fresh_storage(&store);
+    let chunk = s.table().limits().chunk_bytes;
+    let mut text = String::new();
+    while text.len() < 3 * chunk + 11 {
+        text.push_str("é€😀ß");
+    }
+    let k = key("cart/utf8", "state");
+    s.write(&k, Expected::Absent, Codec::Json, text.as_bytes(), None)
+        .await
+        .expect("write");
+    let back = String::from_utf8(s.read(&k).await.expect("read").data).expect("valid UTF-8");
+    assert_eq!(back, text);
+}
+
+/// A first write needs no record; a stale etag is `InconsistentState` naming
+/// both etags and writes nothing; `Any` always writes.
+pub async fn state_preconditions(store: Store) {
+    let s = fresh_storage(&store);
+    let k = key("cart/pre", "state");
+    let e1 = s
+        .write(&k, Expected::Absent, Codec::Raw, b"one", None)
+        .await
+        .expect("first");
+    let err = s
+        .write(&k, Expected::Absent, Codec::Raw, b"two", None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InconsistentState { expected: None, current: Some(c), .. } if *c == e1),
+        "{err}"
+    );
+    let e2 = s
+        .write(&k, Expected::Etag(e1.clone()), Codec::Raw, b"two", None)
+        .await
+        .expect("update");
+    assert_ne!(e1, e2);
+    let err = s
+        .write(&k, Expected::Etag(e1.clone()), Codec::Raw, b"stale", None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InconsistentState { expected: Some(x), current: Some(c), .. } if *x == e1 && *c == e2),
+        "{err}"
+    );
+    assert_eq!(s.read(&k).await.expect("read").data, b"two");
+    let e3 = s
+        .write(&k, Expected::Any, Codec::Raw, b"three", None)
+        .await
+        .expect("any");
+    assert_ne!(e3, e2);
+    let other = key("cart/pre-2", "state");
+    s.write(&other, Expected::Any, Codec::Raw, b"x", None)
+        .await
+        .expect("any on a new key");
+    assert_eq!(s.read(&k).await.expect("read").data, b"three");
+}
+
+/// 16 writers x 200 rounds of read-modify-write on one state: exactly one winner
+/// per etag, and the counter in the state equals the number of wins.
+pub async fn state_concurrent_writers_one_winner_per_etag(store: Store) {
+    let s = fresh_storage(&store);
+    let k = key("cart/race", "counter");
+    s.write(&k, Expected::Absent, Codec::Raw, &0u64.to_be_bytes(), None)
+        .await
+        .expect("init");
+    let winners: Arc<Mutex<BTreeMap<Etag, usize>>> = Arc::default();
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (s, k, winners) = (s.clone(), k.clone(), winners.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..200 {
+                let r = s.read(&k).await.expect("read");
+                let n = u64::from_be_bytes(r.data.as_slice().try_into().expect("8 bytes"));
+                let etag = r.etag.expect("etag");
+                match s
+                    .write(
+                        &k,
+                        Expected::Etag(etag.clone()),
+                        Codec::Raw,
+                        &(n + 1).to_be_bytes(),
+                        None,
+                    )
+                    .await
+                {
+                    Ok(_) => *winners.lock().unwrap().entry(etag).or_default() += 1,
+                    Err(Error::InconsistentState { .. }) => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("writer");
+    }
+    let winners = winners.lock().unwrap();
+    assert!(winners.values().all(|n| *n == 1), "an etag with two winners");
+    let r = s.read(&k).await.expect("read");
+    let n = u64::from_be_bytes(r.data.as_slice().try_into().expect("8 bytes"));
+    assert_eq!(n as usize, winners.len(), "a lost update");
+    assert!(n > 0);
+}
+
+/// A clear leaves a tombstone with a new etag: a writer holding the old etag
+/// cannot recreate the state, a first write neither; the tombstone's etag
+/// writes. A deleting clear leaves nothing: a first write works again.
+pub async fn state_clear_against_a_concurrent_writer(store: Store) {
+    let s = fresh_storage(&store);
+    let k = key("cart/clear", "state");
+    let e1 = s
+        .write(&k, Expected::Absent, Codec::Raw, b"one", None)
+        .await
+        .expect("write");
+    let tomb = s
+        .clear(&k, Expected::Etag(e1.clone()), ClearMode::Tombstone)
+        .await
+        .expect("clear")
+        .expect("a tombstone etag");
+    assert_ne!(tomb, e1);
+    let r = s.read(&k).await.expect("read");
+    assert!(!r.record_exists);
+    assert!(r.data.is_empty());
+    assert_eq!(r.etag.as_ref(), Some(&tomb));
+    let err = s
+        .write(&k, Expected::Etag(e1.clone()), Codec::Raw, b"stale", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InconsistentState { .. }), "{err}");
+    let err = s
+        .write(&k, Expected::Absent, Codec::Raw, b"first?", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InconsistentState { .. }), "{err}");
+    let err = s
+        .clear(&k, Expected::Etag(e1), ClearMode::Delete)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InconsistentState { .. }), "{err}");
+    let e2 = s
+        .write(&k, Expected::Etag(tomb), Codec::Raw, b"two", None)
+        .await
+        .expect("write");
+    assert!(s.read(&k).await.expect("read").record_exists);
+    assert_eq!(
+        s.clear(&k, Expected::Etag(e2), ClearMode::Delete)
+            .await
+            .expect("delete"),
+        None
+    );
+    let r = s.read(&k).await.expect("read");
+    assert!(!r.record_exists && r.etag.is_none());
+    assert_eq!(
+        generations(&s, &k).await,
+        0,
+        "the cleared state's chunks are deleted"
+    );
+    s.write(&k, Expected::Absent, Codec::Raw, b"again", None)
+        .await
+        .expect("first write again");
+}
+
+/// A state table that fails every commit: a write killed between its chunks and
+/// its header.
+#[derive(Debug)]
+struct KilledBeforeCommit(Arc<dyn StateTable>);
+
+#[async_trait]
+impl StateTable for KilledBeforeCommit {
+    fn service_id(&self) -> &str {
+        self.0.service_id()
+    }
+    fn limits(&self) -> StateLimits {
+        self.0.limits()
+    }
+    async fn read_header(&self, key: &StateKey) -> rollcall_membership_core::Result<Option<(Vec<u8>, Etag)>> {
+        self.0.read_header(key).await
+    }
+    async fn read_chunks(
+        &self,
+        key: &StateKey,
+        generation: &str,
+        count: u32,
+    ) -> rollcall_membership_core::Result<Vec<Option<Vec<u8>>>> {
+        self.0.read_chunks(key, generation, count).await
+    }
+    async fn put_chunks(
+        &self,
+        key: &StateKey,
+        generation: &str,
+        first: u32,
+        chunks: &[&[u8]],
+        expires_at: Option<Timestamp>,
+    ) -> rollcall_membership_core::Result<()> {
+        self.0
+            .put_chunks(key, generation, first, chunks, expires_at)
+            .await
+    }
+    async fn commit(&self, _writes: &[HeaderWrite<'_>]) -> rollcall_membership_core::Result<Commit> {
+        Err(Error::backend("killed between the chunks and the header"))
+    }
+    async fn generations(&self, key: &StateKey) -> rollcall_membership_core::Result<Vec<String>> {
+        self.0.generations(key).await
+    }
+    async fn delete_generation(
+        &self,
+        _key: &StateKey,
+        _generation: &str,
+    ) -> rollcall_membership_core::Result<()> {
+        // Killed: it cleans nothing up either.
+        Err(Error::backend("killed"))
+    }
+    async fn list(
+        &self,
+        kind: &str,
+        after: Option<&StateKey>,
+        limit: usize,
+    ) -> rollcall_membership_core::Result<Vec<StateKey>> {
+        self.0.list(kind, after, limit).await
+    }
+}
+
+/// A staged write killed between its chunks and its header leaves the old state
+/// readable; the sweep removes the orphaned chunks and only those.
+pub async fn state_killed_write_leaves_the_old_state_and_the_sweep_removes_orphans(store: Store) {
+    let table = store.state_table(&unique_id("state")).expect("state table");
+    let s = StateStorage::new(table.clone());
+    let killed = StateStorage::new(Arc::new(KilledBeforeCommit(table)));
+    let limits = s.table().limits();
+    let k = key("cart/killed", "state");
+    let old = bytes(limits.txn_bytes + 3, 1);
+    let e = s
+        .write(&k, Expected::Absent, Codec::Raw, &old, None)
+        .await
+        .expect("write");
+    let err = killed
+        .write(
+            &k,
+            Expected::Etag(e.clone()),
+            Codec::Raw,
+            &bytes(limits.txn_bytes * 2, 2),
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    let r = s.read(&k).await.expect("read");
+    assert_eq!(r.etag, Some(e), "the old state is still published");
+    assert!(r.data == old, "the old state reads back");
+    assert_eq!(generations(&s, &k).await, 2, "the killed write's chunks are left");
+    assert_eq!(
+        s.sweep(&k, Duration::from_secs(600)).await.expect("sweep"),
+        0,
+        "young: kept"
+    );
+    assert_eq!(s.sweep(&k, Duration::ZERO).await.expect("sweep"), 1);
+    assert_eq!(generations(&s, &k).await, 1);
+    assert!(s.read(&k).await.expect("read").data == old);
+}
+
+/// A header that does not decode and a chunk that does not check out are
+/// `Error::Corrupt`, never bytes.
+pub async fn state_corrupt_header_or_chunk_is_an_error(store: Store) {
+    let s = fresh_storage(&store);
+    let chunk = s.table().limits().chunk_bytes;
+    let k = key("cart/corrupt", "state");
+    s.write(&k, Expected::Absent, Codec::Raw, &bytes(chunk + 5, 3), None)
+        .await
+        .expect("write");
+    let (header, _) = s.table().read_header(&k).await.expect("read").expect("a header");
+    let generation = rollcall_membership_core::state::StateHeader::decode(&k, &header)
+        .expect("decodes")
+        .generation;
+    s.table()
+        .put_chunks(&k, &generation, 1, &[b"flipped"], None)
+        .await
+        .expect("overwrite a chunk");
+    let err = s.read(&k).await.unwrap_err();
+    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+    let bad = key("cart/corrupt", "header");
+    let w = HeaderWrite {
+        key: &bad,
+        expected: Expected::Absent,
+        header: Some(b"{not a header".to_vec()),
+        generation: "g",
+        chunks: Vec::new(),
+        expires_at: None,
+    };
+    assert!(matches!(
+        s.table().commit(&[w]).await.expect("commit"),
+        Commit::Done(_)
+    ));
+    let err = s.read(&bad).await.unwrap_err();
+    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+}
+
+/// A state written with an expiry reads as absent once it passed, and a first
+/// write succeeds over it.
+pub async fn state_expiry(store: Store) {
+    let s = fresh_storage(&store);
+    let k = key("cart/ttl", "state");
+    let at = Timestamp::from_millis(Timestamp::now().as_millis() + 1_500);
+    s.write(&k, Expected::Absent, Codec::Raw, b"short-lived", Some(at))
+        .await
+        .expect("write");
+    assert!(s.read(&k).await.expect("read").record_exists);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = s.read(&k).await.expect("read");
+        if !r.record_exists {
+            assert!(r.etag.is_none(), "an expired state has no etag to write with");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never expired");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    s.write(&k, Expected::Absent, Codec::Raw, b"new", None)
+        .await
+        .expect("first write over it");
+}
+
+/// Enumeration by actor kind in pages returns every state of the kind, in
+/// order, once, and none of another kind.
+pub async fn state_enumeration_pages(store: Store) {
+    let s = fresh_storage(&store);
+    let mut want = BTreeSet::new();
+    for a in 0..5 {
+        for n in 0..5 {
+            let k = key(&format!("cart/{a}"), &format!("s{n}"));
+            s.write(&k, Expected::Absent, Codec::Raw, b"x", None)
+                .await
+                .expect("write");
+            want.insert(k);
+        }
+        s.write(
+            &key(&format!("carts/{a}"), "s"),
+            Expected::Absent,
+            Codec::Raw,
+            b"y",
+            None,
+        )
+        .await
+        .expect("write");
+        s.write(
+            &key(&format!("car/{a}"), "s"),
+            Expected::Absent,
+            Codec::Raw,
+            b"y",
+            None,
+        )
+        .await
+        .expect("write");
+    }
+    let mut got = Vec::new();
+    let mut after: Option<StateKey> = None;
+    loop {
+        let page = s.list("cart", after.as_ref(), 7).await.expect("list");
+        assert!(page.len() <= 7);
+        if page.is_empty() {
+            break;
+        }
+        after = page.last().cloned();
+        got.extend(page);
+    }
+    let sorted: Vec<StateKey> = want.iter().cloned().collect();
+    assert_eq!(got, sorted);
+}
+
+/// Several states of one actor in one transaction: all or none.
+pub async fn state_atomic_write_of_several_states(store: Store) {
+    let s = fresh_storage(&store);
+    let (a, b) = (key("cart/many", "a"), key("cart/many", "b"));
+    let etags = s
+        .write_many(&[
+            (a.clone(), Expected::Absent, Codec::Raw, b"a1".as_slice()),
+            (b.clone(), Expected::Absent, Codec::Raw, b"b1".as_slice()),
+        ])
+        .await
+        .expect("both");
+    assert_eq!(etags.len(), 2);
+    let err = s
+        .write_many(&[
+            (
+                a.clone(),
+                Expected::Etag(etags[0].clone()),
+                Codec::Raw,
+                b"a2".as_slice(),
+            ),
+            (b.clone(), Expected::Absent, Codec::Raw, b"b2".as_slice()),
+        ])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::InconsistentState { key, .. } if key.ends_with("#b")),
+        "{err}"
+    );
+    assert_eq!(s.read(&a).await.expect("read").data, b"a1", "nothing written");
+    assert_eq!(s.read(&b).await.expect("read").data, b"b1");
+    let big = bytes(s.table().limits().txn_bytes, 9);
+    let err = s
+        .write_many(&[
+            (a.clone(), Expected::Any, Codec::Raw, big.as_slice()),
+            (b.clone(), Expected::Any, Codec::Raw, b"b3".as_slice()),
+        ])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+    assert_eq!(s.read(&b).await.expect("read").data, b"b1");
+    let other = key("dog/1", "a");
+    let err = s
+        .write_many(&[
+            (a, Expected::Any, Codec::Raw, b"x".as_slice()),
+            (other, Expected::Any, Codec::Raw, b"y".as_slice()),
+        ])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+}
+
+/// Tables of different services never see each other's states.
+pub async fn state_services_are_isolated(store: Store) {
+    let (s1, s2) = (fresh_storage(&store), fresh_storage(&store));
+    let k = key("cart/iso", "state");
+    s1.write(&k, Expected::Absent, Codec::Raw, b"one", None)
+        .await
+        .expect("write");
+    assert!(!s2.read(&k).await.expect("read").record_exists);
+    assert!(s2.list("cart", None, 10).await.expect("list").is_empty());
+    s2.write(&k, Expected::Absent, Codec::Raw, b"two", None)
+        .await
+        .expect("write");
+    assert_eq!(s1.read(&k).await.expect("read").data, b"one");
+}
