@@ -53,6 +53,7 @@ mod keys;
 mod membership;
 mod metrics_table;
 mod reminders;
+mod state;
 mod statistics;
 
 use std::collections::HashMap;
@@ -66,6 +67,7 @@ use rollcall_membership_core::{
     validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, StatisticsOptions,
     StatisticsStore, SystemStore,
 };
+pub use state::{RedisStateTable, REDIS_STATE_LIMITS};
 pub use statistics::RedisStatistics;
 
 /// A fresh random etag: 64 bits as 16 hex digits. An etag only has to differ from
@@ -181,6 +183,15 @@ impl SystemStore for RedisStore {
     fn reminder_table(&self, service_id: &str) -> Result<Arc<dyn ReminderTable>> {
         validate_id("service_id", service_id)?;
         Ok(Arc::new(RedisReminderTable::new(
+            self.router.clone(),
+            &self.config.key_prefix,
+            service_id,
+        )))
+    }
+
+    fn state_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::StateTable>> {
+        validate_id("service_id", service_id)?;
+        Ok(Arc::new(RedisStateTable::new(
             self.router.clone(),
             &self.config.key_prefix,
             service_id,

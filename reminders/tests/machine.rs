@@ -203,8 +203,8 @@ proptest! {
 
     /// The same with crashes, table outages and 2% failing handlers: no occurrence
     /// delivered twice; an occurrence is lost only inside a window that explains
-    /// it: a crash of its owner (from one period before the crash until the
-    /// failover: declared Dead, every silo's view, the hold grace, a load), a
+    /// it: a crash of its owner (from a period and a view's spread before the
+    /// crash until the failover: declared Dead, every silo's view, the hold grace, a load), a
     /// table outage (until a load after it), or a failed handler (given up when
     /// the retry would come after the next occurrence).
     #[test]
@@ -227,9 +227,12 @@ proptest! {
             .filter(|(r, t)| {
                 let ms = t.as_millis() - rollcall_membership_core::sim::T0_MS;
                 let period = w.reminders[r].period.as_millis() as u64;
+                // An occurrence handed over to the crashed silo is delivered once
+                // its view shows the handoff (up to a view's spread later): a crash
+                // within that much more than a period after it takes it down.
                 let crash = w.crashes.iter().any(|c| {
                     c.owned.contains(r)
-                        && ms + period >= c.at
+                        && ms + period + cfg.view_spread >= c.at
                         && ms <= c.declared.unwrap_or(u64::MAX).saturating_add(failover)
                 });
                 let outage = w.outages.iter().any(|(from, to)| ms >= *from && ms <= to + reload);

@@ -37,6 +37,15 @@ mod cluster {
     rollcall_tests::conformance_tests!(super::redis_cluster().await);
 }
 
+/// The grain-state scenarios on a redis-server and on the Redis Cluster.
+mod state {
+    rollcall_tests::state_conformance_tests!(super::redis().await);
+
+    mod cluster {
+        rollcall_tests::state_conformance_tests!(super::super::redis_cluster().await);
+    }
+}
+
 /// A new extended-mode table of a fresh cluster on `store`, initialised, holding
 /// `full_entry(i)` for each `i` of `rows`; with its cluster id.
 async fn table_with(
