@@ -38,6 +38,7 @@ pub mod dashboard;
 pub mod metrics_table;
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
+pub mod state;
 
 pub use connect::{connect, connect_retrying, StoreUrl};
 pub use rollcall_membership_core::*;
