@@ -3,6 +3,7 @@
 
 mod demo;
 mod silo;
+mod state;
 mod view;
 
 use clap::{Parser, Subcommand};
@@ -22,6 +23,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run one silo until Ctrl-C (graceful shutdown) or until the cluster declares it Dead.
     Silo(silo::SiloArgs),
+    /// Read actor states (the grain-state table): `state get`, `state list`.
+    State(state::StateArgs),
     /// Print the membership table of a cluster.
     Status {
         /// Store URL (memory://, redis://host:port, etcd://host:port, dynamodb://table?endpoint=...).
@@ -169,6 +172,10 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Silo(args) => silo::run(args),
+        Command::State(args) => actix::System::new().block_on(async move {
+            print!("{}", state::run(args).await?);
+            Ok(())
+        }),
         Command::Status {
             store,
             cluster,

@@ -222,7 +222,7 @@ pub async fn state_concurrent_writers_one_winner_per_etag(store: Store) {
     for t in tasks {
         t.await.expect("writer");
     }
-    let winners = winners.lock().unwrap();
+    let winners = std::mem::take(&mut *winners.lock().unwrap());
     assert!(winners.values().all(|n| *n == 1), "an etag with two winners");
     let r = s.read(&k).await.expect("read");
     let n = u64::from_be_bytes(r.data.as_slice().try_into().expect("8 bytes"));

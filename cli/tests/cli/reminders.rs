@@ -62,3 +62,64 @@ fn redis_reminders_lists_rows_with_their_owner() {
     let once = lines.iter().find(|l| l.starts_with("cart/2")).expect("cart/2");
     assert!(once.contains("once") && once.contains("(due)"), "{once}");
 }
+
+/// `rollcall state get` prints a JSON state pretty with its etag, another codec
+/// as its size; `rollcall state list` lists the states of one actor kind.
+#[cfg(feature = "redis")]
+#[test]
+fn redis_state_get_and_list_print_the_stored_states() {
+    use rollcall::state::{Codec, Expected, StateKey, StateStorage};
+    let Some((rt, backend)) = redis_fixture() else {
+        return;
+    };
+    let service = rollcall_tests::unique_id("cli-state");
+    let etag = rt.block_on(async {
+        let store = rollcall::connect(&backend.endpoint).await.unwrap();
+        let s = StateStorage::new(store.state_table(&service).unwrap());
+        let k = StateKey::new("cart/7", "cart").unwrap();
+        let e = s
+            .write(
+                &k,
+                Expected::Absent,
+                Codec::Json,
+                br#"{"items":["apple"],"n":2}"#,
+                None,
+            )
+            .await
+            .unwrap();
+        let raw = StateKey::new("cart/8", "blob").unwrap();
+        s.write(&raw, Expected::Absent, Codec::Raw, &[0, 1, 2], None)
+            .await
+            .unwrap();
+        let dog = StateKey::new("dog/1", "s").unwrap();
+        s.write(&dog, Expected::Absent, Codec::Json, b"1", None)
+            .await
+            .unwrap();
+        e
+    });
+    let run = |args: &[&str]| {
+        let out = rollcall()
+            .args(["state", "--store", &backend.endpoint, "--service", &service])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let got = run(&["get", "--actor", "cart/7", "--name", "cart"]);
+    assert!(got.contains(&format!("etag {etag}")), "{got}");
+    assert!(
+        got.contains("\"items\": [\n    \"apple\"\n  ]"),
+        "pretty JSON: {got}"
+    );
+    let got = run(&["get", "--actor", "cart/8", "--name", "blob"]);
+    assert!(got.contains("3 bytes, codec Raw"), "{got}");
+    let got = run(&["get", "--actor", "cart/9", "--name", "none"]);
+    assert!(got.contains("no record"), "{got}");
+    let got = run(&["list", "--actor-kind", "cart"]);
+    assert_eq!(
+        got.lines().collect::<Vec<_>>(),
+        ["cart/7#cart", "cart/8#blob"],
+        "{got}"
+    );
+}
