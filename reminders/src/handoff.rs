@@ -61,9 +61,8 @@
 //! freed pieces are read again.
 //!
 //! Known limit: random schedules beyond the ones CI runs still find rare cases
-//! (`PROPTEST_RNG_SEED=204` and `=205` with
-//! `cargo nextest run -p rollcall-reminders --test machine`): a tick lost when
-//! two or three joins land within a view's spread of each other.
+//! (about one schedule in 2,000; e.g. `PROPTEST_RNG_SEED=293` with
+//! `cargo nextest run -p rollcall-reminders --features sim --test machine`).
 //!
 //! A hold is dropped once it is freed and a load that started after it finished (so
 //! every row of the range was scheduled with the floor).
