@@ -6,12 +6,12 @@
 //! it, [`clear`](PersistentState::clear) it. Under it is the store's grain-state
 //! table ([`SystemStore::state_table`](crate::SystemStore::state_table)) through
 //! a [`StateStorage`]: an etag per write, chunks for large states, an envelope
-//! that turns a damaged record into [`Error::Corrupt`](crate::Error::Corrupt).
+//! that turns a damaged record into [`Error::Corrupt`].
 //!
 //! As in Orleans, the calls of one state run one at a time, and writes asked for
 //! while one runs merge into the next one. A write that finds another etag than
 //! the one it read fails with
-//! [`Error::InconsistentState`](crate::Error::InconsistentState) and writes
+//! [`Error::InconsistentState`] and writes
 //! nothing; nothing is retried behind your back. The usual answer is to read
 //! again, apply the change again, and write:
 //!
