@@ -601,8 +601,10 @@ pub fn sweepable(
 }
 
 /// How many times a read starts again when its chunks changed under it (a write
-/// replaced the generation between the header and the chunks).
-pub const READ_ATTEMPTS: usize = 3;
+/// replaced the generation between the header and the chunks). Under heavy
+/// contention every attempt can lose that race: the read then fails with a
+/// transient [`Error::Backend`], never [`Error::Corrupt`].
+pub const READ_ATTEMPTS: usize = 10;
 
 /// Reads and writes states through a [`StateTable`]: the envelope, chunking,
 /// generations and sweeping, the same on every provider. Cheap to clone.
@@ -640,7 +642,6 @@ impl StateStorage {
     /// [`READ_ATTEMPTS`] reads when a concurrent write could explain it);
     /// [`Error::Backend`] if the backend fails.
     pub async fn read(&self, key: &StateKey) -> Result<StateRead> {
-        let mut last = None;
         for _ in 0..READ_ATTEMPTS {
             let Some((bytes, etag)) = self.table.read_header(key).await? else {
                 return Ok(StateRead::default());
@@ -672,11 +673,12 @@ impl StateStorage {
                     if now.as_ref().map(|(_, e)| e) == Some(&etag) {
                         return Err(e);
                     }
-                    last = Some(e);
                 }
             }
         }
-        Err(last.unwrap_or_else(|| Error::corrupt(key.to_string(), "unreadable")))
+        Err(Error::backend(format!(
+            "state {key} was replaced under each of {READ_ATTEMPTS} reads; try again"
+        )))
     }
 
     /// Writes `data` (serialized with `codec`) as the state of `key` if its

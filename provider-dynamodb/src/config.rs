@@ -15,6 +15,7 @@ use rollcall_membership_core::{history::parse_history_capacity, Error, Result, D
 /// | `endpoint` | AWS's | endpoint override for a local server (`http://127.0.0.1:8000`) |
 /// | `reminders_table` | `<table>-reminders` | the reminder table |
 /// | `statistics_table` | `<table>-statistics` | the statistics store's table (created on first use when `create_if_missing`) |
+/// | `state_table` | `<table>-state` | the grain-state table (created on first use when `create_if_missing`) |
 /// | `statistics_shards` | `4` | partitions per cluster, level and hour of the statistics table, picked by a hash of the silo (1–64); fixed for the table's life |
 /// | `timeout_ms` | `5000` | bound on each call, SDK retries included, in milliseconds |
 /// | `max_attempts` | `3` | SDK attempts per request (standard retry mode: throttling and 5xx) |
@@ -34,6 +35,8 @@ pub struct DynamoDbConfig {
     pub reminders_table: String,
     /// The statistics store's table.
     pub statistics_table: String,
+    /// The grain-state table.
+    pub state_table: String,
     /// Partitions per (cluster, level, hour) of the statistics table (1..=64).
     pub statistics_shards: u32,
     /// Region override.
@@ -89,6 +92,7 @@ impl DynamoDbConfig {
         let mut cfg = DynamoDbConfig {
             reminders_table: format!("{table}-reminders"),
             statistics_table: format!("{table}-statistics"),
+            state_table: format!("{table}-state"),
             statistics_shards: 4,
             table,
             region: None,
@@ -114,6 +118,8 @@ impl DynamoDbConfig {
                 "reminders_table" => return Err(invalid("not a DynamoDB table name")),
                 "statistics_table" if valid_table_name(&v) => cfg.statistics_table = v.into_owned(),
                 "statistics_table" => return Err(invalid("not a DynamoDB table name")),
+                "state_table" if valid_table_name(&v) => cfg.state_table = v.into_owned(),
+                "state_table" => return Err(invalid("not a DynamoDB table name")),
                 "statistics_shards" => {
                     cfg.statistics_shards = v
                         .parse()
@@ -151,7 +157,7 @@ impl DynamoDbConfig {
                         "store_url",
                         format!(
                             "`{url}`: unknown parameter `{k}` (region, endpoint, reminders_table, \
-                             statistics_table, statistics_shards, timeout_ms, max_attempts, \
+                             statistics_table, state_table, statistics_shards, timeout_ms, max_attempts, \
                              create_if_missing, reminder_shards, history)"
                         ),
                     ))
@@ -168,6 +174,12 @@ impl DynamoDbConfig {
             return Err(Error::invalid_config(
                 "statistics_table",
                 "must differ from the membership and reminder tables",
+            ));
+        }
+        if [&cfg.table, &cfg.reminders_table, &cfg.statistics_table].contains(&&cfg.state_table) {
+            return Err(Error::invalid_config(
+                "state_table",
+                "must differ from the membership, reminder and statistics tables",
             ));
         }
         Ok(cfg)

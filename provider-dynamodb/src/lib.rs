@@ -69,6 +69,7 @@ mod membership;
 mod metrics_table;
 mod reminders;
 mod schema;
+mod state;
 mod statistics;
 
 use std::sync::Arc;
@@ -81,6 +82,7 @@ use rollcall_membership_core::{
     validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, StatisticsOptions,
     StatisticsStore, SystemStore,
 };
+pub use state::{DynamoDbStateTable, DYNAMODB_STATE_LIMITS};
 pub use statistics::DynamoDbStatistics;
 
 /// The DynamoDB [`SystemStore`]. Cheap to clone (one SDK client with its
@@ -152,6 +154,11 @@ impl SystemStore for DynamoDbStore {
             self.conn.clone(),
             service_id,
         )))
+    }
+
+    fn state_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::StateTable>> {
+        validate_id("service_id", service_id)?;
+        Ok(Arc::new(DynamoDbStateTable::new(self.conn.clone(), service_id)))
     }
 
     fn metrics_table(&self, cluster_id: &str) -> Result<Arc<dyn MetricsTable>> {

@@ -35,13 +35,15 @@ pub(crate) enum Kind {
     Reminders,
     /// The statistics store: the reminder table's key names (`ShardKey`, `SortKey`).
     Statistics,
+    /// The grain-state table: the same key names.
+    State,
 }
 
 impl Kind {
     fn keys(self) -> (&'static str, &'static str) {
         match self {
             Kind::Membership => (CLUSTER_ID, SILO_IDENTITY),
-            Kind::Reminders | Kind::Statistics => (SHARD_KEY, SORT_KEY),
+            Kind::Reminders | Kind::Statistics | Kind::State => (SHARD_KEY, SORT_KEY),
         }
     }
 }

@@ -18,6 +18,7 @@ const MAX_RESPONSE_BYTES: usize = 256 << 20;
 
 pub(crate) struct Conn {
     kv: KvClient,
+    lease: etcd_client::LeaseClient,
     endpoints: String,
     timeout: Duration,
 }
@@ -130,6 +131,7 @@ impl Conn {
         let kv = client.kv_client().max_decoding_message_size(MAX_RESPONSE_BYTES);
         Ok(Conn {
             kv,
+            lease: client.lease_client(),
             endpoints,
             timeout: config.timeout,
         })
@@ -215,6 +217,16 @@ impl Conn {
             async move { kv.get(key, options).await }
         })
         .await
+    }
+
+    /// A lease of `ttl_secs` seconds (keys put with it go when it expires).
+    pub(crate) async fn grant(&self, what: &str, ttl_secs: i64) -> Result<i64> {
+        self.bounded(what, || {
+            let mut lease = self.lease.clone();
+            async move { lease.grant(ttl_secs, None).await }
+        })
+        .await
+        .map(|r| r.id())
     }
 
     pub(crate) async fn delete_prefix(&self, what: &str, prefix: &str) -> Result<()> {

@@ -49,6 +49,7 @@ mod keys;
 mod membership;
 mod metrics_table;
 mod reminders;
+mod state;
 
 use std::sync::Arc;
 
@@ -59,6 +60,7 @@ pub use reminders::EtcdReminderTable;
 use rollcall_membership_core::{
     validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, SystemStore,
 };
+pub use state::{EtcdStateTable, ETCD_STATE_LIMITS};
 
 /// The etcd [`SystemStore`]. Cheap to clone (one gRPC channel, balanced over the
 /// URL's endpoints).
@@ -114,6 +116,15 @@ impl SystemStore for EtcdStore {
             cluster_id,
             mode,
             self.config.history_capacity,
+        )))
+    }
+
+    fn state_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::StateTable>> {
+        validate_id("service_id", service_id)?;
+        Ok(Arc::new(EtcdStateTable::new(
+            self.conn.clone(),
+            &self.config.key_prefix,
+            service_id,
         )))
     }
 

@@ -51,8 +51,8 @@ pub const SCENARIOS: &[&str] = conformance_tests!(@names);
 pub const STATE_SCENARIOS: &[&str] = state_conformance_tests!(@names);
 
 /// Expands to one `#[tokio::test]` per grain-state scenario ([`state_table`]),
-/// for a store expression as in [`conformance_tests!`]. Run by every provider
-/// with a state table (memory and Redis so far).
+/// for a store expression as in [`conformance_tests!`]. Run by every provider:
+/// memory, Redis (and Cluster), etcd (one member and three), DynamoDB.
 #[macro_export]
 macro_rules! state_conformance_tests {
     (@names) => {

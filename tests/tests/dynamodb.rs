@@ -32,6 +32,11 @@ mod conformance {
     rollcall_tests::conformance_tests!(super::dynamodb().await);
 }
 
+/// The grain-state scenarios on DynamoDB.
+mod state {
+    rollcall_tests::state_conformance_tests!(super::dynamodb().await);
+}
+
 /// A raw SDK client on the same server, in this process's region.
 async fn raw(endpoint: &str) -> aws_sdk_dynamodb::Client {
     fixtures::dynamodb_client(endpoint, fixtures::dynamodb_region()).await

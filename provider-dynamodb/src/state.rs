@@ -1,0 +1,420 @@
+//! The grain-state table on DynamoDB: a table of its own (`state_table`, keys
+//! `ShardKey`/`SortKey`, created on first use when `create_if_missing`), one
+//! partition per actor as in Orleans (`<service length>#<service>#<actor id>`):
+//!
+//! | sort key | attributes |
+//! |---|---|
+//! | `h#<name>` | `Body` (the envelope, JSON), `ETag`, `Kind` (`<service length>#<service>#<actor kind>`, for listing), `ExpiresAt` (ms) and `Ttl` (s, for DynamoDB's TTL) when the state expires |
+//! | `c#<name length>#<name>#<generation>#<index as 8 digits>` | `Data` (one chunk) |
+//!
+//! A commit is one `TransactWriteItems`: the header's put or delete carries the
+//! condition (no header, or an unexpired one with the expected `ETag`), the inline
+//! chunks are puts of the same transaction; a failed condition fails it all. An
+//! item holds at most 400 KB and a transaction 100 actions and 4 MB: 350 KiB chunks,
+//! at most 3 MiB and 90 rows per transaction. DynamoDB deletes expired items late
+//! (enable TTL on `Ttl` to have it do so at all): reads check `ExpiresAt`.
+//! Listing a kind scans the table (Orleans cannot list at all): an admin tool, not a
+//! hot path.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem};
+use rollcall_membership_core::state::{Commit, HeaderWrite, StateLimits, StateTable};
+use rollcall_membership_core::{Error, Etag, Expected, Result, StateKey, Timestamp};
+use tokio::sync::OnceCell;
+
+use crate::conn::{n, new_etag, s, Attrs, Conn, Item};
+use crate::schema::{self, SHARD_KEY, SORT_KEY};
+
+const BODY: &str = "Body";
+const ETAG: &str = "ETag";
+const KIND: &str = "Kind";
+const EXPIRES_AT: &str = "ExpiresAt";
+const TTL: &str = "Ttl";
+const DATA: &str = "Data";
+
+/// DynamoDB's limits for states.
+pub const DYNAMODB_STATE_LIMITS: StateLimits = StateLimits {
+    chunk_bytes: 350 * 1024,
+    txn_bytes: 3 * 1024 * 1024,
+    txn_rows: 90,
+};
+
+/// How often a commit that lost to a concurrent transaction (not to its
+/// condition) is tried again before it reports the conflict.
+const TRANSACT_ATTEMPTS: usize = 3;
+
+/// The grain-state table of one service on DynamoDB.
+#[derive(Debug)]
+pub struct DynamoDbStateTable {
+    conn: Arc<Conn>,
+    service_id: String,
+    ready: OnceCell<()>,
+}
+
+impl DynamoDbStateTable {
+    pub(crate) fn new(conn: Arc<Conn>, service_id: &str) -> Self {
+        DynamoDbStateTable {
+            conn,
+            service_id: service_id.to_owned(),
+            ready: OnceCell::new(),
+        }
+    }
+
+    fn table(&self) -> &str {
+        &self.conn.config.state_table
+    }
+
+    async fn ready(&self) -> Result<()> {
+        self.ready
+            .get_or_try_init(|| async {
+                schema::ensure_table(
+                    &self.conn,
+                    &self.conn.config.state_table,
+                    schema::Kind::State,
+                    self.conn.config.create_if_missing,
+                )
+                .await
+            })
+            .await
+            .map(|_| ())
+    }
+
+    fn partition(&self, actor: &str) -> String {
+        format!("{}#{}#{actor}", self.service_id.len(), self.service_id)
+    }
+
+    fn kind_tag(&self, kind: &str) -> String {
+        format!("{}#{}#{kind}", self.service_id.len(), self.service_id)
+    }
+
+    fn key(&self, key: &StateKey, sort: String) -> Item {
+        Item::from([
+            (SHARD_KEY.to_owned(), s(self.partition(key.actor_id()))),
+            (SORT_KEY.to_owned(), s(sort)),
+        ])
+    }
+
+    fn header_sort(key: &StateKey) -> String {
+        format!("h#{}", key.name())
+    }
+
+    fn chunks_sort_prefix(key: &StateKey) -> String {
+        format!("c#{}#{}#", key.name().len(), key.name())
+    }
+
+    fn chunk_sort(key: &StateKey, generation: &str, i: u32) -> String {
+        format!("{}{generation}#{i:08}", Self::chunks_sort_prefix(key))
+    }
+
+    fn chunk_item(&self, key: &StateKey, generation: &str, i: u32, data: &[u8]) -> Item {
+        let mut item = self.key(key, Self::chunk_sort(key, generation, i));
+        item.insert(DATA.to_owned(), AttributeValue::B(Blob::new(data.to_vec())));
+        item
+    }
+
+    fn put(&self, item: Item) -> Result<TransactWriteItem> {
+        let put = Put::builder()
+            .table_name(self.table())
+            .set_item(Some(item))
+            .build()
+            .map_err(|e| Error::backend(format!("dynamodb put: {e}")))?;
+        Ok(TransactWriteItem::builder().put(put).build())
+    }
+
+    /// The sort keys of the chunk items of `key` that start with `prefix`.
+    async fn chunk_sorts(&self, key: &StateKey, prefix: String) -> Result<Vec<String>> {
+        let query = self
+            .conn
+            .client
+            .query()
+            .consistent_read(true)
+            .key_condition_expression("#pk = :pk AND begins_with(#sk, :p)")
+            .expression_attribute_names("#pk", SHARD_KEY)
+            .expression_attribute_names("#sk", SORT_KEY)
+            .expression_attribute_values(":pk", s(self.partition(key.actor_id())))
+            .expression_attribute_values(":p", s(prefix))
+            .projection_expression("#sk");
+        let items = self.conn.query_all(self.table(), query).await?;
+        Ok(items
+            .iter()
+            .filter_map(|i| Attrs(i).s(SORT_KEY).ok().map(str::to_owned))
+            .collect())
+    }
+
+    /// The header item of `key` as stored (expired or not).
+    async fn header_item(&self, key: &StateKey) -> Result<Option<Item>> {
+        let out = self
+            .conn
+            .client
+            .get_item()
+            .table_name(self.table())
+            .set_key(Some(self.key(key, Self::header_sort(key))))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.conn.error("GetItem", self.table(), e))?;
+        Ok(out.item)
+    }
+
+    /// The etag of a live header item (`None`: none, or expired).
+    fn live_etag(&self, key: &StateKey, item: Option<&Item>, now: u64) -> Result<Option<Etag>> {
+        let Some(item) = item else { return Ok(None) };
+        let a = Attrs(item);
+        let corrupt = |e: String| Error::corrupt(format!("{}/{key}", self.table()), e);
+        if a.opt_n::<u64>(EXPIRES_AT)
+            .map_err(corrupt)?
+            .is_some_and(|t| t <= now)
+        {
+            return Ok(None);
+        }
+        Ok(Some(Etag::new(a.s(ETAG).map_err(corrupt)?)))
+    }
+}
+
+#[async_trait]
+impl StateTable for DynamoDbStateTable {
+    fn service_id(&self) -> &str {
+        &self.service_id
+    }
+
+    fn limits(&self) -> StateLimits {
+        DYNAMODB_STATE_LIMITS
+    }
+
+    async fn read_header(&self, key: &StateKey) -> Result<Option<(Vec<u8>, Etag)>> {
+        self.ready().await?;
+        let item = self.header_item(key).await?;
+        let Some(etag) = self.live_etag(key, item.as_ref(), Timestamp::now().as_millis())? else {
+            return Ok(None);
+        };
+        match item.as_ref().and_then(|i| i.get(BODY)) {
+            Some(AttributeValue::B(b)) => Ok(Some((b.as_ref().to_vec(), etag))),
+            _ => Err(Error::corrupt(
+                format!("{}/{key}", self.table()),
+                "a header without a body",
+            )),
+        }
+    }
+
+    async fn read_chunks(
+        &self,
+        key: &StateKey,
+        generation: &str,
+        count: u32,
+    ) -> Result<Vec<Option<Vec<u8>>>> {
+        self.ready().await?;
+        let keys: Vec<Item> = (0..count)
+            .map(|i| self.key(key, Self::chunk_sort(key, generation, i)))
+            .collect();
+        let items = self.conn.batch_get(self.table(), keys).await?;
+        let mut out = vec![None; count as usize];
+        let prefix = format!("{}{generation}#", Self::chunks_sort_prefix(key));
+        for item in &items {
+            let attrs = Attrs(item);
+            let Ok(sort) = attrs.s(SORT_KEY) else { continue };
+            let Some(i) = sort.strip_prefix(&prefix).and_then(|i| i.parse::<usize>().ok()) else {
+                continue;
+            };
+            if let (Some(slot), Some(AttributeValue::B(b))) = (out.get_mut(i), item.get(DATA)) {
+                *slot = Some(b.as_ref().to_vec());
+            }
+        }
+        Ok(out)
+    }
+
+    async fn put_chunks(
+        &self,
+        key: &StateKey,
+        generation: &str,
+        first: u32,
+        chunks: &[&[u8]],
+        _expires_at: Option<Timestamp>,
+    ) -> Result<()> {
+        self.ready().await?;
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        let ops = chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| self.put(self.chunk_item(key, generation, first + i as u32, c)))
+            .collect::<Result<Vec<_>>>()?;
+        if self
+            .conn
+            .transact("stage state chunks", self.table(), ops)
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(Error::backend(
+                "dynamodb: staging state chunks collided with another transaction",
+            ))
+        }
+    }
+
+    async fn commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Commit> {
+        self.ready().await?;
+        if writes.is_empty() {
+            return Ok(Commit::Done(Vec::new()));
+        }
+        for _ in 0..TRANSACT_ATTEMPTS {
+            let now = Timestamp::now().as_millis();
+            let mut ops = Vec::new();
+            let mut etags = Vec::with_capacity(writes.len());
+            for w in writes {
+                let (cond, names, values) = condition(&w.expected, now);
+                for (i, c) in w.chunks.iter().enumerate() {
+                    ops.push(self.put(self.chunk_item(w.key, w.generation, i as u32, c))?);
+                }
+                let key = self.key(w.key, Self::header_sort(w.key));
+                match &w.header {
+                    Some(body) => {
+                        let etag = new_etag();
+                        let mut item = key;
+                        item.insert(BODY.to_owned(), AttributeValue::B(Blob::new(body.clone())));
+                        item.insert(ETAG.to_owned(), s(etag.as_str()));
+                        item.insert(KIND.to_owned(), s(self.kind_tag(w.key.kind())));
+                        if let Some(at) = w.expires_at {
+                            item.insert(EXPIRES_AT.to_owned(), n(at.as_millis()));
+                            item.insert(TTL.to_owned(), n(at.as_millis().div_ceil(1000)));
+                        }
+                        let put = Put::builder()
+                            .table_name(self.table())
+                            .set_item(Some(item))
+                            .set_condition_expression(cond)
+                            .set_expression_attribute_names(names)
+                            .set_expression_attribute_values(values)
+                            .build()
+                            .map_err(|e| Error::backend(format!("dynamodb put: {e}")))?;
+                        ops.push(TransactWriteItem::builder().put(put).build());
+                        etags.push(Some(etag));
+                    }
+                    None => {
+                        let del = Delete::builder()
+                            .table_name(self.table())
+                            .set_key(Some(key))
+                            .set_condition_expression(cond)
+                            .set_expression_attribute_names(names)
+                            .set_expression_attribute_values(values)
+                            .build()
+                            .map_err(|e| Error::backend(format!("dynamodb delete: {e}")))?;
+                        ops.push(TransactWriteItem::builder().delete(del).build());
+                        etags.push(None);
+                    }
+                }
+            }
+            if self.conn.transact("state commit", self.table(), ops).await? {
+                return Ok(Commit::Done(etags));
+            }
+            // A failed condition, or a concurrent transaction: which one?
+            for (index, w) in writes.iter().enumerate() {
+                let item = self.header_item(w.key).await?;
+                let current = self.live_etag(w.key, item.as_ref(), Timestamp::now().as_millis())?;
+                if !w.expected.admits(current.as_ref()) {
+                    return Ok(Commit::Conflict { index, current });
+                }
+            }
+        }
+        let item = self.header_item(writes[0].key).await?;
+        let current = self.live_etag(writes[0].key, item.as_ref(), Timestamp::now().as_millis())?;
+        Ok(Commit::Conflict { index: 0, current })
+    }
+
+    async fn generations(&self, key: &StateKey) -> Result<Vec<String>> {
+        self.ready().await?;
+        let prefix = Self::chunks_sort_prefix(key);
+        let mut gens: Vec<String> = self
+            .chunk_sorts(key, prefix.clone())
+            .await?
+            .iter()
+            .filter_map(|sk| {
+                sk.strip_prefix(&prefix)?
+                    .rsplit_once('#')
+                    .map(|(g, _)| g.to_owned())
+            })
+            .collect();
+        gens.sort();
+        gens.dedup();
+        Ok(gens)
+    }
+
+    async fn delete_generation(&self, key: &StateKey, generation: &str) -> Result<()> {
+        self.ready().await?;
+        let sorts = self
+            .chunk_sorts(key, format!("{}{generation}#", Self::chunks_sort_prefix(key)))
+            .await?;
+        let keys: Vec<Item> = sorts.into_iter().map(|sk| self.key(key, sk)).collect();
+        self.conn.batch_delete(self.table(), keys).await
+    }
+
+    async fn list(&self, kind: &str, after: Option<&StateKey>, limit: usize) -> Result<Vec<StateKey>> {
+        self.ready().await?;
+        let prefix = format!("{}#{}#", self.service_id.len(), self.service_id);
+        let scan = self
+            .conn
+            .client
+            .scan()
+            .table_name(self.table())
+            .filter_expression("#k = :k")
+            .expression_attribute_names("#k", KIND)
+            .expression_attribute_names("#pk", SHARD_KEY)
+            .expression_attribute_names("#sk", SORT_KEY)
+            .expression_attribute_values(":k", s(self.kind_tag(kind)))
+            .projection_expression("#pk, #sk")
+            .consistent_read(true);
+        let mut items: Vec<Item> = Vec::new();
+        let mut pages = scan.into_paginator().items().send();
+        loop {
+            match pages.try_next().await {
+                Ok(Some(i)) => items.push(i),
+                Ok(None) => break,
+                Err(e) => return Err(self.conn.error("Scan", self.table(), e)),
+            }
+        }
+        let mut keys: Vec<StateKey> = items
+            .iter()
+            .filter_map(|i| {
+                let a = Attrs(i);
+                let actor = a.s(SHARD_KEY).ok()?.strip_prefix(&prefix)?.to_owned();
+                let name = a.s(SORT_KEY).ok()?.strip_prefix("h#")?.to_owned();
+                StateKey::new(actor, name).ok()
+            })
+            .filter(|k| after.is_none_or(|a| k > a))
+            .collect();
+        keys.sort();
+        keys.truncate(limit);
+        Ok(keys)
+    }
+}
+
+type Names = Option<std::collections::HashMap<String, String>>;
+type Values = Option<std::collections::HashMap<String, AttributeValue>>;
+
+/// The condition on a header for `expected` at `now` (ms): an expired header
+/// counts as absent.
+fn condition(expected: &Expected, now: u64) -> (Option<String>, Names, Values) {
+    let names = |pairs: &[(&str, &str)]| {
+        Some(
+            pairs
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect(),
+        )
+    };
+    match expected {
+        Expected::Any => (None, None, None),
+        Expected::Absent => (
+            Some("attribute_not_exists(#sk) OR #x <= :now".to_owned()),
+            names(&[("#sk", SORT_KEY), ("#x", EXPIRES_AT)]),
+            Some([(":now".to_owned(), n(now))].into()),
+        ),
+        Expected::Etag(e) => (
+            Some("#e = :e AND (attribute_not_exists(#x) OR #x > :now)".to_owned()),
+            names(&[("#e", ETAG), ("#x", EXPIRES_AT)]),
+            Some([(":e".to_owned(), s(e.as_str())), (":now".to_owned(), n(now))].into()),
+        ),
+    }
+}

@@ -1,0 +1,309 @@
+//! The grain-state table on etcd.
+//!
+//! | key | holds |
+//! |---|---|
+//! | `<prefix>/<service>/state/h/<actor>/<name>` | the envelope as JSON; its etag is the key's `mod_revision` |
+//! | `<prefix>/<service>/state/c/<actor>/<name>/<generation>/<index as 8 digits>` | one chunk |
+//!
+//! A commit is one Txn: a compare per header (`mod_revision` equal to the
+//! expected etag, or `version` 0 for "no header"), then the chunk and header
+//! puts; a failed compare fails the whole Txn. A request holds at most 1.5 MiB
+//! and a Txn 128 operations by default, hence 512 KiB chunks and at most 1 MiB
+//! and 64 rows per transaction. An expiry puts the keys under a lease (etcd
+//! removes them) and the header carries the time, checked on every read.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
+use rollcall_membership_core::state::{Commit, HeaderWrite, StateHeader, StateLimits, StateTable};
+use rollcall_membership_core::{Etag, Result, StateKey, Timestamp};
+
+use crate::conn::Conn;
+use crate::keys::{escape, prefix_end, unescape};
+
+/// etcd's limits for states.
+pub const ETCD_STATE_LIMITS: StateLimits = StateLimits {
+    chunk_bytes: 512 * 1024,
+    txn_bytes: 1024 * 1024,
+    txn_rows: 64,
+};
+
+/// How often a commit whose Txn failed on a header that changed between the
+/// read and the Txn compares again before it reports the conflict.
+const TXN_ATTEMPTS: usize = 3;
+
+/// The grain-state table of one service on etcd.
+#[derive(Debug, Clone)]
+pub struct EtcdStateTable {
+    conn: Arc<Conn>,
+    base: String,
+    service_id: String,
+}
+
+impl EtcdStateTable {
+    pub(crate) fn new(conn: Arc<Conn>, prefix: &str, service_id: &str) -> Self {
+        EtcdStateTable {
+            conn,
+            base: format!("{prefix}/{}/state", escape(service_id)),
+            service_id: service_id.to_owned(),
+        }
+    }
+
+    fn header_key(&self, key: &StateKey) -> String {
+        format!(
+            "{}/h/{}/{}",
+            self.base,
+            escape(key.actor_id()),
+            escape(key.name())
+        )
+    }
+
+    fn chunks_prefix(&self, key: &StateKey) -> String {
+        format!(
+            "{}/c/{}/{}/",
+            self.base,
+            escape(key.actor_id()),
+            escape(key.name())
+        )
+    }
+
+    fn chunk_key(&self, key: &StateKey, generation: &str, i: u32) -> String {
+        format!("{}{}/{i:08}", self.chunks_prefix(key), escape(generation))
+    }
+
+    async fn lease_for(&self, expires_at: Option<Timestamp>) -> Result<Option<PutOptions>> {
+        let Some(at) = expires_at else { return Ok(None) };
+        let ms = at.as_millis().saturating_sub(Timestamp::now().as_millis());
+        let secs = (ms.div_ceil(1000) as i64).max(1);
+        let id = self.conn.grant("state lease", secs).await?;
+        Ok(Some(PutOptions::new().with_lease(id)))
+    }
+
+    /// The live header of `key`: (etag, revision), `None` if absent or expired;
+    /// and the revision of an expired one still stored.
+    async fn header_state(&self, key: &StateKey) -> Result<(Option<Etag>, Option<i64>)> {
+        let resp = self.conn.get("state header", self.header_key(key), None).await?;
+        let Some(kv) = resp.kvs().first() else {
+            return Ok((None, None));
+        };
+        let rev = kv.mod_revision();
+        if expired(key, kv.value()) {
+            return Ok((None, Some(rev)));
+        }
+        Ok((Some(Etag::new(rev.to_string())), Some(rev)))
+    }
+}
+
+fn expired(key: &StateKey, value: &[u8]) -> bool {
+    StateHeader::decode(key, value).is_ok_and(|h| h.expired(Timestamp::now()))
+}
+
+#[async_trait]
+impl StateTable for EtcdStateTable {
+    fn service_id(&self) -> &str {
+        &self.service_id
+    }
+
+    fn limits(&self) -> StateLimits {
+        ETCD_STATE_LIMITS
+    }
+
+    async fn read_header(&self, key: &StateKey) -> Result<Option<(Vec<u8>, Etag)>> {
+        let resp = self.conn.get("state header", self.header_key(key), None).await?;
+        Ok(resp
+            .kvs()
+            .first()
+            .filter(|kv| !expired(key, kv.value()))
+            .map(|kv| (kv.value().to_vec(), Etag::new(kv.mod_revision().to_string()))))
+    }
+
+    async fn read_chunks(
+        &self,
+        key: &StateKey,
+        generation: &str,
+        count: u32,
+    ) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut out = vec![None; count as usize];
+        if count == 0 {
+            return Ok(out);
+        }
+        // One range read (a page at a time) of the generation's chunks.
+        let start = self.chunk_key(key, generation, 0);
+        let end = prefix_end(&format!("{}{}/", self.chunks_prefix(key), escape(generation)));
+        let mut from = start.into_bytes();
+        let mut at = 0;
+        loop {
+            let opts = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(8)
+                .with_revision(at);
+            let mut resp = self.conn.get("state chunks", from.clone(), Some(opts)).await?;
+            if at == 0 {
+                at = resp.header().map_or(0, |h| h.revision());
+            }
+            let more = resp.more();
+            let kvs = resp.take_kvs();
+            for kv in &kvs {
+                let k = String::from_utf8_lossy(kv.key());
+                if let Some(i) = k.rsplit('/').next().and_then(|i| i.parse::<usize>().ok()) {
+                    if i < out.len() {
+                        out[i] = Some(kv.value().to_vec());
+                    }
+                }
+            }
+            match kvs.last() {
+                Some(last) if more => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    async fn put_chunks(
+        &self,
+        key: &StateKey,
+        generation: &str,
+        first: u32,
+        chunks: &[&[u8]],
+        expires_at: Option<Timestamp>,
+    ) -> Result<()> {
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        let lease = self.lease_for(expires_at).await?;
+        let ops: Vec<TxnOp> = chunks
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                TxnOp::put(
+                    self.chunk_key(key, generation, first + i as u32),
+                    c.to_vec(),
+                    lease.clone(),
+                )
+            })
+            .collect();
+        self.conn
+            .txn("stage state chunks", Txn::new().and_then(ops))
+            .await
+            .map(|_| ())
+    }
+
+    async fn commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Commit> {
+        if writes.is_empty() {
+            return Ok(Commit::Done(Vec::new()));
+        }
+        let mut leases = Vec::with_capacity(writes.len());
+        for w in writes {
+            leases.push(self.lease_for(w.expires_at).await?);
+        }
+        for _ in 0..TXN_ATTEMPTS {
+            let mut compares = Vec::with_capacity(writes.len());
+            for (index, w) in writes.iter().enumerate() {
+                let (live, stored) = self.header_state(w.key).await?;
+                if !w.expected.admits(live.as_ref()) {
+                    return Ok(Commit::Conflict { index, current: live });
+                }
+                let hk = self.header_key(w.key);
+                // The header the decision rests on must be the one the Txn finds.
+                compares.push(match stored {
+                    Some(rev) => Compare::mod_revision(hk, CompareOp::Equal, rev),
+                    None => Compare::version(hk, CompareOp::Equal, 0),
+                });
+            }
+            let mut ops = Vec::new();
+            for (w, lease) in writes.iter().zip(&leases) {
+                for (i, c) in w.chunks.iter().enumerate() {
+                    ops.push(TxnOp::put(
+                        self.chunk_key(w.key, w.generation, i as u32),
+                        c.to_vec(),
+                        lease.clone(),
+                    ));
+                }
+                let hk = self.header_key(w.key);
+                ops.push(match &w.header {
+                    Some(body) => TxnOp::put(hk, body.clone(), lease.clone()),
+                    None => TxnOp::delete(hk, None),
+                });
+            }
+            let resp = self
+                .conn
+                .txn("state commit", Txn::new().when(compares).and_then(ops))
+                .await?;
+            if resp.succeeded() {
+                let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
+                return Ok(Commit::Done(
+                    writes
+                        .iter()
+                        .map(|w| w.header.as_ref().map(|_| Etag::new(rev.to_string())))
+                        .collect(),
+                ));
+            }
+        }
+        let (current, _) = self.header_state(writes[0].key).await?;
+        Ok(Commit::Conflict { index: 0, current })
+    }
+
+    async fn generations(&self, key: &StateKey) -> Result<Vec<String>> {
+        let prefix = self.chunks_prefix(key);
+        let opts = GetOptions::new().with_prefix().with_keys_only();
+        let resp = self
+            .conn
+            .get("state generations", prefix.clone(), Some(opts))
+            .await?;
+        let mut gens: Vec<String> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let k = String::from_utf8_lossy(kv.key());
+                let rest = k.strip_prefix(&prefix)?;
+                unescape(rest.split('/').next()?)
+            })
+            .collect();
+        gens.sort();
+        gens.dedup();
+        Ok(gens)
+    }
+
+    async fn delete_generation(&self, key: &StateKey, generation: &str) -> Result<()> {
+        let prefix = format!("{}{}/", self.chunks_prefix(key), escape(generation));
+        let txn = Txn::new().and_then(vec![TxnOp::delete(
+            prefix,
+            Some(DeleteOptions::new().with_prefix()),
+        )]);
+        self.conn.txn("delete state chunks", txn).await.map(|_| ())
+    }
+
+    async fn list(&self, kind: &str, after: Option<&StateKey>, limit: usize) -> Result<Vec<StateKey>> {
+        let prefix = format!("{}/h/{}%2F", self.base, escape(kind));
+        let start = match after {
+            Some(k) => {
+                let mut s = self.header_key(k).into_bytes();
+                s.push(0);
+                if s.as_slice() < prefix.as_bytes() {
+                    prefix.clone().into_bytes()
+                } else {
+                    s
+                }
+            }
+            None => prefix.clone().into_bytes(),
+        };
+        let opts = GetOptions::new()
+            .with_range(prefix_end(&prefix))
+            .with_keys_only()
+            .with_limit(limit as i64);
+        let resp = self.conn.get("list states", start, Some(opts)).await?;
+        let head = format!("{}/h/", self.base);
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let k = String::from_utf8_lossy(kv.key());
+                let (a, n) = k.strip_prefix(&head)?.split_once('/')?;
+                StateKey::new(unescape(a)?, unescape(n)?).ok()
+            })
+            .collect())
+    }
+}
