@@ -4,8 +4,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use actix::{Actor, Context, Handler};
+use actix::{Actor, AsyncContext, Context, Handler, WrapFuture};
 use rollcall::reminders::{ActorId, ReminderTick, Reminders};
+use rollcall::state::{PersistentState, StateKey, StateStorage};
 use rollcall::transport::tcp::TcpTransport;
 use rollcall::{
     ClusterMembershipOptions, MembershipSnapshot, OnDeclaredDead, Silo, SiloHandle, SiloStatus, Timestamp,
@@ -41,12 +42,25 @@ const DEMO_REMINDERS: usize = 12;
 /// Which silo delivered each reminder's last tick, and when.
 type Deliveries = Arc<Mutex<HashMap<String, (String, Instant)>>>;
 
-/// One per silo: takes the ticks of every demo actor and narrates a reminder moving
-/// to another silo.
+/// Each cart's tick count as last written to its persistent state.
+type Counts = Arc<Mutex<HashMap<String, u64>>>;
+
+/// A cart's persistent state: the ticks it has seen, on whichever silo.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct CartState {
+    ticks_seen: u64,
+}
+
+/// One per silo: takes the ticks of every demo actor, counts them in each cart's
+/// persistent state (loaded on this silo at its first tick here), and narrates a
+/// reminder moving to another silo.
 struct TickNarrator {
     silo: String,
     deliveries: Deliveries,
     tl: Arc<Timeline>,
+    storage: StateStorage,
+    carts: HashMap<String, PersistentState<CartState>>,
+    counts: Counts,
 }
 
 impl Actor for TickNarrator {
@@ -56,7 +70,72 @@ impl Actor for TickNarrator {
 impl Handler<ReminderTick> for TickNarrator {
     type Result = ();
 
-    fn handle(&mut self, tick: ReminderTick, _: &mut Context<Self>) {
+    fn handle(&mut self, tick: ReminderTick, ctx: &mut Context<Self>) {
+        let actor = tick.actor.to_string();
+        let first_here = !self.carts.contains_key(&actor);
+        if first_here {
+            match StateKey::new(actor.clone(), "cart") {
+                Ok(key) => {
+                    self.carts
+                        .insert(actor.clone(), PersistentState::new(self.storage.clone(), key));
+                }
+                Err(e) => {
+                    self.tl.say(None, format!("{actor}: no state ({e})"));
+                    return;
+                }
+            }
+        }
+        let cart = self.carts[&actor].clone();
+        let (tl, silo, counts) = (self.tl.clone(), self.silo.clone(), self.counts.clone());
+        let moved_from = self
+            .deliveries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&actor)
+            .map(|(was, _)| was.clone())
+            .filter(|was| *was != self.silo);
+        ctx.spawn(
+            async move {
+                if first_here {
+                    if let Err(e) = cart.load().await {
+                        tl.say(None, format!("{actor}: loading its state on {silo} failed: {e}"));
+                        return;
+                    }
+                }
+                let before = cart.state().ticks_seen;
+                // Two activations can overlap around a crash: on a conflict, read
+                // again and count again (the documented re-read/re-apply pattern).
+                for _ in 0..3 {
+                    cart.state_mut().ticks_seen += 1;
+                    match cart.write().await {
+                        Err(rollcall::Error::InconsistentState { .. }) => {
+                            if cart.load().await.is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            tl.say(None, format!("{actor}: writing its state failed: {e}"));
+                            return;
+                        }
+                        Ok(_) => break,
+                    }
+                }
+                let now = cart.state().ticks_seen;
+                counts
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(actor.clone(), now);
+                if first_here && moved_from.is_some() {
+                    tl.say(
+                        None,
+                        format!(
+                            "{actor}'s state loaded on {silo}: {before} ticks seen before the move, {now} now (it continues, not restarts)"
+                        ),
+                    );
+                }
+            }
+            .into_actor(self),
+        );
         let mut d = self
             .deliveries
             .lock()
@@ -139,6 +218,8 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
 
     let transport = Arc::new(TcpTransport::new());
     let deliveries = Deliveries::default();
+    let counts = Counts::default();
+    let storage = StateStorage::new(store.state_table(&cluster)?);
     let reminder_options = rollcall::ReminderOptions {
         allow_period_below_minimum: true,
         startup_jitter: Duration::ZERO,
@@ -161,6 +242,9 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
             silo: format!("silo-{i}"),
             deliveries: deliveries.clone(),
             tl: tl.clone(),
+            storage: storage.clone(),
+            carts: HashMap::new(),
+            counts: counts.clone(),
         }
         .start()
         .recipient();
@@ -226,6 +310,15 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     );
     let killed_at = Instant::now();
     victim.kill();
+    let count_of = |a: &ActorId| {
+        counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&a.to_string())
+            .copied()
+            .unwrap_or(0)
+    };
+    let counts_at_kill: Vec<u64> = victims.iter().map(|a| count_of(a)).collect();
     let limit = options.probe_timeout * (options.num_missed_probes_limit + 4) + Duration::from_secs(10);
     let mut converged = false;
     while killed_at.elapsed() < limit {
@@ -277,6 +370,32 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let resumed = victims.iter().all(on_survivor);
+    // Their carts' states continue from where the killed silo left them (a tick or
+    // two of the crash window aside), not from zero.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let continued: Vec<(String, u64, u64)> = victims
+        .iter()
+        .zip(&counts_at_kill)
+        .map(|(a, before)| (a.to_string(), *before, count_of(a)))
+        .collect();
+    let kept = continued.iter().all(|(_, before, now)| now > before);
+    tl.say(
+        None,
+        format!(
+            "{} the killed silo's carts: {}",
+            if kept {
+                "state survived for"
+            } else {
+                "STATE LOST for some of"
+            },
+            continued
+                .iter()
+                .map(|(a, before, now)| format!("{a} {before} -> {now} ticks"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    );
+    let resumed = resumed && kept;
     if resumed {
         tl.say(
             None,

@@ -23,6 +23,11 @@ fn demo_converges_and_shows_the_dead_silo_with_its_voters() {
         stdout.contains("reminders of the killed silo tick on survivors"),
         "{stdout}"
     );
+    // The carts' persistent tick counts continue on the survivors.
+    assert!(
+        stdout.contains("state survived for the killed silo's carts"),
+        "{stdout}"
+    );
     // The final table: 3 Active, 1 Dead with two voters.
     let table: Vec<&str> = stdout
         .lines()
