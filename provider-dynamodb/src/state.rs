@@ -63,7 +63,7 @@ impl DynamoDbStateTable {
         }
     }
 
-    fn table(&self) -> &str {
+    fn table_name(&self) -> &str {
         &self.conn.config.state_table
     }
 
@@ -117,7 +117,7 @@ impl DynamoDbStateTable {
 
     fn put(&self, item: Item) -> Result<TransactWriteItem> {
         let put = Put::builder()
-            .table_name(self.table())
+            .table_name(self.table_name())
             .set_item(Some(item))
             .build()
             .map_err(|e| Error::backend(format!("dynamodb put: {e}")))?;
@@ -137,7 +137,7 @@ impl DynamoDbStateTable {
             .expression_attribute_values(":pk", s(self.partition(key.actor_id())))
             .expression_attribute_values(":p", s(prefix))
             .projection_expression("#sk");
-        let items = self.conn.query_all(self.table(), query).await?;
+        let items = self.conn.query_all(self.table_name(), query).await?;
         Ok(items
             .iter()
             .filter_map(|i| Attrs(i).s(SORT_KEY).ok().map(str::to_owned))
@@ -150,12 +150,12 @@ impl DynamoDbStateTable {
             .conn
             .client
             .get_item()
-            .table_name(self.table())
+            .table_name(self.table_name())
             .set_key(Some(self.key(key, Self::header_sort(key))))
             .consistent_read(true)
             .send()
             .await
-            .map_err(|e| self.conn.error("GetItem", self.table(), e))?;
+            .map_err(|e| self.conn.error("GetItem", self.table_name(), e))?;
         Ok(out.item)
     }
 
@@ -163,7 +163,7 @@ impl DynamoDbStateTable {
     fn live_etag(&self, key: &StateKey, item: Option<&Item>, now: u64) -> Result<Option<Etag>> {
         let Some(item) = item else { return Ok(None) };
         let a = Attrs(item);
-        let corrupt = |e: String| Error::corrupt(format!("{}/{key}", self.table()), e);
+        let corrupt = |e: String| Error::corrupt(format!("{}/{key}", self.table_name()), e);
         if a.opt_n::<u64>(EXPIRES_AT)
             .map_err(corrupt)?
             .is_some_and(|t| t <= now)
@@ -193,7 +193,7 @@ impl StateTable for DynamoDbStateTable {
         match item.as_ref().and_then(|i| i.get(BODY)) {
             Some(AttributeValue::B(b)) => Ok(Some((b.as_ref().to_vec(), etag))),
             _ => Err(Error::corrupt(
-                format!("{}/{key}", self.table()),
+                format!("{}/{key}", self.table_name()),
                 "a header without a body",
             )),
         }
@@ -209,7 +209,7 @@ impl StateTable for DynamoDbStateTable {
         let keys: Vec<Item> = (0..count)
             .map(|i| self.key(key, Self::chunk_sort(key, generation, i)))
             .collect();
-        let items = self.conn.batch_get(self.table(), keys).await?;
+        let items = self.conn.batch_get(self.table_name(), keys).await?;
         let mut out = vec![None; count as usize];
         let prefix = format!("{}{generation}#", Self::chunks_sort_prefix(key));
         for item in &items {
@@ -244,7 +244,7 @@ impl StateTable for DynamoDbStateTable {
             .collect::<Result<Vec<_>>>()?;
         if self
             .conn
-            .transact("stage state chunks", self.table(), ops)
+            .transact("stage state chunks", self.table_name(), ops)
             .await?
         {
             Ok(())
@@ -282,7 +282,7 @@ impl StateTable for DynamoDbStateTable {
                             item.insert(TTL.to_owned(), n(at.as_millis().div_ceil(1000)));
                         }
                         let put = Put::builder()
-                            .table_name(self.table())
+                            .table_name(self.table_name())
                             .set_item(Some(item))
                             .set_condition_expression(cond)
                             .set_expression_attribute_names(names)
@@ -294,7 +294,7 @@ impl StateTable for DynamoDbStateTable {
                     }
                     None => {
                         let del = Delete::builder()
-                            .table_name(self.table())
+                            .table_name(self.table_name())
                             .set_key(Some(key))
                             .set_condition_expression(cond)
                             .set_expression_attribute_names(names)
@@ -306,7 +306,7 @@ impl StateTable for DynamoDbStateTable {
                     }
                 }
             }
-            if self.conn.transact("state commit", self.table(), ops).await? {
+            if self.conn.transact("state commit", self.table_name(), ops).await? {
                 return Ok(Commit::Done(etags));
             }
             // A failed condition, or a concurrent transaction: which one?
@@ -347,7 +347,7 @@ impl StateTable for DynamoDbStateTable {
             .chunk_sorts(key, format!("{}{generation}#", Self::chunks_sort_prefix(key)))
             .await?;
         let keys: Vec<Item> = sorts.into_iter().map(|sk| self.key(key, sk)).collect();
-        self.conn.batch_delete(self.table(), keys).await
+        self.conn.batch_delete(self.table_name(), keys).await
     }
 
     async fn list(&self, kind: &str, after: Option<&StateKey>, limit: usize) -> Result<Vec<StateKey>> {
@@ -357,7 +357,7 @@ impl StateTable for DynamoDbStateTable {
             .conn
             .client
             .scan()
-            .table_name(self.table())
+            .table_name(self.table_name())
             .filter_expression("#k = :k")
             .expression_attribute_names("#k", KIND)
             .expression_attribute_names("#pk", SHARD_KEY)
@@ -371,7 +371,7 @@ impl StateTable for DynamoDbStateTable {
             match pages.try_next().await {
                 Ok(Some(i)) => items.push(i),
                 Ok(None) => break,
-                Err(e) => return Err(self.conn.error("Scan", self.table(), e)),
+                Err(e) => return Err(self.conn.error("Scan", self.table_name(), e)),
             }
         }
         let mut keys: Vec<StateKey> = items
