@@ -352,3 +352,58 @@ fn decode<T: DeserializeOwned>(key: &StateKey, codec: Codec, data: &[u8]) -> Res
         other => Err(Error::Unsupported(format!("reading the {other:?} codec"))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Cart {
+        items: Vec<String>,
+        n: u64,
+    }
+
+    /// A state written with a codec is read with the codec its record names,
+    /// whichever the reader was built with.
+    #[cfg(all(feature = "postcard", feature = "memory"))]
+    #[tokio::test]
+    async fn a_postcard_record_is_read_by_its_stored_codec() {
+        use crate::SystemStore;
+        let store = rollcall_provider_memory::MemoryStore::new();
+        let storage = StateStorage::new(store.state_table("s").unwrap());
+        let key = StateKey::new("cart/1", "cart").unwrap();
+        let w: PersistentState<Cart> =
+            PersistentState::new(storage.clone(), key.clone()).with_codec(Codec::Postcard);
+        w.state_mut().items.push("apple".into());
+        w.state_mut().n = 7;
+        w.write().await.unwrap();
+        let stored = storage.read(&key).await.unwrap();
+        assert_eq!(stored.codec, Codec::Postcard);
+        assert!(
+            stored.data.len() < serde_json::to_vec(&*w.state()).unwrap().len(),
+            "compact"
+        );
+        let r: PersistentState<Cart> = PersistentState::new(storage, key);
+        r.load().await.unwrap();
+        assert_eq!(
+            *r.state(),
+            Cart {
+                items: vec!["apple".into()],
+                n: 7
+            }
+        );
+    }
+
+    #[test]
+    fn raw_records_are_not_decoded_as_a_type() {
+        let key = StateKey::new("cart/1", "cart").unwrap();
+        assert!(matches!(
+            decode::<Cart>(&key, Codec::Raw, b"{}"),
+            Err(Error::Unsupported(_))
+        ));
+        assert!(matches!(
+            decode::<Cart>(&key, Codec::Json, b"{"),
+            Err(Error::Corrupt { .. })
+        ));
+    }
+}

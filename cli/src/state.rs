@@ -6,11 +6,11 @@ use rollcall::state::{Codec, StateKey, StateStorage};
 /// Where the states are.
 #[derive(Args, Debug)]
 pub struct StateArgs {
-    /// Store URL (memory://, redis://host:port).
-    #[arg(long, default_value = "memory://")]
+    /// Store URL (memory://, redis://host:port, etcd://host:port, dynamodb://table?endpoint=...).
+    #[arg(long, default_value = "memory://", global = true)]
     store: String,
     /// Service id (the state table's).
-    #[arg(long, default_value = "rollcall")]
+    #[arg(long, default_value = "rollcall", global = true)]
     service: String,
     #[command(subcommand)]
     command: StateCommand,

@@ -560,3 +560,66 @@ pub async fn state_services_are_isolated(store: Store) {
         .expect("write");
     assert_eq!(s1.read(&k).await.expect("read").data, b"one");
 }
+
+/// The payload of round `round` of a writer (first byte = the round).
+pub fn state_payload(n: usize, round: u8) -> Vec<u8> {
+    let mut v = bytes(n, round);
+    if let Some(b) = v.first_mut() {
+        *b = round;
+    }
+    v
+}
+
+/// A writer **process** (`state-writer`, at `bin`) rewriting a staged-size state
+/// on `url` is killed (SIGKILL) as soon as a second generation appears, i.e.
+/// between its chunks and its header: the state still reads whole (the old one,
+/// or one the writer published), and the sweep leaves only the published
+/// generation.
+pub async fn killed_writer_process_leaves_a_whole_state(store: Store, url: &str, bin: &str) {
+    let service = unique_id("state-kill");
+    let s = StateStorage::new(store.state_table(&service).expect("state table"));
+    let n = s.table().limits().txn_bytes * 2 + 5;
+    let k = key("cart/killed-process", "state");
+    s.write(&k, Expected::Absent, Codec::Raw, &state_payload(n, 0), None)
+        .await
+        .expect("first write");
+    // A kill that lands after the writer cleaned up tests nothing: try again.
+    let mut left = 0;
+    for _ in 0..5 {
+        let mut child = tokio::process::Command::new(bin)
+            .args([url, &service, k.actor_id(), k.name(), &n.to_string()])
+            .stdout(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start state-writer");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while generations(&s, &k).await < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the writer never staged a generation"
+            );
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("state-writer exited: {status}");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        child.start_kill().expect("kill the writer");
+        child.wait().await.expect("reap the writer");
+        left = generations(&s, &k).await;
+        if left >= 2 {
+            break;
+        }
+    }
+    assert!(left >= 2, "every kill landed after the writer had cleaned up");
+    let r = s.read(&k).await.expect("the state reads whole after the kill");
+    assert!(r.record_exists);
+    let round = r.data[0];
+    assert!(r.data == state_payload(n, round), "a mix of two writes");
+    s.sweep(&k, Duration::ZERO).await.expect("sweep");
+    assert_eq!(
+        generations(&s, &k).await,
+        1,
+        "only the published generation is left"
+    );
+    assert!(s.read(&k).await.expect("read").data == state_payload(n, round));
+}

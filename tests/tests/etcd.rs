@@ -742,3 +742,20 @@ async fn history_events_are_json_keys_and_a_corrupt_one_is_named() {
     insert(&*table, &full_entry(2)).await;
     assert_eq!(table.read_all().await.unwrap().version.version, 2);
 }
+
+/// A writer process killed between its chunks and its header leaves the state
+/// whole, and the sweep removes the orphaned chunks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_killed_writer_process_leaves_a_whole_state() {
+    let Some(b) = fixtures::etcd().await else {
+        return;
+    };
+    let url = format!("etcd://{}", b.endpoint);
+    let store = rollcall::connect(&url).await.expect("connect");
+    rollcall_tests::state_table::killed_writer_process_leaves_a_whole_state(
+        store,
+        &url,
+        env!("CARGO_BIN_EXE_state-writer"),
+    )
+    .await;
+}

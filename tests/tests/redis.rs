@@ -772,3 +772,19 @@ async fn handles_of_one_cluster_share_their_decoded_rows() {
         .unwrap();
     assert!(other.read_all().await.unwrap().entries.is_empty());
 }
+
+/// A writer process killed between its chunks and its header leaves the state
+/// whole, and the sweep removes the orphaned chunks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_killed_writer_process_leaves_a_whole_state() {
+    let Some(b) = fixtures::redis().await else {
+        return;
+    };
+    let store = rollcall::connect(&b.endpoint).await.expect("connect");
+    rollcall_tests::state_table::killed_writer_process_leaves_a_whole_state(
+        store,
+        &b.endpoint,
+        env!("CARGO_BIN_EXE_state-writer"),
+    )
+    .await;
+}

@@ -98,9 +98,17 @@ fn redis_state_get_and_list_print_the_stored_states() {
         e
     });
     let run = |args: &[&str]| {
+        // As the issue spells it: the subcommand first, then the store and service.
         let out = rollcall()
-            .args(["state", "--store", &backend.endpoint, "--service", &service])
-            .args(args)
+            .args([
+                "state",
+                args[0],
+                "--store",
+                &backend.endpoint,
+                "--service",
+                &service,
+            ])
+            .args(&args[1..])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
