@@ -204,9 +204,10 @@ proptest! {
     /// The same with crashes, table outages and 2% failing handlers: no occurrence
     /// delivered twice; an occurrence is lost only inside a window that explains
     /// it: a crash of its owner (from a period and a view's spread before the
-    /// crash until the failover: declared Dead, every silo's view, the hold grace, a load), a
-    /// table outage (until a load after it), or a failed handler (given up when
-    /// the retry would come after the next occurrence).
+    /// crash until the failover: declared Dead, every silo's view, the hold
+    /// grace, a load), a table outage (from a view's spread before it, for a
+    /// handoff still loading, until a load after it), or a failed handler (given
+    /// up when the retry would come after the next occurrence).
     #[test]
     fn faults_repeat_nothing_and_lose_only_inside_their_windows(
         seed in any::<u64>(),
