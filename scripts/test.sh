@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # rollcall's test command: installs what is missing, starts real backends
-# (redis-server, etcd, moto_server) on free loopback ports, runs every test of the
-# workspace with all features against them, and stops them.
+# (redis-server, etcd, moto_server) on free loopback ports and a confined Docker
+# engine (scripts/docker.sh), runs every test of the workspace with all features
+# against them, and stops the servers.
 #
 #   scripts/test.sh [extra nextest/cargo test args]
 #
@@ -11,8 +12,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/backends.sh
 source scripts/backends.sh
+# shellcheck source=scripts/docker.sh
+source scripts/docker.sh
 
 backends_install
+# A Docker engine and the fixtures' images: the fault tests that need
+# containers (`docker pause`) run in this pass.
+docker_up
 trap backends_stop EXIT
 backends_start
 

@@ -6,13 +6,18 @@
 //!    `ROLLCALL_ETCD_ENDPOINTS` (`127.0.0.1:2379[,...]`), `ROLLCALL_ETCD_CLUSTER_ENDPOINTS`
 //!    (3 members), `ROLLCALL_REDIS_CLUSTER_URL`, `ROLLCALL_DYNAMODB_ENDPOINT`
 //!    (`http://127.0.0.1:5000`, a moto or DynamoDB Local server);
-//! 2. a container started with testcontainers when the crate is built with the
-//!    `docker` feature and a Docker daemon answers;
+//! 2. containers started with testcontainers when the crate is built with the
+//!    `docker` feature and a Docker daemon answers (clusters too: one container
+//!    per member on the host's network; DynamoDB Local when its image is here,
+//!    else moto; `scripts/docker.sh` builds the images without a registry);
 //! 3. a local server process (`redis-server`, `etcd`, `moto_server`) started on a free
 //!    loopback port, found on `PATH` or in the workspace's `.venv/bin`;
 //! 4. otherwise the test **fails**: a missing backend never passes silently. Only
 //!    an explicit opt-out, `ROLLCALL_SKIP_MISSING_BACKENDS=1`, turns that into a
 //!    loud skip, and never when `CI` is set.
+//!
+//! `ROLLCALL_BACKEND_SOURCE=docker` allows containers only (a failure to start
+//! one fails the test), `=local` skips containers.
 //!
 //! The returned [`Backend`] owns whatever was started and stops it on drop. Tests
 //! sharing one server use their own cluster / service ids.
@@ -213,7 +218,28 @@ pub fn dynamodb_region() -> &'static str {
     PICKED.get_or_init(|| REGIONS[rand::random_range(0..REGIONS.len())])
 }
 
+/// Where [`find`] may take a backend from: `ROLLCALL_BACKEND_SOURCE` = `docker`
+/// (containers only: no endpoint from the environment, no local process) or
+/// `local` (no containers); unset: anywhere, in the order of the module docs.
+fn required_source() -> Option<String> {
+    std::env::var("ROLLCALL_BACKEND_SOURCE")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
 async fn find(kind: Kind) -> Option<Backend> {
+    let only = required_source();
+    if only.as_deref() == Some("docker") {
+        #[cfg(feature = "docker")]
+        let why = match docker::start(kind).await {
+            Ok(b) => return Some(b),
+            Err(why) => why,
+        };
+        #[cfg(not(feature = "docker"))]
+        let why = "the `docker` feature of rollcall-tests is off".to_owned();
+        panic!("no {kind:?} container (ROLLCALL_BACKEND_SOURCE=docker): {why}");
+    }
     if let Ok(endpoint) = std::env::var(kind.env_var()) {
         if !endpoint.trim().is_empty() {
             return Some(Backend {
@@ -226,9 +252,11 @@ async fn find(kind: Kind) -> Option<Backend> {
     }
     let mut tried = Vec::new();
     #[cfg(feature = "docker")]
-    match docker::start(kind).await {
-        Ok(b) => return Some(b),
-        Err(why) => tried.push(format!("docker: {why}")),
+    if only.as_deref() != Some("local") {
+        match docker::start(kind).await {
+            Ok(b) => return Some(b),
+            Err(why) => tried.push(format!("docker: {why}")),
+        }
     }
     #[cfg(not(feature = "docker"))]
     tried.push("docker: the `docker` feature of rollcall-tests is off".to_owned());
@@ -249,6 +277,26 @@ async fn find(kind: Kind) -> Option<Backend> {
     }
     eprintln!("\n!!!!! SKIPPING: {msg}\n");
     None
+}
+
+/// A backend of `kind` in containers, whatever the environment says (for tests of
+/// what only containers make easy, e.g. `docker pause`), or `None` (skip) when
+/// none can be started and backends are not required.
+///
+/// # Panics
+/// When none can be started and backends are required (always under `CI`).
+#[cfg(feature = "docker")]
+pub async fn container(kind: Kind) -> Option<Backend> {
+    match docker::start(kind).await {
+        Ok(b) => Some(b),
+        Err(why) if backends_required() => panic!(
+            "no {kind:?} container: {why} (scripts/docker.sh starts a Docker engine and builds the images)"
+        ),
+        Err(why) => {
+            eprintln!("\n!!!!! SKIPPING: no {kind:?} container: {why}\n");
+            None
+        }
+    }
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
@@ -623,11 +671,13 @@ async fn start_local_inner(kind: Kind, port: Option<u16>) -> Result<Backend, Str
 
 #[cfg(feature = "docker")]
 mod docker {
-    use testcontainers::core::{ContainerPort, WaitFor};
-    use testcontainers::runners::AsyncRunner;
-    use testcontainers::{GenericImage, ImageExt};
+    use std::time::Duration;
 
-    use super::{Backend, Guard, Kind};
+    use testcontainers::core::{ContainerPort, ExecCommand, WaitFor};
+    use testcontainers::runners::AsyncRunner;
+    use testcontainers::{ContainerAsync, GenericImage, ImageExt};
+
+    use super::{free_cluster_port, free_port, wait_for_etcd_health, wait_for_port, Backend, Guard, Kind};
 
     fn daemon_answers() -> bool {
         std::process::Command::new("docker")
@@ -638,60 +688,247 @@ mod docker {
             .is_ok_and(|s| s.success())
     }
 
+    fn have_image(name: &str) -> bool {
+        std::process::Command::new("docker")
+            .args(["image", "inspect", name])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    const REDIS: (&str, &str) = ("redis", "7-alpine");
+    const ETCD: (&str, &str) = ("quay.io/coreos/etcd", "v3.5.17");
+
+    fn backend(kind: Kind, endpoint: String, containers: Vec<ContainerAsync<GenericImage>>) -> Backend {
+        Backend {
+            kind,
+            endpoint,
+            source: "docker",
+            _guard: Guard::Container(Box::new(containers)),
+        }
+    }
+
     pub(super) async fn start(kind: Kind) -> Result<Backend, String> {
         if !daemon_answers() {
             return Err("no Docker daemon answers".into());
         }
-        if matches!(kind, Kind::RedisCluster | Kind::EtcdCluster) {
-            return Err("clusters are started as local processes only".into());
-        }
-        let (image, port, ready) = match kind {
-            Kind::Redis => (
-                GenericImage::new("redis", "7-alpine"),
-                6379,
-                WaitFor::message_on_stdout("Ready to accept connections"),
-            ),
-            Kind::Etcd => (
-                GenericImage::new("quay.io/coreos/etcd", "v3.5.17"),
-                2379,
-                WaitFor::message_on_stderr("ready to serve client requests"),
-            ),
-            // Amazon's own DynamoDB Local (Java), in memory.
-            Kind::DynamoDb | Kind::RedisCluster | Kind::EtcdCluster => (
-                GenericImage::new("amazon/dynamodb-local", "2.5.4"),
-                8000,
-                WaitFor::message_on_stdout("CorsParams"),
-            ),
-        };
-        let image = image
-            .with_exposed_port(ContainerPort::Tcp(port))
-            .with_wait_for(ready);
-        let request = match kind {
-            Kind::Etcd => image.with_cmd([
-                "etcd",
-                "--listen-client-urls=http://0.0.0.0:2379",
-                "--advertise-client-urls=http://127.0.0.1:2379",
-            ]),
-            Kind::DynamoDb => image.with_cmd(["-jar", "DynamoDBLocal.jar", "-inMemory", "-sharedDb"]),
-            _ => image.with_cmd(Vec::<String>::new()),
-        };
-        let container = request.start().await.map_err(|e| e.to_string())?;
-        let host_port = container
-            .get_host_port_ipv4(port)
-            .await
-            .map_err(|e| e.to_string())?;
-        let endpoint = match kind {
-            Kind::Redis => format!("redis://127.0.0.1:{host_port}"),
-            Kind::Etcd => format!("127.0.0.1:{host_port}"),
-            Kind::DynamoDb | Kind::RedisCluster | Kind::EtcdCluster => {
-                format!("http://127.0.0.1:{host_port}")
+        match kind {
+            Kind::Redis => {
+                let c = GenericImage::new(REDIS.0, REDIS.1)
+                    .with_exposed_port(ContainerPort::Tcp(6379))
+                    .with_wait_for(WaitFor::message_on_stdout("Ready to accept connections"))
+                    .with_cmd(["redis-server", "--protected-mode", "no"])
+                    .start()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let port = c.get_host_port_ipv4(6379).await.map_err(|e| e.to_string())?;
+                Ok(backend(kind, format!("redis://127.0.0.1:{port}"), vec![c]))
             }
+            Kind::Etcd => {
+                let c = GenericImage::new(ETCD.0, ETCD.1)
+                    .with_exposed_port(ContainerPort::Tcp(2379))
+                    .with_wait_for(WaitFor::message_on_stderr("ready to serve client requests"))
+                    .with_cmd([
+                        "etcd",
+                        "--listen-client-urls=http://0.0.0.0:2379",
+                        "--advertise-client-urls=http://127.0.0.1:2379",
+                    ])
+                    .start()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let port = c.get_host_port_ipv4(2379).await.map_err(|e| e.to_string())?;
+                Ok(backend(kind, format!("127.0.0.1:{port}"), vec![c]))
+            }
+            Kind::DynamoDb => {
+                // Amazon's own DynamoDB Local (Java) when its image is here, else moto.
+                let c = if have_image("amazon/dynamodb-local:2.5.4") {
+                    GenericImage::new("amazon/dynamodb-local", "2.5.4")
+                        .with_exposed_port(ContainerPort::Tcp(8000))
+                        .with_wait_for(WaitFor::message_on_stdout("CorsParams"))
+                        .with_cmd(["-jar", "DynamoDBLocal.jar", "-inMemory", "-sharedDb"])
+                } else {
+                    // moto behind the serializing wrapper the local fixture runs
+                    // (scripts/docker.sh builds it).
+                    GenericImage::new("rollcall/moto-serialized", "5.2.1")
+                        .with_exposed_port(ContainerPort::Tcp(5000))
+                        .with_wait_for(WaitFor::message_on_stderr("Running on"))
+                        .with_cmd(["-p", "5000"])
+                };
+                let inner = if have_image("amazon/dynamodb-local:2.5.4") {
+                    8000
+                } else {
+                    5000
+                };
+                let c = c.start().await.map_err(|e| e.to_string())?;
+                let port = c.get_host_port_ipv4(inner).await.map_err(|e| e.to_string())?;
+                wait_for_port(([127, 0, 0, 1], port).into(), Duration::from_secs(30)).await?;
+                Ok(backend(kind, format!("http://127.0.0.1:{port}"), vec![c]))
+            }
+            Kind::RedisCluster => redis_cluster().await,
+            Kind::EtcdCluster => etcd_cluster(3).await,
+        }
+    }
+
+    /// Three cluster-enabled redis-servers in containers on the host's network
+    /// (each on a free loopback port, so the addresses the nodes announce are
+    /// the ones clients reach), joined by `redis-cli --cluster create` run in
+    /// the first container.
+    async fn redis_cluster() -> Result<Backend, String> {
+        let mut containers = Vec::new();
+        let mut ports = Vec::new();
+        for _ in 0..3 {
+            let port = free_cluster_port().map_err(|e| e.to_string())?;
+            let c = GenericImage::new(REDIS.0, REDIS.1)
+                .with_wait_for(WaitFor::message_on_stdout("Ready to accept connections"))
+                .with_network("host")
+                .with_cmd([
+                    "redis-server".to_owned(),
+                    "--port".to_owned(),
+                    port.to_string(),
+                    "--bind".to_owned(),
+                    "127.0.0.1".to_owned(),
+                    "--protected-mode".to_owned(),
+                    "no".to_owned(),
+                    "--cluster-enabled".to_owned(),
+                    "yes".to_owned(),
+                    "--cluster-node-timeout".to_owned(),
+                    "5000".to_owned(),
+                ])
+                .start()
+                .await
+                .map_err(|e| e.to_string())?;
+            containers.push(c);
+            ports.push(port);
+        }
+        for p in &ports {
+            wait_for_port(([127, 0, 0, 1], *p).into(), Duration::from_secs(30)).await?;
+        }
+        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let mut create = vec![
+            "redis-cli".to_owned(),
+            "--cluster".to_owned(),
+            "create".to_owned(),
+        ];
+        create.extend(nodes.iter().cloned());
+        create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(str::to_owned));
+        let mut out = containers[0]
+            .exec(ExecCommand::new(create))
+            .await
+            .map_err(|e| format!("redis-cli --cluster create: {e}"))?;
+        let text =
+            String::from_utf8_lossy(&out.stdout_to_vec().await.map_err(|e| e.to_string())?).into_owned();
+        if !text.contains("[OK]") {
+            return Err(format!("redis-cli --cluster create failed: {text}"));
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        for p in &ports {
+            loop {
+                let mut info = containers[0]
+                    .exec(ExecCommand::new([
+                        "redis-cli",
+                        "-p",
+                        &p.to_string(),
+                        "cluster",
+                        "info",
+                    ]))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let text = String::from_utf8_lossy(&info.stdout_to_vec().await.map_err(|e| e.to_string())?)
+                    .into_owned();
+                if text.contains("cluster_state:ok") {
+                    break;
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(format!("node {p} never reached cluster_state:ok"));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(backend(
+            Kind::RedisCluster,
+            format!("redis+cluster://{}", nodes.join(",")),
+            containers,
+        ))
+    }
+
+    /// An `n`-member etcd cluster, one container per member on the host's
+    /// network (free loopback ports), with the short raft timers of the local
+    /// fixture.
+    async fn etcd_cluster(n: usize) -> Result<Backend, String> {
+        let mut ports = Vec::new();
+        for _ in 0..n {
+            ports.push((
+                free_port().map_err(|e| e.to_string())?,
+                free_port().map_err(|e| e.to_string())?,
+            ));
+        }
+        let initial: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect();
+        let mut containers = Vec::new();
+        for (i, (client, peer)) in ports.iter().enumerate() {
+            let client_url = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            // No member is ready before a quorum is up: start them all, then
+            // wait for their health.
+            let c = GenericImage::new(ETCD.0, ETCD.1)
+                .with_wait_for(WaitFor::Nothing)
+                .with_network("host")
+                .with_cmd([
+                    "etcd".to_owned(),
+                    format!("--name=m{i}"),
+                    format!("--data-dir=/tmp/m{i}"),
+                    format!("--listen-client-urls={client_url}"),
+                    format!("--advertise-client-urls={client_url}"),
+                    format!("--listen-peer-urls={peer_url}"),
+                    format!("--initial-advertise-peer-urls={peer_url}"),
+                    format!("--initial-cluster={}", initial.join(",")),
+                    "--initial-cluster-state=new".to_owned(),
+                    "--heartbeat-interval=50".to_owned(),
+                    "--election-timeout=500".to_owned(),
+                ])
+                .start()
+                .await
+                .map_err(|e| e.to_string())?;
+            containers.push(c);
+        }
+        for (client, _) in &ports {
+            wait_for_etcd_health(*client, Duration::from_secs(30)).await?;
+        }
+        let endpoints: Vec<String> = ports.iter().map(|(c, _)| format!("127.0.0.1:{c}")).collect();
+        Ok(backend(Kind::EtcdCluster, endpoints.join(","), containers))
+    }
+
+    /// Pauses (`docker pause`) or unpauses every container of `b`.
+    pub(super) async fn set_paused(b: &Backend, paused: bool) -> Result<(), String> {
+        let Guard::Container(any) = &b._guard else {
+            return Err(format!("{:?} does not run in a container", b.kind));
         };
-        Ok(Backend {
-            kind,
-            endpoint,
-            source: "docker",
-            _guard: Guard::Container(Box::new(container)),
-        })
+        let Some(containers) = any.downcast_ref::<Vec<ContainerAsync<GenericImage>>>() else {
+            return Err("not a container of these fixtures".into());
+        };
+        for c in containers {
+            if paused {
+                c.pause().await.map_err(|e| e.to_string())?;
+            } else {
+                c.unpause().await.map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Backend {
+    /// Pauses (`docker pause`: the server's processes are frozen, its sockets stay
+    /// open) or unpauses a backend started in containers.
+    ///
+    /// # Errors
+    /// When the backend does not run in containers or Docker fails.
+    #[cfg(feature = "docker")]
+    pub async fn set_paused(&self, paused: bool) -> Result<(), String> {
+        docker::set_paused(self, paused).await
     }
 }

@@ -96,3 +96,27 @@ async fn dynamodb_fixture_answers_http() {
         b.source
     );
 }
+
+/// Where the fixtures take each backend from, printed (`--no-capture` shows it);
+/// with `ROLLCALL_BACKEND_SOURCE` set, every backend must come from there (CI's
+/// container pass sets `docker`: a fixture that fell back to a local process
+/// fails it).
+#[tokio::test]
+async fn every_backend_reports_its_source() {
+    let required = std::env::var("ROLLCALL_BACKEND_SOURCE")
+        .ok()
+        .filter(|s| !s.is_empty());
+    let backends = [
+        fixtures::redis().await,
+        fixtures::redis_cluster().await,
+        fixtures::etcd().await,
+        fixtures::etcd_cluster().await,
+        fixtures::dynamodb().await,
+    ];
+    for b in backends.iter().flatten() {
+        println!("backend {:?}: {} ({})", b.kind, b.source, b.endpoint);
+        if let Some(want) = &required {
+            assert_eq!(b.source, want.as_str(), "{:?} came from {}", b.kind, b.source);
+        }
+    }
+}

@@ -788,3 +788,100 @@ async fn state_killed_writer_process_leaves_a_whole_state() {
     )
     .await;
 }
+
+/// What only containers make easy: the Redis server is frozen (`docker pause`:
+/// its sockets stay open, nothing answers) for three table operation timeouts
+/// while three silos probe each other over TCP. Every handle call answers within
+/// its bound during the pause, and once it ends no silo is declared Dead.
+#[cfg(feature = "docker")]
+#[actix_rt::test]
+async fn a_paused_redis_container_declares_no_silo_dead_and_every_call_answers_in_its_bound() {
+    use rollcall::transport::tcp::TcpTransport;
+    use rollcall::{ClusterMembershipOptions, Silo};
+    use std::time::Instant;
+
+    let Some(b) = fixtures::container(fixtures::Kind::Redis).await else {
+        return;
+    };
+    let store = store_on(&b).await;
+    let options = ClusterMembershipOptions {
+        table_operation_timeout: Duration::from_secs(1),
+        ..ClusterMembershipOptions::fast()
+    };
+    let cluster = unique_id("pause");
+    let transport = Arc::new(TcpTransport::new());
+    let mut silos = Vec::new();
+    for _ in 0..3 {
+        let silo = Silo::builder(store.clone(), cluster.clone())
+            .listen("127.0.0.1:0".parse().unwrap())
+            .transport(transport.clone())
+            .options(options.clone())
+            .start()
+            .await
+            .expect("silo starts");
+        silos.push(silo);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !silos.iter().all(|s| s.snapshot().active().count() == 3) {
+        assert!(
+            Instant::now() < deadline,
+            "the three silos never saw each other Active"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    b.set_paused(true).await.expect("docker pause");
+    let paused_at = Instant::now();
+    let pause = options.table_operation_timeout * 3;
+    let refresh_bound = options.table_operation_timeout * 2;
+    while paused_at.elapsed() < pause {
+        for s in &silos {
+            let t = Instant::now();
+            let snap = s
+                .latest_snapshot()
+                .await
+                .expect("latest_snapshot answers from memory");
+            assert!(
+                t.elapsed() < Duration::from_millis(100),
+                "latest_snapshot waited {:?}",
+                t.elapsed()
+            );
+            assert_eq!(snap.active().count(), 3);
+            let t = Instant::now();
+            let r = s.refresh().await;
+            assert!(
+                t.elapsed() <= refresh_bound + Duration::from_millis(200),
+                "refresh took {:?} (bound {refresh_bound:?})",
+                t.elapsed()
+            );
+            assert!(r.is_err(), "the store is frozen: {r:?}");
+            assert_eq!(s.status(), rollcall::SiloStatus::Active);
+        }
+    }
+    b.set_paused(false).await.expect("docker unpause");
+    // After the pause: the table answers again, and every silo reads all three
+    // Active (no vote was written, nobody was declared Dead).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut all = true;
+        for s in &silos {
+            match s.refresh().await {
+                Ok(snap) => {
+                    assert!(
+                        snap.rows().all(|e| e.status == rollcall::SiloStatus::Active),
+                        "a silo left Active: {snap:?}"
+                    );
+                    all &= snap.active().count() == 3;
+                }
+                Err(_) => all = false,
+            }
+        }
+        if all {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the table never answered again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for s in &silos {
+        let _ = s.shutdown().await;
+    }
+}
