@@ -742,23 +742,21 @@ mod docker {
             }
             Kind::DynamoDb => {
                 // Amazon's own DynamoDB Local (Java) when its image is here, else moto.
-                let c = if have_image("amazon/dynamodb-local:2.5.4") {
-                    GenericImage::new("amazon/dynamodb-local", "2.5.4")
+                let local = have_image("amazon/dynamodb-local:2.5.4");
+                let (c, inner) = if local {
+                    let c = GenericImage::new("amazon/dynamodb-local", "2.5.4")
                         .with_exposed_port(ContainerPort::Tcp(8000))
                         .with_wait_for(WaitFor::message_on_stdout("CorsParams"))
-                        .with_cmd(["-jar", "DynamoDBLocal.jar", "-inMemory", "-sharedDb"])
+                        .with_cmd(["-jar", "DynamoDBLocal.jar", "-inMemory", "-sharedDb"]);
+                    (c, 8000)
                 } else {
                     // moto behind the serializing wrapper the local fixture runs
                     // (scripts/docker.sh builds it).
-                    GenericImage::new("rollcall/moto-serialized", "5.2.1")
+                    let c = GenericImage::new("rollcall/moto-serialized", "5.2.1")
                         .with_exposed_port(ContainerPort::Tcp(5000))
                         .with_wait_for(WaitFor::message_on_stderr("Running on"))
-                        .with_cmd(["-p", "5000"])
-                };
-                let inner = if have_image("amazon/dynamodb-local:2.5.4") {
-                    8000
-                } else {
-                    5000
+                        .with_cmd(["-p", "5000"]);
+                    (c, 5000)
                 };
                 let c = c.start().await.map_err(|e| e.to_string())?;
                 let port = c.get_host_port_ipv4(inner).await.map_err(|e| e.to_string())?;
