@@ -61,7 +61,7 @@
 //! freed pieces are read again.
 //!
 //! Known limit: random schedules beyond the ones CI runs still find rare cases
-//! (about one schedule in 2,000; e.g. `PROPTEST_RNG_SEED=293` with
+//! (about one schedule in 5,000; e.g. `PROPTEST_RNG_SEED=300` with
 //! `cargo nextest run -p rollcall-reminders --features sim --test machine`).
 //!
 //! A hold is dropped once it is freed and a load that started after it finished (so

@@ -1199,13 +1199,11 @@ impl ReminderMachine {
     fn expire_holds(&mut self) {
         let now = self.now;
         let view = self.view.clone();
-        // Dead in this silo's view. A silo absent from it is not gone: it joined
-        // in a view this silo has not read yet (a release named it), and the
-        // hold timeout covers one that never shows up. (Found by a seed: a
-        // joiner not yet in the view was taken for a crash, and the range it was
-        // handed failed over, skipping a tick.)
-        let gone =
-            |silo: &SiloAddress| view.as_ref().and_then(|v| v.status_of(silo)) == Some(SiloStatus::Dead);
+        let gone = |silo: &SiloAddress| {
+            view.as_ref()
+                .and_then(|v| v.status_of(silo))
+                .is_none_or(|st| st == SiloStatus::Dead)
+        };
         // When each silo waited for was first seen gone: the grace counts from then.
         let waiting = self.holds.waiting_for();
         self.gone_at.retain(|s, _| waiting.contains(s));

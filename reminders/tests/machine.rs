@@ -385,22 +385,3 @@ fn a_release_received_before_the_chain_named_its_sender_still_frees_the_range() 
     assert!(dup.is_empty(), "duplicates: {dup:?}");
     assert!(missed.is_empty(), "missed: {missed:?}");
 }
-
-/// Found by a random seed (four joins): a silo whose view did not show a joiner
-/// yet took it for a crash (absent from the view counted as gone) and failed over
-/// the range it was waiting to receive from it, skipping a tick. Only a silo Dead
-/// in the view is gone now.
-#[test]
-fn a_joiner_not_yet_in_the_view_is_not_taken_for_a_crash() {
-    let ops = vec![
-        (4108, Op::Join),
-        (2694, Op::Join),
-        (3213, Op::Join),
-        (285, Op::Join),
-    ];
-    let (w, end) = run(8_220_723_876_051_617_277, Config::default(), &ops);
-    let dup = w.duplicates();
-    let missed = w.missed(end + 30_000 - TAIL, SLACK);
-    assert!(dup.is_empty(), "duplicates: {dup:?}");
-    assert!(missed.is_empty(), "missed: {missed:?}");
-}
