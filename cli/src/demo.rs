@@ -371,13 +371,21 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
     }
     let resumed = victims.iter().all(on_survivor);
     // Their carts' states continue from where the killed silo left them (a tick or
-    // two of the crash window aside), not from zero.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let continued: Vec<(String, u64, u64)> = victims
-        .iter()
-        .zip(&counts_at_kill)
-        .map(|(a, before)| (a.to_string(), *before, count_of(a)))
-        .collect();
+    // two of the crash window aside), not from zero: each survivor's first tick of
+    // a cart loads and writes its state after the tick is delivered, so wait
+    // (bounded) for those writes.
+    let continued = || -> Vec<(String, u64, u64)> {
+        victims
+            .iter()
+            .zip(&counts_at_kill)
+            .map(|(a, before)| (a.to_string(), *before, count_of(a)))
+            .collect()
+    };
+    let counted_on = Instant::now();
+    while !continued().iter().all(|(_, before, now)| now > before) && counted_on.elapsed() < resume_limit {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let continued = continued();
     let kept = continued.iter().all(|(_, before, now)| now > before);
     tl.say(
         None,

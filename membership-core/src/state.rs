@@ -460,8 +460,11 @@ pub struct WriteMachine {
     batch: Range<usize>,
     replaced: Option<String>,
     outcome: Option<std::result::Result<Option<Etag>, WriteFailure>>,
-    header_len: usize,
 }
+
+/// What a header adds to its transaction besides the chunks, bytes (an upper
+/// estimate: the envelope's JSON and the provider's key and attributes).
+pub const HEADER_BYTES: usize = 512;
 
 impl WriteMachine {
     /// A write of `len` bytes under `generation` (`clear`: a tombstone or delete,
@@ -479,8 +482,7 @@ impl WriteMachine {
         }
         let step = limits.chunk_bytes.max(1);
         let chunks: Vec<Range<usize>> = (0..len).step_by(step).map(|a| a..(a + step).min(len)).collect();
-        let header_len = 512;
-        let inline = chunks.len() < limits.txn_rows && len + header_len <= limits.txn_bytes;
+        let inline = chunks.len() < limits.txn_rows && len + HEADER_BYTES <= limits.txn_bytes;
         Ok(WriteMachine {
             limits,
             chunks,
@@ -490,7 +492,6 @@ impl WriteMachine {
             batch: 0..0,
             replaced: None,
             outcome: None,
-            header_len,
         })
     }
 
@@ -575,11 +576,6 @@ impl WriteMachine {
 
     fn finish(&mut self) -> WriteAction {
         WriteAction::Finish(self.outcome.take().unwrap_or(Err(WriteFailure::Failed)))
-    }
-
-    /// Bytes of the header's transaction besides the chunks (an estimate).
-    pub fn header_len(&self) -> usize {
-        self.header_len
     }
 }
 
@@ -795,7 +791,7 @@ impl StateStorage {
         for (key, _, _, data) in states {
             let m = WriteMachine::new(key, data.len(), generation.clone(), limits)?;
             rows += m.chunk_ranges().len() + 1;
-            bytes += data.len() + m.header_len();
+            bytes += data.len() + HEADER_BYTES;
             planned.push(m.chunk_ranges().to_vec());
         }
         if rows > limits.txn_rows || bytes > limits.txn_bytes {

@@ -34,6 +34,23 @@ pub(crate) fn escape(s: &str) -> String {
     out
 }
 
+/// Reverses [`escape`]; `None` for a malformed escape.
+pub(crate) fn unescape(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            out.push(u8::from_str_radix(s.get(i + 1..i + 3)?, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// Keys of one cluster's membership table, formatted once (every row write names
 /// five of them).
 #[derive(Clone, Debug)]

@@ -19,7 +19,7 @@ use rollcall_membership_core::state::{Commit, HeaderWrite, StateLimits, StateTab
 use rollcall_membership_core::{Error, Etag, Result, StateKey, Timestamp};
 
 use crate::conn::{backend, Node, Router};
-use crate::keys::escape;
+use crate::keys::{escape, unescape};
 use crate::new_etag;
 
 /// Redis' limits for states: 4 MiB chunks, 16 MiB and 64 rows per transaction
@@ -46,23 +46,6 @@ pub struct RedisStateTable {
 
 fn member(key: &StateKey) -> String {
     format!("{}/{}", escape(key.actor_id()), escape(key.name()))
-}
-
-fn unescape(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 fn key_of_member(m: &str) -> Option<StateKey> {

@@ -573,44 +573,57 @@ async fn start_local_redis_cluster() -> Result<Backend, String> {
     for p in &ports {
         wait_for_port(([127, 0, 0, 1], *p).into(), Duration::from_secs(30)).await?;
     }
-    let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let out = Command::new(&cli)
-        .args(["--cluster", "create"])
-        .args(&nodes)
-        .args(["--cluster-replicas", "0", "--cluster-yes"])
-        .output()
-        .await
-        .map_err(|e| format!("redis-cli --cluster create: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "redis-cli --cluster create failed: {}",
-            String::from_utf8_lossy(&out.stdout)
-        ));
-    }
-    // Wait until every node reports cluster_state:ok.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for p in &ports {
-        loop {
-            let info = Command::new(&cli)
-                .args(["-p", &p.to_string(), "cluster", "info"])
+    let endpoint = form_redis_cluster(&ports, |args| {
+        let cli = cli.clone();
+        async move {
+            let out = Command::new(&cli)
+                .args(&args)
                 .output()
                 .await
-                .map_err(|e| e.to_string())?;
-            if String::from_utf8_lossy(&info.stdout).contains("cluster_state:ok") {
-                break;
-            }
+                .map_err(|e| format!("redis-cli {}: {e}", args.join(" ")))?;
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        }
+    })
+    .await?;
+    Ok(Backend {
+        kind: Kind::RedisCluster,
+        endpoint,
+        source: "local",
+        _guard: Guard::Processes { children, dir },
+    })
+}
+
+/// Joins the cluster-enabled redis-servers on `ports` (loopback) into one
+/// cluster with `redis-cli --cluster create`, run by `cli` (its arguments in, its
+/// standard output back: a local redis-cli, or one in a container), and waits
+/// until every node reports `cluster_state:ok`. Returns the `redis+cluster://`
+/// URL.
+async fn form_redis_cluster<F, Fut>(ports: &[u16], cli: F) -> Result<String, String>
+where
+    F: Fn(Vec<String>) -> Fut,
+    Fut: std::future::Future<Output = Result<String, String>>,
+{
+    let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let mut create = vec!["--cluster".to_owned(), "create".to_owned()];
+    create.extend(nodes.iter().cloned());
+    create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(str::to_owned));
+    let out = cli(create).await?;
+    if !out.contains("[OK]") {
+        return Err(format!("redis-cli --cluster create failed: {out}"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for p in ports {
+        while !cli(vec!["-p".into(), p.to_string(), "cluster".into(), "info".into()])
+            .await?
+            .contains("cluster_state:ok")
+        {
             if Instant::now() > deadline {
                 return Err(format!("node {p} never reached cluster_state:ok"));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    Ok(Backend {
-        kind: Kind::RedisCluster,
-        endpoint: format!("redis+cluster://{}", nodes.join(",")),
-        source: "local",
-        _guard: Guard::Processes { children, dir },
-    })
+    Ok(format!("redis+cluster://{}", nodes.join(",")))
 }
 
 async fn start_local_inner(kind: Kind, port: Option<u16>) -> Result<Backend, String> {
@@ -802,52 +815,19 @@ mod docker {
         for p in &ports {
             wait_for_port(([127, 0, 0, 1], *p).into(), Duration::from_secs(30)).await?;
         }
-        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        let mut create = vec![
-            "redis-cli".to_owned(),
-            "--cluster".to_owned(),
-            "create".to_owned(),
-        ];
-        create.extend(nodes.iter().cloned());
-        create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(str::to_owned));
-        let mut out = containers[0]
-            .exec(ExecCommand::new(create))
-            .await
-            .map_err(|e| format!("redis-cli --cluster create: {e}"))?;
-        let text =
-            String::from_utf8_lossy(&out.stdout_to_vec().await.map_err(|e| e.to_string())?).into_owned();
-        if !text.contains("[OK]") {
-            return Err(format!("redis-cli --cluster create failed: {text}"));
-        }
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        for p in &ports {
-            loop {
-                let mut info = containers[0]
-                    .exec(ExecCommand::new([
-                        "redis-cli",
-                        "-p",
-                        &p.to_string(),
-                        "cluster",
-                        "info",
-                    ]))
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let text = String::from_utf8_lossy(&info.stdout_to_vec().await.map_err(|e| e.to_string())?)
-                    .into_owned();
-                if text.contains("cluster_state:ok") {
-                    break;
-                }
-                if std::time::Instant::now() > deadline {
-                    return Err(format!("node {p} never reached cluster_state:ok"));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-        Ok(backend(
-            Kind::RedisCluster,
-            format!("redis+cluster://{}", nodes.join(",")),
-            containers,
-        ))
+        let first = &containers[0];
+        let endpoint = super::form_redis_cluster(&ports, |args| async move {
+            let mut cmd = vec!["redis-cli".to_owned()];
+            cmd.extend(args);
+            let mut out = first
+                .exec(ExecCommand::new(cmd))
+                .await
+                .map_err(|e| format!("redis-cli in a container: {e}"))?;
+            let bytes = out.stdout_to_vec().await.map_err(|e| e.to_string())?;
+            Ok(String::from_utf8_lossy(&bytes).into_owned())
+        })
+        .await?;
+        Ok(backend(Kind::RedisCluster, endpoint, containers))
     }
 
     /// An `n`-member etcd cluster, one container per member on the host's
