@@ -438,7 +438,7 @@ pub struct ReminderMachine {
     history: VecDeque<Release>,
     /// When the holds last asked for releases (or stopped waiting).
     asked: Timestamp,
-    /// When each silo a hold waits for was first seen Dead or absent.
+    /// When each silo a hold waits for was first seen Dead.
     gone_at: HashMap<SiloAddress, Timestamp>,
 }
 
@@ -621,6 +621,17 @@ impl ReminderMachine {
         let (now, me) = (self.now, self.me);
         self.ring_gen += 1;
         let old = std::mem::take(&mut self.ring);
+        // Where this silo delivered in the old ring (owned, not held): an early
+        // release applied again below is not passed on there, since this silo's
+        // own release to the new owner says where it stopped. (Found by a seed: a
+        // release already used, forwarded to a joiner, arrived before the
+        // forwarder's own release and repeated eight ticks.)
+        let held: Vec<RingRange> = self.holds.waiting_pieces().into_iter().map(|(r, _)| r).collect();
+        let delivering: Vec<RingRange> = old
+            .ranges_of(&me)
+            .into_iter()
+            .flat_map(|r| crate::handoff::subtract(r, &held))
+            .collect();
         let lost = self.holds.ring_changed(&old, &ring, me, now, self.load_epoch);
         let releases = self.releases_of(&lost, now);
         self.holds.keep_owned(&ring, me);
@@ -645,7 +656,7 @@ impl ReminderMachine {
             .collect();
         let mut freed = false;
         for (at, r) in early {
-            freed |= self.release_received(r, at);
+            freed |= self.release_received(r, at, &delivering);
         }
         self.hold_slots();
         if freed {
@@ -687,7 +698,7 @@ impl ReminderMachine {
             };
             match serde_json::from_slice::<HandoffMessage>(&body) {
                 Ok(HandoffMessage::Release(r)) if r.service == self.service => {
-                    freed |= self.release_received(r, self.now)
+                    freed |= self.release_received(r, self.now, &[])
                 }
                 Ok(HandoffMessage::Request(r)) if r.service == self.service => self.answer_request(r),
                 Ok(_) => {}
@@ -908,7 +919,7 @@ impl ReminderMachine {
     /// Applies a release to the holds; keeps it for a later ring if it freed
     /// nothing, and forwards the pieces owned by a third silo in this silo's view.
     /// Returns whether a hold was freed.
-    fn release_received(&mut self, r: Release, received: Timestamp) -> bool {
+    fn release_received(&mut self, r: Release, received: Timestamp, not_forwarded: &[RingRange]) -> bool {
         let me = self.me;
         let r = self.newest(self.back_to_me(r));
         tracing::trace!(silo = %me, from = %r.from, at = r.at, pieces = r.pieces.len(), "release received");
@@ -929,7 +940,10 @@ impl ReminderMachine {
         if r.from != me {
             self.request_reload(r.pieces.iter().map(|p| p.range).collect(), received);
         }
-        let forward: Vec<(SiloAddress, HandoffMessage)> = crate::handoff::forwards(&r, &self.ring, me)
+        let forward: Vec<(SiloAddress, HandoffMessage)> = r
+            .without(not_forwarded)
+            .map(|r| crate::handoff::forwards(&r, &self.ring, me))
+            .unwrap_or_default()
             .into_iter()
             .map(|(to, r)| (to, HandoffMessage::Release(r)))
             .collect();
@@ -997,8 +1011,27 @@ impl ReminderMachine {
         if r.from == self.me || r.pieces.iter().all(|p| p.waiting_for != Some(self.me)) {
             return r;
         }
-        let mut known: Vec<&Release> = self
+        // An own release sent to a third silo (not the one whose chain came back
+        // here) gave that silo the pieces: it may have delivered there since, so
+        // the pieces wait for it, this silo's floor kept as the chain's fallback.
+        // (Found by a seed: a silo's view skipped the ring in which the silo it
+        // had released to crashed; the joiner after it waited for this silo and
+        // left, and the old floor repeated the tick the crashed silo delivered.)
+        let redirected: Vec<Release> = self
             .history
+            .iter()
+            .map(|m| match m.to {
+                Some(to) if to != r.from && to != self.me => {
+                    let mut m = m.clone();
+                    for q in m.pieces.iter_mut().filter(|q| q.waiting_for.is_none()) {
+                        q.waiting_for = Some(to);
+                    }
+                    m
+                }
+                _ => m.clone(),
+            })
+            .collect();
+        let mut known: Vec<&Release> = redirected
             .iter()
             .chain(
                 self.received
@@ -1199,11 +1232,13 @@ impl ReminderMachine {
     fn expire_holds(&mut self) {
         let now = self.now;
         let view = self.view.clone();
-        let gone = |silo: &SiloAddress| {
-            view.as_ref()
-                .and_then(|v| v.status_of(silo))
-                .is_none_or(|st| st == SiloStatus::Dead)
-        };
+        // Dead in this silo's view. A silo absent from it is not gone: it joined
+        // in a view this silo has not read yet (another silo named it), and the
+        // hold timeout covers one that never shows up. (Found by a seed: a joiner
+        // not yet in the view was taken for a crash, and the range it was handed
+        // failed over, losing a tick.)
+        let gone =
+            |silo: &SiloAddress| view.as_ref().and_then(|v| v.status_of(silo)) == Some(SiloStatus::Dead);
         // When each silo waited for was first seen gone: the grace counts from then.
         let waiting = self.holds.waiting_for();
         self.gone_at.retain(|s, _| waiting.contains(s));

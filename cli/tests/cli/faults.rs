@@ -17,7 +17,7 @@ fn redis_multi_process_short_stall_is_survived_and_sigterm_leaves_gracefully() {
     let store = backend.endpoint.clone();
     let cluster = rollcall_tests::unique_id("stall");
     let (mut procs, ports, _) = start_silos(&store, &cluster, 3);
-    std::thread::sleep(Duration::from_secs(2)); // let the probes settle
+    wait_until_every_view_shows(&cluster, &ports, 3);
     let signal = |pid: u32, sig: &str| {
         let ok = std::process::Command::new("kill")
             .args([sig, &pid.to_string()])
@@ -117,7 +117,7 @@ fn killed_silo_is_declared_dead_within_the_bound(store: &str) {
         3,
         &["--metrics-period", "300ms", "--statistics-period", "300ms"],
     );
-    std::thread::sleep(Duration::from_secs(2)); // let the probes settle
+    wait_until_every_view_shows(&cluster, &ports, 3);
 
     let victim_port = ports[2];
     procs.0[2].kill().expect("SIGKILL the silo process");

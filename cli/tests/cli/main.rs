@@ -89,7 +89,7 @@ fn start_silos_each(
             ])
             .args(extra(i))
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(log.try_clone().expect("share the silo log"))
             .stderr(log)
             .spawn()
             .expect("spawn rollcall silo");
@@ -111,6 +111,37 @@ fn start_silos_each(
         (last_version, lines) = (v, l);
     }
     (procs, ports, last_version)
+}
+
+/// Waits (at most 20 s) until the newest view every silo of `ports` printed
+/// (`table version N: K active` on its stdout, in its [`log_path`]) shows `n`
+/// Active silos: from then on each of them probes the others.
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
+fn wait_until_every_view_shows(cluster: &str, ports: &[u16], n: usize) {
+    use std::time::{Duration, Instant};
+    let started = Instant::now();
+    let wanted = format!(": {n} active");
+    loop {
+        let behind: Vec<u16> = ports
+            .iter()
+            .copied()
+            .filter(|p| {
+                let log = std::fs::read_to_string(log_path(cluster, *p)).unwrap_or_default();
+                !log.lines()
+                    .rev()
+                    .find(|l| l.starts_with("table version "))
+                    .is_some_and(|l| l.ends_with(&wanted))
+            })
+            .collect();
+        if behind.is_empty() {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the views of the silos on {behind:?} never showed {n} Active"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// The redis-server of the fixtures (kept alive with the runtime that found it), or
