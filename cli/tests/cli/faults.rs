@@ -118,6 +118,24 @@ fn killed_silo_is_declared_dead_within_the_bound(store: &str) {
         &["--metrics-period", "300ms", "--statistics-period", "300ms"],
     );
     wait_until_every_view_shows(&cluster, &ports, 3);
+    // The victim's metrics row is checked after it died: wait until all three
+    // silos published one.
+    let started = Instant::now();
+    loop {
+        let out = rollcall()
+            .args(["metrics", "--store", store, "--cluster", &cluster])
+            .output()
+            .expect("run rollcall metrics");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if stdout.lines().filter(|l| l.starts_with("silo ")).count() == 3 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "three metrics rows never showed: {stdout}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 
     let victim_port = ports[2];
     procs.0[2].kill().expect("SIGKILL the silo process");
