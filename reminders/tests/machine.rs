@@ -142,6 +142,27 @@ fn check_bounds(w: &World) {
     );
 }
 
+/// Runs `ops` from `seed` as [`run`] does, without faults, and asserts that every
+/// occurrence was delivered exactly once.
+fn assert_once_each(seed: u64, ops: &[(u64, Op)]) {
+    let (w, end) = run(seed, Config::default(), ops);
+    let dup = w.duplicates();
+    let missed = w.missed(end + 30_000 - TAIL, SLACK);
+    assert!(dup.is_empty(), "duplicates: {dup:?}");
+    assert!(missed.is_empty(), "missed: {missed:?}");
+}
+
+/// Whether occurrence `t` of `r` is explained by a failed handler: a failed
+/// occurrence is retried before the next one is due or given up; a retry still
+/// running when the next one falls due skips that one (a handler that overran,
+/// as Orleans).
+fn lost_to_a_failed_handler(w: &World, r: &(String, String), t: Timestamp) -> bool {
+    let period = w.reminders[r].period.as_millis() as u64;
+    w.failed.contains(&(r.clone(), t))
+        || w.failed
+            .contains(&(r.clone(), Timestamp::from_millis(t.as_millis() - period)))
+}
+
 #[test]
 fn a_fixed_graceful_schedule_delivers_every_occurrence_once() {
     let ops = vec![
@@ -242,11 +263,7 @@ proptest! {
                     .outages
                     .iter()
                     .any(|(from, to)| ms + cfg.view_spread >= *from && ms <= to + reload);
-                // A failed occurrence is retried before the next one is due or
-                // given up; a retry still running when the next one falls due
-                // skips that one (a handler that overran, as Orleans).
-                let failed = w.failed.contains(&(r.clone(), *t))
-                    || w.failed.contains(&(r.clone(), Timestamp::from_millis(t.as_millis() - period)));
+                let failed = lost_to_a_failed_handler(&w, r, *t);
                 !(crash || outage || failed)
             })
             .collect();
@@ -274,11 +291,7 @@ fn a_chain_of_two_joiners_keeps_the_floor_of_the_silo_that_delivered() {
         (1153, Op::Join),
         (668, Op::Join),
     ];
-    let (w, end) = run(15_110_814_259_630_567_966, Config::default(), &ops);
-    let dup = w.duplicates();
-    let missed = w.missed(end + 30_000 - TAIL, SLACK);
-    assert!(dup.is_empty(), "duplicates: {dup:?}");
-    assert!(missed.is_empty(), "missed: {missed:?}");
+    assert_once_each(15_110_814_259_630_567_966, &ops);
 }
 
 /// Found by a random seed: a joiner asked the one other survivor for a range
@@ -337,11 +350,7 @@ fn a_chain_back_to_a_silo_starts_from_the_release_it_received() {
         (200, Op::Join),
         (200, Op::Leave(2_777_457_959_843_441_113)),
     ];
-    let (w, end) = run(12_167_970_949_498_898_634, Config::default(), &ops);
-    let dup = w.duplicates();
-    let missed = w.missed(end + 30_000 - TAIL, SLACK);
-    assert!(dup.is_empty(), "duplicates: {dup:?}");
-    assert!(missed.is_empty(), "missed: {missed:?}");
+    assert_once_each(12_167_970_949_498_898_634, &ops);
 }
 
 /// Found by a random seed: a release forwarded to a joiner arrived before the
@@ -379,11 +388,7 @@ fn a_release_received_before_the_chain_named_its_sender_still_frees_the_range() 
         ),
         (367, Op::Leave(0)),
     ];
-    let (w, end) = run(12_167_970_949_514_807_013, Config::default(), &ops);
-    let dup = w.duplicates();
-    let missed = w.missed(end + 30_000 - TAIL, SLACK);
-    assert!(dup.is_empty(), "duplicates: {dup:?}");
-    assert!(missed.is_empty(), "missed: {missed:?}");
+    assert_once_each(12_167_970_949_514_807_013, &ops);
 }
 
 /// Found by a random seed (293): a silo whose view did not show a joiner yet
@@ -415,11 +420,7 @@ fn a_joiner_not_yet_in_the_view_is_not_taken_for_gone() {
         (1225, Op::Join),
         (278, Op::Join),
     ];
-    let (w, end) = run(6_732_471_167_206_314_058, Config::default(), &ops);
-    let dup = w.duplicates();
-    let missed = w.missed(end + 30_000 - TAIL, SLACK);
-    assert!(dup.is_empty(), "duplicates: {dup:?}");
-    assert!(missed.is_empty(), "missed: {missed:?}");
+    assert_once_each(6_732_471_167_206_314_058, &ops);
 }
 
 /// Found by a random seed (252), while trying to fix the case above by never
@@ -443,11 +444,7 @@ fn a_leaver_absent_from_a_view_does_not_deliver_a_range_twice() {
         (3612, Op::Join),
         (1032, Op::Leave(2_140_289_795_495_383_164)),
     ];
-    let (w, end) = run(12_211_787_657_370_347_167, Config::default(), &ops);
-    let dup = w.duplicates();
-    let missed = w.missed(end + 30_000 - TAIL, SLACK);
-    assert!(dup.is_empty(), "duplicates: {dup:?}");
-    assert!(missed.is_empty(), "missed: {missed:?}");
+    assert_once_each(12_211_787_657_370_347_167, &ops);
 }
 
 /// Found by a random seed (237): an occurrence due as its owner crashed was
@@ -503,17 +500,10 @@ fn two_quick_leaves_and_a_join_lose_nothing() {
     };
     let (w, end) = run(1_891_328_977_685_059_997, cfg, &ops);
     let dup = w.duplicates();
-    // A failed handler (2%) may lose its occurrence or the next one.
     let missed: Vec<_> = w
         .missed(end + 30_000 - TAIL, SLACK)
         .into_iter()
-        .filter(|(r, t)| {
-            let period = w.reminders[r].period.as_millis() as u64;
-            !w.failed.contains(&(r.clone(), *t))
-                && !w
-                    .failed
-                    .contains(&(r.clone(), Timestamp::from_millis(t.as_millis() - period)))
-        })
+        .filter(|(r, t)| !lost_to_a_failed_handler(&w, r, *t))
         .collect();
     assert!(dup.is_empty(), "duplicates: {dup:?}");
     assert!(missed.is_empty(), "missed: {missed:?}");

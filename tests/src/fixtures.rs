@@ -495,24 +495,29 @@ pub async fn wait_for_etcd_health(port: u16, timeout: Duration) -> Result<(), St
     }
 }
 
+/// Free loopback (client, peer) ports for the `n` members `m0..` of an etcd
+/// cluster, and its `--initial-cluster` (`m0=http://127.0.0.1:PEER,...`).
+fn etcd_cluster_ports(n: usize) -> Result<(Vec<(u16, u16)>, String), String> {
+    let ports = (0..n)
+        .map(|_| Ok((free_port()?, free_port()?)))
+        .collect::<std::io::Result<Vec<(u16, u16)>>>()
+        .map_err(|e| e.to_string())?;
+    let initial = ports
+        .iter()
+        .enumerate()
+        .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    Ok((ports, initial))
+}
+
 /// Starts an `n`-member etcd cluster on loopback; the endpoint lists the members'
 /// `host:port`s in order (see [`Backend::kill_member`]).
 async fn start_local_etcd_cluster(n: usize) -> Result<Backend, String> {
     let dir = std::env::temp_dir().join(crate::unique_id("etcd-cluster"));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let dir = TempDir(dir);
-    let mut ports = Vec::new();
-    for _ in 0..n {
-        ports.push((
-            free_port().map_err(|e| e.to_string())?,
-            free_port().map_err(|e| e.to_string())?,
-        ));
-    }
-    let initial: Vec<String> = ports
-        .iter()
-        .enumerate()
-        .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
-        .collect();
+    let (ports, initial) = etcd_cluster_ports(n)?;
     let mut children = Vec::new();
     for (i, (client, peer)) in ports.iter().enumerate() {
         let log = std::fs::File::create(dir.0.join(format!("m{i}.log"))).map_err(|e| e.to_string())?;
@@ -521,7 +526,7 @@ async fn start_local_etcd_cluster(n: usize) -> Result<Backend, String> {
             &dir.0.join(format!("m{i}")),
             &format!("http://127.0.0.1:{client}"),
             *peer,
-            &initial.join(","),
+            &initial,
         )?
         .stdout(log.try_clone().map_err(|e| e.to_string())?)
         .stderr(log)
@@ -690,7 +695,9 @@ mod docker {
     use testcontainers::runners::AsyncRunner;
     use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
-    use super::{free_cluster_port, free_port, wait_for_etcd_health, wait_for_port, Backend, Guard, Kind};
+    use super::{
+        etcd_cluster_ports, free_cluster_port, wait_for_etcd_health, wait_for_port, Backend, Guard, Kind,
+    };
 
     fn daemon_answers() -> bool {
         std::process::Command::new("docker")
@@ -834,18 +841,7 @@ mod docker {
     /// network (free loopback ports), with the short raft timers of the local
     /// fixture.
     async fn etcd_cluster(n: usize) -> Result<Backend, String> {
-        let mut ports = Vec::new();
-        for _ in 0..n {
-            ports.push((
-                free_port().map_err(|e| e.to_string())?,
-                free_port().map_err(|e| e.to_string())?,
-            ));
-        }
-        let initial: Vec<String> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
-            .collect();
+        let (ports, initial) = etcd_cluster_ports(n)?;
         let mut containers = Vec::new();
         for (i, (client, peer)) in ports.iter().enumerate() {
             let client_url = format!("http://127.0.0.1:{client}");
@@ -863,7 +859,7 @@ mod docker {
                     format!("--advertise-client-urls={client_url}"),
                     format!("--listen-peer-urls={peer_url}"),
                     format!("--initial-advertise-peer-urls={peer_url}"),
-                    format!("--initial-cluster={}", initial.join(",")),
+                    format!("--initial-cluster={initial}"),
                     "--initial-cluster-state=new".to_owned(),
                     "--heartbeat-interval=50".to_owned(),
                     "--election-timeout=500".to_owned(),

@@ -122,11 +122,7 @@ fn killed_silo_is_declared_dead_within_the_bound(store: &str) {
     // silos published one.
     let started = Instant::now();
     loop {
-        let out = rollcall()
-            .args(["metrics", "--store", store, "--cluster", &cluster])
-            .output()
-            .expect("run rollcall metrics");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stdout = metrics_output(store, &cluster);
         if stdout.lines().filter(|l| l.starts_with("silo ")).count() == 3 {
             break;
         }
@@ -259,12 +255,7 @@ fn survivors_metrics_show_the_vote(store: &str, cluster: &str, victim: &str) {
 
     let start = Instant::now();
     loop {
-        let out = rollcall()
-            .args(["metrics", "--store", store, "--cluster", cluster])
-            .output()
-            .expect("run rollcall metrics");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(out.status.success(), "metrics failed: {stdout}");
+        let stdout = metrics_output(store, cluster);
         let rows: Vec<Vec<&str>> = stdout
             .lines()
             .filter(|l| l.starts_with("silo "))
@@ -290,6 +281,18 @@ fn survivors_metrics_show_the_vote(store: &str, cluster: &str, victim: &str) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// What `rollcall metrics` prints for `cluster` (it must succeed).
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
+fn metrics_output(store: &str, cluster: &str) -> String {
+    let out = rollcall()
+        .args(["metrics", "--store", store, "--cluster", cluster])
+        .output()
+        .expect("run rollcall metrics");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "metrics failed: {stdout}");
+    stdout
 }
 
 /// `rollcall history` answers "why was the silo on `victim_port` declared dead":
