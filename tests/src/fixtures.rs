@@ -299,9 +299,39 @@ pub async fn container(kind: Kind) -> Option<Backend> {
     }
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// The ports [`free_port`] and [`free_cluster_port`] pick from: below Linux's
+/// ephemeral range (`net.ipv4.ip_local_port_range`, 32768-60999 by default), so
+/// that no outgoing connection takes a picked port before its server binds it
+/// (seen in CI: an etcd member in a container exited with "address already in
+/// use" on a port picked as free a few seconds before). Two tests may still pick
+/// the same port at the same moment: the fixtures that pick ports start again on
+/// fresh ones when a server exits at start.
+const PICKED_PORTS: std::ops::Range<u16> = 10_000..30_000;
+
+/// A random port of [`PICKED_PORTS`] for which `free` holds.
+fn pick_port(free: impl Fn(u16) -> bool) -> std::io::Result<u16> {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    for _ in 0..1000 {
+        let p = rng.random_range(PICKED_PORTS);
+        if free(p) {
+            return Ok(p);
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "no free port in {}..{}",
+        PICKED_PORTS.start, PICKED_PORTS.end
+    )))
+}
+
+fn bindable(port: u16) -> bool {
+    TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago, in 10000..30000 (below the
+/// kernel's ephemeral ports, see [`PICKED_PORTS`]).
 pub fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    pick_port(bindable)
 }
 
 /// moto's server on 127.0.0.1:`port` behind `scripts/moto_serialized.py`, which
@@ -354,20 +384,84 @@ pub fn redis_server_command(dir: &std::path::Path) -> Result<Command, String> {
     Ok(cmd)
 }
 
-/// A free port below 45000 whose Redis Cluster bus port (`port + 10000`) is free too.
+/// A free port in 10000..20000 whose Redis Cluster bus port (`port + 10000`) is
+/// free too (both below the kernel's ephemeral ports, see [`PICKED_PORTS`]).
 pub fn free_cluster_port() -> std::io::Result<u16> {
-    use rand::Rng;
-    let mut rng = rand::rng();
-    for _ in 0..1000 {
-        let p: u16 = rng.random_range(20000..45000);
-        if TcpListener::bind(("127.0.0.1", p)).is_ok() && TcpListener::bind(("127.0.0.1", p + 10000)).is_ok()
-        {
-            return Ok(p);
+    const BUS: u16 = 10_000;
+    pick_port(|p| p < PICKED_PORTS.end - BUS && bindable(p) && bindable(p + BUS))
+}
+
+/// How many times a fixture that picks ports starts its servers before it gives
+/// up, while a server exits at start (its port taken since it was picked).
+const START_ATTEMPTS: usize = 3;
+
+/// Why one attempt to start servers on picked ports failed.
+#[derive(Debug)]
+enum StartError {
+    /// A server exited while starting: worth another attempt on fresh ports.
+    Exited(String),
+    /// Anything else (not installed, not ready in time): final.
+    Other(String),
+}
+
+impl From<String> for StartError {
+    fn from(why: String) -> Self {
+        StartError::Other(why)
+    }
+}
+
+/// Runs `attempt` (which picks its own ports) up to [`START_ATTEMPTS`] times while
+/// a server exits at start.
+async fn on_fresh_ports<F, Fut>(mut attempt: F) -> Result<Backend, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Backend, StartError>>,
+{
+    let mut exits = Vec::new();
+    for _ in 0..START_ATTEMPTS {
+        match attempt().await {
+            Ok(b) => return Ok(b),
+            Err(StartError::Other(why)) => return Err(why),
+            Err(StartError::Exited(why)) => {
+                eprintln!("a server exited at start; starting again on fresh ports: {why}");
+                exits.push(why);
+            }
         }
     }
-    Err(std::io::Error::other(
-        "no free port pair for a Redis Cluster node",
+    Err(format!(
+        "a server exited at start {START_ATTEMPTS} times: {}",
+        exits.join(" | ")
     ))
+}
+
+/// `ready`, unless `exited` (which resolves with why a server stopped) resolves
+/// first.
+async fn unless_exited<T>(
+    ready: impl std::future::Future<Output = Result<T, String>>,
+    exited: impl std::future::Future<Output = String>,
+) -> Result<T, StartError> {
+    tokio::select! {
+        r = ready => r.map_err(StartError::Other),
+        why = exited => Err(StartError::Exited(why)),
+    }
+}
+
+/// Resolves when one of the local `children` has exited: which, its status and
+/// the end of its log (`logs[i]`).
+async fn local_exit(children: &mut [Child], logs: &[PathBuf]) -> String {
+    loop {
+        for (i, c) in children.iter_mut().enumerate() {
+            if let Ok(Some(status)) = c.try_wait() {
+                let log = logs
+                    .get(i)
+                    .and_then(|l| std::fs::read_to_string(l).ok())
+                    .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(3).collect();
+                return format!("server {i} exited ({status}), last lines: {tail:?}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Waits until `addr` accepts TCP connections.
@@ -390,7 +484,10 @@ pub async fn start_local_on(kind: Kind, port: Option<u16>) -> Result<Backend, St
     match kind {
         Kind::RedisCluster => start_local_redis_cluster().await,
         Kind::EtcdCluster => start_local_etcd_cluster(3).await,
-        _ => start_local_inner(kind, port).await,
+        _ if port.is_some() => start_local_inner(kind, port).await.map_err(|e| match e {
+            StartError::Exited(why) | StartError::Other(why) => why,
+        }),
+        _ => on_fresh_ports(|| start_local_inner(kind, None)).await,
     }
 }
 
@@ -514,13 +611,18 @@ fn etcd_cluster_ports(n: usize) -> Result<(Vec<(u16, u16)>, String), String> {
 /// Starts an `n`-member etcd cluster on loopback; the endpoint lists the members'
 /// `host:port`s in order (see [`Backend::kill_member`]).
 async fn start_local_etcd_cluster(n: usize) -> Result<Backend, String> {
+    on_fresh_ports(|| try_local_etcd_cluster(n)).await
+}
+
+async fn try_local_etcd_cluster(n: usize) -> Result<Backend, StartError> {
     let dir = std::env::temp_dir().join(crate::unique_id("etcd-cluster"));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let dir = TempDir(dir);
     let (ports, initial) = etcd_cluster_ports(n)?;
     let mut children = Vec::new();
+    let logs: Vec<PathBuf> = (0..n).map(|i| dir.0.join(format!("m{i}.log"))).collect();
     for (i, (client, peer)) in ports.iter().enumerate() {
-        let log = std::fs::File::create(dir.0.join(format!("m{i}.log"))).map_err(|e| e.to_string())?;
+        let log = std::fs::File::create(&logs[i]).map_err(|e| e.to_string())?;
         let child = etcd_command(
             &format!("m{i}"),
             &dir.0.join(format!("m{i}")),
@@ -534,12 +636,13 @@ async fn start_local_etcd_cluster(n: usize) -> Result<Backend, String> {
         .map_err(|e| format!("spawn etcd: {e}"))?;
         children.push(child);
     }
-    for (client, _) in &ports {
-        wait_for_port(([127, 0, 0, 1], *client).into(), Duration::from_secs(30)).await?;
-    }
-    for (client, _) in &ports {
-        wait_for_etcd_health(*client, Duration::from_secs(30)).await?;
-    }
+    let ready = async {
+        for (client, _) in &ports {
+            wait_for_etcd_health(*client, Duration::from_secs(30)).await?;
+        }
+        Ok(())
+    };
+    unless_exited(ready, local_exit(&mut children, &logs)).await?;
     let endpoints: Vec<String> = ports.iter().map(|(c, _)| format!("127.0.0.1:{c}")).collect();
     Ok(Backend {
         kind: Kind::EtcdCluster,
@@ -554,17 +657,22 @@ async fn start_local(kind: Kind) -> Result<Backend, String> {
 }
 
 async fn start_local_redis_cluster() -> Result<Backend, String> {
-    let cli = find_binary("redis-cli").ok_or("redis-cli not found")?;
+    on_fresh_ports(try_local_redis_cluster).await
+}
+
+async fn try_local_redis_cluster() -> Result<Backend, StartError> {
+    let cli = find_binary("redis-cli").ok_or("redis-cli not found".to_owned())?;
     let dir = std::env::temp_dir().join(crate::unique_id("redis-cluster"));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let dir = TempDir(dir);
     let mut children = Vec::new();
     let mut ports = Vec::new();
-    for i in 0..3 {
+    let logs: Vec<PathBuf> = (0..3).map(|i| dir.0.join(format!("n{i}/server.log"))).collect();
+    for (i, log) in logs.iter().enumerate() {
         let port = free_cluster_port().map_err(|e| e.to_string())?;
         let node_dir = dir.0.join(format!("n{i}"));
         std::fs::create_dir_all(&node_dir).map_err(|e| e.to_string())?;
-        let log = std::fs::File::create(node_dir.join("server.log")).map_err(|e| e.to_string())?;
+        let log = std::fs::File::create(log).map_err(|e| e.to_string())?;
         let child = redis_server_command(&node_dir)?
             .args(["--port", &port.to_string()])
             .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"])
@@ -575,21 +683,24 @@ async fn start_local_redis_cluster() -> Result<Backend, String> {
         children.push(child);
         ports.push(port);
     }
-    for p in &ports {
-        wait_for_port(([127, 0, 0, 1], *p).into(), Duration::from_secs(30)).await?;
-    }
-    let endpoint = form_redis_cluster(&ports, |args| {
-        let cli = cli.clone();
-        async move {
-            let out = Command::new(&cli)
-                .args(&args)
-                .output()
-                .await
-                .map_err(|e| format!("redis-cli {}: {e}", args.join(" ")))?;
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    let ready = async {
+        for p in &ports {
+            wait_for_port(([127, 0, 0, 1], *p).into(), Duration::from_secs(30)).await?;
         }
-    })
-    .await?;
+        form_redis_cluster(&ports, |args| {
+            let cli = cli.clone();
+            async move {
+                let out = Command::new(&cli)
+                    .args(&args)
+                    .output()
+                    .await
+                    .map_err(|e| format!("redis-cli {}: {e}", args.join(" ")))?;
+                Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+            }
+        })
+        .await
+    };
+    let endpoint = unless_exited(ready, local_exit(&mut children, &logs)).await?;
     Ok(Backend {
         kind: Kind::RedisCluster,
         endpoint,
@@ -631,7 +742,7 @@ where
     Ok(format!("redis+cluster://{}", nodes.join(",")))
 }
 
-async fn start_local_inner(kind: Kind, port: Option<u16>) -> Result<Backend, String> {
+async fn start_local_inner(kind: Kind, port: Option<u16>) -> Result<Backend, StartError> {
     let bin = find_binary(kind.binary()).ok_or_else(|| "not found on PATH or in .venv/bin".to_owned())?;
     let port = match port {
         Some(p) => p,
@@ -658,9 +769,10 @@ async fn start_local_inner(kind: Kind, port: Option<u16>) -> Result<Backend, Str
             cmd = moto_command(port)?;
             format!("http://127.0.0.1:{port}")
         }
-        Kind::RedisCluster | Kind::EtcdCluster => return Err("use start_local_on".into()),
+        Kind::RedisCluster | Kind::EtcdCluster => return Err(StartError::Other("use start_local_on".into())),
     };
-    let log = std::fs::File::create(dir.0.join("server.log")).map_err(|e| e.to_string())?;
+    let log_path = dir.0.join("server.log");
+    let log = std::fs::File::create(&log_path).map_err(|e| e.to_string())?;
     let log2 = log.try_clone().map_err(|e| e.to_string())?;
     let mut child = cmd
         .stdin(Stdio::null())
@@ -670,14 +782,23 @@ async fn start_local_inner(kind: Kind, port: Option<u16>) -> Result<Backend, Str
         .spawn()
         .map_err(|e| format!("spawn {}: {e}", bin.display()))?;
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let mut ready = wait_for_port(addr, Duration::from_secs(30)).await;
-    if ready.is_ok() && kind == Kind::Etcd {
-        ready = wait_for_etcd_health(port, Duration::from_secs(30)).await;
-    }
-    if let Err(e) = ready {
+    let ready = async {
+        wait_for_port(addr, Duration::from_secs(30)).await?;
+        if kind == Kind::Etcd {
+            wait_for_etcd_health(port, Duration::from_secs(30)).await?;
+        }
+        Ok(())
+    };
+    let exited = local_exit(std::slice::from_mut(&mut child), std::slice::from_ref(&log_path));
+    if let Err(e) = unless_exited(ready, exited).await {
         let _ = child.start_kill();
-        let log = std::fs::read_to_string(dir.0.join("server.log")).unwrap_or_default();
-        return Err(format!("{e}; server log:\n{log}"));
+        return Err(match e {
+            StartError::Exited(why) => StartError::Exited(why),
+            StartError::Other(why) => {
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                StartError::Other(format!("{why}; server log:\n{log}"))
+            }
+        });
     }
     Ok(Backend {
         kind,
@@ -696,7 +817,8 @@ mod docker {
     use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
     use super::{
-        etcd_cluster_ports, free_cluster_port, wait_for_etcd_health, wait_for_port, Backend, Guard, Kind,
+        etcd_cluster_ports, free_cluster_port, on_fresh_ports, unless_exited, wait_for_etcd_health,
+        wait_for_port, Backend, Guard, Kind, StartError,
     };
 
     fn daemon_answers() -> bool {
@@ -783,8 +905,8 @@ mod docker {
                 wait_for_port(([127, 0, 0, 1], port).into(), Duration::from_secs(30)).await?;
                 Ok(backend(kind, format!("http://127.0.0.1:{port}"), vec![c]))
             }
-            Kind::RedisCluster => redis_cluster().await,
-            Kind::EtcdCluster => etcd_cluster(3).await,
+            Kind::RedisCluster => on_fresh_ports(redis_cluster).await,
+            Kind::EtcdCluster => on_fresh_ports(|| etcd_cluster(3)).await,
         }
     }
 
@@ -792,7 +914,7 @@ mod docker {
     /// (each on a free loopback port, so the addresses the nodes announce are
     /// the ones clients reach), joined by `redis-cli --cluster create` run in
     /// the first container.
-    async fn redis_cluster() -> Result<Backend, String> {
+    async fn redis_cluster() -> Result<Backend, StartError> {
         let mut containers = Vec::new();
         let mut ports = Vec::new();
         for _ in 0..3 {
@@ -819,28 +941,40 @@ mod docker {
             containers.push(c);
             ports.push(port);
         }
-        for p in &ports {
-            wait_for_port(([127, 0, 0, 1], *p).into(), Duration::from_secs(30)).await?;
-        }
         let first = &containers[0];
-        let endpoint = super::form_redis_cluster(&ports, |args| async move {
-            let mut cmd = vec!["redis-cli".to_owned()];
-            cmd.extend(args);
-            let mut out = first
-                .exec(ExecCommand::new(cmd))
-                .await
-                .map_err(|e| format!("redis-cli in a container: {e}"))?;
-            let bytes = out.stdout_to_vec().await.map_err(|e| e.to_string())?;
-            Ok(String::from_utf8_lossy(&bytes).into_owned())
-        })
-        .await?;
+        let ready = async {
+            for p in &ports {
+                wait_for_port(([127, 0, 0, 1], *p).into(), Duration::from_secs(30)).await?;
+            }
+            super::form_redis_cluster(&ports, |args| async move {
+                let mut cmd = vec!["redis-cli".to_owned()];
+                cmd.extend(args);
+                let mut out = first
+                    .exec(ExecCommand::new(cmd))
+                    .await
+                    .map_err(|e| format!("redis-cli in a container: {e}"))?;
+                let bytes = out.stdout_to_vec().await.map_err(|e| e.to_string())?;
+                Ok(String::from_utf8_lossy(&bytes).into_owned())
+            })
+            .await
+        };
+        let endpoint = match unless_exited(ready, container_exit(&containers)).await {
+            Ok(endpoint) => endpoint,
+            Err(StartError::Other(why)) => {
+                return Err(StartError::Other(format!(
+                    "{why}; {}",
+                    last_words(&containers).await
+                )))
+            }
+            Err(exited) => return Err(exited),
+        };
         Ok(backend(Kind::RedisCluster, endpoint, containers))
     }
 
     /// An `n`-member etcd cluster, one container per member on the host's
     /// network (free loopback ports), with the short raft timers of the local
     /// fixture.
-    async fn etcd_cluster(n: usize) -> Result<Backend, String> {
+    async fn etcd_cluster(n: usize) -> Result<Backend, StartError> {
         let (ports, initial) = etcd_cluster_ports(n)?;
         let mut containers = Vec::new();
         for (i, (client, peer)) in ports.iter().enumerate() {
@@ -869,11 +1003,54 @@ mod docker {
                 .map_err(|e| e.to_string())?;
             containers.push(c);
         }
-        for (client, _) in &ports {
-            wait_for_etcd_health(*client, Duration::from_secs(30)).await?;
+        let ready = async {
+            for (client, _) in &ports {
+                wait_for_etcd_health(*client, Duration::from_secs(30)).await?;
+            }
+            Ok(())
+        };
+        match unless_exited(ready, container_exit(&containers)).await {
+            Ok(()) => {}
+            Err(StartError::Other(why)) => {
+                return Err(StartError::Other(format!(
+                    "{why}; {}",
+                    last_words(&containers).await
+                )))
+            }
+            Err(exited) => return Err(exited),
         }
         let endpoints: Vec<String> = ports.iter().map(|(c, _)| format!("127.0.0.1:{c}")).collect();
         Ok(backend(Kind::EtcdCluster, endpoints.join(","), containers))
+    }
+
+    /// Whether each container still runs, and the last lines it wrote to
+    /// stderr: what a fixture that timed out reports.
+    async fn last_words(containers: &[ContainerAsync<GenericImage>]) -> String {
+        let mut said = Vec::new();
+        for (i, c) in containers.iter().enumerate() {
+            let running = c
+                .is_running()
+                .await
+                .map_or_else(|e| e.to_string(), |r| r.to_string());
+            let stderr = c.stderr_to_vec().await.unwrap_or_default();
+            let stderr = String::from_utf8_lossy(&stderr);
+            let tail: Vec<&str> = stderr.lines().rev().take(3).collect();
+            said.push(format!("container {i} running={running}, last stderr: {tail:?}"));
+        }
+        said.join("; ")
+    }
+
+    /// Resolves when one of `containers` has stopped, with their
+    /// [`last_words`].
+    async fn container_exit(containers: &[ContainerAsync<GenericImage>]) -> String {
+        loop {
+            for c in containers {
+                if matches!(c.is_running().await, Ok(false)) {
+                    return last_words(containers).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Pauses (`docker pause`) or unpauses every container of `b`.

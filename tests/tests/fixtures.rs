@@ -120,3 +120,35 @@ async fn every_backend_reports_its_source() {
         }
     }
 }
+
+/// A server whose port was taken after it was picked exits at start; the fixture
+/// reports that exit (and the fixtures that pick their own ports start again on
+/// fresh ones) instead of waiting 30 s for a port that never answers.
+#[tokio::test]
+async fn a_server_whose_port_is_taken_is_reported_as_exited() {
+    if fixtures::find_binary("redis-server").is_none() {
+        assert!(!fixtures::backends_required(), "redis-server is not installed");
+        return;
+    }
+    // Bound, not listening: the server cannot bind the port, and nothing answers
+    // on it, as when an outgoing connection holds it.
+    let taken = tokio::net::TcpSocket::new_v4().unwrap();
+    taken.bind(([127, 0, 0, 1], 0).into()).unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let why = fixtures::start_local_on(fixtures::Kind::Redis, Some(port))
+        .await
+        .expect_err("a redis-server on a taken port");
+    assert!(why.contains("exited"), "{why}");
+}
+
+/// Picked ports lie below the kernel's ephemeral range (32768 and up), where no
+/// outgoing connection takes them; a Redis Cluster node's bus port too.
+#[test]
+fn picked_ports_stay_below_the_ephemeral_range() {
+    for _ in 0..100 {
+        let p = fixtures::free_port().unwrap();
+        assert!((10_000..30_000).contains(&p), "{p}");
+        let c = fixtures::free_cluster_port().unwrap();
+        assert!((10_000..20_000).contains(&c), "{c}");
+    }
+}
