@@ -306,7 +306,7 @@ pub async fn container(kind: Kind) -> Option<Backend> {
 /// use" on a port picked as free a few seconds before). Two tests may still pick
 /// the same port at the same moment: the fixtures that pick ports start again on
 /// fresh ones when a server exits at start.
-const PICKED_PORTS: std::ops::Range<u16> = 10_000..30_000;
+pub const PICKED_PORTS: std::ops::Range<u16> = 10_000..30_000;
 
 /// A random port of [`PICKED_PORTS`] for which `free` holds.
 fn pick_port(free: impl Fn(u16) -> bool) -> std::io::Result<u16> {
