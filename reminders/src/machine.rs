@@ -125,6 +125,47 @@ pub struct ChangedNotice {
     pub hops: u8,
 }
 
+/// The retry rule of the notice a registering silo sends after a registration
+/// change: the silo sends it to the owner in its view; when that owner did not
+/// take it (it stopped, and the silo's view is behind), the silo sends it again
+/// [`NOTICE_RETRY`] later to the owner in its view then, [`NOTICE_ATTEMPTS`]
+/// sends in all. Past that the owner's periodic loads cover the change. Sans-io:
+/// the caller sends and waits; [`NoticeRetry::after_send`] says whether and when
+/// to send again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NoticeRetry {
+    notice: ChangedNotice,
+    sent: u32,
+}
+
+impl NoticeRetry {
+    /// The notice "re-read `actor`'s reminder `name`" of `service`, not sent yet.
+    pub fn new(service: &str, actor: &str, name: &str) -> Self {
+        NoticeRetry {
+            notice: ChangedNotice {
+                service: service.to_owned(),
+                actor: actor.to_owned(),
+                name: name.to_owned(),
+                hops: 0,
+            },
+            sent: 0,
+        }
+    }
+
+    /// The notice to send.
+    pub fn notice(&self) -> &ChangedNotice {
+        &self.notice
+    }
+
+    /// After one send, `taken` or not: the wait before the next send to the owner
+    /// of the view then ([`NOTICE_RETRY`]), or `None` when there is none to do
+    /// (taken, or [`NOTICE_ATTEMPTS`] sends done).
+    pub fn after_send(&mut self, taken: bool) -> Option<Duration> {
+        self.sent += 1;
+        (!taken && self.sent < NOTICE_ATTEMPTS).then_some(NOTICE_RETRY)
+    }
+}
+
 /// The notice topic of a service's reminder machines.
 pub fn topic(service_id: &str) -> String {
     format!(
@@ -789,7 +830,15 @@ impl ReminderMachine {
                 self.queue.remove(&key);
             }
             Ok(Some(row)) => {
-                if self.queue.get(&key).is_some_and(|s| s.etag == row.etag.as_str()) {
+                if let Some(slot) = self.queue.get_mut(&key).filter(|s| s.etag == row.etag.as_str()) {
+                    // Loaded already, in a held range, its first tick not passed:
+                    // the failover that frees it plans it as learned from this
+                    // notice. (Found by a seed: a reminder registered while its
+                    // range waited for a crashed owner lost its first tick, due
+                    // during the hold, to the failover's `Skip`.)
+                    if slot.held && slot.next.scheduled == row.start_at {
+                        slot.noticed = true;
+                    }
                     return;
                 }
                 self.changes += 1;
@@ -817,6 +866,12 @@ impl ReminderMachine {
         let start = self
             .holds
             .start_of(row.hash, &row.actor_id, &row.name, row.etag.as_str());
+        // A registration learned from its notice and not delivered since stays
+        // learned that way when a load reads it again.
+        let learned = match self.queue.get(&key) {
+            Some(slot) if slot.noticed && slot.etag == row.etag.as_str() => Learned::Notice,
+            _ => learned,
+        };
         let Some(mut next) = planned(Timing::from(&row), now, learned, start) else {
             self.queue.remove(&key);
             return;
@@ -838,6 +893,11 @@ impl ReminderMachine {
             next.due = now.saturating_add(LOAD_GRACE + Duration::from_millis(spread));
         }
         self.queue.set(&row, next, self.changes);
+        if learned == Learned::Notice {
+            if let Some(slot) = self.queue.get_mut(&key) {
+                slot.noticed = true;
+            }
+        }
         match start {
             Start::Held => self.queue.hold(&key),
             Start::From(_) if next.scheduled < now => {
@@ -1207,7 +1267,12 @@ impl ReminderMachine {
             .filter_map(|slot| {
                 let start = holds.start_of(slot.hash, slot.key.actor(), slot.key.name(), &slot.etag);
                 (start != Start::Held).then(|| {
-                    let next = planned(slot.timing(), now, Learned::Load, start);
+                    let learned = if slot.noticed {
+                        Learned::Notice
+                    } else {
+                        Learned::Load
+                    };
+                    let next = planned(slot.timing(), now, learned, start);
                     (slot.key.clone(), next, matches!(start, Start::From(_)))
                 })
             })
@@ -1628,6 +1693,7 @@ impl ReminderMachine {
             return;
         };
         slot.attempts = 0;
+        slot.noticed = false;
         let etag = Etag::new(etag.as_str());
         if slot.policy == MissedTickPolicy::FireOnce {
             slot.last_fired = now;
@@ -1670,6 +1736,7 @@ impl ReminderMachine {
                 tracing::error!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why, attempts = slot.attempts,
                     "reminder tick not delivered before the next one was due; moving on");
                 slot.attempts = 0;
+                slot.noticed = false;
                 self.queue.requeue(key, next);
             }
             plan => {

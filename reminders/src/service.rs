@@ -16,9 +16,7 @@ use crate::agent::{Leave, ReminderAgent, WhenLoaded};
 use crate::api::{
     ActorId, Counters, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, MAX_NAME,
 };
-use crate::machine::{
-    release_topic, topic, ChangedNotice, ReminderMachine, NOTICE_ATTEMPTS, NOTICE_QUEUE, NOTICE_RETRY,
-};
+use crate::machine::{release_topic, topic, NoticeRetry, ReminderMachine, NOTICE_QUEUE};
 use crate::ring::Ring;
 use crate::send::bounded;
 
@@ -408,35 +406,37 @@ impl Reminders {
         self.inner.counters.read()
     }
 
-    /// Sends "re-read this reminder" to its owner in the background; a notice
-    /// the owner does not take (it stopped: this silo's view is behind) goes to
-    /// the owner in the view of [`NOTICE_RETRY`] later, at most
-    /// [`NOTICE_ATTEMPTS`] times (past that, the owner's loads cover it).
+    /// Sends "re-read this reminder" to its owner in the background, again while
+    /// the owner does not take it, by the rule of [`NoticeRetry`] (at most 6
+    /// sends, 500 ms apart).
     fn notify_owner(&self, actor_id: &str, name: &str) {
         let inner = self.inner.clone();
-        let notice = ChangedNotice {
-            service: self.inner.service_id.clone(),
-            actor: actor_id.to_owned(),
-            name: name.to_owned(),
-            hops: 0,
-        };
+        let mut retry = NoticeRetry::new(&self.inner.service_id, actor_id, name);
         tokio::spawn(async move {
             let topic = topic(&inner.service_id);
-            let Ok(body) = serde_json::to_vec(&notice) else {
+            let Ok(body) = serde_json::to_vec(retry.notice()) else {
                 return;
             };
-            for attempt in 1..=NOTICE_ATTEMPTS {
-                let Some(owner) = owner_in(&inner, &notice.actor) else {
+            loop {
+                let Some(owner) = owner_in(&inner, &retry.notice().actor) else {
                     return;
                 };
-                match inner.silo.send_notice(owner, &topic, body.clone()).await {
-                    Ok(true) => return,
-                    Ok(false) => tracing::debug!(%owner, attempt, "reminder notice not taken"),
-                    Err(e) => tracing::debug!(%owner, attempt, error = %e, "reminder notice not sent"),
+                let taken = match inner.silo.send_notice(owner, &topic, body.clone()).await {
+                    Ok(taken) => taken,
+                    Err(e) => {
+                        tracing::debug!(%owner, error = %e, "reminder notice not sent");
+                        false
+                    }
+                };
+                match retry.after_send(taken) {
+                    Some(wait) => tokio::time::sleep(wait).await,
+                    None if taken => return,
+                    None => {
+                        tracing::debug!("reminder notice never taken; the owner's loads cover it");
+                        return;
+                    }
                 }
-                tokio::time::sleep(NOTICE_RETRY).await;
             }
-            tracing::debug!("reminder notice never taken; the owner's loads cover it");
         });
     }
 }

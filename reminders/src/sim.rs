@@ -28,7 +28,7 @@ use rollcall_membership_core::{
 };
 use rollcall_provider_memory::MemoryStore;
 
-use crate::machine::{Action, ChangedNotice, Event, Inbound, ReminderMachine, Timer};
+use crate::machine::{Action, Event, Inbound, NoticeRetry, ReminderMachine, Timer};
 use crate::ring::Ring;
 use crate::ReminderError;
 
@@ -161,7 +161,7 @@ enum Ev {
     Left,
     Declared,
     /// A registering silo sends its notice again (the owner did not take it).
-    Notify(String, String, u32),
+    Notify(NoticeRetry),
 }
 
 /// The world (see the module docs).
@@ -394,7 +394,7 @@ impl World {
                 c.owned.insert((actor.to_owned(), name.to_owned()));
             }
         }
-        self.notify(via, actor, name, 1);
+        self.notify(via, NoticeRetry::new(SERVICE, actor, name));
         true
     }
 
@@ -418,45 +418,34 @@ impl World {
         if let Some(l) = self.reminders.get_mut(&key) {
             l.removed = Some(now);
         }
-        self.notify(via, actor, name, 1);
+        self.notify(via, NoticeRetry::new(SERVICE, actor, name));
         true
     }
 
     /// The notice the service sends after a registration change: to the owner in
-    /// the view of `via`; again [`NOTICE_RETRY`](crate::machine::NOTICE_RETRY)
-    /// later if that one does not run.
-    fn notify(&mut self, via: usize, actor: &str, name: &str, attempt: u32) {
+    /// the view of `via`, again by the rule of [`NoticeRetry`] while that owner
+    /// does not run.
+    fn notify(&mut self, via: usize, mut retry: NoticeRetry) {
         if self.nodes[via].machine.is_none() {
             return;
         }
         let ring = Ring::of_active(&self.nodes[via].view, self.cfg.options.ring_points_per_silo);
-        let Some(owner) = ring.owner_of(actor_hash(actor)) else {
+        let Some(owner) = ring.owner_of(actor_hash(&retry.notice().actor)) else {
             return;
         };
         let taken = self
             .index_of(owner)
             .is_some_and(|j| self.nodes[j].machine.is_some());
-        if !taken && attempt < crate::machine::NOTICE_ATTEMPTS {
-            let retry = crate::machine::NOTICE_RETRY.as_millis() as u64;
+        let body = serde_json::to_vec(retry.notice()).unwrap_or_default();
+        if let Some(wait) = retry.after_send(taken) {
             self.sched.push(
-                retry,
+                u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
                 via,
-                Ev::Notify(actor.to_owned(), name.to_owned(), attempt + 1),
+                Ev::Notify(retry),
             );
         }
-        let notice = ChangedNotice {
-            service: SERVICE.to_owned(),
-            actor: actor.to_owned(),
-            name: name.to_owned(),
-            hops: 0,
-        };
         let from = self.nodes[via].addr;
-        self.message(
-            from,
-            owner,
-            serde_json::to_vec(&notice).unwrap_or_default(),
-            false,
-        );
+        self.message(from, owner, body, false);
     }
 
     /// A message from `from` to `to` on the notice (or release) topic, lost if `to`
@@ -574,8 +563,8 @@ impl World {
                 self.mark_dead(i);
                 return;
             }
-            Ev::Notify(actor, name, attempt) => {
-                self.notify(i, &actor, &name, attempt);
+            Ev::Notify(retry) => {
+                self.notify(i, retry);
                 return;
             }
             Ev::Declared => {
