@@ -645,3 +645,37 @@ fn a_reminder_registered_while_its_range_waits_for_a_crashed_owner_keeps_its_fir
     );
     assert!(w.duplicates().is_empty(), "{:?}", w.duplicates());
 }
+
+/// Found by a random seed (`PROPTEST_RNG_SEED=502`): three graceful leaves in a
+/// row around an outage. The first leaver had freed a piece (inherited from the
+/// silo before it) and delivered a tick there, and released it with that
+/// reminder's next occurrence as a per-reminder floor; the second, which got the
+/// piece but had not loaded it yet, passed the piece on with the piece's floor
+/// only, and the last silo repeated the tick. Per-reminder floors inherited over
+/// a piece not loaded yet now travel with it.
+#[test]
+fn a_piece_passed_on_before_it_was_loaded_keeps_the_floors_it_inherited() {
+    let ops = vec![
+        (
+            4393,
+            Op::Register {
+                actor: 11,
+                name: 0,
+                delay: 2307,
+                period: 1,
+            },
+        ),
+        (4908, Op::Join),
+        (999, Op::Leave(2_531_430_471_439_135_786)),
+        (1192, Op::Leave(10_835_800_673_216_762_001)),
+        (200, Op::Outage(1152)),
+        (200, Op::Leave(13_314_968_966_173_395_836)),
+    ];
+    let cfg = Config {
+        delivery_failure: 0.02,
+        ..Config::default()
+    };
+    let (w, _) = run(2_541_171_392_648_112_584, cfg, &ops);
+    let dup = w.duplicates();
+    assert!(dup.is_empty(), "duplicates: {dup:?}");
+}
