@@ -74,7 +74,7 @@
 //! A hold is dropped once it is freed and a load that started after it finished (so
 //! every row of the range was scheduled with the floor).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -488,7 +488,7 @@ pub enum Start {
     From(Timestamp),
 }
 
-type Floors = Arc<HashMap<(String, String), (String, Timestamp)>>;
+type Floors = Arc<BTreeMap<(String, String), (String, Timestamp)>>;
 
 #[derive(Clone, Debug)]
 enum HoldState {
@@ -735,7 +735,7 @@ impl Holds {
     /// hold wins): a release of such a piece passes them on with the piece's
     /// floor, whether or not this silo scheduled the reminder yet.
     pub fn inherited_floors(&self, range: RingRange) -> Vec<Floor> {
-        let mut out: HashMap<(String, String), Floor> = HashMap::new();
+        let mut out: BTreeMap<(String, String), Floor> = BTreeMap::new();
         for h in &self.holds {
             let HoldState::Released { floors, .. } = &h.state else {
                 continue;

@@ -38,7 +38,7 @@
 //!   occurrences that fell due in between (the failover window) are planned as
 //!   after a load (`Skip` drops them, `FireOnce` delivers one).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -449,9 +449,9 @@ pub struct ReminderMachine {
     deliveries: usize,
     notice_reads: usize,
     /// Pending `last_fired` writes: key -> (etag, time).
-    persist: HashMap<Key, (Etag, Timestamp)>,
+    persist: BTreeMap<Key, (Etag, Timestamp)>,
     /// Pending one-shot removals: key -> etag.
-    removals: HashMap<Key, Etag>,
+    removals: BTreeMap<Key, Etag>,
     writes: usize,
     write_retry: bool,
     write_failures: u32,
@@ -480,7 +480,7 @@ pub struct ReminderMachine {
     /// When the holds last asked for releases (or stopped waiting).
     asked: Timestamp,
     /// When each silo a hold waits for was first seen Dead.
-    gone_at: HashMap<SiloAddress, Timestamp>,
+    gone_at: BTreeMap<SiloAddress, Timestamp>,
 }
 
 impl ReminderMachine {
@@ -514,8 +514,8 @@ impl ReminderMachine {
             inactive_until: Timestamp::from_millis(0),
             deliveries: 0,
             notice_reads: 0,
-            persist: HashMap::new(),
-            removals: HashMap::new(),
+            persist: BTreeMap::new(),
+            removals: BTreeMap::new(),
             writes: 0,
             write_retry: false,
             write_failures: 0,
@@ -530,7 +530,7 @@ impl ReminderMachine {
             sent: VecDeque::new(),
             history: VecDeque::new(),
             asked: Timestamp::from_millis(0),
-            gone_at: HashMap::new(),
+            gone_at: BTreeMap::new(),
         }
     }
 
@@ -915,7 +915,7 @@ impl ReminderMachine {
     /// piece's. A piece this silo still holds names the silo it waits for (rule 4
     /// of [`crate::handoff`]).
     fn releases_of(&self, lost: &[(RingRange, SiloAddress)], now: Timestamp) -> Vec<(SiloAddress, Release)> {
-        let mut by_owner: HashMap<SiloAddress, Release> = HashMap::new();
+        let mut by_owner: BTreeMap<SiloAddress, Release> = BTreeMap::new();
         let after = now.as_millis() + 1;
         let mut inherited: Vec<RingRange> = Vec::new();
         for (range, to) in lost {
