@@ -945,31 +945,6 @@ impl ReminderMachine {
                 });
             }
         }
-        // The per-reminder floors inherited there pass on too, for reminders not
-        // scheduled yet (a slot below says more). (Found by a seed: a leaver
-        // passed on a piece it had freed but not loaded with the piece's floor
-        // only, and the tick the silo before it had delivered was repeated.)
-        let mut listed_keys: std::collections::HashSet<(String, String)> = std::collections::HashSet::new();
-        for slot in self.queue.iter() {
-            if lost.iter().any(|(r, _)| r.contains(slot.hash)) && !slot.held {
-                listed_keys.insert((slot.key.actor().to_owned(), slot.key.name().to_owned()));
-            }
-        }
-        for piece in &inherited {
-            let Some((_, to)) = lost
-                .iter()
-                .find(|(r, _)| !crate::handoff::intersect(*r, *piece).is_empty())
-            else {
-                continue;
-            };
-            for f in self.holds.inherited_floors(*piece) {
-                if !listed_keys.contains(&(f.actor.clone(), f.name.clone())) {
-                    if let Some(r) = by_owner.get_mut(to) {
-                        r.floors.push(f);
-                    }
-                }
-            }
-        }
         for slot in self.queue.iter() {
             let Some((_, to)) = lost.iter().find(|(r, _)| r.contains(slot.hash)) else {
                 continue;
@@ -992,6 +967,27 @@ impl ReminderMachine {
                         etag: slot.etag.to_string(),
                         next,
                     });
+                }
+            }
+        }
+        // The per-reminder floors inherited over those pieces pass on too, for
+        // reminders not scheduled here yet (a slot above says more). (Found by a
+        // seed: a leaver passed on a piece it had freed but not loaded with the
+        // piece's floor only, and the tick the silo before it had delivered was
+        // repeated.)
+        for piece in &inherited {
+            let Some((_, to)) = lost
+                .iter()
+                .find(|(r, _)| !crate::handoff::intersect(*r, *piece).is_empty())
+            else {
+                continue;
+            };
+            let Some(r) = by_owner.get_mut(to) else {
+                continue;
+            };
+            for f in self.holds.inherited_floors(*piece) {
+                if !r.floors.iter().any(|g| g.actor == f.actor && g.name == f.name) {
+                    r.floors.push(f);
                 }
             }
         }

@@ -152,6 +152,24 @@ fn assert_once_each(seed: u64, ops: &[(u64, Op)]) {
     assert!(missed.is_empty(), "missed: {missed:?}");
 }
 
+/// The configuration of the fault property: 2% of the handlers fail.
+fn with_faults() -> Config {
+    Config {
+        delivery_failure: 0.02,
+        ..Config::default()
+    }
+}
+
+/// Runs `ops` from `seed` as [`run`] does, with [`with_faults`], and asserts that
+/// no occurrence was delivered twice. Returns the world and the end of the
+/// schedule.
+fn assert_no_duplicate_with_faults(seed: u64, ops: &[(u64, Op)]) -> (World, u64) {
+    let (w, end) = run(seed, with_faults(), ops);
+    let dup = w.duplicates();
+    assert!(dup.is_empty(), "duplicates: {dup:?}");
+    (w, end)
+}
+
 /// Whether occurrence `t` of `r` is explained by a failed handler: a failed
 /// occurrence is retried before the next one is due or given up; a retry still
 /// running when the next one falls due skips that one (a handler that overran,
@@ -234,7 +252,7 @@ proptest! {
         seed in any::<u64>(),
         ops in prop::collection::vec((200u64..6000, op(true)), 4..14),
     ) {
-        let cfg = Config { delivery_failure: 0.02, ..Config::default() };
+        let cfg = with_faults();
         let (w, end) = run(seed, cfg.clone(), &ops);
         let dup = w.duplicates();
         prop_assert!(dup.is_empty(), "duplicates: {:?}\nseed {seed} ops {ops:?}", &dup[..dup.len().min(8)]);
@@ -316,13 +334,7 @@ fn an_old_release_is_not_the_answer_for_a_range_that_moved_on() {
         (764, Op::Crash(13_856_863_650_566_444_623)),
         (3784, Op::Join),
     ];
-    let cfg = Config {
-        delivery_failure: 0.02,
-        ..Config::default()
-    };
-    let (w, _) = run(6_574_212_339_858_785_347, cfg, &ops);
-    let dup = w.duplicates();
-    assert!(dup.is_empty(), "duplicates: {dup:?}");
+    assert_no_duplicate_with_faults(6_574_212_339_858_785_347, &ops);
 }
 
 /// Found by a random seed: a leaver's release reached the only other silo
@@ -466,13 +478,7 @@ fn an_occurrence_due_at_a_crash_is_not_delivered_twice() {
         (1944, Op::Join),
         (200, Op::Leave(503_572_354_960_967_360)),
     ];
-    let cfg = Config {
-        delivery_failure: 0.02,
-        ..Config::default()
-    };
-    let (w, _) = run(208_409_030_055_144_059, cfg, &ops);
-    let dup = w.duplicates();
-    assert!(dup.is_empty(), "duplicates: {dup:?}");
+    assert_no_duplicate_with_faults(208_409_030_055_144_059, &ops);
 }
 
 /// Found by a random seed (367): two silos left within 318 ms, then a silo
@@ -494,18 +500,12 @@ fn two_quick_leaves_and_a_join_lose_nothing() {
         ),
         (206, Op::Join),
     ];
-    let cfg = Config {
-        delivery_failure: 0.02,
-        ..Config::default()
-    };
-    let (w, end) = run(1_891_328_977_685_059_997, cfg, &ops);
-    let dup = w.duplicates();
+    let (w, end) = assert_no_duplicate_with_faults(1_891_328_977_685_059_997, &ops);
     let missed: Vec<_> = w
         .missed(end + 30_000 - TAIL, SLACK)
         .into_iter()
         .filter(|(r, t)| !lost_to_a_failed_handler(&w, r, *t))
         .collect();
-    assert!(dup.is_empty(), "duplicates: {dup:?}");
     assert!(missed.is_empty(), "missed: {missed:?}");
 }
 
@@ -586,13 +586,7 @@ fn an_old_release_does_not_settle_a_range_a_crashed_owner_delivered_since() {
         ),
         (1937, Op::Leave(5_407_087_247_571_000_569)),
     ];
-    let cfg = Config {
-        delivery_failure: 0.02,
-        ..Config::default()
-    };
-    let (w, _) = run(13_028_759_906_655_512_632, cfg, &ops);
-    let dup = w.duplicates();
-    assert!(dup.is_empty(), "duplicates: {dup:?}");
+    assert_no_duplicate_with_faults(13_028_759_906_655_512_632, &ops);
 }
 
 /// Found by a random seed (`PROPTEST_RNG_SEED=385`): a reminder registered
@@ -631,11 +625,7 @@ fn a_reminder_registered_while_its_range_waits_for_a_crashed_owner_keeps_its_fir
             },
         ),
     ];
-    let cfg = Config {
-        delivery_failure: 0.02,
-        ..Config::default()
-    };
-    let (w, end) = run(11_885_945_492_863_337_252, cfg, &ops);
+    let (w, end) = assert_no_duplicate_with_faults(11_885_945_492_863_337_252, &ops);
     let r = (actor(4), "r1".to_owned());
     let first = w.reminders[&r].start_at;
     let missed = w.missed(end + 30_000 - TAIL, SLACK);
@@ -643,7 +633,6 @@ fn a_reminder_registered_while_its_range_waits_for_a_crashed_owner_keeps_its_fir
         !missed.contains(&(r.clone(), first)),
         "the first tick of {r:?} was lost"
     );
-    assert!(w.duplicates().is_empty(), "{:?}", w.duplicates());
 }
 
 /// Found by a random seed (`PROPTEST_RNG_SEED=502`): three graceful leaves in a
@@ -655,29 +644,31 @@ fn a_reminder_registered_while_its_range_waits_for_a_crashed_owner_keeps_its_fir
 /// a piece not loaded yet now travel with it.
 #[test]
 fn a_piece_passed_on_before_it_was_loaded_keeps_the_floors_it_inherited() {
-    let ops = vec![
-        (
-            4393,
-            Op::Register {
-                actor: 11,
-                name: 0,
-                delay: 2307,
-                period: 1,
-            },
-        ),
-        (4908, Op::Join),
-        (999, Op::Leave(2_531_430_471_439_135_786)),
-        (1192, Op::Leave(10_835_800_673_216_762_001)),
-        (200, Op::Outage(1152)),
-        (200, Op::Leave(13_314_968_966_173_395_836)),
-    ];
-    let cfg = Config {
-        delivery_failure: 0.02,
-        ..Config::default()
-    };
-    let (w, _) = run(2_541_171_392_648_112_584, cfg, &ops);
-    let dup = w.duplicates();
-    assert!(dup.is_empty(), "duplicates: {dup:?}");
+    let (seed, ops) = three_leaves_around_an_outage();
+    assert_no_duplicate_with_faults(seed, &ops);
+}
+
+/// The schedule of seed 502 (see the test above): its seed and its steps.
+fn three_leaves_around_an_outage() -> (u64, Vec<(u64, Op)>) {
+    (
+        2_541_171_392_648_112_584,
+        vec![
+            (
+                4393,
+                Op::Register {
+                    actor: 11,
+                    name: 0,
+                    delay: 2307,
+                    period: 1,
+                },
+            ),
+            (4908, Op::Join),
+            (999, Op::Leave(2_531_430_471_439_135_786)),
+            (1192, Op::Leave(10_835_800_673_216_762_001)),
+            (200, Op::Outage(1152)),
+            (200, Op::Leave(13_314_968_966_173_395_836)),
+        ],
+    )
 }
 
 /// The same seed and schedule give the same world: every tick, when and by which
@@ -705,25 +696,7 @@ fn a_schedule_replays_the_same_ticks() {
                 (200, Op::Leave(1_221_349_001_460_004_963)),
             ],
         ),
-        (
-            2_541_171_392_648_112_584,
-            vec![
-                (
-                    4393,
-                    Op::Register {
-                        actor: 11,
-                        name: 0,
-                        delay: 2307,
-                        period: 1,
-                    },
-                ),
-                (4908, Op::Join),
-                (999, Op::Leave(2_531_430_471_439_135_786)),
-                (1192, Op::Leave(10_835_800_673_216_762_001)),
-                (200, Op::Outage(1152)),
-                (200, Op::Leave(13_314_968_966_173_395_836)),
-            ],
-        ),
+        three_leaves_around_an_outage(),
         (
             7,
             vec![
@@ -738,13 +711,9 @@ fn a_schedule_replays_the_same_ticks() {
             ],
         ),
     ];
-    let cfg = Config {
-        delivery_failure: 0.02,
-        ..Config::default()
-    };
     for (seed, ops) in &schedules {
-        let (a, _) = run(*seed, cfg.clone(), ops);
-        let (b, _) = run(*seed, cfg.clone(), ops);
+        let (a, _) = run(*seed, with_faults(), ops);
+        let (b, _) = run(*seed, with_faults(), ops);
         assert!(!a.ticks.is_empty());
         assert_eq!(a.ticks, b.ticks, "seed {seed}");
     }

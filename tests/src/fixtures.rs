@@ -958,16 +958,7 @@ mod docker {
             })
             .await
         };
-        let endpoint = match unless_exited(ready, container_exit(&containers)).await {
-            Ok(endpoint) => endpoint,
-            Err(StartError::Other(why)) => {
-                return Err(StartError::Other(format!(
-                    "{why}; {}",
-                    last_words(&containers).await
-                )))
-            }
-            Err(exited) => return Err(exited),
-        };
+        let endpoint = containers_ready(ready, &containers).await?;
         Ok(backend(Kind::RedisCluster, endpoint, containers))
     }
 
@@ -1009,18 +1000,24 @@ mod docker {
             }
             Ok(())
         };
-        match unless_exited(ready, container_exit(&containers)).await {
-            Ok(()) => {}
-            Err(StartError::Other(why)) => {
-                return Err(StartError::Other(format!(
-                    "{why}; {}",
-                    last_words(&containers).await
-                )))
-            }
-            Err(exited) => return Err(exited),
-        }
+        containers_ready(ready, &containers).await?;
         let endpoints: Vec<String> = ports.iter().map(|(c, _)| format!("127.0.0.1:{c}")).collect();
         Ok(backend(Kind::EtcdCluster, endpoints.join(","), containers))
+    }
+
+    /// `ready`, unless one of `containers` stops first; a failure of `ready`
+    /// (a timeout) carries the containers' [`last_words`].
+    async fn containers_ready<T>(
+        ready: impl std::future::Future<Output = Result<T, String>>,
+        containers: &[ContainerAsync<GenericImage>],
+    ) -> Result<T, StartError> {
+        match unless_exited(ready, container_exit(containers)).await {
+            Err(StartError::Other(why)) => Err(StartError::Other(format!(
+                "{why}; {}",
+                last_words(containers).await
+            ))),
+            other => other,
+        }
     }
 
     /// Whether each container still runs, and the last lines it wrote to
