@@ -234,15 +234,23 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// Replaces the section of `path` that starts with the line `heading` (up to the
-/// next `## ` heading) with `body`, or appends it.
+/// Whether `line` is the heading `heading` (`## J1`): the line is the heading or
+/// goes on with `:` (`## J1: join storms`), so that `## J1 notes` is another one.
+fn is_heading(line: &str, heading: &str) -> bool {
+    line.strip_prefix(heading)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(':'))
+}
+
+/// Replaces the section of `path` whose heading line is `heading` (see
+/// [`is_heading`]; up to the next `## ` heading) with `body`, or appends it.
+/// Sections with other headings, hand-written notes included, are kept.
 pub(crate) fn set_section(path: &std::path::Path, heading: &str, body: &str) -> anyhow::Result<()> {
     let old = std::fs::read_to_string(path).unwrap_or_default();
     let mut out = String::new();
     let mut skipping = false;
     let mut replaced = false;
     for line in old.lines() {
-        if line.starts_with(heading) {
+        if is_heading(line, heading) {
             skipping = true;
             replaced = true;
             out.push_str(body);
@@ -364,5 +372,27 @@ mod tests {
         );
         assert!(format!("{t2:?}").contains("writers: [1, 4, 16, 64]"), "{t2:?}");
         assert!(format!("{f1:?}").contains("silos: 5"), "{f1:?}");
+    }
+
+    /// A benchmark's section is replaced, a section whose heading only starts
+    /// with the same name (hand-written notes) is kept. (`j1` replaced its notes
+    /// with a second copy of its table.)
+    #[test]
+    fn a_section_is_replaced_and_its_notes_are_kept() {
+        let dir = std::env::temp_dir().join(format!("rollcall-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("BENCHMARKS.md");
+        std::fs::write(
+            &path,
+            "# title\n\n## J1: storms\n\nold figures\n\n## J1 notes: what they taught\n\nnotes\n\n## D1: x\n\nd1\n",
+        )
+        .unwrap();
+        set_section(&path, "## J1", "## J1: storms\n\nnew figures\n").unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            text,
+            "# title\n\n## J1: storms\n\nnew figures\n\n## J1 notes: what they taught\n\nnotes\n\n## D1: x\n\nd1\n"
+        );
     }
 }
