@@ -52,10 +52,13 @@
 //! A chain of holders can come back to a silo it named before (silos that
 //! started within milliseconds of each other each waited for another one, and
 //! the first passed the pieces to a third): then none of them delivered, and the
-//! hold starts from the floor of the silo that passed the pieces on.
+//! hold starts from the floor of the silo that passed the pieces on. Pieces that
+//! silo had itself released, or passed on from a release it received, to another
+//! silo wait for that one instead: it had them since and may have delivered.
 //!
 //! The machine ([`crate::machine`]) adds: requests are answered only from a view
-//! at least as new as the asker's ([`ReleaseRequest::version`]); a leaver reads
+//! at least as new as the asker's ([`ReleaseRequest::version`]); a ring change
+//! applies again the `last` releases of the silos its holds wait for; a leaver reads
 //! the table before it releases and keeps its last release to answer requests; a
 //! release yields, piece by piece, to a later release of another silo with a
 //! floor as late or later; a chain back to the receiver starts at its own release;
@@ -69,8 +72,9 @@
 //!
 //! Known limit: random schedules beyond the ones CI runs (`PROPTEST_RNG_SEED=<n>`
 //! with `cargo nextest run -p rollcall-reminders --features sim --test machine`)
-//! found every rule above and still find rare cases: 6 of seeds 204..760 (about
-//! one schedule in 23,000), e.g. seed 679 repeats ticks after a crash.
+//! found every rule above and still find rare cases (see `docs/ARCHITECTURE.md`),
+//! e.g. seed 693: a joiner's request is not answered by a silo whose view is
+//! older, and the joiner's view moves on before it asks again.
 //!
 //! A hold is dropped once it is freed and a load that started after it finished (so
 //! every row of the range was scheduled with the floor).

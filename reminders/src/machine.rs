@@ -477,6 +477,9 @@ pub struct ReminderMachine {
     /// Every release this silo sent last, untrimmed: where a chain of holders
     /// comes back to this silo, its own floor there.
     history: VecDeque<Release>,
+    /// The received releases this silo passed on to a third silo, each with `to`
+    /// set to that silo: a chain of holders that comes back here waits for it.
+    forwarded: VecDeque<Release>,
     /// When the holds last asked for releases (or stopped waiting).
     asked: Timestamp,
     /// When each silo a hold waits for was first seen Dead.
@@ -529,6 +532,7 @@ impl ReminderMachine {
             received: VecDeque::new(),
             sent: VecDeque::new(),
             history: VecDeque::new(),
+            forwarded: VecDeque::new(),
             asked: Timestamp::from_millis(0),
             gone_at: BTreeMap::new(),
         }
@@ -699,6 +703,15 @@ impl ReminderMachine {
         for (at, r) in early {
             freed |= self.release_received(r, at, &delivering);
         }
+        // A hold of this ring may wait for a silo that left before it: its last
+        // release, received before and used then, says where it stopped (it
+        // never delivers again). Only a last one: an older release of a silo
+        // that is still here may have been followed by deliveries of its own.
+        // (Found by a seed: a silo whose view showed a leaver Active handed it a
+        // range back; the leaver's last release had named this silo, and
+        // nothing applied it again, so the range failed over and lost two
+        // first ticks.)
+        freed |= self.replay_received(true);
         self.hold_slots();
         if freed {
             self.free_held();
@@ -1012,7 +1025,7 @@ impl ReminderMachine {
         // release of that silo received before: apply those again (each chain step
         // names a new silo, so this ends within the releases kept).
         if freed {
-            freed |= self.replay_received();
+            freed |= self.replay_received(false);
         }
         // The sender had these pieces: what it scheduled there (registrations
         // whose notices reached it) this silo may not have loaded. Its owned ones
@@ -1021,15 +1034,23 @@ impl ReminderMachine {
         if r.from != me {
             self.request_reload(r.pieces.iter().map(|p| p.range).collect(), received);
         }
-        let forward: Vec<(SiloAddress, HandoffMessage)> = r
+        let forward = r
             .without(not_forwarded)
             .map(|r| crate::handoff::forwards(&r, &self.ring, me))
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(to, r)| (to, HandoffMessage::Release(r)))
-            .collect();
+            .unwrap_or_default();
         if !forward.is_empty() {
             tracing::debug!(silo = %me, from = %r.from, to = ?forward.iter().map(|(to, _)| to).collect::<Vec<_>>(), "forwarding a reminder release");
+            for (to, m) in &forward {
+                let m = Release {
+                    to: Some(*to),
+                    ..m.clone()
+                };
+                crate::handoff::remember(&mut self.forwarded, m, EARLY_RELEASES);
+            }
+            let forward = forward
+                .into_iter()
+                .map(|(to, r)| (to, HandoffMessage::Release(r)))
+                .collect();
             self.out.push(Action::SendReleases(forward));
         }
         if !freed {
@@ -1042,15 +1063,16 @@ impl ReminderMachine {
     }
 
     /// Applies again the releases received from the silos some hold waits for
-    /// now, until none frees anything more. Returns whether a hold changed.
-    fn replay_received(&mut self) -> bool {
+    /// now (only their last ones when `only_last`), until none frees anything
+    /// more. Returns whether a hold changed.
+    fn replay_received(&mut self, only_last: bool) -> bool {
         let mut changed = false;
         for _ in 0..EARLY_RELEASES {
             let waiting = self.holds.waiting_for();
             let again: Vec<Release> = self
                 .received
                 .iter()
-                .filter(|r| waiting.contains(&r.from))
+                .filter(|r| waiting.contains(&r.from) && (r.last || !only_last))
                 .cloned()
                 .collect();
             let mut any = false;
@@ -1112,8 +1134,29 @@ impl ReminderMachine {
                 _ => m.clone(),
             })
             .collect();
+        // Likewise a received release this silo passed on to a third silo: that
+        // silo had the pieces and may have delivered there. (Found by a seed: a
+        // forwarded leaver's floor, taken as this silo's, repeated eleven ticks
+        // the silo it was forwarded to had delivered before it crashed.)
+        let passed_on: Vec<Release> = self
+            .forwarded
+            .iter()
+            .filter(|m| m.to.is_some_and(|to| to != r.from))
+            .map(|m| {
+                let mut m = Release {
+                    from: self.me,
+                    ..m.clone()
+                };
+                for q in m.pieces.iter_mut().filter(|q| q.waiting_for.is_none()) {
+                    q.waiting_for = m.to;
+                }
+                m
+            })
+            .collect();
+        // Ordered newest first; of a release received and passed on, the pass.
         let mut known: Vec<&Release> = redirected
             .iter()
+            .chain(passed_on.iter())
             .chain(
                 self.received
                     .iter()
