@@ -30,7 +30,10 @@
 //!      failover, logged as a warning.
 //! 3. **Forwarding.** A release for ranges its receiver does not own in its view
 //!    goes on to the owner it sees (at most [`MAX_RELEASE_HOPS`] hops), so a release
-//!    sent to a silo that has since lost the range to a third one reaches it.
+//!    sent to a silo that has since lost the range to a third one reaches it. The
+//!    silo that passes it on vouches for it ([`Release::via`]) when it neither
+//!    owned nor held the pieces in its previous ring and released nothing of them
+//!    since: a hold waiting for that silo there takes the release as its own.
 //! 4. **Chains.** A silo that loses a range it still holds itself delivered nothing
 //!    there: its release names the silo it was waiting for, and the receiver waits
 //!    for that one instead. For pieces it had freed but not yet loaded in full, its
@@ -72,9 +75,8 @@
 //!
 //! Known limit: random schedules beyond the ones CI runs (`PROPTEST_RNG_SEED=<n>`
 //! with `cargo nextest run -p rollcall-reminders --features sim --test machine`)
-//! found every rule above and still find rare cases (see `docs/ARCHITECTURE.md`),
-//! e.g. seed 693: a joiner's request is not answered by a silo whose view is
-//! older, and the joiner's view moves on before it asks again.
+//! found every rule above and may still find rare cases (see
+//! `docs/ARCHITECTURE.md` for the seeds swept).
 //!
 //! A hold is dropped once it is freed and a load that started after it finished (so
 //! every row of the range was scheduled with the floor).
@@ -159,6 +161,12 @@ pub struct Release {
     /// next).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<SiloAddress>,
+    /// Set by the silo that passes a received release on (rule 3): it did not
+    /// deliver in its pieces after `at`, so a hold waiting for it there may be
+    /// freed by this release as by its own. Cleared when kept for later: it holds
+    /// at the time it was passed on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<SiloAddress>,
 }
 
 /// "Send me what you know of these pieces' releases": sent by a silo whose holds
@@ -369,6 +377,7 @@ pub fn answer(
             hops: 0,
             last: false,
             to: Some(asker),
+            via: None,
         });
     }
     again
@@ -1037,6 +1046,7 @@ mod tests {
             hops: 0,
             last: false,
             to: Some(j),
+            via: None,
         };
         assert!(holds.released(&release, j));
         assert_eq!(holds.start_of(h, "c/1", "r", "e1"), Start::From(t(1_100)));
@@ -1091,6 +1101,7 @@ mod tests {
             hops: 0,
             last: false,
             to,
+            via: None,
         }
     }
 

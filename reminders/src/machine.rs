@@ -64,6 +64,10 @@ use crate::schedule::{after_attempt, occurrence_after, plan, AfterAttempt, Learn
 pub const MAX_DELIVERIES: usize = 1024;
 /// Notice-triggered row reads running at once.
 pub const MAX_NOTICE_READS: usize = 64;
+/// Deleted rows remembered between two loads (see `ReminderMachine::deleted`);
+/// past it one is forgotten (a load then may schedule it again until the
+/// next load drops it).
+const MAX_DELETED: usize = 4096;
 /// Notices queued for the agent.
 pub const NOTICE_QUEUE: usize = 1024;
 /// Notices handed to the machine per event.
@@ -430,6 +434,10 @@ pub struct ReminderMachine {
     /// Bumped on every change from a notice; loads started before a change do not
     /// undo it.
     changes: u64,
+    /// Rows a notice read found deleted, with `changes` then: a load that started
+    /// before does not schedule them again from what it read (at most
+    /// [`MAX_DELETED`]; dropped when a load that started after ends).
+    deleted: BTreeMap<Key, u64>,
     load: Option<LoadRun>,
     load_epoch: u32,
     /// Width of the next piece a load reads (follows the table's density).
@@ -504,6 +512,7 @@ impl ReminderMachine {
             ring_gen: 0,
             queue: Queue::default(),
             changes: 0,
+            deleted: BTreeMap::new(),
             load: None,
             load_epoch: 0,
             load_width: 0,
@@ -841,6 +850,10 @@ impl ReminderMachine {
             Ok(None) => {
                 self.changes += 1;
                 self.queue.remove(&key);
+                if self.deleted.len() >= MAX_DELETED {
+                    self.deleted.pop_first();
+                }
+                self.deleted.insert(key, self.changes);
             }
             Ok(Some(row)) => {
                 if let Some(slot) = self.queue.get_mut(&key).filter(|s| s.etag == row.etag.as_str()) {
@@ -941,6 +954,7 @@ impl ReminderMachine {
                 hops: 0,
                 last: false,
                 to: Some(*to),
+                via: None,
             });
             for (piece, custody) in self.holds.custody(*range) {
                 let (floor, waiting_for) = match custody {
@@ -1015,12 +1029,23 @@ impl ReminderMachine {
     /// Returns whether a hold was freed.
     fn release_received(&mut self, r: Release, received: Timestamp, not_forwarded: &[RingRange]) -> bool {
         let me = self.me;
+        // Whether the silo that passed it on vouched (`via`) holds now only.
+        let via = r.via.filter(|v| *v != r.from && *v != me);
+        let r = Release { via: None, ..r };
         let r = self.newest(self.back_to_me(r));
         tracing::trace!(silo = %me, from = %r.from, at = r.at, pieces = r.pieces.len(), "release received");
         if r.from != me && !self.received.contains(&r) {
             crate::handoff::remember(&mut self.received, r.clone(), EARLY_RELEASES);
         }
         let mut freed = self.holds.released(&r, me);
+        // Passed on by a silo that did not deliver there after it: a hold
+        // waiting for that silo takes it as that silo's release. (Found by a
+        // seed: a joiner waited for a silo whose view skipped the ring in which
+        // it owned the range; that silo passed the leaver's release on, the
+        // joiner kept waiting, and its view moved on first: a tick was lost.)
+        if let Some(v) = via {
+            freed |= self.holds.released(&Release { from: v, ..r.clone() }, me);
+        }
         // A piece that now waits for another silo (a chain) may be freed by a
         // release of that silo received before: apply those again (each chain step
         // names a new silo, so this ends within the releases kept).
@@ -1047,9 +1072,30 @@ impl ReminderMachine {
                 };
                 crate::handoff::remember(&mut self.forwarded, m, EARLY_RELEASES);
             }
+            // This silo vouches that it did not deliver in the pieces after the
+            // release: it did not own (or hold) them in its previous ring, and
+            // no release of its own covers them since. (A vouch by a silo that
+            // had held them for another one repeated two ticks that one
+            // delivered.)
+            let before = self.prev_ring.ranges_of(&me);
+            let overlaps = |m: &Release, q: RingRange| {
+                m.pieces
+                    .iter()
+                    .any(|p| !crate::handoff::intersect(p.range, q).is_empty())
+            };
+            let since = |m: &Release| {
+                before.iter().any(|q| overlaps(m, *q))
+                    || self
+                        .history
+                        .iter()
+                        .any(|own| own.at > m.at && own.pieces.iter().any(|q| overlaps(m, q.range)))
+            };
             let forward = forward
                 .into_iter()
-                .map(|(to, r)| (to, HandoffMessage::Release(r)))
+                .map(|(to, m)| {
+                    let via = (!since(&m)).then_some(me);
+                    (to, HandoffMessage::Release(Release { via, ..m }))
+                })
                 .collect();
             self.out.push(Action::SendReleases(forward));
         }
@@ -1586,6 +1632,13 @@ impl ReminderMachine {
             if self.removals.get(&key) == Some(&row.etag) {
                 continue; // a delivered one-shot whose removal is pending
             }
+            if self.deleted.get(&key).is_some_and(|c| *c > since) {
+                // Deleted after this load started. (Found by a seed: a reload
+                // read a row just before its removal, the removal's notice came
+                // first, and the reload scheduled it again from an old release's
+                // floor, repeating a tick.)
+                continue;
+            }
             // A slot still held where no hold holds it any more is planned again.
             let stale_hold = |slot: &crate::queue::Slot| {
                 slot.held
@@ -1619,6 +1672,7 @@ impl ReminderMachine {
     fn load_finished(&mut self) {
         let Some(run) = self.load.take() else { return };
         self.load_failures = 0;
+        self.deleted.retain(|_, c| *c > run.since);
         if let Some(only) = &run.only {
             self.queue.retain(|slot| {
                 !only.iter().any(|p| p.contains(slot.hash))

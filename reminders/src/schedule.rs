@@ -171,7 +171,9 @@ pub enum AfterAttempt {
 ///   in turn, where a handler that overran skips them); a one-shot is removed; a
 ///   next tick past `now + loading_window` leaves the slot;
 /// - failed: retried at `retry_at` (the caller's jittered backoff), unless the next
-///   occurrence is due by then, which gives this one up (no burst of stale ticks).
+///   occurrence is due by then, which gives this one up (no burst of stale ticks);
+///   in a catch-up the next one is the occurrence right after `scheduled`, owed
+///   like the rest, not the first after `now`.
 pub fn after_attempt(
     entry: impl Into<Timing>,
     scheduled: Timestamp,
@@ -182,8 +184,11 @@ pub fn after_attempt(
     retry_at: Timestamp,
 ) -> AfterAttempt {
     let timing = entry.into();
+    let done = if scheduled < catch_up_to { scheduled } else { now };
     if !delivered {
-        return match after_delivery(timing, scheduled, now) {
+        // (Found by a seed: a handler failed on the first tick of a handoff's
+        // catch-up, and the owed ticks after it were skipped with it.)
+        return match after_delivery(timing, scheduled, done) {
             Some(next) if next.due <= retry_at => AfterAttempt::GiveUp(next),
             _ => AfterAttempt::Retry(Planned {
                 scheduled,
@@ -191,7 +196,6 @@ pub fn after_attempt(
             }),
         };
     }
-    let done = if scheduled < catch_up_to { scheduled } else { now };
     match after_delivery(timing, scheduled, done) {
         None => AfterAttempt::Remove,
         Some(next) if next.due > now.saturating_add(loading_window) => AfterAttempt::Unload,
@@ -257,6 +261,15 @@ mod tests {
         );
         assert_eq!(
             after_attempt(&e, t(60), t(61), false, none, window, t(120)),
+            AfterAttempt::GiveUp(Planned {
+                scheduled: t(120),
+                due: t(120)
+            })
+        );
+        // A failure in a catch-up gives way to the occurrence right after it,
+        // owed like the rest, not to the first one after now.
+        assert_eq!(
+            after_attempt(&e, t(60), t(300), false, t(240), window, t(301)),
             AfterAttempt::GiveUp(Planned {
                 scheduled: t(120),
                 due: t(120)
