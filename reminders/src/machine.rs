@@ -1932,7 +1932,13 @@ fn overlay<'a>(
     for (release, q) in over {
         for left in std::mem::take(&mut rest) {
             for range in crate::handoff::intersect(left, q.range) {
-                pieces.push(ReleasedPiece { range, ..*q });
+                // A piece that waits with no floor of its own keeps `p`'s as the
+                // fallback of a chain that closes (nobody delivered since).
+                pieces.push(ReleasedPiece {
+                    range,
+                    floor: q.floor.or(p.floor),
+                    ..*q
+                });
                 floors.retain(|f| !range.contains(actor_hash(&f.actor)));
                 floors.extend(
                     release

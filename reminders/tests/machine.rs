@@ -922,3 +922,40 @@ fn a_failed_tick_in_a_catch_up_does_not_skip_the_owed_ones_after_it() {
         .collect();
     assert!(lost.is_empty(), "lost: {lost:?}");
 }
+
+/// Found by a random seed (`PROPTEST_RNG_SEED=861`): three joins 200-500 ms
+/// apart. The owner released a range to the first joiner with its floor; the
+/// joiners' releases named each other in turn, and where the chain came back to
+/// a joiner its own release (waiting, no floor) replaced the piece, dropping the
+/// owner's floor: the chain closed with no fallback, failed over and lost a
+/// tick. A waiting piece put in place of another keeps that one's floor as its
+/// fallback.
+#[test]
+fn a_chain_of_joiners_keeps_the_floor_of_the_silo_that_delivered_last() {
+    let ops = vec![
+        (2429, Op::Join),
+        (1378, Op::Join),
+        (
+            404,
+            Op::Register {
+                actor: 3,
+                name: 0,
+                delay: 146,
+                period: 1,
+            },
+        ),
+        (
+            5086,
+            Op::Register {
+                actor: 10,
+                name: 0,
+                delay: 250,
+                period: 1,
+            },
+        ),
+        (1921, Op::Join),
+        (215, Op::Join),
+        (482, Op::Join),
+    ];
+    assert_once_each(13_204_742_025_454_080_846, &ops);
+}
