@@ -50,7 +50,11 @@
 //!    together and hold on each other). While a silo waited for is gone, every silo
 //!    is asked, and passes on the releases it received from the gone one; a gone
 //!    silo's `last` release settles what it did not own at the end with the newest
-//!    release of another silo covering it ([`Holds::settle_with_last`]).
+//!    release of another silo covering it ([`Holds::settle_with_last`]). A part of
+//!    a last release (forwarded, or answered for some pieces) speaks only for
+//!    its [`Release::scope`]; a release settles nothing where a third silo owned
+//!    the pieces in one of the settling silo's rings since it was made (that
+//!    silo may have delivered there: the pieces fail over).
 //!
 //! A chain of holders can come back to a silo it named before (silos that
 //! started within milliseconds of each other each waited for another one, and
@@ -72,6 +76,11 @@
 //!
 //! A gone silo's last release settles nothing with a release of another silo
 //! older than [`HANDOFF_TIMEOUT`] before it: an owner delivered there since.
+//!
+//! Floors only move forward: where a chain carried a floor (the fallback of the
+//! last silo in it that delivered) and a release frees the piece with an older
+//! one, the later floor wins. A release kept for a later ring is kept as it came
+//! and read again then, after the ring's own releases are recorded.
 //!
 //! Known limit: random schedules beyond the ones CI runs (`PROPTEST_RNG_SEED=<n>`
 //! with `cargo nextest run -p rollcall-reminders --features sim --test machine`)
@@ -167,6 +176,13 @@ pub struct Release {
     /// at the time it was passed on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub via: Option<SiloAddress>,
+    /// For a `last` release cut down from the one its sender made (forwarded to the
+    /// owner of some of its pieces, answered for the pieces a request named, or
+    /// sent in parts to fit the transport), the hashes it speaks for; `None`:
+    /// every hash, as sent. A last release says what its sender did not own at
+    /// the end only within its scope (rule 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<Vec<RingRange>>,
 }
 
 /// "Send me what you know of these pieces' releases": sent by a silo whose holds
@@ -209,37 +225,142 @@ pub enum HandoffMessage {
     Request(ReleaseRequest),
 }
 
+impl HandoffMessage {
+    /// This message in parts whose JSON is at most `max` bytes each (the
+    /// transport's notice body limit): a release cut as [`Release::fit`] cuts
+    /// it, a request split by its waiting pieces.
+    pub fn fit(self, max: usize) -> Vec<HandoffMessage> {
+        match self {
+            HandoffMessage::Release(r) => r.fit(max).into_iter().map(HandoffMessage::Release).collect(),
+            HandoffMessage::Request(r) => {
+                let size =
+                    serde_json::to_vec(&HandoffMessage::Request(r.clone())).map_or(usize::MAX, |b| b.len());
+                if size <= max || r.waiting.len() < 2 {
+                    return vec![HandoffMessage::Request(r)];
+                }
+                let mut first = r.clone();
+                let second = first.waiting.split_off(r.waiting.len() / 2);
+                let second = ReleaseRequest { waiting: second, ..r };
+                let mut out = HandoffMessage::Request(first).fit(max);
+                out.extend(HandoffMessage::Request(second).fit(max));
+                out
+            }
+        }
+    }
+}
+
 /// How long a hold waits before asking its previous owner to send its release
 /// again, and between two such requests. 500 ms.
 pub const REQUEST_AFTER: Duration = Duration::from_millis(500);
 
 impl Release {
-    /// This release with each piece cut to `cut(piece)`; `None` if nothing is left.
-    fn cut(&self, cut: impl Fn(RingRange) -> Vec<RingRange>) -> Option<Release> {
+    /// This release cut down to the hashes of `region`; `None` if nothing is left.
+    /// Its [`scope`](Release::scope) narrows to `region` too.
+    fn cut(&self, region: &[RingRange]) -> Option<Release> {
         let pieces: Vec<ReleasedPiece> = self
             .pieces
             .iter()
             .flat_map(|p| {
-                cut(p.range)
-                    .into_iter()
+                region
+                    .iter()
+                    .flat_map(move |k| intersect(p.range, *k))
                     .map(move |range| ReleasedPiece { range, ..*p })
             })
             .collect();
-        (!pieces.is_empty()).then(|| Release {
+        if pieces.is_empty() {
+            return None;
+        }
+        // Only a last release says anything of the hashes it does not name.
+        let scope = self.last.then(|| match &self.scope {
+            None => region.to_vec(),
+            Some(s) => s
+                .iter()
+                .flat_map(|a| region.iter().flat_map(move |b| intersect(*a, *b)))
+                .collect(),
+        });
+        let floors = self
+            .floors
+            .iter()
+            .filter(|f| {
+                let h = rollcall_membership_core::actor_hash(&f.actor);
+                region.iter().any(|k| k.contains(h))
+            })
+            .cloned()
+            .collect();
+        Some(Release {
             pieces,
+            floors,
+            scope,
             ..self.clone()
         })
     }
 
+    /// This release in parts whose JSON is at most `max` bytes each, cut at
+    /// piece boundaries, or inside a piece between the hashes of its
+    /// per-reminder floors (each part keeps the floors of its hashes and, for a
+    /// last release, its [`scope`](Release::scope)). A part that cannot be cut
+    /// further (one hash, its floors over `max`) is returned as it is.
+    pub fn fit(self, max: usize) -> Vec<Release> {
+        let size = serde_json::to_vec(&HandoffMessage::Release(self.clone())).map_or(usize::MAX, |b| b.len());
+        if size <= max {
+            return vec![self];
+        }
+        let Some(at) = self.split_point() else {
+            return vec![self];
+        };
+        let start = self.pieces.iter().map(|p| p.range.begin).min().unwrap_or(0);
+        let halves = [
+            RingRange {
+                begin: start,
+                end: at,
+            },
+            RingRange {
+                begin: at,
+                end: start,
+            },
+        ];
+        let parts: Vec<Release> = halves.iter().filter_map(|h| self.cut(&[*h])).collect();
+        if parts.len() < 2 {
+            return vec![self];
+        }
+        parts.into_iter().flat_map(|p| p.fit(max)).collect()
+    }
+
+    /// A hash that splits the release in two non-empty halves `(start, at]` and
+    /// `(at, start]` (`start` the lowest piece begin): the begin of the middle
+    /// piece, or, for a single piece, the middle of its floors' hashes.
+    fn split_point(&self) -> Option<u32> {
+        let mut begins: Vec<u32> = self.pieces.iter().map(|p| p.range.begin).collect();
+        begins.sort_unstable();
+        begins.dedup();
+        if begins.len() > 1 {
+            return Some(begins[begins.len() / 2]);
+        }
+        let piece = self.pieces.first()?.range;
+        let mut hashes: Vec<u32> = self
+            .floors
+            .iter()
+            .map(|f| rollcall_membership_core::actor_hash(&f.actor))
+            .filter(|h| piece.contains(*h))
+            .collect();
+        // In ring order from the piece's begin.
+        hashes.sort_unstable_by_key(|h| h.wrapping_sub(piece.begin));
+        hashes.dedup();
+        if hashes.len() < 2 {
+            return None;
+        }
+        Some(hashes[hashes.len() / 2 - 1])
+    }
+
     /// This release without the hashes of `cut`; `None` if nothing is left.
     pub fn without(&self, cut: &[RingRange]) -> Option<Release> {
-        self.cut(|r| subtract(r, cut))
+        self.cut(&subtract(RingRange { begin: 0, end: 0 }, cut))
     }
 
     /// This release cut down to the hashes of `keep`, as a fresh message (no hops);
     /// `None` if nothing is left.
     pub fn within(&self, keep: RingRange) -> Option<Release> {
-        self.cut(|r| intersect(r, keep)).map(|r| Release { hops: 0, ..r })
+        self.cut(&[keep]).map(|r| Release { hops: 0, ..r })
     }
 
     /// This release as it bears on `viewer`'s holds: meant for a third silo, it is
@@ -277,7 +398,7 @@ pub fn forwards(r: &Release, ring: &Ring, me: SiloAddress) -> Vec<(SiloAddress, 
         .filter(|silo| *silo != me && *silo != r.from)
         .filter_map(|silo| {
             let theirs = ring.ranges_of(&silo);
-            let on = r.cut(|p| theirs.iter().flat_map(|t| intersect(p, *t)).collect())?;
+            let on = r.cut(&theirs)?;
             Some((
                 silo,
                 Release {
@@ -378,6 +499,7 @@ pub fn answer(
             last: false,
             to: Some(asker),
             via: None,
+            scope: None,
         });
     }
     again
@@ -828,7 +950,16 @@ impl Holds {
             for p in &r.pieces {
                 for range in intersect(h.range, p.range) {
                     changed = true;
-                    let fallback = p.floor.or(h.fallback);
+                    // Floors only move forward: of the floor this piece carries
+                    // and the one the chain carried so far, the later (both were
+                    // delivered up to by a silo of the chain). (Found by a seed: a
+                    // chain back to this silo took an older release's floor over
+                    // the later one of the silo that delivered last: four ticks
+                    // repeated.)
+                    let fallback = match (p.floor, h.fallback) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        (a, b) => a.or(b),
+                    };
                     let released = |floor: u64| HoldState::Released {
                         floor: Timestamp::from_millis(floor),
                         floors: if p.waiting_for.is_none() {
@@ -847,7 +978,10 @@ impl Holds {
                         },
                         (Some(w), _) => (HoldState::Waiting, w),
                         (None, None) => (HoldState::Failover, h.from),
-                        (None, Some(floor)) => (released(floor), h.from),
+                        // The chain's fallback is a floor too: a silo it went
+                        // through delivered up to it (this floor may come from
+                        // an older release, where the chain came back here).
+                        (None, Some(floor)) => (released(floor.max(h.fallback.unwrap_or(floor))), h.from),
                     };
                     let mut visited = h.visited.clone();
                     if from != h.from {
@@ -878,8 +1012,19 @@ impl Holds {
     /// [`HANDOFF_TIMEOUT`] before `last`: a view catches up well within that, and
     /// an older release was followed by an owner that delivered there (if that
     /// one crashed, its pieces fail over). Returns whether a hold changed.
-    pub fn settle_with_last(&mut self, last: &Release, others: &[Release], me: SiloAddress) -> bool {
+    pub fn settle_with_last(
+        &mut self,
+        last: &Release,
+        others: &[Release],
+        me: SiloAddress,
+        owned_by_others_since: impl Fn(&Release, RingRange) -> Vec<RingRange>,
+    ) -> bool {
+        // Hashes outside its scope it says nothing of (a forwarded or answered
+        // part of the last release).
         let mut taken: Vec<RingRange> = last.pieces.iter().map(|p| p.range).collect();
+        if let Some(scope) = &last.scope {
+            taken.extend(subtract(RingRange { begin: 0, end: 0 }, scope));
+        }
         let oldest = last.at.saturating_sub(duration_millis(HANDOFF_TIMEOUT));
         let mut sorted: Vec<&Release> = others
             .iter()
@@ -889,13 +1034,20 @@ impl Holds {
         let mut pieces = Vec::new();
         let mut floors: Vec<Floor> = Vec::new();
         for r in sorted {
+            // Where a third silo owned the pieces since `r` (in a ring of
+            // `me`'s), it may have delivered there: neither `r` nor an older
+            // release settles them.
+            let original = r;
             let r = r.clone().seen_by(me);
             let mut used = false;
             for p in &r.pieces {
                 for range in subtract(p.range, &taken) {
-                    pieces.push(ReleasedPiece { range, ..*p });
+                    let blocked = owned_by_others_since(original, range);
+                    for part in subtract(range, &blocked) {
+                        pieces.push(ReleasedPiece { range: part, ..*p });
+                        used = true;
+                    }
                     taken.push(range);
-                    used = true;
                 }
             }
             if used {
@@ -1047,6 +1199,7 @@ mod tests {
             last: false,
             to: Some(j),
             via: None,
+            scope: None,
         };
         assert!(holds.released(&release, j));
         assert_eq!(holds.start_of(h, "c/1", "r", "e1"), Start::From(t(1_100)));
@@ -1102,6 +1255,7 @@ mod tests {
             last: false,
             to,
             via: None,
+            scope: None,
         }
     }
 
@@ -1145,6 +1299,172 @@ mod tests {
             ..whole
         };
         assert!(forwards(&tired, &ring, b).is_empty());
+    }
+
+    #[test]
+    fn a_cut_release_knows_the_hashes_it_speaks_for() {
+        let (a, b, c) = (silo(1), silo(2), silo(3));
+        let whole = Release {
+            last: true,
+            to: None,
+            ..release(a, None, &[r(0, 100), r(200, 300)])
+        };
+        assert_eq!(whole.without(&[]).map(|x| x.pieces), Some(whole.pieces.clone()));
+        // Any other release speaks for every hash, cut or not.
+        assert_eq!(
+            release(a, Some(b), &[r(0, 100)]).within(r(0, 50)).unwrap().scope,
+            None
+        );
+        let part = whole.within(r(50, 250)).unwrap();
+        assert_eq!(part.scope, Some(vec![r(50, 250)]));
+        let smaller = part.without(&[r(60, 240)]).unwrap();
+        let scope = smaller.scope.clone().unwrap();
+        for h in [55u32, 245] {
+            assert!(scope.iter().any(|k| k.contains(h)), "{h}");
+        }
+        for h in [10u32, 100, 150, 260] {
+            assert!(!scope.iter().any(|k| k.contains(h)), "{h}");
+        }
+        // Forwarded: the part the next owner has in the forwarder's ring.
+        let ring = Ring::new([a, b, c], 8);
+        let all = Release {
+            last: true,
+            to: None,
+            ..release(a, None, &[r(5, 5)])
+        };
+        for (to, fwd) in forwards(&all, &ring, b) {
+            for h in [0u32, 1 << 20, 1 << 31, u32::MAX] {
+                assert_eq!(
+                    fwd.scope.as_ref().unwrap().iter().any(|k| k.contains(h)),
+                    ring.owns(&to, h)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_release_too_large_for_the_transport_goes_in_parts_that_fit() {
+        let (a, b) = (silo(1), silo(2));
+        let pieces: Vec<RingRange> = (0..40u32)
+            .map(|i| r(i * 100_000_000, i * 100_000_000 + 50_000_000))
+            .collect();
+        let floors: Vec<Floor> = (0..120)
+            .map(|i| {
+                let actor = format!("cart/{i}");
+                Floor {
+                    actor,
+                    name: "tick".into(),
+                    etag: "7".into(),
+                    next: 1_000 + i,
+                }
+            })
+            .collect();
+        // Only floors inside the pieces travel; keep those.
+        let big = Release {
+            last: true,
+            to: None,
+            floors: floors
+                .into_iter()
+                .filter(|f| {
+                    pieces
+                        .iter()
+                        .any(|p| p.contains(rollcall_membership_core::actor_hash(&f.actor)))
+                })
+                .collect(),
+            ..release(a, None, &pieces)
+        };
+        assert!(
+            serde_json::to_vec(&HandoffMessage::Release(big.clone()))
+                .unwrap()
+                .len()
+                > 1_000
+        );
+        let parts = HandoffMessage::Release(big.clone()).fit(1_000);
+        assert!(parts.len() > 1);
+        let mut hashes_seen = 0;
+        let mut floors_seen = Vec::new();
+        for part in &parts {
+            assert!(serde_json::to_vec(part).unwrap().len() <= 1_000);
+            let HandoffMessage::Release(p) = part else {
+                panic!("a release")
+            };
+            assert!(p.scope.is_some(), "a part of a last release is not the whole");
+            for f in &p.floors {
+                let h = rollcall_membership_core::actor_hash(&f.actor);
+                assert!(
+                    p.pieces.iter().any(|q| q.range.contains(h)),
+                    "a floor travels with its piece"
+                );
+                floors_seen.push(f.actor.clone());
+            }
+            hashes_seen += p.pieces.iter().map(|q| q.range.size()).sum::<u64>();
+        }
+        assert_eq!(
+            hashes_seen,
+            big.pieces.iter().map(|q| q.range.size()).sum::<u64>()
+        );
+        floors_seen.sort();
+        let mut want: Vec<String> = big.floors.iter().map(|f| f.actor.clone()).collect();
+        want.sort();
+        assert_eq!(floors_seen, want, "every floor once");
+        // A request goes in parts of its waiting pieces.
+        let request = ReleaseRequest {
+            service: "s".into(),
+            from: b,
+            waiting: pieces.iter().map(|p| (*p, a)).collect(),
+            gone: vec![a],
+            version: 3,
+        };
+        let parts = HandoffMessage::Request(request).fit(600);
+        assert!(parts.len() > 1);
+        let mut waiting = 0;
+        for part in &parts {
+            assert!(serde_json::to_vec(part).unwrap().len() <= 600);
+            let HandoffMessage::Request(q) = part else {
+                panic!("a request")
+            };
+            waiting += q.waiting.len();
+        }
+        assert_eq!(waiting, pieces.len());
+    }
+
+    #[test]
+    fn a_last_release_settles_only_the_hashes_it_speaks_for() {
+        let (g, o, me) = (silo(1), silo(2), silo(3));
+        let waiting = |holds: &mut Holds| {
+            holds.holds.push(Hold {
+                range: r(0, 100),
+                from: g,
+                since: t(0),
+                epoch: 0,
+                loaded: false,
+                state: HoldState::Waiting,
+                visited: Vec::new(),
+                fallback: None,
+            });
+        };
+        // Another silo's release of the range, made shortly before the gone
+        // silo's last one (which does not name the range).
+        let other = release(o, None, &[r(0, 100)]);
+        let last = Release {
+            last: true,
+            at: 200,
+            ..release(g, None, &[r(500, 600)])
+        };
+        // The whole last release: the gone silo did not own the range at the end.
+        let mut holds = Holds::default();
+        waiting(&mut holds);
+        assert!(holds.settle_with_last(&last, std::slice::from_ref(&other), me, |_, _| Vec::new()));
+        assert_eq!(
+            holds.start_of(50, "c/1", "r", "x"),
+            Start::From(Timestamp::from_millis(101))
+        );
+        // Only a part of it, forwarded for other hashes: it says nothing here.
+        let part = last.within(r(400, 700)).unwrap();
+        let mut holds = Holds::default();
+        waiting(&mut holds);
+        assert!(!holds.settle_with_last(&part, std::slice::from_ref(&other), me, |_, _| Vec::new()));
+        assert_eq!(holds.start_of(50, "c/1", "r", "x"), Start::Held);
     }
 
     #[test]

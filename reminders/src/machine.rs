@@ -22,7 +22,7 @@
 //! | notice reads in flight | [`MAX_NOTICE_READS`] (beyond: one coalesced load) |
 //! | queued notices | [`NOTICE_QUEUE`] (beyond: dropped; a load covers them), taken [`NOTICE_BATCH`] per event; while a load is pending, a registration notice needs no read of its own |
 //! | pending `last_fired` writes and one-shot removals | one per reminder, [`MAX_WRITES`] in flight |
-//! | releases ([`crate::handoff`]) | one per new owner per ring change, one per silo of the ring on a graceful leave; [`EARLY_RELEASES`] sent, received and early ones kept |
+//! | releases ([`crate::handoff`]) | one per new owner per ring change, one per silo of the ring on a graceful leave, each in parts of at most [`MAX_HANDOFF_MESSAGE`] bytes; [`EARLY_RELEASES`] sent, received and early ones kept; the last [`RING_LOG`] rings |
 //! | holds | at most [`HANDOFF_TIMEOUT`](crate::handoff::HANDOFF_TIMEOUT); one request round every [`REQUEST_AFTER`] while one waits |
 //! | retries | backoff timers (full jitter, at most [`MAX_BACKOFF`]; loads at most [`MAX_LOAD_BACKOFF`]), never a loop |
 //!
@@ -86,6 +86,13 @@ pub const LOAD_GRACE: Duration = Duration::from_secs(1);
 /// Releases kept: received before the ring that needs them, received from other
 /// silos (to pass on on request), and sent (to send again on request).
 pub const EARLY_RELEASES: usize = 64;
+/// Largest handoff message (a release or a request, as JSON), in bytes: the
+/// transport's notice body limit. Larger ones are sent in parts.
+pub const MAX_HANDOFF_MESSAGE: usize = rollcall_membership_core::transport::MAX_NOTICE_BODY;
+/// Past rings a silo keeps, with when each began: a gone silo's last release
+/// settles nothing where a third silo owned the piece in one of them since the
+/// release used to settle it (rule 9 of [`crate::handoff`]).
+pub const RING_LOG: usize = 8;
 /// How often waiting holds are looked at (expiry, requests): 100 ms.
 pub const HOLD_CHECK: Duration = Duration::from_millis(100);
 /// How long a graceful leave waits for the deliveries in flight before it releases
@@ -476,7 +483,11 @@ pub struct ReminderMachine {
     /// A leave waits for its releases.
     leave_pending: bool,
     /// The ring before `ring`.
-    prev_ring: Ring,
+    prev_ring: Arc<Ring>,
+    /// The rings before `ring` (at most [`RING_LOG`]), each with when it began,
+    /// oldest first; `ring` began at `ring_since`.
+    ring_log: VecDeque<(Timestamp, Arc<Ring>)>,
+    ring_since: Timestamp,
     /// The releases received last (from other silos), to pass on on request.
     received: VecDeque<Release>,
     /// The releases sent last, to send again on request, less what this silo
@@ -537,7 +548,9 @@ impl ReminderMachine {
             early: VecDeque::new(),
             leaving: false,
             leave_pending: false,
-            prev_ring: Ring::default(),
+            prev_ring: Arc::new(Ring::default()),
+            ring_log: VecDeque::new(),
+            ring_since: Timestamp::from_millis(0),
             received: VecDeque::new(),
             sent: VecDeque::new(),
             history: VecDeque::new(),
@@ -624,7 +637,13 @@ impl ReminderMachine {
             } => self.delivered(key, etag, scheduled, result),
             Event::Written { write, result } => self.written(write, result),
         }
-        std::mem::take(&mut self.out)
+        let mut out = std::mem::take(&mut self.out);
+        for action in &mut out {
+            if let Action::SendReleases(messages) | Action::FinishLeave(messages) = action {
+                fit_messages(messages);
+            }
+        }
+        out
     }
 
     fn timer(&mut self, t: Timer) {
@@ -695,7 +714,19 @@ impl ReminderMachine {
         let ranges = &self.ranges;
         self.sent = sent.into_iter().filter_map(|r| r.without(ranges)).collect();
         self.ring = ring;
+        let old = Arc::new(old);
+        if self.ring_log.len() == RING_LOG {
+            self.ring_log.pop_front();
+        }
+        self.ring_log.push_back((self.ring_since, Arc::clone(&old)));
+        self.ring_since = now;
         self.prev_ring = old;
+        // This silo's releases of what it lost are its word on those pieces
+        // before the early releases below are read again: a chain of those that
+        // comes back here waits where this silo's release says. (Found by a
+        // seed: read first, an old release another silo passed on was taken for
+        // this silo's floor on a piece it had only held.)
+        self.record_sent(&releases);
         let ring = &self.ring;
         self.queue.retain(|slot| ring.owns(&me, slot.hash));
         // The new ring's load first: the pieces the releases below free are read by
@@ -727,7 +758,7 @@ impl ReminderMachine {
         }
         tracing::debug!(silo = %me, ranges = self.ranges.len(), silos = self.ring.silos().len(),
             waiting_for = ?self.holds.waiting_for(), "reminder ring changed");
-        self.send(releases);
+        self.emit(releases);
         self.expire_holds();
         self.arm_timer();
     }
@@ -955,6 +986,7 @@ impl ReminderMachine {
                 last: false,
                 to: Some(*to),
                 via: None,
+                scope: None,
             });
             for (piece, custody) in self.holds.custody(*range) {
                 let (floor, waiting_for) = match custody {
@@ -1032,6 +1064,12 @@ impl ReminderMachine {
         // Whether the silo that passed it on vouched (`via`) holds now only.
         let via = r.via.filter(|v| *v != r.from && *v != me);
         let r = Release { via: None, ..r };
+        // Kept as it came for a later ring: what it means there (a chain back to
+        // this silo, a later floor) is worked out again then, from what this silo
+        // knows by then. (Found by a seed: a release rewritten with the floor of
+        // an old release, before this silo's own release of the pieces existed,
+        // was kept so and freed a range it got back from a floor five ticks old.)
+        let original = r.clone();
         let r = self.newest(self.back_to_me(r));
         tracing::trace!(silo = %me, from = %r.from, at = r.at, pieces = r.pieces.len(), "release received");
         if r.from != me && !self.received.contains(&r) {
@@ -1103,7 +1141,7 @@ impl ReminderMachine {
             if self.early.len() == EARLY_RELEASES {
                 self.early.pop_front();
             }
-            self.early.push_back((received, r));
+            self.early.push_back((received, original));
         }
         freed
     }
@@ -1333,14 +1371,19 @@ impl ReminderMachine {
         self.out.push(Action::FinishLeave(releases));
     }
 
-    /// Sends `releases`, keeping them to send again on request.
-    fn send(&mut self, releases: Vec<(SiloAddress, Release)>) {
-        if releases.is_empty() {
-            return;
-        }
-        for (_, r) in &releases {
+    /// Keeps `releases` (about to be sent) to send again on request and as this
+    /// silo's own word on their pieces.
+    fn record_sent(&mut self, releases: &[(SiloAddress, Release)]) {
+        for (_, r) in releases {
             crate::handoff::remember(&mut self.sent, r.clone(), EARLY_RELEASES);
             crate::handoff::remember(&mut self.history, r.clone(), EARLY_RELEASES);
+        }
+    }
+
+    /// Sends `releases` already recorded ([`Self::record_sent`]).
+    fn emit(&mut self, releases: Vec<(SiloAddress, Release)>) {
+        if releases.is_empty() {
+            return;
         }
         let messages = releases
             .into_iter()
@@ -1456,16 +1499,25 @@ impl ReminderMachine {
         }
         // A gone silo's last release settles what it did not own at the end.
         let mut settled = false;
+        // (Every part of it received: a part forwarded or answered speaks only for
+        // its scope.)
         for silo in gone_at.keys() {
-            let last = self
+            let lasts: Vec<Release> = self
                 .received
                 .iter()
-                .rev()
-                .find(|r| r.from == *silo && r.last)
-                .cloned();
-            if let Some(last) = last {
-                let others: Vec<Release> = self.received.iter().cloned().collect();
-                settled |= self.holds.settle_with_last(&last, &others, self.me);
+                .filter(|r| r.from == *silo && r.last)
+                .cloned()
+                .collect();
+            if lasts.is_empty() {
+                continue;
+            }
+            let others: Vec<Release> = self.received.iter().cloned().collect();
+            let (log, ring, since, me) = (&self.ring_log, &self.ring, self.ring_since, self.me);
+            let third = |r: &Release, range: RingRange| {
+                owned_by_others_since(log, ring, since, r.at, range, &[r.from, *silo, me], r.to)
+            };
+            for last in lasts.iter().rev() {
+                settled |= self.holds.settle_with_last(last, &others, self.me, &third);
             }
         }
         let (changed, silent) = self.holds.expire(now, |s| gone_at.get(s).copied());
@@ -1916,6 +1968,61 @@ impl ReminderMachine {
                 .push(Action::SetTimer(Timer::WriteRetry, self.now.saturating_add(wait)));
         }
     }
+}
+
+/// Cuts every message of `messages` that is over [`MAX_HANDOFF_MESSAGE`] bytes
+/// into parts that are not (the transport refuses larger notice bodies, and a
+/// release never taken fails its range over after the hold timeout).
+fn fit_messages(messages: &mut Vec<(SiloAddress, HandoffMessage)>) {
+    if messages
+        .iter()
+        .all(|(_, m)| serde_json::to_vec(m).map_or(usize::MAX, |b| b.len()) <= MAX_HANDOFF_MESSAGE)
+    {
+        return;
+    }
+    *messages = std::mem::take(messages)
+        .into_iter()
+        .flat_map(|(to, m)| m.fit(MAX_HANDOFF_MESSAGE).into_iter().map(move |m| (to, m)))
+        .collect();
+}
+
+/// The parts of `range` a silo other than `allowed` (and `to`) owned in one of a
+/// silo's rings current after `at` (UTC ms): `log` (past rings with when each
+/// began, oldest first), then `ring`, current since `since`. There it may have
+/// delivered after a release made at `at`. (Found by a seed: a leaver's release
+/// settled a range ten seconds later for a gone joiner that had never owned it,
+/// although a silo that owned it meanwhile had delivered there and crashed: five
+/// ticks repeated.)
+fn owned_by_others_since(
+    log: &VecDeque<(Timestamp, Arc<Ring>)>,
+    ring: &Ring,
+    since: Timestamp,
+    at: u64,
+    range: RingRange,
+    allowed: &[SiloAddress],
+    to: Option<SiloAddress>,
+) -> Vec<RingRange> {
+    let at = Timestamp::from_millis(at);
+    let ends = log
+        .iter()
+        .skip(1)
+        .map(|(began, _)| *began)
+        .chain(std::iter::once(since));
+    let rings = log
+        .iter()
+        .zip(ends)
+        .filter(|(_, end)| *end > at)
+        .map(|((_, r), _)| &**r)
+        .chain(std::iter::once(ring));
+    let mut out = Vec::new();
+    for r in rings {
+        for (part, owner) in r.owners_within(range) {
+            if !allowed.contains(&owner) && Some(owner) != to {
+                out.push(part);
+            }
+        }
+    }
+    out
 }
 
 /// Splits `p` by the pieces of `over` (each with its release), in order: a part

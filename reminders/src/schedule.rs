@@ -170,10 +170,12 @@ pub enum AfterAttempt {
 ///   it is below `catch_up_to` (a handoff's catch-up delivers every occurrence owed
 ///   in turn, where a handler that overran skips them); a one-shot is removed; a
 ///   next tick past `now + loading_window` leaves the slot;
-/// - failed: retried at `retry_at` (the caller's jittered backoff), unless the next
-///   occurrence is due by then, which gives this one up (no burst of stale ticks);
-///   in a catch-up the next one is the occurrence right after `scheduled`, owed
-///   like the rest, not the first after `now`.
+/// - failed: retried at `retry_at` (the caller's jittered backoff), unless the
+///   occurrence right after `scheduled` is due by then, which gives this one up (no
+///   burst of stale ticks, and one failure costs at most the failed occurrence and
+///   the one its attempts overran); the tick planned then is the first occurrence
+///   after `now`, or in a catch-up the one right after `scheduled`, owed like the
+///   rest.
 pub fn after_attempt(
     entry: impl Into<Timing>,
     scheduled: Timestamp,
@@ -188,8 +190,15 @@ pub fn after_attempt(
     if !delivered {
         // (Found by a seed: a handler failed on the first tick of a handoff's
         // catch-up, and the owed ticks after it were skipped with it.)
-        return match after_delivery(timing, scheduled, done) {
-            Some(next) if next.due <= retry_at => AfterAttempt::GiveUp(next),
+        // The retry must come before the occurrence right after the failed one
+        // falls due; given up, the next tick is the first after `done` (the
+        // attempts overran the ones between). (Found by a seed: a retry of an
+        // occurrence was planned after the next one had passed, succeeded after
+        // the one after that too, and two occurrences went with one failure.)
+        return match after_delivery(timing, scheduled, scheduled) {
+            Some(following) if following.due <= retry_at => {
+                AfterAttempt::GiveUp(after_delivery(timing, scheduled, done).unwrap_or(following))
+            }
             _ => AfterAttempt::Retry(Planned {
                 scheduled,
                 due: retry_at,
@@ -264,6 +273,16 @@ mod tests {
             AfterAttempt::GiveUp(Planned {
                 scheduled: t(120),
                 due: t(120)
+            })
+        );
+        // A retry that failed after the next occurrence fell due (the attempt
+        // overran it) is given up for the first one after now, not retried up
+        // to the one after that: one failure costs at most two occurrences.
+        assert_eq!(
+            after_attempt(&e, t(60), t(121), false, none, window, t(170)),
+            AfterAttempt::GiveUp(Planned {
+                scheduled: t(180),
+                due: t(180)
             })
         );
         // A failure in a catch-up gives way to the occurrence right after it,

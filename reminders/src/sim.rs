@@ -190,6 +190,9 @@ pub struct World {
     pub failed: std::collections::BTreeSet<((String, String), Timestamp)>,
     /// Largest number of deliveries, writes and notice reads in flight on one silo.
     pub max_in_flight: (usize, usize, usize),
+    /// Messages the transport refused for their size (over
+    /// `MAX_NOTICE_BODY` bytes): lost, as on a real silo.
+    pub oversized: usize,
     /// Debugging: print (to stderr) every event and action whose text contains
     /// this string, with the virtual time and the silo (from the environment
     /// variable `ROLLCALL_SIM_WATCH` when set).
@@ -220,6 +223,7 @@ impl World {
             leaves: Vec::new(),
             failed: Default::default(),
             max_in_flight: (0, 0, 0),
+            oversized: 0,
             watch: std::env::var("ROLLCALL_SIM_WATCH").ok(),
         }
     }
@@ -382,15 +386,21 @@ impl World {
                 etag,
             },
         );
-        // Registered while a crashed silo that owns it is not yet declared Dead:
-        // it waits for the failover too.
+        // Registered while a crashed silo that owns it is not yet declared Dead,
+        // or while the registering silo's view still shows it Active (its notice
+        // goes to the crashed silo): it waits for the failover too.
         let points = self.cfg.options.ring_points_per_silo;
         let view_ring = Ring::of_active(&self.nodes[via].view, points);
         let hash = actor_hash(actor);
-        for c in self.crashes.iter_mut().filter(|c| c.declared.is_none()) {
+        for c in self.crashes.iter_mut() {
             let victim = self.nodes[c.silo].addr;
-            let ring = ring_among(&self.members, &c.members, points);
-            if ring.owner_of(hash) == Some(victim) || view_ring.owner_of(hash) == Some(victim) {
+            if c.declared.is_none() {
+                let ring = ring_among(&self.members, &c.members, points);
+                if ring.owner_of(hash) == Some(victim) {
+                    c.owned.insert((actor.to_owned(), name.to_owned()));
+                }
+            }
+            if view_ring.owner_of(hash) == Some(victim) {
                 c.owned.insert((actor.to_owned(), name.to_owned()));
             }
         }
@@ -452,6 +462,11 @@ impl World {
     /// does not run; returns its latency.
     fn message(&mut self, from: SiloAddress, to: SiloAddress, body: Vec<u8>, release: bool) -> u64 {
         let lat = 1 + self.rand(self.cfg.message_jitter);
+        // The transport refuses a body over its limit, as the real one does.
+        if body.len() > rollcall_membership_core::transport::MAX_NOTICE_BODY {
+            self.oversized += 1;
+            return lat;
+        }
         if let Some(j) = self.index_of(to).filter(|j| self.nodes[*j].machine.is_some()) {
             let batch = vec![Inbound::Message { from, body }];
             let event = if release {

@@ -48,19 +48,28 @@ enum Op {
     Outage(u64),
 }
 
+/// `Op::Register` in one line: actor, name, delay (ms), period (s).
+fn reg(actor: u8, name: u8, delay: u64, period: u64) -> Op {
+    Op::Register {
+        actor,
+        name,
+        delay,
+        period,
+    }
+}
+
+/// `Op::Unregister` in one line.
+fn unreg(actor: u8, name: u8) -> Op {
+    Op::Unregister { actor, name }
+}
+
 fn actor(a: u8) -> String {
     format!("sim/a{a}")
 }
 
 fn op(faults: bool) -> impl Strategy<Value = Op> {
-    let register =
-        (0u8..12, 0u8..2, 0u64..3000, 1u64..=2).prop_map(|(actor, name, delay, period)| Op::Register {
-            actor,
-            name,
-            delay,
-            period,
-        });
-    let unregister = (0u8..12, 0u8..2).prop_map(|(actor, name)| Op::Unregister { actor, name });
+    let register = (0u8..12, 0u8..2, 0u64..3000, 1u64..=2).prop_map(|(a, n, d, p)| reg(a, n, d, p));
+    let unregister = (0u8..12, 0u8..2).prop_map(|(a, n)| unreg(a, n));
     if faults {
         prop_oneof![
             3 => register,
@@ -134,6 +143,7 @@ fn run(seed: u64, cfg: Config, ops: &[(u64, Op)]) -> (World, u64) {
 }
 
 fn check_bounds(w: &World) {
+    assert_eq!(w.oversized, 0, "messages over the transport's size limit");
     let (d, wr, n) = w.max_in_flight;
     assert!(
         d <= MAX_DELIVERIES && wr <= MAX_WRITES && n <= MAX_NOTICE_READS,
@@ -181,6 +191,17 @@ fn lost_to_a_failed_handler(w: &World, r: &(String, String), t: Timestamp) -> bo
             .contains(&(r.clone(), Timestamp::from_millis(t.as_millis() - period)))
 }
 
+/// Asserts that every occurrence of the world of a schedule that ended at `end`
+/// was delivered, but those a failed handler explains.
+fn assert_lost_only_to_failed_handlers(w: &World, end: u64) {
+    let lost: Vec<_> = w
+        .missed(end + 30_000 - TAIL, SLACK)
+        .into_iter()
+        .filter(|(r, t)| !lost_to_a_failed_handler(w, r, *t))
+        .collect();
+    assert!(lost.is_empty(), "lost: {lost:?}");
+}
+
 #[test]
 fn a_fixed_graceful_schedule_delivers_every_occurrence_once() {
     let ops = vec![
@@ -188,17 +209,9 @@ fn a_fixed_graceful_schedule_delivers_every_occurrence_once() {
         (4000, Op::Leave(0)),
         (1500, Op::Join),
         (2000, Op::Leave(2)),
-        (
-            5000,
-            Op::Register {
-                actor: 11,
-                name: 1,
-                delay: 0,
-                period: 1,
-            },
-        ),
+        (5000, reg(11, 1, 0, 1)),
         (300, Op::Leave(1)),
-        (6000, Op::Unregister { actor: 3, name: 0 }),
+        (6000, unreg(3, 0)),
     ];
     let (w, end) = run(1, Config::default(), &ops);
     let dup = w.duplicates();
@@ -322,15 +335,7 @@ fn a_chain_of_two_joiners_keeps_the_floor_of_the_silo_that_delivered() {
 fn an_old_release_is_not_the_answer_for_a_range_that_moved_on() {
     let ops = vec![
         (2183, Op::Leave(15_507_254_076_904_455_043)),
-        (
-            4453,
-            Op::Register {
-                actor: 0,
-                name: 1,
-                delay: 0,
-                period: 1,
-            },
-        ),
+        (4453, reg(0, 1, 0, 1)),
         (764, Op::Crash(13_856_863_650_566_444_623)),
         (3784, Op::Join),
     ];
@@ -346,15 +351,7 @@ fn an_old_release_is_not_the_answer_for_a_range_that_moved_on() {
 fn a_chain_back_to_a_silo_starts_from_the_release_it_received() {
     let ops = vec![
         (2954, Op::Leave(5_594_129_122_179_634_562)),
-        (
-            3124,
-            Op::Register {
-                actor: 0,
-                name: 1,
-                delay: 1403,
-                period: 2,
-            },
-        ),
+        (3124, reg(0, 1, 1403, 2)),
         (1346, Op::Leave(0)),
         (939, Op::Leave(0)),
         (879, Op::Join),
@@ -375,29 +372,13 @@ fn a_chain_back_to_a_silo_starts_from_the_release_it_received() {
 fn a_release_received_before_the_chain_named_its_sender_still_frees_the_range() {
     let ops = vec![
         (4418, Op::Leave(5_594_129_122_179_634_562)),
-        (
-            3776,
-            Op::Register {
-                actor: 0,
-                name: 1,
-                delay: 1403,
-                period: 2,
-            },
-        ),
+        (3776, reg(0, 1, 1403, 2)),
         (3647, Op::Leave(7_981_317_974_460_458_204)),
         (880, Op::Leave(0)),
         (879, Op::Join),
         (5800, Op::Leave(1_545_796_543_862_021_786)),
         (200, Op::Join),
-        (
-            667,
-            Op::Register {
-                actor: 0,
-                name: 0,
-                delay: 0,
-                period: 1,
-            },
-        ),
+        (667, reg(0, 0, 0, 1)),
         (367, Op::Leave(0)),
     ];
     assert_once_each(12_167_970_949_514_807_013, &ops);
@@ -410,25 +391,9 @@ fn a_joiner_not_yet_in_the_view_is_not_taken_for_gone() {
     let ops = vec![
         (2861, Op::Join),
         (2401, Op::Leave(8_482_739_342_656_126_928)),
-        (
-            2962,
-            Op::Register {
-                actor: 9,
-                name: 0,
-                delay: 897,
-                period: 1,
-            },
-        ),
+        (2962, reg(9, 0, 897, 1)),
         (1738, Op::Join),
-        (
-            3613,
-            Op::Register {
-                actor: 2,
-                name: 0,
-                delay: 0,
-                period: 1,
-            },
-        ),
+        (3613, reg(2, 0, 0, 1)),
         (1225, Op::Join),
         (278, Op::Join),
     ];
@@ -443,15 +408,7 @@ fn a_leaver_absent_from_a_view_does_not_deliver_a_range_twice() {
         (1669, Op::Leave(5_252_363_320_572_642_997)),
         (5129, Op::Join),
         (4081, Op::Leave(824_352_221_837_442_919)),
-        (
-            1153,
-            Op::Register {
-                actor: 5,
-                name: 0,
-                delay: 787,
-                period: 2,
-            },
-        ),
+        (1153, reg(5, 0, 787, 2)),
         (2142, Op::Leave(2_076_131_072_523_692_399)),
         (3612, Op::Join),
         (1032, Op::Leave(2_140_289_795_495_383_164)),
@@ -466,15 +423,7 @@ fn an_occurrence_due_at_a_crash_is_not_delivered_twice() {
     let ops = vec![
         (2100, Op::Crash(16_935_587_393_976_658_070)),
         (1399, Op::Outage(2358)),
-        (
-            1857,
-            Op::Register {
-                actor: 0,
-                name: 0,
-                delay: 0,
-                period: 1,
-            },
-        ),
+        (1857, reg(0, 0, 0, 1)),
         (1944, Op::Join),
         (200, Op::Leave(503_572_354_960_967_360)),
     ];
@@ -489,24 +438,11 @@ fn two_quick_leaves_and_a_join_lose_nothing() {
     let ops = vec![
         (210, Op::Leave(14_050_947_624_754_628_059)),
         (318, Op::Leave(185_400_934_801_079_318)),
-        (
-            200,
-            Op::Register {
-                actor: 0,
-                name: 0,
-                delay: 0,
-                period: 1,
-            },
-        ),
+        (200, reg(0, 0, 0, 1)),
         (206, Op::Join),
     ];
     let (w, end) = assert_no_duplicate_with_faults(1_891_328_977_685_059_997, &ops);
-    let missed: Vec<_> = w
-        .missed(end + 30_000 - TAIL, SLACK)
-        .into_iter()
-        .filter(|(r, t)| !lost_to_a_failed_handler(&w, r, *t))
-        .collect();
-    assert!(missed.is_empty(), "missed: {missed:?}");
+    assert_lost_only_to_failed_handlers(&w, end);
 }
 
 /// A notice its owner never takes is sent 6 times, 500 ms apart; one the owner
@@ -541,49 +477,17 @@ fn a_notice_is_sent_again_until_taken_six_times_at_most() {
 #[test]
 fn an_old_release_does_not_settle_a_range_a_crashed_owner_delivered_since() {
     let ops = vec![
-        (1995, Op::Unregister { actor: 0, name: 1 }),
+        (1995, unreg(0, 1)),
         (758, Op::Leave(14_893_591_550_742_894_512)),
-        (1726, Op::Unregister { actor: 8, name: 0 }),
+        (1726, unreg(8, 0)),
         (949, Op::Join),
         (229, Op::Outage(5012)),
-        (
-            961,
-            Op::Register {
-                actor: 0,
-                name: 0,
-                delay: 0,
-                period: 1,
-            },
-        ),
-        (4245, Op::Unregister { actor: 8, name: 0 }),
-        (
-            5094,
-            Op::Register {
-                actor: 1,
-                name: 0,
-                delay: 0,
-                period: 2,
-            },
-        ),
+        (961, reg(0, 0, 0, 1)),
+        (4245, unreg(8, 0)),
+        (5094, reg(1, 0, 0, 2)),
         (3743, Op::Crash(898_006_118_707)),
-        (
-            349,
-            Op::Register {
-                actor: 2,
-                name: 1,
-                delay: 1367,
-                period: 2,
-            },
-        ),
-        (
-            4275,
-            Op::Register {
-                actor: 8,
-                name: 0,
-                delay: 733,
-                period: 2,
-            },
-        ),
+        (349, reg(2, 1, 1367, 2)),
+        (4275, reg(8, 0, 733, 2)),
         (1937, Op::Leave(5_407_087_247_571_000_569)),
     ];
     assert_no_duplicate_with_faults(13_028_759_906_655_512_632, &ops);
@@ -602,28 +506,12 @@ fn a_reminder_registered_while_its_range_waits_for_a_crashed_owner_keeps_its_fir
         (1956, Op::Crash(12_853_232_967_127_460_865)),
         (409, Op::Crash(1_507_290_585_291_314_339)),
         (569, Op::Leave(0)),
-        (
-            5854,
-            Op::Register {
-                actor: 8,
-                name: 0,
-                delay: 1607,
-                period: 1,
-            },
-        ),
+        (5854, reg(8, 0, 1607, 1)),
         (4344, Op::Join),
         (2368, Op::Crash(341_932_303_354_587_726)),
-        (2069, Op::Unregister { actor: 8, name: 1 }),
+        (2069, unreg(8, 1)),
         (3161, Op::Crash(18_014_488_880_167_578_397)),
-        (
-            4599,
-            Op::Register {
-                actor: 4,
-                name: 1,
-                delay: 53,
-                period: 2,
-            },
-        ),
+        (4599, reg(4, 1, 53, 2)),
     ];
     let (w, end) = assert_no_duplicate_with_faults(11_885_945_492_863_337_252, &ops);
     let r = (actor(4), "r1".to_owned());
@@ -653,15 +541,7 @@ fn three_leaves_around_an_outage() -> (u64, Vec<(u64, Op)>) {
     (
         2_541_171_392_648_112_584,
         vec![
-            (
-                4393,
-                Op::Register {
-                    actor: 11,
-                    name: 0,
-                    delay: 2307,
-                    period: 1,
-                },
-            ),
+            (4393, reg(11, 0, 2307, 1)),
             (4908, Op::Join),
             (999, Op::Leave(2_531_430_471_439_135_786)),
             (1192, Op::Leave(10_835_800_673_216_762_001)),
@@ -683,15 +563,7 @@ fn a_schedule_replays_the_same_ticks() {
             vec![
                 (3594, Op::Leave(3_824_191_959_266_605_691)),
                 (1419, Op::Crash(152_254_537_599_123_307)),
-                (
-                    491,
-                    Op::Register {
-                        actor: 0,
-                        name: 0,
-                        delay: 0,
-                        period: 1,
-                    },
-                ),
+                (491, reg(0, 0, 0, 1)),
                 (2897, Op::Join),
                 (200, Op::Leave(1_221_349_001_460_004_963)),
             ],
@@ -730,15 +602,7 @@ fn a_schedule_replays_the_same_ticks() {
 fn a_chain_back_to_a_silo_that_passed_the_pieces_on_waits_for_the_silo_they_went_to() {
     let ops = vec![
         (1543, Op::Leave(1_980_083_043_705_264_866)),
-        (
-            1879,
-            Op::Register {
-                actor: 2,
-                name: 1,
-                delay: 1850,
-                period: 1,
-            },
-        ),
+        (1879, reg(2, 1, 1850, 1)),
         (2978, Op::Crash(184_070_072_653_009_782)),
         (3432, Op::Outage(2769)),
         (1171, Op::Join),
@@ -746,12 +610,12 @@ fn a_chain_back_to_a_silo_that_passed_the_pieces_on_waits_for_the_silo_they_went
     ];
     assert_no_duplicate_with_faults(5_873_567_798_007_910_858, &ops);
     let ops = vec![
-        (3706, Op::Unregister { actor: 6, name: 0 }),
+        (3706, unreg(6, 0)),
         (3097, Op::Leave(5_201_955_609_799_601_228)),
         (1773, Op::Crash(0)),
-        (540, Op::Unregister { actor: 5, name: 0 }),
-        (1472, Op::Unregister { actor: 0, name: 1 }),
-        (1833, Op::Unregister { actor: 0, name: 0 }),
+        (540, unreg(5, 0)),
+        (1472, unreg(0, 1)),
+        (1833, unreg(0, 0)),
         (1903, Op::Join),
         (626, Op::Leave(8_885_677_633_239_221_939)),
     ];
@@ -772,15 +636,7 @@ fn a_range_handed_back_to_a_silo_that_had_left_is_settled_by_its_last_release() 
         (476, Op::Leave(4_176_904_940_786_254_589)),
         (602, Op::Leave(3_282_998_322_567_486_643)),
         (200, Op::Leave(0)),
-        (
-            200,
-            Op::Register {
-                actor: 0,
-                name: 0,
-                delay: 0,
-                period: 1,
-            },
-        ),
+        (200, reg(0, 0, 0, 1)),
     ];
     assert_once_each(10_195_061_564_203_189_536, &ops);
 }
@@ -801,55 +657,23 @@ fn a_release_passed_on_by_the_silo_a_joiner_waits_for_frees_the_joiner() {
         (1438, Op::Join),
         (4353, Op::Leave(4_772_707_906_474_243_108)),
         (3541, Op::Leave(11_563_196_878_891_397_546)),
-        (
-            217,
-            Op::Register {
-                actor: 3,
-                name: 1,
-                delay: 0,
-                period: 1,
-            },
-        ),
+        (217, reg(3, 1, 0, 1)),
         (465, Op::Join),
         (235, Op::Join),
     ];
     assert_once_each(4_699_716_576_329_897_336, &ops);
     let ops = vec![
         (1832, Op::Leave(7_353_257_286_093_661_284)),
-        (
-            569,
-            Op::Register {
-                actor: 2,
-                name: 0,
-                delay: 2488,
-                period: 2,
-            },
-        ),
+        (569, reg(2, 0, 2488, 2)),
         (681, Op::Join),
         (5252, Op::Join),
-        (
-            504,
-            Op::Register {
-                actor: 0,
-                name: 1,
-                delay: 2690,
-                period: 2,
-            },
-        ),
-        (
-            2364,
-            Op::Register {
-                actor: 0,
-                name: 0,
-                delay: 687,
-                period: 1,
-            },
-        ),
+        (504, reg(0, 1, 2690, 2)),
+        (2364, reg(0, 0, 687, 1)),
         (1167, Op::Join),
         (4519, Op::Join),
-        (387, Op::Unregister { actor: 1, name: 1 }),
+        (387, unreg(1, 1)),
         (2222, Op::Leave(6_452_476_633_314_007_418)),
-        (351, Op::Unregister { actor: 0, name: 0 }),
+        (351, unreg(0, 0)),
     ];
     assert_once_each(2_082_370_776_797_218_766, &ops);
 }
@@ -865,20 +689,12 @@ fn a_silo_that_held_the_pieces_does_not_vouch_for_a_release_it_passes_on() {
     let ops = vec![
         (1276, Op::Join),
         (4232, Op::Leave(9_966_689_131_773_802_929)),
-        (3071, Op::Unregister { actor: 2, name: 0 }),
-        (
-            4795,
-            Op::Register {
-                actor: 8,
-                name: 0,
-                delay: 1173,
-                period: 1,
-            },
-        ),
+        (3071, unreg(2, 0)),
+        (4795, reg(8, 0, 1173, 1)),
         (2640, Op::Join),
         (4495, Op::Join),
         (228, Op::Join),
-        (5481, Op::Unregister { actor: 0, name: 1 }),
+        (5481, unreg(0, 1)),
         (2785, Op::Leave(17_393_660_460_120_131_498)),
         (784, Op::Join),
         (349, Op::Join),
@@ -895,32 +711,11 @@ fn a_failed_tick_in_a_catch_up_does_not_skip_the_owed_ones_after_it() {
     let ops = vec![
         (3776, Op::Leave(8_647_168_414_802_639_692)),
         (883, Op::Leave(563_731_754_167_406_334)),
-        (
-            200,
-            Op::Register {
-                actor: 3,
-                name: 1,
-                delay: 0,
-                period: 1,
-            },
-        ),
-        (
-            1062,
-            Op::Register {
-                actor: 0,
-                name: 0,
-                delay: 0,
-                period: 1,
-            },
-        ),
+        (200, reg(3, 1, 0, 1)),
+        (1062, reg(0, 0, 0, 1)),
     ];
     let (w, end) = assert_no_duplicate_with_faults(17_726_044_455_331_051_263, &ops);
-    let lost: Vec<_> = w
-        .missed(end + 30_000 - TAIL, SLACK)
-        .into_iter()
-        .filter(|(r, t)| !lost_to_a_failed_handler(&w, r, *t))
-        .collect();
-    assert!(lost.is_empty(), "lost: {lost:?}");
+    assert_lost_only_to_failed_handlers(&w, end);
 }
 
 /// Found by a random seed (`PROPTEST_RNG_SEED=861`): three joins 200-500 ms
@@ -935,27 +730,150 @@ fn a_chain_of_joiners_keeps_the_floor_of_the_silo_that_delivered_last() {
     let ops = vec![
         (2429, Op::Join),
         (1378, Op::Join),
-        (
-            404,
-            Op::Register {
-                actor: 3,
-                name: 0,
-                delay: 146,
-                period: 1,
-            },
-        ),
-        (
-            5086,
-            Op::Register {
-                actor: 10,
-                name: 0,
-                delay: 250,
-                period: 1,
-            },
-        ),
+        (404, reg(3, 0, 146, 1)),
+        (5086, reg(10, 0, 250, 1)),
         (1921, Op::Join),
         (215, Op::Join),
         (482, Op::Join),
     ];
     assert_once_each(13_204_742_025_454_080_846, &ops);
+}
+
+/// Found by a random seed (`PROPTEST_RNG_SEED=1281`): a joiner held a range
+/// whose previous owner's chain named a leaver; the leaver's last release
+/// reached it only in the part a third silo forwarded (cut to what the joiner
+/// owned in that silo's view), and that part was read as the whole: "the leaver
+/// did not own the range at the end", settled with an older release, and five
+/// ticks the leaver had delivered were repeated. A cut release now carries the
+/// hashes it speaks for (`Release::scope`), and settles nothing outside them.
+#[test]
+fn a_forwarded_part_of_a_last_release_settles_only_what_it_speaks_for() {
+    let ops = vec![
+        (1289, reg(8, 0, 0, 2)),
+        (3405, Op::Join),
+        (4422, Op::Leave(2_268_921_598_413_351_388)),
+        (1584, Op::Leave(1_802_421_898_747_388_774)),
+        (403, Op::Join),
+        (297, Op::Join),
+    ];
+    assert_once_each(12_293_132_276_248_700_641, &ops);
+}
+
+/// Found by a random seed (`PROPTEST_RNG_SEED=794`): a handler failed twice on
+/// one occurrence; the second retry was planned after the next occurrence had
+/// passed and succeeded after the one after that, so one failure cost three
+/// occurrences. A retry must come before the occurrence right after the failed
+/// one; otherwise the failed one is given up at once.
+#[test]
+fn a_failed_occurrence_costs_at_most_the_next_one() {
+    let ops = vec![
+        (2033, reg(1, 1, 667, 2)),
+        (3366, reg(0, 1, 2, 1)),
+        (4367, reg(2, 0, 304, 1)),
+        (2866, unreg(2, 1)),
+        (5408, unreg(2, 0)),
+    ];
+    let (w, end) = assert_no_duplicate_with_faults(5_813_684_837_905_708_792, &ops);
+    assert!(!w.failed.is_empty(), "the schedule lets a handler fail");
+    assert_lost_only_to_failed_handlers(&w, end);
+}
+
+/// Found by random seeds (`PROPTEST_RNG_SEED=824` twice, with two schedules):
+/// joins and a joiner that left 200 ms after joining. A silo held a range
+/// waiting for its previous owner, handed it to the joiner, got it back when
+/// the joiner left, and the joiner's last release named it (a chain back to
+/// it). Two things made it start from a floor five ticks old, taken from a
+/// leaver's release another silo had passed on 10 s before: a release kept for
+/// a later ring was kept as rewritten then (before this silo's own release of
+/// the range existed), and a chain back to a silo took that older floor over
+/// the later one the chain carried. Kept releases are kept as they came; a
+/// silo's releases of what it lost are its word before the kept ones are read
+/// again; the later of two floors wins.
+#[test]
+fn a_chain_back_to_a_silo_does_not_start_from_an_older_floor() {
+    let ops = vec![
+        (5489, unreg(2, 0)),
+        (2953, Op::Join),
+        (5577, Op::Join),
+        (867, Op::Leave(1_170_052_857_166_505_960)),
+        (907, Op::Leave(13_467_892_891_419_186_673)),
+        (5058, Op::Join),
+        (383, Op::Join),
+        (4267, Op::Join),
+        (521, Op::Join),
+        (246, Op::Leave(18_315_139_448_342_969_273)),
+    ];
+    assert_once_each(7_375_634_071_040_886_671, &ops);
+    let ops = vec![
+        (4176, unreg(2, 0)),
+        (3589, Op::Join),
+        (5587, Op::Join),
+        (867, Op::Leave(1_170_052_857_166_505_960)),
+        (907, Op::Leave(13_467_892_891_419_186_673)),
+        (5214, Op::Join),
+        (370, Op::Join),
+        (4336, Op::Join),
+        (627, Op::Join),
+        (200, Op::Leave(18_315_139_448_342_969_273)),
+    ];
+    assert_once_each(7_379_701_938_916_857_996, &ops);
+}
+
+/// Found by a random seed (`PROPTEST_RNG_SEED=1158`): a joiner forwarded a
+/// leaver's release to the owner in its view and left ten seconds later; a
+/// silo that then held the range waiting for the joiner settled it with that
+/// release (the joiner's last release did not cover it), although the silo
+/// that owned the range meanwhile had delivered there and crashed: five ticks
+/// repeated. A release settles nothing where a third silo owned the range in
+/// one of the settling silo's rings since the release (it may have delivered
+/// there): the range fails over.
+#[test]
+fn a_release_does_not_settle_a_range_a_third_silo_owned_since() {
+    let ops = vec![
+        (2326, Op::Join),
+        (1956, Op::Leave(2_024_465_920_100_966_728)),
+        (4238, Op::Crash(6_751_273_445_204_059_254)),
+        (5680, Op::Leave(3_225_926_335_662_371_347)),
+    ];
+    assert_no_duplicate_with_faults(17_274_542_498_788_633_923, &ops);
+}
+
+/// Found by a random seed (`PROPTEST_RNG_SEED=923`), a gap in the world's
+/// bookkeeping, not in the machine: a reminder registered 20 ms after a crashed
+/// owner was declared Dead, through a silo whose view still showed it Active,
+/// waits for the failover like one registered before (its notice went to the
+/// crashed silo, and the silo that sent it left). Its first tick, lost in the
+/// failover window, counts as the crash's.
+#[test]
+fn a_reminder_registered_through_a_view_that_shows_the_crashed_owner_is_its() {
+    let ops = vec![
+        (3504, reg(0, 1, 562, 2)),
+        (996, Op::Crash(2_106_162_678_088_179_864)),
+        (3493, Op::Leave(8_187_812_741_429_047_135)),
+        (200, reg(8, 1, 0, 1)),
+        (255, Op::Join),
+        (452, Op::Leave(2_481_041_817_551_677_538)),
+    ];
+    let (w, _) = assert_no_duplicate_with_faults(3_996_221_161_796_208_965, &ops);
+    let r = (actor(8), "r1".to_owned());
+    assert!(
+        w.crashes.iter().any(|c| c.owned.contains(&r)),
+        "{r:?} was registered into the crashed silo's range"
+    );
+}
+
+/// Found by seed 307 of the sweep, against a first fix of the case above that
+/// excluded every release a gone silo had forwarded: three leaves 200-300 ms
+/// apart around a registration. There the forwarded release is the last word on
+/// the range (no third silo owned it since) and must settle it, or the first
+/// ticks are lost.
+#[test]
+fn a_release_a_gone_silo_forwarded_settles_a_range_nobody_else_owned_since() {
+    let ops = vec![
+        (228, Op::Leave(1_517_526_857_360_749_751)),
+        (283, Op::Leave(5_399_343_353_076_823_922)),
+        (200, reg(0, 0, 0, 1)),
+        (200, Op::Leave(0)),
+    ];
+    assert_once_each(241_195_703_926_664_731, &ops);
 }
