@@ -123,6 +123,21 @@ pub struct Floor {
     pub next: u64,
 }
 
+/// A registration a silo learned from its notice while the piece it lies in was
+/// held (its first tick not delivered by anyone this silo knows of): passed on
+/// with a held piece, so that the failover that frees the piece in the end
+/// plans it as learned from the notice (the late first tick at once) rather than
+/// as a load does.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Noticed {
+    /// The actor id (`kind/key`).
+    pub actor: String,
+    /// The reminder name.
+    pub name: String,
+    /// The registration (etag) the notice was for.
+    pub etag: String,
+}
+
 /// One released piece of the ring and the floor of the reminders of it that
 /// [`Release::floors`] does not name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -183,6 +198,9 @@ pub struct Release {
     /// the end only within its scope (rule 5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<Vec<RingRange>>,
+    /// Registrations of its held pieces its sender learned from their notices.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub noticed: Vec<Noticed>,
 }
 
 /// "Send me what you know of these pieces' releases": sent by a silo whose holds
@@ -287,10 +305,21 @@ impl Release {
             })
             .cloned()
             .collect();
+        let inside = |actor: &str| {
+            let h = rollcall_membership_core::actor_hash(actor);
+            region.iter().any(|k| k.contains(h))
+        };
+        let noticed = self
+            .noticed
+            .iter()
+            .filter(|n| inside(&n.actor))
+            .cloned()
+            .collect();
         Some(Release {
             pieces,
             floors,
             scope,
+            noticed,
             ..self.clone()
         })
     }
@@ -340,7 +369,9 @@ impl Release {
         let mut hashes: Vec<u32> = self
             .floors
             .iter()
-            .map(|f| rollcall_membership_core::actor_hash(&f.actor))
+            .map(|f| &f.actor)
+            .chain(self.noticed.iter().map(|n| &n.actor))
+            .map(|actor| rollcall_membership_core::actor_hash(actor))
             .filter(|h| piece.contains(*h))
             .collect();
         // In ring order from the piece's begin.
@@ -500,6 +531,7 @@ pub fn answer(
             to: Some(asker),
             via: None,
             scope: None,
+            noticed: Vec::new(),
         });
     }
     again
@@ -1200,6 +1232,7 @@ mod tests {
             to: Some(j),
             via: None,
             scope: None,
+            noticed: Vec::new(),
         };
         assert!(holds.released(&release, j));
         assert_eq!(holds.start_of(h, "c/1", "r", "e1"), Start::From(t(1_100)));
@@ -1256,6 +1289,7 @@ mod tests {
             to,
             via: None,
             scope: None,
+            noticed: Vec::new(),
         }
     }
 

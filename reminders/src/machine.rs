@@ -53,7 +53,8 @@ use smol_str::SmolStr;
 
 use crate::api::{ActorId, Counters, ReminderError, ReminderTick};
 use crate::handoff::{
-    Custody, Floor, HandoffMessage, Holds, Release, ReleaseRequest, ReleasedPiece, Start, REQUEST_AFTER,
+    Custody, Floor, HandoffMessage, Holds, Noticed, Release, ReleaseRequest, ReleasedPiece, Start,
+    REQUEST_AFTER,
 };
 pub use crate::queue::Key;
 use crate::queue::{key_of, Queue};
@@ -93,6 +94,9 @@ pub const MAX_HANDOFF_MESSAGE: usize = rollcall_membership_core::transport::MAX_
 /// settles nothing where a third silo owned the piece in one of them since the
 /// release used to settle it (rule 9 of [`crate::handoff`]).
 pub const RING_LOG: usize = 8;
+/// Registrations learned from notices of held pieces that a silo keeps from the
+/// releases it received ([`crate::handoff::Noticed`]).
+pub const MAX_NOTICED: usize = 1024;
 /// How often waiting holds are looked at (expiry, requests): 100 ms.
 pub const HOLD_CHECK: Duration = Duration::from_millis(100);
 /// How long a graceful leave waits for the deliveries in flight before it releases
@@ -488,6 +492,11 @@ pub struct ReminderMachine {
     /// oldest first; `ring` began at `ring_since`.
     ring_log: VecDeque<(Timestamp, Arc<Ring>)>,
     ring_since: Timestamp,
+    /// Registrations of held pieces learned from their notices by the silos
+    /// that passed the pieces on (`Release::noticed`), by key, with their etag;
+    /// at most [`MAX_NOTICED`], the oldest dropped first.
+    noticed_keys: BTreeMap<(String, String), String>,
+    noticed_order: VecDeque<(String, String)>,
     /// The releases received last (from other silos), to pass on on request.
     received: VecDeque<Release>,
     /// The releases sent last, to send again on request, less what this silo
@@ -551,6 +560,8 @@ impl ReminderMachine {
             prev_ring: Arc::new(Ring::default()),
             ring_log: VecDeque::new(),
             ring_since: Timestamp::from_millis(0),
+            noticed_keys: BTreeMap::new(),
+            noticed_order: VecDeque::new(),
             received: VecDeque::new(),
             sent: VecDeque::new(),
             history: VecDeque::new(),
@@ -925,8 +936,13 @@ impl ReminderMachine {
             .start_of(row.hash, &row.actor_id, &row.name, row.etag.as_str());
         // A registration learned from its notice and not delivered since stays
         // learned that way when a load reads it again.
+        let passed_on = self
+            .noticed_keys
+            .get(&(row.actor_id.clone(), row.name.clone()))
+            .is_some_and(|e| *e == row.etag.as_str());
         let learned = match self.queue.get(&key) {
             Some(slot) if slot.noticed && slot.etag == row.etag.as_str() => Learned::Notice,
+            _ if passed_on => Learned::Notice,
             _ => learned,
         };
         let Some(mut next) = planned(Timing::from(&row), now, learned, start) else {
@@ -987,6 +1003,7 @@ impl ReminderMachine {
                 to: Some(*to),
                 via: None,
                 scope: None,
+                noticed: Vec::new(),
             });
             for (piece, custody) in self.holds.custody(*range) {
                 let (floor, waiting_for) = match custody {
@@ -1004,11 +1021,38 @@ impl ReminderMachine {
                 });
             }
         }
+        // Registrations learned from their notices in pieces still held pass on
+        // with them. (Found by a seed: a reminder registered just before two
+        // graceful leaves was read from its notice by a silo that held its
+        // range, which then passed the range on; the failover that freed it in
+        // the end skipped the first tick, due during the hold.)
+        let mut noticed: BTreeMap<SiloAddress, Vec<Noticed>> = BTreeMap::new();
+        for ((actor, name), etag) in &self.noticed_keys {
+            let h = actor_hash(actor);
+            if let Some((_, to)) = lost.iter().find(|(r, _)| r.contains(h)) {
+                noticed.entry(*to).or_default().push(Noticed {
+                    actor: actor.clone(),
+                    name: name.clone(),
+                    etag: etag.clone(),
+                });
+            }
+        }
         for slot in self.queue.iter() {
             let Some((_, to)) = lost.iter().find(|(r, _)| r.contains(slot.hash)) else {
                 continue;
             };
             if slot.held {
+                if slot.noticed {
+                    let n = Noticed {
+                        actor: slot.key.actor().to_owned(),
+                        name: slot.key.name().to_owned(),
+                        etag: slot.etag.to_string(),
+                    };
+                    let list = noticed.entry(*to).or_default();
+                    if !list.contains(&n) {
+                        list.push(n);
+                    }
+                }
                 continue;
             }
             // The first occurrence not delivered: a running delivery covers its own.
@@ -1027,6 +1071,20 @@ impl ReminderMachine {
                         next,
                     });
                 }
+            }
+        }
+        for (to, list) in noticed {
+            if let Some(r) = by_owner.get_mut(&to) {
+                let held: Vec<RingRange> = r
+                    .pieces
+                    .iter()
+                    .filter(|p| p.waiting_for.is_some())
+                    .map(|p| p.range)
+                    .collect();
+                r.noticed.extend(
+                    list.into_iter()
+                        .filter(|n| held.iter().any(|p| p.contains(actor_hash(&n.actor)))),
+                );
             }
         }
         // The per-reminder floors inherited over those pieces pass on too, for
@@ -1070,6 +1128,7 @@ impl ReminderMachine {
         // an old release, before this silo's own release of the pieces existed,
         // was kept so and freed a range it got back from a floor five ticks old.)
         let original = r.clone();
+        self.take_noticed(&r.noticed);
         let r = self.newest(self.back_to_me(r));
         tracing::trace!(silo = %me, from = %r.from, at = r.at, pieces = r.pieces.len(), "release received");
         if r.from != me && !self.received.contains(&r) {
@@ -1369,6 +1428,32 @@ impl ReminderMachine {
         self.queue.retain(|_| false);
         tracing::debug!(silo = %me, releases = releases.len(), "leaving: reminder ranges released");
         self.out.push(Action::FinishLeave(releases));
+    }
+
+    /// Keeps the registrations a release passed on as learned from their notices
+    /// (at most [`MAX_NOTICED`]), and marks their slots so.
+    fn take_noticed(&mut self, noticed: &[Noticed]) {
+        for n in noticed {
+            let key = (n.actor.clone(), n.name.clone());
+            if self.noticed_keys.insert(key.clone(), n.etag.clone()).is_none() {
+                self.noticed_order.push_back(key);
+            }
+            while self.noticed_keys.len() > MAX_NOTICED {
+                match self.noticed_order.pop_front() {
+                    Some(old) => {
+                        self.noticed_keys.remove(&old);
+                    }
+                    None => break,
+                }
+            }
+            if let Some(slot) = self
+                .queue
+                .get_mut(&Key::new(&n.actor, &n.name))
+                .filter(|s| s.etag == n.etag.as_str())
+            {
+                slot.noticed = true;
+            }
+        }
     }
 
     /// Keeps `releases` (about to be sent) to send again on request and as this
@@ -1864,6 +1949,8 @@ impl ReminderMachine {
         };
         slot.attempts = 0;
         slot.noticed = false;
+        self.noticed_keys
+            .remove(&(key.actor().to_owned(), key.name().to_owned()));
         let etag = Etag::new(etag.as_str());
         if slot.policy == MissedTickPolicy::FireOnce {
             slot.last_fired = now;
