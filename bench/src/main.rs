@@ -331,7 +331,19 @@ impl Reports {
             .json
             .clone()
             .unwrap_or_else(|| workspace_file("benchmarks.json"));
-        set_section(&out, heading, body)?;
+        // Each section says when and at which commit it was measured: sections
+        // are rerun one at a time, and the header's commit is T1's.
+        let at: std::collections::BTreeMap<String, String> = provenance().into_iter().collect();
+        let line = format!(
+            "Measured at commit {} on {} UTC.",
+            at.get("commit").map_or("unknown", String::as_str),
+            at.get("date (UTC)").map_or("unknown", String::as_str)
+        );
+        let body = match body.split_once('\n') {
+            Some((title, rest)) => format!("{title}\n\n{line}\n{rest}"),
+            None => format!("{body}\n\n{line}\n"),
+        };
+        set_section(&out, heading, &body)?;
         set_json_key(&json, key, value)?;
         eprintln!("updated {} and {}", out.display(), json.display());
         Ok(())

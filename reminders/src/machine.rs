@@ -1405,6 +1405,7 @@ impl ReminderMachine {
                 Some(a) => {
                     a.pieces.extend(r.pieces);
                     a.floors.extend(r.floors);
+                    a.noticed.extend(r.noticed);
                 }
             }
         }
@@ -1602,7 +1603,7 @@ impl ReminderMachine {
                 owned_by_others_since(log, ring, since, r.at, range, &[r.from, *silo, me], r.to)
             };
             for last in lasts.iter().rev() {
-                settled |= self.holds.settle_with_last(last, &others, self.me, &third);
+                settled |= self.holds.settle_with_last(last, &others, self.me, third);
             }
         }
         let (changed, silent) = self.holds.expire(now, |s| gone_at.get(s).copied());

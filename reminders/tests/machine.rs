@@ -895,4 +895,14 @@ fn a_registration_noticed_in_a_held_range_keeps_its_first_tick_when_passed_on() 
     ];
     let (w, end) = assert_no_duplicate_with_faults(8_038_981_694_034_883_705, &ops);
     assert_lost_only_to_failed_handlers(&w, end);
+    // The same seed once the mark travelled: a leaver's last release dropped
+    // the marks of every range but the first it merged.
+    let ops = vec![
+        (217, Op::Leave(7_466_837_871_500_849_434)),
+        (202, Op::Join),
+        (213, Op::Leave(5_149_779_919_530_780_886)),
+        (200, reg(0, 1, 0, 1)),
+    ];
+    let (w, end) = assert_no_duplicate_with_faults(8_038_981_694_034_883_705, &ops);
+    assert_lost_only_to_failed_handlers(&w, end);
 }
