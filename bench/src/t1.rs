@@ -816,7 +816,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let md = report(&cells, &args.clients, args.rounds, args.seconds);
     let (header, section) = md.split_at(md.find("\n## T1").map_or(0, |i| i + 1));
     crate::set_header(&out, header)?;
-    crate::set_section(&out, "## T1:", &format!("{}\n", section.trim_end()))?;
+    crate::set_section(&out, "## T1", &format!("{}\n", section.trim_end()))?;
     crate::set_json_key(
         &json,
         "provenance",
