@@ -1467,18 +1467,7 @@ mod tests {
     #[test]
     fn a_last_release_settles_only_the_hashes_it_speaks_for() {
         let (g, o, me) = (silo(1), silo(2), silo(3));
-        let waiting = |holds: &mut Holds| {
-            holds.holds.push(Hold {
-                range: r(0, 100),
-                from: g,
-                since: t(0),
-                epoch: 0,
-                loaded: false,
-                state: HoldState::Waiting,
-                visited: Vec::new(),
-                fallback: None,
-            });
-        };
+        let waiting = |holds: &mut Holds| holds.holds.push(waiting_hold(r(0, 100), g));
         // Another silo's release of the range, made shortly before the gone
         // silo's last one (which does not name the range).
         let other = release(o, None, &[r(0, 100)]);
@@ -1503,20 +1492,25 @@ mod tests {
         assert_eq!(holds.start_of(50, "c/1", "r", "x"), Start::Held);
     }
 
-    #[test]
-    fn custody_splits_a_range_by_the_holds_over_it() {
-        let (a, b) = (silo(1), silo(2));
-        let mut holds = Holds::default();
-        holds.holds.push(Hold {
-            range: r(100, 200),
-            from: a,
+    /// A hold of `range` waiting for `from` since time 0.
+    fn waiting_hold(range: RingRange, from: SiloAddress) -> Hold {
+        Hold {
+            range,
+            from,
             since: t(0),
             epoch: 0,
             loaded: false,
             state: HoldState::Waiting,
             visited: Vec::new(),
             fallback: None,
-        });
+        }
+    }
+
+    #[test]
+    fn custody_splits_a_range_by_the_holds_over_it() {
+        let (a, b) = (silo(1), silo(2));
+        let mut holds = Holds::default();
+        holds.holds.push(waiting_hold(r(100, 200), a));
         holds.holds.push(Hold {
             range: r(150, 300),
             from: b,
