@@ -269,6 +269,9 @@ impl HandoffMessage {
     }
 }
 
+/// Every hash of the ring (`(x, x]` is the whole ring).
+const WHOLE_RING: RingRange = RingRange { begin: 0, end: 0 };
+
 /// How long a hold waits before asking its previous owner to send its release
 /// again, and between two such requests. 500 ms.
 pub const REQUEST_AFTER: Duration = Duration::from_millis(500);
@@ -298,19 +301,11 @@ impl Release {
                 .flat_map(|a| region.iter().flat_map(move |b| intersect(*a, *b)))
                 .collect(),
         });
-        let floors = self
-            .floors
-            .iter()
-            .filter(|f| {
-                let h = rollcall_membership_core::actor_hash(&f.actor);
-                region.iter().any(|k| k.contains(h))
-            })
-            .cloned()
-            .collect();
         let inside = |actor: &str| {
             let h = rollcall_membership_core::actor_hash(actor);
             region.iter().any(|k| k.contains(h))
         };
+        let floors = self.floors.iter().filter(|f| inside(&f.actor)).cloned().collect();
         let noticed = self
             .noticed
             .iter()
@@ -387,7 +382,7 @@ impl Release {
 
     /// This release without the hashes of `cut`; `None` if nothing is left.
     pub fn without(&self, cut: &[RingRange]) -> Option<Release> {
-        self.cut(&subtract(RingRange { begin: 0, end: 0 }, cut))
+        self.cut(&subtract(WHOLE_RING, cut))
     }
 
     /// This release cut down to the hashes of `keep`, as a fresh message (no hops);
@@ -1057,7 +1052,7 @@ impl Holds {
         // part of the last release).
         let mut taken: Vec<RingRange> = last.pieces.iter().map(|p| p.range).collect();
         if let Some(scope) = &last.scope {
-            taken.extend(subtract(RingRange { begin: 0, end: 0 }, scope));
+            taken.extend(subtract(WHOLE_RING, scope));
         }
         let oldest = last.at.saturating_sub(duration_millis(HANDOFF_TIMEOUT));
         let mut sorted: Vec<&Release> = others

@@ -494,9 +494,8 @@ pub struct ReminderMachine {
     ring_since: Timestamp,
     /// Registrations of held pieces learned from their notices by the silos
     /// that passed the pieces on (`Release::noticed`), by key, with their etag;
-    /// at most [`MAX_NOTICED`], the oldest dropped first.
-    noticed_keys: BTreeMap<(String, String), String>,
-    noticed_order: VecDeque<(String, String)>,
+    /// at most [`MAX_NOTICED`] (beyond, the lowest keys go).
+    noticed_keys: BTreeMap<Key, String>,
     /// The releases received last (from other silos), to pass on on request.
     received: VecDeque<Release>,
     /// The releases sent last, to send again on request, less what this silo
@@ -561,7 +560,6 @@ impl ReminderMachine {
             ring_log: VecDeque::new(),
             ring_since: Timestamp::from_millis(0),
             noticed_keys: BTreeMap::new(),
-            noticed_order: VecDeque::new(),
             received: VecDeque::new(),
             sent: VecDeque::new(),
             history: VecDeque::new(),
@@ -938,7 +936,7 @@ impl ReminderMachine {
         // learned that way when a load reads it again.
         let passed_on = self
             .noticed_keys
-            .get(&(row.actor_id.clone(), row.name.clone()))
+            .get(&key)
             .is_some_and(|e| *e == row.etag.as_str());
         let learned = match self.queue.get(&key) {
             Some(slot) if slot.noticed && slot.etag == row.etag.as_str() => Learned::Notice,
@@ -1027,12 +1025,12 @@ impl ReminderMachine {
         // range, which then passed the range on; the failover that freed it in
         // the end skipped the first tick, due during the hold.)
         let mut noticed: BTreeMap<SiloAddress, Vec<Noticed>> = BTreeMap::new();
-        for ((actor, name), etag) in &self.noticed_keys {
-            let h = actor_hash(actor);
+        for (key, etag) in &self.noticed_keys {
+            let h = actor_hash(key.actor());
             if let Some((_, to)) = lost.iter().find(|(r, _)| r.contains(h)) {
                 noticed.entry(*to).or_default().push(Noticed {
-                    actor: actor.clone(),
-                    name: name.clone(),
+                    actor: key.actor().to_owned(),
+                    name: key.name().to_owned(),
                     etag: etag.clone(),
                 });
             }
@@ -1435,24 +1433,13 @@ impl ReminderMachine {
     /// (at most [`MAX_NOTICED`]), and marks their slots so.
     fn take_noticed(&mut self, noticed: &[Noticed]) {
         for n in noticed {
-            let key = (n.actor.clone(), n.name.clone());
-            if self.noticed_keys.insert(key.clone(), n.etag.clone()).is_none() {
-                self.noticed_order.push_back(key);
-            }
-            while self.noticed_keys.len() > MAX_NOTICED {
-                match self.noticed_order.pop_front() {
-                    Some(old) => {
-                        self.noticed_keys.remove(&old);
-                    }
-                    None => break,
-                }
-            }
-            if let Some(slot) = self
-                .queue
-                .get_mut(&Key::new(&n.actor, &n.name))
-                .filter(|s| s.etag == n.etag.as_str())
-            {
+            let key = Key::new(&n.actor, &n.name);
+            if let Some(slot) = self.queue.get_mut(&key).filter(|s| s.etag == n.etag.as_str()) {
                 slot.noticed = true;
+            }
+            self.noticed_keys.insert(key, n.etag.clone());
+            if self.noticed_keys.len() > MAX_NOTICED {
+                self.noticed_keys.pop_first();
             }
         }
     }
@@ -1587,6 +1574,7 @@ impl ReminderMachine {
         let mut settled = false;
         // (Every part of it received: a part forwarded or answered speaks only for
         // its scope.)
+        let mut others: Option<Vec<Release>> = None;
         for silo in gone_at.keys() {
             let lasts: Vec<Release> = self
                 .received
@@ -1597,13 +1585,13 @@ impl ReminderMachine {
             if lasts.is_empty() {
                 continue;
             }
-            let others: Vec<Release> = self.received.iter().cloned().collect();
+            let others = others.get_or_insert_with(|| self.received.iter().cloned().collect::<Vec<_>>());
             let (log, ring, since, me) = (&self.ring_log, &self.ring, self.ring_since, self.me);
             let third = |r: &Release, range: RingRange| {
                 owned_by_others_since(log, ring, since, r.at, range, &[r.from, *silo, me], r.to)
             };
             for last in lasts.iter().rev() {
-                settled |= self.holds.settle_with_last(last, &others, self.me, third);
+                settled |= self.holds.settle_with_last(last, others, self.me, third);
             }
         }
         let (changed, silent) = self.holds.expire(now, |s| gone_at.get(s).copied());
@@ -1950,8 +1938,7 @@ impl ReminderMachine {
         };
         slot.attempts = 0;
         slot.noticed = false;
-        self.noticed_keys
-            .remove(&(key.actor().to_owned(), key.name().to_owned()));
+        self.noticed_keys.remove(key);
         let etag = Etag::new(etag.as_str());
         if slot.policy == MissedTickPolicy::FireOnce {
             slot.last_fired = now;
@@ -2062,12 +2049,6 @@ impl ReminderMachine {
 /// into parts that are not (the transport refuses larger notice bodies, and a
 /// release never taken fails its range over after the hold timeout).
 fn fit_messages(messages: &mut Vec<(SiloAddress, HandoffMessage)>) {
-    if messages
-        .iter()
-        .all(|(_, m)| serde_json::to_vec(m).map_or(usize::MAX, |b| b.len()) <= MAX_HANDOFF_MESSAGE)
-    {
-        return;
-    }
     *messages = std::mem::take(messages)
         .into_iter()
         .flat_map(|(to, m)| m.fit(MAX_HANDOFF_MESSAGE).into_iter().map(move |m| (to, m)))
