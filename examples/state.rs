@@ -48,13 +48,19 @@ impl Handler<Add> for Cart {
     type Result = ResponseActFuture<Self, rollcall::Result<usize>>;
 
     fn handle(&mut self, Add(item): Add, _: &mut Context<Self>) -> Self::Result {
-        let n = {
-            let mut s = self.state.state_mut();
-            s.items.push(item);
-            s.items.len()
-        };
         let state = self.state.clone();
-        Box::pin(async move { state.write().await.map(|_| n) }.into_actor(self))
+        // Read, apply, write; on a conflict read again and apply again.
+        Box::pin(
+            async move {
+                state
+                    .update(move |s| {
+                        s.items.push(item.clone());
+                        s.items.len()
+                    })
+                    .await
+            }
+            .into_actor(self),
+        )
     }
 }
 

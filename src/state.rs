@@ -1,58 +1,70 @@
 //! Actor state that survives its silo: Orleans' grain state for actix actors.
 //!
 //! [`PersistentState<T>`] holds one named state of one actor: `load` it (in
-//! `started`), read and change it with [`state`](PersistentState::state) and
-//! [`state_mut`](PersistentState::state_mut), [`write`](PersistentState::write)
-//! it, [`clear`](PersistentState::clear) it. Under it is the store's grain-state
-//! table ([`SystemStore::state_table`](crate::SystemStore::state_table)) through
-//! a [`StateStorage`]: an etag per write, chunks for large states, an envelope
-//! that turns a damaged record into [`Error::Corrupt`].
+//! `started`), look at it with [`read`](PersistentState::read), change and store
+//! it in one step with [`update`](PersistentState::update), or change it with
+//! [`modify`](PersistentState::modify) and store it with
+//! [`write`](PersistentState::write); [`clear`](PersistentState::clear) it.
+//! Under it is the store's grain-state table
+//! ([`SystemStore::state_table`](crate::SystemStore::state_table)) through a
+//! [`StateStorage`]: an etag per write, chunks for large states, an envelope that
+//! turns a damaged record into [`Error::Corrupt`].
 //!
 //! As in Orleans, the calls of one state run one at a time, and writes asked for
 //! while one runs merge into the next one. A write that finds another etag than
-//! the one it read fails with
-//! [`Error::InconsistentState`] and writes
-//! nothing; nothing is retried behind your back. The usual answer is to read
-//! again, apply the change again, and write:
+//! the one it read fails with [`Error::InconsistentState`] and writes nothing;
+//! the value is then the stored one again (as Dapr resets its cache), so a
+//! handler re-applies its change and writes again. [`update`] does exactly that,
+//! a bounded number of times (Kubernetes' `RetryOnConflict`, etcd's STM):
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> rollcall::Result<()> {
 //! use rollcall::state::{PersistentState, StateKey, StateStorage};
-//! use rollcall::{Error, SystemStore};
+//! use rollcall::SystemStore;
 //!
 //! let store = rollcall::connect("memory://state-doc").await?;
 //! let storage = StateStorage::new(store.state_table("shop")?);
 //! let key = StateKey::new("cart/42", "items")?;
 //! let cart: PersistentState<Vec<String>> = PersistentState::new(storage.clone(), key.clone());
 //! cart.load().await?;
-//! cart.state_mut().push("apple".into());
-//! cart.write().await?;
+//! cart.update(|items| items.push("apple".into())).await?;
 //!
-//! // Another activation wrote meanwhile: our write conflicts.
+//! // Another activation writes meanwhile ...
 //! let other: PersistentState<Vec<String>> = PersistentState::new(storage, key);
 //! other.load().await?;
-//! other.state_mut().push("pear".into());
-//! other.write().await?;
-//! cart.state_mut().push("plum".into());
-//! match cart.write().await {
-//!     Err(Error::InconsistentState { .. }) => {
-//!         cart.load().await?; // re-read ...
-//!         cart.state_mut().push("plum".into()); // ... re-apply ...
-//!         cart.write().await?; // ... and write again
-//!     }
-//!     other => { other?; }
-//! }
-//! assert_eq!(*cart.state(), ["apple", "pear", "plum"]);
+//! other.update(|items| items.push("pear".into())).await?;
+//!
+//! // ... so this update conflicts once, reads again, applies again and wins.
+//! cart.update(|items| items.push("plum".into())).await?;
+//! assert_eq!(cart.read(|items| items.clone()), ["apple", "pear", "plum"]);
 //! # Ok(()) }
 //! ```
+//!
+//! The accessors take closures ([`read`](PersistentState::read),
+//! [`modify`](PersistentState::modify)): no guard outlives them, so none can be
+//! held across an `.await` or another call of the same state (a `std` guard held
+//! that way deadlocked the actor's arbiter thread). Calling the same state
+//! inside its own closure panics with a message instead of deadlocking, as a
+//! `RefCell` does.
+//!
+//! A write whose commit failed in a way that may have been applied (a timeout, a
+//! lost connection) is resolved before the next call of the state: the header
+//! says whether it publishes the write's generation, and the etag follows. A
+//! write that landed is never reported as a conflict with itself, and so never
+//! re-applied. [`overwrite`](PersistentState::overwrite) and
+//! [`delete`](PersistentState::delete) write or delete whatever is stored, the
+//! way out of a record that reads [`Error::Corrupt`].
 //!
 //! The serde_json codec is the default (a type that gains a
 //! `#[serde(default)]` field reads its old records); with the `postcard` feature,
 //! [`Codec::Postcard`] is compact but not self-describing. The codec is stored
 //! with each record, so a reader always knows.
+//!
+//! [`update`]: PersistentState::update
 
-use std::ops::{Deref, DerefMut};
+use std::cell::RefCell;
+use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -65,14 +77,34 @@ use rollcall_membership_core::{bounded, Error, Etag, Result, Timestamp};
 /// How long one call of a [`PersistentState`] may take by default: 30 s.
 pub const DEFAULT_STATE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How many times [`PersistentState::update`] writes before it gives up on a
+/// contended state: 5.
+pub const UPDATE_ATTEMPTS: usize = 5;
+
+/// A write or clear whose outcome nobody knows yet.
+#[derive(Clone, Debug)]
+struct Pending {
+    generation: String,
+    /// `changed` as of the write.
+    seq: u64,
+    clear: bool,
+}
+
 struct Value<T> {
     state: T,
     etag: Option<Etag>,
     exists: bool,
-    /// Bumped by every `state_mut`.
+    /// Bumped by every `modify`.
     changed: u64,
     /// `changed` as of the last write that succeeded.
     written: u64,
+    /// Changes a load discarded (made to the old value while it ran).
+    discarded: Range<u64>,
+    /// Writes started, and the number of the last one that succeeded.
+    started: u64,
+    succeeded: u64,
+    /// A write or clear that failed in a way that may have landed.
+    pending: Option<Pending>,
 }
 
 struct Shared<T> {
@@ -83,6 +115,9 @@ struct Shared<T> {
 
 /// One named state of one actor, as a typed value with its etag. Cheap to clone
 /// (the clones share the value, as the handlers of one actor do).
+///
+/// Memory: the value itself plus a fixed part (the key, the etag, the
+/// bookkeeping of merged and unresolved writes) shared by every clone.
 pub struct PersistentState<T> {
     storage: StateStorage,
     key: StateKey,
@@ -114,36 +149,40 @@ impl<T> std::fmt::Debug for PersistentState<T> {
     }
 }
 
-/// A read view of the value ([`PersistentState::state`]). Do not hold it across
-/// an `.await`.
-pub struct StateRef<'a, T>(MutexGuard<'a, Value<T>>);
+thread_local! {
+    /// The values whose lock this thread holds (inside a `read`/`modify`
+    /// closure): taking one again would deadlock.
+    static HELD: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
 
-impl<T> Deref for StateRef<'_, T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0.state
+/// The value's lock, held by this thread until dropped.
+struct Held<'a, T> {
+    guard: MutexGuard<'a, Value<T>>,
+    addr: usize,
+}
+
+impl<T> Drop for Held<'_, T> {
+    fn drop(&mut self) {
+        HELD.with(|h| {
+            let mut h = h.borrow_mut();
+            if let Some(i) = h.iter().rposition(|a| *a == self.addr) {
+                h.remove(i);
+            }
+        });
     }
 }
 
-/// A write view of the value ([`PersistentState::state_mut`]): marks it changed.
-/// Do not hold it across an `.await`.
-pub struct StateMut<'a, T>(MutexGuard<'a, Value<T>>);
-
-impl<T> Deref for StateMut<'_, T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.0.state
+impl<T> std::ops::Deref for Held<'_, T> {
+    type Target = Value<T>;
+    fn deref(&self) -> &Value<T> {
+        &self.guard
     }
 }
 
-impl<T> DerefMut for StateMut<'_, T> {
-    fn deref_mut(&mut self) -> &mut T {
-        &mut self.0.state
+impl<T> std::ops::DerefMut for Held<'_, T> {
+    fn deref_mut(&mut self) -> &mut Value<T> {
+        &mut self.guard
     }
-}
-
-fn lock<V>(m: &Mutex<V>) -> MutexGuard<'_, V> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState<T> {
@@ -163,6 +202,10 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
                     exists: false,
                     changed: 0,
                     written: 0,
+                    discarded: 0..0,
+                    started: 0,
+                    succeeded: 0,
+                    pending: None,
                 }),
                 io: tokio::sync::Mutex::new(()),
             }),
@@ -182,6 +225,8 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
     }
 
     /// Each write makes the state expire `ttl` after it (the store removes it).
+    /// Every [`write`](Self::write) stores, changed or not, so a write refreshes
+    /// the expiry.
     pub fn with_expiry(mut self, ttl: Duration) -> Self {
         self.expires_in = Some(ttl);
         self
@@ -192,34 +237,89 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
         &self.key
     }
 
-    /// The value (as loaded and changed since).
-    pub fn state(&self) -> StateRef<'_, T> {
-        StateRef(lock(&self.shared.value))
+    fn lock(&self) -> Held<'_, T> {
+        let addr = Arc::as_ptr(&self.shared) as usize;
+        HELD.with(|h| {
+            if h.borrow().contains(&addr) {
+                panic!(
+                    "PersistentState {} used inside its own read/modify/update closure (it would deadlock)",
+                    self.key
+                );
+            }
+            h.borrow_mut().push(addr);
+        });
+        Held {
+            guard: self.shared.value.lock().unwrap_or_else(|p| p.into_inner()),
+            addr,
+        }
     }
 
-    /// The value, to change; the next [`write`](Self::write) stores it.
-    pub fn state_mut(&self) -> StateMut<'_, T> {
-        let mut g = lock(&self.shared.value);
-        g.changed += 1;
-        StateMut(g)
+    /// `f` of the value (as loaded and changed since).
+    ///
+    /// # Panics
+    /// If `f` calls this same state (it would deadlock).
+    pub fn read<R>(&self, f: impl FnOnce(&T) -> R) -> R {
+        f(&self.lock().state)
+    }
+
+    /// A clone of the value.
+    pub fn get(&self) -> T
+    where
+        T: Clone,
+    {
+        self.read(T::clone)
+    }
+
+    /// Changes the value with `f`; the next [`write`](Self::write) stores it.
+    ///
+    /// # Panics
+    /// If `f` calls this same state (it would deadlock).
+    pub fn modify<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        let mut v = self.lock();
+        v.changed += 1;
+        f(&mut v.state)
     }
 
     /// The etag of the record as last read or written (`None`: no record).
     pub fn etag(&self) -> Option<Etag> {
-        lock(&self.shared.value).etag.clone()
+        self.lock().etag.clone()
     }
 
     /// Whether a record was found or written (Orleans' `RecordExists`).
     pub fn record_exists(&self) -> bool {
-        lock(&self.shared.value).exists
+        self.lock().exists
     }
 
     fn timed_out(&self, what: &'static str) -> impl FnOnce(Duration) -> Error + '_ {
         move |t| Error::backend(format!("{what} of state {} took longer than {t:?}", self.key))
     }
 
-    /// Reads the record (replacing the value: `T::default()` when there is
-    /// none).
+    /// Learns the outcome of a write or clear that failed in a way that may
+    /// have landed (the header names its generation or not).
+    async fn resolve(&self) -> Result<()> {
+        let Some(p) = self.lock().pending.clone() else {
+            return Ok(());
+        };
+        let landed = self.storage.outcome(&self.key, &p.generation).await?;
+        let mut v = self.lock();
+        v.pending = None;
+        if let Some(etag) = landed {
+            v.etag = Some(etag);
+            v.exists = !p.clear;
+            if p.clear {
+                v.state = T::default();
+                v.written = v.changed;
+            } else {
+                v.written = v.written.max(p.seq);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the record, replacing the value (`T::default()` when there is
+    /// none). Changes made while it runs are discarded with the old value: a
+    /// [`write`](Self::write) asked for after them answers
+    /// [`Error::InconsistentState`] instead of storing nothing and answering Ok.
     ///
     /// # Errors
     /// [`Error::Corrupt`] for a record that does not check out or decode (the
@@ -230,75 +330,171 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
             self.timeout,
             async {
                 let _one = self.shared.io.lock().await;
-                let read = self.storage.read(&self.key).await?;
-                let state = if read.record_exists {
-                    decode::<T>(&self.key, read.codec, &read.data)?
-                } else {
-                    T::default()
-                };
-                let mut v = lock(&self.shared.value);
-                v.state = state;
-                v.etag = read.etag;
-                v.exists = read.record_exists;
-                v.written = v.changed;
-                Ok(())
+                self.resolve().await?;
+                self.reload().await
             },
             self.timed_out("load"),
         )
         .await
     }
 
+    /// [`load`](Self::load), holding the io lock.
+    async fn reload(&self) -> Result<()> {
+        let from = self.lock().changed;
+        let read = self.storage.read(&self.key).await?;
+        let state = if read.record_exists {
+            decode::<T>(&self.key, read.codec, &read.data)?
+        } else {
+            T::default()
+        };
+        let mut v = self.lock();
+        v.state = state;
+        v.etag = read.etag;
+        v.exists = read.record_exists;
+        if v.changed > from {
+            v.discarded = from + 1..v.changed + 1;
+        }
+        v.written = v.changed;
+        Ok(())
+    }
+
     /// Stores the value under the etag last read or written; returns the new
     /// etag. A write asked for while another runs is merged into the next one
     /// (both answer with its result); one whose changes an earlier write already
-    /// stored answers at once.
+    /// stored answers at once (without an expiry: with one, every write stores,
+    /// to refresh it).
+    ///
+    /// After a conflict the value is the stored one again (read back; your
+    /// change is gone): apply it again and write, or use
+    /// [`update`](Self::update), which does.
     ///
     /// # Errors
-    /// [`Error::InconsistentState`] when the record changed since it was read
-    /// (nothing written: re-read, re-apply, write again);
-    /// [`Error::TooLarge`]; [`Error::Backend`] on a backend failure or after the
-    /// timeout.
+    /// [`Error::InconsistentState`] when the record changed since it was read,
+    /// or a load discarded the changes this write was asked for (nothing
+    /// written); [`Error::TooLarge`]; [`Error::Backend`] on a backend failure or
+    /// after the timeout; [`Error::OutcomeUnknown`] when the commit failed and
+    /// whether it landed could not be read (the next call learns it).
     pub async fn write(&self) -> Result<Etag> {
-        let wanted = lock(&self.shared.value).changed;
+        self.store(Expected::from_etag, "write").await
+    }
+
+    /// Stores the value whatever the record holds (last writer wins,
+    /// explicitly): the way past a record that reads [`Error::Corrupt`], or a
+    /// repair. Returns the new etag.
+    ///
+    /// # Errors
+    /// As [`write`](Self::write), without the conflict.
+    pub async fn overwrite(&self) -> Result<Etag> {
+        self.store(|_| Expected::Any, "overwrite").await
+    }
+
+    async fn store(&self, expected: fn(Option<&Etag>) -> Expected, what: &'static str) -> Result<Etag> {
+        let (wanted, ticket) = {
+            let v = self.lock();
+            (v.changed, v.started)
+        };
         bounded(
             self.timeout,
             async {
                 let _one = self.shared.io.lock().await;
+                self.resolve().await?;
+                let generation = self.storage.new_generation();
                 let (bytes, seq, etag) = {
-                    let v = lock(&self.shared.value);
-                    if v.written >= wanted && v.exists {
-                        if let Some(e) = &v.etag {
-                            return Ok(e.clone()); // merged into a write that ran meanwhile
-                        }
+                    let mut v = self.lock();
+                    if v.written >= wanted && v.discarded.contains(&wanted) {
+                        return Err(Error::InconsistentState {
+                            key: self.key.to_string(),
+                            expected: None,
+                            current: v.etag.clone(),
+                        });
                     }
-                    (
-                        encode(&self.key, self.codec, &v.state)?,
-                        v.changed,
-                        v.etag.clone(),
-                    )
+                    let merged = v.written >= wanted
+                        && v.exists
+                        && (self.expires_in.is_none() || v.succeeded > ticket);
+                    if let (true, Some(e)) = (merged, &v.etag) {
+                        return Ok(e.clone()); // merged into a write that ran meanwhile
+                    }
+                    let bytes = encode(&self.key, self.codec, &v.state)?;
+                    v.started += 1;
+                    let seq = v.changed;
+                    v.pending = Some(Pending {
+                        generation: generation.clone(),
+                        seq,
+                        clear: false,
+                    });
+                    (bytes, seq, v.etag.clone())
                 };
                 let expires_at = self
                     .expires_in
                     .map(|d| Timestamp::from_millis(Timestamp::now().as_millis() + d.as_millis() as u64));
-                let new = self
+                let r = self
                     .storage
-                    .write(
+                    .write_as(
                         &self.key,
-                        Expected::from_etag(etag.as_ref()),
+                        expected(etag.as_ref()),
                         self.codec,
                         &bytes,
                         expires_at,
+                        &generation,
                     )
-                    .await?;
-                let mut v = lock(&self.shared.value);
+                    .await;
+                self.settle(r, seq).await
+            },
+            self.timed_out(what),
+        )
+        .await
+    }
+
+    /// The bookkeeping after a write's answer (the io lock held).
+    async fn settle(&self, r: Result<Etag>, seq: u64) -> Result<Etag> {
+        match r {
+            Ok(new) => {
+                let mut v = self.lock();
+                v.pending = None;
                 v.etag = Some(new.clone());
                 v.exists = true;
                 v.written = v.written.max(seq);
+                v.succeeded = v.started;
                 Ok(new)
-            },
-            self.timed_out("write"),
-        )
-        .await
+            }
+            Err(e @ Error::OutcomeUnknown { .. }) => Err(e), // stays pending
+            Err(e) => {
+                self.lock().pending = None; // certainly not written
+                if matches!(e, Error::InconsistentState { .. }) {
+                    // The value becomes the stored one, not a change the store
+                    // refused; if that read fails, the conflict is still the answer.
+                    if let Err(read) = self.reload().await {
+                        tracing::debug!(key = %self.key, error = %read, "reading a state back after a conflict failed");
+                    }
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Applies `f` to the value and writes it; on a conflict, the value is read
+    /// again and `f` applied again, up to [`UPDATE_ATTEMPTS`] writes in all.
+    /// Returns what the last `f` returned. `f` must be safe to run more than
+    /// once (it sees a fresh value each time). Takes at most
+    /// [`UPDATE_ATTEMPTS`] times the timeout.
+    ///
+    /// # Errors
+    /// [`Error::InconsistentState`] when every attempt conflicted (the value is
+    /// the stored one); otherwise as [`write`](Self::write).
+    ///
+    /// # Panics
+    /// If `f` calls this same state (it would deadlock).
+    pub async fn update<R>(&self, mut f: impl FnMut(&mut T) -> R) -> Result<R> {
+        let mut last = None;
+        for _ in 0..UPDATE_ATTEMPTS {
+            let r = self.modify(&mut f);
+            match self.write().await {
+                Ok(_) => return Ok(r),
+                Err(e @ Error::InconsistentState { .. }) => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::backend("update made no attempt")))
     }
 
     /// Clears the record under the etag last read or written: a tombstone (its
@@ -307,27 +503,67 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
     /// # Errors
     /// As [`write`](Self::write).
     pub async fn clear(&self) -> Result<()> {
+        self.remove(false, "clear").await
+    }
+
+    /// Deletes whatever record is stored, its header included (no etag is
+    /// compared): the way out of a record that reads [`Error::Corrupt`]. The
+    /// value goes back to `T::default()`; the next write is a first write.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] on a backend failure or after the timeout.
+    pub async fn delete(&self) -> Result<()> {
+        self.remove(true, "delete").await
+    }
+
+    async fn remove(&self, delete: bool, what: &'static str) -> Result<()> {
         bounded(
             self.timeout,
             async {
                 let _one = self.shared.io.lock().await;
-                let etag = lock(&self.shared.value).etag.clone();
-                let new = self
+                self.resolve().await?;
+                let generation = self.storage.new_generation();
+                let (expected, mode) = if delete {
+                    (Expected::Any, ClearMode::Delete)
+                } else {
+                    let v = self.lock();
+                    (Expected::from_etag(v.etag.as_ref()), ClearMode::Tombstone)
+                };
+                if mode == ClearMode::Tombstone {
+                    let seq = self.lock().changed;
+                    self.lock().pending = Some(Pending {
+                        generation: generation.clone(),
+                        seq,
+                        clear: true,
+                    });
+                }
+                let r = self
                     .storage
-                    .clear(
-                        &self.key,
-                        Expected::from_etag(etag.as_ref()),
-                        ClearMode::Tombstone,
-                    )
-                    .await?;
-                let mut v = lock(&self.shared.value);
-                v.state = T::default();
-                v.etag = new;
-                v.exists = false;
-                v.written = v.changed;
-                Ok(())
+                    .clear_as(&self.key, expected, mode, &generation)
+                    .await;
+                match r {
+                    Ok(new) => {
+                        let mut v = self.lock();
+                        v.pending = None;
+                        v.state = T::default();
+                        v.etag = new;
+                        v.exists = false;
+                        v.written = v.changed;
+                        Ok(())
+                    }
+                    Err(e @ Error::OutcomeUnknown { .. }) => Err(e),
+                    Err(e) => {
+                        self.lock().pending = None;
+                        if matches!(e, Error::InconsistentState { .. }) {
+                            if let Err(read) = self.reload().await {
+                                tracing::debug!(key = %self.key, error = %read, "reading a state back after a conflict failed");
+                            }
+                        }
+                        Err(e)
+                    }
+                }
             },
-            self.timed_out("clear"),
+            self.timed_out(what),
         )
         .await
     }
@@ -374,23 +610,22 @@ mod tests {
         let key = StateKey::new("cart/1", "cart").unwrap();
         let w: PersistentState<Cart> =
             PersistentState::new(storage.clone(), key.clone()).with_codec(Codec::Postcard);
-        w.state_mut().items.push("apple".into());
-        w.state_mut().n = 7;
+        w.modify(|c| {
+            c.items.push("apple".into());
+            c.n = 7;
+        });
         w.write().await.unwrap();
         let stored = storage.read(&key).await.unwrap();
         assert_eq!(stored.codec, Codec::Postcard);
         assert!(
-            stored.data.len() < serde_json::to_vec(&*w.state()).unwrap().len(),
+            stored.data.len() < w.read(|c| serde_json::to_vec(c).unwrap().len()),
             "compact"
         );
         let r: PersistentState<Cart> = PersistentState::new(storage, key);
         r.load().await.unwrap();
         assert_eq!(
-            *r.state(),
-            Cart {
-                items: vec!["apple".into()],
-                n: 7
-            }
+            r.read(|c| (c.items.clone(), c.n)),
+            (vec!["apple".to_owned()], 7)
         );
     }
 

@@ -102,25 +102,14 @@ impl Handler<ReminderTick> for TickNarrator {
                         return;
                     }
                 }
-                let before = cart.state().ticks_seen;
-                // Two activations can overlap around a crash: on a conflict, read
-                // again and count again (the documented re-read/re-apply pattern).
-                for _ in 0..3 {
-                    cart.state_mut().ticks_seen += 1;
-                    match cart.write().await {
-                        Err(rollcall::Error::InconsistentState { .. }) => {
-                            if cart.load().await.is_err() {
-                                return;
-                            }
-                        }
-                        Err(e) => {
-                            tl.say(None, format!("{actor}: writing its state failed: {e}"));
-                            return;
-                        }
-                        Ok(_) => break,
-                    }
+                let before = cart.read(|c| c.ticks_seen);
+                // Two activations can overlap around a crash: on a conflict,
+                // `update` reads again and counts again.
+                if let Err(e) = cart.update(|c| c.ticks_seen += 1).await {
+                    tl.say(None, format!("{actor}: writing its state failed: {e}"));
+                    return;
                 }
-                let now = cart.state().ticks_seen;
+                let now = cart.read(|c| c.ticks_seen);
                 counts
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)

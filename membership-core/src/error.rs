@@ -69,6 +69,18 @@ pub enum Error {
         /// The largest size, bytes.
         max: u64,
     },
+    /// A state write's commit failed in a way that may have been applied (a
+    /// timeout, a lost connection), and the read that would have told which also
+    /// failed. The state is either the old one or the one written, whole; the
+    /// next call of the same `PersistentState` reads the header to learn which.
+    /// Transient.
+    #[error("the outcome of the write of state `{key}` is unknown: {reason}")]
+    OutcomeUnknown {
+        /// The state (`actor#name`).
+        key: String,
+        /// What failed (the commit's error, then the read's).
+        reason: String,
+    },
 }
 
 impl Error {
@@ -104,9 +116,10 @@ impl Error {
         }
     }
 
-    /// True for errors worth retrying (currently only [`Error::Backend`]).
+    /// True for errors worth retrying: [`Error::Backend`] and
+    /// [`Error::OutcomeUnknown`].
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Backend { .. })
+        matches!(self, Error::Backend { .. } | Error::OutcomeUnknown { .. })
     }
 }
 

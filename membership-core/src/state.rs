@@ -39,8 +39,13 @@
 //!   [`Expected::Absent`] writes over it.
 //! - A header or chunk that does not decode or check out is [`Error::Corrupt`],
 //!   never bytes handed to a deserializer.
-//! - States up to [`MAX_STATE_BYTES`] (64 MiB) on every provider; larger ones are
-//!   [`Error::TooLarge`] before anything is written.
+//! - States up to the provider's [`StateLimits::max_state_bytes`] (at most
+//!   [`MAX_STATE_BYTES`], 64 MiB; etcd stores 1 MiB, see its provider); larger
+//!   ones are [`Error::TooLarge`] before anything is written.
+//! - A commit that fails with an error may have been applied: the write reads
+//!   the header to learn its outcome before it cleans up or reports a failure
+//!   (see [`WriteMachine`]); when that read fails too, the write is
+//!   [`Error::OutcomeUnknown`] and [`StateStorage::outcome`] tells later.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -51,7 +56,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Clock, Error, Etag, Result, SystemClock, Timestamp};
 
-/// The largest state every provider stores: 64 MiB.
+/// The largest state any provider stores: 64 MiB (a provider may store less:
+/// [`StateLimits::max_state_bytes`]).
 pub const MAX_STATE_BYTES: u64 = 64 * 1024 * 1024;
 
 /// The envelope format written by this version.
@@ -179,6 +185,9 @@ pub struct StateLimits {
     pub txn_bytes: usize,
     /// Most rows one transaction writes (chunks plus headers).
     pub txn_rows: usize,
+    /// Largest state, bytes (at most [`MAX_STATE_BYTES`]); a larger write is
+    /// [`Error::TooLarge`] before anything is written.
+    pub max_state_bytes: u64,
 }
 
 /// The envelope: the header row of a stored state.
@@ -412,6 +421,10 @@ pub enum WriteAction {
     PutChunks(Range<usize>),
     /// Commit the header, with chunks `range` inline.
     Commit(Range<usize>),
+    /// The commit failed and may have been applied: read the header to learn
+    /// whether it publishes this write's generation
+    /// ([`WriteEvent::Resolved`]).
+    Resolve,
     /// Delete this generation (the replaced one, or the new one after a failure).
     DeleteGeneration(String),
     /// The write is over.
@@ -423,8 +436,12 @@ pub enum WriteAction {
 pub enum WriteFailure {
     /// The precondition failed (the etag found).
     Conflict(Option<Etag>),
-    /// A table call failed (the caller keeps its error).
+    /// A table call failed and nothing was written (the caller keeps its error).
     Failed,
+    /// The commit failed, and so did the read that would have told whether it
+    /// was applied: the staged chunks are kept (a sweep removes them if they were
+    /// not published).
+    Unknown,
 }
 
 /// What happened to the last action.
@@ -438,16 +455,37 @@ pub enum WriteEvent {
     ChunksPut,
     /// The commit's outcome (the etag of the header written).
     Committed(Commit),
+    /// The header read by [`WriteAction::Resolve`]: its generation and etag, if
+    /// there is one.
+    Resolved(Option<(String, Etag)>),
     /// A [`WriteAction::DeleteGeneration`] finished (ok or not: garbage only).
     Deleted,
     /// A table call failed.
     Failed,
 }
 
+/// Where a [`WriteMachine`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Reading,
+    Staging,
+    Committing,
+    Resolving,
+    Cleaning,
+}
+
 /// The rules of one write (sans-io): chunk the bytes, inline them in the header's
 /// transaction when they fit, else stage them in batches first; after the commit
-/// delete the generation it replaced; after a conflict or a failure delete the
-/// staged one.
+/// delete the generation it replaced; after a conflict or a failure that certainly
+/// wrote nothing, delete the staged one.
+///
+/// A commit that fails with an error may still have been applied (a timeout, a
+/// connection lost after the request was sent: Jepsen's "indeterminate"
+/// operations). The machine then reads the header again ([`WriteAction::Resolve`]):
+/// if it names this write's generation the write landed and succeeds with that
+/// etag; if it names another (or none) it did not, and the staged chunks are
+/// deleted; if that read fails too, the write fails with
+/// [`WriteFailure::Unknown`] and deletes nothing.
 #[derive(Debug)]
 pub struct WriteMachine {
     limits: StateLimits,
@@ -455,6 +493,7 @@ pub struct WriteMachine {
     chunks: Vec<Range<usize>>,
     generation: String,
     inline: bool,
+    phase: Phase,
     /// Chunks staged so far.
     staged: usize,
     batch: Range<usize>,
@@ -471,13 +510,13 @@ impl WriteMachine {
     /// no chunks).
     ///
     /// # Errors
-    /// [`Error::TooLarge`] over [`MAX_STATE_BYTES`].
+    /// [`Error::TooLarge`] over the provider's [`StateLimits::max_state_bytes`].
     pub fn new(key: &StateKey, len: usize, generation: String, limits: StateLimits) -> Result<WriteMachine> {
-        if len as u64 > MAX_STATE_BYTES {
+        if len as u64 > limits.max_state_bytes {
             return Err(Error::TooLarge {
                 key: key.to_string(),
                 size: len as u64,
-                max: MAX_STATE_BYTES,
+                max: limits.max_state_bytes,
             });
         }
         let step = limits.chunk_bytes.max(1);
@@ -488,6 +527,7 @@ impl WriteMachine {
             chunks,
             generation,
             inline,
+            phase: Phase::Reading,
             staged: 0,
             batch: 0..0,
             replaced: None,
@@ -537,29 +577,52 @@ impl WriteMachine {
                 self.stage_or_commit()
             }
             WriteEvent::Committed(Commit::Done(etags)) => {
-                self.outcome = Some(Ok(etags.into_iter().next().flatten()));
-                match self.replaced.take() {
-                    Some(g) => WriteAction::DeleteGeneration(g),
-                    None => self.finish(),
-                }
+                self.succeed(etags.into_iter().next().flatten())
             }
             WriteEvent::Committed(Commit::Conflict { current, .. }) => {
                 self.fail(WriteFailure::Conflict(current))
             }
-            WriteEvent::Failed => self.fail(WriteFailure::Failed),
+            WriteEvent::Resolved(Some((g, etag))) if g == self.generation => self.succeed(Some(etag)),
+            WriteEvent::Resolved(_) => self.fail(WriteFailure::Failed),
+            WriteEvent::Failed => match self.phase {
+                Phase::Committing => {
+                    self.phase = Phase::Resolving;
+                    WriteAction::Resolve
+                }
+                Phase::Resolving => {
+                    // Nobody knows whether the chunks are published: keep them.
+                    self.outcome = Some(Err(WriteFailure::Unknown));
+                    self.finish()
+                }
+                _ => self.fail(WriteFailure::Failed),
+            },
             WriteEvent::Deleted => self.finish(),
         }
     }
 
     fn stage_or_commit(&mut self) -> WriteAction {
-        if self.inline {
-            return WriteAction::Commit(0..self.chunks.len());
-        }
-        if self.staged < self.chunks.len() {
+        if !self.inline && self.staged < self.chunks.len() {
+            self.phase = Phase::Staging;
             self.batch = self.next_batch();
             return WriteAction::PutChunks(self.batch.clone());
         }
-        WriteAction::Commit(0..0)
+        self.phase = Phase::Committing;
+        if self.inline {
+            WriteAction::Commit(0..self.chunks.len())
+        } else {
+            WriteAction::Commit(0..0)
+        }
+    }
+
+    fn succeed(&mut self, etag: Option<Etag>) -> WriteAction {
+        self.outcome = Some(Ok(etag));
+        match self.replaced.take() {
+            Some(g) => {
+                self.phase = Phase::Cleaning;
+                WriteAction::DeleteGeneration(g)
+            }
+            None => self.finish(),
+        }
     }
 
     fn fail(&mut self, why: WriteFailure) -> WriteAction {
@@ -569,6 +632,7 @@ impl WriteMachine {
             // Staged chunks nobody will publish.
             self.staged = 0;
             self.batch = 0..0;
+            self.phase = Phase::Cleaning;
             return WriteAction::DeleteGeneration(self.generation.clone());
         }
         self.finish()
@@ -682,8 +746,11 @@ impl StateStorage {
     ///
     /// # Errors
     /// [`Error::InconsistentState`] when the precondition fails (nothing
-    /// written); [`Error::TooLarge`] over [`MAX_STATE_BYTES`] (nothing written);
-    /// [`Error::Backend`] if the backend fails (the old state stays readable).
+    /// written); [`Error::TooLarge`] over the provider's
+    /// [`StateLimits::max_state_bytes`] (nothing written); [`Error::Backend`] if
+    /// the backend fails and the write certainly did not land (the old state
+    /// stays readable); [`Error::OutcomeUnknown`] if the commit failed and the
+    /// read that would have told whether it landed failed too.
     pub async fn write(
         &self,
         key: &StateKey,
@@ -692,12 +759,38 @@ impl StateStorage {
         data: &[u8],
         expires_at: Option<Timestamp>,
     ) -> Result<Etag> {
-        let generation = new_generation(self.clock.now());
+        let generation = self.new_generation();
+        self.write_as(key, expected, codec, data, expires_at, &generation)
+            .await
+    }
+
+    /// A fresh generation id for [`write_as`](Self::write_as).
+    pub fn new_generation(&self) -> String {
+        new_generation(self.clock.now())
+    }
+
+    /// [`write`](Self::write) under a generation id the caller chose
+    /// ([`new_generation`](Self::new_generation)), so that it can learn the
+    /// outcome of a write it gave up on (a timeout) with
+    /// [`outcome`](Self::outcome).
+    ///
+    /// # Errors
+    /// As [`write`](Self::write).
+    pub async fn write_as(
+        &self,
+        key: &StateKey,
+        expected: Expected,
+        codec: Codec,
+        data: &[u8],
+        expires_at: Option<Timestamp>,
+        generation: &str,
+    ) -> Result<Etag> {
+        let generation = generation.to_owned();
         let mut m = WriteMachine::new(key, data.len(), generation.clone(), self.table.limits())?;
         let ranges = m.chunk_ranges().to_vec();
         let header =
             StateHeader::of(data, codec, generation.clone(), ranges.len() as u32, expires_at).encode();
-        let mut error = None;
+        let mut errors: Vec<Error> = Vec::new();
         let mut action = m.handle(WriteEvent::Start);
         loop {
             let event = match action {
@@ -707,7 +800,7 @@ impl StateStorage {
                             .map(|h| h.generation),
                     ),
                     Err(e) => {
-                        error = Some(e);
+                        errors.push(e);
                         WriteEvent::Failed
                     }
                 },
@@ -720,7 +813,7 @@ impl StateStorage {
                     {
                         Ok(()) => WriteEvent::ChunksPut,
                         Err(e) => {
-                            error = Some(e);
+                            errors.push(e);
                             WriteEvent::Failed
                         }
                     }
@@ -737,11 +830,20 @@ impl StateStorage {
                     match self.table.commit(std::slice::from_ref(&w)).await {
                         Ok(c) => WriteEvent::Committed(c),
                         Err(e) => {
-                            error = Some(e);
+                            errors.push(e);
                             WriteEvent::Failed
                         }
                     }
                 }
+                WriteAction::Resolve => match self.table.read_header(key).await {
+                    Ok(h) => WriteEvent::Resolved(h.and_then(|(b, etag)| {
+                        StateHeader::decode(key, &b).ok().map(|h| (h.generation, etag))
+                    })),
+                    Err(e) => {
+                        errors.push(e);
+                        WriteEvent::Failed
+                    }
+                },
                 WriteAction::DeleteGeneration(g) => {
                     if let Err(e) = self.table.delete_generation(key, &g).await {
                         tracing::debug!(key = %key, generation = %g, error = %e, "deleting a generation failed; a sweep removes it");
@@ -757,14 +859,39 @@ impl StateStorage {
                             expected: expected_etag(&expected),
                             current,
                         }),
-                        Err(WriteFailure::Failed) => {
-                            Err(error.unwrap_or_else(|| Error::backend("state write failed")))
-                        }
+                        Err(WriteFailure::Failed) => Err(errors
+                            .into_iter()
+                            .next()
+                            .unwrap_or_else(|| Error::backend("state write failed"))),
+                        Err(WriteFailure::Unknown) => Err(Error::OutcomeUnknown {
+                            key: key.to_string(),
+                            reason: errors
+                                .iter()
+                                .map(ToString::to_string)
+                                .collect::<Vec<_>>()
+                                .join("; then the read of its header: "),
+                        }),
                     }
                 }
             };
             action = m.handle(event);
         }
+    }
+
+    /// Whether a write under `generation` landed: the header's etag if the
+    /// header of `key` publishes that generation (a tombstone of a clear too),
+    /// `None` if it does not (another write, or none, is published; it did not
+    /// land, or landed and was replaced since).
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if the backend fails.
+    pub async fn outcome(&self, key: &StateKey, generation: &str) -> Result<Option<Etag>> {
+        Ok(self.table.read_header(key).await?.and_then(|(b, etag)| {
+            StateHeader::decode(key, &b)
+                .ok()
+                .filter(|h| h.generation == generation)
+                .map(|_| etag)
+        }))
     }
 
     /// Writes several states of one actor atomically: all or none.
@@ -783,6 +910,13 @@ impl StateStorage {
                     "all states must belong to one actor",
                 ));
             }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some((k, ..)) = states.iter().find(|(k, ..)| !seen.insert(k)) {
+            return Err(Error::invalid_config(
+                "states",
+                format!("state {k} is written twice in one write_many"),
+            ));
         }
         let generation = new_generation(self.clock.now());
         let mut rows = 0;
@@ -831,7 +965,27 @@ impl StateStorage {
                 expires_at: None,
             })
             .collect();
-        match self.table.commit(&writes).await? {
+        let committed = match self.table.commit(&writes).await {
+            Ok(c) => c,
+            Err(e) => {
+                // It may have landed: every header names our generation if so.
+                let mut etags = Vec::with_capacity(states.len());
+                for (key, ..) in states {
+                    match self.outcome(key, &generation).await {
+                        Ok(Some(etag)) => etags.push(Some(etag)),
+                        Ok(None) => return Err(e),
+                        Err(read) => {
+                            return Err(Error::OutcomeUnknown {
+                                key: key.to_string(),
+                                reason: format!("{e}; then the read of its header: {read}"),
+                            })
+                        }
+                    }
+                }
+                Commit::Done(etags)
+            }
+        };
+        match committed {
             Commit::Done(etags) => {
                 for (key, g) in replaced {
                     if g != generation {
@@ -853,31 +1007,76 @@ impl StateStorage {
 
     /// Clears the state of `key` if its header passes `expected`: a tombstone
     /// (returns its etag) or, with [`ClearMode::Delete`], no header (returns
-    /// `None`). The cleared state's chunks are deleted.
+    /// `None`). The cleared state's chunks are deleted. A header that does not
+    /// decode is cleared too (with [`Expected::Any`], the way out of a corrupt
+    /// record).
     ///
     /// # Errors
     /// As [`write`](Self::write).
     pub async fn clear(&self, key: &StateKey, expected: Expected, mode: ClearMode) -> Result<Option<Etag>> {
+        let generation = self.new_generation();
+        self.clear_as(key, expected, mode, &generation).await
+    }
+
+    /// [`clear`](Self::clear) with a tombstone under a generation id the caller
+    /// chose, so that [`outcome`](Self::outcome) can tell later whether it landed.
+    ///
+    /// # Errors
+    /// As [`write`](Self::write).
+    pub async fn clear_as(
+        &self,
+        key: &StateKey,
+        expected: Expected,
+        mode: ClearMode,
+        generation: &str,
+    ) -> Result<Option<Etag>> {
         let old = self
             .table
             .read_header(key)
             .await?
             .and_then(|(b, _)| StateHeader::decode(key, &b).ok())
             .map(|h| h.generation);
-        let generation = new_generation(self.clock.now());
         let header = match mode {
-            ClearMode::Tombstone => Some(StateHeader::tombstone(generation.clone()).encode()),
+            ClearMode::Tombstone => Some(StateHeader::tombstone(generation.to_owned()).encode()),
             ClearMode::Delete => None,
         };
         let w = HeaderWrite {
             key,
             expected: expected.clone(),
             header,
-            generation: &generation,
+            generation,
             chunks: Vec::new(),
             expires_at: None,
         };
-        match self.table.commit(std::slice::from_ref(&w)).await? {
+        let committed = match self.table.commit(std::slice::from_ref(&w)).await {
+            Ok(c) => c,
+            // It may have landed: a tombstone names our generation; after a
+            // delete, no header is left.
+            Err(e) => {
+                let now = match self.table.read_header(key).await {
+                    Ok(h) => h,
+                    Err(read) => {
+                        return Err(Error::OutcomeUnknown {
+                            key: key.to_string(),
+                            reason: format!("{e}; then the read of its header: {read}"),
+                        })
+                    }
+                };
+                let landed = match (&now, mode) {
+                    (None, ClearMode::Delete) => Some(None),
+                    (Some((b, etag)), ClearMode::Tombstone) => StateHeader::decode(key, b)
+                        .ok()
+                        .filter(|h| h.generation == generation)
+                        .map(|_| Some(etag.clone())),
+                    _ => None,
+                };
+                match landed {
+                    Some(etag) => Commit::Done(vec![etag]),
+                    None => return Err(e),
+                }
+            }
+        };
+        match committed {
             Commit::Done(etags) => {
                 if let Some(g) = old {
                     let _ = self.table.delete_generation(key, &g).await;
@@ -939,6 +1138,7 @@ mod tests {
         chunk_bytes: 10,
         txn_bytes: 1000,
         txn_rows: 4,
+        max_state_bytes: MAX_STATE_BYTES,
     };
 
     #[test]
@@ -1018,6 +1218,85 @@ mod tests {
             m.handle(WriteEvent::Deleted),
             WriteAction::Finish(Err(WriteFailure::Failed))
         );
+    }
+
+    /// A commit that errors may have landed: the machine reads the header before
+    /// it deletes anything (the first version deleted the staged generation at
+    /// once, and a commit that had landed read `Corrupt` for ever).
+    #[test]
+    fn a_failed_commit_that_landed_succeeds_and_keeps_its_chunks() {
+        let mut m = WriteMachine::new(&key(), 95, "g2".into(), LIMITS).unwrap();
+        m.handle(WriteEvent::Start);
+        m.handle(WriteEvent::HeaderRead(Some("g1".into())));
+        m.handle(WriteEvent::ChunksPut);
+        m.handle(WriteEvent::ChunksPut);
+        assert_eq!(m.handle(WriteEvent::ChunksPut), WriteAction::Commit(0..0));
+        assert_eq!(m.handle(WriteEvent::Failed), WriteAction::Resolve);
+        assert_eq!(
+            m.handle(WriteEvent::Resolved(Some(("g2".into(), Etag::new("e"))))),
+            WriteAction::DeleteGeneration("g1".into()),
+            "landed: the replaced generation goes, ours stays"
+        );
+        assert_eq!(
+            m.handle(WriteEvent::Deleted),
+            WriteAction::Finish(Ok(Some(Etag::new("e"))))
+        );
+        // Inline: the same.
+        let mut m = WriteMachine::new(&key(), 5, "g2".into(), LIMITS).unwrap();
+        m.handle(WriteEvent::Start);
+        assert_eq!(m.handle(WriteEvent::HeaderRead(None)), WriteAction::Commit(0..1));
+        assert_eq!(m.handle(WriteEvent::Failed), WriteAction::Resolve);
+        assert_eq!(
+            m.handle(WriteEvent::Resolved(Some(("g2".into(), Etag::new("e"))))),
+            WriteAction::Finish(Ok(Some(Etag::new("e"))))
+        );
+    }
+
+    #[test]
+    fn a_failed_commit_that_did_not_land_deletes_what_it_staged() {
+        for found in [Some(("g1".to_owned(), Etag::new("old"))), None] {
+            let mut m = WriteMachine::new(&key(), 95, "g2".into(), LIMITS).unwrap();
+            m.handle(WriteEvent::Start);
+            m.handle(WriteEvent::HeaderRead(Some("g1".into())));
+            m.handle(WriteEvent::ChunksPut);
+            m.handle(WriteEvent::ChunksPut);
+            m.handle(WriteEvent::ChunksPut);
+            assert_eq!(m.handle(WriteEvent::Failed), WriteAction::Resolve);
+            assert_eq!(
+                m.handle(WriteEvent::Resolved(found)),
+                WriteAction::DeleteGeneration("g2".into())
+            );
+            assert_eq!(
+                m.handle(WriteEvent::Deleted),
+                WriteAction::Finish(Err(WriteFailure::Failed))
+            );
+        }
+    }
+
+    #[test]
+    fn a_failed_commit_whose_outcome_cannot_be_read_deletes_nothing() {
+        let mut m = WriteMachine::new(&key(), 95, "g2".into(), LIMITS).unwrap();
+        m.handle(WriteEvent::Start);
+        m.handle(WriteEvent::HeaderRead(Some("g1".into())));
+        m.handle(WriteEvent::ChunksPut);
+        m.handle(WriteEvent::ChunksPut);
+        m.handle(WriteEvent::ChunksPut);
+        assert_eq!(m.handle(WriteEvent::Failed), WriteAction::Resolve);
+        assert_eq!(
+            m.handle(WriteEvent::Failed),
+            WriteAction::Finish(Err(WriteFailure::Unknown))
+        );
+    }
+
+    #[test]
+    fn a_provider_cap_below_the_maximum_is_enforced() {
+        let capped = StateLimits {
+            max_state_bytes: 100,
+            ..LIMITS
+        };
+        assert!(WriteMachine::new(&key(), 100, "g".into(), capped).is_ok());
+        let e = WriteMachine::new(&key(), 101, "g".into(), capped).unwrap_err();
+        assert!(matches!(e, Error::TooLarge { max: 100, .. }), "{e}");
     }
 
     #[test]

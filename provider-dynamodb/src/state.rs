@@ -40,6 +40,7 @@ pub const DYNAMODB_STATE_LIMITS: StateLimits = StateLimits {
     chunk_bytes: 350 * 1024,
     txn_bytes: 3 * 1024 * 1024,
     txn_rows: 90,
+    max_state_bytes: rollcall_membership_core::state::MAX_STATE_BYTES,
 };
 
 /// How often a commit that lost to a concurrent transaction (not to its

@@ -60,7 +60,7 @@ pub use reminders::EtcdReminderTable;
 use rollcall_membership_core::{
     validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, SystemStore,
 };
-pub use state::{EtcdStateTable, ETCD_STATE_LIMITS};
+pub use state::{EtcdStateTable, ETCD_MAX_STATE_BYTES, ETCD_STATE_LIMITS};
 
 /// The etcd [`SystemStore`]. Cheap to clone (one gRPC channel, balanced over the
 /// URL's endpoints).

@@ -22,11 +22,23 @@ use rollcall_membership_core::{Etag, Result, StateKey, Timestamp};
 use crate::conn::Conn;
 use crate::keys::{escape, prefix_end, unescape};
 
+/// The largest state stored on etcd: 1 MiB (64 MiB on Redis and DynamoDB).
+///
+/// etcd also holds the membership table, and it is not a blob store: its
+/// backend has a 2 GiB quota by default (`--quota-backend-bytes`), and every
+/// write keeps its old value in the revision history until a compaction. A few
+/// large states rewritten often fill the quota, after which etcd refuses every
+/// write (an `mvcc: database space exceeded` alarm), membership's included. A
+/// larger write is `Error::TooLarge` before anything is written: keep large
+/// states on Redis or DynamoDB.
+pub const ETCD_MAX_STATE_BYTES: u64 = 1024 * 1024;
+
 /// etcd's limits for states.
 pub const ETCD_STATE_LIMITS: StateLimits = StateLimits {
     chunk_bytes: 512 * 1024,
     txn_bytes: 1024 * 1024,
     txn_rows: 64,
+    max_state_bytes: ETCD_MAX_STATE_BYTES,
 };
 
 /// How often a commit whose Txn failed on a header that changed between the

@@ -32,6 +32,7 @@ pub const MEMORY_STATE_LIMITS: StateLimits = StateLimits {
     chunk_bytes: 256 * 1024,
     txn_bytes: 1024 * 1024,
     txn_rows: 64,
+    max_state_bytes: rollcall_membership_core::state::MAX_STATE_BYTES,
 };
 
 /// The grain-state table of one service in a [`MemoryStore`].

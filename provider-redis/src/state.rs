@@ -28,6 +28,7 @@ pub const REDIS_STATE_LIMITS: StateLimits = StateLimits {
     chunk_bytes: 4 * 1024 * 1024,
     txn_bytes: 16 * 1024 * 1024,
     txn_rows: 64,
+    max_state_bytes: rollcall_membership_core::state::MAX_STATE_BYTES,
 };
 
 /// How often a commit whose `EXEC` was aborted (a watched header changed

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rollcall_membership_core::state::{Commit, HeaderWrite, StateLimits, StateTable, MAX_STATE_BYTES};
+use rollcall_membership_core::state::{Commit, HeaderWrite, StateHeader, StateLimits, StateTable};
 use rollcall_membership_core::{ClearMode, Codec, Error, Etag, Expected, StateKey, StateStorage, Timestamp};
 
 use crate::{unique_id, Store};
@@ -32,6 +32,12 @@ fn bytes(n: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// `n` bytes, or the provider's largest state if that is less (etcd stores
+/// 1 MiB: still more than one transaction, so its writes are staged too).
+fn fit(limits: StateLimits, n: usize) -> usize {
+    n.min(limits.max_state_bytes as usize)
+}
+
 async fn generations(s: &StateStorage, k: &StateKey) -> usize {
     s.table().generations(k).await.expect("generations").len()
 }
@@ -40,11 +46,12 @@ async fn generations(s: &StateStorage, k: &StateKey) -> usize {
 /// as written, with the codec, and leaves exactly one generation.
 pub async fn state_sizes_round_trip(store: Store) {
     let s = fresh_storage(&store);
+    let limits = s.table().limits();
     let StateLimits {
         chunk_bytes,
         txn_bytes,
         ..
-    } = s.table().limits();
+    } = limits;
     let k = key("cart/sizes", "state");
     let mut etag = None;
     for (i, n) in [
@@ -57,6 +64,7 @@ pub async fn state_sizes_round_trip(store: Store) {
         txn_bytes + 1,
     ]
     .into_iter()
+    .map(|n| fit(limits, n))
     .enumerate()
     {
         let data = bytes(n, i as u8);
@@ -79,25 +87,26 @@ pub async fn state_sizes_round_trip(store: Store) {
     }
 }
 
-/// The largest state (64 MiB) is stored and read back; one byte more is
-/// `Error::TooLarge` and writes nothing.
+/// The provider's largest state (64 MiB; 1 MiB on etcd) is stored and read
+/// back; one byte more is `Error::TooLarge` and writes nothing.
 pub async fn state_largest_state_and_one_byte_over(store: Store) {
     let s = fresh_storage(&store);
     let k = key("cart/large", "state");
-    let data = bytes(MAX_STATE_BYTES as usize, 7);
+    let max = s.table().limits().max_state_bytes;
+    let data = bytes(max as usize, 7);
     let e = s
         .write(&k, Expected::Absent, Codec::Raw, &data, None)
         .await
-        .expect("64 MiB");
+        .expect("the largest state");
     let r = s.read(&k).await.expect("read");
-    assert!(r.data == data, "64 MiB read back differently");
+    assert!(r.data == data, "the largest state read back differently");
     let mut over = data;
     over.push(1);
     let err = s
         .write(&k, Expected::Etag(e.clone()), Codec::Raw, &over, None)
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::TooLarge { .. }), "{err}");
+    assert!(matches!(err, Error::TooLarge { max: m, .. } if m == max), "{err}");
     assert_eq!(s.read(&k).await.expect("read").etag, Some(e), "nothing written");
 }
 
@@ -110,6 +119,7 @@ pub async fn state_grows_and_shrinks_leaving_no_stale_chunk(store: Store) {
     let mut etag = None;
     for (i, n) in [10, limits.txn_bytes * 2, 5, limits.chunk_bytes * 3, 0, 17]
         .into_iter()
+        .map(|n| fit(limits, n))
         .enumerate()
     {
         let data = bytes(n, i as u8);
@@ -129,9 +139,11 @@ pub async fn state_grows_and_shrinks_leaving_no_stale_chunk(store: Store) {
 /// Multibyte UTF-8 split across chunk boundaries reads back as the same text.
 pub async fn state_multibyte_utf8_across_chunk_boundaries(store: Store) {
     let s = fresh_storage(&store);
-    let chunk = s.table().limits().chunk_bytes;
+    let limits = s.table().limits();
     let mut text = String::new();
-    while text.len() < 3 * chunk + 11 {
+    // Past at least one chunk boundary, within the provider's largest state.
+    let want = fit(limits, 3 * limits.chunk_bytes + 11) - 16;
+    while text.len() < want {
         text.push_str("é€😀ß");
     }
     let k = key("cart/utf8", "state");
@@ -288,21 +300,93 @@ pub async fn state_clear_against_a_concurrent_writer(store: Store) {
         .expect("first write again");
 }
 
-/// A state table that fails every commit: a write killed between its chunks and
-/// its header.
+/// How a [`Faulty`] table fails its commits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Every commit fails without being applied, and the writer cleans nothing
+    /// up either: a write killed between its chunks and its header.
+    KilledBeforeCommit,
+    /// Every commit is applied, then answers an error (a timeout, a connection
+    /// lost after the request was sent).
+    AppliedThenLost,
+    /// As `AppliedThenLost`, and every header read after the first commit fails
+    /// too: nobody can tell whether it landed.
+    AppliedThenUnreadable,
+    /// Every commit answers an error without being applied (refused before it
+    /// reached the store).
+    LostBeforeSent,
+    /// Every commit is applied, then never answers (a caller's timeout ends it).
+    AppliedThenHangs,
+    /// No fault: only the read gate ([`Faulty::gate_reads`]).
+    None,
+}
+
+/// A state table that injects a [`Fault`] into the table it wraps.
 #[derive(Debug)]
-struct KilledBeforeCommit(Arc<dyn StateTable>);
+pub struct Faulty {
+    inner: Arc<dyn StateTable>,
+    fault: Fault,
+    committed: std::sync::atomic::AtomicBool,
+    gate: Option<ReadGate>,
+}
+
+/// Holds every header read until released: `entered` is notified when one
+/// waits, `release` lets them through.
+#[derive(Debug, Clone)]
+pub struct ReadGate {
+    /// Notified when a header read waits at the gate.
+    pub entered: Arc<tokio::sync::Notify>,
+    /// Closed to let every read through.
+    pub release: Arc<tokio::sync::Semaphore>,
+}
+
+impl Faulty {
+    /// `inner` with `fault`.
+    pub fn new(inner: Arc<dyn StateTable>, fault: Fault) -> Arc<Faulty> {
+        Arc::new(Faulty {
+            inner,
+            fault,
+            committed: std::sync::atomic::AtomicBool::new(false),
+            gate: None,
+        })
+    }
+
+    /// `inner` whose header reads wait at a gate (to run something while a
+    /// read is in flight).
+    pub fn gate_reads(inner: Arc<dyn StateTable>) -> (Arc<Faulty>, ReadGate) {
+        let gate = ReadGate {
+            entered: Arc::new(tokio::sync::Notify::new()),
+            release: Arc::new(tokio::sync::Semaphore::new(0)),
+        };
+        let table = Arc::new(Faulty {
+            inner,
+            fault: Fault::None,
+            committed: std::sync::atomic::AtomicBool::new(false),
+            gate: Some(gate.clone()),
+        });
+        (table, gate)
+    }
+}
 
 #[async_trait]
-impl StateTable for KilledBeforeCommit {
+impl StateTable for Faulty {
     fn service_id(&self) -> &str {
-        self.0.service_id()
+        self.inner.service_id()
     }
     fn limits(&self) -> StateLimits {
-        self.0.limits()
+        self.inner.limits()
     }
     async fn read_header(&self, key: &StateKey) -> rollcall_membership_core::Result<Option<(Vec<u8>, Etag)>> {
-        self.0.read_header(key).await
+        if self.fault == Fault::AppliedThenUnreadable && self.committed.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Err(Error::backend("injected: the store is unreachable after the commit"));
+        }
+        if let Some(g) = &self.gate {
+            g.entered.notify_one();
+            // Closed: every read passes.
+            let _ = g.release.acquire().await;
+        }
+        self.inner.read_header(key).await
     }
     async fn read_chunks(
         &self,
@@ -310,7 +394,7 @@ impl StateTable for KilledBeforeCommit {
         generation: &str,
         count: u32,
     ) -> rollcall_membership_core::Result<Vec<Option<Vec<u8>>>> {
-        self.0.read_chunks(key, generation, count).await
+        self.inner.read_chunks(key, generation, count).await
     }
     async fn put_chunks(
         &self,
@@ -320,23 +404,35 @@ impl StateTable for KilledBeforeCommit {
         chunks: &[&[u8]],
         expires_at: Option<Timestamp>,
     ) -> rollcall_membership_core::Result<()> {
-        self.0
+        self.inner
             .put_chunks(key, generation, first, chunks, expires_at)
             .await
     }
-    async fn commit(&self, _writes: &[HeaderWrite<'_>]) -> rollcall_membership_core::Result<Commit> {
-        Err(Error::backend("killed between the chunks and the header"))
+    async fn commit(&self, writes: &[HeaderWrite<'_>]) -> rollcall_membership_core::Result<Commit> {
+        match self.fault {
+            Fault::KilledBeforeCommit => Err(Error::backend("killed between the chunks and the header")),
+            Fault::LostBeforeSent => Err(Error::backend("injected: the commit was never sent")),
+            Fault::None => self.inner.commit(writes).await,
+            Fault::AppliedThenHangs => {
+                self.inner.commit(writes).await?;
+                std::future::pending().await
+            }
+            Fault::AppliedThenLost | Fault::AppliedThenUnreadable => {
+                let applied = self.inner.commit(writes).await?;
+                assert!(matches!(applied, Commit::Done(_)), "the injected commit conflicted");
+                self.committed.store(true, std::sync::atomic::Ordering::SeqCst);
+                Err(Error::backend("injected: the connection was lost after the commit was sent"))
+            }
+        }
     }
     async fn generations(&self, key: &StateKey) -> rollcall_membership_core::Result<Vec<String>> {
-        self.0.generations(key).await
+        self.inner.generations(key).await
     }
-    async fn delete_generation(
-        &self,
-        _key: &StateKey,
-        _generation: &str,
-    ) -> rollcall_membership_core::Result<()> {
-        // Killed: it cleans nothing up either.
-        Err(Error::backend("killed"))
+    async fn delete_generation(&self, key: &StateKey, generation: &str) -> rollcall_membership_core::Result<()> {
+        if self.fault == Fault::KilledBeforeCommit {
+            return Err(Error::backend("killed"));
+        }
+        self.inner.delete_generation(key, generation).await
     }
     async fn list(
         &self,
@@ -344,8 +440,105 @@ impl StateTable for KilledBeforeCommit {
         after: Option<&StateKey>,
         limit: usize,
     ) -> rollcall_membership_core::Result<Vec<StateKey>> {
-        self.0.list(kind, after, limit).await
+        self.inner.list(kind, after, limit).await
     }
+}
+
+/// A commit that errors after it was applied (a lost reply) is a success: the
+/// write answers the etag it stored, the state reads whole, and only the
+/// replaced generation is deleted. Before, the writer deleted the chunks it had
+/// just published and the state read `Corrupt` for ever. Inline and staged
+/// sizes, and a tombstone.
+pub async fn state_a_commit_that_landed_but_errored_is_a_success(store: Store) {
+    let table = store.state_table(&unique_id("state")).expect("state table");
+    let s = StateStorage::new(table.clone());
+    let lost = StateStorage::new(Faulty::new(table, Fault::AppliedThenLost));
+    let limits = s.table().limits();
+    for (i, n) in [5, fit(limits, limits.txn_bytes + 11)].into_iter().enumerate() {
+        let k = key("cart/landed", &format!("s{i}"));
+        let e1 = s
+            .write(&k, Expected::Absent, Codec::Raw, &bytes(n, 1), None)
+            .await
+            .expect("write");
+        let data = bytes(n, 2);
+        let e2 = lost
+            .write(&k, Expected::Etag(e1), Codec::Raw, &data, None)
+            .await
+            .unwrap_or_else(|e| panic!("{n} bytes: a landed commit is a success: {e}"));
+        let r = s.read(&k).await.expect("the state reads whole");
+        assert_eq!(r.etag.as_ref(), Some(&e2), "{n} bytes");
+        assert!(r.data == data, "{n} bytes read back differently");
+        assert_eq!(generations(&s, &k).await, 1, "{n} bytes: only the published generation");
+        let tomb = lost
+            .clear(&k, Expected::Etag(e2), ClearMode::Tombstone)
+            .await
+            .expect("a landed clear is a success");
+        let r = s.read(&k).await.expect("read");
+        assert!(!r.record_exists);
+        assert_eq!(r.etag, tomb);
+    }
+    let (a, b) = (key("cart/landed-many", "a"), key("cart/landed-many", "b"));
+    let etags = lost
+        .write_many(&[
+            (a.clone(), Expected::Absent, Codec::Raw, b"a1".as_slice()),
+            (b.clone(), Expected::Absent, Codec::Raw, b"b1".as_slice()),
+        ])
+        .await
+        .expect("a landed write_many is a success");
+    assert_eq!(s.read(&a).await.expect("read").etag.as_ref(), Some(&etags[0]));
+    assert_eq!(s.read(&b).await.expect("read").etag.as_ref(), Some(&etags[1]));
+}
+
+/// A commit that errors without being applied is the backend's error, the old
+/// state stays, and the staged chunks are deleted.
+pub async fn state_a_commit_that_errored_before_it_landed_is_an_error(store: Store) {
+    let table = store.state_table(&unique_id("state")).expect("state table");
+    let s = StateStorage::new(table.clone());
+    let lost = StateStorage::new(Faulty::new(table, Fault::LostBeforeSent));
+    let limits = s.table().limits();
+    let k = key("cart/not-landed", "state");
+    let old = bytes(fit(limits, limits.txn_bytes + 11), 1);
+    let e1 = s
+        .write(&k, Expected::Absent, Codec::Raw, &old, None)
+        .await
+        .expect("write");
+    let err = lost
+        .write(&k, Expected::Etag(e1.clone()), Codec::Raw, &bytes(old.len(), 2), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::Backend { .. }), "{err}");
+    let r = s.read(&k).await.expect("read");
+    assert_eq!(r.etag, Some(e1));
+    assert!(r.data == old);
+    assert_eq!(generations(&s, &k).await, 1, "the staged generation is deleted");
+}
+
+/// A commit that errors after it was applied, when the header cannot be read
+/// either, is `Error::OutcomeUnknown`; nothing is deleted, the state reads
+/// whole (the new one), and `outcome` tells later that it landed.
+pub async fn state_an_unknown_outcome_deletes_nothing_and_is_learned_later(store: Store) {
+    let table = store.state_table(&unique_id("state")).expect("state table");
+    let s = StateStorage::new(table.clone());
+    let blind = StateStorage::new(Faulty::new(table, Fault::AppliedThenUnreadable));
+    let limits = s.table().limits();
+    let k = key("cart/unknown", "state");
+    let e1 = s
+        .write(&k, Expected::Absent, Codec::Raw, &bytes(7, 1), None)
+        .await
+        .expect("write");
+    let data = bytes(fit(limits, limits.txn_bytes + 11), 2);
+    let generation = blind.new_generation();
+    let err = blind
+        .write_as(&k, Expected::Etag(e1), Codec::Raw, &data, None, &generation)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::OutcomeUnknown { .. }), "{err}");
+    assert!(err.is_transient());
+    let r = s.read(&k).await.expect("the state reads whole");
+    assert!(r.data == data, "the landed write is published");
+    let learned = s.outcome(&k, &generation).await.expect("outcome");
+    assert_eq!(learned, r.etag, "outcome names the etag of the landed write");
+    assert_eq!(s.outcome(&k, "0000000000000-00000000").await.expect("outcome"), None);
 }
 
 /// A staged write killed between its chunks and its header leaves the old state
@@ -353,10 +546,10 @@ impl StateTable for KilledBeforeCommit {
 pub async fn state_killed_write_leaves_the_old_state_and_the_sweep_removes_orphans(store: Store) {
     let table = store.state_table(&unique_id("state")).expect("state table");
     let s = StateStorage::new(table.clone());
-    let killed = StateStorage::new(Arc::new(KilledBeforeCommit(table)));
+    let killed = StateStorage::new(Faulty::new(table, Fault::KilledBeforeCommit));
     let limits = s.table().limits();
     let k = key("cart/killed", "state");
-    let old = bytes(limits.txn_bytes + 3, 1);
+    let old = bytes(fit(limits, limits.txn_bytes + 3), 1);
     let e = s
         .write(&k, Expected::Absent, Codec::Raw, &old, None)
         .await
@@ -366,7 +559,7 @@ pub async fn state_killed_write_leaves_the_old_state_and_the_sweep_removes_orpha
             &k,
             Expected::Etag(e.clone()),
             Codec::Raw,
-            &bytes(limits.txn_bytes * 2, 2),
+            &bytes(fit(limits, limits.txn_bytes * 2), 2),
             None,
         )
         .await
@@ -396,7 +589,7 @@ pub async fn state_corrupt_header_or_chunk_is_an_error(store: Store) {
         .await
         .expect("write");
     let (header, _) = s.table().read_header(&k).await.expect("read").expect("a header");
-    let generation = rollcall_membership_core::state::StateHeader::decode(&k, &header)
+    let generation = StateHeader::decode(&k, &header)
         .expect("decodes")
         .generation;
     s.table()
@@ -578,7 +771,8 @@ pub fn state_payload(n: usize, round: u8) -> Vec<u8> {
 pub async fn killed_writer_process_leaves_a_whole_state(store: Store, url: &str, bin: &str) {
     let service = unique_id("state-kill");
     let s = StateStorage::new(store.state_table(&service).expect("state table"));
-    let n = s.table().limits().txn_bytes * 2 + 5;
+    let limits = s.table().limits();
+    let n = fit(limits, limits.txn_bytes * 2 + 5);
     let k = key("cart/killed-process", "state");
     s.write(&k, Expected::Absent, Codec::Raw, &state_payload(n, 0), None)
         .await

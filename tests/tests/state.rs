@@ -6,12 +6,13 @@
 use std::collections::BTreeSet;
 
 use rollcall::state::{Codec, Expected, PersistentState, StateKey, StateStorage};
+use rollcall_tests::state_table::{Fault, Faulty};
 use rollcall::Error;
 use rollcall_membership_core::SystemStore;
 use rollcall_provider_memory::MemoryStore;
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 struct Cart {
     items: Vec<String>,
     /// A field the first version did not have.
@@ -38,7 +39,7 @@ async fn a_record_of_the_first_version_reads_after_the_type_gained_a_field() {
     cart.load().await.unwrap();
     assert!(cart.record_exists());
     assert_eq!(
-        *cart.state(),
+        cart.get(),
         Cart {
             items: vec!["apple".into(), "pear".into()],
             ticks_seen: 0
@@ -53,7 +54,7 @@ async fn writes_queued_behind_one_merge_into_it() {
     let cart: PersistentState<Cart> = PersistentState::new(s.clone(), key.clone());
     cart.load().await.unwrap();
     for i in 0..10 {
-        cart.state_mut().items.push(format!("item {i}"));
+        cart.modify(|c| c.items.push(format!("item {i}")));
     }
     let writes: Vec<_> = (0..10)
         .map(|_| {
@@ -72,7 +73,7 @@ async fn writes_queued_behind_one_merge_into_it() {
     );
     let fresh: PersistentState<Cart> = PersistentState::new(s, key);
     fresh.load().await.unwrap();
-    assert_eq!(fresh.state().items.len(), 10);
+    assert_eq!(fresh.read(|c| c.items.len()), 10);
     assert_eq!(fresh.etag(), etags.into_iter().next());
 }
 
@@ -84,22 +85,25 @@ async fn a_conflict_is_a_typed_error_and_a_clear_leaves_a_tombstone() {
     let b: PersistentState<Cart> = PersistentState::new(s.clone(), key.clone());
     a.load().await.unwrap();
     b.load().await.unwrap();
-    a.state_mut().items.push("a".into());
+    a.modify(|c| c.items.push("a".into()));
     a.write().await.unwrap();
-    b.state_mut().items.push("b".into());
+    b.modify(|c| c.items.push("b".into()));
     let err = b.write().await.unwrap_err();
     assert!(matches!(err, Error::InconsistentState { .. }), "{err}");
-    b.load().await.unwrap();
-    assert_eq!(b.state().items, ["a"]);
+    assert_eq!(
+        b.read(|c| c.items.clone()),
+        ["a"],
+        "after a conflict the value is the stored one, not the refused change"
+    );
     b.clear().await.unwrap();
     assert!(!b.record_exists());
     assert!(b.etag().is_some(), "the tombstone's etag");
-    a.state_mut().items.push("stale".into());
+    a.modify(|c| c.items.push("stale".into()));
     assert!(matches!(a.write().await, Err(Error::InconsistentState { .. })));
     let c: PersistentState<Cart> = PersistentState::new(s, key);
     c.load().await.unwrap();
     assert!(!c.record_exists());
-    assert_eq!(*c.state(), Cart::default());
+    assert_eq!(c.get(), Cart::default());
 }
 
 #[tokio::test]
@@ -107,12 +111,12 @@ async fn a_damaged_record_is_corrupt_and_leaves_the_value_alone() {
     let (store, s) = storage();
     let key = StateKey::new("cart/4", "cart").unwrap();
     let cart: PersistentState<Cart> = PersistentState::new(s.clone(), key.clone());
-    cart.state_mut().items.push("kept".into());
+    cart.modify(|c| c.items.push("kept".into()));
     cart.write().await.unwrap();
     store.corrupt_state_header("shop", &key, b"{\"format\":1,\"codec\":\"json\"");
     let err = cart.load().await.unwrap_err();
     assert!(matches!(err, Error::Corrupt { .. }), "{err}");
-    assert_eq!(cart.state().items, ["kept"]);
+    assert_eq!(cart.read(|c| c.items.clone()), ["kept"]);
     // Bytes that are not the type: Corrupt too, not a panic.
     let other = StateKey::new("cart/5", "cart").unwrap();
     s.write(&other, Expected::Absent, Codec::Json, b"[1,2,3]", None)
@@ -120,4 +124,185 @@ async fn a_damaged_record_is_corrupt_and_leaves_the_value_alone() {
         .unwrap();
     let wrong: PersistentState<Cart> = PersistentState::new(s, other);
     assert!(matches!(wrong.load().await, Err(Error::Corrupt { .. })));
+}
+
+fn faulty(store: &MemoryStore, fault: Fault) -> StateStorage {
+    StateStorage::new(Faulty::new(store.state_table("shop").unwrap(), fault))
+}
+
+/// A write that timed out after its commit landed is learned from the header
+/// before the next call: the same write asked for again answers Ok at once
+/// instead of conflicting with itself (before, the conflict led the documented
+/// re-read/re-apply to apply the change twice).
+#[tokio::test]
+async fn a_timed_out_write_that_landed_does_not_conflict_with_itself() {
+    let (store, s) = storage();
+    let key = StateKey::new("cart/6", "cart").unwrap();
+    let hangs = faulty(&store, Fault::AppliedThenHangs);
+    let cart: PersistentState<Cart> =
+        PersistentState::new(hangs, key.clone()).with_timeout(std::time::Duration::from_millis(300));
+    cart.modify(|c| c.ticks_seen += 1);
+    let err = cart.write().await.unwrap_err();
+    assert!(err.is_transient(), "{err}");
+    let stored = s.read(&key).await.unwrap();
+    assert!(stored.record_exists, "the commit landed");
+    // The handler retries its write: the header says it landed.
+    let etag = cart.write().await.expect("no conflict with itself");
+    assert_eq!(Some(etag), stored.etag);
+    assert_eq!(cart.etag(), stored.etag);
+    let fresh: PersistentState<Cart> = PersistentState::new(s, key);
+    fresh.load().await.unwrap();
+    assert_eq!(fresh.read(|c| c.ticks_seen), 1, "applied once");
+}
+
+/// A write whose outcome could not be read is `OutcomeUnknown`, and the next
+/// call learns it landed.
+#[tokio::test]
+async fn an_unknown_outcome_is_learned_by_the_next_call() {
+    let (store, s) = storage();
+    let key = StateKey::new("cart/7", "cart").unwrap();
+    let blind = faulty(&store, Fault::AppliedThenUnreadable);
+    let cart: PersistentState<Cart> = PersistentState::new(blind, key.clone());
+    cart.modify(|c| c.items.push("once".into()));
+    let err = cart.write().await.unwrap_err();
+    assert!(matches!(err, Error::OutcomeUnknown { .. }), "{err}");
+    // Same value, a state over the healthy table: the pending write resolves.
+    let healthy: PersistentState<Cart> = PersistentState::new(s.clone(), key.clone());
+    healthy.load().await.unwrap();
+    assert_eq!(healthy.read(|c| c.items.clone()), ["once"]);
+    healthy.update(|c| c.items.push("twice".into())).await.unwrap();
+    let r = s.read(&key).await.unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Cart>(&r.data).unwrap().items,
+        ["once", "twice"]
+    );
+}
+
+/// Changes made while a load runs are discarded with the old value, and the
+/// write asked for after them says so instead of answering Ok having stored
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_made_during_a_load_are_not_reported_as_stored() {
+    let (store, s) = storage();
+    let key = StateKey::new("cart/8", "cart").unwrap();
+    s.write(&key, Expected::Absent, Codec::Json, br#"{"items":["stored"]}"#, None)
+        .await
+        .unwrap();
+    let (table, gate) = Faulty::gate_reads(store.state_table("shop").unwrap());
+    let cart: PersistentState<Cart> = PersistentState::new(StateStorage::new(table), key.clone());
+    let entered = gate.entered.notified();
+    let load = tokio::spawn({
+        let cart = cart.clone();
+        async move { cart.load().await }
+    });
+    entered.await; // the load is reading
+    cart.modify(|c| c.items.push("during the load".into()));
+    let write = tokio::spawn({
+        let cart = cart.clone();
+        async move { cart.write().await }
+    });
+    gate.release.close();
+    load.await.unwrap().unwrap();
+    let err = write.await.unwrap().unwrap_err();
+    assert!(matches!(err, Error::InconsistentState { .. }), "{err}");
+    assert_eq!(cart.read(|c| c.items.clone()), ["stored"]);
+    // A change made after the load is written as usual.
+    cart.update(|c| c.items.push("after".into())).await.unwrap();
+    assert_eq!(
+        serde_json::from_slice::<Cart>(&s.read(&key).await.unwrap().data).unwrap().items,
+        ["stored", "after"]
+    );
+}
+
+/// `update` re-reads and re-applies on a conflict; two activations that
+/// interleave both count.
+#[tokio::test]
+async fn update_rereads_and_reapplies_on_a_conflict() {
+    let (_, s) = storage();
+    let key = StateKey::new("cart/9", "cart").unwrap();
+    let a: PersistentState<Cart> = PersistentState::new(s.clone(), key.clone());
+    let b: PersistentState<Cart> = PersistentState::new(s.clone(), key.clone());
+    a.load().await.unwrap();
+    b.load().await.unwrap();
+    let mut runs = 0;
+    assert_eq!(a.update(|c| { c.ticks_seen += 1; c.ticks_seen }).await.unwrap(), 1);
+    let n = b
+        .update(|c| {
+            runs += 1;
+            c.ticks_seen += 1;
+            c.ticks_seen
+        })
+        .await
+        .unwrap();
+    assert_eq!((n, runs), (2, 2), "b conflicted once, read again and applied again");
+    assert_eq!(a.update(|c| { c.ticks_seen += 1; c.ticks_seen }).await.unwrap(), 3);
+    let fresh: PersistentState<Cart> = PersistentState::new(s, key);
+    fresh.load().await.unwrap();
+    assert_eq!(fresh.read(|c| c.ticks_seen), 3);
+}
+
+/// A corrupt record is not a dead end: `overwrite` and `delete` go past it.
+#[tokio::test]
+async fn a_corrupt_record_can_be_overwritten_or_deleted() {
+    let (store, s) = storage();
+    for (i, delete) in [(10, false), (11, true)] {
+        let key = StateKey::new(format!("cart/{i}"), "cart").unwrap();
+        let cart: PersistentState<Cart> = PersistentState::new(s.clone(), key.clone());
+        cart.update(|c| c.items.push("x".into())).await.unwrap();
+        store.corrupt_state_header("shop", &key, b"{\"format\":1");
+        let fresh: PersistentState<Cart> = PersistentState::new(s.clone(), key.clone());
+        assert!(matches!(fresh.load().await, Err(Error::Corrupt { .. })));
+        fresh.modify(|c| c.items = vec!["repaired".into()]);
+        assert!(
+            matches!(fresh.write().await, Err(Error::InconsistentState { .. })),
+            "a plain write still compares"
+        );
+        if delete {
+            fresh.delete().await.expect("delete past a corrupt header");
+            assert!(!s.read(&key).await.unwrap().record_exists);
+            assert!(s.read(&key).await.unwrap().etag.is_none(), "no header left");
+            fresh.update(|c| c.items = vec!["new".into()]).await.expect("a first write again");
+        } else {
+            fresh.modify(|c| c.items = vec!["repaired".into()]);
+            fresh.overwrite().await.expect("overwrite past a corrupt header");
+            fresh.load().await.expect("reads again");
+            assert_eq!(fresh.read(|c| c.items.clone()), ["repaired"]);
+        }
+    }
+}
+
+/// With an expiry, a write with no change stores again, so the expiry is
+/// refreshed (`with_expiry`'s promise).
+#[tokio::test]
+async fn a_write_refreshes_the_expiry() {
+    let (_, s) = storage();
+    let key = StateKey::new("cart/12", "cart").unwrap();
+    let cart: PersistentState<Cart> =
+        PersistentState::new(s.clone(), key).with_expiry(std::time::Duration::from_secs(3600));
+    cart.update(|c| c.ticks_seen = 1).await.unwrap();
+    let e1 = cart.etag().unwrap();
+    let e2 = cart.write().await.unwrap();
+    assert_ne!(e1, e2, "stored again: a new expiry");
+}
+
+/// Using a state inside its own closure panics with a message instead of
+/// deadlocking the thread (the guards of the first version deadlocked the
+/// actix arbiter when held across another call).
+#[test]
+fn reentrant_use_panics_instead_of_deadlocking() {
+    let (_, s) = storage();
+    let cart: PersistentState<Cart> = PersistentState::new(s, StateKey::new("cart/13", "cart").unwrap());
+    let inner = cart.clone();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        cart.read(|_| inner.modify(|c| c.ticks_seen += 1))
+    }));
+    let msg = r.unwrap_err();
+    let msg = msg
+        .downcast_ref::<String>()
+        .cloned()
+        .unwrap_or_default();
+    assert!(msg.contains("deadlock"), "{msg}");
+    // The state is usable afterwards, from this thread.
+    cart.modify(|c| c.ticks_seen = 5);
+    assert_eq!(cart.read(|c| c.ticks_seen), 5);
 }
