@@ -22,6 +22,27 @@ pub fn actor_hash(actor_id: &str) -> u32 {
     xxhash_rust::xxh32::xxh32(actor_id.as_bytes(), 0)
 }
 
+/// How many shards a service's actors are spread over by default
+/// ([`actor_shard`]): 1,024.
+pub const DEFAULT_SHARDS: u32 = 1024;
+
+/// The shard of `actor_id` among `shards` (1 or more; 0 counts as 1): shard `k`
+/// holds the contiguous range of [`actor_hash`] values
+/// `[k * 2^32 / shards, (k + 1) * 2^32 / shards)`. One function places an
+/// actor's states (the Redis provider tags their keys with it, so one actor's
+/// states share a Redis Cluster slot and a cluster spreads a service's states)
+/// and, with the reminder shard leases, its reminders.
+///
+/// ```
+/// use rollcall_membership_core::{actor_hash, actor_shard};
+/// assert_eq!(actor_shard("cart/1", 1), 0);
+/// let k = actor_shard("cart/1", 1024);
+/// assert_eq!(k, (u64::from(actor_hash("cart/1")) * 1024 >> 32) as u32);
+/// ```
+pub fn actor_shard(actor_id: &str, shards: u32) -> u32 {
+    ((u64::from(actor_hash(actor_id)) * u64::from(shards.max(1))) >> 32) as u32
+}
+
 /// Whether `hash` lies in the ring range `(begin, end]`.
 ///
 /// When `begin < end` that is `begin < hash <= end`; when `begin >= end` the range

@@ -371,13 +371,13 @@ impl Router {
     /// [`Error::Backend`] the caller retries.
     /// Runs `script` with `keys` and `args` on the shared connection of the node
     /// that serves `tag`'s slot, bounded by the node's timeout (see [`Node::timed`]).
-    pub(crate) async fn invoke<T: redis::FromRedisValue + Send>(
+    pub(crate) async fn invoke<T: redis::FromRedisValue + Send, A: redis::ToRedisArgs + Sync>(
         &self,
         tag: &str,
         what: &'static str,
         script: &'static redis::Script,
         keys: &[String],
-        args: &[String],
+        args: &[A],
     ) -> Result<T> {
         self.run(tag, |node: Arc<Node>| async move {
             node.timed(what, async {

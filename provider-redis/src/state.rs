@@ -1,22 +1,31 @@
-//! The grain-state table on Redis. Every key of one service shares the hash tag
-//! `{g:<service>}` (one Redis Cluster slot), so a commit is one
-//! `WATCH ... MULTI ... EXEC` over the headers it compares:
+//! The grain-state table on Redis. Keys are tagged by the actor's shard
+//! (`{s:<service>:<shard>}`, [`actor_shard`] over [`DEFAULT_SHARDS`]): one actor's
+//! states share a Redis Cluster slot (so a write of several of them is one
+//! script), and a service's states spread over every master of a cluster.
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<prefix>:{g:<service>}:h:<actor>/<name>` | hash | `etag`, `body` (the envelope as JSON) |
-//! | `<prefix>:{g:<service>}:c:<actor>/<name>` | hash | `<generation>:<index>` -> chunk bytes |
+//! | `<prefix>:{s:<service>:<shard>}:h:<actor>/<name>` | hash | `etag`, `body` (the envelope as JSON) |
+//! | `<prefix>:{s:<service>:<shard>}:c:<actor>/<name>:<generation>` | hash | `<index>` -> chunk bytes, one key per generation |
+//! | `<prefix>:{s:<service>:<shard>}:gs:<actor>/<name>` | set | the generations with chunks |
 //! | `<prefix>:{g:<service>}:index` | sorted set | `<actor>/<name>` (score 0, listed by `ZRANGEBYLEX`) |
 //!
-//! Actor ids and names are escaped as in every other key. An expiry sets
-//! `PEXPIREAT` on the header and the chunk hash (Redis removes them); a write
-//! without one `PERSIST`s them.
+//! A commit is one Lua script (one round trip) over the headers it compares and
+//! the chunks it writes inline: every compare first, then every write, or
+//! nothing. An expiry sets `PEXPIREAT` on the header and on the key of the
+//! written generation only, so a failed write with an expiry cannot touch the
+//! live generation's chunks (the first layout kept every generation in one hash
+//! and did). The index is written before a commit that may create a state
+//! (`Expected::Absent` or `Any`): it may list a state that a failed write never
+//! created (the contract allows that), never miss one.
+//!
+//! Actor ids and names are escaped as in every other key.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
 use rollcall_membership_core::state::{Commit, HeaderWrite, StateLimits, StateTable};
-use rollcall_membership_core::{Error, Etag, Result, StateKey, Timestamp};
+use rollcall_membership_core::{actor_shard, Error, Etag, Expected, Result, StateKey, Timestamp, DEFAULT_SHARDS};
 
 use crate::conn::{backend, Node, Router};
 use crate::keys::{escape, unescape};
@@ -31,17 +40,62 @@ pub const REDIS_STATE_LIMITS: StateLimits = StateLimits {
     max_state_bytes: rollcall_membership_core::state::MAX_STATE_BYTES,
 };
 
-/// How often a commit whose `EXEC` was aborted (a watched header changed
-/// between the compare and the write) compares again before it reports the
-/// conflict.
-const EXEC_ATTEMPTS: usize = 3;
+/// The commit. KEYS: per write, its header, its generation's chunk hash and its
+/// generations set. ARGV[1]: the number of writes; then per write: the
+/// precondition (`absent`, `etag`, `any`), the expected etag, the new etag, `1`
+/// to delete the header, the body, the expiry (ms, or empty), the generation,
+/// the number of inline chunks, the chunks. Answers `{-1}` when every write is
+/// done, `{i}` or `{i, current etag}` when the compare of write `i` (from 0)
+/// failed and nothing was written.
+static COMMIT: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local n = tonumber(ARGV[1])
+local writes = {}
+local a = 2
+for i = 1, n do
+  local w = {mode = ARGV[a], expected = ARGV[a + 1], etag = ARGV[a + 2], del = ARGV[a + 3],
+             body = ARGV[a + 4], exp = ARGV[a + 5], gen = ARGV[a + 6], chunks = tonumber(ARGV[a + 7]),
+             first = a + 8}
+  a = a + 8 + w.chunks
+  writes[i] = w
+end
+for i = 1, n do
+  local w = writes[i]
+  local cur = redis.call('HGET', KEYS[3 * i - 2], 'etag')
+  local ok = (w.mode == 'any') or (w.mode == 'absent' and not cur) or (w.mode == 'etag' and cur == w.expected)
+  if not ok then
+    if cur then return {i - 1, cur} end
+    return {i - 1}
+  end
+end
+for i = 1, n do
+  local w = writes[i]
+  local hk, ck, gs = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  if w.chunks > 0 then
+    for j = 0, w.chunks - 1 do
+      redis.call('HSET', ck, tostring(j), ARGV[w.first + j])
+    end
+    redis.call('SADD', gs, w.gen)
+    if w.exp ~= '' then redis.call('PEXPIREAT', ck, w.exp) end
+  end
+  redis.call('DEL', hk)
+  if w.del ~= '1' then
+    redis.call('HSET', hk, 'etag', w.etag, 'body', w.body)
+    if w.exp ~= '' then redis.call('PEXPIREAT', hk, w.exp) end
+  end
+end
+return {-1}
+",
+    )
+});
 
 /// The grain-state table of one service on Redis.
 #[derive(Debug, Clone)]
 pub struct RedisStateTable {
     router: Arc<Router>,
-    tag: String,
-    base: String,
+    prefix: String,
+    service: String,
     service_id: String,
 }
 
@@ -56,134 +110,56 @@ fn key_of_member(m: &str) -> Option<StateKey> {
 
 impl RedisStateTable {
     pub(crate) fn new(router: Arc<Router>, prefix: &str, service_id: &str) -> Self {
-        let tag = format!("g:{}", escape(service_id));
         RedisStateTable {
             router,
-            base: format!("{prefix}:{{{tag}}}"),
-            tag,
+            prefix: prefix.to_owned(),
+            service: escape(service_id),
             service_id: service_id.to_owned(),
         }
     }
 
-    fn header_key(&self, key: &StateKey) -> String {
-        format!("{}:h:{}", self.base, member(key))
+    /// The hash tag of `key`'s actor: its shard's.
+    fn tag(&self, key: &StateKey) -> String {
+        format!("s:{}:{}", self.service, actor_shard(key.actor_id(), DEFAULT_SHARDS))
     }
 
-    fn chunks_key(&self, key: &StateKey) -> String {
-        format!("{}:c:{}", self.base, member(key))
+    fn base(&self, key: &StateKey) -> String {
+        format!("{}:{{{}}}", self.prefix, self.tag(key))
+    }
+
+    fn header_key(&self, key: &StateKey) -> String {
+        format!("{}:h:{}", self.base(key), member(key))
+    }
+
+    fn chunks_key(&self, key: &StateKey, generation: &str) -> String {
+        format!("{}:c:{}:{generation}", self.base(key), member(key))
+    }
+
+    fn generations_key(&self, key: &StateKey) -> String {
+        format!("{}:gs:{}", self.base(key), member(key))
+    }
+
+    fn index_tag(&self) -> String {
+        format!("g:{}", self.service)
     }
 
     fn index_key(&self) -> String {
-        format!("{}:index", self.base)
+        format!("{}:{{{}}}:index", self.prefix, self.index_tag())
     }
 
-    /// Runs one command pipeline on the shared connection of the service's node.
+    /// Runs one command pipeline on the shared connection of `tag`'s node.
     async fn query<T: redis::FromRedisValue + Send>(
         &self,
+        tag: &str,
         what: &'static str,
         pipe: redis::Pipeline,
     ) -> Result<T> {
         let pipe = &pipe;
         self.router
-            .run(&self.tag, |node: Arc<Node>| async move {
+            .run(tag, |node: Arc<Node>| async move {
                 node.timed(what, async {
                     let mut con = node.shared().await?;
                     pipe.query_async(&mut con).await.map_err(|e| backend(what, e))
-                })
-                .await
-            })
-            .await
-    }
-
-    /// One compare-and-write attempt on a dedicated connection: `None` when
-    /// `EXEC` was aborted.
-    async fn try_commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Option<Commit>> {
-        let header_keys: Vec<String> = writes.iter().map(|w| self.header_key(w.key)).collect();
-        let header_keys = &header_keys;
-        self.router
-            .run(&self.tag, |node: Arc<Node>| async move {
-                node.timed("state commit", async {
-                    let mut con = node.dedicated().await?;
-                    let r = async {
-                        let mut pipe = redis::pipe();
-                        pipe.cmd("WATCH").arg(header_keys).ignore();
-                        for k in header_keys {
-                            pipe.cmd("HGET").arg(k).arg("etag");
-                        }
-                        let current: Vec<Option<String>> = pipe
-                            .query_async(&mut con)
-                            .await
-                            .map_err(|e| backend("WATCH and HGET", e))?;
-                        for (index, (w, cur)) in writes.iter().zip(&current).enumerate() {
-                            let cur = cur.as_deref().map(Etag::from);
-                            if !w.expected.admits(cur.as_ref()) {
-                                redis::cmd("UNWATCH")
-                                    .query_async::<()>(&mut con)
-                                    .await
-                                    .map_err(|e| backend("UNWATCH", e))?;
-                                return Ok(Some(Commit::Conflict { index, current: cur }));
-                            }
-                        }
-                        let mut tx = redis::pipe();
-                        tx.atomic();
-                        let mut etags = Vec::with_capacity(writes.len());
-                        for (w, hk) in writes.iter().zip(header_keys) {
-                            let ck = self.chunks_key(w.key);
-                            if !w.chunks.is_empty() {
-                                let mut h = tx.cmd("HSET");
-                                h = h.arg(&ck);
-                                for (i, c) in w.chunks.iter().enumerate() {
-                                    h = h.arg(format!("{}:{i}", w.generation)).arg(*c);
-                                }
-                                h.ignore();
-                            }
-                            match &w.header {
-                                Some(body) => {
-                                    let etag = new_etag();
-                                    tx.cmd("DEL").arg(hk).ignore();
-                                    tx.cmd("HSET")
-                                        .arg(hk)
-                                        .arg("etag")
-                                        .arg(&etag)
-                                        .arg("body")
-                                        .arg(body.as_slice())
-                                        .ignore();
-                                    tx.cmd("ZADD")
-                                        .arg(self.index_key())
-                                        .arg(0)
-                                        .arg(member(w.key))
-                                        .ignore();
-                                    match w.expires_at {
-                                        Some(at) => {
-                                            for k in [hk, &ck] {
-                                                tx.cmd("PEXPIREAT").arg(k).arg(at.as_millis()).ignore();
-                                            }
-                                        }
-                                        None => {
-                                            for k in [hk, &ck] {
-                                                tx.cmd("PERSIST").arg(k).ignore();
-                                            }
-                                        }
-                                    }
-                                    etags.push(Some(Etag::new(etag)));
-                                }
-                                None => {
-                                    tx.cmd("DEL").arg(hk).ignore();
-                                    tx.cmd("ZREM").arg(self.index_key()).arg(member(w.key)).ignore();
-                                    etags.push(None);
-                                }
-                            }
-                        }
-                        // An aborted EXEC answers nil.
-                        let done: Option<()> =
-                            tx.query_async(&mut con).await.map_err(|e| backend("EXEC", e))?;
-                        Ok(done.map(|()| Commit::Done(etags)))
-                    }
-                    .await;
-                    if r.is_err() {
-                        crate::conn::discard(con);
-                    }
-                    r
                 })
                 .await
             })
@@ -208,7 +184,7 @@ impl StateTable for RedisStateTable {
             .arg("etag")
             .arg("body");
         let ((etag, body),): ((Option<String>, Option<Vec<u8>>),) =
-            self.query("read state header", pipe).await?;
+            self.query(&self.tag(key), "read state header", pipe).await?;
         match (etag, body) {
             (Some(e), Some(b)) => Ok(Some((b, Etag::new(e)))),
             (None, None) => Ok(None),
@@ -229,11 +205,12 @@ impl StateTable for RedisStateTable {
             return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
-        let cmd = pipe.cmd("HMGET").arg(self.chunks_key(key));
+        let cmd = pipe.cmd("HMGET").arg(self.chunks_key(key, generation));
         for i in 0..count {
-            cmd.arg(format!("{generation}:{i}"));
+            cmd.arg(i);
         }
-        let (chunks,): (Vec<Option<Vec<u8>>>,) = self.query("read state chunks", pipe).await?;
+        let (chunks,): (Vec<Option<Vec<u8>>>,) =
+            self.query(&self.tag(key), "read state chunks", pipe).await?;
         Ok(chunks)
     }
 
@@ -248,80 +225,162 @@ impl StateTable for RedisStateTable {
         if chunks.is_empty() {
             return Ok(());
         }
-        let ck = self.chunks_key(key);
+        let ck = self.chunks_key(key, generation);
         let mut pipe = redis::pipe();
         let cmd = pipe.cmd("HSET").arg(&ck);
         for (i, c) in chunks.iter().enumerate() {
-            cmd.arg(format!("{generation}:{}", first + i as u32)).arg(*c);
+            cmd.arg(first + i as u32).arg(*c);
         }
         cmd.ignore();
+        pipe.cmd("SADD")
+            .arg(self.generations_key(key))
+            .arg(generation)
+            .ignore();
+        // This generation's key only: the published one is never touched.
         if let Some(at) = expires_at {
             pipe.cmd("PEXPIREAT").arg(&ck).arg(at.as_millis()).ignore();
         }
-        self.query("stage state chunks", pipe).await
+        self.query(&self.tag(key), "stage state chunks", pipe).await
     }
 
     async fn commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Commit> {
-        if writes.is_empty() {
+        let Some(first) = writes.first() else {
             return Ok(Commit::Done(Vec::new()));
+        };
+        let tag = self.tag(first.key);
+        if writes.iter().any(|w| self.tag(w.key) != tag) {
+            return Err(Error::invalid_config(
+                "states",
+                "a commit writes the states of one actor",
+            ));
         }
-        for _ in 0..EXEC_ATTEMPTS {
-            if let Some(c) = self.try_commit(writes).await? {
-                return Ok(c);
+        if writes.iter().any(|w| w.header.is_some() && !matches!(w.expected, Expected::Etag(_))) {
+            // It may create a state: list it first (never miss one).
+            let mut pipe = redis::pipe();
+            pipe.cmd("ZADD").arg(self.index_key()).arg("NX");
+            for w in writes {
+                pipe.arg(0).arg(member(w.key));
             }
+            pipe.ignore();
+            self.query::<()>(&self.index_tag(), "index states", pipe).await?;
         }
-        // Still contended: report what the first header holds now.
-        let current = self.read_header(writes[0].key).await?.map(|(_, e)| e);
-        Ok(Commit::Conflict { index: 0, current })
+        let mut keys = Vec::with_capacity(writes.len() * 3);
+        let mut args: Vec<Vec<u8>> = vec![writes.len().to_string().into_bytes()];
+        let mut etags = Vec::with_capacity(writes.len());
+        for w in writes {
+            keys.push(self.header_key(w.key));
+            keys.push(self.chunks_key(w.key, w.generation));
+            keys.push(self.generations_key(w.key));
+            let (mode, expected) = match &w.expected {
+                Expected::Absent => ("absent", ""),
+                Expected::Etag(e) => ("etag", e.as_str()),
+                Expected::Any => ("any", ""),
+            };
+            let etag = w.header.as_ref().map(|_| new_etag());
+            args.push(mode.into());
+            args.push(expected.into());
+            args.push(etag.clone().unwrap_or_default().into_bytes());
+            args.push(if w.header.is_some() { b"0".to_vec() } else { b"1".to_vec() });
+            args.push(w.header.clone().unwrap_or_default());
+            args.push(
+                w.expires_at
+                    .map(|t| t.as_millis().to_string())
+                    .unwrap_or_default()
+                    .into_bytes(),
+            );
+            args.push(w.generation.as_bytes().to_vec());
+            args.push(w.chunks.len().to_string().into_bytes());
+            args.extend(w.chunks.iter().map(|c| c.to_vec()));
+            etags.push(etag.map(Etag::new));
+        }
+        let reply: Vec<redis::Value> = self
+            .router
+            .invoke(&tag, "state commit", &COMMIT, &keys, &args)
+            .await?;
+        let deleted: Vec<&StateKey> = writes.iter().filter(|w| w.header.is_none()).map(|w| w.key).collect();
+        match reply.as_slice() {
+            [redis::Value::Int(-1)] => {
+                if !deleted.is_empty() {
+                    // No header left: no longer listed (best effort; a listing may
+                    // include a state that is gone).
+                    let mut pipe = redis::pipe();
+                    pipe.cmd("ZREM").arg(self.index_key());
+                    for k in deleted {
+                        pipe.arg(member(k));
+                    }
+                    pipe.ignore();
+                    if let Err(e) = self.query::<()>(&self.index_tag(), "unindex states", pipe).await {
+                        tracing::debug!(error = %e, "removing deleted states from the index failed");
+                    }
+                }
+                Ok(Commit::Done(etags))
+            }
+            [redis::Value::Int(i), rest @ ..] if *i >= 0 && (*i as usize) < writes.len() => {
+                let current = match rest.first() {
+                    Some(v) => Some(Etag::new(
+                        redis::from_redis_value::<String>(v.clone()).map_err(|e| {
+                            Error::backend(format!("state commit: unexpected etag in the reply: {e}"))
+                        })?,
+                    )),
+                    None => None,
+                };
+                Ok(Commit::Conflict {
+                    index: *i as usize,
+                    current,
+                })
+            }
+            other => Err(Error::backend(format!(
+                "state commit: unexpected reply {other:?}"
+            ))),
+        }
     }
 
     async fn generations(&self, key: &StateKey) -> Result<Vec<String>> {
         let mut pipe = redis::pipe();
-        pipe.cmd("HKEYS").arg(self.chunks_key(key));
-        let (fields,): (Vec<String>,) = self.query("list state chunks", pipe).await?;
-        let mut gens: Vec<String> = fields
-            .iter()
-            .filter_map(|f| f.rsplit_once(':').map(|(g, _)| g.to_owned()))
-            .collect();
+        pipe.cmd("SMEMBERS").arg(self.generations_key(key));
+        let (mut gens,): (Vec<String>,) =
+            self.query(&self.tag(key), "list state generations", pipe).await?;
         gens.sort();
-        gens.dedup();
         Ok(gens)
     }
 
     async fn delete_generation(&self, key: &StateKey, generation: &str) -> Result<()> {
         let mut pipe = redis::pipe();
-        pipe.cmd("HKEYS").arg(self.chunks_key(key));
-        let (fields,): (Vec<String>,) = self.query("list state chunks", pipe).await?;
-        let gone: Vec<&String> = fields
-            .iter()
-            .filter(|f| f.rsplit_once(':').is_some_and(|(g, _)| g == generation))
-            .collect();
-        if gone.is_empty() {
-            return Ok(());
-        }
-        let mut pipe = redis::pipe();
-        pipe.cmd("HDEL").arg(self.chunks_key(key)).arg(gone).ignore();
-        self.query("delete state chunks", pipe).await
+        pipe.cmd("DEL").arg(self.chunks_key(key, generation)).ignore();
+        pipe.cmd("SREM")
+            .arg(self.generations_key(key))
+            .arg(generation)
+            .ignore();
+        self.query(&self.tag(key), "delete state chunks", pipe).await
     }
 
     async fn list(&self, kind: &str, after: Option<&StateKey>, limit: usize) -> Result<Vec<StateKey>> {
         let prefix = format!("{}%2F", escape(kind));
-        let min = match after {
+        let mut min = match after {
             Some(k) if member(k) >= prefix => format!("({}", member(k)),
             _ => format!("[{prefix}"),
         };
         // Every member of the kind sorts before `<kind>%2G`.
         let max = format!("({}%2G", escape(kind));
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZRANGEBYLEX")
-            .arg(self.index_key())
-            .arg(min)
-            .arg(max)
-            .arg("LIMIT")
-            .arg(0)
-            .arg(limit);
-        let (members,): (Vec<String>,) = self.query("list states", pipe).await?;
-        Ok(members.iter().filter_map(|m| key_of_member(m)).collect())
+        let limit = limit.max(1);
+        loop {
+            let mut pipe = redis::pipe();
+            pipe.cmd("ZRANGEBYLEX")
+                .arg(self.index_key())
+                .arg(&min)
+                .arg(&max)
+                .arg("LIMIT")
+                .arg(0)
+                .arg(limit);
+            let (members,): (Vec<String>,) = self.query(&self.index_tag(), "list states", pipe).await?;
+            let keys: Vec<StateKey> = members.iter().filter_map(|m| key_of_member(m)).collect();
+            // A full page of members that are not keys (written by something
+            // else) does not end the listing: page on past them.
+            match members.last() {
+                Some(last) if keys.is_empty() && members.len() == limit => min = format!("({last}"),
+                _ => return Ok(keys),
+            }
+        }
     }
 }
 

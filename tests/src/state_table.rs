@@ -640,6 +640,37 @@ pub async fn state_expiry(store: Store) {
         .expect("first write over it");
 }
 
+/// A write with an expiry that fails (a stale etag, after its chunks were
+/// staged) leaves the live state, and its lack of expiry, alone: once the
+/// failed write's expiry has passed the live state still reads whole. (The
+/// first Redis layout set the expiry on the chunk hash every generation shared,
+/// and the live state's chunks expired with it.)
+pub async fn state_a_failed_write_with_an_expiry_leaves_the_live_state(store: Store) {
+    let s = fresh_storage(&store);
+    let limits = s.table().limits();
+    let k = key("cart/ttl-conflict", "state");
+    let live = bytes(fit(limits, limits.txn_bytes + 11), 1);
+    let e1 = s
+        .write(&k, Expected::Absent, Codec::Raw, &live, None)
+        .await
+        .expect("write");
+    let at = Timestamp::from_millis(Timestamp::now().as_millis() + 1_000);
+    let err = s
+        .write(&k, Expected::Absent, Codec::Raw, &bytes(live.len(), 2), Some(at))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InconsistentState { .. }), "{err}");
+    // Wait until the failed write's expiry has passed (and a little more, for
+    // the backend's clock).
+    while Timestamp::now().as_millis() < at.as_millis() + 1_500 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = s.read(&k).await.expect("the live state reads whole");
+    assert!(r.record_exists);
+    assert_eq!(r.etag, Some(e1));
+    assert!(r.data == live);
+}
+
 /// Enumeration by actor kind in pages (in the provider's key order) returns
 /// every state of the kind once, and none of another kind.
 pub async fn state_enumeration_pages(store: Store) {

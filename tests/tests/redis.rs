@@ -885,3 +885,74 @@ async fn a_paused_redis_container_declares_no_silo_dead_and_every_call_answers_i
         let _ = s.shutdown().await;
     }
 }
+
+/// 100,000 states of one service spread over the 3 masters of a Redis Cluster:
+/// no master holds more than 40% of them (the first layout tagged every key of
+/// a service with one hash tag: one slot, one master, 100%). Counted by the
+/// header keys of this service on each master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn states_of_one_service_spread_over_every_master_of_a_cluster() {
+    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage};
+    const STATES: usize = 100_000;
+    const WRITERS: usize = 50;
+    let Some((store, b)) = redis_cluster().await else { return };
+    let service = unique_id("spread");
+    let storage = StateStorage::new(store.state_table(&service).unwrap());
+    let mut writers = tokio::task::JoinSet::new();
+    for w in 0..WRITERS {
+        let storage = storage.clone();
+        writers.spawn(async move {
+            for i in (w..STATES).step_by(WRITERS) {
+                let key = StateKey::new(format!("cart/{i}"), "cart").unwrap();
+                storage
+                    .write(&key, Expected::Absent, Codec::Raw, b"{}", None)
+                    .await
+                    .unwrap_or_else(|e| panic!("write {key}: {e}"));
+            }
+        });
+    }
+    while let Some(r) = writers.join_next().await {
+        r.expect("a writer panicked");
+    }
+    let addrs = b.endpoint.trim_start_matches("redis+cluster://").to_owned();
+    let mut per_master = Vec::new();
+    for addr in addrs.split(',') {
+        let mut con = redis::Client::open(format!("redis://{addr}"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut con).await.unwrap();
+        if !matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") {
+            continue;
+        }
+        let pattern = format!("*{{s:{service}:*}}:h:*");
+        let mut cursor = 0u64;
+        let mut n = 0usize;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            n += keys.len();
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        per_master.push(n);
+    }
+    assert_eq!(per_master.len(), 3, "three masters: {per_master:?}");
+    assert_eq!(per_master.iter().sum::<usize>(), STATES, "{per_master:?}");
+    let most = *per_master.iter().max().unwrap();
+    eprintln!("states per master: {per_master:?}");
+    assert!(
+        most * 100 <= STATES * 40,
+        "one master holds {most} of {STATES} states: {per_master:?}"
+    );
+}
