@@ -23,7 +23,7 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run one silo until Ctrl-C (graceful shutdown) or until the cluster declares it Dead.
     Silo(silo::SiloArgs),
-    /// Read actor states (the grain-state table): `state get`, `state list`.
+    /// Actor states (the grain-state table): `state get`, `state list`, `state delete`.
     State(state::StateArgs),
     /// Print the membership table of a cluster.
     Status {

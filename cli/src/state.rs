@@ -1,7 +1,7 @@
-//! `rollcall state get|list`: the grain-state table from the command line.
+//! `rollcall state get|list|delete`: the grain-state table from the command line.
 
 use clap::{Args, Subcommand};
-use rollcall::state::{Codec, StateKey, StateStorage};
+use rollcall::state::{ClearMode, Codec, Expected, StateKey, StateStorage};
 
 /// Where the states are.
 #[derive(Args, Debug)]
@@ -20,6 +20,17 @@ pub struct StateArgs {
 enum StateCommand {
     /// Print one state: pretty JSON when its codec is JSON, else its size; and its etag.
     Get {
+        /// The actor, `kind/key`.
+        #[arg(long)]
+        actor: String,
+        /// The state name.
+        #[arg(long)]
+        name: String,
+    },
+    /// Delete one state, header and chunks, whatever it holds (no etag is
+    /// compared): the way out of a record that reads as corrupt. The actor's next
+    /// write is a first write.
+    Delete {
         /// The actor, `kind/key`.
         #[arg(long)]
         actor: String,
@@ -58,6 +69,11 @@ pub async fn run(args: StateArgs) -> anyhow::Result<String> {
                 other => format!("({} bytes, codec {other:?})", r.data.len()),
             };
             Ok(format!("{key} (etag {etag}, {} bytes)\n{body}\n", r.data.len()))
+        }
+        StateCommand::Delete { actor, name } => {
+            let key = StateKey::new(actor, name)?;
+            storage.clear(&key, Expected::Any, ClearMode::Delete).await?;
+            Ok(format!("{key}: deleted\n"))
         }
         StateCommand::List { actor_kind, limit } => {
             let mut out = String::new();

@@ -82,7 +82,7 @@ use rollcall_membership_core::{
     validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, StatisticsOptions,
     StatisticsStore, SystemStore,
 };
-pub use state::{DynamoDbStateTable, DYNAMODB_STATE_LIMITS};
+pub use state::{DynamoDbStateTable, DYNAMODB_MAX_STATE_NAME_BYTES, DYNAMODB_STATE_LIMITS};
 pub use statistics::DynamoDbStatistics;
 
 /// The DynamoDB [`SystemStore`]. Cheap to clone (one SDK client with its

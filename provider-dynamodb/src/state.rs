@@ -35,6 +35,26 @@ const EXPIRES_AT: &str = "ExpiresAt";
 const TTL: &str = "Ttl";
 const DATA: &str = "Data";
 
+/// The longest state name DynamoDB stores, bytes: its sort key holds at most
+/// 1,024 bytes, and a chunk's sort key adds 40 to the name (`c#<len>#<name>#`,
+/// the generation and the chunk index). A longer name is
+/// `Error::InvalidConfig` before any request (it was a transient backend error).
+pub const DYNAMODB_MAX_STATE_NAME_BYTES: usize = 1024 - 40;
+
+/// The state name of `key` fits DynamoDB's sort key.
+fn check_name(key: &StateKey) -> Result<()> {
+    if key.name().len() > DYNAMODB_MAX_STATE_NAME_BYTES {
+        return Err(Error::invalid_config(
+            "name",
+            format!(
+                "state name of {} bytes: DynamoDB stores names up to {DYNAMODB_MAX_STATE_NAME_BYTES} bytes",
+                key.name().len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// DynamoDB's limits for states.
 pub const DYNAMODB_STATE_LIMITS: StateLimits = StateLimits {
     chunk_bytes: 350 * 1024,
@@ -186,6 +206,7 @@ impl StateTable for DynamoDbStateTable {
     }
 
     async fn read_header(&self, key: &StateKey) -> Result<Option<(Vec<u8>, Etag)>> {
+        check_name(key)?;
         self.ready().await?;
         let item = self.header_item(key).await?;
         let Some(etag) = self.live_etag(key, item.as_ref(), Timestamp::now().as_millis())? else {
@@ -234,6 +255,7 @@ impl StateTable for DynamoDbStateTable {
         chunks: &[&[u8]],
         _expires_at: Option<Timestamp>,
     ) -> Result<()> {
+        check_name(key)?;
         self.ready().await?;
         if chunks.is_empty() {
             return Ok(());
@@ -257,6 +279,9 @@ impl StateTable for DynamoDbStateTable {
     }
 
     async fn commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Commit> {
+        for w in writes {
+            check_name(w.key)?;
+        }
         self.ready().await?;
         if writes.is_empty() {
             return Ok(Commit::Done(Vec::new()));

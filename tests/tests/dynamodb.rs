@@ -577,3 +577,27 @@ async fn statistics_items_are_typed_and_a_corrupt_bucket_is_named() {
         2
     );
 }
+
+/// A state name too long for DynamoDB's sort key is a typed invalid-input error
+/// before any request (it was a transient backend error from the server); the
+/// longest allowed name is stored, chunks included.
+#[tokio::test]
+async fn a_state_name_too_long_for_the_sort_key_is_invalid_input() {
+    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage};
+    use rollcall::dynamodb::DYNAMODB_MAX_STATE_NAME_BYTES;
+    let Some((store, _b)) = dynamodb().await else { return };
+    let s = StateStorage::new(store.state_table(&unique_id("names")).unwrap());
+    let staged = vec![7u8; s.table().limits().txn_bytes + 1];
+    let longest = StateKey::new("cart/1", "n".repeat(DYNAMODB_MAX_STATE_NAME_BYTES)).unwrap();
+    s.write(&longest, Expected::Absent, Codec::Raw, &staged, None)
+        .await
+        .expect("the longest name, staged chunks and all");
+    assert!(s.read(&longest).await.unwrap().data == staged);
+    let over = StateKey::new("cart/1", "n".repeat(DYNAMODB_MAX_STATE_NAME_BYTES + 1)).unwrap();
+    let err = s
+        .write(&over, Expected::Absent, Codec::Raw, b"x", None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+    assert!(!err.is_transient());
+}

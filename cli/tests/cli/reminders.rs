@@ -130,4 +130,34 @@ fn redis_state_get_and_list_print_the_stored_states() {
         ["cart/7#cart", "cart/8#blob"],
         "{got}"
     );
+    // A header damaged in the store: `get` says corrupt, `delete` removes it
+    // anyway, and the state can be written from scratch.
+    let store = rt.block_on(rollcall::connect(&backend.endpoint)).unwrap();
+    let s = StateStorage::new(store.state_table(&service).unwrap());
+    let k = StateKey::new("cart/7", "cart").unwrap();
+    rt.block_on(s.table().commit(&[rollcall::state::HeaderWrite {
+        key: &k,
+        expected: Expected::Any,
+        header: Some(b"{not a header".to_vec()),
+        generation: "g",
+        chunks: Vec::new(),
+        expires_at: None,
+    }]))
+    .unwrap();
+    let out = rollcall()
+        .args(["state", "get", "--store", &backend.endpoint, "--service", &service])
+        .args(["--actor", "cart/7", "--name", "cart"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("corrupt"));
+    let got = run(&["delete", "--actor", "cart/7", "--name", "cart"]);
+    assert!(got.contains("cart/7#cart: deleted"), "{got}");
+    rt.block_on(async {
+        let r = s.read(&k).await.expect("no longer corrupt");
+        assert!(!r.record_exists && r.etag.is_none());
+        s.write(&k, Expected::Absent, Codec::Json, b"{}", None)
+            .await
+            .expect("a first write again");
+    });
 }
