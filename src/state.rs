@@ -623,10 +623,7 @@ mod tests {
         );
         let r: PersistentState<Cart> = PersistentState::new(storage, key);
         r.load().await.unwrap();
-        assert_eq!(
-            r.read(|c| (c.items.clone(), c.n)),
-            (vec!["apple".to_owned()], 7)
-        );
+        assert_eq!(r.read(|c| (c.items.clone(), c.n)), (vec!["apple".to_owned()], 7));
     }
 
     #[test]

@@ -60,8 +60,17 @@ use crate::{Clock, Error, Etag, Result, SystemClock, Timestamp};
 /// [`StateLimits::max_state_bytes`]).
 pub const MAX_STATE_BYTES: u64 = 64 * 1024 * 1024;
 
-/// The envelope format written by this version.
-pub const STATE_FORMAT: u32 = 1;
+/// The envelope format written by this version: 2, a header row that may carry
+/// a small state inline ([`StateHeader::encode_row`]). Format 1 (a JSON header
+/// alone, the bytes always in chunk rows) is still read.
+pub const STATE_FORMAT: u32 = 2;
+
+/// The first bytes of a format-2 header row.
+const ROW_MAGIC: &[u8; 4] = b"RCS2";
+
+/// How many leading bytes of a replaced header row a provider must keep for
+/// [`replaced_generation`]: the frame and the JSON header fit in them.
+pub const REPLACED_PREFIX_BYTES: usize = 1024;
 
 /// How long a generation that was staged and never published is kept before
 /// [`StateStorage::sweep`] removes it: longer than any write takes (the bound of a
@@ -211,6 +220,9 @@ pub struct StateHeader {
     /// A tombstone left by a clear: no state.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cleared: bool,
+    /// The bytes follow the header in its own row (no chunk rows).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inline: bool,
 }
 
 impl StateHeader {
@@ -231,6 +243,7 @@ impl StateHeader {
             chunks,
             expires_at,
             cleared: false,
+            inline: false,
         }
     }
 
@@ -242,32 +255,81 @@ impl StateHeader {
         }
     }
 
-    /// The header as stored (JSON).
+    /// The header as stored (JSON), without inline bytes.
     pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
+        self.encode_row(&[])
     }
 
-    /// A stored header.
+    /// The header row as stored: `RCS2`, the JSON header's length (u32, big
+    /// endian), the JSON header, then `inline` (the state's bytes when
+    /// [`inline`](Self::inline), else empty).
+    pub fn encode_row(&self, inline: &[u8]) -> Vec<u8> {
+        let json = serde_json::to_vec(self).unwrap_or_default();
+        let mut row = Vec::with_capacity(8 + json.len() + inline.len());
+        row.extend_from_slice(ROW_MAGIC);
+        row.extend_from_slice(&(json.len() as u32).to_be_bytes());
+        row.extend_from_slice(&json);
+        row.extend_from_slice(inline);
+        row
+    }
+
+    /// A stored header row: the header and the bytes after it (empty unless
+    /// the state is inline). Reads format 1 (a JSON header alone) and 2.
     ///
     /// # Errors
     /// [`Error::Corrupt`] (naming `key`) for bytes that are not a header of a
     /// format this version reads.
-    pub fn decode(key: &StateKey, bytes: &[u8]) -> Result<StateHeader> {
-        let h: StateHeader = serde_json::from_slice(bytes)
+    pub fn decode_row<'a>(key: &StateKey, bytes: &'a [u8]) -> Result<(StateHeader, &'a [u8])> {
+        let (json, rest) =
+            split_row(bytes).ok_or_else(|| Error::corrupt(key.to_string(), "header: not a header row"))?;
+        let h: StateHeader = serde_json::from_slice(json)
             .map_err(|e| Error::corrupt(key.to_string(), format!("header: {e}")))?;
-        if h.format != STATE_FORMAT {
+        if !(1..=STATE_FORMAT).contains(&h.format) {
             return Err(Error::corrupt(
                 key.to_string(),
-                format!("header format {} (this version reads {STATE_FORMAT})", h.format),
+                format!(
+                    "header format {} (this version reads 1 to {STATE_FORMAT}: written by a newer version?)",
+                    h.format
+                ),
             ));
         }
-        Ok(h)
+        Ok((h, rest))
+    }
+
+    /// A stored header ([`decode_row`](Self::decode_row) without the bytes).
+    ///
+    /// # Errors
+    /// As [`decode_row`](Self::decode_row).
+    pub fn decode(key: &StateKey, bytes: &[u8]) -> Result<StateHeader> {
+        Self::decode_row(key, bytes).map(|(h, _)| h)
     }
 
     /// Whether the state has expired at `now`.
     pub fn expired(&self, now: Timestamp) -> bool {
         self.expires_at.is_some_and(|t| t <= now)
     }
+}
+
+/// A header row's JSON header and the bytes after it: format 2's frame, or a
+/// format-1 row (JSON alone).
+fn split_row(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    if bytes.first() == Some(&b'{') {
+        return Some((bytes, &[]));
+    }
+    let rest = bytes.strip_prefix(ROW_MAGIC.as_slice())?;
+    let (len, rest) = rest.split_first_chunk::<4>()?;
+    let len = u32::from_be_bytes(*len) as usize;
+    (rest.len() >= len).then(|| rest.split_at(len))
+}
+
+/// The generation whose chunk rows a replaced header row published (`None`
+/// for an inline state, a tombstone, or bytes that are not a header): what a
+/// commit's [`Commit::Done::replaced`] holds. Reads only the frame and the JSON
+/// header, so a provider may pass the first [`REPLACED_PREFIX_BYTES`] of the row.
+pub fn replaced_generation(row: &[u8]) -> Option<String> {
+    let (json, _) = split_row(row)?;
+    let h: StateHeader = serde_json::from_slice(json).ok()?;
+    (h.chunks > 0).then_some(h.generation)
 }
 
 /// The checksum of a state's bytes (xxHash3-64, hex).
@@ -323,7 +385,8 @@ pub struct HeaderWrite<'a> {
     pub key: &'a StateKey,
     /// The precondition on its header.
     pub expected: Expected,
-    /// The new header ([`StateHeader::encode`]), or `None` to delete the header.
+    /// The new header row ([`StateHeader::encode_row`], a small state's bytes
+    /// inline), or `None` to delete the header.
     pub header: Option<Vec<u8>>,
     /// The generation of the chunks below.
     pub generation: &'a str,
@@ -337,9 +400,17 @@ pub struct HeaderWrite<'a> {
 /// The outcome of a [`StateTable::commit`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Commit {
-    /// Every write committed: the new etag of each header (`None` where the
-    /// header was deleted), in order.
-    Done(Vec<Option<Etag>>),
+    /// Every write committed.
+    Done {
+        /// The new etag of each header (`None` where the header was deleted),
+        /// in order.
+        etags: Vec<Option<Etag>>,
+        /// For each write, the generation whose chunk rows the header it
+        /// replaced had published ([`replaced_generation`] of the old row,
+        /// expired or not): no longer read, to delete. `None` where there were
+        /// none. Empty when the provider cannot tell (a sweep removes them).
+        replaced: Vec<Option<String>>,
+    },
     /// The compare of write `index` failed (the header's etag is `current`, none:
     /// no header); nothing was written.
     Conflict {
@@ -383,7 +454,10 @@ pub trait StateTable: Send + Sync + std::fmt::Debug {
 
     /// Compares every write's header against its [`Expected`] and, only if all
     /// pass, writes every header and inline chunk, in one transaction. An
-    /// expired header counts as absent.
+    /// expired header counts as absent. For one write of a header without
+    /// chunk rows, this is one conditional write to the backend (no read before
+    /// it), and it reports the generation the old header published
+    /// ([`Commit::Done::replaced`]).
     async fn commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Commit>;
 
     /// Every generation with chunks stored for `key`.
@@ -415,11 +489,11 @@ pub struct StateRead {
 /// A step of a write, decided by [`WriteMachine`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WriteAction {
-    /// Read the current header (its generation is deleted once replaced).
-    ReadHeader,
     /// Stage chunks `range` of the new generation.
     PutChunks(Range<usize>),
-    /// Commit the header, with chunks `range` inline.
+    /// Commit the header, with chunk rows `range` in the same transaction
+    /// (empty for an inline state, whose bytes are in the header row, and for
+    /// staged chunks).
     Commit(Range<usize>),
     /// The commit failed and may have been applied: read the header to learn
     /// whether it publishes this write's generation
@@ -449,35 +523,53 @@ pub enum WriteFailure {
 pub enum WriteEvent {
     /// Start.
     Start,
-    /// The header read: its generation, if any.
-    HeaderRead(Option<String>),
     /// A [`WriteAction::PutChunks`] succeeded.
     ChunksPut,
-    /// The commit's outcome (the etag of the header written).
+    /// The commit's outcome (the etag of the header written, the generation it
+    /// replaced).
     Committed(Commit),
     /// The header read by [`WriteAction::Resolve`]: its generation and etag, if
     /// there is one.
     Resolved(Option<(String, Etag)>),
     /// A [`WriteAction::DeleteGeneration`] finished (ok or not: garbage only).
     Deleted,
-    /// A table call failed.
+    /// A table call failed (a commit that failed this way may have landed).
     Failed,
+    /// A table call was refused before it reached the store (invalid input, an
+    /// unsupported operation: an error that is not transient): nothing was
+    /// written.
+    Rejected,
 }
 
 /// Where a [`WriteMachine`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
-    Reading,
     Staging,
     Committing,
     Resolving,
     Cleaning,
 }
 
-/// The rules of one write (sans-io): chunk the bytes, inline them in the header's
-/// transaction when they fit, else stage them in batches first; after the commit
-/// delete the generation it replaced; after a conflict or a failure that certainly
-/// wrote nothing, delete the staged one.
+/// Where a state's bytes go, decided by its size against the provider's
+/// [`StateLimits`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// In the header row itself (at most one chunk's size): one conditional
+    /// write, no chunk rows.
+    Row,
+    /// Chunk rows written in the header's transaction.
+    Txn,
+    /// Chunk rows staged in batches first, then published by the header.
+    Staged,
+}
+
+/// The rules of one write (sans-io). A small state goes in its header row: the
+/// write is one conditional write (no read before it, nothing to delete after
+/// it unless the state it replaced had chunk rows). A larger one is chunked:
+/// in the header's transaction when it fits one, else staged in batches first.
+/// After the commit, the generation it replaced is deleted (the commit names
+/// it); after a conflict or a failure that certainly wrote nothing, the staged
+/// one.
 ///
 /// A commit that fails with an error may still have been applied (a timeout, a
 /// connection lost after the request was sent: Jepsen's "indeterminate"
@@ -489,10 +581,10 @@ enum Phase {
 #[derive(Debug)]
 pub struct WriteMachine {
     limits: StateLimits,
-    /// Byte ranges of the chunks.
+    /// Byte ranges of the chunk rows (none for [`Layout::Row`]).
     chunks: Vec<Range<usize>>,
     generation: String,
-    inline: bool,
+    layout: Layout,
     phase: Phase,
     /// Chunks staged so far.
     staged: usize,
@@ -505,9 +597,20 @@ pub struct WriteMachine {
 /// estimate: the envelope's JSON and the provider's key and attributes).
 pub const HEADER_BYTES: usize = 512;
 
+/// Where `len` bytes go on a provider with `limits`.
+pub fn layout(len: usize, limits: StateLimits) -> Layout {
+    let chunks = len.div_ceil(limits.chunk_bytes.max(1));
+    if len <= limits.chunk_bytes && len + HEADER_BYTES <= limits.txn_bytes {
+        Layout::Row
+    } else if chunks < limits.txn_rows && len + HEADER_BYTES <= limits.txn_bytes {
+        Layout::Txn
+    } else {
+        Layout::Staged
+    }
+}
+
 impl WriteMachine {
-    /// A write of `len` bytes under `generation` (`clear`: a tombstone or delete,
-    /// no chunks).
+    /// A write of `len` bytes under `generation`.
     ///
     /// # Errors
     /// [`Error::TooLarge`] over the provider's [`StateLimits::max_state_bytes`].
@@ -519,15 +622,18 @@ impl WriteMachine {
                 max: limits.max_state_bytes,
             });
         }
+        let layout = layout(len, limits);
         let step = limits.chunk_bytes.max(1);
-        let chunks: Vec<Range<usize>> = (0..len).step_by(step).map(|a| a..(a + step).min(len)).collect();
-        let inline = chunks.len() < limits.txn_rows && len + HEADER_BYTES <= limits.txn_bytes;
+        let chunks: Vec<Range<usize>> = match layout {
+            Layout::Row => Vec::new(),
+            Layout::Txn | Layout::Staged => (0..len).step_by(step).map(|a| a..(a + step).min(len)).collect(),
+        };
         Ok(WriteMachine {
             limits,
             chunks,
             generation,
-            inline,
-            phase: Phase::Reading,
+            layout,
+            phase: Phase::Staging,
             staged: 0,
             batch: 0..0,
             replaced: None,
@@ -535,14 +641,14 @@ impl WriteMachine {
         })
     }
 
-    /// The chunks' byte ranges.
+    /// The chunk rows' byte ranges (none when the bytes go in the header row).
     pub fn chunk_ranges(&self) -> &[Range<usize>] {
         &self.chunks
     }
 
-    /// Whether the chunks go in the header's transaction.
-    pub fn inline(&self) -> bool {
-        self.inline
+    /// Where the bytes go.
+    pub fn layout(&self) -> Layout {
+        self.layout
     }
 
     /// The new generation.
@@ -567,23 +673,24 @@ impl WriteMachine {
     /// The next action after `event`.
     pub fn handle(&mut self, event: WriteEvent) -> WriteAction {
         match event {
-            WriteEvent::Start => WriteAction::ReadHeader,
-            WriteEvent::HeaderRead(generation) => {
-                self.replaced = generation.filter(|g| *g != self.generation);
-                self.stage_or_commit()
-            }
+            WriteEvent::Start => self.stage_or_commit(),
             WriteEvent::ChunksPut => {
                 self.staged = self.batch.end;
                 self.stage_or_commit()
             }
-            WriteEvent::Committed(Commit::Done(etags)) => {
+            WriteEvent::Committed(Commit::Done { etags, replaced }) => {
+                self.replaced = replaced
+                    .into_iter()
+                    .next()
+                    .flatten()
+                    .filter(|g| *g != self.generation);
                 self.succeed(etags.into_iter().next().flatten())
             }
             WriteEvent::Committed(Commit::Conflict { current, .. }) => {
                 self.fail(WriteFailure::Conflict(current))
             }
             WriteEvent::Resolved(Some((g, etag))) if g == self.generation => self.succeed(Some(etag)),
-            WriteEvent::Resolved(_) => self.fail(WriteFailure::Failed),
+            WriteEvent::Resolved(_) | WriteEvent::Rejected => self.fail(WriteFailure::Failed),
             WriteEvent::Failed => match self.phase {
                 Phase::Committing => {
                     self.phase = Phase::Resolving;
@@ -601,16 +708,15 @@ impl WriteMachine {
     }
 
     fn stage_or_commit(&mut self) -> WriteAction {
-        if !self.inline && self.staged < self.chunks.len() {
+        if self.layout == Layout::Staged && self.staged < self.chunks.len() {
             self.phase = Phase::Staging;
             self.batch = self.next_batch();
             return WriteAction::PutChunks(self.batch.clone());
         }
         self.phase = Phase::Committing;
-        if self.inline {
-            WriteAction::Commit(0..self.chunks.len())
-        } else {
-            WriteAction::Commit(0..0)
+        match self.layout {
+            Layout::Txn => WriteAction::Commit(0..self.chunks.len()),
+            Layout::Row | Layout::Staged => WriteAction::Commit(0..0),
         }
     }
 
@@ -628,7 +734,7 @@ impl WriteMachine {
     fn fail(&mut self, why: WriteFailure) -> WriteAction {
         self.outcome = Some(Err(why));
         self.replaced = None;
-        if !self.inline && self.staged + self.batch.len() > 0 {
+        if self.layout == Layout::Staged && self.staged + self.batch.len() > 0 {
             // Staged chunks nobody will publish.
             self.staged = 0;
             self.batch = 0..0;
@@ -703,14 +809,24 @@ impl StateStorage {
     /// [`Error::Backend`] if the backend fails.
     pub async fn read(&self, key: &StateKey) -> Result<StateRead> {
         for _ in 0..READ_ATTEMPTS {
-            let Some((bytes, etag)) = self.table.read_header(key).await? else {
+            let Some((row, etag)) = self.table.read_header(key).await? else {
                 return Ok(StateRead::default());
             };
-            let header = StateHeader::decode(key, &bytes)?;
+            let (header, inline) = StateHeader::decode_row(key, &row)?;
             if header.cleared || header.expired(self.clock.now()) {
                 return Ok(StateRead {
                     etag: (!header.expired(self.clock.now())).then_some(etag),
                     ..StateRead::default()
+                });
+            }
+            if header.inline {
+                // One read: the bytes are in the header row.
+                let data = assemble(key, &header, vec![Some(inline.to_vec())])?;
+                return Ok(StateRead {
+                    data,
+                    codec: header.codec,
+                    etag: Some(etag),
+                    record_exists: true,
                 });
             }
             let chunks = self
@@ -765,6 +881,10 @@ impl StateStorage {
     }
 
     /// A fresh generation id for [`write_as`](Self::write_as).
+    ///
+    /// The id starts with the writer's clock (ms), which only orders
+    /// generations for the sweep's grace period; a sweep never removes the
+    /// published generation, whatever the clocks say.
     pub fn new_generation(&self) -> String {
         new_generation(self.clock.now())
     }
@@ -788,22 +908,11 @@ impl StateStorage {
         let generation = generation.to_owned();
         let mut m = WriteMachine::new(key, data.len(), generation.clone(), self.table.limits())?;
         let ranges = m.chunk_ranges().to_vec();
-        let header =
-            StateHeader::of(data, codec, generation.clone(), ranges.len() as u32, expires_at).encode();
+        let header = header_row(data, codec, &generation, m.layout(), ranges.len(), expires_at);
         let mut errors: Vec<Error> = Vec::new();
         let mut action = m.handle(WriteEvent::Start);
         loop {
             let event = match action {
-                WriteAction::ReadHeader => match self.table.read_header(key).await {
-                    Ok(h) => WriteEvent::HeaderRead(
-                        h.and_then(|(b, _)| StateHeader::decode(key, &b).ok())
-                            .map(|h| h.generation),
-                    ),
-                    Err(e) => {
-                        errors.push(e);
-                        WriteEvent::Failed
-                    }
-                },
                 WriteAction::PutChunks(r) => {
                     let chunks: Vec<&[u8]> = ranges[r.clone()].iter().map(|b| &data[b.clone()]).collect();
                     match self
@@ -830,8 +939,13 @@ impl StateStorage {
                     match self.table.commit(std::slice::from_ref(&w)).await {
                         Ok(c) => WriteEvent::Committed(c),
                         Err(e) => {
+                            let transient = e.is_transient();
                             errors.push(e);
-                            WriteEvent::Failed
+                            if transient {
+                                WriteEvent::Failed
+                            } else {
+                                WriteEvent::Rejected
+                            }
                         }
                     }
                 }
@@ -926,7 +1040,7 @@ impl StateStorage {
             let m = WriteMachine::new(key, data.len(), generation.clone(), limits)?;
             rows += m.chunk_ranges().len() + 1;
             bytes += data.len() + HEADER_BYTES;
-            planned.push(m.chunk_ranges().to_vec());
+            planned.push((m.layout(), m.chunk_ranges().to_vec()));
         }
         if rows > limits.txn_rows || bytes > limits.txn_bytes {
             return Err(Error::invalid_config(
@@ -937,26 +1051,24 @@ impl StateStorage {
                 ),
             ));
         }
-        let mut replaced = Vec::new();
-        for (key, ..) in states {
-            if let Some((b, _)) = self.table.read_header(key).await? {
-                if let Ok(h) = StateHeader::decode(key, &b) {
-                    replaced.push((key.clone(), h.generation));
-                }
-            }
-        }
         let headers: Vec<Vec<u8>> = states
             .iter()
             .zip(&planned)
-            .map(|((_, _, codec, data), r)| {
-                StateHeader::of(data, *codec, generation.clone(), r.len() as u32, None).encode()
+            .map(|((_, _, codec, data), (layout, r))| {
+                // A state too big for its row has chunk rows in the transaction.
+                let layout = if *layout == Layout::Row {
+                    Layout::Row
+                } else {
+                    Layout::Txn
+                };
+                header_row(data, *codec, &generation, layout, r.len(), None)
             })
             .collect();
         let writes: Vec<HeaderWrite<'_>> = states
             .iter()
             .zip(&planned)
             .zip(&headers)
-            .map(|(((key, expected, _, data), r), h)| HeaderWrite {
+            .map(|(((key, expected, _, data), (_, r)), h)| HeaderWrite {
                 key,
                 expected: expected.clone(),
                 header: Some(h.clone()),
@@ -967,6 +1079,7 @@ impl StateStorage {
             .collect();
         let committed = match self.table.commit(&writes).await {
             Ok(c) => c,
+            Err(e) if !e.is_transient() => return Err(e),
             Err(e) => {
                 // It may have landed: every header names our generation if so.
                 let mut etags = Vec::with_capacity(states.len());
@@ -982,14 +1095,17 @@ impl StateStorage {
                         }
                     }
                 }
-                Commit::Done(etags)
+                Commit::Done {
+                    etags,
+                    replaced: Vec::new(),
+                }
             }
         };
         match committed {
-            Commit::Done(etags) => {
-                for (key, g) in replaced {
-                    if g != generation {
-                        let _ = self.table.delete_generation(&key, &g).await;
+            Commit::Done { etags, replaced } => {
+                for ((key, ..), g) in states.iter().zip(replaced) {
+                    if let Some(g) = g.filter(|g| *g != generation) {
+                        let _ = self.table.delete_generation(key, &g).await;
                     }
                 }
                 etags
@@ -1030,14 +1146,8 @@ impl StateStorage {
         mode: ClearMode,
         generation: &str,
     ) -> Result<Option<Etag>> {
-        let old = self
-            .table
-            .read_header(key)
-            .await?
-            .and_then(|(b, _)| StateHeader::decode(key, &b).ok())
-            .map(|h| h.generation);
         let header = match mode {
-            ClearMode::Tombstone => Some(StateHeader::tombstone(generation.to_owned()).encode()),
+            ClearMode::Tombstone => Some(StateHeader::tombstone(generation.to_owned()).encode_row(&[])),
             ClearMode::Delete => None,
         };
         let w = HeaderWrite {
@@ -1050,6 +1160,7 @@ impl StateStorage {
         };
         let committed = match self.table.commit(std::slice::from_ref(&w)).await {
             Ok(c) => c,
+            Err(e) if !e.is_transient() => return Err(e),
             // It may have landed: a tombstone names our generation; after a
             // delete, no header is left.
             Err(e) => {
@@ -1071,14 +1182,17 @@ impl StateStorage {
                     _ => None,
                 };
                 match landed {
-                    Some(etag) => Commit::Done(vec![etag]),
+                    Some(etag) => Commit::Done {
+                        etags: vec![etag],
+                        replaced: Vec::new(),
+                    },
                     None => return Err(e),
                 }
             }
         };
         match committed {
-            Commit::Done(etags) => {
-                if let Some(g) = old {
+            Commit::Done { etags, replaced } => {
+                if let Some(g) = replaced.into_iter().next().flatten() {
                     let _ = self.table.delete_generation(key, &g).await;
                 }
                 Ok(etags.into_iter().next().flatten())
@@ -1116,6 +1230,24 @@ impl StateStorage {
             self.table.delete_generation(key, g).await?;
         }
         Ok(gone.len())
+    }
+}
+
+/// The header row of `data` written under `generation` with `layout`.
+fn header_row(
+    data: &[u8],
+    codec: Codec,
+    generation: &str,
+    layout: Layout,
+    chunks: usize,
+    expires_at: Option<Timestamp>,
+) -> Vec<u8> {
+    let mut h = StateHeader::of(data, codec, generation.to_owned(), chunks as u32, expires_at);
+    if layout == Layout::Row {
+        h.inline = true;
+        h.encode_row(data)
+    } else {
+        h.encode_row(&[])
     }
 }
 
@@ -1160,18 +1292,38 @@ mod tests {
         assert_eq!(key().kind(), "cart");
     }
 
+    fn done(etag: &str, replaced: Option<&str>) -> Commit {
+        Commit::Done {
+            etags: vec![Some(Etag::new(etag))],
+            replaced: vec![replaced.map(str::to_owned)],
+        }
+    }
+
     #[test]
-    fn a_small_state_is_inline_and_replaces_the_old_generation() {
-        let mut m = WriteMachine::new(&key(), 25, "g2".into(), LIMITS).unwrap();
-        assert!(m.inline());
-        assert_eq!(m.chunk_ranges(), &[0..10, 10..20, 20..25]);
-        assert_eq!(m.handle(WriteEvent::Start), WriteAction::ReadHeader);
+    fn a_small_state_is_one_conditional_write_of_its_row() {
+        let mut m = WriteMachine::new(&key(), 10, "g2".into(), LIMITS).unwrap();
+        assert_eq!(m.layout(), Layout::Row);
+        assert!(m.chunk_ranges().is_empty(), "no chunk rows");
         assert_eq!(
-            m.handle(WriteEvent::HeaderRead(Some("g1".into()))),
-            WriteAction::Commit(0..3)
+            m.handle(WriteEvent::Start),
+            WriteAction::Commit(0..0),
+            "no read before"
         );
         assert_eq!(
-            m.handle(WriteEvent::Committed(Commit::Done(vec![Some(Etag::new("e"))]))),
+            m.handle(WriteEvent::Committed(done("e", None))),
+            WriteAction::Finish(Ok(Some(Etag::new("e")))),
+            "nothing to delete after"
+        );
+    }
+
+    #[test]
+    fn the_generation_a_commit_replaced_is_deleted() {
+        let mut m = WriteMachine::new(&key(), 25, "g2".into(), LIMITS).unwrap();
+        assert_eq!(m.layout(), Layout::Txn);
+        assert_eq!(m.chunk_ranges(), &[0..10, 10..20, 20..25]);
+        assert_eq!(m.handle(WriteEvent::Start), WriteAction::Commit(0..3));
+        assert_eq!(
+            m.handle(WriteEvent::Committed(done("e", Some("g1")))),
             WriteAction::DeleteGeneration("g1".into())
         );
         assert_eq!(
@@ -1183,12 +1335,8 @@ mod tests {
     #[test]
     fn a_large_state_is_staged_in_batches_and_a_conflict_deletes_them() {
         let mut m = WriteMachine::new(&key(), 95, "g2".into(), LIMITS).unwrap();
-        assert!(!m.inline());
-        m.handle(WriteEvent::Start);
-        assert_eq!(
-            m.handle(WriteEvent::HeaderRead(None)),
-            WriteAction::PutChunks(0..4)
-        );
+        assert_eq!(m.layout(), Layout::Staged);
+        assert_eq!(m.handle(WriteEvent::Start), WriteAction::PutChunks(0..4));
         assert_eq!(m.handle(WriteEvent::ChunksPut), WriteAction::PutChunks(4..8));
         assert_eq!(m.handle(WriteEvent::ChunksPut), WriteAction::PutChunks(8..10));
         assert_eq!(m.handle(WriteEvent::ChunksPut), WriteAction::Commit(0..0));
@@ -1209,7 +1357,6 @@ mod tests {
     fn a_failed_staging_call_deletes_what_was_staged() {
         let mut m = WriteMachine::new(&key(), 95, "g2".into(), LIMITS).unwrap();
         m.handle(WriteEvent::Start);
-        m.handle(WriteEvent::HeaderRead(None));
         assert_eq!(
             m.handle(WriteEvent::Failed),
             WriteAction::DeleteGeneration("g2".into())
@@ -1220,31 +1367,30 @@ mod tests {
         );
     }
 
+    fn staged_to_commit() -> WriteMachine {
+        let mut m = WriteMachine::new(&key(), 95, "g2".into(), LIMITS).unwrap();
+        m.handle(WriteEvent::Start);
+        m.handle(WriteEvent::ChunksPut);
+        m.handle(WriteEvent::ChunksPut);
+        assert_eq!(m.handle(WriteEvent::ChunksPut), WriteAction::Commit(0..0));
+        m
+    }
+
     /// A commit that errors may have landed: the machine reads the header before
     /// it deletes anything (the first version deleted the staged generation at
     /// once, and a commit that had landed read `Corrupt` for ever).
     #[test]
     fn a_failed_commit_that_landed_succeeds_and_keeps_its_chunks() {
-        let mut m = WriteMachine::new(&key(), 95, "g2".into(), LIMITS).unwrap();
-        m.handle(WriteEvent::Start);
-        m.handle(WriteEvent::HeaderRead(Some("g1".into())));
-        m.handle(WriteEvent::ChunksPut);
-        m.handle(WriteEvent::ChunksPut);
-        assert_eq!(m.handle(WriteEvent::ChunksPut), WriteAction::Commit(0..0));
+        let mut m = staged_to_commit();
         assert_eq!(m.handle(WriteEvent::Failed), WriteAction::Resolve);
         assert_eq!(
             m.handle(WriteEvent::Resolved(Some(("g2".into(), Etag::new("e"))))),
-            WriteAction::DeleteGeneration("g1".into()),
-            "landed: the replaced generation goes, ours stays"
+            WriteAction::Finish(Ok(Some(Etag::new("e")))),
+            "landed: ours stays"
         );
-        assert_eq!(
-            m.handle(WriteEvent::Deleted),
-            WriteAction::Finish(Ok(Some(Etag::new("e"))))
-        );
-        // Inline: the same.
+        // In the header row: the same.
         let mut m = WriteMachine::new(&key(), 5, "g2".into(), LIMITS).unwrap();
-        m.handle(WriteEvent::Start);
-        assert_eq!(m.handle(WriteEvent::HeaderRead(None)), WriteAction::Commit(0..1));
+        assert_eq!(m.handle(WriteEvent::Start), WriteAction::Commit(0..0));
         assert_eq!(m.handle(WriteEvent::Failed), WriteAction::Resolve);
         assert_eq!(
             m.handle(WriteEvent::Resolved(Some(("g2".into(), Etag::new("e"))))),
@@ -1255,12 +1401,7 @@ mod tests {
     #[test]
     fn a_failed_commit_that_did_not_land_deletes_what_it_staged() {
         for found in [Some(("g1".to_owned(), Etag::new("old"))), None] {
-            let mut m = WriteMachine::new(&key(), 95, "g2".into(), LIMITS).unwrap();
-            m.handle(WriteEvent::Start);
-            m.handle(WriteEvent::HeaderRead(Some("g1".into())));
-            m.handle(WriteEvent::ChunksPut);
-            m.handle(WriteEvent::ChunksPut);
-            m.handle(WriteEvent::ChunksPut);
+            let mut m = staged_to_commit();
             assert_eq!(m.handle(WriteEvent::Failed), WriteAction::Resolve);
             assert_eq!(
                 m.handle(WriteEvent::Resolved(found)),
@@ -1274,18 +1415,51 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_commit_wrote_nothing_and_is_not_resolved() {
+        let mut m = staged_to_commit();
+        assert_eq!(
+            m.handle(WriteEvent::Rejected),
+            WriteAction::DeleteGeneration("g2".into())
+        );
+        assert_eq!(
+            m.handle(WriteEvent::Deleted),
+            WriteAction::Finish(Err(WriteFailure::Failed))
+        );
+    }
+
+    #[test]
     fn a_failed_commit_whose_outcome_cannot_be_read_deletes_nothing() {
-        let mut m = WriteMachine::new(&key(), 95, "g2".into(), LIMITS).unwrap();
-        m.handle(WriteEvent::Start);
-        m.handle(WriteEvent::HeaderRead(Some("g1".into())));
-        m.handle(WriteEvent::ChunksPut);
-        m.handle(WriteEvent::ChunksPut);
-        m.handle(WriteEvent::ChunksPut);
+        let mut m = staged_to_commit();
         assert_eq!(m.handle(WriteEvent::Failed), WriteAction::Resolve);
         assert_eq!(
             m.handle(WriteEvent::Failed),
             WriteAction::Finish(Err(WriteFailure::Unknown))
         );
+    }
+
+    #[test]
+    fn header_rows_round_trip_and_format_1_still_reads() {
+        let data = b"hello".to_vec();
+        let mut h = StateHeader::of(&data, Codec::Json, "g".into(), 0, None);
+        h.inline = true;
+        let row = h.encode_row(&data);
+        let (back, inline) = StateHeader::decode_row(&key(), &row).unwrap();
+        assert_eq!((back, inline), (h, data.as_slice()));
+        assert_eq!(replaced_generation(&row), None, "inline: no chunk rows");
+        let v1 = br#"{"format":1,"codec":"json","len":5,"checksum":"x","generation":"g1","chunks":1}"#;
+        let (old, rest) = StateHeader::decode_row(&key(), v1).unwrap();
+        assert_eq!((old.format, old.chunks, rest.len()), (1, 1, 0));
+        assert_eq!(replaced_generation(v1), Some("g1".into()));
+        assert_eq!(replaced_generation(&v1[..20]), None, "cut: not a header");
+        for bad in [&b"RCS2\0\0\0\x09{}"[..], b"RCS", b"xyz", b""] {
+            assert!(
+                matches!(StateHeader::decode_row(&key(), bad), Err(Error::Corrupt { .. })),
+                "{bad:?}"
+            );
+        }
+        let newer = br#"{"format":3,"codec":"json","len":0,"checksum":"x","generation":"g","chunks":0}"#;
+        let e = StateHeader::decode(&key(), newer).unwrap_err();
+        assert!(e.to_string().contains("newer"), "{e}");
     }
 
     #[test]

@@ -20,12 +20,12 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::primitives::Blob;
-use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem};
-use rollcall_membership_core::state::{Commit, HeaderWrite, StateLimits, StateTable};
+use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, ReturnValue, TransactWriteItem};
+use rollcall_membership_core::state::{replaced_generation, Commit, HeaderWrite, StateLimits, StateTable};
 use rollcall_membership_core::{Error, Etag, Expected, Result, StateKey, Timestamp};
 use tokio::sync::OnceCell;
 
-use crate::conn::{n, new_etag, s, Attrs, Conn, Item};
+use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
 use crate::schema::{self, SHARD_KEY, SORT_KEY};
 
 const BODY: &str = "Body";
@@ -130,10 +130,98 @@ impl DynamoDbStateTable {
         format!("{}{generation}#{i:08}", Self::chunks_sort_prefix(key))
     }
 
-    fn chunk_item(&self, key: &StateKey, generation: &str, i: u32, data: &[u8]) -> Item {
+    /// A chunk item; with an expiry, the table's TTL attribute too, so that
+    /// DynamoDB removes it with its header.
+    fn chunk_item(
+        &self,
+        key: &StateKey,
+        generation: &str,
+        i: u32,
+        data: &[u8],
+        expires_at: Option<Timestamp>,
+    ) -> Item {
         let mut item = self.key(key, Self::chunk_sort(key, generation, i));
         item.insert(DATA.to_owned(), AttributeValue::B(Blob::new(data.to_vec())));
+        if let Some(at) = expires_at {
+            item.insert(TTL.to_owned(), n(at.as_millis().div_ceil(1000)));
+        }
         item
+    }
+
+    /// The header item of write `w` with etag `etag`.
+    fn header_row(&self, w: &HeaderWrite<'_>, mut item: Item, body: &[u8], etag: &Etag) -> Item {
+        item.insert(BODY.to_owned(), AttributeValue::B(Blob::new(body.to_vec())));
+        item.insert(ETAG.to_owned(), s(etag.as_str()));
+        item.insert(KIND.to_owned(), s(self.kind_tag(w.key.kind())));
+        if let Some(at) = w.expires_at {
+            item.insert(EXPIRES_AT.to_owned(), n(at.as_millis()));
+            item.insert(TTL.to_owned(), n(at.as_millis().div_ceil(1000)));
+        }
+        item
+    }
+
+    /// One header write without chunk rows: a conditional `PutItem` or
+    /// `DeleteItem` returning the old item (one round trip; a second read only
+    /// on a conflict, to name the etag found).
+    async fn commit_one(&self, w: &HeaderWrite<'_>) -> Result<Commit> {
+        let (cond, names, values) = condition(&w.expected, Timestamp::now().as_millis());
+        let key = self.key(w.key, Self::header_sort(w.key));
+        let (etag, old) = match &w.header {
+            Some(body) => {
+                let etag = new_etag();
+                let sent = self
+                    .conn
+                    .client
+                    .put_item()
+                    .table_name(self.table_name())
+                    .set_item(Some(self.header_row(w, key, body, &etag)))
+                    .set_condition_expression(cond)
+                    .set_expression_attribute_names(names)
+                    .set_expression_attribute_values(values)
+                    .return_values(ReturnValue::AllOld)
+                    .send()
+                    .await;
+                match sent {
+                    Ok(out) => (Some(etag), out.attributes),
+                    Err(e) if is_condition_failed(&e) => return self.conflict(w).await,
+                    Err(e) => return Err(self.conn.error("PutItem", self.table_name(), e)),
+                }
+            }
+            None => {
+                let sent = self
+                    .conn
+                    .client
+                    .delete_item()
+                    .table_name(self.table_name())
+                    .set_key(Some(key))
+                    .set_condition_expression(cond)
+                    .set_expression_attribute_names(names)
+                    .set_expression_attribute_values(values)
+                    .return_values(ReturnValue::AllOld)
+                    .send()
+                    .await;
+                match sent {
+                    Ok(out) => (None, out.attributes),
+                    Err(e) if is_condition_failed(&e) => return self.conflict(w).await,
+                    Err(e) => return Err(self.conn.error("DeleteItem", self.table_name(), e)),
+                }
+            }
+        };
+        let replaced = old.as_ref().and_then(|i| match i.get(BODY) {
+            Some(AttributeValue::B(b)) => replaced_generation(b.as_ref()),
+            _ => None,
+        });
+        Ok(Commit::Done {
+            etags: vec![etag],
+            replaced: vec![replaced],
+        })
+    }
+
+    /// The conflict of a single write whose condition failed: the etag found.
+    async fn conflict(&self, w: &HeaderWrite<'_>) -> Result<Commit> {
+        let item = self.header_item(w.key).await?;
+        let current = self.live_etag(w.key, item.as_ref(), Timestamp::now().as_millis())?;
+        Ok(Commit::Conflict { index: 0, current })
     }
 
     fn put(&self, item: Item) -> Result<TransactWriteItem> {
@@ -253,7 +341,7 @@ impl StateTable for DynamoDbStateTable {
         generation: &str,
         first: u32,
         chunks: &[&[u8]],
-        _expires_at: Option<Timestamp>,
+        expires_at: Option<Timestamp>,
     ) -> Result<()> {
         check_name(key)?;
         self.ready().await?;
@@ -263,7 +351,7 @@ impl StateTable for DynamoDbStateTable {
         let ops = chunks
             .iter()
             .enumerate()
-            .map(|(i, c)| self.put(self.chunk_item(key, generation, first + i as u32, c)))
+            .map(|(i, c)| self.put(self.chunk_item(key, generation, first + i as u32, c, expires_at)))
             .collect::<Result<Vec<_>>>()?;
         if self
             .conn
@@ -283,8 +371,31 @@ impl StateTable for DynamoDbStateTable {
             check_name(w.key)?;
         }
         self.ready().await?;
-        if writes.is_empty() {
-            return Ok(Commit::Done(Vec::new()));
+        match writes {
+            [] => {
+                return Ok(Commit::Done {
+                    etags: Vec::new(),
+                    replaced: Vec::new(),
+                })
+            }
+            // One header and no chunk rows: one conditional PutItem (or
+            // DeleteItem) that returns the item it replaced.
+            [w] if w.chunks.is_empty() => return self.commit_one(w).await,
+            _ => {}
+        }
+        // The generations the headers publish now (a transaction returns no old
+        // items): read first, so that their chunks can be deleted after.
+        let mut replaced = Vec::with_capacity(writes.len());
+        for w in writes {
+            replaced.push(
+                self.header_item(w.key)
+                    .await?
+                    .as_ref()
+                    .and_then(|i| match i.get(BODY) {
+                        Some(AttributeValue::B(b)) => replaced_generation(b.as_ref()),
+                        _ => None,
+                    }),
+            );
         }
         for _ in 0..TRANSACT_ATTEMPTS {
             let now = Timestamp::now().as_millis();
@@ -293,20 +404,13 @@ impl StateTable for DynamoDbStateTable {
             for w in writes {
                 let (cond, names, values) = condition(&w.expected, now);
                 for (i, c) in w.chunks.iter().enumerate() {
-                    ops.push(self.put(self.chunk_item(w.key, w.generation, i as u32, c))?);
+                    ops.push(self.put(self.chunk_item(w.key, w.generation, i as u32, c, w.expires_at))?);
                 }
                 let key = self.key(w.key, Self::header_sort(w.key));
                 match &w.header {
                     Some(body) => {
                         let etag = new_etag();
-                        let mut item = key;
-                        item.insert(BODY.to_owned(), AttributeValue::B(Blob::new(body.clone())));
-                        item.insert(ETAG.to_owned(), s(etag.as_str()));
-                        item.insert(KIND.to_owned(), s(self.kind_tag(w.key.kind())));
-                        if let Some(at) = w.expires_at {
-                            item.insert(EXPIRES_AT.to_owned(), n(at.as_millis()));
-                            item.insert(TTL.to_owned(), n(at.as_millis().div_ceil(1000)));
-                        }
+                        let item = self.header_row(w, key, body, &etag);
                         let put = Put::builder()
                             .table_name(self.table_name())
                             .set_item(Some(item))
@@ -333,7 +437,7 @@ impl StateTable for DynamoDbStateTable {
                 }
             }
             if self.conn.transact("state commit", self.table_name(), ops).await? {
-                return Ok(Commit::Done(etags));
+                return Ok(Commit::Done { etags, replaced });
             }
             // A failed condition, or a concurrent transaction: which one?
             for (index, w) in writes.iter().enumerate() {

@@ -15,9 +15,11 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
-use rollcall_membership_core::state::{Commit, HeaderWrite, StateHeader, StateLimits, StateTable};
-use rollcall_membership_core::{Etag, Result, StateKey, Timestamp};
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use rollcall_membership_core::state::{
+    replaced_generation, Commit, HeaderWrite, StateHeader, StateLimits, StateTable,
+};
+use rollcall_membership_core::{Error, Etag, Expected, Result, StateKey, Timestamp};
 
 use crate::conn::Conn;
 use crate::keys::{escape, prefix_end, unescape};
@@ -41,8 +43,8 @@ pub const ETCD_STATE_LIMITS: StateLimits = StateLimits {
     max_state_bytes: ETCD_MAX_STATE_BYTES,
 };
 
-/// How often a commit whose Txn failed on a header that changed between the
-/// read and the Txn compares again before it reports the conflict.
+/// How often a commit whose Txn failed on a header that its precondition admits
+/// after all (expired but not yet removed by its lease) compares again.
 const TXN_ATTEMPTS: usize = 3;
 
 /// The grain-state table of one service on etcd.
@@ -205,25 +207,37 @@ impl StateTable for EtcdStateTable {
 
     async fn commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Commit> {
         if writes.is_empty() {
-            return Ok(Commit::Done(Vec::new()));
+            return Ok(Commit::Done {
+                etags: Vec::new(),
+                replaced: Vec::new(),
+            });
         }
         let mut leases = Vec::with_capacity(writes.len());
         for w in writes {
             leases.push(self.lease_for(w.expires_at).await?);
         }
+        // The revision of a header found expired but not yet removed by its
+        // lease: it counts as absent, so the next attempt compares on it.
+        let mut expired_at: Vec<Option<i64>> = vec![None; writes.len()];
         for _ in 0..TXN_ATTEMPTS {
             let mut compares = Vec::with_capacity(writes.len());
             for (index, w) in writes.iter().enumerate() {
-                let (live, stored) = self.header_state(w.key).await?;
-                if !w.expected.admits(live.as_ref()) {
-                    return Ok(Commit::Conflict { index, current: live });
-                }
                 let hk = self.header_key(w.key);
-                // The header the decision rests on must be the one the Txn finds.
-                compares.push(match stored {
-                    Some(rev) => Compare::mod_revision(hk, CompareOp::Equal, rev),
-                    None => Compare::version(hk, CompareOp::Equal, 0),
-                });
+                match (&w.expected, expired_at[index]) {
+                    (Expected::Any, _) => {}
+                    (Expected::Absent, None) => compares.push(Compare::version(hk, CompareOp::Equal, 0)),
+                    (Expected::Absent, Some(rev)) => {
+                        compares.push(Compare::mod_revision(hk, CompareOp::Equal, rev))
+                    }
+                    (Expected::Etag(e), _) => match e.as_str().parse::<i64>() {
+                        Ok(rev) => compares.push(Compare::mod_revision(hk, CompareOp::Equal, rev)),
+                        // Not an etag of this table: it cannot match.
+                        Err(_) => {
+                            let (current, _) = self.header_state(w.key).await?;
+                            return Ok(Commit::Conflict { index, current });
+                        }
+                    },
+                }
             }
             let mut ops = Vec::new();
             for (w, lease) in writes.iter().zip(&leases) {
@@ -236,26 +250,86 @@ impl StateTable for EtcdStateTable {
                 }
                 let hk = self.header_key(w.key);
                 ops.push(match &w.header {
-                    Some(body) => TxnOp::put(hk, body.clone(), lease.clone()),
-                    None => TxnOp::delete(hk, None),
+                    Some(body) => TxnOp::put(
+                        hk,
+                        body.clone(),
+                        Some(lease.clone().unwrap_or_default().with_prev_key()),
+                    ),
+                    None => TxnOp::delete(hk, Some(DeleteOptions::new().with_prev_key())),
                 });
             }
+            // When a compare fails: every header, to name the write that failed.
+            let reads: Vec<TxnOp> = writes
+                .iter()
+                .map(|w| TxnOp::get(self.header_key(w.key), None))
+                .collect();
             let resp = self
                 .conn
-                .txn("state commit", Txn::new().when(compares).and_then(ops))
+                .txn(
+                    "state commit",
+                    Txn::new().when(compares).and_then(ops).or_else(reads),
+                )
                 .await?;
             if resp.succeeded() {
                 let rev = resp.header().map(|h| h.revision()).unwrap_or_default();
-                return Ok(Commit::Done(
-                    writes
+                // The header ops are the last of each write's ops: their previous
+                // values, in order.
+                let replaced = resp
+                    .op_responses()
+                    .into_iter()
+                    .filter_map(|r| match r {
+                        TxnOpResponse::Put(p) => {
+                            Some(p.prev_key().and_then(|kv| replaced_generation(kv.value())))
+                        }
+                        TxnOpResponse::Delete(d) => Some(
+                            d.prev_kvs()
+                                .first()
+                                .and_then(|kv| replaced_generation(kv.value())),
+                        ),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>();
+                // Chunk puts answer too (with no previous value): keep the
+                // headers' answers, the last one of each write.
+                let mut per_write = Vec::with_capacity(writes.len());
+                let mut at = 0;
+                for w in writes {
+                    at += w.chunks.len();
+                    per_write.push(replaced.get(at).cloned().flatten());
+                    at += 1;
+                }
+                return Ok(Commit::Done {
+                    etags: writes
                         .iter()
                         .map(|w| w.header.as_ref().map(|_| Etag::new(rev.to_string())))
                         .collect(),
-                ));
+                    replaced: per_write,
+                });
+            }
+            let mut retry = false;
+            for (index, (w, r)) in writes.iter().zip(resp.op_responses()).enumerate() {
+                let TxnOpResponse::Get(g) = r else { continue };
+                let kv = g.kvs().first();
+                let live = kv
+                    .filter(|kv| !expired(w.key, kv.value()))
+                    .map(|kv| Etag::new(kv.mod_revision().to_string()));
+                if !w.expected.admits(live.as_ref()) {
+                    return Ok(Commit::Conflict { index, current: live });
+                }
+                // Admitted after all: an expired header still stored, or one
+                // that changed back. Compare on what is there now.
+                if let (Some(kv), true) = (kv, live.is_none()) {
+                    expired_at[index] = Some(kv.mod_revision());
+                }
+                retry = true;
+            }
+            if !retry {
+                break;
             }
         }
-        let (current, _) = self.header_state(writes[0].key).await?;
-        Ok(Commit::Conflict { index: 0, current })
+        Err(Error::backend(
+            "etcd state commit: the headers kept changing under the compares; try again",
+        ))
     }
 
     async fn generations(&self, key: &StateKey) -> Result<Vec<String>> {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rollcall_membership_core::state::{Commit, HeaderWrite, StateLimits, StateTable};
+use rollcall_membership_core::state::{replaced_generation, Commit, HeaderWrite, StateLimits, StateTable};
 use rollcall_membership_core::{Etag, Result, StateKey, Timestamp};
 
 use crate::{lock, MemoryStore};
@@ -126,8 +126,15 @@ impl StateTable for MemoryStateTable {
                 }
             }
             let mut etags = Vec::with_capacity(writes.len());
+            let mut replaced = Vec::with_capacity(writes.len());
             for w in writes {
                 let (a, n) = pair(w.key);
+                // Expired or not: its chunks are no longer read.
+                replaced.push(
+                    s.headers
+                        .get(&(a.clone(), n.clone()))
+                        .and_then(|h| replaced_generation(&h.bytes)),
+                );
                 for (i, c) in w.chunks.iter().enumerate() {
                     s.chunks.insert(
                         (a.clone(), n.clone(), w.generation.to_owned(), i as u32),
@@ -153,7 +160,7 @@ impl StateTable for MemoryStateTable {
                     }
                 }
             }
-            Commit::Done(etags)
+            Commit::Done { etags, replaced }
         })
     }
 

@@ -24,8 +24,12 @@
 use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
-use rollcall_membership_core::state::{Commit, HeaderWrite, StateLimits, StateTable};
-use rollcall_membership_core::{actor_shard, Error, Etag, Expected, Result, StateKey, Timestamp, DEFAULT_SHARDS};
+use rollcall_membership_core::state::{
+    replaced_generation, Commit, HeaderWrite, StateLimits, StateTable, REPLACED_PREFIX_BYTES,
+};
+use rollcall_membership_core::{
+    actor_shard, Error, Etag, Expected, Result, StateKey, Timestamp, DEFAULT_SHARDS,
+};
 
 use crate::conn::{backend, Node, Router};
 use crate::keys::{escape, unescape};
@@ -44,12 +48,13 @@ pub const REDIS_STATE_LIMITS: StateLimits = StateLimits {
 /// generations set. ARGV[1]: the number of writes; then per write: the
 /// precondition (`absent`, `etag`, `any`), the expected etag, the new etag, `1`
 /// to delete the header, the body, the expiry (ms, or empty), the generation,
-/// the number of inline chunks, the chunks. Answers `{-1}` when every write is
-/// done, `{i}` or `{i, current etag}` when the compare of write `i` (from 0)
-/// failed and nothing was written.
+/// the number of inline chunks, the chunks. Answers `{-1, replaced...}` when
+/// every write is done (per write, the first `REPLACED_PREFIX_BYTES` of the
+/// header it replaced, or nil), `{i}` or `{i, current etag}` when the compare of
+/// write `i` (from 0) failed and nothing was written.
 static COMMIT: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
-        r"
+        &r"
 local n = tonumber(ARGV[1])
 local writes = {}
 local a = 2
@@ -69,9 +74,12 @@ for i = 1, n do
     return {i - 1}
   end
 end
+local done = {-1}
 for i = 1, n do
   local w = writes[i]
   local hk, ck, gs = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  local old = redis.call('HGET', hk, 'body')
+  if old then done[i + 1] = string.sub(old, 1, PREFIX) else done[i + 1] = false end
   if w.chunks > 0 then
     for j = 0, w.chunks - 1 do
       redis.call('HSET', ck, tostring(j), ARGV[w.first + j])
@@ -85,8 +93,9 @@ for i = 1, n do
     if w.exp ~= '' then redis.call('PEXPIREAT', hk, w.exp) end
   end
 end
-return {-1}
-",
+return done
+"
+        .replace("PREFIX", &REPLACED_PREFIX_BYTES.to_string()),
     )
 });
 
@@ -120,7 +129,11 @@ impl RedisStateTable {
 
     /// The hash tag of `key`'s actor: its shard's.
     fn tag(&self, key: &StateKey) -> String {
-        format!("s:{}:{}", self.service, actor_shard(key.actor_id(), DEFAULT_SHARDS))
+        format!(
+            "s:{}:{}",
+            self.service,
+            actor_shard(key.actor_id(), DEFAULT_SHARDS)
+        )
     }
 
     fn base(&self, key: &StateKey) -> String {
@@ -245,7 +258,10 @@ impl StateTable for RedisStateTable {
 
     async fn commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Commit> {
         let Some(first) = writes.first() else {
-            return Ok(Commit::Done(Vec::new()));
+            return Ok(Commit::Done {
+                etags: Vec::new(),
+                replaced: Vec::new(),
+            });
         };
         let tag = self.tag(first.key);
         if writes.iter().any(|w| self.tag(w.key) != tag) {
@@ -254,7 +270,10 @@ impl StateTable for RedisStateTable {
                 "a commit writes the states of one actor",
             ));
         }
-        if writes.iter().any(|w| w.header.is_some() && !matches!(w.expected, Expected::Etag(_))) {
+        if writes
+            .iter()
+            .any(|w| w.header.is_some() && !matches!(w.expected, Expected::Etag(_)))
+        {
             // It may create a state: list it first (never miss one).
             let mut pipe = redis::pipe();
             pipe.cmd("ZADD").arg(self.index_key()).arg("NX");
@@ -280,7 +299,11 @@ impl StateTable for RedisStateTable {
             args.push(mode.into());
             args.push(expected.into());
             args.push(etag.clone().unwrap_or_default().into_bytes());
-            args.push(if w.header.is_some() { b"0".to_vec() } else { b"1".to_vec() });
+            args.push(if w.header.is_some() {
+                b"0".to_vec()
+            } else {
+                b"1".to_vec()
+            });
             args.push(w.header.clone().unwrap_or_default());
             args.push(
                 w.expires_at
@@ -297,9 +320,20 @@ impl StateTable for RedisStateTable {
             .router
             .invoke(&tag, "state commit", &COMMIT, &keys, &args)
             .await?;
-        let deleted: Vec<&StateKey> = writes.iter().filter(|w| w.header.is_none()).map(|w| w.key).collect();
+        let deleted: Vec<&StateKey> = writes
+            .iter()
+            .filter(|w| w.header.is_none())
+            .map(|w| w.key)
+            .collect();
         match reply.as_slice() {
-            [redis::Value::Int(-1)] => {
+            [redis::Value::Int(-1), old @ ..] => {
+                let replaced = old
+                    .iter()
+                    .map(|v| match v {
+                        redis::Value::BulkString(b) => replaced_generation(b),
+                        _ => None,
+                    })
+                    .collect();
                 if !deleted.is_empty() {
                     // No header left: no longer listed (best effort; a listing may
                     // include a state that is gone).
@@ -313,15 +347,13 @@ impl StateTable for RedisStateTable {
                         tracing::debug!(error = %e, "removing deleted states from the index failed");
                     }
                 }
-                Ok(Commit::Done(etags))
+                Ok(Commit::Done { etags, replaced })
             }
             [redis::Value::Int(i), rest @ ..] if *i >= 0 && (*i as usize) < writes.len() => {
                 let current = match rest.first() {
-                    Some(v) => Some(Etag::new(
-                        redis::from_redis_value::<String>(v.clone()).map_err(|e| {
-                            Error::backend(format!("state commit: unexpected etag in the reply: {e}"))
-                        })?,
-                    )),
+                    Some(v) => Some(Etag::new(redis::from_redis_value::<String>(v.clone()).map_err(
+                        |e| Error::backend(format!("state commit: unexpected etag in the reply: {e}")),
+                    )?)),
                     None => None,
                 };
                 Ok(Commit::Conflict {
@@ -338,8 +370,7 @@ impl StateTable for RedisStateTable {
     async fn generations(&self, key: &StateKey) -> Result<Vec<String>> {
         let mut pipe = redis::pipe();
         pipe.cmd("SMEMBERS").arg(self.generations_key(key));
-        let (mut gens,): (Vec<String>,) =
-            self.query(&self.tag(key), "list state generations", pipe).await?;
+        let (mut gens,): (Vec<String>,) = self.query(&self.tag(key), "list state generations", pipe).await?;
         gens.sort();
         Ok(gens)
     }

@@ -583,9 +583,11 @@ async fn statistics_items_are_typed_and_a_corrupt_bucket_is_named() {
 /// longest allowed name is stored, chunks included.
 #[tokio::test]
 async fn a_state_name_too_long_for_the_sort_key_is_invalid_input() {
-    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage};
     use rollcall::dynamodb::DYNAMODB_MAX_STATE_NAME_BYTES;
-    let Some((store, _b)) = dynamodb().await else { return };
+    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage};
+    let Some((store, _b)) = dynamodb().await else {
+        return;
+    };
     let s = StateStorage::new(store.state_table(&unique_id("names")).unwrap());
     let staged = vec![7u8; s.table().limits().txn_bytes + 1];
     let longest = StateKey::new("cart/1", "n".repeat(DYNAMODB_MAX_STATE_NAME_BYTES)).unwrap();

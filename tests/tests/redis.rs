@@ -895,7 +895,9 @@ async fn states_of_one_service_spread_over_every_master_of_a_cluster() {
     use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage};
     const STATES: usize = 100_000;
     const WRITERS: usize = 50;
-    let Some((store, b)) = redis_cluster().await else { return };
+    let Some((store, b)) = redis_cluster().await else {
+        return;
+    };
     let service = unique_id("spread");
     let storage = StateStorage::new(store.state_table(&service).unwrap());
     let mut writers = tokio::task::JoinSet::new();

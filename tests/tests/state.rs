@@ -6,10 +6,10 @@
 use std::collections::BTreeSet;
 
 use rollcall::state::{Codec, Expected, PersistentState, StateKey, StateStorage};
-use rollcall_tests::state_table::{Fault, Faulty};
 use rollcall::Error;
 use rollcall_membership_core::SystemStore;
 use rollcall_provider_memory::MemoryStore;
+use rollcall_tests::state_table::{Fault, Faulty};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -185,9 +185,15 @@ async fn an_unknown_outcome_is_learned_by_the_next_call() {
 async fn changes_made_during_a_load_are_not_reported_as_stored() {
     let (store, s) = storage();
     let key = StateKey::new("cart/8", "cart").unwrap();
-    s.write(&key, Expected::Absent, Codec::Json, br#"{"items":["stored"]}"#, None)
-        .await
-        .unwrap();
+    s.write(
+        &key,
+        Expected::Absent,
+        Codec::Json,
+        br#"{"items":["stored"]}"#,
+        None,
+    )
+    .await
+    .unwrap();
     let (table, gate) = Faulty::gate_reads(store.state_table("shop").unwrap());
     let cart: PersistentState<Cart> = PersistentState::new(StateStorage::new(table), key.clone());
     let entered = gate.entered.notified();
@@ -209,7 +215,9 @@ async fn changes_made_during_a_load_are_not_reported_as_stored() {
     // A change made after the load is written as usual.
     cart.update(|c| c.items.push("after".into())).await.unwrap();
     assert_eq!(
-        serde_json::from_slice::<Cart>(&s.read(&key).await.unwrap().data).unwrap().items,
+        serde_json::from_slice::<Cart>(&s.read(&key).await.unwrap().data)
+            .unwrap()
+            .items,
         ["stored", "after"]
     );
 }
@@ -225,7 +233,15 @@ async fn update_rereads_and_reapplies_on_a_conflict() {
     a.load().await.unwrap();
     b.load().await.unwrap();
     let mut runs = 0;
-    assert_eq!(a.update(|c| { c.ticks_seen += 1; c.ticks_seen }).await.unwrap(), 1);
+    assert_eq!(
+        a.update(|c| {
+            c.ticks_seen += 1;
+            c.ticks_seen
+        })
+        .await
+        .unwrap(),
+        1
+    );
     let n = b
         .update(|c| {
             runs += 1;
@@ -234,8 +250,20 @@ async fn update_rereads_and_reapplies_on_a_conflict() {
         })
         .await
         .unwrap();
-    assert_eq!((n, runs), (2, 2), "b conflicted once, read again and applied again");
-    assert_eq!(a.update(|c| { c.ticks_seen += 1; c.ticks_seen }).await.unwrap(), 3);
+    assert_eq!(
+        (n, runs),
+        (2, 2),
+        "b conflicted once, read again and applied again"
+    );
+    assert_eq!(
+        a.update(|c| {
+            c.ticks_seen += 1;
+            c.ticks_seen
+        })
+        .await
+        .unwrap(),
+        3
+    );
     let fresh: PersistentState<Cart> = PersistentState::new(s, key);
     fresh.load().await.unwrap();
     assert_eq!(fresh.read(|c| c.ticks_seen), 3);
@@ -261,7 +289,10 @@ async fn a_corrupt_record_can_be_overwritten_or_deleted() {
             fresh.delete().await.expect("delete past a corrupt header");
             assert!(!s.read(&key).await.unwrap().record_exists);
             assert!(s.read(&key).await.unwrap().etag.is_none(), "no header left");
-            fresh.update(|c| c.items = vec!["new".into()]).await.expect("a first write again");
+            fresh
+                .update(|c| c.items = vec!["new".into()])
+                .await
+                .expect("a first write again");
         } else {
             fresh.modify(|c| c.items = vec!["repaired".into()]);
             fresh.overwrite().await.expect("overwrite past a corrupt header");
@@ -297,10 +328,7 @@ fn reentrant_use_panics_instead_of_deadlocking() {
         cart.read(|_| inner.modify(|c| c.ticks_seen += 1))
     }));
     let msg = r.unwrap_err();
-    let msg = msg
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_default();
+    let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(msg.contains("deadlock"), "{msg}");
     // The state is usable afterwards, from this thread.
     cart.modify(|c| c.ticks_seen = 5);

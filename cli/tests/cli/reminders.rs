@@ -145,7 +145,14 @@ fn redis_state_get_and_list_print_the_stored_states() {
     }]))
     .unwrap();
     let out = rollcall()
-        .args(["state", "get", "--store", &backend.endpoint, "--service", &service])
+        .args([
+            "state",
+            "get",
+            "--store",
+            &backend.endpoint,
+            "--service",
+            &service,
+        ])
         .args(["--actor", "cart/7", "--name", "cart"])
         .output()
         .unwrap();
