@@ -17,6 +17,7 @@ mod f1;
 mod j1;
 mod r1;
 mod r2;
+mod s1;
 mod t1;
 mod t2;
 
@@ -36,8 +37,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Every benchmark that exists (T1, then T2, R1, R2, J1, D1, D2 and F1 with their
-    /// defaults).
+    /// Every benchmark that exists (T1, then T2, R1, R2, S1, J1, D1, D2 and F1 with
+    /// their defaults).
     All(t1::Args),
     /// T1: table operations per provider next to the backend's raw write and raw
     /// conditional write through the same client library.
@@ -51,6 +52,9 @@ enum Cmd {
     /// R2: reminder failover time relative to detection time, 3 silos on real TCP;
     /// adds its section to the reports.
     R2(r2::Args),
+    /// S1: actor state writes and reads (1 KiB to 16 MiB) next to the backend's
+    /// raw conditional write of the same bytes; adds its section to the reports.
+    S1(s1::Args),
     /// J1: join storms (10 to 10,000 silos started at once) on the memory table in
     /// virtual time and on a real Redis; adds its section to the reports.
     J1(j1::Args),
@@ -124,7 +128,7 @@ unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
 
 /// The size of the block glibc's malloc uses for a request of `size` bytes on a
 /// 64-bit machine: the request plus an 8-byte header, rounded up to 16, at least 32.
-fn block(size: usize) -> i64 {
+pub(crate) fn block(size: usize) -> i64 {
     (((size + 8 + 15) & !15).max(32)) as i64
 }
 
@@ -191,6 +195,10 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::R1(args) => r1::run(args),
         Cmd::R2(args) => r2::run(args),
+        Cmd::S1(args) => {
+            drop(rt);
+            s1::run(args)
+        }
         Cmd::J1(args) => j1::run(args),
         Cmd::D1(args) => d1::run(args),
         Cmd::D2(args) => d2::run(args),
@@ -218,6 +226,9 @@ fn main() -> anyhow::Result<()> {
             let mut r2: r2::Args = defaults("r2");
             r2.reports = reports.clone();
             r2::run(r2)?;
+            let mut s1: s1::Args = defaults("s1");
+            s1.reports = reports.clone();
+            s1::run(s1)?;
             let mut j1: j1::Args = defaults("j1");
             j1.reports = reports.clone();
             j1::run(j1)?;
@@ -375,9 +386,10 @@ mod tests {
     fn every_benchmark_has_parseable_defaults() {
         let t2: t2::Args = defaults("t2");
         let f1: f1::Args = defaults("f1");
-        let _: (r1::Args, r2::Args, j1::Args, d1::Args, d2::Args) = (
+        let _: (r1::Args, r2::Args, s1::Args, j1::Args, d1::Args, d2::Args) = (
             defaults("r1"),
             defaults("r2"),
+            defaults("s1"),
             defaults("j1"),
             defaults("d1"),
             defaults("d2"),

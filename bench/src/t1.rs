@@ -355,7 +355,7 @@ impl Op for DynamoCas {
 
 /// A raw SDK client for the bench's references (in the region of the store under
 /// test), and its table (created if missing).
-async fn dynamo_client(endpoint: &str) -> anyhow::Result<aws_sdk_dynamodb::Client> {
+pub(crate) async fn dynamo_client(endpoint: &str) -> anyhow::Result<aws_sdk_dynamodb::Client> {
     use aws_sdk_dynamodb::types::{
         AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType,
     };

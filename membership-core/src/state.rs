@@ -68,10 +68,6 @@ pub const STATE_FORMAT: u32 = 2;
 /// The first bytes of a format-2 header row.
 const ROW_MAGIC: &[u8; 4] = b"RCS2";
 
-/// How many leading bytes of a replaced header row a provider must keep for
-/// [`replaced_generation`]: the frame and the JSON header fit in them.
-pub const REPLACED_PREFIX_BYTES: usize = 1024;
-
 /// How long a generation that was staged and never published is kept before
 /// [`StateStorage::sweep`] removes it: longer than any write takes (the bound of a
 /// write is its chunk batches times the table operation timeout).
@@ -322,10 +318,21 @@ fn split_row(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
     (rest.len() >= len).then(|| rest.split_at(len))
 }
 
+/// How many leading bytes of a header row are its frame and JSON header (the
+/// rest is a small state's bytes): a provider may store the two apart, so that
+/// a commit reads back only the head of the row it replaces. The whole row for
+/// format 1 and for bytes that are not a header row.
+pub fn row_head_len(row: &[u8]) -> usize {
+    match split_row(row) {
+        Some((json, _)) if row.first() != Some(&b'{') => ROW_MAGIC.len() + 4 + json.len(),
+        _ => row.len(),
+    }
+}
+
 /// The generation whose chunk rows a replaced header row published (`None`
 /// for an inline state, a tombstone, or bytes that are not a header): what a
 /// commit's [`Commit::Done::replaced`] holds. Reads only the frame and the JSON
-/// header, so a provider may pass the first [`REPLACED_PREFIX_BYTES`] of the row.
+/// header, so a provider may pass the row's head alone ([`row_head_len`]).
 pub fn replaced_generation(row: &[u8]) -> Option<String> {
     let (json, _) = split_row(row)?;
     let h: StateHeader = serde_json::from_slice(json).ok()?;
@@ -366,16 +373,22 @@ pub fn assemble(key: &StateKey, header: &StateHeader, chunks: Vec<Option<Vec<u8>
             }
         }
     }
+    verify(key, header, &data)?;
+    Ok(data)
+}
+
+/// The length and checksum of `data` against `header`.
+fn verify(key: &StateKey, header: &StateHeader, data: &[u8]) -> Result<()> {
     if data.len() as u64 != header.len {
         return Err(Error::corrupt(
             key.to_string(),
             format!("{} bytes stored, the header says {}", data.len(), header.len),
         ));
     }
-    if checksum(&data) != header.checksum {
+    if checksum(data) != header.checksum {
         return Err(Error::corrupt(key.to_string(), "checksum mismatch"));
     }
-    Ok(data)
+    Ok(())
 }
 
 /// One header write of a [`StateTable::commit`].
@@ -387,7 +400,7 @@ pub struct HeaderWrite<'a> {
     pub expected: Expected,
     /// The new header row ([`StateHeader::encode_row`], a small state's bytes
     /// inline), or `None` to delete the header.
-    pub header: Option<Vec<u8>>,
+    pub header: Option<&'a [u8]>,
     /// The generation of the chunks below.
     pub generation: &'a str,
     /// Chunks `0..n` of `generation` written in the same transaction (empty
@@ -821,7 +834,8 @@ impl StateStorage {
             }
             if header.inline {
                 // One read: the bytes are in the header row.
-                let data = assemble(key, &header, vec![Some(inline.to_vec())])?;
+                verify(key, &header, inline)?;
+                let data = inline.to_vec();
                 return Ok(StateRead {
                     data,
                     codec: header.codec,
@@ -931,7 +945,7 @@ impl StateStorage {
                     let w = HeaderWrite {
                         key,
                         expected: expected.clone(),
-                        header: Some(header.clone()),
+                        header: Some(&header),
                         generation: &generation,
                         chunks: ranges[r].iter().map(|b| &data[b.clone()]).collect(),
                         expires_at,
@@ -1071,7 +1085,7 @@ impl StateStorage {
             .map(|(((key, expected, _, data), (_, r)), h)| HeaderWrite {
                 key,
                 expected: expected.clone(),
-                header: Some(h.clone()),
+                header: Some(h),
                 generation: &generation,
                 chunks: r.iter().map(|b| &data[b.clone()]).collect(),
                 expires_at: None,
@@ -1146,14 +1160,11 @@ impl StateStorage {
         mode: ClearMode,
         generation: &str,
     ) -> Result<Option<Etag>> {
-        let header = match mode {
-            ClearMode::Tombstone => Some(StateHeader::tombstone(generation.to_owned()).encode_row(&[])),
-            ClearMode::Delete => None,
-        };
+        let tombstone = StateHeader::tombstone(generation.to_owned()).encode_row(&[]);
         let w = HeaderWrite {
             key,
             expected: expected.clone(),
-            header,
+            header: (mode == ClearMode::Tombstone).then_some(tombstone.as_slice()),
             generation,
             chunks: Vec::new(),
             expires_at: None,
@@ -1446,6 +1457,13 @@ mod tests {
         let (back, inline) = StateHeader::decode_row(&key(), &row).unwrap();
         assert_eq!((back, inline), (h, data.as_slice()));
         assert_eq!(replaced_generation(&row), None, "inline: no chunk rows");
+        let head = row_head_len(&row);
+        assert_eq!(
+            &row[head..],
+            data.as_slice(),
+            "the head ends where the bytes start"
+        );
+        assert_eq!(StateHeader::decode(&key(), &row[..head]).unwrap().len, 5);
         let v1 = br#"{"format":1,"codec":"json","len":5,"checksum":"x","generation":"g1","chunks":1}"#;
         let (old, rest) = StateHeader::decode_row(&key(), v1).unwrap();
         assert_eq!((old.format, old.chunks, rest.len()), (1, 1, 0));

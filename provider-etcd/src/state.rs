@@ -252,7 +252,7 @@ impl StateTable for EtcdStateTable {
                 ops.push(match &w.header {
                     Some(body) => TxnOp::put(
                         hk,
-                        body.clone(),
+                        body.to_vec(),
                         Some(lease.clone().unwrap_or_default().with_prev_key()),
                     ),
                     None => TxnOp::delete(hk, Some(DeleteOptions::new().with_prev_key())),

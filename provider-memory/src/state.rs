@@ -147,7 +147,7 @@ impl StateTable for MemoryStateTable {
                         s.headers.insert(
                             (a, n),
                             Header {
-                                bytes: bytes.clone(),
+                                bytes: bytes.to_vec(),
                                 etag: etag.clone(),
                                 expires_at: w.expires_at,
                             },

@@ -5,7 +5,7 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<prefix>:{s:<service>:<shard>}:h:<actor>/<name>` | hash | `etag`, `body` (the envelope as JSON) |
+//! | `<prefix>:{s:<service>:<shard>}:h:<actor>/<name>` | hash | `etag`, `body` (the header row's head: its frame and JSON header), `data` (a small state's bytes, kept apart so that a commit reads back only the head it replaces) |
 //! | `<prefix>:{s:<service>:<shard>}:c:<actor>/<name>:<generation>` | hash | `<index>` -> chunk bytes, one key per generation |
 //! | `<prefix>:{s:<service>:<shard>}:gs:<actor>/<name>` | set | the generations with chunks |
 //! | `<prefix>:{g:<service>}:index` | sorted set | `<actor>/<name>` (score 0, listed by `ZRANGEBYLEX`) |
@@ -25,7 +25,7 @@ use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
 use rollcall_membership_core::state::{
-    replaced_generation, Commit, HeaderWrite, StateLimits, StateTable, REPLACED_PREFIX_BYTES,
+    replaced_generation, row_head_len, Commit, HeaderWrite, StateLimits, StateTable,
 };
 use rollcall_membership_core::{
     actor_shard, Error, Etag, Expected, Result, StateKey, Timestamp, DEFAULT_SHARDS,
@@ -47,22 +47,22 @@ pub const REDIS_STATE_LIMITS: StateLimits = StateLimits {
 /// The commit. KEYS: per write, its header, its generation's chunk hash and its
 /// generations set. ARGV[1]: the number of writes; then per write: the
 /// precondition (`absent`, `etag`, `any`), the expected etag, the new etag, `1`
-/// to delete the header, the body, the expiry (ms, or empty), the generation,
-/// the number of inline chunks, the chunks. Answers `{-1, replaced...}` when
-/// every write is done (per write, the first `REPLACED_PREFIX_BYTES` of the
+/// to delete the header, the row's head, the row's data, the expiry (ms, or
+/// empty), the generation, the number of inline chunks, the chunks. Answers
+/// `{-1, replaced...}` when every write is done (per write, the head of the
 /// header it replaced, or nil), `{i}` or `{i, current etag}` when the compare of
 /// write `i` (from 0) failed and nothing was written.
 static COMMIT: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
-        &r"
+        r"
 local n = tonumber(ARGV[1])
 local writes = {}
 local a = 2
 for i = 1, n do
   local w = {mode = ARGV[a], expected = ARGV[a + 1], etag = ARGV[a + 2], del = ARGV[a + 3],
-             body = ARGV[a + 4], exp = ARGV[a + 5], gen = ARGV[a + 6], chunks = tonumber(ARGV[a + 7]),
-             first = a + 8}
-  a = a + 8 + w.chunks
+             body = ARGV[a + 4], data = ARGV[a + 5], exp = ARGV[a + 6], gen = ARGV[a + 7],
+             chunks = tonumber(ARGV[a + 8]), first = a + 9}
+  a = a + 9 + w.chunks
   writes[i] = w
 end
 for i = 1, n do
@@ -79,7 +79,7 @@ for i = 1, n do
   local w = writes[i]
   local hk, ck, gs = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
   local old = redis.call('HGET', hk, 'body')
-  if old then done[i + 1] = string.sub(old, 1, PREFIX) else done[i + 1] = false end
+  if old then done[i + 1] = old else done[i + 1] = false end
   if w.chunks > 0 then
     for j = 0, w.chunks - 1 do
       redis.call('HSET', ck, tostring(j), ARGV[w.first + j])
@@ -89,13 +89,16 @@ for i = 1, n do
   end
   redis.call('DEL', hk)
   if w.del ~= '1' then
-    redis.call('HSET', hk, 'etag', w.etag, 'body', w.body)
+    if w.data == '' then
+      redis.call('HSET', hk, 'etag', w.etag, 'body', w.body)
+    else
+      redis.call('HSET', hk, 'etag', w.etag, 'body', w.body, 'data', w.data)
+    end
     if w.exp ~= '' then redis.call('PEXPIREAT', hk, w.exp) end
   end
 end
 return done
-"
-        .replace("PREFIX", &REPLACED_PREFIX_BYTES.to_string()),
+",
     )
 });
 
@@ -195,11 +198,17 @@ impl StateTable for RedisStateTable {
         pipe.cmd("HMGET")
             .arg(self.header_key(key))
             .arg("etag")
-            .arg("body");
-        let ((etag, body),): ((Option<String>, Option<Vec<u8>>),) =
+            .arg("body")
+            .arg("data");
+        let ((etag, body, data),): ((Option<String>, Option<Vec<u8>>, Option<Vec<u8>>),) =
             self.query(&self.tag(key), "read state header", pipe).await?;
         match (etag, body) {
-            (Some(e), Some(b)) => Ok(Some((b, Etag::new(e)))),
+            (Some(e), Some(mut b)) => {
+                if let Some(d) = data {
+                    b.extend_from_slice(&d);
+                }
+                Ok(Some((b, Etag::new(e))))
+            }
             (None, None) => Ok(None),
             _ => Err(Error::corrupt(
                 self.header_key(key),
@@ -304,7 +313,10 @@ impl StateTable for RedisStateTable {
             } else {
                 b"1".to_vec()
             });
-            args.push(w.header.clone().unwrap_or_default());
+            let row = w.header.unwrap_or_default();
+            let (head, data) = row.split_at(row_head_len(row));
+            args.push(head.to_vec());
+            args.push(data.to_vec());
             args.push(
                 w.expires_at
                     .map(|t| t.as_millis().to_string())

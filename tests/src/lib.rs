@@ -14,6 +14,7 @@
 //!   local server process on a free loopback port.
 
 pub mod counting;
+pub mod cut;
 pub mod fixtures;
 pub mod membership_table;
 pub mod metrics_table;

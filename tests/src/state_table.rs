@@ -631,7 +631,7 @@ pub async fn state_corrupt_header_or_chunk_is_an_error(store: Store) {
     let w = HeaderWrite {
         key: &bad,
         expected: Expected::Absent,
-        header: Some(b"{not a header".to_vec()),
+        header: Some(b"{not a header"),
         generation: "g",
         chunks: Vec::new(),
         expires_at: None,
@@ -876,4 +876,38 @@ pub async fn killed_writer_process_leaves_a_whole_state(store: Store, url: &str,
         "only the published generation is left"
     );
     assert!(s.read(&k).await.expect("read").data == state_payload(n, round));
+}
+
+/// A real fault: the connection carrying a state's commit is cut after the
+/// server answered it ([`crate::cut::CutProxy`]), so the commit was applied and
+/// the writer saw an error. The write learns that it landed: it answers the etag
+/// the store holds, the state reads whole, and a `PersistentState` that retries
+/// the same write does not conflict with itself. `via` reaches the store through
+/// `proxy`, `direct` does not.
+pub async fn state_a_commit_cut_after_it_was_sent_lands_once(
+    via: Store,
+    direct: Store,
+    proxy: &crate::cut::CutProxy,
+) {
+    let service = unique_id("state-cut");
+    let s = StateStorage::new(via.state_table(&service).expect("state table"));
+    let d = StateStorage::new(direct.state_table(&service).expect("state table"));
+    let k = key("cart/cut", "state");
+    // A first write through the proxy warms every connection and script cache.
+    let e1 = s
+        .write(&k, Expected::Absent, Codec::Raw, b"one", None)
+        .await
+        .expect("first write");
+    proxy.arm();
+    let e2 = s
+        .write(&k, Expected::Etag(e1.clone()), Codec::Raw, b"two", None)
+        .await
+        .expect("the cut commit landed, and the write learned it");
+    assert_eq!(proxy.cuts(), 1, "the commit's connection was cut");
+    assert_ne!(e2, e1);
+    let r = d.read(&k).await.expect("the state reads whole");
+    assert_eq!(
+        (r.data.as_slice(), r.etag.as_ref()),
+        (b"two".as_slice(), Some(&e2))
+    );
 }

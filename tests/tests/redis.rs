@@ -958,3 +958,22 @@ async fn states_of_one_service_spread_over_every_master_of_a_cluster() {
         "one master holds {most} of {STATES} states: {per_master:?}"
     );
 }
+
+/// A Redis connection cut after the server answered a state commit: the write
+/// learns it landed (it deleted its own chunks before, and the next write
+/// conflicted with itself).
+#[tokio::test]
+async fn state_a_commit_cut_after_it_was_sent_lands_once() {
+    let Some((direct, b)) = redis().await else { return };
+    let upstream: std::net::SocketAddr = b
+        .endpoint
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("redis://host:port");
+    let proxy = rollcall_tests::cut::CutProxy::start(upstream).await;
+    let via = rollcall::connect(&format!("redis://{}", proxy.addr()))
+        .await
+        .expect("connect through the proxy");
+    rollcall_tests::state_table::state_a_commit_cut_after_it_was_sent_lands_once(via, direct, &proxy).await;
+}

@@ -138,7 +138,7 @@ fn redis_state_get_and_list_print_the_stored_states() {
     rt.block_on(s.table().commit(&[rollcall::state::HeaderWrite {
         key: &k,
         expected: Expected::Any,
-        header: Some(b"{not a header".to_vec()),
+        header: Some(b"{not a header"),
         generation: "g",
         chunks: Vec::new(),
         expires_at: None,
