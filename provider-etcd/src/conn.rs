@@ -229,6 +229,20 @@ impl Conn {
         .map(|r| r.id())
     }
 
+    /// Revokes lease `id` (its keys go with it); a lease already gone is fine.
+    pub(crate) async fn revoke(&self, what: &str, id: i64) -> Result<()> {
+        let r = self
+            .bounded(what, || {
+                let mut lease = self.lease.clone();
+                async move { lease.revoke(id).await }
+            })
+            .await;
+        match r {
+            Err(e) if e.to_string().contains("not found") => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+
     pub(crate) async fn delete_prefix(&self, what: &str, prefix: &str) -> Result<()> {
         self.bounded(what, || {
             let (mut kv, prefix) = (self.kv.clone(), prefix.to_owned());

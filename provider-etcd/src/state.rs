@@ -9,9 +9,14 @@
 //! expected etag, or `version` 0 for "no header"), then the chunk and header
 //! puts; a failed compare fails the whole Txn. A request holds at most 1.5 MiB
 //! and a Txn 128 operations by default, hence 512 KiB chunks and at most 1 MiB
-//! and 64 rows per transaction. An expiry puts the keys under a lease (etcd
-//! removes them) and the header carries the time, checked on every read.
+//! and 64 rows per transaction. An expiry puts the keys of one write, its header
+//! and every chunk, under one lease (etcd removes them) and the header carries
+//! the time, checked on every read. The lease of the state a commit replaces is
+//! revoked (its chunks go with it), and so is the lease of a write that did not
+//! publish: leases live as long as the state they expire, not as long as the
+//! TTL of every write ever made.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -43,6 +48,9 @@ pub const ETCD_STATE_LIMITS: StateLimits = StateLimits {
     max_state_bytes: ETCD_MAX_STATE_BYTES,
 };
 
+/// The most leases of writes in progress an [`EtcdStateTable`] remembers.
+const MAX_PENDING_LEASES: usize = 1024;
+
 /// How often a commit whose Txn failed on a header that its precondition admits
 /// after all (expired but not yet removed by its lease) compares again.
 const TXN_ATTEMPTS: usize = 3;
@@ -51,6 +59,11 @@ const TXN_ATTEMPTS: usize = 3;
 #[derive(Debug, Clone)]
 pub struct EtcdStateTable {
     conn: Arc<Conn>,
+    /// The lease of each write in progress with an expiry, by (header key,
+    /// generation): its staging batches and its commit share it. At most
+    /// [`MAX_PENDING_LEASES`] (an entry dropped beyond that only costs a
+    /// lease that expires by itself).
+    leases: Arc<std::sync::Mutex<BTreeMap<(String, String), i64>>>,
     base: String,
     service_id: String,
 }
@@ -59,6 +72,7 @@ impl EtcdStateTable {
     pub(crate) fn new(conn: Arc<Conn>, prefix: &str, service_id: &str) -> Self {
         EtcdStateTable {
             conn,
+            leases: Arc::default(),
             base: format!("{prefix}/{}/state", escape(service_id)),
             service_id: service_id.to_owned(),
         }
@@ -86,12 +100,47 @@ impl EtcdStateTable {
         format!("{}{}/{i:08}", self.chunks_prefix(key), escape(generation))
     }
 
-    async fn lease_for(&self, expires_at: Option<Timestamp>) -> Result<Option<PutOptions>> {
-        let Some(at) = expires_at else { return Ok(None) };
+    fn pending_leases(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, String), i64>> {
+        self.leases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The lease of the write of `generation` of `key` (granted at its first
+    /// call, shared by the rest), and whether this call granted it.
+    async fn lease_for(
+        &self,
+        key: &StateKey,
+        generation: &str,
+        expires_at: Option<Timestamp>,
+    ) -> Result<(Option<i64>, bool)> {
+        let Some(at) = expires_at else {
+            return Ok((None, false));
+        };
+        let slot = (self.header_key(key), generation.to_owned());
+        if let Some(id) = self.pending_leases().get(&slot) {
+            return Ok((Some(*id), false));
+        }
         let ms = at.as_millis().saturating_sub(Timestamp::now().as_millis());
         let secs = (ms.div_ceil(1000) as i64).max(1);
         let id = self.conn.grant("state lease", secs).await?;
-        Ok(Some(PutOptions::new().with_lease(id)))
+        let mut leases = self.pending_leases();
+        if leases.len() >= MAX_PENDING_LEASES {
+            leases.pop_first();
+        }
+        leases.insert(slot, id);
+        Ok((Some(id), true))
+    }
+
+    /// Forgets the lease of a write of `generation` of `key`; revokes it with
+    /// `revoke` (its keys go with it).
+    async fn release_lease(&self, key: &StateKey, generation: &str, revoke: bool) {
+        let id = self
+            .pending_leases()
+            .remove(&(self.header_key(key), generation.to_owned()));
+        if let (Some(id), true) = (id, revoke) {
+            if let Err(e) = self.conn.revoke("revoke a state lease", id).await {
+                tracing::debug!(error = %e, "revoking a lease failed; it expires by itself");
+            }
+        }
     }
 
     /// The live header of `key`: (etag, revision), `None` if absent or expired;
@@ -187,7 +236,8 @@ impl StateTable for EtcdStateTable {
         if chunks.is_empty() {
             return Ok(());
         }
-        let lease = self.lease_for(expires_at).await?;
+        let (lease, _) = self.lease_for(key, generation, expires_at).await?;
+        let lease = lease.map(|id| PutOptions::new().with_lease(id));
         let ops: Vec<TxnOp> = chunks
             .iter()
             .enumerate()
@@ -213,9 +263,105 @@ impl StateTable for EtcdStateTable {
             });
         }
         let mut leases = Vec::with_capacity(writes.len());
+        let mut granted_here = Vec::with_capacity(writes.len());
         for w in writes {
-            leases.push(self.lease_for(w.expires_at).await?);
+            let (lease, new) = self.lease_for(w.key, w.generation, w.expires_at).await?;
+            leases.push(lease);
+            granted_here.push(new);
         }
+        let outcome = self.commit_with(writes, &leases).await;
+        match &outcome {
+            Ok(Commit::Done { .. }) => {
+                for w in writes {
+                    // The state keeps its lease; nothing to remember.
+                    self.release_lease(w.key, w.generation, false).await;
+                }
+            }
+            Ok(Commit::Conflict { .. }) => {
+                // A lease granted for this commit alone holds nothing: revoke it.
+                // One shared with staged chunks goes with them (delete_generation).
+                for (w, new) in writes.iter().zip(granted_here) {
+                    if new {
+                        self.release_lease(w.key, w.generation, true).await;
+                    }
+                }
+            }
+            // It may have landed: keep it.
+            Err(_) => {}
+        }
+        outcome
+    }
+
+    async fn generations(&self, key: &StateKey) -> Result<Vec<String>> {
+        let prefix = self.chunks_prefix(key);
+        let opts = GetOptions::new().with_prefix().with_keys_only();
+        let resp = self
+            .conn
+            .get("state generations", prefix.clone(), Some(opts))
+            .await?;
+        let mut gens: Vec<String> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let k = String::from_utf8_lossy(kv.key());
+                let rest = k.strip_prefix(&prefix)?;
+                unescape(rest.split('/').next()?)
+            })
+            .collect();
+        gens.sort();
+        gens.dedup();
+        Ok(gens)
+    }
+
+    async fn delete_generation(&self, key: &StateKey, generation: &str) -> Result<()> {
+        self.release_lease(key, generation, true).await;
+        let prefix = format!("{}{}/", self.chunks_prefix(key), escape(generation));
+        let txn = Txn::new().and_then(vec![TxnOp::delete(
+            prefix,
+            Some(DeleteOptions::new().with_prefix()),
+        )]);
+        self.conn.txn("delete state chunks", txn).await.map(|_| ())
+    }
+
+    async fn list(&self, kind: &str, after: Option<&StateKey>, limit: usize) -> Result<Vec<StateKey>> {
+        let prefix = format!("{}/h/{}%2F", self.base, escape(kind));
+        let start = match after {
+            Some(k) => {
+                let mut s = self.header_key(k).into_bytes();
+                s.push(0);
+                if s.as_slice() < prefix.as_bytes() {
+                    prefix.clone().into_bytes()
+                } else {
+                    s
+                }
+            }
+            None => prefix.clone().into_bytes(),
+        };
+        let opts = GetOptions::new()
+            .with_range(prefix_end(&prefix))
+            .with_keys_only()
+            .with_limit(limit as i64);
+        let resp = self.conn.get("list states", start, Some(opts)).await?;
+        let head = format!("{}/h/", self.base);
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let k = String::from_utf8_lossy(kv.key());
+                let (a, n) = k.strip_prefix(&head)?.split_once('/')?;
+                StateKey::new(unescape(a)?, unescape(n)?).ok()
+            })
+            .collect())
+    }
+}
+
+impl EtcdStateTable {
+    /// One commit with its writes' leases ([`StateTable::commit`]).
+    async fn commit_with(&self, writes: &[HeaderWrite<'_>], lease_ids: &[Option<i64>]) -> Result<Commit> {
+        let leases: Vec<Option<PutOptions>> = lease_ids
+            .iter()
+            .map(|l| l.map(|id| PutOptions::new().with_lease(id)))
+            .collect();
         // The revision of a header found expired but not yet removed by its
         // lease: it counts as absent, so the next attempt compares on it.
         let mut expired_at: Vec<Option<i64>> = vec![None; writes.len()];
@@ -289,6 +435,24 @@ impl StateTable for EtcdStateTable {
                         _ => None,
                     })
                     .collect::<Vec<_>>();
+                // The leases of the states replaced: nothing is left under
+                // them but their chunks (the headers now have ours). Revoke them.
+                let ours: Vec<i64> = lease_ids.iter().flatten().copied().collect();
+                let old_leases: Vec<i64> = resp
+                    .op_responses()
+                    .iter()
+                    .filter_map(|r| match r {
+                        TxnOpResponse::Put(p) => p.prev_key().map(|kv| kv.lease()),
+                        TxnOpResponse::Delete(d) => d.prev_kvs().first().map(|kv| kv.lease()),
+                        _ => None,
+                    })
+                    .filter(|l| *l != 0 && !ours.contains(l))
+                    .collect();
+                for id in old_leases {
+                    if let Err(e) = self.conn.revoke("revoke a replaced state's lease", id).await {
+                        tracing::debug!(error = %e, "revoking a lease failed; it expires by itself");
+                    }
+                }
                 // Chunk puts answer too (with no previous value): keep the
                 // headers' answers, the last one of each write.
                 let mut per_write = Vec::with_capacity(writes.len());
@@ -330,66 +494,5 @@ impl StateTable for EtcdStateTable {
         Err(Error::backend(
             "etcd state commit: the headers kept changing under the compares; try again",
         ))
-    }
-
-    async fn generations(&self, key: &StateKey) -> Result<Vec<String>> {
-        let prefix = self.chunks_prefix(key);
-        let opts = GetOptions::new().with_prefix().with_keys_only();
-        let resp = self
-            .conn
-            .get("state generations", prefix.clone(), Some(opts))
-            .await?;
-        let mut gens: Vec<String> = resp
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let k = String::from_utf8_lossy(kv.key());
-                let rest = k.strip_prefix(&prefix)?;
-                unescape(rest.split('/').next()?)
-            })
-            .collect();
-        gens.sort();
-        gens.dedup();
-        Ok(gens)
-    }
-
-    async fn delete_generation(&self, key: &StateKey, generation: &str) -> Result<()> {
-        let prefix = format!("{}{}/", self.chunks_prefix(key), escape(generation));
-        let txn = Txn::new().and_then(vec![TxnOp::delete(
-            prefix,
-            Some(DeleteOptions::new().with_prefix()),
-        )]);
-        self.conn.txn("delete state chunks", txn).await.map(|_| ())
-    }
-
-    async fn list(&self, kind: &str, after: Option<&StateKey>, limit: usize) -> Result<Vec<StateKey>> {
-        let prefix = format!("{}/h/{}%2F", self.base, escape(kind));
-        let start = match after {
-            Some(k) => {
-                let mut s = self.header_key(k).into_bytes();
-                s.push(0);
-                if s.as_slice() < prefix.as_bytes() {
-                    prefix.clone().into_bytes()
-                } else {
-                    s
-                }
-            }
-            None => prefix.clone().into_bytes(),
-        };
-        let opts = GetOptions::new()
-            .with_range(prefix_end(&prefix))
-            .with_keys_only()
-            .with_limit(limit as i64);
-        let resp = self.conn.get("list states", start, Some(opts)).await?;
-        let head = format!("{}/h/", self.base);
-        Ok(resp
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let k = String::from_utf8_lossy(kv.key());
-                let (a, n) = k.strip_prefix(&head)?.split_once('/')?;
-                StateKey::new(unescape(a)?, unescape(n)?).ok()
-            })
-            .collect())
     }
 }

@@ -380,11 +380,32 @@ impl StateTable for RedisStateTable {
     }
 
     async fn generations(&self, key: &StateKey) -> Result<Vec<String>> {
+        let tag = self.tag(key);
         let mut pipe = redis::pipe();
         pipe.cmd("SMEMBERS").arg(self.generations_key(key));
-        let (mut gens,): (Vec<String>,) = self.query(&self.tag(key), "list state generations", pipe).await?;
+        let (mut gens,): (Vec<String>,) = self.query(&tag, "list state generations", pipe).await?;
         gens.sort();
-        Ok(gens)
+        if gens.is_empty() {
+            return Ok(gens);
+        }
+        // A generation whose chunk hash expired is gone: drop it from the set.
+        let mut pipe = redis::pipe();
+        for g in &gens {
+            pipe.cmd("EXISTS").arg(self.chunks_key(key, g));
+        }
+        let exists: Vec<bool> = self.query(&tag, "check state generations", pipe).await?;
+        let (live, gone): (Vec<_>, Vec<_>) = gens.into_iter().zip(exists).partition(|(_, e)| *e);
+        if !gone.is_empty() {
+            let mut pipe = redis::pipe();
+            pipe.cmd("SREM").arg(self.generations_key(key));
+            for (g, _) in &gone {
+                pipe.arg(g);
+            }
+            pipe.ignore();
+            self.query::<()>(&tag, "forget expired state generations", pipe)
+                .await?;
+        }
+        Ok(live.into_iter().map(|(g, _)| g).collect())
     }
 
     async fn delete_generation(&self, key: &StateKey, generation: &str) -> Result<()> {

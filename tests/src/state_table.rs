@@ -700,6 +700,33 @@ pub async fn state_a_failed_write_with_an_expiry_leaves_the_live_state(store: St
     assert!(r.data == live);
 }
 
+/// A write over an expired state leaves no chunk of it behind: the commit
+/// names the generation the expired header published and the writer deletes it
+/// (the first version read the header first, found none, and leaked them).
+pub async fn state_a_write_over_an_expired_state_deletes_its_chunks(store: Store) {
+    let s = fresh_storage(&store);
+    let limits = s.table().limits();
+    let k = key("cart/ttl-overwrite", "state");
+    let n = fit(limits, limits.txn_bytes + 11);
+    let at = Timestamp::from_millis(Timestamp::now().as_millis() + 1_000);
+    s.write(&k, Expected::Absent, Codec::Raw, &bytes(n, 1), Some(at))
+        .await
+        .expect("write");
+    while s.read(&k).await.expect("read").record_exists {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let data = bytes(n, 2);
+    s.write(&k, Expected::Absent, Codec::Raw, &data, None)
+        .await
+        .expect("a first write over the expired state");
+    assert_eq!(
+        generations(&s, &k).await,
+        1,
+        "only the new state's chunks are left"
+    );
+    assert!(s.read(&k).await.expect("read").data == data);
+}
+
 /// Enumeration by actor kind in pages (in the provider's key order) returns
 /// every state of the kind once, and none of another kind.
 pub async fn state_enumeration_pages(store: Store) {

@@ -770,3 +770,63 @@ async fn state_a_commit_cut_after_it_was_sent_lands_once() {
     let via = store_on(&proxy.addr().to_string()).await;
     rollcall_tests::state_table::state_a_commit_cut_after_it_was_sent_lands_once(via, direct, &proxy).await;
 }
+
+/// Writes with an expiry leave one live lease per state: each write puts its
+/// header and every chunk under one lease, the lease of the state it replaces
+/// is revoked, and so is the lease of a write that lost its compare. (Every
+/// write and every staging batch granted a lease of its own before, and none
+/// was ever revoked: leases piled up for as long as their TTL.)
+#[tokio::test]
+async fn state_writes_with_an_expiry_leave_one_live_lease_per_state() {
+    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage, Timestamp};
+    let Some((store, b)) = etcd().await else { return };
+    let mut client = raw(&b.endpoint).await;
+    let service = unique_id("leases");
+    let s = StateStorage::new(store.state_table(&service).unwrap());
+    let k = StateKey::new("cart/1", "cart").unwrap();
+    let at = || Timestamp::from_millis(Timestamp::now().as_millis() + 3_600_000);
+    let max = rollcall::etcd::ETCD_MAX_STATE_BYTES as usize;
+    let mut etag = None;
+    let mut seen = Vec::new();
+    for (i, n) in [10, max, 20, max].into_iter().enumerate() {
+        let data = vec![i as u8; n];
+        etag = Some(
+            s.write(
+                &k,
+                Expected::from_etag(etag.as_ref()),
+                Codec::Raw,
+                &data,
+                Some(at()),
+            )
+            .await
+            .unwrap(),
+        );
+        // Every key of the state is under the header's lease.
+        let resp = client
+            .get(
+                format!("rollcall/{service}/state/"),
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await
+            .unwrap();
+        let leases: std::collections::BTreeSet<i64> = resp.kvs().iter().map(|kv| kv.lease()).collect();
+        assert_eq!(
+            leases.len(),
+            1,
+            "write {i}: one lease for the header and its chunks: {leases:?}"
+        );
+        seen.push(*leases.first().unwrap());
+    }
+    // A write that loses its compare (its lease is revoked) changes nothing.
+    let err = s
+        .write(&k, Expected::Absent, Codec::Raw, b"stale", Some(at()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InconsistentState { .. }), "{err}");
+    let live = *seen.last().unwrap();
+    for id in &seen[..seen.len() - 1] {
+        let ttl = client.lease_time_to_live(*id, None).await.unwrap().ttl();
+        assert_eq!(ttl, -1, "lease {id} of a replaced state is revoked");
+    }
+    assert!(client.lease_time_to_live(live, None).await.unwrap().ttl() > 0);
+}
