@@ -341,12 +341,17 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
     /// [`load`](Self::load), holding the io lock.
     async fn reload(&self) -> Result<()> {
         let from = self.lock().changed;
-        let read = self.storage.read(&self.key).await?;
-        let state = if read.record_exists {
-            decode::<T>(&self.key, read.codec, &read.data)?
-        } else {
-            T::default()
+        let decoded = match self.storage.read(&self.key).await {
+            Ok(read) if read.record_exists => {
+                decode::<T>(&self.key, read.codec, &read.data).map(|s| (s, read))
+            }
+            Ok(read) => Ok((T::default(), read)),
+            Err(e) => Err(e),
         };
+        if let Err(Error::Corrupt { .. }) = &decoded {
+            rollcall_membership_core::telemetry::state_corrupt(self.storage.table().service_id());
+        }
+        let (state, read) = decoded?;
         let mut v = self.lock();
         v.state = state;
         v.etag = read.etag;
@@ -438,7 +443,7 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
                         &generation,
                     )
                     .await;
-                self.settle(r, seq).await
+                self.settle(r, seq, bytes.len()).await
             },
             self.timed_out(what),
         )
@@ -446,7 +451,8 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
     }
 
     /// The bookkeeping after a write's answer (the io lock held).
-    async fn settle(&self, r: Result<Etag>, seq: u64) -> Result<Etag> {
+    async fn settle(&self, r: Result<Etag>, seq: u64, len: usize) -> Result<Etag> {
+        record_write(&self.storage, &r, len);
         match r {
             Ok(new) => {
                 let mut v = self.lock();
@@ -541,6 +547,7 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
                     .storage
                     .clear_as(&self.key, expected, mode, &generation)
                     .await;
+                record_write(&self.storage, &r, 0);
                 match r {
                     Ok(new) => {
                         let mut v = self.lock();
@@ -566,6 +573,206 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
             self.timed_out(what),
         )
         .await
+    }
+}
+
+/// Counts a write's or clear's outcome in the state metrics.
+fn record_write<V>(storage: &StateStorage, r: &Result<V>, len: usize) {
+    let outcome = match r {
+        Ok(_) => "ok",
+        Err(Error::InconsistentState { .. }) => "conflict",
+        Err(_) => "error",
+    };
+    rollcall_membership_core::telemetry::state_write(storage.table().service_id(), outcome, len);
+}
+
+/// Options of a [`StateSweeper`].
+#[derive(Clone, Debug)]
+pub struct SweepOptions {
+    /// The actor kinds whose states are swept (a table is listed by kind).
+    pub kinds: Vec<String>,
+    /// How long after one pass the next starts. Default 5 minutes.
+    pub period: Duration,
+    /// How long the sweeper must have seen a generation unpublished before it
+    /// deletes it ([`SWEEP_GRACE`], 10 minutes, by default): longer than any
+    /// write takes.
+    pub grace: Duration,
+    /// How long a tombstone is kept
+    /// ([`TOMBSTONE_RETENTION`](rollcall_membership_core::state_sweep::TOMBSTONE_RETENTION),
+    /// 1 hour, by default).
+    pub tombstone_retention: Duration,
+    /// Keys listed per table call. Default 200.
+    pub page: usize,
+}
+
+impl SweepOptions {
+    /// The defaults, sweeping the states of `kinds`.
+    pub fn new(kinds: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        SweepOptions {
+            kinds: kinds.into_iter().map(Into::into).collect(),
+            period: Duration::from_secs(300),
+            grace: SWEEP_GRACE,
+            tombstone_retention: rollcall_membership_core::state_sweep::TOMBSTONE_RETENTION,
+            page: 200,
+        }
+    }
+}
+
+/// What one sweep pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// States looked at (listed and owned).
+    pub states: usize,
+    /// Generations of chunk rows deleted that no header published.
+    pub orphans: usize,
+    /// Expired states deleted (and index entries of states that are gone).
+    pub expired: usize,
+    /// Tombstones deleted after their retention.
+    pub tombstones: usize,
+    /// Table calls that failed (logged; the pass goes on with the next state).
+    pub errors: usize,
+}
+
+/// Which states a sweeper owns: an actor hash in, yes or no.
+type Owns = Box<dyn Fn(u32) -> bool + Send + Sync>;
+
+/// The periodic sweep of a grain-state table: generations no header publishes,
+/// expired states and old tombstones, of the states this silo owns (those whose
+/// [`actor_hash`](rollcall_membership_core::actor_hash) falls in its ring ranges,
+/// the reminders' ring), so that the silos of a cluster share the work. The
+/// rules are [`SweepMachine`](rollcall_membership_core::state_sweep::SweepMachine)'s
+/// (sans-io): an orphan goes once this sweeper has seen it for the grace on its
+/// own clock, never by the writer's clock. Deletions are counted in
+/// `rollcall_state_swept_total`.
+///
+/// Under faults a pass never retries in a loop: a failed table call is counted
+/// and the pass goes on; every call is bounded by the provider's operation
+/// timeout.
+pub struct StateSweeper {
+    storage: StateStorage,
+    options: SweepOptions,
+    machine: rollcall_membership_core::state_sweep::SweepMachine,
+    ownership: Box<dyn Fn() -> Owns + Send + Sync>,
+}
+
+impl std::fmt::Debug for StateSweeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateSweeper")
+            .field("service", &self.storage.table().service_id())
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl StateSweeper {
+    /// A sweeper of every state of `options.kinds` in `storage` (one process
+    /// alone, or tests).
+    pub fn all(storage: StateStorage, options: SweepOptions) -> Self {
+        Self::with_ownership(storage, options, Box::new(|| Box::new(|_| true)))
+    }
+
+    /// A sweeper of the states `silo` owns on the ring of the Active silos of
+    /// its view, each taking `ring_points_per_silo` points (the reminder
+    /// service's [`ReminderOptions::ring_points_per_silo`](rollcall_membership_core::ReminderOptions),
+    /// so that one silo sweeps the states of the actors whose reminders it
+    /// owns). A silo that is not Active in its own view owns none.
+    pub fn for_silo(
+        storage: StateStorage,
+        options: SweepOptions,
+        silo: rollcall_membership_core::SiloHandle,
+        ring_points_per_silo: u32,
+    ) -> Self {
+        Self::with_ownership(
+            storage,
+            options,
+            Box::new(move || {
+                let ring = rollcall_reminders::ring::Ring::of_active(&silo.snapshot(), ring_points_per_silo);
+                let me = silo.address();
+                Box::new(move |hash| ring.owns(&me, hash))
+            }),
+        )
+    }
+
+    fn with_ownership(
+        storage: StateStorage,
+        options: SweepOptions,
+        ownership: Box<dyn Fn() -> Owns + Send + Sync>,
+    ) -> Self {
+        let machine = rollcall_membership_core::state_sweep::SweepMachine::new(
+            options.grace,
+            options.tombstone_retention,
+            rollcall_membership_core::state_sweep::MAX_TRACKED,
+        );
+        StateSweeper {
+            storage,
+            options,
+            machine,
+            ownership,
+        }
+    }
+
+    /// One pass over every owned state of the kinds: lists them page by page
+    /// and sweeps each. At most `ceil(states / page)` list calls plus four
+    /// table calls a state.
+    pub async fn pass(&mut self) -> SweepReport {
+        use rollcall_membership_core::state_sweep::Swept;
+        let owns = (self.ownership)();
+        let service = self.storage.table().service_id().to_owned();
+        let mut report = SweepReport::default();
+        for kind in self.options.kinds.clone() {
+            let mut after: Option<StateKey> = None;
+            loop {
+                let page = match self
+                    .storage
+                    .list(&kind, after.as_ref(), self.options.page.max(1))
+                    .await
+                {
+                    Ok(p) => p,
+                    Err(e) => {
+                        tracing::warn!(service = %service, kind = %kind, error = %e, "listing states to sweep failed; the next pass tries again");
+                        report.errors += 1;
+                        break;
+                    }
+                };
+                let Some(last) = page.last().cloned() else { break };
+                for key in page
+                    .iter()
+                    .filter(|k| owns(rollcall_membership_core::actor_hash(k.actor_id())))
+                {
+                    report.states += 1;
+                    match self.storage.sweep_with(key, &mut self.machine).await {
+                        Ok(done) => {
+                            for what in done {
+                                rollcall_membership_core::telemetry::state_swept(&service, what.label());
+                                match what {
+                                    Swept::Orphan => report.orphans += 1,
+                                    Swept::Expired => report.expired += 1,
+                                    Swept::Tombstone => report.tombstones += 1,
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            tracing::debug!(service = %service, key = %key, error = %e, "sweeping a state failed");
+                            report.errors += 1;
+                        }
+                    }
+                }
+                after = Some(last);
+            }
+        }
+        report
+    }
+
+    /// Runs a pass every `period` until the returned task is aborted (or the
+    /// runtime stops).
+    pub fn spawn(mut self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            loop {
+                let report = self.pass().await;
+                tracing::debug!(?report, "state sweep pass");
+                tokio::time::sleep(self.options.period).await;
+            }
+        })
     }
 }
 

@@ -31,6 +31,7 @@ mod silo;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod state;
+pub mod state_sweep;
 pub mod statistics;
 mod table;
 #[cfg(feature = "runtime")]

@@ -1231,6 +1231,9 @@ impl StateStorage {
     /// # Errors
     /// [`Error::Backend`] if the backend fails.
     pub async fn sweep(&self, key: &StateKey, grace: Duration) -> Result<usize> {
+        // Note: judges a generation's age by the time in its id (the writer's
+        // clock). The service's periodic sweep ([`sweep_with`](Self::sweep_with))
+        // judges by its own sightings instead.
         let published = match self.table.read_header(key).await? {
             Some((b, _)) => Some(StateHeader::decode(key, &b)?.generation),
             None => None,
@@ -1241,6 +1244,57 @@ impl StateStorage {
             self.table.delete_generation(key, g).await?;
         }
         Ok(gone.len())
+    }
+
+    /// The storage's clock (expiry, generation ids, sweeps).
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    /// Sweeps `key` (listed by the table) by the rules of `machine`
+    /// ([`crate::state_sweep`]): deletes what they say, returns what was
+    /// deleted, each once. A header that does not decode is left alone (a
+    /// repair is `PersistentState::overwrite` or `delete`).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a header that does not decode (nothing deleted);
+    /// [`Error::Backend`] if the backend fails (what was deleted stays deleted).
+    pub async fn sweep_with(
+        &self,
+        key: &StateKey,
+        machine: &mut crate::state_sweep::SweepMachine,
+    ) -> Result<Vec<crate::state_sweep::Swept>> {
+        use crate::state_sweep::SweepAction;
+        let header = match self.table.read_header(key).await? {
+            Some((row, etag)) => Some((StateHeader::decode(key, &row)?, etag)),
+            None => None,
+        };
+        let gens = self.table.generations(key).await?;
+        let now = self.clock.now();
+        let mut done = Vec::new();
+        for (action, what) in machine.observe(key, now, header.as_ref().map(|(h, e)| (h, e)), &gens) {
+            match action {
+                SweepAction::DeleteGeneration(g) => {
+                    self.table.delete_generation(key, &g).await?;
+                    done.push(what);
+                }
+                SweepAction::DeleteHeader(expected) => {
+                    let w = HeaderWrite {
+                        key,
+                        expected,
+                        header: None,
+                        generation: "",
+                        chunks: Vec::new(),
+                        expires_at: None,
+                    };
+                    // A conflict: written meanwhile, left alone.
+                    if let Commit::Done { .. } = self.table.commit(std::slice::from_ref(&w)).await? {
+                        done.push(what);
+                    }
+                }
+            }
+        }
+        Ok(done)
     }
 }
 

@@ -17,6 +17,15 @@
 //! | [`TABLE_OPERATIONS`] | counter | `op`, `outcome` (`ok`, `conflict`, `error`) | membership table calls; `conflict` is a conditional write that lost |
 //! | [`TABLE_OPERATION_SECONDS`] | histogram | `op` | their duration, seconds (bounded by `table_operation_timeout`) |
 //!
+//! Actor state (labels `service`, the state table's service id) adds:
+//!
+//! | name | type | labels | what |
+//! |---|---|---|---|
+//! | [`STATE_WRITES`] | counter | `outcome` (`ok`, `conflict`, `error`) | `PersistentState` writes and clears |
+//! | [`STATE_WRITTEN_BYTES`] | counter | | bytes of states written |
+//! | [`STATE_CORRUPT_RECORDS`] | counter | | loads that found a record that does not check out |
+//! | [`STATE_SWEPT`] | counter | `what` (`orphan_generation`, `expired`, `tombstone`) | what the state sweep deleted |
+//!
 //! The reminder service adds `rollcall_reminder_ticks_total`,
 //! `rollcall_reminder_tick_lateness_seconds` and `rollcall_reminders_owned` (see
 //! `rollcall_reminders`).
@@ -40,6 +49,34 @@ pub const SUSPICIONS: &str = "rollcall_suspicions_total";
 pub const TABLE_OPERATIONS: &str = "rollcall_table_operations_total";
 /// Histogram by `op`: membership table call durations, in seconds.
 pub const TABLE_OPERATION_SECONDS: &str = "rollcall_table_operation_seconds";
+
+/// Counter by `outcome`: `PersistentState` writes and clears.
+pub const STATE_WRITES: &str = "rollcall_state_writes_total";
+/// Counter: bytes of states written.
+pub const STATE_WRITTEN_BYTES: &str = "rollcall_state_written_bytes_total";
+/// Counter: loads that found a corrupt record.
+pub const STATE_CORRUPT_RECORDS: &str = "rollcall_state_corrupt_records_total";
+/// Counter by `what`: what the state sweep deleted.
+pub const STATE_SWEPT: &str = "rollcall_state_swept_total";
+
+/// A state write or clear of `service` ended with `outcome` (`ok`,
+/// `conflict`, `error`), `bytes` written when ok.
+pub fn state_write(service: &str, outcome: &'static str, bytes: usize) {
+    metrics::counter!(STATE_WRITES, "service" => service.to_owned(), "outcome" => outcome).increment(1);
+    if outcome == "ok" && bytes > 0 {
+        metrics::counter!(STATE_WRITTEN_BYTES, "service" => service.to_owned()).increment(bytes as u64);
+    }
+}
+
+/// A load of a state of `service` found a corrupt record.
+pub fn state_corrupt(service: &str) {
+    metrics::counter!(STATE_CORRUPT_RECORDS, "service" => service.to_owned()).increment(1);
+}
+
+/// The state sweep of `service` deleted one `what` (a [`crate::state_sweep::Swept`] label).
+pub fn state_swept(service: &str, what: &'static str) {
+    metrics::counter!(STATE_SWEPT, "service" => service.to_owned(), "what" => what).increment(1);
+}
 
 /// The labels of one silo's series.
 #[derive(Clone, Debug)]

@@ -76,6 +76,7 @@ macro_rules! state_conformance_tests {
             state_table::state_expiry,
             state_table::state_a_failed_write_with_an_expiry_leaves_the_live_state,
             state_table::state_a_write_over_an_expired_state_deletes_its_chunks,
+            state_table::state_the_sweep_drops_expired_states_and_tombstones,
             state_table::state_enumeration_pages,
             state_table::state_atomic_write_of_several_states,
             state_table::state_services_are_isolated,

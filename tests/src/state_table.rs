@@ -727,6 +727,67 @@ pub async fn state_a_write_over_an_expired_state_deletes_its_chunks(store: Store
     assert!(s.read(&k).await.expect("read").data == data);
 }
 
+/// The sweep's rules on a real table: an expired state (its chunks, then its
+/// header) and a tombstone are deleted and no longer listed (the Redis index
+/// kept them for ever before), a live state is kept whole.
+pub async fn state_the_sweep_drops_expired_states_and_tombstones(store: Store) {
+    use rollcall_membership_core::state_sweep::SweepMachine;
+    let s = fresh_storage(&store);
+    let limits = s.table().limits();
+    let (expired, cleared, live) = (
+        key("cart/sweep-expired", "s"),
+        key("cart/sweep-cleared", "s"),
+        key("cart/sweep-live", "s"),
+    );
+    let at = Timestamp::from_millis(Timestamp::now().as_millis() + 1_000);
+    s.write(
+        &expired,
+        Expected::Absent,
+        Codec::Raw,
+        &bytes(fit(limits, limits.txn_bytes + 11), 1),
+        Some(at),
+    )
+    .await
+    .expect("write");
+    let e = s
+        .write(&cleared, Expected::Absent, Codec::Raw, b"x", None)
+        .await
+        .expect("write");
+    s.clear(&cleared, Expected::Etag(e), ClearMode::Tombstone)
+        .await
+        .expect("clear");
+    let data = bytes(fit(limits, limits.txn_bytes + 11), 2);
+    s.write(&live, Expected::Absent, Codec::Raw, &data, None)
+        .await
+        .expect("write");
+    while s.read(&expired).await.expect("read").record_exists {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // No grace: what a pass sees, the next deletes.
+    let mut m = SweepMachine::new(Duration::ZERO, Duration::ZERO, 100);
+    let mut passes = 0;
+    loop {
+        let listed = s.list("cart", None, 10).await.expect("list");
+        if listed == [live.clone()] {
+            break;
+        }
+        passes += 1;
+        assert!(passes <= 5, "still listed after 5 passes: {listed:?}");
+        for k in &listed {
+            s.sweep_with(k, &mut m).await.expect("sweep");
+        }
+    }
+    assert_eq!(
+        generations(&s, &expired).await,
+        0,
+        "the expired state's chunks are gone"
+    );
+    assert!(
+        s.read(&live).await.expect("read").data == data,
+        "the live state is whole"
+    );
+}
+
 /// Enumeration by actor kind in pages (in the provider's key order) returns
 /// every state of the kind once, and none of another kind.
 pub async fn state_enumeration_pages(store: Store) {

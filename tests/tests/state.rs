@@ -334,3 +334,109 @@ fn reentrant_use_panics_instead_of_deadlocking() {
     cart.modify(|c| c.ticks_seen = 5);
     assert_eq!(cart.read(|c| c.ticks_seen), 5);
 }
+
+/// The state sweep removes an orphaned generation once it has seen it for the
+/// grace on its own clock, an expired state at once, a tombstone after its
+/// retention, and only states of the kinds and ring ranges it owns. (Nothing
+/// ran the sweep before.)
+#[tokio::test]
+async fn the_sweeper_removes_orphans_expired_states_and_old_tombstones() {
+    use rollcall::state::{ClearMode, StateLimits, StateSweeper, SweepOptions, SweepReport};
+    use rollcall_membership_core::{ManualClock, Timestamp};
+    use std::time::Duration;
+    let store = MemoryStore::new();
+    let limits = StateLimits {
+        chunk_bytes: 10,
+        txn_bytes: 100,
+        txn_rows: 4,
+        max_state_bytes: 10_000,
+    };
+    let table = store.state_table_with_limits("sweep", limits).unwrap();
+    let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
+    let s = StateStorage::with_clock(table.clone(), std::sync::Arc::new(clock.clone()));
+    let killed = StateStorage::with_clock(
+        Faulty::new(table, Fault::KilledBeforeCommit),
+        std::sync::Arc::new(clock.clone()),
+    );
+    let (orphaned, expired, cleared, other) = (
+        StateKey::new("cart/orphan", "s").unwrap(),
+        StateKey::new("cart/expired", "s").unwrap(),
+        StateKey::new("cart/cleared", "s").unwrap(),
+        StateKey::new("dog/1", "s").unwrap(),
+    );
+    let e = s
+        .write(&orphaned, Expected::Absent, Codec::Raw, &[1; 500], None)
+        .await
+        .unwrap();
+    killed
+        .write(&orphaned, Expected::Etag(e), Codec::Raw, &[2; 500], None)
+        .await
+        .unwrap_err();
+    assert_eq!(s.table().generations(&orphaned).await.unwrap().len(), 2);
+    s.write(
+        &expired,
+        Expected::Absent,
+        Codec::Raw,
+        &[3; 500],
+        Some(Timestamp::from_millis(1)),
+    )
+    .await
+    .unwrap();
+    let e = s
+        .write(&cleared, Expected::Absent, Codec::Raw, b"x", None)
+        .await
+        .unwrap();
+    s.clear(&cleared, Expected::Etag(e), ClearMode::Tombstone)
+        .await
+        .unwrap();
+    s.write(
+        &other,
+        Expected::Absent,
+        Codec::Raw,
+        &[4; 500],
+        Some(Timestamp::from_millis(1)),
+    )
+    .await
+    .unwrap();
+    let mut options = SweepOptions::new(["cart"]);
+    options.grace = Duration::from_secs(600);
+    options.tombstone_retention = Duration::from_secs(3600);
+    let mut sweeper = StateSweeper::all(s.clone(), options);
+    let first = sweeper.pass().await;
+    assert_eq!(
+        first,
+        SweepReport {
+            states: 3,
+            ..SweepReport::default()
+        },
+        "orphans (the expired state's chunks too) and the tombstone are only seen"
+    );
+    clock.advance(Duration::from_secs(599));
+    assert_eq!(sweeper.pass().await.orphans, 0, "not seen for the grace yet");
+    clock.advance(Duration::from_secs(1));
+    let second = sweeper.pass().await;
+    assert_eq!(
+        (second.orphans, second.expired),
+        (2, 0),
+        "the killed write's generation and the expired state's chunks"
+    );
+    assert_eq!(sweeper.pass().await.expired, 1, "then the expired state's header");
+    assert_eq!(s.table().generations(&orphaned).await.unwrap().len(), 1);
+    assert!(
+        s.read(&orphaned).await.unwrap().data == [1; 500],
+        "the published state is kept"
+    );
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(sweeper.pass().await.tombstones, 1);
+    let listed = s.list("cart", None, 10).await.unwrap();
+    assert_eq!(
+        listed,
+        [orphaned],
+        "the expired and cleared states are no longer listed"
+    );
+    assert_eq!(
+        s.list("dog", None, 10).await.unwrap(),
+        [other],
+        "another kind is not swept"
+    );
+}
