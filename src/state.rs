@@ -124,8 +124,13 @@ pub struct PersistentState<T> {
     codec: Codec,
     timeout: Duration,
     expires_in: Option<Duration>,
+    version: u32,
+    migrate: Option<Migrate<T>>,
     shared: Arc<Shared<T>>,
 }
+
+/// A migration hook ([`PersistentState::with_version`]).
+type Migrate<T> = Arc<dyn Fn(u32, Codec, &[u8]) -> Result<T> + Send + Sync>;
 
 impl<T> Clone for PersistentState<T> {
     fn clone(&self) -> Self {
@@ -135,6 +140,8 @@ impl<T> Clone for PersistentState<T> {
             codec: self.codec,
             timeout: self.timeout,
             expires_in: self.expires_in,
+            version: self.version,
+            migrate: self.migrate.clone(),
             shared: self.shared.clone(),
         }
     }
@@ -195,6 +202,8 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
             codec: Codec::Json,
             timeout: DEFAULT_STATE_TIMEOUT,
             expires_in: None,
+            version: 0,
+            migrate: None,
             shared: Arc::new(Shared {
                 value: Mutex::new(Value {
                     state: T::default(),
@@ -229,6 +238,24 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
     /// the expiry.
     pub fn with_expiry(mut self, ttl: Duration) -> Self {
         self.expires_in = Some(ttl);
+        self
+    }
+
+    /// Says which version of `T` this build has (stored with every write),
+    /// and how to upgrade a record an older version wrote: `migrate(version,
+    /// codec, bytes)` runs on load for a record of a lower version (0: written
+    /// before versions were used) and returns the value; the next write stores
+    /// it as `version`. A record of a **higher** version (a newer build wrote
+    /// it) does not load: [`load`](Self::load) is [`Error::Unsupported`] and the
+    /// value stays as it was, so an older build cannot overwrite it without
+    /// saying so ([`overwrite`](Self::overwrite)).
+    pub fn with_version(
+        mut self,
+        version: u32,
+        migrate: impl Fn(u32, Codec, &[u8]) -> Result<T> + Send + Sync + 'static,
+    ) -> Self {
+        self.version = version;
+        self.migrate = Some(Arc::new(migrate));
         self
     }
 
@@ -324,7 +351,9 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
     /// # Errors
     /// [`Error::Corrupt`] for a record that does not check out or decode (the
     /// value is left as it was); [`Error::Unsupported`] for a codec this build
-    /// cannot read; [`Error::Backend`] on a backend failure or after the timeout.
+    /// cannot read, or a record a newer version of the type wrote
+    /// ([`with_version`](Self::with_version)); [`Error::Backend`] on a backend
+    /// failure or after the timeout.
     pub async fn load(&self) -> Result<()> {
         bounded(
             self.timeout,
@@ -342,6 +371,17 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
     async fn reload(&self) -> Result<()> {
         let from = self.lock().changed;
         let decoded = match self.storage.read(&self.key).await {
+            Ok(read) if read.record_exists && read.version > self.version => {
+                Err(Error::Unsupported(format!(
+                    "state {} was written by version {} of its type and this build has version {}: \
+                 load it with a newer build, or replace it explicitly (overwrite)",
+                    self.key, read.version, self.version
+                )))
+            }
+            Ok(read) if read.record_exists && read.version < self.version => match &self.migrate {
+                Some(migrate) => migrate(read.version, read.codec, &read.data).map(|s| (s, read)),
+                None => decode::<T>(&self.key, read.codec, &read.data).map(|s| (s, read)),
+            },
             Ok(read) if read.record_exists => {
                 decode::<T>(&self.key, read.codec, &read.data).map(|s| (s, read))
             }
@@ -432,16 +472,14 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
                 let expires_at = self
                     .expires_in
                     .map(|d| Timestamp::from_millis(Timestamp::now().as_millis() + d.as_millis() as u64));
+                let options = WriteOptions {
+                    expires_at,
+                    version: self.version,
+                    generation: Some(&generation),
+                };
                 let r = self
                     .storage
-                    .write_as(
-                        &self.key,
-                        expected(etag.as_ref()),
-                        self.codec,
-                        &bytes,
-                        expires_at,
-                        &generation,
-                    )
+                    .write_with(&self.key, expected(etag.as_ref()), self.codec, &bytes, options)
                     .await;
                 self.settle(r, seq, bytes.len()).await
             },

@@ -219,6 +219,26 @@ pub struct StateHeader {
     /// The bytes follow the header in its own row (no chunk rows).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub inline: bool,
+    /// The version of the type that wrote the state (the typed layer's
+    /// `with_version`; 0 when it does not say).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub version: u32,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+/// How a [`StateStorage::write_with`] stores a state, beyond its bytes.
+#[derive(Clone, Debug, Default)]
+pub struct WriteOptions<'a> {
+    /// When the state expires (UTC ms), if ever.
+    pub expires_at: Option<Timestamp>,
+    /// The version of the type that wrote it (read back as
+    /// [`StateRead::version`]).
+    pub version: u32,
+    /// The generation id to write under (a fresh one when `None`).
+    pub generation: Option<&'a str>,
 }
 
 impl StateHeader {
@@ -240,6 +260,7 @@ impl StateHeader {
             expires_at,
             cleared: false,
             inline: false,
+            version: 0,
         }
     }
 
@@ -497,6 +518,8 @@ pub struct StateRead {
     pub etag: Option<Etag>,
     /// Whether a state is stored (not cleared, not expired).
     pub record_exists: bool,
+    /// The version of the type that wrote it ([`WriteOptions::version`]).
+    pub version: u32,
 }
 
 /// A step of a write, decided by [`WriteMachine`].
@@ -841,6 +864,7 @@ impl StateStorage {
                     codec: header.codec,
                     etag: Some(etag),
                     record_exists: true,
+                    version: header.version,
                 });
             }
             let chunks = self
@@ -854,6 +878,7 @@ impl StateStorage {
                         codec: header.codec,
                         etag: Some(etag),
                         record_exists: true,
+                        version: header.version,
                     })
                 }
                 Err(e) => {
@@ -889,12 +914,14 @@ impl StateStorage {
         data: &[u8],
         expires_at: Option<Timestamp>,
     ) -> Result<Etag> {
-        let generation = self.new_generation();
-        self.write_as(key, expected, codec, data, expires_at, &generation)
-            .await
+        let options = WriteOptions {
+            expires_at,
+            ..WriteOptions::default()
+        };
+        self.write_with(key, expected, codec, data, options).await
     }
 
-    /// A fresh generation id for [`write_as`](Self::write_as).
+    /// A fresh generation id for [`WriteOptions::generation`].
     ///
     /// The id starts with the writer's clock (ms), which only orders
     /// generations for the sweep's grace period; a sweep never removes the
@@ -903,26 +930,37 @@ impl StateStorage {
         new_generation(self.clock.now())
     }
 
-    /// [`write`](Self::write) under a generation id the caller chose
+    /// [`write`](Self::write) with [`WriteOptions`]: the version of the type
+    /// that wrote it, and a generation id the caller chose
     /// ([`new_generation`](Self::new_generation)), so that it can learn the
     /// outcome of a write it gave up on (a timeout) with
     /// [`outcome`](Self::outcome).
     ///
     /// # Errors
     /// As [`write`](Self::write).
-    pub async fn write_as(
+    pub async fn write_with(
         &self,
         key: &StateKey,
         expected: Expected,
         codec: Codec,
         data: &[u8],
-        expires_at: Option<Timestamp>,
-        generation: &str,
+        options: WriteOptions<'_>,
     ) -> Result<Etag> {
-        let generation = generation.to_owned();
+        let expires_at = options.expires_at;
+        let generation = options
+            .generation
+            .map_or_else(|| self.new_generation(), str::to_owned);
         let mut m = WriteMachine::new(key, data.len(), generation.clone(), self.table.limits())?;
         let ranges = m.chunk_ranges().to_vec();
-        let header = header_row(data, codec, &generation, m.layout(), ranges.len(), expires_at);
+        let header = header_row(
+            data,
+            codec,
+            &generation,
+            m.layout(),
+            ranges.len(),
+            expires_at,
+            options.version,
+        );
         let mut errors: Vec<Error> = Vec::new();
         let mut action = m.handle(WriteEvent::Start);
         loop {
@@ -1075,7 +1113,7 @@ impl StateStorage {
                 } else {
                     Layout::Txn
                 };
-                header_row(data, *codec, &generation, layout, r.len(), None)
+                header_row(data, *codec, &generation, layout, r.len(), None, 0)
             })
             .collect();
         let writes: Vec<HeaderWrite<'_>> = states
@@ -1306,8 +1344,10 @@ fn header_row(
     layout: Layout,
     chunks: usize,
     expires_at: Option<Timestamp>,
+    version: u32,
 ) -> Vec<u8> {
     let mut h = StateHeader::of(data, codec, generation.to_owned(), chunks as u32, expires_at);
+    h.version = version;
     if layout == Layout::Row {
         h.inline = true;
         h.encode_row(data)

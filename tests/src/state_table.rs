@@ -557,7 +557,16 @@ pub async fn state_an_unknown_outcome_deletes_nothing_and_is_learned_later(store
     let data = bytes(fit(limits, limits.txn_bytes + 11), 2);
     let generation = blind.new_generation();
     let err = blind
-        .write_as(&k, Expected::Etag(e1), Codec::Raw, &data, None, &generation)
+        .write_with(
+            &k,
+            Expected::Etag(e1),
+            Codec::Raw,
+            &data,
+            rollcall_membership_core::state::WriteOptions {
+                generation: Some(&generation),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, Error::OutcomeUnknown { .. }), "{err}");
