@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use aws_sdk_dynamodb::types::{
-    AttributeDefinition, BillingMode, KeySchemaElement, KeyType, ScalarAttributeType, TableStatus,
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
+    ProjectionType, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
 };
 use rollcall_membership_core::{Error, Result};
 
@@ -27,6 +28,17 @@ pub(crate) const METRICS_ROWS: &str = "~metrics#";
 pub(crate) const SHARD_KEY: &str = "ShardKey";
 /// Reminder table sort key: `<hash as 8 hex>#<actor length>#<actor id>#<name>`.
 pub(crate) const SORT_KEY: &str = "SortKey";
+
+/// The grain-state table's index of headers by actor kind (a sparse global
+/// secondary index: only header items carry its keys).
+pub(crate) const KIND_INDEX: &str = "KindIndex";
+/// Its hash key: `<service id length>#<service id>#<kind>`.
+pub(crate) const KIND: &str = "Kind";
+/// Its range key: `<actor id>\u{1}<state name>` (control characters are not
+/// allowed in either, so this sorts as the (actor, name) pair).
+pub(crate) const MEMBER: &str = "Member";
+/// The grain-state table's TTL attribute (seconds since the epoch).
+pub(crate) const TTL: &str = "Ttl";
 
 /// Which of the three tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,6 +101,33 @@ pub(crate) async fn ensure_table(conn: &Conn, table: &str, kind: Kind, create: b
     }
 }
 
+/// Waits (within the timeout) until `table` is `ACTIVE`.
+async fn wait_active(conn: &Conn, table: &str) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + conn.config.timeout;
+    loop {
+        let out = conn
+            .client
+            .describe_table()
+            .table_name(table)
+            .send()
+            .await
+            .map_err(|e| conn.error("DescribeTable", table, e))?;
+        if matches!(
+            out.table().and_then(|t| t.table_status()),
+            Some(TableStatus::Active) | None
+        ) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Error::backend(format!(
+                "dynamodb table `{table}` did not become ACTIVE within {:?}",
+                conn.config.timeout
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn create_table(conn: &Conn, table: &str, kind: Kind) -> Result<()> {
     let (hash, range) = kind.keys();
     let def = |name: &str| {
@@ -105,7 +144,7 @@ async fn create_table(conn: &Conn, table: &str, kind: Kind) -> Result<()> {
             .build()
             .map_err(|e| Error::backend(format!("dynamodb schema: {e}")))
     };
-    let result = conn
+    let mut create = conn
         .client
         .create_table()
         .table_name(table)
@@ -113,12 +152,45 @@ async fn create_table(conn: &Conn, table: &str, kind: Kind) -> Result<()> {
         .attribute_definitions(def(hash)?)
         .attribute_definitions(def(range)?)
         .key_schema(key(hash, KeyType::Hash)?)
-        .key_schema(key(range, KeyType::Range)?)
-        .send()
-        .await;
+        .key_schema(key(range, KeyType::Range)?);
+    if kind == Kind::State {
+        // Listing by kind pages through this index, never a scan.
+        let index = GlobalSecondaryIndex::builder()
+            .index_name(KIND_INDEX)
+            .key_schema(key(KIND, KeyType::Hash)?)
+            .key_schema(key(MEMBER, KeyType::Range)?)
+            .projection(
+                Projection::builder()
+                    .projection_type(ProjectionType::KeysOnly)
+                    .build(),
+            )
+            .build()
+            .map_err(|e| Error::backend(format!("dynamodb schema: {e}")))?;
+        create = create
+            .attribute_definitions(def(KIND)?)
+            .attribute_definitions(def(MEMBER)?)
+            .global_secondary_indexes(index);
+    }
+    let result = create.send().await;
     match result {
         Ok(_) => {
             tracing::info!(table, "created dynamodb table (on-demand billing)");
+            if kind == Kind::State {
+                // DynamoDB removes expired states and chunks by themselves.
+                let spec = TimeToLiveSpecification::builder()
+                    .attribute_name(TTL)
+                    .enabled(true)
+                    .build()
+                    .map_err(|e| Error::backend(format!("dynamodb schema: {e}")))?;
+                wait_active(conn, table).await?;
+                conn.client
+                    .update_time_to_live()
+                    .table_name(table)
+                    .time_to_live_specification(spec)
+                    .send()
+                    .await
+                    .map_err(|e| conn.error("UpdateTimeToLive", table, e))?;
+            }
             Ok(())
         }
         // Another process created it first.

@@ -26,13 +26,11 @@ use rollcall_membership_core::{Error, Etag, Expected, Result, StateKey, Timestam
 use tokio::sync::OnceCell;
 
 use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
-use crate::schema::{self, SHARD_KEY, SORT_KEY};
+use crate::schema::{self, KIND, KIND_INDEX, MEMBER, SHARD_KEY, SORT_KEY, TTL};
 
 const BODY: &str = "Body";
 const ETAG: &str = "ETag";
-const KIND: &str = "Kind";
 const EXPIRES_AT: &str = "ExpiresAt";
-const TTL: &str = "Ttl";
 const DATA: &str = "Data";
 
 /// The longest state name DynamoDB stores, bytes: its sort key holds at most
@@ -153,6 +151,7 @@ impl DynamoDbStateTable {
         item.insert(BODY.to_owned(), AttributeValue::B(Blob::new(body.to_vec())));
         item.insert(ETAG.to_owned(), s(etag.as_str()));
         item.insert(KIND.to_owned(), s(self.kind_tag(w.key.kind())));
+        item.insert(MEMBER.to_owned(), s(member(w.key)));
         if let Some(at) = w.expires_at {
             item.insert(EXPIRES_AT.to_owned(), n(at.as_millis()));
             item.insert(TTL.to_owned(), n(at.as_millis().div_ceil(1000)));
@@ -483,41 +482,55 @@ impl StateTable for DynamoDbStateTable {
     async fn list(&self, kind: &str, after: Option<&StateKey>, limit: usize) -> Result<Vec<StateKey>> {
         self.ready().await?;
         let prefix = format!("{}#{}#", self.service_id.len(), self.service_id);
-        let scan = self
-            .conn
-            .client
-            .scan()
-            .table_name(self.table_name())
-            .filter_expression("#k = :k")
-            .expression_attribute_names("#k", KIND)
-            .expression_attribute_names("#pk", SHARD_KEY)
-            .expression_attribute_names("#sk", SORT_KEY)
-            .expression_attribute_values(":k", s(self.kind_tag(kind)))
-            .projection_expression("#pk, #sk")
-            .consistent_read(true);
-        let mut items: Vec<Item> = Vec::new();
-        let mut pages = scan.into_paginator().items().send();
+        let mut from = after.map(member);
+        let limit = limit.max(1);
         loop {
-            match pages.try_next().await {
-                Ok(Some(i)) => items.push(i),
-                Ok(None) => break,
-                Err(e) => return Err(self.conn.error("Scan", self.table_name(), e)),
+            let mut query = self
+                .conn
+                .client
+                .query()
+                .table_name(self.table_name())
+                .index_name(KIND_INDEX)
+                .expression_attribute_names("#k", KIND)
+                .expression_attribute_values(":k", s(self.kind_tag(kind)))
+                .limit(limit as i32);
+            query = match &from {
+                Some(m) => query
+                    .key_condition_expression("#k = :k AND #m > :m")
+                    .expression_attribute_names("#m", MEMBER)
+                    .expression_attribute_values(":m", s(m.as_str())),
+                None => query.key_condition_expression("#k = :k"),
+            };
+            let out = query
+                .send()
+                .await
+                .map_err(|e| self.conn.error("Query", self.table_name(), e))?;
+            let items = out.items.unwrap_or_default();
+            let keys: Vec<StateKey> = items
+                .iter()
+                .filter_map(|i| {
+                    let a = Attrs(i);
+                    let actor = a.s(SHARD_KEY).ok()?.strip_prefix(&prefix)?.to_owned();
+                    let name = a.s(SORT_KEY).ok()?.strip_prefix("h#")?.to_owned();
+                    StateKey::new(actor, name).ok()
+                })
+                .collect();
+            // A full page of items that are not keys does not end the listing.
+            let last = items
+                .last()
+                .and_then(|i| Attrs(i).s(MEMBER).ok().map(str::to_owned));
+            match last {
+                Some(m) if keys.is_empty() && items.len() == limit => from = Some(m),
+                _ => return Ok(keys),
             }
         }
-        let mut keys: Vec<StateKey> = items
-            .iter()
-            .filter_map(|i| {
-                let a = Attrs(i);
-                let actor = a.s(SHARD_KEY).ok()?.strip_prefix(&prefix)?.to_owned();
-                let name = a.s(SORT_KEY).ok()?.strip_prefix("h#")?.to_owned();
-                StateKey::new(actor, name).ok()
-            })
-            .filter(|k| after.is_none_or(|a| k > a))
-            .collect();
-        keys.sort();
-        keys.truncate(limit);
-        Ok(keys)
     }
+}
+
+/// The index range key of `key`: the actor id and the name apart by `\u{1}`
+/// (which neither may hold), so that it sorts as the pair.
+fn member(key: &StateKey) -> String {
+    format!("{}\u{1}{}", key.actor_id(), key.name())
 }
 
 type Names = Option<std::collections::HashMap<String, String>>;

@@ -603,3 +603,55 @@ async fn a_state_name_too_long_for_the_sort_key_is_invalid_input() {
     assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
     assert!(!err.is_transient());
 }
+
+/// The grain-state table is created with its listing index (listing pages
+/// through it instead of scanning the table, chunks and all, on every page) and
+/// with TTL on, so DynamoDB removes expired headers and chunks by itself.
+#[tokio::test]
+async fn the_state_table_has_its_kind_index_and_ttl() {
+    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage};
+    let Some((store, b)) = dynamodb().await else {
+        return;
+    };
+    let service = unique_id("schema");
+    let s = StateStorage::new(store.state_table(&service).unwrap());
+    let k = StateKey::new("cart/1", "s").unwrap();
+    s.write(&k, Expected::Absent, Codec::Raw, b"x", None)
+        .await
+        .unwrap();
+    assert_eq!(s.list("cart", None, 10).await.unwrap(), [k]);
+    let client = raw(&b.endpoint).await;
+    let tables = client.list_tables().send().await.unwrap();
+    let state_table = tables
+        .table_names()
+        .iter()
+        .find(|t| t.ends_with("-state"))
+        .expect("a state table")
+        .clone();
+    let described = client
+        .describe_table()
+        .table_name(&state_table)
+        .send()
+        .await
+        .unwrap();
+    let indexes: Vec<&str> = described
+        .table()
+        .unwrap()
+        .global_secondary_indexes()
+        .iter()
+        .filter_map(|i| i.index_name())
+        .collect();
+    assert_eq!(indexes, ["KindIndex"]);
+    let ttl = client
+        .describe_time_to_live()
+        .table_name(&state_table)
+        .send()
+        .await
+        .unwrap();
+    let ttl = ttl.time_to_live_description().unwrap();
+    assert_eq!(ttl.attribute_name(), Some("Ttl"));
+    assert_eq!(
+        ttl.time_to_live_status(),
+        Some(&aws_sdk_dynamodb::types::TimeToLiveStatus::Enabled)
+    );
+}
