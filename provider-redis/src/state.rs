@@ -87,14 +87,15 @@ for i = 1, n do
     redis.call('SADD', gs, w.gen)
     if w.exp ~= '' then redis.call('PEXPIREAT', ck, w.exp) end
   end
-  redis.call('DEL', hk)
-  if w.del ~= '1' then
-    if w.data == '' then
-      redis.call('HSET', hk, 'etag', w.etag, 'body', w.body)
-    else
-      redis.call('HSET', hk, 'etag', w.etag, 'body', w.body, 'data', w.data)
+  if w.del == '1' then
+    redis.call('DEL', hk)
+  else
+    redis.call('HSET', hk, 'etag', w.etag, 'body', w.body, 'data', w.data)
+    if w.exp ~= '' then
+      redis.call('PEXPIREAT', hk, w.exp)
+    elseif old then
+      redis.call('PERSIST', hk)
     end
-    if w.exp ~= '' then redis.call('PEXPIREAT', hk, w.exp) end
   end
 end
 return done
@@ -204,7 +205,7 @@ impl StateTable for RedisStateTable {
             self.query(&self.tag(key), "read state header", pipe).await?;
         match (etag, body) {
             (Some(e), Some(mut b)) => {
-                if let Some(d) = data {
+                if let Some(d) = data.filter(|d| !d.is_empty()) {
                     b.extend_from_slice(&d);
                 }
                 Ok(Some((b, Etag::new(e))))
