@@ -503,3 +503,47 @@ async fn a_record_names_its_version_and_an_older_build_does_not_overwrite_a_newe
     stale.overwrite().await.expect("an explicit overwrite");
     assert_eq!(s.read(&key).await.unwrap().version, 1);
 }
+
+/// A silo's sweeper sweeps the states of its ring ranges: alone and Active it
+/// owns every actor; once it has left it owns none.
+#[actix_rt::test]
+async fn a_silos_sweeper_sweeps_its_ring_ranges_only_while_active() {
+    use rollcall::state::{StateSweeper, SweepOptions};
+    use rollcall_membership_core::{Silo, SystemStore, Timestamp};
+    let store = MemoryStore::new();
+    let system: std::sync::Arc<dyn SystemStore> = std::sync::Arc::new(store.clone());
+    let silo = Silo::builder(system, "sweep")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .start()
+        .await
+        .expect("the silo joins");
+    let s = StateStorage::new(store.state_table("sweep").unwrap());
+    for i in 0..20 {
+        let k = StateKey::new(format!("cart/{i}"), "s").unwrap();
+        s.write(
+            &k,
+            Expected::Absent,
+            Codec::Raw,
+            b"x",
+            Some(Timestamp::from_millis(1)),
+        )
+        .await
+        .unwrap();
+    }
+    let mut sweeper = StateSweeper::for_silo(s.clone(), SweepOptions::new(["cart"]), silo.clone(), 30);
+    silo.shutdown().await.expect("the silo leaves");
+    assert_eq!(sweeper.pass().await.states, 0, "a silo that left owns no state");
+    assert_eq!(s.list("cart", None, 100).await.unwrap().len(), 20);
+    // A new silo, alone in the cluster: it owns every actor.
+    let system: std::sync::Arc<dyn SystemStore> = std::sync::Arc::new(store.clone());
+    let silo = Silo::builder(system, "sweep")
+        .listen("127.0.0.1:0".parse().unwrap())
+        .start()
+        .await
+        .expect("a new silo joins");
+    let mut sweeper = StateSweeper::for_silo(s.clone(), SweepOptions::new(["cart"]), silo.clone(), 30);
+    let report = sweeper.pass().await;
+    assert_eq!((report.states, report.expired), (20, 20), "{report:?}");
+    assert!(s.list("cart", None, 100).await.unwrap().is_empty());
+    silo.shutdown().await.expect("the silo leaves");
+}
