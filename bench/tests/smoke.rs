@@ -263,3 +263,40 @@ fn smoke_run_of_join_storms_and_detection() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// S1 runs on a real backend and reports every size with its ratios, and the
+/// `PersistentState` overhead.
+#[test]
+fn smoke_run_of_actor_state() {
+    let dir = std::env::temp_dir().join(format!("rollcall-bench-s1-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (md, json) = (dir.join("BENCHMARKS.md"), dir.join("benchmarks.json"));
+    run_bench(
+        &[
+            "s1",
+            "--providers",
+            "redis,etcd",
+            "--sizes",
+            "1024,65536,2097152",
+            "--rounds",
+            "1",
+            "--seconds",
+            "0.05",
+        ],
+        &md,
+        &json,
+    );
+    let text = std::fs::read_to_string(&md).unwrap();
+    assert!(text.contains("## S1: actor state"), "{text}");
+    assert!(text.contains("| redis | 2 MiB |"), "{text}");
+    let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = parsed["s1"]["rows"].as_array().unwrap();
+    assert_eq!(
+        rows.len(),
+        5,
+        "etcd skips 2 MiB (over its largest state): {rows:#?}"
+    );
+    assert!(rows.iter().all(|r| r["write_p50_ratio"].as_f64().unwrap() > 0.0));
+    assert!(parsed["s1"]["persistent_state_overhead_bytes"].as_f64().unwrap() > 0.0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -447,9 +447,11 @@ impl StateTable for DynamoDbStateTable {
                 }
             }
         }
-        let item = self.header_item(writes[0].key).await?;
-        let current = self.live_etag(writes[0].key, item.as_ref(), Timestamp::now().as_millis())?;
-        Ok(Commit::Conflict { index: 0, current })
+        // Every precondition still holds: concurrent transactions kept
+        // cancelling ours. Not a conflict of any write: transient.
+        Err(Error::backend(format!(
+            "dynamodb state commit: cancelled by concurrent transactions {TRANSACT_ATTEMPTS} times; try again"
+        )))
     }
 
     async fn generations(&self, key: &StateKey) -> Result<Vec<String>> {

@@ -337,21 +337,34 @@ impl StateTable for EtcdStateTable {
             }
             None => prefix.clone().into_bytes(),
         };
-        let opts = GetOptions::new()
-            .with_range(prefix_end(&prefix))
-            .with_keys_only()
-            .with_limit(limit as i64);
-        let resp = self.conn.get("list states", start, Some(opts)).await?;
+        let limit = limit.max(1);
         let head = format!("{}/h/", self.base);
-        Ok(resp
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let k = String::from_utf8_lossy(kv.key());
-                let (a, n) = k.strip_prefix(&head)?.split_once('/')?;
-                StateKey::new(unescape(a)?, unescape(n)?).ok()
-            })
-            .collect())
+        let mut start = start;
+        loop {
+            let opts = GetOptions::new()
+                .with_range(prefix_end(&prefix))
+                .with_keys_only()
+                .with_limit(limit as i64);
+            let resp = self.conn.get("list states", start.clone(), Some(opts)).await?;
+            let keys: Vec<StateKey> = resp
+                .kvs()
+                .iter()
+                .filter_map(|kv| {
+                    let k = String::from_utf8_lossy(kv.key());
+                    let (a, n) = k.strip_prefix(&head)?.split_once('/')?;
+                    StateKey::new(unescape(a)?, unescape(n)?).ok()
+                })
+                .collect();
+            // A full page of keys that are not states (written by something
+            // else) does not end the listing: page on past them.
+            match resp.kvs().last() {
+                Some(last) if keys.is_empty() && resp.kvs().len() == limit => {
+                    start = last.key().to_vec();
+                    start.push(0);
+                }
+                _ => return Ok(keys),
+            }
+        }
     }
 }
 

@@ -830,3 +830,26 @@ async fn state_writes_with_an_expiry_leave_one_live_lease_per_state() {
     }
     assert!(client.lease_time_to_live(live, None).await.unwrap().ttl() > 0);
 }
+
+/// A page of keys under the state headers' prefix that are not states does not
+/// end a listing: it goes on past them.
+#[tokio::test]
+async fn a_listing_pages_past_keys_that_are_not_states() {
+    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage};
+    let Some((store, b)) = etcd().await else { return };
+    let service = unique_id("garbage");
+    let s = StateStorage::new(store.state_table(&service).unwrap());
+    let k = StateKey::new("cart/zzz", "s").unwrap();
+    s.write(&k, Expected::Absent, Codec::Raw, b"x", None)
+        .await
+        .unwrap();
+    let mut client = raw(&b.endpoint).await;
+    for i in 0..10 {
+        // Of the kind's range, before the state, and not `<actor>/<name>`.
+        client
+            .put(format!("rollcall/{service}/state/h/cart%2Fa{i}"), "x", None)
+            .await
+            .unwrap();
+    }
+    assert_eq!(s.list("cart", None, 5).await.unwrap(), [k]);
+}

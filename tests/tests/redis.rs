@@ -977,3 +977,31 @@ async fn state_a_commit_cut_after_it_was_sent_lands_once() {
         .expect("connect through the proxy");
     rollcall_tests::state_table::state_a_commit_cut_after_it_was_sent_lands_once(via, direct, &proxy).await;
 }
+
+/// A page of index members that are not state keys (written by something
+/// else) does not end a listing: it goes on past them (an empty page ended it
+/// before, and the states after the garbage were never listed).
+#[tokio::test]
+async fn a_listing_pages_past_index_members_that_are_not_keys() {
+    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage};
+    let Some((store, b)) = redis().await else { return };
+    let service = unique_id("garbage");
+    let s = StateStorage::new(store.state_table(&service).unwrap());
+    let k = StateKey::new("cart/zzz", "s").unwrap();
+    s.write(&k, Expected::Absent, Codec::Raw, b"x", None)
+        .await
+        .unwrap();
+    let mut con = raw(&b).await;
+    let index = format!("rollcall:{{g:{service}}}:index");
+    for i in 0..10 {
+        // Of the kind's range, before the state, and not `<actor>/<name>`.
+        let _: () = redis::cmd("ZADD")
+            .arg(&index)
+            .arg(0)
+            .arg(format!("cart%2Fa{i}"))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    assert_eq!(s.list("cart", None, 5).await.unwrap(), [k]);
+}
