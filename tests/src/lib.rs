@@ -67,6 +67,7 @@ macro_rules! state_conformance_tests {
             state_table::state_multibyte_utf8_across_chunk_boundaries,
             state_table::state_preconditions,
             state_table::state_concurrent_writers_one_winner_per_etag,
+            state_table::state_last_writer_wins_never_fails_under_contention,
             state_table::state_clear_against_a_concurrent_writer,
             state_table::state_killed_write_leaves_the_old_state_and_the_sweep_removes_orphans,
             state_table::state_a_commit_that_landed_but_errored_is_a_success,
