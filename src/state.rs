@@ -502,18 +502,22 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
                 Ok(new)
             }
             Err(e @ Error::OutcomeUnknown { .. }) => Err(e), // stays pending
-            Err(e) => {
-                self.lock().pending = None; // certainly not written
-                if matches!(e, Error::InconsistentState { .. }) {
-                    // The value becomes the stored one, not a change the store
-                    // refused; if that read fails, the conflict is still the answer.
-                    if let Err(read) = self.reload().await {
-                        tracing::debug!(key = %self.key, error = %read, "reading a state back after a conflict failed");
-                    }
-                }
-                Err(e)
+            Err(e) => Err(self.refused(e).await),
+        }
+    }
+
+    /// A write or clear that certainly wrote nothing answered `e` (the io lock
+    /// held): nothing is pending, and after a conflict the value becomes the
+    /// stored one, not a change the store refused (if that read fails, the
+    /// conflict is still the answer).
+    async fn refused(&self, e: Error) -> Error {
+        self.lock().pending = None;
+        if matches!(e, Error::InconsistentState { .. }) {
+            if let Err(read) = self.reload().await {
+                tracing::debug!(key = %self.key, error = %read, "reading a state back after a conflict failed");
             }
         }
+        e
     }
 
     /// Applies `f` to the value and writes it; on a conflict, the value is read
@@ -597,15 +601,7 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
                         Ok(())
                     }
                     Err(e @ Error::OutcomeUnknown { .. }) => Err(e),
-                    Err(e) => {
-                        self.lock().pending = None;
-                        if matches!(e, Error::InconsistentState { .. }) {
-                            if let Err(read) = self.reload().await {
-                                tracing::debug!(key = %self.key, error = %read, "reading a state back after a conflict failed");
-                            }
-                        }
-                        Err(e)
-                    }
+                    Err(e) => Err(self.refused(e).await),
                 }
             },
             self.timed_out(what),
