@@ -56,47 +56,43 @@ static COMMIT: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r"
 local n = tonumber(ARGV[1])
-local writes = {}
+local olds = {}
 local a = 2
 for i = 1, n do
-  local w = {mode = ARGV[a], expected = ARGV[a + 1], etag = ARGV[a + 2], del = ARGV[a + 3],
-             body = ARGV[a + 4], data = ARGV[a + 5], exp = ARGV[a + 6], gen = ARGV[a + 7],
-             chunks = tonumber(ARGV[a + 8]), first = a + 9}
-  a = a + 9 + w.chunks
-  writes[i] = w
-end
-for i = 1, n do
-  local w = writes[i]
-  local cur = redis.call('HGET', KEYS[3 * i - 2], 'etag')
-  local ok = (w.mode == 'any') or (w.mode == 'absent' and not cur) or (w.mode == 'etag' and cur == w.expected)
+  local cur = redis.call('HMGET', KEYS[3 * i - 2], 'etag', 'body')
+  local mode = ARGV[a]
+  local ok = (mode == 'any') or (mode == 'absent' and not cur[1]) or (mode == 'etag' and cur[1] == ARGV[a + 1])
   if not ok then
-    if cur then return {i - 1, cur} end
+    if cur[1] then return {i - 1, cur[1]} end
     return {i - 1}
   end
+  olds[i] = cur[2]
+  a = a + 9 + tonumber(ARGV[a + 8])
 end
 local done = {-1}
+a = 2
 for i = 1, n do
-  local w = writes[i]
   local hk, ck, gs = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local old = redis.call('HGET', hk, 'body')
-  if old then done[i + 1] = old else done[i + 1] = false end
-  if w.chunks > 0 then
-    for j = 0, w.chunks - 1 do
-      redis.call('HSET', ck, tostring(j), ARGV[w.first + j])
+  local chunks, exp = tonumber(ARGV[a + 8]), ARGV[a + 6]
+  done[i + 1] = olds[i] or false
+  if chunks > 0 then
+    for j = 0, chunks - 1 do
+      redis.call('HSET', ck, tostring(j), ARGV[a + 9 + j])
     end
-    redis.call('SADD', gs, w.gen)
-    if w.exp ~= '' then redis.call('PEXPIREAT', ck, w.exp) end
+    redis.call('SADD', gs, ARGV[a + 7])
+    if exp ~= '' then redis.call('PEXPIREAT', ck, exp) end
   end
-  if w.del == '1' then
+  if ARGV[a + 3] == '1' then
     redis.call('DEL', hk)
   else
-    redis.call('HSET', hk, 'etag', w.etag, 'body', w.body, 'data', w.data)
-    if w.exp ~= '' then
-      redis.call('PEXPIREAT', hk, w.exp)
-    elseif old then
+    redis.call('HSET', hk, 'etag', ARGV[a + 2], 'body', ARGV[a + 4], 'data', ARGV[a + 5])
+    if exp ~= '' then
+      redis.call('PEXPIREAT', hk, exp)
+    elseif olds[i] then
       redis.call('PERSIST', hk)
     end
   end
+  a = a + 9 + chunks
 end
 return done
 ",
