@@ -272,11 +272,6 @@ impl StateHeader {
         }
     }
 
-    /// The header as stored (JSON), without inline bytes.
-    pub fn encode(&self) -> Vec<u8> {
-        self.encode_row(&[])
-    }
-
     /// The header row as stored: `RCS2`, the JSON header's length (u32, big
     /// endian), the JSON header, then `inline` (the state's bytes when
     /// [`inline`](Self::inline), else empty).

@@ -206,10 +206,7 @@ impl DynamoDbStateTable {
                 }
             }
         };
-        let replaced = old.as_ref().and_then(|i| match i.get(BODY) {
-            Some(AttributeValue::B(b)) => replaced_generation(b.as_ref()),
-            _ => None,
-        });
+        let replaced = old.as_ref().and_then(replaced_of);
         Ok(Commit::Done {
             etags: vec![etag],
             replaced: vec![replaced],
@@ -386,15 +383,7 @@ impl StateTable for DynamoDbStateTable {
         // items): read first, so that their chunks can be deleted after.
         let mut replaced = Vec::with_capacity(writes.len());
         for w in writes {
-            replaced.push(
-                self.header_item(w.key)
-                    .await?
-                    .as_ref()
-                    .and_then(|i| match i.get(BODY) {
-                        Some(AttributeValue::B(b)) => replaced_generation(b.as_ref()),
-                        _ => None,
-                    }),
-            );
+            replaced.push(self.header_item(w.key).await?.as_ref().and_then(replaced_of));
         }
         for _ in 0..TRANSACT_ATTEMPTS {
             let now = Timestamp::now().as_millis();
@@ -526,6 +515,15 @@ impl StateTable for DynamoDbStateTable {
                 _ => return Ok(keys),
             }
         }
+    }
+}
+
+/// The generation whose chunks a header item (as stored, expired or not)
+/// published, if it had any.
+fn replaced_of(item: &Item) -> Option<String> {
+    match item.get(BODY) {
+        Some(AttributeValue::B(b)) => replaced_generation(b.as_ref()),
+        _ => None,
     }
 }
 

@@ -112,6 +112,21 @@ fn member(key: &StateKey) -> String {
     format!("{}/{}", escape(key.actor_id()), escape(key.name()))
 }
 
+/// The keys of a state under `base` (its actor's `<prefix>:{<tag>}`), for
+/// member `m` (`<actor>/<name>`, escaped): its header, the chunk hash of a
+/// generation, the set of its generations.
+fn header_key_at(base: &str, m: &str) -> String {
+    format!("{base}:h:{m}")
+}
+
+fn chunks_key_at(base: &str, m: &str, generation: &str) -> String {
+    format!("{base}:c:{m}:{generation}")
+}
+
+fn generations_key_at(base: &str, m: &str) -> String {
+    format!("{base}:gs:{m}")
+}
+
 fn key_of_member(m: &str) -> Option<StateKey> {
     let (a, n) = m.split_once('/')?;
     StateKey::new(unescape(a)?, unescape(n)?).ok()
@@ -141,15 +156,15 @@ impl RedisStateTable {
     }
 
     fn header_key(&self, key: &StateKey) -> String {
-        format!("{}:h:{}", self.base(key), member(key))
+        header_key_at(&self.base(key), &member(key))
     }
 
     fn chunks_key(&self, key: &StateKey, generation: &str) -> String {
-        format!("{}:c:{}:{generation}", self.base(key), member(key))
+        chunks_key_at(&self.base(key), &member(key), generation)
     }
 
     fn generations_key(&self, key: &StateKey) -> String {
-        format!("{}:gs:{}", self.base(key), member(key))
+        generations_key_at(&self.base(key), &member(key))
     }
 
     fn index_tag(&self) -> String {
@@ -269,8 +284,8 @@ impl StateTable for RedisStateTable {
                 replaced: Vec::new(),
             });
         };
-        let tag = self.tag(first.key);
-        if writes.iter().any(|w| self.tag(w.key) != tag) {
+        // One actor, one tag (the tag is the actor's shard).
+        if writes.iter().any(|w| w.key.actor_id() != first.key.actor_id()) {
             return Err(Error::invalid_config(
                 "states",
                 "a commit writes the states of one actor",
@@ -292,10 +307,12 @@ impl StateTable for RedisStateTable {
         let mut keys = Vec::with_capacity(writes.len() * 3);
         let mut args: Vec<Vec<u8>> = vec![writes.len().to_string().into_bytes()];
         let mut etags = Vec::with_capacity(writes.len());
+        let base = self.base(first.key);
         for w in writes {
-            keys.push(self.header_key(w.key));
-            keys.push(self.chunks_key(w.key, w.generation));
-            keys.push(self.generations_key(w.key));
+            let m = member(w.key);
+            keys.push(header_key_at(&base, &m));
+            keys.push(chunks_key_at(&base, &m, w.generation));
+            keys.push(generations_key_at(&base, &m));
             let (mode, expected) = match &w.expected {
                 Expected::Absent => ("absent", ""),
                 Expected::Etag(e) => ("etag", e.as_str()),
@@ -327,7 +344,7 @@ impl StateTable for RedisStateTable {
         }
         let reply: Vec<redis::Value> = self
             .router
-            .invoke(&tag, "state commit", &COMMIT, &keys, &args)
+            .invoke(&self.tag(first.key), "state commit", &COMMIT, &keys, &args)
             .await?;
         let deleted: Vec<&StateKey> = writes
             .iter()

@@ -77,17 +77,7 @@ async fn relay(client: TcpStream, server: TcpStream, armed: Arc<AtomicBool>, cut
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
     let up = async {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            match cr.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => {
-                    if sw.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        }
+        let _ = tokio::io::copy(&mut cr, &mut sw).await;
     };
     let down = async {
         let mut buf = vec![0u8; 64 * 1024];
