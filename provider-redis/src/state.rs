@@ -48,10 +48,12 @@ pub const REDIS_STATE_LIMITS: StateLimits = StateLimits {
 /// generations set. ARGV[1]: the number of writes; then per write: the
 /// precondition (`absent`, `etag`, `any`), the expected etag, the new etag, `1`
 /// to delete the header, the row's head, the row's data, the expiry (ms, or
-/// empty), the generation, the number of inline chunks, the chunks. Answers
-/// `{-1, replaced...}` when every write is done (per write, the head of the
-/// header it replaced, or nil), `{i}` or `{i, current etag}` when the compare of
-/// write `i` (from 0) failed and nothing was written.
+/// empty), the generation, the `g` field (see [`published_field`]), the number
+/// of inline chunks, the chunks. Answers `{-1, replaced...}` when every write is
+/// done (per write, what the header it replaced says it published: its `g`
+/// field or, for a header written before that field, its head; or nil), `{i}`
+/// or `{i, current etag}` when the compare of write `i` (from 0) failed and
+/// nothing was written.
 static COMMIT: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r"
@@ -59,7 +61,7 @@ local n = tonumber(ARGV[1])
 local olds = {}
 local a = 2
 for i = 1, n do
-  local cur = redis.call('HMGET', KEYS[3 * i - 2], 'etag', 'body')
+  local cur = redis.call('HMGET', KEYS[3 * i - 2], 'etag', 'g')
   local mode = ARGV[a]
   local ok = (mode == 'any') or (mode == 'absent' and not cur[1]) or (mode == 'etag' and cur[1] == ARGV[a + 1])
   if not ok then
@@ -67,17 +69,18 @@ for i = 1, n do
     return {i - 1}
   end
   olds[i] = cur[2]
-  a = a + 9 + tonumber(ARGV[a + 8])
+  if cur[1] and not cur[2] then olds[i] = redis.call('HGET', KEYS[3 * i - 2], 'body') end
+  a = a + 10 + tonumber(ARGV[a + 9])
 end
 local done = {-1}
 a = 2
 for i = 1, n do
   local hk, ck, gs = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local chunks, exp = tonumber(ARGV[a + 8]), ARGV[a + 6]
+  local chunks, exp = tonumber(ARGV[a + 9]), ARGV[a + 6]
   done[i + 1] = olds[i] or false
   if chunks > 0 then
     for j = 0, chunks - 1 do
-      redis.call('HSET', ck, tostring(j), ARGV[a + 9 + j])
+      redis.call('HSET', ck, tostring(j), ARGV[a + 10 + j])
     end
     redis.call('SADD', gs, ARGV[a + 7])
     if exp ~= '' then redis.call('PEXPIREAT', ck, exp) end
@@ -85,19 +88,69 @@ for i = 1, n do
   if ARGV[a + 3] == '1' then
     redis.call('DEL', hk)
   else
-    redis.call('HSET', hk, 'etag', ARGV[a + 2], 'body', ARGV[a + 4], 'data', ARGV[a + 5])
+    redis.call('HSET', hk, 'etag', ARGV[a + 2], 'body', ARGV[a + 4], 'data', ARGV[a + 5], 'g', ARGV[a + 8])
     if exp ~= '' then
       redis.call('PEXPIREAT', hk, exp)
     elseif olds[i] then
       redis.call('PERSIST', hk)
     end
   end
-  a = a + 9 + chunks
+  a = a + 10 + chunks
 end
 return done
 ",
     )
 });
+
+/// The commit of one header row and nothing else (a small state's write: the
+/// common case, kept to the fewest Lua steps). KEYS[1]: the header. ARGV: the
+/// precondition, the expected etag, the new etag, the head, the data, the `g`
+/// field, the expiry (ms, or empty). Answers as [`COMMIT`] for one write.
+static COMMIT_ONE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local cur = redis.call('HMGET', KEYS[1], 'etag', 'g')
+local m = ARGV[1]
+if not ((m == 'any') or (m == 'absent' and not cur[1]) or (m == 'etag' and cur[1] == ARGV[2])) then
+  return {0, cur[1]}
+end
+local old = cur[2]
+if cur[1] and not old then old = redis.call('HGET', KEYS[1], 'body') end
+redis.call('HSET', KEYS[1], 'etag', ARGV[3], 'body', ARGV[4], 'data', ARGV[5], 'g', ARGV[6])
+if ARGV[7] ~= '' then
+  redis.call('PEXPIREAT', KEYS[1], ARGV[7])
+elseif cur[1] then
+  redis.call('PERSIST', KEYS[1])
+end
+return {-1, old or false}
+",
+    )
+});
+
+/// The header's `g` field: `g` and the generation whose chunk rows the row
+/// publishes, or `g` alone for a state without chunk rows. A commit reads this
+/// field of the header it replaces rather than the whole head; a header written
+/// before the field existed has none and the commit returns its head instead
+/// (which never starts with `g`: see [`replaced_of`]).
+fn published_field(head: &[u8]) -> Vec<u8> {
+    let mut f = b"g".to_vec();
+    if let Some(g) = replaced_generation(head) {
+        f.extend_from_slice(g.as_bytes());
+    }
+    f
+}
+
+/// What a commit's reply says a replaced header published.
+fn replaced_of(v: &redis::Value) -> Option<String> {
+    match v {
+        redis::Value::BulkString(b) => match b.strip_prefix(b"g") {
+            Some([]) => None,
+            Some(g) => std::str::from_utf8(g).ok().map(str::to_owned),
+            None => replaced_generation(b),
+        },
+        _ => None,
+    }
+}
 
 /// The grain-state table of one service on Redis.
 #[derive(Debug, Clone)]
@@ -125,6 +178,15 @@ fn chunks_key_at(base: &str, m: &str, generation: &str) -> String {
 
 fn generations_key_at(base: &str, m: &str) -> String {
     format!("{base}:gs:{m}")
+}
+
+/// A precondition as the commit scripts take it: the mode and the expected etag.
+fn precondition(e: &Expected) -> (&'static str, &str) {
+    match e {
+        Expected::Absent => ("absent", ""),
+        Expected::Etag(e) => ("etag", e.as_str()),
+        Expected::Any => ("any", ""),
+    }
 }
 
 fn key_of_member(m: &str) -> Option<StateKey> {
@@ -304,48 +366,75 @@ impl StateTable for RedisStateTable {
             pipe.ignore();
             self.query::<()>(&self.index_tag(), "index states", pipe).await?;
         }
-        let mut keys = Vec::with_capacity(writes.len() * 3);
-        let mut args: Vec<Vec<u8>> = vec![writes.len().to_string().into_bytes()];
-        let mut etags = Vec::with_capacity(writes.len());
         let base = self.base(first.key);
-        for w in writes {
-            let m = member(w.key);
-            keys.push(header_key_at(&base, &m));
-            keys.push(chunks_key_at(&base, &m, w.generation));
-            keys.push(generations_key_at(&base, &m));
-            let (mode, expected) = match &w.expected {
-                Expected::Absent => ("absent", ""),
-                Expected::Etag(e) => ("etag", e.as_str()),
-                Expected::Any => ("any", ""),
-            };
-            let etag = w.header.as_ref().map(|_| new_etag());
-            args.push(mode.into());
-            args.push(expected.into());
-            args.push(etag.clone().unwrap_or_default().into_bytes());
-            args.push(if w.header.is_some() {
-                b"0".to_vec()
-            } else {
-                b"1".to_vec()
-            });
-            let row = w.header.unwrap_or_default();
-            let (head, data) = row.split_at(row_head_len(row));
-            args.push(head.to_vec());
-            args.push(data.to_vec());
-            args.push(
-                w.expires_at
+        let tag = self.tag(first.key);
+        let mut etags = Vec::with_capacity(writes.len());
+        let reply: Vec<redis::Value> = match writes {
+            [w] if w.chunks.is_empty() && w.header.is_some() => {
+                // One header row: the short script.
+                let etag = new_etag();
+                let row = w.header.unwrap_or_default();
+                let (head, data) = row.split_at(row_head_len(row));
+                let (mode, expected) = precondition(&w.expected);
+                let expiry = w
+                    .expires_at
                     .map(|t| t.as_millis().to_string())
-                    .unwrap_or_default()
-                    .into_bytes(),
-            );
-            args.push(w.generation.as_bytes().to_vec());
-            args.push(w.chunks.len().to_string().into_bytes());
-            args.extend(w.chunks.iter().map(|c| c.to_vec()));
-            etags.push(etag.map(Etag::new));
-        }
-        let reply: Vec<redis::Value> = self
-            .router
-            .invoke(&self.tag(first.key), "state commit", &COMMIT, &keys, &args)
-            .await?;
+                    .unwrap_or_default();
+                let g = published_field(head);
+                let args: [&[u8]; 7] = [
+                    mode.as_bytes(),
+                    expected.as_bytes(),
+                    etag.as_bytes(),
+                    head,
+                    data,
+                    &g,
+                    expiry.as_bytes(),
+                ];
+                let keys = [header_key_at(&base, &member(w.key))];
+                etags.push(Some(Etag::new(etag.clone())));
+                self.router
+                    .invoke(&tag, "state commit", &COMMIT_ONE, &keys, &args)
+                    .await?
+            }
+            _ => {
+                let mut keys = Vec::with_capacity(writes.len() * 3);
+                let mut args: Vec<Vec<u8>> = vec![writes.len().to_string().into_bytes()];
+                for w in writes {
+                    let m = member(w.key);
+                    keys.push(header_key_at(&base, &m));
+                    keys.push(chunks_key_at(&base, &m, w.generation));
+                    keys.push(generations_key_at(&base, &m));
+                    let (mode, expected) = precondition(&w.expected);
+                    let etag = w.header.as_ref().map(|_| new_etag());
+                    args.push(mode.into());
+                    args.push(expected.into());
+                    args.push(etag.clone().unwrap_or_default().into_bytes());
+                    args.push(if w.header.is_some() {
+                        b"0".to_vec()
+                    } else {
+                        b"1".to_vec()
+                    });
+                    let row = w.header.unwrap_or_default();
+                    let (head, data) = row.split_at(row_head_len(row));
+                    args.push(head.to_vec());
+                    args.push(data.to_vec());
+                    args.push(
+                        w.expires_at
+                            .map(|t| t.as_millis().to_string())
+                            .unwrap_or_default()
+                            .into_bytes(),
+                    );
+                    args.push(w.generation.as_bytes().to_vec());
+                    args.push(published_field(head));
+                    args.push(w.chunks.len().to_string().into_bytes());
+                    args.extend(w.chunks.iter().map(|c| c.to_vec()));
+                    etags.push(etag.map(Etag::new));
+                }
+                self.router
+                    .invoke(&tag, "state commit", &COMMIT, &keys, &args)
+                    .await?
+            }
+        };
         let deleted: Vec<&StateKey> = writes
             .iter()
             .filter(|w| w.header.is_none())
@@ -353,13 +442,7 @@ impl StateTable for RedisStateTable {
             .collect();
         match reply.as_slice() {
             [redis::Value::Int(-1), old @ ..] => {
-                let replaced = old
-                    .iter()
-                    .map(|v| match v {
-                        redis::Value::BulkString(b) => replaced_generation(b),
-                        _ => None,
-                    })
-                    .collect();
+                let replaced = old.iter().map(replaced_of).collect();
                 if !deleted.is_empty() {
                     // No header left: no longer listed (best effort; a listing may
                     // include a state that is gone).
@@ -377,10 +460,10 @@ impl StateTable for RedisStateTable {
             }
             [redis::Value::Int(i), rest @ ..] if *i >= 0 && (*i as usize) < writes.len() => {
                 let current = match rest.first() {
+                    None | Some(redis::Value::Nil) => None,
                     Some(v) => Some(Etag::new(redis::from_redis_value::<String>(v.clone()).map_err(
                         |e| Error::backend(format!("state commit: unexpected etag in the reply: {e}")),
                     )?)),
-                    None => None,
                 };
                 Ok(Commit::Conflict {
                     index: *i as usize,

@@ -1005,3 +1005,40 @@ async fn a_listing_pages_past_index_members_that_are_not_keys() {
     }
     assert_eq!(s.list("cart", None, 5).await.unwrap(), [k]);
 }
+
+/// A header written before headers carried their `g` field (what the state
+/// publishes) is replaced like any other: the commit falls back to its head,
+/// and the chunks it published are deleted.
+#[tokio::test]
+async fn a_header_without_its_published_field_is_replaced_and_its_chunks_deleted() {
+    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage};
+    let Some((store, b)) = redis().await else { return };
+    let service = unique_id("oldhead");
+    let s = StateStorage::new(store.state_table(&service).unwrap());
+    let k = StateKey::new("cart/1", "s").unwrap();
+    let big = vec![7u8; 5 * 1024 * 1024];
+    let e1 = s
+        .write(&k, Expected::Absent, Codec::Raw, &big, None)
+        .await
+        .unwrap();
+    assert_eq!(s.table().generations(&k).await.unwrap().len(), 1);
+    let mut con = raw(&b).await;
+    let headers: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("rollcall:{{s:{service}:*}}:h:*"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(headers.len(), 1, "{headers:?}");
+    let removed: i64 = redis::cmd("HDEL")
+        .arg(&headers[0])
+        .arg("g")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(removed, 1, "the header has its published field");
+    s.write(&k, Expected::Etag(e1), Codec::Raw, b"x", None)
+        .await
+        .unwrap();
+    assert_eq!(s.read(&k).await.unwrap().data, b"x");
+    assert!(s.table().generations(&k).await.unwrap().is_empty());
+}
