@@ -22,6 +22,7 @@
 pub mod agents;
 mod error;
 pub mod history;
+pub mod lease;
 mod membership;
 pub mod metrics_table;
 mod options;
@@ -49,6 +50,7 @@ pub use agents::{
 pub use error::{bounded, retry_transient};
 pub use error::{redact_password, BoxError, Error, Result, SiloError, TransportError};
 pub use history::{HistoryQuery, MembershipEvent, WriteKind, WriteOrigin, DEFAULT_HISTORY_CAPACITY};
+pub use lease::{LeaseStatus, LeaseTable, ShardLease, ShardLeases};
 pub use membership::{
     CorruptRow, Etag, IntoRows, MembershipDelta, MembershipEntry, MembershipRow, MembershipRows,
     MembershipSnapshot, RowChange, SuspectVote, TableVersion,

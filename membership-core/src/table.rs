@@ -355,6 +355,21 @@ pub trait SystemStore: Send + Sync + std::fmt::Debug {
         )))
     }
 
+    /// The shard lease rows of reminder service `service_id` (see
+    /// [`crate::lease`]).
+    ///
+    /// # Errors
+    /// As for [`membership_table`](Self::membership_table);
+    /// [`Error::Unsupported`](crate::Error::Unsupported) from providers without
+    /// one (the default).
+    fn lease_table(&self, service_id: &str) -> Result<Arc<dyn crate::LeaseTable>> {
+        let _ = service_id;
+        Err(crate::Error::Unsupported(format!(
+            "the {} provider has no lease table",
+            self.provider()
+        )))
+    }
+
     /// The statistics store of `cluster_id` (see
     /// [`StatisticsStore`](crate::StatisticsStore)), run with `options`.
     ///

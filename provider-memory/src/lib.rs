@@ -19,8 +19,10 @@
 
 #![warn(missing_docs)]
 
+mod lease;
 mod state;
 mod statistics;
+pub use lease::MemoryLeaseTable;
 pub use state::{MemoryStateTable, MEMORY_STATE_LIMITS};
 pub use statistics::MemoryStatistics;
 
@@ -65,6 +67,8 @@ struct Inner {
     statistics: Mutex<HashMap<String, Arc<MemoryStatistics>>>,
     /// Grain-state rows per service.
     states: Mutex<HashMap<String, state::States>>,
+    /// Shard leases per reminder service.
+    leases: Mutex<HashMap<String, lease::Leases>>,
     next_etag: AtomicU64,
     unavailable: AtomicBool,
     history_capacity: u64,
@@ -78,6 +82,7 @@ impl Default for Inner {
             metrics: Mutex::default(),
             statistics: Mutex::default(),
             states: Mutex::default(),
+            leases: Mutex::default(),
             next_etag: AtomicU64::new(0),
             unavailable: AtomicBool::new(false),
             history_capacity: DEFAULT_HISTORY_CAPACITY,
@@ -179,6 +184,14 @@ impl SystemStore for MemoryStore {
     fn reminder_table(&self, service_id: &str) -> Result<Arc<dyn ReminderTable>> {
         validate_id("service_id", service_id)?;
         Ok(Arc::new(MemoryReminderTable {
+            store: self.clone(),
+            service_id: service_id.to_owned(),
+        }))
+    }
+
+    fn lease_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::LeaseTable>> {
+        validate_id("service_id", service_id)?;
+        Ok(Arc::new(MemoryLeaseTable {
             store: self.clone(),
             service_id: service_id.to_owned(),
         }))

@@ -16,6 +16,7 @@
 pub mod counting;
 pub mod cut;
 pub mod fixtures;
+pub mod lease_table;
 pub mod membership_table;
 pub mod metrics_table;
 pub mod reminder_table;
@@ -91,6 +92,39 @@ macro_rules! state_conformance_tests {
     };
     ($store:expr) => {
         $crate::state_conformance_tests!(@list [@each $store;]);
+    };
+}
+
+/// Every shard lease scenario as `"lease_table::function"`, from the list that
+/// [`lease_conformance_tests!`] expands.
+pub const LEASE_SCENARIOS: &[&str] = lease_conformance_tests!(@names);
+
+/// Expands to one `#[tokio::test]` per shard lease scenario ([`lease_table`]),
+/// for a store expression as in [`conformance_tests!`]. Run by every provider.
+#[macro_export]
+macro_rules! lease_conformance_tests {
+    (@names) => {
+        $crate::lease_conformance_tests!(@list [@names_out])
+    };
+    (@list [$($pre:tt)*]) => {
+        $crate::lease_conformance_tests! { $($pre)*
+            lease_table::lease_absent_rows_are_vacant_and_rows_round_trip,
+            lease_table::lease_writes_are_compare_and_set,
+            lease_table::lease_concurrent_acquirers_of_one_etag_have_one_winner,
+            lease_table::lease_release_by_a_stale_epoch_fails,
+            lease_table::lease_shard_count_is_recorded_once,
+            lease_table::lease_services_are_isolated,
+            lease_table::lease_a_garbage_row_is_a_typed_error,
+        }
+    };
+    (@names_out $($module:ident :: $scenario:ident),+ $(,)?) => {
+        $crate::conformance_tests!(@names_out $($module :: $scenario),+)
+    };
+    (@each $store:expr; $($module:ident :: $scenario:ident),+ $(,)?) => {
+        $crate::conformance_tests!(@each $store; $($module :: $scenario),+);
+    };
+    ($store:expr) => {
+        $crate::lease_conformance_tests!(@list [@each $store;]);
     };
 }
 
@@ -192,6 +226,7 @@ mod tests {
             ("metrics_table", include_str!("metrics_table.rs")),
             ("statistics_store", include_str!("statistics_store.rs")),
             ("state_table", include_str!("state_table.rs")),
+            ("lease_table", include_str!("lease_table.rs")),
         ] {
             for line in source.lines() {
                 if let Some(rest) = line.strip_prefix("pub async fn ") {
@@ -206,6 +241,7 @@ mod tests {
         let mut listed: Vec<String> = super::SCENARIOS
             .iter()
             .chain(super::STATE_SCENARIOS)
+            .chain(super::LEASE_SCENARIOS)
             .map(|s| s.to_string())
             .collect();
         found.sort();

@@ -57,3 +57,8 @@ async fn history_keeps_the_newest_events() {
 mod state {
     rollcall_tests::state_conformance_tests!(Some((super::memory_store(), ())));
 }
+
+/// The shard lease scenarios against the in-memory provider.
+mod lease {
+    rollcall_tests::lease_conformance_tests!(Some((super::memory_store(), ())));
+}

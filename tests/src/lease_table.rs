@@ -1,0 +1,279 @@
+//! Shard lease conformance scenarios: the contract of `LeaseTable`
+//! (membership-core `lease.rs`), one scenario per rule.
+
+use std::sync::Arc;
+
+use rollcall_membership_core::lease::{
+    LeaseException, LeaseStatus, LeaseTable, LeaseWrite, ShardLease, ShardLeases,
+};
+use rollcall_membership_core::{Error, Expected, SiloAddress, Timestamp};
+use tokio::sync::Barrier;
+
+use crate::{unique_id, Store};
+
+/// Leases of a fresh service with `shards` shards.
+pub async fn fresh_leases(store: &Store, shards: u32) -> ShardLeases {
+    let table = store.lease_table(&unique_id("leases")).expect("open lease table");
+    ShardLeases::open(table, shards).await.expect("open leases")
+}
+
+fn silo(port: u16, generation: u64) -> SiloAddress {
+    SiloAddress::new(([127, 0, 0, 1], port).into(), generation)
+}
+
+/// `lease` acquired by `owner`: the next epoch, owned.
+fn acquired(lease: &ShardLease, owner: SiloAddress) -> ShardLease {
+    ShardLease {
+        epoch: lease.epoch + 1,
+        owner: Some(owner),
+        status: LeaseStatus::Owned,
+        ..lease.clone()
+    }
+}
+
+/// A shard without a row reads as vacant (epoch 0, released, empty etag);
+/// a row written reads back with every field, odd names included.
+pub async fn lease_absent_rows_are_vacant_and_rows_round_trip(store: Store) {
+    let leases = fresh_leases(&store, 16).await;
+    let vacant = leases.read(3).await.unwrap();
+    assert_eq!(vacant, ShardLease::vacant(3));
+    assert!(vacant.etag.is_empty());
+
+    let mut lease = acquired(&vacant, silo(11111, 1_795_000_000_000));
+    lease.watermark = Some(Timestamp::from_millis(1_795_000_000_123));
+    lease.read_from = Some(Timestamp::from_millis(1_795_000_000_100));
+    lease.exceptions = vec![LeaseException {
+        actor_id: "cart/ä:{x}/\"y\"".into(),
+        name: "n\\%/z".into(),
+        next: Timestamp::from_millis(1_795_000_000_050),
+    }];
+    let etag = leases.write(&lease).await.unwrap().expect("first write");
+    assert!(!etag.is_empty());
+    let back = leases.read(3).await.unwrap();
+    assert_eq!(
+        back,
+        ShardLease {
+            etag: etag.clone(),
+            ..lease
+        }
+    );
+    assert_eq!(back.etag, etag);
+    assert_eq!(
+        leases.read(4).await.unwrap(),
+        ShardLease::vacant(4),
+        "other shards untouched"
+    );
+}
+
+/// Every write gives the row an etag it never had; a write with a stale etag
+/// or `Absent` over a row is a conflict naming the current etag, and writes
+/// nothing.
+pub async fn lease_writes_are_compare_and_set(store: Store) {
+    let leases = fresh_leases(&store, 8).await;
+    let table = leases.table().clone();
+    let a = acquired(&ShardLease::vacant(0), silo(1, 1));
+    let e1 = leases.write(&a).await.unwrap().unwrap();
+    let e2 = leases
+        .write(&ShardLease {
+            etag: e1.clone(),
+            ..acquired(&a, silo(2, 1))
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_ne!(e1, e2);
+    // Stale etag: refused, the current one named.
+    let stale = leases
+        .write(&ShardLease {
+            etag: e1.clone(),
+            status: LeaseStatus::Released,
+            ..a.clone()
+        })
+        .await
+        .unwrap();
+    assert_eq!(stale, Err(Some(e2.clone())));
+    // Absent over a row: refused.
+    assert_eq!(
+        table.write_lease(0, &Expected::Absent, b"{}").await.unwrap(),
+        LeaseWrite::Conflict(Some(e2.clone()))
+    );
+    // An etag on a missing row: refused, no row named.
+    assert_eq!(
+        table
+            .write_lease(1, &Expected::Etag(e2.clone()), b"{}")
+            .await
+            .unwrap(),
+        LeaseWrite::Conflict(None)
+    );
+    assert_eq!(leases.read(1).await.unwrap(), ShardLease::vacant(1));
+    let now = leases.read(0).await.unwrap();
+    assert_eq!((now.epoch, now.owner, now.etag), (2, Some(silo(2, 1)), e2));
+}
+
+/// Of concurrent acquirers of one shard with one etag (absent, then a row),
+/// exactly one wins; the others get a conflict naming the winner's etag.
+pub async fn lease_concurrent_acquirers_of_one_etag_have_one_winner(store: Store) {
+    const N: usize = 8;
+    let leases = fresh_leases(&store, 4).await;
+    for round in 0..2 {
+        let base = leases.read(2).await.unwrap();
+        assert_eq!(base.etag.is_empty(), round == 0);
+        let barrier = Arc::new(Barrier::new(N));
+        let tasks: Vec<_> = (0..N)
+            .map(|i| {
+                let (leases, base, barrier) = (leases.clone(), base.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    let mine = acquired(&base, silo(1000 + i as u16, 7));
+                    barrier.wait().await;
+                    leases.write(&mine).await.unwrap()
+                })
+            })
+            .collect();
+        let mut won = Vec::new();
+        let mut lost = Vec::new();
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(e) => won.push(e),
+                Err(current) => lost.push(current),
+            }
+        }
+        assert_eq!(won.len(), 1, "round {round}: exactly one acquirer wins: {won:?}");
+        assert!(
+            lost.iter().all(|c| c.as_ref() == Some(&won[0])),
+            "round {round}: every loser is told the winner's etag: {lost:?}"
+        );
+        let now = leases.read(2).await.unwrap();
+        assert_eq!(now.epoch, base.epoch + 1, "one acquire, one epoch");
+        assert_eq!(now.etag, won[0]);
+    }
+}
+
+/// A row held by an owner (Dead, as the reminder service judges) is taken
+/// over by a compare-and-set on the etag it was read with; the old owner's
+/// release, written with the etag it acquired with (its stale epoch), fails.
+pub async fn lease_release_by_a_stale_epoch_fails(store: Store) {
+    let leases = fresh_leases(&store, 4).await;
+    let old = silo(1, 1);
+    let mut held = acquired(&ShardLease::vacant(1), old);
+    held.etag = leases.write(&held).await.unwrap().unwrap();
+    // A successor reads the row (owned by a silo it sees Dead) and takes it.
+    let seen = leases.read(1).await.unwrap();
+    let mut taken = acquired(&seen, silo(2, 1));
+    taken.watermark = Some(Timestamp::from_millis(5));
+    taken.etag = leases.write(&taken).await.unwrap().unwrap();
+    assert_eq!(taken.epoch, 2);
+    // The old owner, back from a pause, releases with its stale etag.
+    let release = ShardLease {
+        status: LeaseStatus::Released,
+        watermark: Some(Timestamp::from_millis(9)),
+        ..held.clone()
+    };
+    assert_eq!(
+        leases.write(&release).await.unwrap(),
+        Err(Some(taken.etag.clone()))
+    );
+    let now = leases.read(1).await.unwrap();
+    assert_eq!(now, taken, "the stale release wrote nothing");
+}
+
+/// The shard count is recorded by the first opener; another count is a typed
+/// error naming both; concurrent first openers agree on one count; 0 and
+/// counts over the maximum are refused before anything is recorded.
+pub async fn lease_shard_count_is_recorded_once(store: Store) {
+    let service = unique_id("shards");
+    let table = store.lease_table(&service).unwrap();
+    for bad in [0, rollcall_membership_core::lease::MAX_SHARDS + 1] {
+        assert!(matches!(
+            ShardLeases::open(table.clone(), bad).await,
+            Err(Error::InvalidConfig { .. })
+        ));
+    }
+    let leases = ShardLeases::open(table.clone(), 64).await.unwrap();
+    assert_eq!(leases.shards(), 64);
+    let other = store.lease_table(&service).unwrap();
+    match ShardLeases::open(other.clone(), 128).await {
+        Err(e @ Error::InvalidConfig { .. }) => {
+            let m = e.to_string();
+            assert!(m.contains("64") && m.contains("128"), "names both counts: {m}");
+        }
+        other => panic!("another shard count must be refused: {other:?}"),
+    }
+    ShardLeases::open(other, 64).await.expect("the same count opens");
+    assert!(matches!(leases.read(64).await, Err(Error::InvalidConfig { .. })));
+
+    // Concurrent first openers with different counts: all but the recorded one fail.
+    let service = unique_id("shards");
+    let barrier = Arc::new(Barrier::new(6));
+    let tasks: Vec<_> = (0..6u32)
+        .map(|i| {
+            let table = store.lease_table(&service).unwrap();
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                (
+                    16 << (i % 3),
+                    ShardLeases::open(table, 16 << (i % 3)).await.is_ok(),
+                )
+            })
+        })
+        .collect();
+    let mut opened = std::collections::BTreeSet::new();
+    for t in tasks {
+        let (n, ok) = t.await.unwrap();
+        if ok {
+            opened.insert(n);
+        }
+    }
+    assert_eq!(opened.len(), 1, "one recorded count: {opened:?}");
+}
+
+/// Services never see each other's rows or shard counts, and a clear removes
+/// one service's leases only.
+pub async fn lease_services_are_isolated(store: Store) {
+    let a = fresh_leases(&store, 8).await;
+    let b = fresh_leases(&store, 16).await;
+    let lease = acquired(&ShardLease::vacant(5), silo(1, 1));
+    let etag = a.write(&lease).await.unwrap().unwrap();
+    assert_eq!(b.read(5).await.unwrap(), ShardLease::vacant(5));
+    b.write(&acquired(&ShardLease::vacant(5), silo(2, 2)))
+        .await
+        .unwrap()
+        .unwrap();
+    b.table().clear().await.unwrap();
+    assert_eq!(b.read(5).await.unwrap(), ShardLease::vacant(5));
+    assert_eq!(a.read(5).await.unwrap(), ShardLease { etag, ..lease });
+}
+
+/// A row that is not a lease (garbage written by something else, or another
+/// shard's row) is a typed corrupt-row error naming the shard, and the row can
+/// be replaced by a compare-and-set on its etag.
+pub async fn lease_a_garbage_row_is_a_typed_error(store: Store) {
+    let leases = fresh_leases(&store, 8).await;
+    let table: Arc<dyn LeaseTable> = leases.table().clone();
+    let LeaseWrite::Written(garbage) = table
+        .write_lease(6, &Expected::Absent, b"\xff not json")
+        .await
+        .unwrap()
+    else {
+        panic!("first write of a row");
+    };
+    match leases.read(6).await {
+        Err(e @ Error::Corrupt { .. }) => assert!(e.to_string().contains("/6"), "names the shard: {e}"),
+        other => panic!("a garbage row must be Corrupt: {other:?}"),
+    }
+    let other = ShardLease::vacant(7).encode().unwrap();
+    let LeaseWrite::Written(wrong) = table
+        .write_lease(6, &Expected::Etag(garbage), &other)
+        .await
+        .unwrap()
+    else {
+        panic!("overwrite with its etag");
+    };
+    assert!(matches!(leases.read(6).await, Err(Error::Corrupt { .. })));
+    let fixed = ShardLease {
+        etag: wrong,
+        ..acquired(&ShardLease::vacant(6), silo(3, 3))
+    };
+    let e = leases.write(&fixed).await.unwrap().unwrap();
+    assert_eq!(leases.read(6).await.unwrap(), ShardLease { etag: e, ..fixed });
+}
