@@ -50,6 +50,7 @@
 mod config;
 mod conn;
 mod keys;
+mod lease;
 mod membership;
 mod metrics_table;
 mod reminders;
@@ -60,6 +61,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
 pub use config::RedisConfig;
+pub use lease::RedisLeaseTable;
 pub use membership::RedisMembershipTable;
 pub use metrics_table::RedisMetricsTable;
 pub use reminders::RedisReminderTable;
@@ -183,6 +185,15 @@ impl SystemStore for RedisStore {
     fn reminder_table(&self, service_id: &str) -> Result<Arc<dyn ReminderTable>> {
         validate_id("service_id", service_id)?;
         Ok(Arc::new(RedisReminderTable::new(
+            self.router.clone(),
+            &self.config.key_prefix,
+            service_id,
+        )))
+    }
+
+    fn lease_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::LeaseTable>> {
+        validate_id("service_id", service_id)?;
+        Ok(Arc::new(RedisLeaseTable::new(
             self.router.clone(),
             &self.config.key_prefix,
             service_id,

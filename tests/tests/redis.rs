@@ -37,6 +37,14 @@ mod cluster {
     rollcall_tests::conformance_tests!(super::redis_cluster().await);
 }
 
+/// The shard lease scenarios on a redis-server and on the Redis Cluster.
+mod lease {
+    rollcall_tests::lease_conformance_tests!(super::redis().await);
+    mod cluster {
+        rollcall_tests::lease_conformance_tests!(super::super::redis_cluster().await);
+    }
+}
+
 /// The grain-state scenarios on a redis-server and on the Redis Cluster.
 mod state {
     rollcall_tests::state_conformance_tests!(super::redis().await);

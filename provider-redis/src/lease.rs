@@ -1,0 +1,183 @@
+//! Reminder shard leases on Redis.
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `<prefix>:{r:<service>}:shards` | string | the service's shard count (`SET NX`) |
+//! | `<prefix>:{r:<service>:<shard>}:lease` | hash | `etag`, `row` |
+//!
+//! Each shard has a hash tag of its own, so a service's leases spread over
+//! every master of a Redis Cluster (and a shard's reminder rows can share its
+//! slot). A write is one Lua compare-and-set on the `etag` field.
+
+use std::sync::{Arc, LazyLock};
+
+use async_trait::async_trait;
+use rollcall_membership_core::lease::{LeaseTable, LeaseWrite};
+use rollcall_membership_core::{Error, Etag, Expected, Result};
+
+use crate::conn::Router;
+use crate::keys::escape;
+use crate::new_etag;
+
+/// KEYS[1]: the lease hash. ARGV: the precondition (`absent`, `etag`, `any`),
+/// the expected etag, the new etag, the row. Answers `{1}` when written,
+/// `{0, current etag or nil}` when the precondition failed.
+static WRITE_LEASE: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+local cur = redis.call('HGET', KEYS[1], 'etag')
+local m = ARGV[1]
+if not ((m == 'any') or (m == 'absent' and not cur) or (m == 'etag' and cur == ARGV[2])) then
+  return {0, cur}
+end
+redis.call('HSET', KEYS[1], 'etag', ARGV[3], 'row', ARGV[4])
+return {1}
+",
+    )
+});
+
+/// KEYS[1]: the shard count. ARGV[1]: the count to record if none is.
+static SHARD_COUNT: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])
+",
+    )
+});
+
+/// The shard lease rows of one reminder service on Redis.
+#[derive(Debug, Clone)]
+pub struct RedisLeaseTable {
+    router: Arc<Router>,
+    prefix: String,
+    service: String,
+    service_id: String,
+}
+
+impl RedisLeaseTable {
+    pub(crate) fn new(router: Arc<Router>, prefix: &str, service_id: &str) -> Self {
+        RedisLeaseTable {
+            router,
+            prefix: prefix.to_owned(),
+            service: escape(service_id),
+            service_id: service_id.to_owned(),
+        }
+    }
+
+    fn shard_tag(&self, shard: u32) -> String {
+        format!("r:{}:{shard}", self.service)
+    }
+
+    fn lease_key(&self, shard: u32) -> String {
+        format!("{}:{{{}}}:lease", self.prefix, self.shard_tag(shard))
+    }
+
+    fn service_tag(&self) -> String {
+        format!("r:{}", self.service)
+    }
+
+    fn count_key(&self) -> String {
+        format!("{}:{{{}}}:shards", self.prefix, self.service_tag())
+    }
+
+    async fn recorded_count(&self) -> Result<Option<u32>> {
+        let cmd = redis::cmd("GET").arg(self.count_key()).clone();
+        let v: Option<String> = self
+            .router
+            .query(&self.service_tag(), "read shard count", &cmd)
+            .await?;
+        v.map(|s| parse_count(&self.count_key(), &s)).transpose()
+    }
+}
+
+fn parse_count(key: &str, s: &str) -> Result<u32> {
+    s.parse()
+        .map_err(|_| Error::corrupt(key, format!("shard count `{s}` is not a number")))
+}
+
+#[async_trait]
+impl LeaseTable for RedisLeaseTable {
+    fn service_id(&self) -> &str {
+        &self.service_id
+    }
+
+    async fn shard_count(&self, shards: u32) -> Result<u32> {
+        let recorded: String = self
+            .router
+            .invoke(
+                &self.service_tag(),
+                "record shard count",
+                &SHARD_COUNT,
+                &[self.count_key()],
+                &[shards],
+            )
+            .await?;
+        parse_count(&self.count_key(), &recorded)
+    }
+
+    async fn read_lease(&self, shard: u32) -> Result<Option<(Vec<u8>, Etag)>> {
+        let cmd = redis::cmd("HMGET")
+            .arg(self.lease_key(shard))
+            .arg("etag")
+            .arg("row")
+            .clone();
+        let (etag, row): (Option<String>, Option<Vec<u8>>) = self
+            .router
+            .query(&self.shard_tag(shard), "read shard lease", &cmd)
+            .await?;
+        match (etag, row) {
+            (Some(e), Some(r)) => Ok(Some((r, Etag::new(e)))),
+            (None, None) => Ok(None),
+            _ => Err(Error::corrupt(self.lease_key(shard), "a lease without etag or row")),
+        }
+    }
+
+    async fn write_lease(&self, shard: u32, expected: &Expected, row: &[u8]) -> Result<LeaseWrite> {
+        let (mode, want) = match expected {
+            Expected::Absent => ("absent", ""),
+            Expected::Etag(e) => ("etag", e.as_str()),
+            Expected::Any => ("any", ""),
+        };
+        let etag = new_etag();
+        let args: [&[u8]; 4] = [mode.as_bytes(), want.as_bytes(), etag.as_bytes(), row];
+        let reply: Vec<redis::Value> = self
+            .router
+            .invoke(
+                &self.shard_tag(shard),
+                "write shard lease",
+                &WRITE_LEASE,
+                &[self.lease_key(shard)],
+                &args,
+            )
+            .await?;
+        match reply.as_slice() {
+            [redis::Value::Int(1)] => Ok(LeaseWrite::Written(Etag::new(etag))),
+            [redis::Value::Int(0)] | [redis::Value::Int(0), redis::Value::Nil] => Ok(LeaseWrite::Conflict(None)),
+            [redis::Value::Int(0), v] => {
+                let e: String = redis::from_redis_value(v.clone())
+                    .map_err(|e| Error::backend(format!("write shard lease: unexpected etag: {e}")))?;
+                Ok(LeaseWrite::Conflict(Some(Etag::new(e))))
+            }
+            other => Err(Error::backend(format!(
+                "write shard lease: unexpected reply {other:?}"
+            ))),
+        }
+    }
+
+    async fn clear(&self) -> Result<()> {
+        if let Some(n) = self.recorded_count().await? {
+            for shard in 0..n {
+                let cmd = redis::cmd("DEL").arg(self.lease_key(shard)).clone();
+                let () = self
+                    .router
+                    .query(&self.shard_tag(shard), "clear shard lease", &cmd)
+                    .await?;
+            }
+        }
+        let cmd = redis::cmd("DEL").arg(self.count_key()).clone();
+        self.router
+            .query(&self.service_tag(), "clear shard count", &cmd)
+            .await
+    }
+}
