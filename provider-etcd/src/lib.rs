@@ -46,6 +46,7 @@
 mod config;
 mod conn;
 mod keys;
+mod lease;
 mod membership;
 mod metrics_table;
 mod reminders;
@@ -54,6 +55,7 @@ mod state;
 use std::sync::Arc;
 
 pub use config::EtcdConfig;
+pub use lease::EtcdLeaseTable;
 pub use membership::EtcdMembershipTable;
 pub use metrics_table::EtcdMetricsTable;
 pub use reminders::EtcdReminderTable;
@@ -116,6 +118,15 @@ impl SystemStore for EtcdStore {
             cluster_id,
             mode,
             self.config.history_capacity,
+        )))
+    }
+
+    fn lease_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::LeaseTable>> {
+        validate_id("service_id", service_id)?;
+        Ok(Arc::new(EtcdLeaseTable::new(
+            self.conn.clone(),
+            &self.config.key_prefix,
+            service_id,
         )))
     }
 

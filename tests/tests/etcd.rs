@@ -41,6 +41,15 @@ mod three_members {
     rollcall_tests::conformance_tests!(super::etcd_cluster().await);
 }
 
+/// The shard lease scenarios on one etcd member and on three.
+mod lease {
+    rollcall_tests::lease_conformance_tests!(super::etcd().await);
+
+    mod three_members {
+        rollcall_tests::lease_conformance_tests!(super::super::etcd_cluster().await);
+    }
+}
+
 /// The grain-state scenarios on one etcd member and on three.
 mod state {
     rollcall_tests::state_conformance_tests!(super::etcd().await);
