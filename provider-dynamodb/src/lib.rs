@@ -65,6 +65,7 @@
 
 mod config;
 mod conn;
+mod lease;
 mod membership;
 mod metrics_table;
 mod reminders;
@@ -75,6 +76,7 @@ mod statistics;
 use std::sync::Arc;
 
 pub use config::DynamoDbConfig;
+pub use lease::DynamoDbLeaseTable;
 pub use membership::DynamoDbMembershipTable;
 pub use metrics_table::DynamoDbMetricsTable;
 pub use reminders::DynamoDbReminderTable;
@@ -154,6 +156,11 @@ impl SystemStore for DynamoDbStore {
             self.conn.clone(),
             service_id,
         )))
+    }
+
+    fn lease_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::LeaseTable>> {
+        validate_id("service_id", service_id)?;
+        Ok(Arc::new(DynamoDbLeaseTable::new(self.conn.clone(), service_id)))
     }
 
     fn state_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::StateTable>> {

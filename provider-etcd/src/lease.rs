@@ -68,7 +68,10 @@ impl LeaseTable for EtcdLeaseTable {
     }
 
     async fn read_lease(&self, shard: u32) -> Result<Option<(Vec<u8>, Etag)>> {
-        let mut resp = self.conn.get("read shard lease", self.lease_key(shard), None).await?;
+        let mut resp = self
+            .conn
+            .get("read shard lease", self.lease_key(shard), None)
+            .await?;
         Ok(resp
             .take_kvs()
             .into_iter()
@@ -102,7 +105,9 @@ impl LeaseTable for EtcdLeaseTable {
                 .ok_or_else(|| Error::backend("etcd txn answered without a response header"))?;
             return Ok(LeaseWrite::Written(Etag::new(rev.to_string())));
         }
-        Ok(LeaseWrite::Conflict(first_mod_revision(&resp).map(|r| Etag::new(r.to_string()))))
+        Ok(LeaseWrite::Conflict(
+            first_mod_revision(&resp).map(|r| Etag::new(r.to_string())),
+        ))
     }
 
     async fn clear(&self) -> Result<()> {

@@ -129,7 +129,10 @@ impl LeaseTable for RedisLeaseTable {
         match (etag, row) {
             (Some(e), Some(r)) => Ok(Some((r, Etag::new(e)))),
             (None, None) => Ok(None),
-            _ => Err(Error::corrupt(self.lease_key(shard), "a lease without etag or row")),
+            _ => Err(Error::corrupt(
+                self.lease_key(shard),
+                "a lease without etag or row",
+            )),
         }
     }
 
@@ -153,7 +156,9 @@ impl LeaseTable for RedisLeaseTable {
             .await?;
         match reply.as_slice() {
             [redis::Value::Int(1)] => Ok(LeaseWrite::Written(Etag::new(etag))),
-            [redis::Value::Int(0)] | [redis::Value::Int(0), redis::Value::Nil] => Ok(LeaseWrite::Conflict(None)),
+            [redis::Value::Int(0)] | [redis::Value::Int(0), redis::Value::Nil] => {
+                Ok(LeaseWrite::Conflict(None))
+            }
             [redis::Value::Int(0), v] => {
                 let e: String = redis::from_redis_value(v.clone())
                     .map_err(|e| Error::backend(format!("write shard lease: unexpected etag: {e}")))?;

@@ -32,6 +32,11 @@ mod conformance {
     rollcall_tests::conformance_tests!(super::dynamodb().await);
 }
 
+/// The shard lease scenarios on DynamoDB (moto).
+mod lease {
+    rollcall_tests::lease_conformance_tests!(super::dynamodb().await);
+}
+
 /// The grain-state scenarios on DynamoDB.
 mod state {
     rollcall_tests::state_conformance_tests!(super::dynamodb().await);

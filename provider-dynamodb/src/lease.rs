@@ -1,0 +1,212 @@
+//! Reminder shard leases on DynamoDB, in the reminder table (keys `ShardKey` /
+//! `SortKey`), one partition per shard so that a service's leases spread:
+//!
+//! | `ShardKey` | `SortKey` | attributes |
+//! |---|---|---|
+//! | `<service length>#<service>#<shard>#lease` | `lease` | `Row` (the lease, bytes), `ETag` |
+//! | `<service length>#<service>#shards` | `shards` | `Shards` (the shard count) |
+//!
+//! A reminder partition ends in `#` and two hex digits; these end in `#lease`
+//! and `#shards`, so no service's reminders can meet another's leases. A write
+//! is one conditional `PutItem` (`ETag` equal, or no item); reads are
+//! consistent.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
+use rollcall_membership_core::lease::{LeaseTable, LeaseWrite};
+use rollcall_membership_core::{Error, Etag, Expected, Result};
+use tokio::sync::OnceCell;
+
+use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
+use crate::schema::{self, SHARD_KEY, SORT_KEY};
+
+const ROW: &str = "Row";
+const ETAG: &str = "ETag";
+const SHARDS: &str = "Shards";
+
+/// The shard lease rows of one reminder service on DynamoDB.
+#[derive(Debug)]
+pub struct DynamoDbLeaseTable {
+    conn: Arc<Conn>,
+    service_id: String,
+    ready: OnceCell<()>,
+}
+
+impl DynamoDbLeaseTable {
+    pub(crate) fn new(conn: Arc<Conn>, service_id: &str) -> Self {
+        DynamoDbLeaseTable {
+            conn,
+            service_id: service_id.to_owned(),
+            ready: OnceCell::new(),
+        }
+    }
+
+    fn table_name(&self) -> &str {
+        &self.conn.config.reminders_table
+    }
+
+    async fn ready(&self) -> Result<()> {
+        self.ready
+            .get_or_try_init(|| async {
+                schema::ensure_table(
+                    &self.conn,
+                    &self.conn.config.reminders_table,
+                    schema::Kind::Reminders,
+                    self.conn.config.create_if_missing,
+                )
+                .await
+            })
+            .await
+            .map(|_| ())
+    }
+
+    fn base(&self) -> String {
+        format!("{}#{}", self.service_id.len(), self.service_id)
+    }
+
+    fn lease_key(&self, shard: u32) -> Item {
+        Item::from([
+            (SHARD_KEY.to_owned(), s(format!("{}#{shard}#lease", self.base()))),
+            (SORT_KEY.to_owned(), s("lease")),
+        ])
+    }
+
+    fn count_key(&self) -> Item {
+        Item::from([
+            (SHARD_KEY.to_owned(), s(format!("{}#shards", self.base()))),
+            (SORT_KEY.to_owned(), s("shards")),
+        ])
+    }
+
+    async fn get(&self, key: Item) -> Result<Option<Item>> {
+        self.ready().await?;
+        let out = self
+            .conn
+            .client
+            .get_item()
+            .table_name(self.table_name())
+            .set_key(Some(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.conn.error("GetItem", self.table_name(), e))?;
+        Ok(out.item)
+    }
+
+    fn what(&self, shard: u32) -> String {
+        format!("lease {}/{shard}", self.service_id)
+    }
+
+    /// The etag of a stored lease item.
+    fn etag_of(&self, shard: u32, item: &Item) -> Result<Etag> {
+        Attrs(item)
+            .s(ETAG)
+            .map(Etag::new)
+            .map_err(|e| Error::corrupt(self.what(shard), e))
+    }
+}
+
+#[async_trait]
+impl LeaseTable for DynamoDbLeaseTable {
+    fn service_id(&self) -> &str {
+        &self.service_id
+    }
+
+    async fn shard_count(&self, shards: u32) -> Result<u32> {
+        self.ready().await?;
+        let mut item = self.count_key();
+        item.insert(SHARDS.to_owned(), n(shards));
+        let sent = self
+            .conn
+            .client
+            .put_item()
+            .table_name(self.table_name())
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(#k)")
+            .expression_attribute_names("#k", SHARD_KEY)
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(shards),
+            Err(e) if is_condition_failed(&e) => {
+                let what = || format!("shard count of {}", self.service_id);
+                let item = self
+                    .get(self.count_key())
+                    .await?
+                    .ok_or_else(|| Error::corrupt(what(), "the shard count vanished"))?;
+                Attrs(&item).n(SHARDS).map_err(|e| Error::corrupt(what(), e))
+            }
+            Err(e) => Err(self.conn.error("PutItem", self.table_name(), e)),
+        }
+    }
+
+    async fn read_lease(&self, shard: u32) -> Result<Option<(Vec<u8>, Etag)>> {
+        let Some(item) = self.get(self.lease_key(shard)).await? else {
+            return Ok(None);
+        };
+        let etag = self.etag_of(shard, &item)?;
+        match item.get(ROW) {
+            Some(AttributeValue::B(b)) => Ok(Some((b.as_ref().to_vec(), etag))),
+            _ => Err(Error::corrupt(
+                self.what(shard),
+                "attribute Row: missing or not bytes",
+            )),
+        }
+    }
+
+    async fn write_lease(&self, shard: u32, expected: &Expected, row: &[u8]) -> Result<LeaseWrite> {
+        self.ready().await?;
+        let etag = new_etag();
+        let mut item = self.lease_key(shard);
+        item.insert(ROW.to_owned(), AttributeValue::B(Blob::new(row.to_vec())));
+        item.insert(ETAG.to_owned(), s(etag.as_str()));
+        let mut put = self
+            .conn
+            .client
+            .put_item()
+            .table_name(self.table_name())
+            .set_item(Some(item))
+            .return_values(ReturnValue::None);
+        match expected {
+            Expected::Absent => {
+                put = put
+                    .condition_expression("attribute_not_exists(#k)")
+                    .expression_attribute_names("#k", SHARD_KEY);
+            }
+            Expected::Etag(e) => {
+                put = put
+                    .condition_expression("#e = :e")
+                    .expression_attribute_names("#e", ETAG)
+                    .expression_attribute_values(":e", s(e.as_str()));
+            }
+            Expected::Any => {}
+        }
+        match put.send().await {
+            Ok(_) => Ok(LeaseWrite::Written(etag)),
+            Err(e) if is_condition_failed(&e) => {
+                let current = match self.get(self.lease_key(shard)).await? {
+                    Some(item) => Some(self.etag_of(shard, &item)?),
+                    None => None,
+                };
+                Ok(LeaseWrite::Conflict(current))
+            }
+            Err(e) => Err(self.conn.error("PutItem", self.table_name(), e)),
+        }
+    }
+
+    async fn clear(&self) -> Result<()> {
+        self.ready().await?;
+        let Some(count) = self.get(self.count_key()).await? else {
+            return Ok(());
+        };
+        let shards: u32 = Attrs(&count)
+            .n(SHARDS)
+            .map_err(|e| Error::corrupt(format!("shard count of {}", self.service_id), e))?;
+        let mut keys: Vec<Item> = (0..shards).map(|k| self.lease_key(k)).collect();
+        keys.push(self.count_key());
+        self.conn.batch_delete(self.table_name(), keys).await
+    }
+}
