@@ -417,6 +417,52 @@ impl Router {
         .await
     }
 
+    /// Runs one command per tag (`cmds`: tag and command), pipelined per node,
+    /// and answers in the order of `cmds`. A node's pipeline that fails (a
+    /// redirection while slots move) is run again command by command through
+    /// [`run`](Self::run), which follows redirections.
+    pub(crate) async fn query_each<T: redis::FromRedisValue + Send>(
+        &self,
+        what: &'static str,
+        cmds: &[(String, redis::Cmd)],
+    ) -> Result<Vec<T>> {
+        let mut groups: Vec<(Arc<Node>, Vec<usize>)> = Vec::new();
+        for (i, (tag, _)) in cmds.iter().enumerate() {
+            let node = self.node(tag).await?;
+            match groups.iter_mut().find(|(n, _)| Arc::ptr_eq(n, &node)) {
+                Some((_, ix)) => ix.push(i),
+                None => groups.push((node, vec![i])),
+            }
+        }
+        let mut out: Vec<Option<T>> = (0..cmds.len()).map(|_| None).collect();
+        for (node, ix) in groups {
+            let mut pipe = redis::pipe();
+            for &i in &ix {
+                pipe.add_command(cmds[i].1.clone());
+            }
+            let pipe = &pipe;
+            let sent: Result<Vec<T>> = node
+                .timed(what, async {
+                    let mut con = node.shared().await?;
+                    pipe.query_async(&mut con).await.map_err(|e| backend(what, e))
+                })
+                .await;
+            match sent {
+                Ok(values) if values.len() == ix.len() => {
+                    for (i, v) in ix.into_iter().zip(values) {
+                        out[i] = Some(v);
+                    }
+                }
+                _ => {
+                    for i in ix {
+                        out[i] = Some(self.query(&cmds[i].0, what, &cmds[i].1).await?);
+                    }
+                }
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
     pub(crate) async fn run<T, F, Fut>(&self, tag: &str, op: F) -> Result<T>
     where
         F: Fn(Arc<Node>) -> Fut,

@@ -109,33 +109,67 @@ impl MembershipKeys {
     }
 }
 
-/// Keys of one service's reminder table.
+/// Keys of one service's reminders and shard leases. Shard `k` of the service
+/// (see [`actor_shard`](rollcall_membership_core::actor_shard)) has a hash tag of
+/// its own, `r:<service>:<k>`: its reminder rows, its ring and its lease share a
+/// slot, and a service's shards spread over every master of a cluster. The
+/// service's shard count sits under `r:<service>`, as did every reminder of the
+/// first layout (`legacy_*`, read once to move them).
 #[derive(Clone, Debug)]
 pub(crate) struct ReminderKeys {
-    pub(crate) tag: String,
-    base: String,
+    prefix: String,
+    service: String,
 }
 
 impl ReminderKeys {
     pub(crate) fn new(prefix: &str, service: &str) -> Self {
-        let tag = format!("r:{}", escape(service));
         ReminderKeys {
-            base: format!("{prefix}:{{{tag}}}"),
-            tag,
+            prefix: prefix.to_owned(),
+            service: escape(service),
         }
     }
-    pub(crate) fn ring(&self) -> String {
-        format!("{}:ring", self.base)
+    /// The tag of the service's own keys (its shard count).
+    pub(crate) fn service_tag(&self) -> String {
+        format!("r:{}", self.service)
+    }
+    /// The tag of shard `k`.
+    pub(crate) fn shard_tag(&self, k: u32) -> String {
+        format!("r:{}:{k}", self.service)
+    }
+    fn shard_base(&self, k: u32) -> String {
+        format!("{}:{{{}}}", self.prefix, self.shard_tag(k))
+    }
+    fn service_base(&self) -> String {
+        format!("{}:{{{}}}", self.prefix, self.service_tag())
+    }
+    /// The service's shard count.
+    pub(crate) fn count(&self) -> String {
+        format!("{}:shards", self.service_base())
+    }
+    /// The ring of shard `k`: a sorted set of members scored by actor hash.
+    pub(crate) fn ring(&self, k: u32) -> String {
+        format!("{}:ring", self.shard_base(k))
     }
     /// The ring member of a reminder: `<escaped actor>/<escaped name>`.
     pub(crate) fn member(actor: &str, name: &str) -> String {
         format!("{}/{}", escape(actor), escape(name))
     }
-    pub(crate) fn row_prefix(&self) -> String {
-        format!("{}:rem:", self.base)
+    pub(crate) fn row_prefix(&self, k: u32) -> String {
+        format!("{}:rem:", self.shard_base(k))
     }
-    pub(crate) fn row(&self, member: &str) -> String {
-        format!("{}{member}", self.row_prefix())
+    pub(crate) fn row(&self, k: u32, member: &str) -> String {
+        format!("{}{member}", self.row_prefix(k))
+    }
+    /// The lease of shard `k`.
+    pub(crate) fn lease(&self, k: u32) -> String {
+        format!("{}:lease", self.shard_base(k))
+    }
+    /// The ring of the first layout (every reminder of the service in one slot).
+    pub(crate) fn legacy_ring(&self) -> String {
+        format!("{}:ring", self.service_base())
+    }
+    pub(crate) fn legacy_row(&self, member: &str) -> String {
+        format!("{}:rem:{member}", self.service_base())
     }
 }
 
@@ -153,6 +187,10 @@ mod tests {
         let k = MembershipKeys::new("rollcall", "a}b{c:d/e%");
         assert_eq!(k.version(), "rollcall:{m:a%7Db%7Bc%3Ad%2Fe%25}:version");
         assert_eq!(ReminderKeys::member("x/y", "n:m"), "x%2Fy/n%3Am");
+        let r = ReminderKeys::new("rollcall", "s}1");
+        assert_eq!(r.row(7, "a/b"), "rollcall:{r:s%7D1:7}:rem:a/b");
+        assert_eq!(r.lease(7), "rollcall:{r:s%7D1:7}:lease");
+        assert_eq!(r.count(), "rollcall:{r:s%7D1}:shards");
         assert_ne!(ReminderKeys::member("a/b", "c"), ReminderKeys::member("a", "b/c"));
         assert_eq!(escape("ü\n"), "ü%0A");
     }

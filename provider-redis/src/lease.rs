@@ -2,12 +2,12 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<prefix>:{r:<service>}:shards` | string | the service's shard count (`SET NX`) |
+//! | `<prefix>:{r:<service>}:shards` | string | the service's shard count (`SET NX`), which the reminder table reads too |
 //! | `<prefix>:{r:<service>:<shard>}:lease` | hash | `etag`, `row` |
 //!
-//! Each shard has a hash tag of its own, so a service's leases spread over
-//! every master of a Redis Cluster (and a shard's reminder rows can share its
-//! slot). A write is one Lua compare-and-set on the `etag` field.
+//! Each shard has a hash tag of its own, shared with its reminder rows (see
+//! the reminder table), so a service's leases spread over every master of a
+//! Redis Cluster and a shard's lease and rows can change in one transaction. A write is one Lua compare-and-set on the `etag` field.
 
 use std::sync::{Arc, LazyLock};
 
@@ -16,7 +16,7 @@ use rollcall_membership_core::lease::{LeaseTable, LeaseWrite};
 use rollcall_membership_core::{Error, Etag, Expected, Result};
 
 use crate::conn::Router;
-use crate::keys::escape;
+use crate::keys::ReminderKeys;
 use crate::new_etag;
 
 /// KEYS[1]: the lease hash. ARGV: the precondition (`absent`, `etag`, `any`),
@@ -46,12 +46,27 @@ return redis.call('GET', KEYS[1])
     )
 });
 
+/// Records `shards` as the shard count of the service of `keys` unless one is
+/// recorded; the recorded count.
+pub(crate) async fn record_shard_count(router: &Router, keys: &ReminderKeys, shards: u32) -> Result<u32> {
+    let key = keys.count();
+    let recorded: String = router
+        .invoke(
+            &keys.service_tag(),
+            "record shard count",
+            &SHARD_COUNT,
+            std::slice::from_ref(&key),
+            &[shards],
+        )
+        .await?;
+    parse_count(&key, &recorded)
+}
+
 /// The shard lease rows of one reminder service on Redis.
 #[derive(Debug, Clone)]
 pub struct RedisLeaseTable {
     router: Arc<Router>,
-    prefix: String,
-    service: String,
+    keys: ReminderKeys,
     service_id: String,
 }
 
@@ -59,35 +74,18 @@ impl RedisLeaseTable {
     pub(crate) fn new(router: Arc<Router>, prefix: &str, service_id: &str) -> Self {
         RedisLeaseTable {
             router,
-            prefix: prefix.to_owned(),
-            service: escape(service_id),
+            keys: ReminderKeys::new(prefix, service_id),
             service_id: service_id.to_owned(),
         }
     }
 
-    fn shard_tag(&self, shard: u32) -> String {
-        format!("r:{}:{shard}", self.service)
-    }
-
-    fn lease_key(&self, shard: u32) -> String {
-        format!("{}:{{{}}}:lease", self.prefix, self.shard_tag(shard))
-    }
-
-    fn service_tag(&self) -> String {
-        format!("r:{}", self.service)
-    }
-
-    fn count_key(&self) -> String {
-        format!("{}:{{{}}}:shards", self.prefix, self.service_tag())
-    }
-
     async fn recorded_count(&self) -> Result<Option<u32>> {
-        let cmd = redis::cmd("GET").arg(self.count_key()).clone();
+        let cmd = redis::cmd("GET").arg(self.keys.count()).clone();
         let v: Option<String> = self
             .router
-            .query(&self.service_tag(), "read shard count", &cmd)
+            .query(&self.keys.service_tag(), "read shard count", &cmd)
             .await?;
-        v.map(|s| parse_count(&self.count_key(), &s)).transpose()
+        v.map(|s| parse_count(&self.keys.count(), &s)).transpose()
     }
 }
 
@@ -103,34 +101,24 @@ impl LeaseTable for RedisLeaseTable {
     }
 
     async fn shard_count(&self, shards: u32) -> Result<u32> {
-        let recorded: String = self
-            .router
-            .invoke(
-                &self.service_tag(),
-                "record shard count",
-                &SHARD_COUNT,
-                &[self.count_key()],
-                &[shards],
-            )
-            .await?;
-        parse_count(&self.count_key(), &recorded)
+        record_shard_count(&self.router, &self.keys, shards).await
     }
 
     async fn read_lease(&self, shard: u32) -> Result<Option<(Vec<u8>, Etag)>> {
         let cmd = redis::cmd("HMGET")
-            .arg(self.lease_key(shard))
+            .arg(self.keys.lease(shard))
             .arg("etag")
             .arg("row")
             .clone();
         let (etag, row): (Option<String>, Option<Vec<u8>>) = self
             .router
-            .query(&self.shard_tag(shard), "read shard lease", &cmd)
+            .query(&self.keys.shard_tag(shard), "read shard lease", &cmd)
             .await?;
         match (etag, row) {
             (Some(e), Some(r)) => Ok(Some((r, Etag::new(e)))),
             (None, None) => Ok(None),
             _ => Err(Error::corrupt(
-                self.lease_key(shard),
+                self.keys.lease(shard),
                 "a lease without etag or row",
             )),
         }
@@ -147,10 +135,10 @@ impl LeaseTable for RedisLeaseTable {
         let reply: Vec<redis::Value> = self
             .router
             .invoke(
-                &self.shard_tag(shard),
+                &self.keys.shard_tag(shard),
                 "write shard lease",
                 &WRITE_LEASE,
-                &[self.lease_key(shard)],
+                &[self.keys.lease(shard)],
                 &args,
             )
             .await?;
@@ -173,16 +161,16 @@ impl LeaseTable for RedisLeaseTable {
     async fn clear(&self) -> Result<()> {
         if let Some(n) = self.recorded_count().await? {
             for shard in 0..n {
-                let cmd = redis::cmd("DEL").arg(self.lease_key(shard)).clone();
+                let cmd = redis::cmd("DEL").arg(self.keys.lease(shard)).clone();
                 let () = self
                     .router
-                    .query(&self.shard_tag(shard), "clear shard lease", &cmd)
+                    .query(&self.keys.shard_tag(shard), "clear shard lease", &cmd)
                     .await?;
             }
         }
-        let cmd = redis::cmd("DEL").arg(self.count_key()).clone();
+        let cmd = redis::cmd("DEL").arg(self.keys.count()).clone();
         self.router
-            .query(&self.service_tag(), "clear shard count", &cmd)
+            .query(&self.keys.service_tag(), "clear shard count", &cmd)
             .await
     }
 }

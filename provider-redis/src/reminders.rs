@@ -1,10 +1,28 @@
-//! The reminder table on Redis: one key per reminder plus a sorted set of members
-//! scored by the 32-bit actor hash (exact in a double) for ring-range reads.
+//! The reminder table on Redis: one key per reminder plus, per shard, a sorted
+//! set of members scored by the 32-bit actor hash (exact in a double) for
+//! ring-range reads.
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `<prefix>:{r:<service>}:shards` | string | the service's shard count S (recorded on first use; [`DEFAULT_SHARDS`] unless the shard leases recorded another) |
+//! | `<prefix>:{r:<service>:<k>}:ring` | sorted set | the members of shard `k`, scored by actor hash |
+//! | `<prefix>:{r:<service>:<k>}:rem:<actor>/<name>` | string | one reminder as JSON |
+//!
+//! Shard `k` = [`actor_shard`]`(actor id, S)`, the function that places actor
+//! state too: a service's reminders spread over every master of a Redis Cluster
+//! (the first layout tagged every key of a service alike: one slot, one master),
+//! and a shard's rows and its lease share a slot. A ring range is read shard by
+//! shard, pipelined per node. The first use of a service moves the rows of the
+//! first layout (`{r:<service>}:ring` and `:rem:`) into their shards, each with
+//! `SET NX` (a row already in its shard is newer) and then deleted.
 
 use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
-use rollcall_membership_core::{actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result, Timestamp};
+use rollcall_membership_core::{
+    actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result, Timestamp, DEFAULT_SHARDS,
+};
+use tokio::sync::OnceCell;
 
 use crate::conn::{backend, Node, Router};
 use crate::keys::{escape, ReminderKeys};
@@ -29,6 +47,13 @@ pub struct RedisReminderTable {
     router: Arc<Router>,
     keys: ReminderKeys,
     service_id: String,
+    /// The service's shard count, once read (and the first layout's rows moved).
+    shards: Arc<OnceCell<u32>>,
+}
+
+/// The shard of an actor hash among `shards` (as `actor_shard`).
+fn shard_of(hash: u32, shards: u32) -> u32 {
+    ((u64::from(hash) * u64::from(shards.max(1))) >> 32) as u32
 }
 
 fn decode(raw: &str, key: &str) -> Result<ReminderEntry> {
@@ -48,44 +73,147 @@ impl RedisReminderTable {
             router,
             keys: ReminderKeys::new(prefix, service_id),
             service_id: service_id.to_owned(),
+            shards: Arc::new(OnceCell::new()),
         }
     }
 
-    /// Runs `op` with the shared connection of this service's node.
-    async fn shared<T, F, Fut>(&self, what: &'static str, op: F) -> Result<T>
-    where
-        F: Fn(crate::conn::Shared, ReminderKeys) -> Fut,
-        Fut: std::future::Future<Output = Result<T>>,
-    {
-        let op = &op;
-        self.router
-            .run(&self.keys.tag, |node: Arc<Node>| {
-                let keys = self.keys.clone();
-                async move {
-                    node.timed(what, async { op(node.shared().await?, keys).await })
-                        .await
+    /// The shard count (recorded as [`DEFAULT_SHARDS`] if the service has
+    /// none), after moving the rows of the first layout on first use.
+    async fn shards(&self) -> Result<u32> {
+        self.shards
+            .get_or_try_init(|| async {
+                let n = crate::lease::record_shard_count(&self.router, &self.keys, DEFAULT_SHARDS).await?;
+                self.move_legacy_rows(n).await?;
+                Ok(n)
+            })
+            .await
+            .copied()
+    }
+
+    /// Moves the rows of the first layout (every reminder under the service's
+    /// tag) into their shards: each row `SET NX` in its shard (a row already
+    /// there was written later), then deleted from the first layout.
+    async fn move_legacy_rows(&self, shards: u32) -> Result<()> {
+        let tag = self.keys.service_tag();
+        loop {
+            let cmd = redis::cmd("ZRANGE")
+                .arg(self.keys.legacy_ring())
+                .arg(0)
+                .arg(499)
+                .arg("WITHSCORES")
+                .clone();
+            let page: Vec<(String, f64)> = self.router.query(&tag, "read legacy ring", &cmd).await?;
+            if page.is_empty() {
+                return Ok(());
+            }
+            let keys: Vec<String> = page.iter().map(|(m, _)| self.keys.legacy_row(m)).collect();
+            let cmd = redis::cmd("MGET").arg(&keys).clone();
+            let rows: Vec<Option<String>> = self.router.query(&tag, "read legacy rows", &cmd).await?;
+            for (((member, score), key), raw) in page.iter().zip(&keys).zip(rows) {
+                if let Some(raw) = raw {
+                    match decode(&raw, key) {
+                        Ok(e) => {
+                            let k = shard_of(e.hash, shards);
+                            let mut p = redis::pipe();
+                            p.atomic()
+                                .cmd("SET")
+                                .arg(self.keys.row(k, member))
+                                .arg(&raw)
+                                .arg("NX")
+                                .ignore()
+                                .zadd(self.keys.ring(k), member, *score)
+                                .ignore();
+                            let () = self
+                                .router
+                                .run(&self.keys.shard_tag(k), |node: Arc<Node>| {
+                                    let p = p.clone();
+                                    async move {
+                                        node.timed("move legacy row", async {
+                                            let mut con = node.shared().await?;
+                                            p.query_async(&mut con)
+                                                .await
+                                                .map_err(|e| backend("move legacy row", e))
+                                        })
+                                        .await
+                                    }
+                                })
+                                .await?;
+                        }
+                        Err(e) => {
+                            // Kept where it is (not lost), no longer in the ring.
+                            tracing::warn!(key = %key, error = %e, "a reminder row of the first layout does not decode; left in place");
+                            let cmd = redis::cmd("ZREM")
+                                .arg(self.keys.legacy_ring())
+                                .arg(member)
+                                .clone();
+                            let _: i64 = self.router.query(&tag, "drop legacy member", &cmd).await?;
+                            continue;
+                        }
+                    }
                 }
+                let mut p = redis::pipe();
+                p.atomic()
+                    .del(key)
+                    .ignore()
+                    .zrem(self.keys.legacy_ring(), member)
+                    .ignore();
+                let () = self
+                    .router
+                    .run(&tag, |node: Arc<Node>| {
+                        let p = p.clone();
+                        async move {
+                            node.timed("delete legacy row", async {
+                                let mut con = node.shared().await?;
+                                p.query_async(&mut con)
+                                    .await
+                                    .map_err(|e| backend("delete legacy row", e))
+                            })
+                            .await
+                        }
+                    })
+                    .await?;
+            }
+        }
+    }
+
+    /// Runs `pipe` on the shared connection of the node of `tag`.
+    async fn pipeline<T: redis::FromRedisValue + Send>(
+        &self,
+        tag: &str,
+        what: &'static str,
+        pipe: &redis::Pipeline,
+    ) -> Result<T> {
+        self.router
+            .run(tag, |node: Arc<Node>| async move {
+                node.timed(what, async {
+                    let mut con = node.shared().await?;
+                    pipe.query_async(&mut con).await.map_err(|e| backend(what, e))
+                })
+                .await
             })
             .await
     }
 
-    /// Reads the rows of ring `members`; rows removed meanwhile are skipped.
-    async fn rows_of(&self, members: Vec<String>) -> Result<Vec<ReminderEntry>> {
-        let mut out = Vec::with_capacity(members.len());
-        for chunk in members.chunks(1000) {
-            let keys: Vec<String> = chunk.iter().map(|m| self.keys.row(m)).collect();
-            let values: Vec<Option<String>> = self
-                .shared("read rows", |mut con, _| {
-                    let keys = keys.clone();
-                    async move {
-                        redis::cmd("MGET")
-                            .arg(keys)
-                            .query_async(&mut con)
-                            .await
-                            .map_err(|e| backend("MGET", e))
-                    }
-                })
-                .await?;
+    /// Reads the rows of `members` (shard, member); rows removed meanwhile are
+    /// skipped. One `MGET` per shard and 1,000 members, pipelined per node.
+    async fn rows_of(&self, members: Vec<(u32, String)>) -> Result<Vec<ReminderEntry>> {
+        let mut by_shard: std::collections::BTreeMap<u32, Vec<String>> = Default::default();
+        for (k, m) in members {
+            by_shard.entry(k).or_default().push(self.keys.row(k, &m));
+        }
+        let mut gets = Vec::new();
+        for (k, keys) in by_shard {
+            for chunk in keys.chunks(1000) {
+                gets.push((k, chunk.to_vec()));
+            }
+        }
+        let cmds: Vec<(String, redis::Cmd)> = gets
+            .iter()
+            .map(|(k, keys)| (self.keys.shard_tag(*k), redis::cmd("MGET").arg(keys).clone()))
+            .collect();
+        let values: Vec<Vec<Option<String>>> = self.router.query_each("read rows", &cmds).await?;
+        let mut out = Vec::new();
+        for ((_, keys), values) in gets.iter().zip(values) {
             for (key, v) in keys.iter().zip(values) {
                 if let Some(raw) = v {
                     out.push(decode(&raw, key)?);
@@ -95,13 +223,15 @@ impl RedisReminderTable {
         Ok(out)
     }
 
-    /// `WATCH` + `GET` of the row of `member` in one round trip; if it holds `etag`,
-    /// runs the transaction `write(row, row_key)` builds (which must keep exactly one
-    /// reply) with `MULTI ... EXEC`. `Ok(false)` for a missing row, another etag, or a
-    /// row changed between the `GET` and the `EXEC`.
+    /// `WATCH` + `GET` of the row of `member` (in shard `k`) in one round trip;
+    /// if it holds `etag`, runs the transaction `write(row, row_key)` builds
+    /// (which must keep exactly one reply) with `MULTI ... EXEC`. `Ok(false)` for
+    /// a missing row, another etag, or a row changed between the `GET` and the
+    /// `EXEC`.
     async fn when_etag_matches<F>(
         &self,
         what: &'static str,
+        k: u32,
         member: &str,
         etag: &Etag,
         write: F,
@@ -109,10 +239,10 @@ impl RedisReminderTable {
     where
         F: Fn(ReminderEntry, &str) -> Result<redis::Pipeline>,
     {
-        let row_key = self.keys.row(member);
+        let row_key = self.keys.row(k, member);
         let (row_key, write) = (&row_key, &write);
         self.router
-            .run(&self.keys.tag, |node: Arc<Node>| async move {
+            .run(&self.keys.shard_tag(k), |node: Arc<Node>| async move {
                 node.timed(what, async {
                     let mut con = node.dedicated().await?;
                     let r = async {
@@ -154,20 +284,27 @@ impl RedisReminderTable {
             .await
     }
 
-    async fn members_between(&self, min: String, max: String) -> Result<Vec<String>> {
-        self.shared("ring range", |mut con, keys| {
-            let (min, max) = (min.clone(), max.clone());
-            async move {
-                redis::cmd("ZRANGEBYSCORE")
-                    .arg(keys.ring())
-                    .arg(min)
-                    .arg(max)
-                    .query_async(&mut con)
-                    .await
-                    .map_err(|e| backend("ZRANGEBYSCORE", e))
-            }
-        })
-        .await
+    /// The members (shard, member) with a hash in `lo..=hi`, shard by shard.
+    async fn members_between(&self, lo: u32, hi: u32) -> Result<Vec<(u32, String)>> {
+        let shards = self.shards().await?;
+        let ks: Vec<u32> = (shard_of(lo, shards)..=shard_of(hi, shards)).collect();
+        let cmds: Vec<(String, redis::Cmd)> = ks
+            .iter()
+            .map(|&k| {
+                let cmd = redis::cmd("ZRANGEBYSCORE")
+                    .arg(self.keys.ring(k))
+                    .arg(lo)
+                    .arg(hi)
+                    .clone();
+                (self.keys.shard_tag(k), cmd)
+            })
+            .collect();
+        let found: Vec<Vec<String>> = self.router.query_each("ring range", &cmds).await?;
+        Ok(ks
+            .into_iter()
+            .zip(found)
+            .flat_map(|(k, ms)| ms.into_iter().map(move |m| (k, m)))
+            .collect())
     }
 }
 
@@ -178,58 +315,49 @@ impl ReminderTable for RedisReminderTable {
     }
 
     async fn init(&self) -> Result<()> {
-        self.shared("init", |mut con, _| async move {
-            redis::cmd("PING")
-                .query_async::<String>(&mut con)
-                .await
-                .map(|_| ())
-                .map_err(|e| backend("PING", e))
-        })
-        .await
+        self.shards().await.map(|_| ())
     }
 
     async fn read_rows_for(&self, actor_id: &str) -> Result<Vec<ReminderEntry>> {
         let h = actor_hash(actor_id);
         let prefix = format!("{}/", escape(actor_id));
-        let members: Vec<String> = self
-            .members_between(h.to_string(), h.to_string())
+        let members: Vec<(u32, String)> = self
+            .members_between(h, h)
             .await?
             .into_iter()
-            .filter(|m| m.starts_with(&prefix))
+            .filter(|(_, m)| m.starts_with(&prefix))
             .collect();
         self.rows_of(members).await
     }
 
     async fn read_rows_in_range(&self, begin: u32, end: u32) -> Result<Vec<ReminderEntry>> {
-        let members = if begin < end {
-            self.members_between(format!("({begin}"), end.to_string()).await?
+        // (begin, end], or (begin, MAX] and [0, end] when it wraps.
+        let mut members = Vec::new();
+        if begin < end {
+            members = self.members_between(begin + 1, end).await?;
         } else {
-            let mut high = self.members_between(format!("({begin}"), "+inf".into()).await?;
-            high.extend(self.members_between("-inf".into(), end.to_string()).await?);
-            high
-        };
+            if begin < u32::MAX {
+                members = self.members_between(begin + 1, u32::MAX).await?;
+            }
+            members.extend(self.members_between(0, end).await?);
+        }
         self.rows_of(members).await
     }
 
     async fn read_row(&self, actor_id: &str, name: &str) -> Result<Option<ReminderEntry>> {
-        let key = self.keys.row(&ReminderKeys::member(actor_id, name));
+        let k = shard_of(actor_hash(actor_id), self.shards().await?);
+        let key = self.keys.row(k, &ReminderKeys::member(actor_id, name));
+        let cmd = redis::cmd("GET").arg(&key).clone();
         let raw: Option<String> = self
-            .shared("read_row", |mut con, _| {
-                let key = key.clone();
-                async move {
-                    redis::cmd("GET")
-                        .arg(key)
-                        .query_async(&mut con)
-                        .await
-                        .map_err(|e| backend("GET", e))
-                }
-            })
+            .router
+            .query(&self.keys.shard_tag(k), "read_row", &cmd)
             .await?;
         raw.map(|r| decode(&r, &key)).transpose()
     }
 
     async fn upsert_row(&self, entry: &ReminderEntry) -> Result<Etag> {
         entry.validate_for(&self.service_id)?;
+        let k = shard_of(entry.hash, self.shards().await?);
         let etag = Etag::new(new_etag());
         let stored = ReminderEntry {
             etag: etag.clone(),
@@ -238,29 +366,21 @@ impl ReminderTable for RedisReminderTable {
         let json =
             serde_json::to_string(&stored).map_err(|e| Error::backend(format!("encode reminder: {e}")))?;
         let member = ReminderKeys::member(&entry.actor_id, &entry.name);
-        let hash = entry.hash;
-        self.shared("upsert_row", |mut con, keys| {
-            let (json, member) = (json.clone(), member.clone());
-            async move {
-                redis::pipe()
-                    .atomic()
-                    .set(keys.row(&member), json)
-                    .ignore()
-                    .zadd(keys.ring(), &member, f64::from(hash))
-                    .ignore()
-                    .query_async::<()>(&mut con)
-                    .await
-                    .map_err(|e| backend("upsert_row", e))
-            }
-        })
-        .await?;
+        let mut p = redis::pipe();
+        p.atomic()
+            .set(self.keys.row(k, &member), json)
+            .ignore()
+            .zadd(self.keys.ring(k), &member, f64::from(entry.hash))
+            .ignore();
+        let () = self.pipeline(&self.keys.shard_tag(k), "upsert_row", &p).await?;
         Ok(etag)
     }
 
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
+        let k = shard_of(actor_hash(actor_id), self.shards().await?);
         let member = ReminderKeys::member(actor_id, name);
-        let ring = self.keys.ring();
-        self.when_etag_matches("remove_row", &member, etag, |_, row_key| {
+        let ring = self.keys.ring(k);
+        self.when_etag_matches("remove_row", k, &member, etag, |_, row_key| {
             let mut p = redis::pipe();
             p.atomic().del(row_key).ignore().zrem(&ring, &member);
             Ok(p)
@@ -275,8 +395,9 @@ impl ReminderTable for RedisReminderTable {
         etag: &Etag,
         fired_at: Timestamp,
     ) -> Result<bool> {
+        let k = shard_of(actor_hash(actor_id), self.shards().await?);
         let member = ReminderKeys::member(actor_id, name);
-        self.when_etag_matches("update_last_fired", &member, etag, |mut row, row_key| {
+        self.when_etag_matches("update_last_fired", k, &member, etag, |mut row, row_key| {
             // Same JSON with the same etag: handles holding it stay valid.
             row.last_fired = Some(fired_at);
             let json =
@@ -290,16 +411,29 @@ impl ReminderTable for RedisReminderTable {
     }
 
     async fn clear(&self) -> Result<()> {
-        // One script, so a racing upsert lands wholly before or wholly after the clear.
-        self.shared("clear", |mut con, keys| async move {
-            CLEAR
-                .key(keys.ring())
-                .arg(keys.row_prefix())
-                .invoke_async::<i64>(&mut con)
-                .await
-                .map(|_| ())
-                .map_err(|e| backend("clear", e))
-        })
-        .await
+        // One script per shard, so a racing upsert lands wholly before or wholly
+        // after the clear of its shard.
+        let shards = self.shards().await?;
+        for k in 0..shards {
+            let tag = self.keys.shard_tag(k);
+            let (ring, prefix) = (self.keys.ring(k), self.keys.row_prefix(k));
+            let (ring, prefix) = (&ring, &prefix);
+            let _: i64 = self
+                .router
+                .run(&tag, |node: Arc<Node>| async move {
+                    node.timed("clear", async {
+                        let mut con = node.shared().await?;
+                        CLEAR
+                            .key(ring)
+                            .arg(prefix)
+                            .invoke_async(&mut con)
+                            .await
+                            .map_err(|e| backend("clear", e))
+                    })
+                    .await
+                })
+                .await?;
+        }
+        Ok(())
     }
 }

@@ -924,40 +924,7 @@ async fn states_of_one_service_spread_over_every_master_of_a_cluster() {
     while let Some(r) = writers.join_next().await {
         r.expect("a writer panicked");
     }
-    let addrs = b.endpoint.trim_start_matches("redis+cluster://").to_owned();
-    let mut per_master = Vec::new();
-    for addr in addrs.split(',') {
-        let mut con = redis::Client::open(format!("redis://{addr}"))
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut con).await.unwrap();
-        if !matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") {
-            continue;
-        }
-        let pattern = format!("*{{s:{service}:*}}:h:*");
-        let mut cursor = 0u64;
-        let mut n = 0usize;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(10_000)
-                .query_async(&mut con)
-                .await
-                .unwrap();
-            n += keys.len();
-            cursor = next;
-            if cursor == 0 {
-                break;
-            }
-        }
-        per_master.push(n);
-    }
-    assert_eq!(per_master.len(), 3, "three masters: {per_master:?}");
+    let per_master = count_per_master(&b.endpoint, &format!("*{{s:{service}:*}}:h:*")).await;
     assert_eq!(per_master.iter().sum::<usize>(), STATES, "{per_master:?}");
     let most = *per_master.iter().max().unwrap();
     eprintln!("states per master: {per_master:?}");
@@ -1049,4 +1016,164 @@ async fn a_header_without_its_published_field_is_replaced_and_its_chunks_deleted
         .unwrap();
     assert_eq!(s.read(&k).await.unwrap().data, b"x");
     assert!(s.table().generations(&k).await.unwrap().is_empty());
+}
+
+/// Reminders written by the first layout (every key of a service under
+/// `{r:<service>}`) are moved into their shards on first use: each readable
+/// with its etag, by actor and by range, and nothing is left in the old keys;
+/// a row already in its shard (written later) is not overwritten.
+#[tokio::test]
+async fn reminders_of_the_first_layout_move_into_their_shards() {
+    use rollcall_membership_core::{actor_shard, ReminderEntry, Timestamp, DEFAULT_SHARDS};
+    let Some((store, b)) = redis().await else { return };
+    let service = unique_id("legacy");
+    let mut con = raw(&b).await;
+    let base = format!("rollcall:{{r:{service}}}");
+    let mut rows = Vec::new();
+    for i in 0..25 {
+        let mut e = ReminderEntry::new(
+            &service,
+            format!("cart/{i}"),
+            "tick",
+            Timestamp::from_millis(1_795_000_000_000),
+            None,
+        );
+        e.etag = rollcall_membership_core::Etag::new(format!("legacy-{i}"));
+        let member = format!("cart%2F{i}/tick");
+        let _: () = redis::pipe()
+            .set(format!("{base}:rem:{member}"), serde_json::to_string(&e).unwrap())
+            .ignore()
+            .zadd(format!("{base}:ring"), &member, f64::from(e.hash))
+            .ignore()
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        rows.push(e);
+    }
+    // Row 0 was written again in its shard after the old layout's copy.
+    let newer = {
+        let k = actor_shard("cart/0", DEFAULT_SHARDS);
+        let mut e = rows[0].clone();
+        e.etag = rollcall_membership_core::Etag::new("newer");
+        let _: () = redis::pipe()
+            .set(
+                format!("rollcall:{{r:{service}:{k}}}:rem:cart%2F0/tick"),
+                serde_json::to_string(&e).unwrap(),
+            )
+            .ignore()
+            .zadd(
+                format!("rollcall:{{r:{service}:{k}}}:ring"),
+                "cart%2F0/tick",
+                f64::from(e.hash),
+            )
+            .ignore()
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        e
+    };
+    let table = store.reminder_table(&service).unwrap();
+    table.init().await.unwrap();
+    let mut all = table.read_rows_in_range(0, 0).await.unwrap();
+    all.sort_by(|a, b| a.actor_id.cmp(&b.actor_id));
+    let mut want = rows.clone();
+    want[0] = newer.clone();
+    want.sort_by(|a, b| a.actor_id.cmp(&b.actor_id));
+    assert_eq!(all, want);
+    assert_eq!(table.read_row("cart/0", "tick").await.unwrap(), Some(newer));
+    assert_eq!(table.read_rows_for("cart/7").await.unwrap(), [rows[7].clone()]);
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{base}:*"))
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(
+        left,
+        [format!("{base}:shards")],
+        "only the shard count stays under the service tag"
+    );
+}
+
+/// 100,000 reminders of one service spread over the 3 masters of a Redis
+/// Cluster: no master holds more than 40% of them (the first layout put every
+/// reminder of a service in one slot). Counted by the row keys on each master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reminders_of_one_service_spread_over_every_master_of_a_cluster() {
+    use rollcall_membership_core::{ReminderEntry, Timestamp};
+    const REMINDERS: usize = 100_000;
+    const WRITERS: usize = 50;
+    let Some((store, b)) = redis_cluster().await else {
+        return;
+    };
+    let service = unique_id("rspread");
+    let table = store.reminder_table(&service).unwrap();
+    table.init().await.unwrap();
+    let mut writers = tokio::task::JoinSet::new();
+    for w in 0..WRITERS {
+        let (table, service) = (table.clone(), service.clone());
+        writers.spawn(async move {
+            for i in (w..REMINDERS).step_by(WRITERS) {
+                let e = ReminderEntry::new(
+                    &service,
+                    format!("cart/{i}"),
+                    "t",
+                    Timestamp::from_millis(1),
+                    None,
+                );
+                table
+                    .upsert_row(&e)
+                    .await
+                    .unwrap_or_else(|e| panic!("upsert {i}: {e}"));
+            }
+        });
+    }
+    while let Some(r) = writers.join_next().await {
+        r.expect("a writer panicked");
+    }
+    let per_master = count_per_master(&b.endpoint, &format!("*{{r:{service}:*}}:rem:*")).await;
+    assert_eq!(per_master.iter().sum::<usize>(), REMINDERS, "{per_master:?}");
+    let most = *per_master.iter().max().unwrap();
+    assert!(
+        most * 10 <= REMINDERS * 4,
+        "one master holds {most} of {REMINDERS} reminders: {per_master:?}"
+    );
+    assert_eq!(table.read_rows_in_range(0, 0).await.unwrap().len(), REMINDERS);
+}
+
+/// The keys matching `pattern` on each master of the cluster at `endpoint`.
+async fn count_per_master(endpoint: &str, pattern: &str) -> Vec<usize> {
+    let addrs = endpoint.trim_start_matches("redis+cluster://").to_owned();
+    let mut per_master = Vec::new();
+    for addr in addrs.split(',') {
+        let mut con = redis::Client::open(format!("redis://{addr}"))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut con).await.unwrap();
+        if !matches!(role.first(), Some(redis::Value::BulkString(r)) if r == b"master") {
+            continue;
+        }
+        let mut cursor = 0u64;
+        let mut n = 0usize;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            n += keys.len();
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        per_master.push(n);
+    }
+    assert_eq!(per_master.len(), 3, "three masters: {per_master:?}");
+    per_master
 }
