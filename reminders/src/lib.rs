@@ -29,6 +29,7 @@ pub mod ring;
 pub mod schedule;
 mod send;
 mod service;
+pub mod shards;
 #[cfg(feature = "sim")]
 pub mod sim;
 

@@ -1,0 +1,707 @@
+//! Shard ownership held in the store: the rules of the shard leases, as a
+//! sans-io state machine ([`ShardMachine`]: events and the time in, actions
+//! out). It decides which shards of a reminder service this silo holds and
+//! when it may deliver their ticks; the store's compare-and-set on each shard's
+//! lease row ([`rollcall_membership_core::lease`]) decides between silos.
+//!
+//! # The rules
+//! 1. **Assignment.** Shard `k` (the actors [`actor_shard`] maps to `k`: the
+//!    hash range [`shard_range`]) is assigned to the owner on the ring of the
+//!    Active silos of the first hash of its range. A silo wants the shards
+//!    assigned to it while it is Active and not leaving.
+//! 2. **Acquire** a wanted shard by compare-and-set of its lease row, with the
+//!    epoch one higher and itself as owner, when the row is absent, Released,
+//!    or Owned by a silo Dead in the membership view (one the view does not
+//!    hold is confirmed with one read of its membership row first). With
+//!    fencing on, a Dead owner's shard is acquired only a lease period `L`
+//!    after this silo first saw it Dead.
+//! 3. **Load.** After acquiring, the shard's rows are read and scheduled from
+//!    the lease: after its watermark `W` (its exceptions from their own
+//!    occurrence) when the row was released, from the takeover time when its
+//!    owner died (`Skip` / `FireOnce` decide what the crash window owes).
+//! 4. **Release** a shard that is no longer wanted: stop delivering, then
+//!    compare-and-set `W = max(W, started through)` with the exceptions and
+//!    `Released`. A shard released before its load finished is written back
+//!    with its watermark unchanged (it delivered nothing).
+//! 5. **Fence.** A failed compare-and-set on a held shard means another epoch
+//!    holds it: the silo stops delivering there at once. With fencing on, a
+//!    silo delivers only while it confirmed its own membership row Active
+//!    within the last `L` (confirmations are read every `L / 3`), so a silo
+//!    declared Dead while it runs stops delivering before a successor takes its
+//!    shards over (rule 2).
+//! 6. **Outcomes.** A write that failed may have landed: the row is read again
+//!    and the read decides (a row naming this silo at the epoch it wrote is
+//!    held).
+//! 7. **Leave.** A graceful leave releases every held shard (rule 4) and
+//!    reports [`ShardAction::Left`] when none is held, before the silo writes
+//!    its ShuttingDown row.
+//!
+//! # Safety, in short
+//! One holder per epoch (compare-and-set on one row); each epoch starts after
+//! what the row says was delivered (`W`, the exceptions) and releases exactly
+//! what it did not deliver; watermarks never move back. So on graceful churn no
+//! occurrence is delivered twice or lost, whatever the views say and however
+//! late messages arrive. After a crash the successor starts at its takeover
+//! time, after the Dead holder stopped (rule 5): nothing twice; what the crash
+//! window owes is the missed-tick policy's.
+//!
+//! Modelled on Temporal's history shards (a range id bumped on every acquire,
+//! ack levels in the shard row) and Kafka's consumer groups (commit on revoke,
+//! read on assign, generation ids fencing stale members).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rollcall_membership_core::lease::{LeaseException, LeaseStatus, ShardLease};
+use rollcall_membership_core::{Etag, MembershipSnapshot, SiloAddress, SiloStatus, Timestamp};
+
+use crate::ring::{Ring, RingRange};
+
+/// The hash range of shard `k` of `shards` (1 or more): exactly the hashes
+/// `h` with `(h * shards) >> 32 == k`, the actors
+/// [`actor_shard`](rollcall_membership_core::actor_shard) maps to `k`.
+pub fn shard_range(k: u32, shards: u32) -> RingRange {
+    let s = u64::from(shards.max(1));
+    let first = (u64::from(k) << 32).div_ceil(s);
+    let next = (u64::from(k + 1) << 32).div_ceil(s);
+    RingRange {
+        begin: (first as u32).wrapping_sub(1),
+        end: (next - 1) as u32,
+    }
+}
+
+/// The first hash of shard `k`'s range.
+fn shard_start(k: u32, shards: u32) -> u32 {
+    shard_range(k, shards).begin.wrapping_add(1)
+}
+
+/// Options of a [`ShardMachine`].
+#[derive(Clone, Debug)]
+pub struct ShardOptions {
+    /// The service's shard count (recorded in the store: see
+    /// [`ShardLeases::open`](rollcall_membership_core::ShardLeases::open)).
+    pub shards: u32,
+    /// Points per silo on the ring ([`Ring`]).
+    pub ring_points_per_silo: u32,
+    /// `L`: how long a silo delivers after it last confirmed its own row
+    /// Active, and how long a successor waits after it saw a holder Dead.
+    pub lease_period: Duration,
+    /// Whether rule 5's fencing is on.
+    pub fencing: bool,
+    /// How often a shard held by a live silo is read again (the releasing
+    /// silo's message spares the wait; the store decides).
+    pub poll: Duration,
+}
+
+/// What the machine is told.
+#[derive(Clone, Debug)]
+pub enum ShardEvent {
+    /// A membership view (any version; the newest wins).
+    View(Arc<MembershipSnapshot>),
+    /// The answer of [`ShardAction::Read`]: the row (vacant when absent), or
+    /// the error's text.
+    Read {
+        /// The shard.
+        shard: u32,
+        /// The row.
+        result: Result<ShardLease, String>,
+    },
+    /// The answer of [`ShardAction::Write`]: `Ok(Ok(etag))` written,
+    /// `Ok(Err(current))` another write came first, `Err` outcome unknown.
+    Written {
+        /// The shard.
+        shard: u32,
+        /// The outcome.
+        result: Result<Result<Etag, Option<Etag>>, String>,
+    },
+    /// The shard's rows are loaded and scheduled ([`ShardAction::Load`]).
+    Loaded {
+        /// The shard.
+        shard: u32,
+        /// When the full read of its rows started (stored as the lease's
+        /// `read_from`).
+        read_from: Timestamp,
+    },
+    /// Delivery in the shard stopped ([`ShardAction::Stop`]): every occurrence
+    /// up to `started_through` was delivered or started except `exceptions`,
+    /// and none after it was started.
+    Stopped {
+        /// The shard.
+        shard: u32,
+        /// See above.
+        started_through: Timestamp,
+        /// Reminders whose first undelivered occurrence is at or before
+        /// `started_through`.
+        exceptions: Vec<LeaseException>,
+    },
+    /// This silo's own membership row was read Active by a read issued at `at`.
+    SelfConfirmed {
+        /// When the read was issued.
+        at: Timestamp,
+    },
+    /// The answer of [`ShardAction::ReadSilo`]: the silo's status (`None`: no row).
+    SiloStatus {
+        /// The silo.
+        silo: SiloAddress,
+        /// Its status.
+        status: Option<SiloStatus>,
+    },
+    /// The timer of [`ShardAction::SetTimer`] fired (or any time passed).
+    Tick,
+    /// The silo leaves: release everything.
+    Leave,
+}
+
+/// What the machine asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ShardAction {
+    /// Read the lease row of a shard; answer [`ShardEvent::Read`].
+    Read(u32),
+    /// Compare-and-set the lease (expected: its `etag`, empty for no row);
+    /// answer [`ShardEvent::Written`].
+    Write(ShardLease),
+    /// Read the shard's rows and schedule them from `lease` (after its
+    /// watermark and from its exceptions, or from `takeover` on, when set: the
+    /// previous holder died); answer [`ShardEvent::Loaded`]. Deliver only while
+    /// [`ShardMachine::may_deliver`].
+    Load {
+        /// The lease as acquired (its epoch fences the holder's writes).
+        lease: ShardLease,
+        /// The takeover time after a crash.
+        takeover: Option<Timestamp>,
+    },
+    /// Stop delivering in the shard now; answer [`ShardEvent::Stopped`].
+    Stop(u32),
+    /// Forget the shard's reminders without an answer: another epoch holds it.
+    Drop(u32),
+    /// Read a silo's membership row; answer [`ShardEvent::SiloStatus`].
+    ReadSilo(SiloAddress),
+    /// Read this silo's own membership row; answer [`ShardEvent::SelfConfirmed`]
+    /// if it is Active.
+    ConfirmSelf,
+    /// Send [`ShardEvent::Tick`] at this time (the earliest wins).
+    SetTimer(Timestamp),
+    /// The leave released every shard.
+    Left,
+}
+
+/// Where one shard stands on this silo.
+#[derive(Clone, Debug)]
+enum Slot {
+    /// The row is being read.
+    Reading,
+    /// Held by a silo that may still run; read again at `until`.
+    Waiting { until: Timestamp },
+    /// Its holder is missing from the view: its membership row is being read.
+    Confirming { lease: ShardLease },
+    /// The acquire (`lease`, the next epoch) was written; `takeover`: the
+    /// previous holder died (rule 3).
+    Acquiring {
+        lease: ShardLease,
+        takeover: Option<Timestamp>,
+    },
+    /// An acquire's outcome is unknown; the row is being read.
+    AcquireUnknown {
+        lease: ShardLease,
+        takeover: Option<Timestamp>,
+    },
+    /// Acquired; the rows are loading.
+    Loading { lease: ShardLease },
+    /// Held, delivering.
+    Owned { lease: ShardLease },
+    /// Delivery was told to stop; the release follows.
+    Stopping { lease: ShardLease },
+    /// The release (`lease`) was written.
+    Releasing { lease: ShardLease },
+    /// A release's outcome is unknown; the row is being read.
+    ReleaseUnknown { lease: ShardLease },
+}
+
+/// The shard ownership of one silo (see the module docs for its rules).
+#[derive(Debug)]
+pub struct ShardMachine {
+    me: SiloAddress,
+    options: ShardOptions,
+    view: Option<Arc<MembershipSnapshot>>,
+    ring: Ring,
+    leaving: bool,
+    left: bool,
+    /// When a read issued at this time last found this silo Active.
+    confirmed_at: Option<Timestamp>,
+    /// When the last confirmation read was asked for.
+    confirm_asked: Option<Timestamp>,
+    /// When this silo first saw each silo Dead (its own clock).
+    dead_since: HashMap<SiloAddress, Timestamp>,
+    slots: BTreeMap<u32, Slot>,
+}
+
+fn after(t: Timestamp, d: Duration) -> Timestamp {
+    Timestamp::from_millis(t.as_millis().saturating_add(d.as_millis() as u64))
+}
+
+impl ShardMachine {
+    /// The machine of silo `me`.
+    pub fn new(me: SiloAddress, options: ShardOptions) -> ShardMachine {
+        ShardMachine {
+            me,
+            options,
+            view: None,
+            ring: Ring::new([], 1),
+            leaving: false,
+            left: false,
+            confirmed_at: None,
+            confirm_asked: None,
+            dead_since: HashMap::new(),
+            slots: BTreeMap::new(),
+        }
+    }
+
+    /// The shards this silo holds and delivers (its rows loaded).
+    pub fn owned(&self) -> Vec<u32> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| matches!(s, Slot::Owned { .. }))
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// The lease this silo holds for `shard`, while it holds it.
+    pub fn lease(&self, shard: u32) -> Option<&ShardLease> {
+        match self.slots.get(&shard)? {
+            Slot::Loading { lease } | Slot::Owned { lease } => Some(lease),
+            _ => None,
+        }
+    }
+
+    /// Whether ticks of `shard` may be delivered at `now`: the shard is held
+    /// and loaded, and (fencing on) this silo confirmed its own row Active
+    /// within the lease period.
+    pub fn may_deliver(&self, shard: u32, now: Timestamp) -> bool {
+        matches!(self.slots.get(&shard), Some(Slot::Owned { .. })) && self.confirmed(now)
+    }
+
+    fn confirmed(&self, now: Timestamp) -> bool {
+        !self.options.fencing
+            || self
+                .confirmed_at
+                .is_some_and(|at| now < after(at, self.options.lease_period))
+    }
+
+    /// Whether `shard` is assigned to this silo and wanted.
+    fn wanted(&self, shard: u32) -> bool {
+        !self.leaving
+            && self
+                .view
+                .as_ref()
+                .and_then(|v| v.entry(&self.me))
+                .is_some_and(|e| e.status == SiloStatus::Active)
+            && self.ring.owner_of(shard_start(shard, self.options.shards)) == Some(self.me)
+    }
+
+    /// Handles `event` at `now`; the actions to carry out, in order.
+    pub fn handle(&mut self, now: Timestamp, event: ShardEvent) -> Vec<ShardAction> {
+        let mut out = Vec::new();
+        match event {
+            ShardEvent::View(v) => self.view(now, v, &mut out),
+            ShardEvent::Read { shard, result } => self.read(now, shard, result, &mut out),
+            ShardEvent::Written { shard, result } => self.written(shard, result, &mut out),
+            ShardEvent::Loaded { shard, read_from } => {
+                if let Some(Slot::Loading { lease }) = self.slots.get(&shard) {
+                    let mut lease = lease.clone();
+                    lease.read_from = Some(read_from);
+                    if self.wanted(shard) {
+                        self.slots.insert(shard, Slot::Owned { lease });
+                    } else {
+                        out.push(ShardAction::Stop(shard));
+                        self.slots.insert(shard, Slot::Stopping { lease });
+                    }
+                }
+            }
+            ShardEvent::Stopped {
+                shard,
+                started_through,
+                exceptions,
+            } => {
+                if let Some(Slot::Stopping { lease }) = self.slots.get(&shard) {
+                    let release = ShardLease {
+                        status: LeaseStatus::Released,
+                        watermark: lease.watermark.max(Some(started_through)),
+                        exceptions,
+                        ..lease.clone()
+                    };
+                    out.push(ShardAction::Write(release.clone()));
+                    self.slots.insert(shard, Slot::Releasing { lease: release });
+                }
+            }
+            ShardEvent::SelfConfirmed { at } => {
+                self.confirmed_at = self.confirmed_at.max(Some(at));
+            }
+            ShardEvent::SiloStatus { silo, status } => {
+                let dead = status.is_none_or(|s| s == SiloStatus::Dead);
+                if dead {
+                    self.dead_since.entry(silo).or_insert(now);
+                }
+                let waiting: Vec<u32> = self
+                    .slots
+                    .iter()
+                    .filter(|(_, s)| matches!(s, Slot::Confirming { lease } if lease.owner == Some(silo)))
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in waiting {
+                    if let Some(Slot::Confirming { lease }) = self.slots.remove(&k) {
+                        if dead {
+                            self.consider(now, k, lease, &mut out);
+                        } else {
+                            // Alive, newer than this silo's view: read the row again later.
+                            let until = after(now, self.options.poll);
+                            self.slots.insert(k, Slot::Waiting { until });
+                        }
+                    }
+                }
+            }
+            ShardEvent::Tick => {}
+            ShardEvent::Leave => {
+                self.leaving = true;
+                self.let_go_of_unwanted(&mut out);
+            }
+        }
+        self.tick(now, &mut out);
+        out
+    }
+
+    fn view(&mut self, now: Timestamp, v: Arc<MembershipSnapshot>, out: &mut Vec<ShardAction>) {
+        if self
+            .view
+            .as_ref()
+            .is_some_and(|old| old.version.version > v.version.version)
+        {
+            return;
+        }
+        for e in v.rows() {
+            if e.status == SiloStatus::Dead {
+                self.dead_since.entry(e.silo).or_insert(now);
+            }
+        }
+        self.ring = Ring::of_active(&v, self.options.ring_points_per_silo);
+        self.view = Some(v);
+        self.let_go_of_unwanted(out);
+        for k in 0..self.options.shards {
+            if !self.slots.contains_key(&k) && self.wanted(k) {
+                self.slots.insert(k, Slot::Reading);
+                out.push(ShardAction::Read(k));
+            }
+        }
+    }
+
+    /// Rule 4 for every shard no longer wanted.
+    fn let_go_of_unwanted(&mut self, out: &mut Vec<ShardAction>) {
+        let unwanted: Vec<u32> = self.slots.keys().copied().filter(|k| !self.wanted(*k)).collect();
+        for k in unwanted {
+            match self.slots.remove(&k) {
+                // Not held: nothing to give back.
+                Some(Slot::Reading | Slot::Waiting { .. } | Slot::Confirming { .. }) | None => {}
+                Some(Slot::Owned { lease }) => {
+                    out.push(ShardAction::Stop(k));
+                    self.slots.insert(k, Slot::Stopping { lease });
+                }
+                Some(Slot::Loading { lease }) => {
+                    // Delivered nothing: written back as it was acquired.
+                    out.push(ShardAction::Drop(k));
+                    let release = ShardLease {
+                        status: LeaseStatus::Released,
+                        ..lease
+                    };
+                    out.push(ShardAction::Write(release.clone()));
+                    self.slots.insert(k, Slot::Releasing { lease: release });
+                }
+                // In flight: its answer decides.
+                Some(
+                    s @ (Slot::Acquiring { .. }
+                    | Slot::AcquireUnknown { .. }
+                    | Slot::Stopping { .. }
+                    | Slot::Releasing { .. }
+                    | Slot::ReleaseUnknown { .. }),
+                ) => {
+                    self.slots.insert(k, s);
+                }
+            }
+        }
+        self.check_left(out);
+    }
+
+    fn check_left(&mut self, out: &mut Vec<ShardAction>) {
+        if self.leaving && !self.left && self.slots.is_empty() {
+            self.left = true;
+            out.push(ShardAction::Left);
+        }
+    }
+
+    fn read(
+        &mut self,
+        now: Timestamp,
+        k: u32,
+        result: Result<ShardLease, String>,
+        out: &mut Vec<ShardAction>,
+    ) {
+        match (self.slots.get(&k).cloned(), result) {
+            (Some(Slot::Reading), Ok(lease)) => {
+                self.slots.remove(&k);
+                if self.wanted(k) {
+                    self.consider(now, k, lease, out);
+                } else {
+                    self.check_left(out);
+                }
+            }
+            (Some(Slot::Reading), Err(_)) => {
+                // Read again later.
+                self.slots.insert(
+                    k,
+                    Slot::Waiting {
+                        until: after(now, self.options.poll),
+                    },
+                );
+            }
+            (Some(Slot::ReleaseUnknown { lease: ours }), Ok(row)) => {
+                if row.owner == Some(self.me) && row.epoch == ours.epoch && row.status == LeaseStatus::Owned {
+                    // The release did not land: write it again over what is there.
+                    let release = ShardLease {
+                        etag: row.etag,
+                        ..ours
+                    };
+                    out.push(ShardAction::Write(release.clone()));
+                    self.slots.insert(k, Slot::Releasing { lease: release });
+                } else {
+                    // Released (ours landed) or taken by a later epoch.
+                    self.slots.remove(&k);
+                    if self.wanted(k) {
+                        self.consider(now, k, row, out);
+                    } else {
+                        self.check_left(out);
+                    }
+                }
+            }
+            (Some(Slot::ReleaseUnknown { .. } | Slot::AcquireUnknown { .. }), Err(_)) => {
+                out.push(ShardAction::Read(k))
+            }
+            (
+                Some(Slot::AcquireUnknown {
+                    lease: ours,
+                    takeover,
+                }),
+                Ok(row),
+            ) => {
+                self.slots.remove(&k);
+                if row.owner == Some(self.me) && row.epoch == ours.epoch && row.status == LeaseStatus::Owned {
+                    // Our acquire landed.
+                    self.acquired(
+                        k,
+                        ShardLease {
+                            etag: row.etag,
+                            ..ours
+                        },
+                        takeover,
+                        out,
+                    );
+                } else if self.wanted(k) {
+                    self.consider(now, k, row, out);
+                } else {
+                    self.check_left(out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Rule 2 for a wanted shard whose row reads `lease`.
+    fn consider(&mut self, now: Timestamp, k: u32, lease: ShardLease, out: &mut Vec<ShardAction>) {
+        if !self.wanted(k) {
+            self.check_left(out);
+            return;
+        }
+        if lease.status == LeaseStatus::Owned && lease.owner == Some(self.me) {
+            // Our acquire landed though its answer was lost (rule 6).
+            out.push(ShardAction::Load {
+                lease: lease.clone(),
+                takeover: None,
+            });
+            self.slots.insert(k, Slot::Loading { lease });
+            return;
+        }
+        let mut takeover = None;
+        if lease.status == LeaseStatus::Owned {
+            let Some(owner) = lease.owner else {
+                return self.acquire(k, lease, None, out);
+            };
+            let status = self.view.as_ref().and_then(|v| v.entry(&owner)).map(|e| e.status);
+            let dead_since = match status {
+                Some(SiloStatus::Dead) => self.dead_since.get(&owner).copied(),
+                None => match self.dead_since.get(&owner) {
+                    Some(t) => Some(*t),
+                    None => {
+                        out.push(ShardAction::ReadSilo(owner));
+                        self.slots.insert(k, Slot::Confirming { lease });
+                        return;
+                    }
+                },
+                Some(_) => {
+                    self.slots.insert(
+                        k,
+                        Slot::Waiting {
+                            until: after(now, self.options.poll),
+                        },
+                    );
+                    return;
+                }
+            };
+            let since = dead_since.unwrap_or(now);
+            let free_at = if self.options.fencing {
+                after(since, self.options.lease_period)
+            } else {
+                since
+            };
+            if now < free_at {
+                self.slots.insert(k, Slot::Waiting { until: free_at });
+                return;
+            }
+            takeover = Some(now);
+        }
+        self.acquire(k, lease, takeover, out);
+    }
+
+    fn acquire(
+        &mut self,
+        k: u32,
+        lease: ShardLease,
+        takeover: Option<Timestamp>,
+        out: &mut Vec<ShardAction>,
+    ) {
+        let mut next = ShardLease {
+            epoch: lease.epoch + 1,
+            owner: Some(self.me),
+            status: LeaseStatus::Owned,
+            ..lease
+        };
+        if let Some(t) = takeover {
+            // A crash: what the row says was delivered is stale; the load plans
+            // from the takeover time (inclusive), and so does the next release.
+            let before = Timestamp::from_millis(t.as_millis().saturating_sub(1));
+            next.watermark = next.watermark.max(Some(before));
+            next.exceptions.clear();
+        }
+        out.push(ShardAction::Write(next.clone()));
+        self.slots.insert(
+            k,
+            Slot::Acquiring {
+                lease: next,
+                takeover,
+            },
+        );
+    }
+
+    fn written(
+        &mut self,
+        k: u32,
+        result: Result<Result<Etag, Option<Etag>>, String>,
+        out: &mut Vec<ShardAction>,
+    ) {
+        let Some(slot) = self.slots.get(&k).cloned() else {
+            return;
+        };
+        match (slot, result) {
+            (Slot::Acquiring { mut lease, takeover }, Ok(Ok(etag))) => {
+                lease.etag = etag;
+                self.acquired(k, lease, takeover, out);
+            }
+            (Slot::Acquiring { .. }, Ok(Err(_))) => {
+                // Another acquire came first: read the row again.
+                self.slots.insert(k, Slot::Reading);
+                out.push(ShardAction::Read(k));
+            }
+            (Slot::Acquiring { lease, takeover }, Err(_)) => {
+                // Ours may have landed: the row decides (rule 6).
+                self.slots.insert(k, Slot::AcquireUnknown { lease, takeover });
+                out.push(ShardAction::Read(k));
+            }
+            (Slot::Releasing { .. }, Ok(Ok(_))) | (Slot::Releasing { .. }, Ok(Err(_))) => {
+                // Released, or another epoch holds the shard (we stopped already).
+                self.slots.remove(&k);
+                if self.wanted(k) {
+                    self.slots.insert(k, Slot::Reading);
+                    out.push(ShardAction::Read(k));
+                }
+                self.check_left(out);
+            }
+            (Slot::Releasing { lease }, Err(_)) => {
+                self.slots.insert(k, Slot::ReleaseUnknown { lease });
+                out.push(ShardAction::Read(k));
+            }
+            _ => {}
+        }
+    }
+
+    /// `lease` (with its etag) is held: load it if still wanted, else write it
+    /// back released as it was (it delivered nothing).
+    fn acquired(
+        &mut self,
+        k: u32,
+        lease: ShardLease,
+        takeover: Option<Timestamp>,
+        out: &mut Vec<ShardAction>,
+    ) {
+        if self.wanted(k) {
+            out.push(ShardAction::Load {
+                lease: lease.clone(),
+                takeover,
+            });
+            self.slots.insert(k, Slot::Loading { lease });
+        } else {
+            let release = ShardLease {
+                status: LeaseStatus::Released,
+                ..lease
+            };
+            out.push(ShardAction::Write(release.clone()));
+            self.slots.insert(k, Slot::Releasing { lease: release });
+        }
+    }
+
+    /// Timers: shards waiting to be read again, and the self-confirmation.
+    fn tick(&mut self, now: Timestamp, out: &mut Vec<ShardAction>) {
+        let due: Vec<u32> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| matches!(s, Slot::Waiting { until } if *until <= now))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in due {
+            if self.wanted(k) {
+                self.slots.insert(k, Slot::Reading);
+                out.push(ShardAction::Read(k));
+            } else {
+                self.slots.remove(&k);
+            }
+        }
+        self.check_left(out);
+        let mut next: Option<Timestamp> = self
+            .slots
+            .values()
+            .filter_map(|s| match s {
+                Slot::Waiting { until } => Some(*until),
+                _ => None,
+            })
+            .min();
+        if self.options.fencing && !self.left {
+            let every = self.options.lease_period / 3;
+            let due = self.confirm_asked.is_none_or(|t| now >= after(t, every));
+            if due {
+                self.confirm_asked = Some(now);
+                out.push(ShardAction::ConfirmSelf);
+            }
+            let again = after(self.confirm_asked.unwrap_or(now), every);
+            next = Some(next.map_or(again, |n| n.min(again)));
+        }
+        if let Some(t) = next {
+            out.push(ShardAction::SetTimer(t));
+        }
+    }
+}
