@@ -7,8 +7,8 @@ use std::time::Duration;
 use actix::{Actor, Addr};
 use rand::SeedableRng;
 use rollcall_membership_core::{
-    actor_hash, Clock, MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, SiloAddress,
-    SiloHandle, SystemClock, SystemStore,
+    actor_hash, Clock, MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, ShardLeases,
+    SiloAddress, SiloHandle, SystemClock, SystemStore,
 };
 use tokio::sync::oneshot;
 
@@ -29,6 +29,7 @@ pub struct RemindersBuilder {
     options: ReminderOptions,
     clock: Arc<dyn Clock>,
     seed: Option<u64>,
+    shards: u32,
 }
 
 impl std::fmt::Debug for RemindersBuilder {
@@ -69,6 +70,17 @@ impl RemindersBuilder {
         self
     }
 
+    /// The service's shard count S (default
+    /// [`DEFAULT_SHARDS`](rollcall_membership_core::DEFAULT_SHARDS), 1,024): the
+    /// first silo to start the service records it in the store, and a silo that
+    /// starts it with another count is refused (see [`start`](Self::start)). An
+    /// actor's reminders and its state are placed by
+    /// [`actor_shard`](rollcall_membership_core::actor_shard)`(actor, S)`.
+    pub fn shards(mut self, shards: u32) -> Self {
+        self.shards = shards;
+        self
+    }
+
     /// Seeds the start-up jitter. Default: from the OS.
     pub fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
@@ -83,9 +95,11 @@ impl RemindersBuilder {
     /// inside the silo's actix `System`.
     ///
     /// # Errors
-    /// [`ReminderError::Table`] for invalid options or service id, or a table that
-    /// stays unreachable for `initialization_timeout`; [`ReminderError::Stopped`]
-    /// if the silo stopped.
+    /// [`ReminderError::Table`] for invalid options or service id, a shard count
+    /// other than the one the service was first started with
+    /// ([`Error::InvalidConfig`](rollcall_membership_core::Error::InvalidConfig)
+    /// naming both), or a table that stays unreachable for
+    /// `initialization_timeout`; [`ReminderError::Stopped`] if the silo stopped.
     pub async fn start(self) -> Result<Reminders, ReminderError> {
         self.options.validate()?;
         let service_id = self
@@ -103,6 +117,27 @@ impl RemindersBuilder {
             })
         })
         .await?;
+        // The shard count: recorded by the first silo, checked by every other.
+        match self.store.lease_table(&service_id) {
+            Ok(leases) => {
+                let shards = self.shards;
+                rollcall_membership_core::retry_transient(&what, options.initialization_timeout, || {
+                    let leases = leases.clone();
+                    async move {
+                        bounded(op_timeout, ShardLeases::open(leases, shards))
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| match e {
+                                ReminderError::Table(e) => e,
+                                other => rollcall_membership_core::Error::backend(other.to_string()),
+                            })
+                    }
+                })
+                .await?;
+            }
+            Err(rollcall_membership_core::Error::Unsupported(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
         if self.silo.is_stopped() {
             return Err(ReminderError::Stopped);
         }
@@ -249,6 +284,7 @@ impl Reminders {
             options: ReminderOptions::default(),
             clock: Arc::new(SystemClock),
             seed: None,
+            shards: rollcall_membership_core::DEFAULT_SHARDS,
         }
     }
 

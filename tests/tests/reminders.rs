@@ -968,3 +968,45 @@ fn r14_random_churn_schedules_never_repeat_a_tick() {
         failures.join("\n")
     );
 }
+
+/// The first silo to start a reminder service records its shard count; a silo
+/// that starts the service with another count is refused with a typed error
+/// naming both, and one with the same count starts.
+#[actix::test]
+async fn a_service_started_with_another_shard_count_is_refused() {
+    use rollcall_membership_core::{Error, Silo};
+    use rollcall_reminders::{ReminderError, Reminders};
+    let store: rollcall_tests::Store = std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new());
+    let silo = Silo::builder(store.clone(), rollcall_tests::unique_id("shards"))
+        .listen("127.0.0.1:0".parse().unwrap())
+        .start()
+        .await
+        .expect("silo joins");
+    let first = Reminders::builder(&silo, store.clone())
+        .service_id("orders")
+        .shards(64)
+        .start()
+        .await
+        .expect("the first start records 64 shards");
+    match Reminders::builder(&silo, store.clone())
+        .service_id("orders")
+        .shards(128)
+        .start()
+        .await
+    {
+        Err(ReminderError::Table(e @ Error::InvalidConfig { .. })) => {
+            let m = e.to_string();
+            assert!(m.contains("64") && m.contains("128"), "names both counts: {m}");
+        }
+        Err(other) => panic!("another shard count must be InvalidConfig: {other}"),
+        Ok(_) => panic!("another shard count must be refused"),
+    }
+    let again = Reminders::builder(&silo, store.clone())
+        .service_id("orders")
+        .shards(64)
+        .start()
+        .await
+        .expect("the same count starts");
+    drop((first, again));
+    silo.shutdown().await.unwrap();
+}
