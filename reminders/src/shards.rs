@@ -5,7 +5,7 @@
 //! lease row ([`rollcall_membership_core::lease`]) decides between silos.
 //!
 //! # The rules
-//! 1. **Assignment.** Shard `k` (the actors [`actor_shard`] maps to `k`: the
+//! 1. **Assignment.** Shard `k` (the actors [`actor_shard`](rollcall_membership_core::actor_shard) maps to `k`: the
 //!    hash range [`shard_range`]) is assigned to the owner on the ring of the
 //!    Active silos of the first hash of its range. A silo wants the shards
 //!    assigned to it while it is Active and not leaving.
