@@ -60,8 +60,8 @@ impl LeaseTable for EtcdLeaseTable {
         if resp.succeeded() {
             return Ok(shards);
         }
-        let value = first_value(&resp).ok_or_else(|| Error::corrupt(&key, "the shard count vanished"))?;
-        std::str::from_utf8(&value)
+        let kv = got(&resp).ok_or_else(|| Error::corrupt(&key, "the shard count vanished"))?;
+        std::str::from_utf8(kv.value())
             .ok()
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| Error::corrupt(&key, "the shard count is not a number"))
@@ -106,7 +106,7 @@ impl LeaseTable for EtcdLeaseTable {
             return Ok(LeaseWrite::Written(Etag::new(rev.to_string())));
         }
         Ok(LeaseWrite::Conflict(
-            first_mod_revision(&resp).map(|r| Etag::new(r.to_string())),
+            got(&resp).map(|kv| Etag::new(kv.mod_revision().to_string())),
         ))
     }
 
@@ -115,18 +115,10 @@ impl LeaseTable for EtcdLeaseTable {
     }
 }
 
-/// The value of the key the failure branch read, if it exists.
-fn first_value(resp: &TxnResponse) -> Option<Vec<u8>> {
+/// The key the failure branch read, if it exists.
+fn got(resp: &TxnResponse) -> Option<etcd_client::KeyValue> {
     resp.op_responses().into_iter().find_map(|r| match r {
-        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
-        _ => None,
-    })
-}
-
-/// The `mod_revision` of the key the failure branch read, if it exists.
-fn first_mod_revision(resp: &TxnResponse) -> Option<i64> {
-    resp.op_responses().into_iter().find_map(|r| match r {
-        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.mod_revision()),
+        TxnOpResponse::Get(g) => g.kvs().first().cloned(),
         _ => None,
     })
 }

@@ -417,6 +417,24 @@ impl Router {
         .await
     }
 
+    /// Runs `pipe` on the shared connection of the node that serves `tag`'s
+    /// slot, bounded by the node's timeout.
+    pub(crate) async fn pipeline<T: redis::FromRedisValue + Send>(
+        &self,
+        tag: &str,
+        what: &'static str,
+        pipe: &redis::Pipeline,
+    ) -> Result<T> {
+        self.run(tag, |node: Arc<Node>| async move {
+            node.timed(what, async {
+                let mut con = node.shared().await?;
+                pipe.query_async(&mut con).await.map_err(|e| backend(what, e))
+            })
+            .await
+        })
+        .await
+    }
+
     /// Runs one command per tag (`cmds`: tag and command), pipelined per node,
     /// and answers in the order of `cmds`. A node's pipeline that fails (a
     /// redirection while slots move) is run again command by command through

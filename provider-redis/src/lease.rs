@@ -125,11 +125,7 @@ impl LeaseTable for RedisLeaseTable {
     }
 
     async fn write_lease(&self, shard: u32, expected: &Expected, row: &[u8]) -> Result<LeaseWrite> {
-        let (mode, want) = match expected {
-            Expected::Absent => ("absent", ""),
-            Expected::Etag(e) => ("etag", e.as_str()),
-            Expected::Any => ("any", ""),
-        };
+        let (mode, want) = crate::state::precondition(expected);
         let etag = new_etag();
         let args: [&[u8]; 4] = [mode.as_bytes(), want.as_bytes(), etag.as_bytes(), row];
         let reply: Vec<redis::Value> = self

@@ -125,18 +125,7 @@ impl RedisReminderTable {
                                 .ignore();
                             let () = self
                                 .router
-                                .run(&self.keys.shard_tag(k), |node: Arc<Node>| {
-                                    let p = p.clone();
-                                    async move {
-                                        node.timed("move legacy row", async {
-                                            let mut con = node.shared().await?;
-                                            p.query_async(&mut con)
-                                                .await
-                                                .map_err(|e| backend("move legacy row", e))
-                                        })
-                                        .await
-                                    }
-                                })
+                                .pipeline(&self.keys.shard_tag(k), "move legacy row", &p)
                                 .await?;
                         }
                         Err(e) => {
@@ -157,41 +146,9 @@ impl RedisReminderTable {
                     .ignore()
                     .zrem(self.keys.legacy_ring(), member)
                     .ignore();
-                let () = self
-                    .router
-                    .run(&tag, |node: Arc<Node>| {
-                        let p = p.clone();
-                        async move {
-                            node.timed("delete legacy row", async {
-                                let mut con = node.shared().await?;
-                                p.query_async(&mut con)
-                                    .await
-                                    .map_err(|e| backend("delete legacy row", e))
-                            })
-                            .await
-                        }
-                    })
-                    .await?;
+                let () = self.router.pipeline(&tag, "delete legacy row", &p).await?;
             }
         }
-    }
-
-    /// Runs `pipe` on the shared connection of the node of `tag`.
-    async fn pipeline<T: redis::FromRedisValue + Send>(
-        &self,
-        tag: &str,
-        what: &'static str,
-        pipe: &redis::Pipeline,
-    ) -> Result<T> {
-        self.router
-            .run(tag, |node: Arc<Node>| async move {
-                node.timed(what, async {
-                    let mut con = node.shared().await?;
-                    pipe.query_async(&mut con).await.map_err(|e| backend(what, e))
-                })
-                .await
-            })
-            .await
     }
 
     /// Reads the rows of `members` (shard, member); rows removed meanwhile are
@@ -372,7 +329,10 @@ impl ReminderTable for RedisReminderTable {
             .ignore()
             .zadd(self.keys.ring(k), &member, f64::from(entry.hash))
             .ignore();
-        let () = self.pipeline(&self.keys.shard_tag(k), "upsert_row", &p).await?;
+        let () = self
+            .router
+            .pipeline(&self.keys.shard_tag(k), "upsert_row", &p)
+            .await?;
         Ok(etag)
     }
 

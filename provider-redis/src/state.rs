@@ -31,7 +31,7 @@ use rollcall_membership_core::{
     actor_shard, Error, Etag, Expected, Result, StateKey, Timestamp, DEFAULT_SHARDS,
 };
 
-use crate::conn::{backend, Node, Router};
+use crate::conn::Router;
 use crate::keys::{escape, unescape};
 use crate::new_etag;
 
@@ -180,8 +180,9 @@ fn generations_key_at(base: &str, m: &str) -> String {
     format!("{base}:gs:{m}")
 }
 
-/// A precondition as the commit scripts take it: the mode and the expected etag.
-fn precondition(e: &Expected) -> (&'static str, &str) {
+/// A precondition as the compare-and-set scripts take it (state commits,
+/// shard leases): the mode and the expected etag.
+pub(crate) fn precondition(e: &Expected) -> (&'static str, &str) {
     match e {
         Expected::Absent => ("absent", ""),
         Expected::Etag(e) => ("etag", e.as_str()),
@@ -236,25 +237,6 @@ impl RedisStateTable {
     fn index_key(&self) -> String {
         format!("{}:{{{}}}:index", self.prefix, self.index_tag())
     }
-
-    /// Runs one command pipeline on the shared connection of `tag`'s node.
-    async fn query<T: redis::FromRedisValue + Send>(
-        &self,
-        tag: &str,
-        what: &'static str,
-        pipe: redis::Pipeline,
-    ) -> Result<T> {
-        let pipe = &pipe;
-        self.router
-            .run(tag, |node: Arc<Node>| async move {
-                node.timed(what, async {
-                    let mut con = node.shared().await?;
-                    pipe.query_async(&mut con).await.map_err(|e| backend(what, e))
-                })
-                .await
-            })
-            .await
-    }
 }
 
 #[async_trait]
@@ -274,8 +256,10 @@ impl StateTable for RedisStateTable {
             .arg("etag")
             .arg("body")
             .arg("data");
-        let ((etag, body, data),): ((Option<String>, Option<Vec<u8>>, Option<Vec<u8>>),) =
-            self.query(&self.tag(key), "read state header", pipe).await?;
+        let ((etag, body, data),): ((Option<String>, Option<Vec<u8>>, Option<Vec<u8>>),) = self
+            .router
+            .pipeline(&self.tag(key), "read state header", &pipe)
+            .await?;
         match (etag, body) {
             (Some(e), Some(mut b)) => {
                 if let Some(d) = data.filter(|d| !d.is_empty()) {
@@ -305,8 +289,10 @@ impl StateTable for RedisStateTable {
         for i in 0..count {
             cmd.arg(i);
         }
-        let (chunks,): (Vec<Option<Vec<u8>>>,) =
-            self.query(&self.tag(key), "read state chunks", pipe).await?;
+        let (chunks,): (Vec<Option<Vec<u8>>>,) = self
+            .router
+            .pipeline(&self.tag(key), "read state chunks", &pipe)
+            .await?;
         Ok(chunks)
     }
 
@@ -336,7 +322,9 @@ impl StateTable for RedisStateTable {
         if let Some(at) = expires_at {
             pipe.cmd("PEXPIREAT").arg(&ck).arg(at.as_millis()).ignore();
         }
-        self.query(&self.tag(key), "stage state chunks", pipe).await
+        self.router
+            .pipeline(&self.tag(key), "stage state chunks", &pipe)
+            .await
     }
 
     async fn commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Commit> {
@@ -364,7 +352,9 @@ impl StateTable for RedisStateTable {
                 pipe.arg(0).arg(member(w.key));
             }
             pipe.ignore();
-            self.query::<()>(&self.index_tag(), "index states", pipe).await?;
+            self.router
+                .pipeline::<()>(&self.index_tag(), "index states", &pipe)
+                .await?;
         }
         let base = self.base(first.key);
         let tag = self.tag(first.key);
@@ -452,7 +442,11 @@ impl StateTable for RedisStateTable {
                         pipe.arg(member(k));
                     }
                     pipe.ignore();
-                    if let Err(e) = self.query::<()>(&self.index_tag(), "unindex states", pipe).await {
+                    if let Err(e) = self
+                        .router
+                        .pipeline::<()>(&self.index_tag(), "unindex states", &pipe)
+                        .await
+                    {
                         tracing::debug!(error = %e, "removing deleted states from the index failed");
                     }
                 }
@@ -480,7 +474,10 @@ impl StateTable for RedisStateTable {
         let tag = self.tag(key);
         let mut pipe = redis::pipe();
         pipe.cmd("SMEMBERS").arg(self.generations_key(key));
-        let (mut gens,): (Vec<String>,) = self.query(&tag, "list state generations", pipe).await?;
+        let (mut gens,): (Vec<String>,) = self
+            .router
+            .pipeline(&tag, "list state generations", &pipe)
+            .await?;
         gens.sort();
         if gens.is_empty() {
             return Ok(gens);
@@ -490,7 +487,10 @@ impl StateTable for RedisStateTable {
         for g in &gens {
             pipe.cmd("EXISTS").arg(self.chunks_key(key, g));
         }
-        let exists: Vec<bool> = self.query(&tag, "check state generations", pipe).await?;
+        let exists: Vec<bool> = self
+            .router
+            .pipeline(&tag, "check state generations", &pipe)
+            .await?;
         let (live, gone): (Vec<_>, Vec<_>) = gens.into_iter().zip(exists).partition(|(_, e)| *e);
         if !gone.is_empty() {
             let mut pipe = redis::pipe();
@@ -499,7 +499,8 @@ impl StateTable for RedisStateTable {
                 pipe.arg(g);
             }
             pipe.ignore();
-            self.query::<()>(&tag, "forget expired state generations", pipe)
+            self.router
+                .pipeline::<()>(&tag, "forget expired state generations", &pipe)
                 .await?;
         }
         Ok(live.into_iter().map(|(g, _)| g).collect())
@@ -512,7 +513,9 @@ impl StateTable for RedisStateTable {
             .arg(self.generations_key(key))
             .arg(generation)
             .ignore();
-        self.query(&self.tag(key), "delete state chunks", pipe).await
+        self.router
+            .pipeline(&self.tag(key), "delete state chunks", &pipe)
+            .await
     }
 
     async fn list(&self, kind: &str, after: Option<&StateKey>, limit: usize) -> Result<Vec<StateKey>> {
@@ -533,7 +536,10 @@ impl StateTable for RedisStateTable {
                 .arg("LIMIT")
                 .arg(0)
                 .arg(limit);
-            let (members,): (Vec<String>,) = self.query(&self.index_tag(), "list states", pipe).await?;
+            let (members,): (Vec<String>,) = self
+                .router
+                .pipeline(&self.index_tag(), "list states", &pipe)
+                .await?;
             let keys: Vec<StateKey> = members.iter().filter_map(|m| key_of_member(m)).collect();
             // A full page of members that are not keys (written by something
             // else) does not end the listing: page on past them.
