@@ -35,6 +35,10 @@
 //! 7. **Leave.** A graceful leave releases every held shard (rule 4) and
 //!    reports [`ShardAction::Left`] when none is held, before the silo writes
 //!    its ShuttingDown row.
+//! 8. **Hints.** After a release, a best-effort message tells the shard's owner
+//!    in this silo's view; a silo waiting for that shard reads its row at once
+//!    instead of at its next poll. The store decides: a lost or stale hint costs
+//!    a poll, never a tick.
 //!
 //! # Safety, in short
 //! One holder per epoch (compare-and-set on one row); each epoch starts after
@@ -147,6 +151,13 @@ pub enum ShardEvent {
         /// Its status.
         status: Option<SiloStatus>,
     },
+    /// Another silo says it released `shard` ([`ShardAction::Hint`]): a shard
+    /// this silo waits for is read at once instead of at its next poll. Only a
+    /// hint: the row decides.
+    Hint {
+        /// The shard.
+        shard: u32,
+    },
     /// The timer of [`ShardAction::SetTimer`] fired (or any time passed).
     Tick,
     /// The silo leaves: release everything.
@@ -180,6 +191,15 @@ pub enum ShardAction {
     /// Read this silo's own membership row; answer [`ShardEvent::SelfConfirmed`]
     /// if it is Active.
     ConfirmSelf,
+    /// Tell `to` (the shard's owner in this silo's view) that the shard was
+    /// released, best effort ([`ShardEvent::Hint`] there); a lost hint costs the
+    /// receiver a poll, never a tick.
+    Hint {
+        /// The shard.
+        shard: u32,
+        /// Its owner in this silo's view.
+        to: SiloAddress,
+    },
     /// Send [`ShardEvent::Tick`] at this time (the earliest wins).
     SetTimer(Timestamp),
     /// The leave released every shard.
@@ -358,6 +378,12 @@ impl ShardMachine {
                             self.slots.insert(k, Slot::Waiting { until });
                         }
                     }
+                }
+            }
+            ShardEvent::Hint { shard } => {
+                if matches!(self.slots.get(&shard), Some(Slot::Waiting { .. })) && self.wanted(shard) {
+                    self.slots.insert(shard, Slot::Reading);
+                    out.push(ShardAction::Read(shard));
                 }
             }
             ShardEvent::Tick => {}
@@ -623,8 +649,23 @@ impl ShardMachine {
                 self.slots.insert(k, Slot::AcquireUnknown { lease, takeover });
                 out.push(ShardAction::Read(k));
             }
-            (Slot::Releasing { .. }, Ok(Ok(_))) | (Slot::Releasing { .. }, Ok(Err(_))) => {
-                // Released, or another epoch holds the shard (we stopped already).
+            (Slot::Releasing { .. }, Ok(Ok(_))) => {
+                self.slots.remove(&k);
+                if let Some(to) = self
+                    .ring
+                    .owner_of(shard_start(k, self.options.shards))
+                    .filter(|to| *to != self.me)
+                {
+                    out.push(ShardAction::Hint { shard: k, to });
+                }
+                if self.wanted(k) {
+                    self.slots.insert(k, Slot::Reading);
+                    out.push(ShardAction::Read(k));
+                }
+                self.check_left(out);
+            }
+            (Slot::Releasing { .. }, Ok(Err(_))) => {
+                // Another epoch holds the shard (we stopped already).
                 self.slots.remove(&k);
                 if self.wanted(k) {
                     self.slots.insert(k, Slot::Reading);

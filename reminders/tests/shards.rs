@@ -233,6 +233,20 @@ impl World {
                 n.timer = Some(n.timer.map_or(t, |old| old.min(t)));
             }
             ShardAction::Left => self.nodes[i].left = true,
+            ShardAction::Hint { shard, to } => {
+                // Best effort: lost now and then, delivered late otherwise.
+                if !(self.lossy && self.rng.random_bool(0.2)) {
+                    if let Some(node) = (0..self.nodes.len()).find(|&n| silo(n as u16) == to) {
+                        self.ops.push((
+                            at,
+                            Op::Event {
+                                node,
+                                event: ShardEvent::Hint { shard },
+                            },
+                        ));
+                    }
+                }
+            }
         }
     }
 
@@ -598,4 +612,57 @@ fn without_fencing_a_false_death_delivers_twice() {
 fn replay() {
     let seed: u64 = std::env::var("SEED").expect("SEED").parse().expect("a number");
     check(seed, std::env::var("GRACEFUL").is_ok(), true).unwrap();
+}
+
+/// A release hint makes a silo waiting for the shard read its row at once
+/// instead of at its next poll; a hint for a shard it does not wait for does
+/// nothing.
+#[test]
+fn a_release_hint_reads_a_waiting_shard_at_once() {
+    let me = silo(0);
+    let holder = silo(1);
+    let mut m = ShardMachine::new(
+        me,
+        ShardOptions {
+            shards: 1,
+            ring_points_per_silo: 4,
+            lease_period: L,
+            fencing: false,
+            poll: Duration::from_secs(60),
+        },
+    );
+    let mut view = MembershipSnapshot::default();
+    view.version.version = 1;
+    view.insert(
+        MembershipEntry::new(me, SiloStatus::Active, ts(0)),
+        Etag::new("e"),
+    );
+    view.insert(
+        MembershipEntry::new(holder, SiloStatus::ShuttingDown, ts(0)),
+        Etag::new("e"),
+    );
+    m.handle(ts(100), ShardEvent::View(Arc::new(view)));
+    let held = ShardLease {
+        epoch: 1,
+        owner: Some(holder),
+        status: LeaseStatus::Owned,
+        etag: Etag::new("3"),
+        ..ShardLease::vacant(0)
+    };
+    let a = m.handle(
+        ts(101),
+        ShardEvent::Read {
+            shard: 0,
+            result: Ok(held),
+        },
+    );
+    assert!(
+        !a.iter()
+            .any(|x| matches!(x, ShardAction::Write(_) | ShardAction::Read(_))),
+        "waits: {a:?}"
+    );
+    let a = m.handle(ts(102), ShardEvent::Hint { shard: 0 });
+    assert!(a.contains(&ShardAction::Read(0)), "reads at once: {a:?}");
+    let a = m.handle(ts(103), ShardEvent::Hint { shard: 0 });
+    assert!(!a.contains(&ShardAction::Read(0)), "already reading: {a:?}");
 }
