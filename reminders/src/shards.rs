@@ -133,8 +133,8 @@ pub enum ShardEvent {
     Stopped {
         /// The shard.
         shard: u32,
-        /// See above.
-        started_through: Timestamp,
+        /// See above; `None` when nothing was started (the watermark stays).
+        started_through: Option<Timestamp>,
         /// Reminders whose first undelivered occurrence is at or before
         /// `started_through`.
         exceptions: Vec<LeaseException>,
@@ -346,7 +346,7 @@ impl ShardMachine {
                 if let Some(Slot::Stopping { lease }) = self.slots.get(&shard) {
                     let release = ShardLease {
                         status: LeaseStatus::Released,
-                        watermark: lease.watermark.max(Some(started_through)),
+                        watermark: lease.watermark.max(started_through),
                         exceptions,
                         ..lease.clone()
                     };

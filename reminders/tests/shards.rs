@@ -195,7 +195,7 @@ impl World {
                         node: i,
                         event: ShardEvent::Stopped {
                             shard,
-                            started_through: ts(next.saturating_sub(1)),
+                            started_through: next.checked_sub(1).map(ts),
                             exceptions: Vec::new(),
                         },
                     },
