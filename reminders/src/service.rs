@@ -110,14 +110,8 @@ impl RemindersBuilder {
         let options = Arc::new(self.options);
         let op_timeout = options.table_operation_timeout;
         let what = format!("reminder table of service {service_id}");
-        rollcall_membership_core::retry_transient(&what, options.initialization_timeout, || async {
-            bounded(op_timeout, table.init()).await.map_err(|e| match e {
-                ReminderError::Table(e) => e,
-                other => rollcall_membership_core::Error::backend(other.to_string()),
-            })
-        })
-        .await?;
-        // The shard count: recorded by the first silo, checked by every other.
+        // The shard count first: recorded by the first silo, checked by every
+        // other; a table that places rows by shard (Redis) reads it on init.
         match self.store.lease_table(&service_id) {
             Ok(leases) => {
                 let shards = self.shards;
@@ -138,6 +132,14 @@ impl RemindersBuilder {
             Err(rollcall_membership_core::Error::Unsupported(_)) => {}
             Err(e) => return Err(e.into()),
         }
+
+        rollcall_membership_core::retry_transient(&what, options.initialization_timeout, || async {
+            bounded(op_timeout, table.init()).await.map_err(|e| match e {
+                ReminderError::Table(e) => e,
+                other => rollcall_membership_core::Error::backend(other.to_string()),
+            })
+        })
+        .await?;
         if self.silo.is_stopped() {
             return Err(ReminderError::Stopped);
         }

@@ -974,22 +974,40 @@ fn r14_random_churn_schedules_never_repeat_a_tick() {
 /// naming both, and one with the same count starts.
 #[actix::test]
 async fn a_service_started_with_another_shard_count_is_refused() {
+    let store: rollcall_tests::Store = std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new());
+    another_shard_count_is_refused(store).await;
+}
+
+/// As above on Redis, whose reminder table places rows by the recorded count:
+/// a count other than the default is recorded before the table first reads it
+/// (it recorded the default first, and every other count was refused).
+#[cfg(feature = "redis")]
+#[actix::test]
+async fn a_service_started_with_another_shard_count_is_refused_on_redis() {
+    let Some(b) = rollcall_tests::fixtures::redis().await else {
+        return;
+    };
+    let store = rollcall::connect(&b.endpoint).await.expect("connect");
+    another_shard_count_is_refused(store).await;
+}
+
+async fn another_shard_count_is_refused(store: rollcall_tests::Store) {
     use rollcall_membership_core::{Error, Silo};
     use rollcall_reminders::{ReminderError, Reminders};
-    let store: rollcall_tests::Store = std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new());
     let silo = Silo::builder(store.clone(), rollcall_tests::unique_id("shards"))
         .listen("127.0.0.1:0".parse().unwrap())
         .start()
         .await
         .expect("silo joins");
+    let service = rollcall_tests::unique_id("orders");
     let first = Reminders::builder(&silo, store.clone())
-        .service_id("orders")
+        .service_id(&service)
         .shards(64)
         .start()
         .await
         .expect("the first start records 64 shards");
     match Reminders::builder(&silo, store.clone())
-        .service_id("orders")
+        .service_id(&service)
         .shards(128)
         .start()
         .await
@@ -1002,7 +1020,7 @@ async fn a_service_started_with_another_shard_count_is_refused() {
         Ok(_) => panic!("another shard count must be refused"),
     }
     let again = Reminders::builder(&silo, store.clone())
-        .service_id("orders")
+        .service_id(&service)
         .shards(64)
         .start()
         .await
