@@ -530,34 +530,37 @@ fn shard_ranges_tile_the_ring_and_agree_with_actor_shard() {
     }
 }
 
-/// A released row is acquired at the next epoch; a row held by a live silo is
-/// left alone; one held by a Dead silo is taken only a lease period after it
-/// was seen Dead, with fencing on.
-#[test]
-fn a_dead_holders_shard_waits_a_lease_period() {
-    let me = silo(0);
-    let other = silo(1);
-    let mut m = ShardMachine::new(
-        me,
+/// The machine of silo 0 over one shard, and a view where silo 0 is Active
+/// and silo 1 is `other`.
+fn one_shard(fencing: bool, poll: Duration, other: SiloStatus) -> (ShardMachine, Arc<MembershipSnapshot>) {
+    let m = ShardMachine::new(
+        silo(0),
         ShardOptions {
             shards: 1,
             ring_points_per_silo: 4,
             lease_period: L,
-            fencing: true,
-            poll: Duration::from_millis(15),
+            fencing,
+            poll,
         },
     );
     let mut view = MembershipSnapshot::default();
     view.version.version = 1;
     view.insert(
-        MembershipEntry::new(me, SiloStatus::Active, ts(0)),
+        MembershipEntry::new(silo(0), SiloStatus::Active, ts(0)),
         Etag::new("e"),
     );
-    view.insert(
-        MembershipEntry::new(other, SiloStatus::Dead, ts(0)),
-        Etag::new("e"),
-    );
-    let a = m.handle(ts(100), ShardEvent::View(Arc::new(view)));
+    view.insert(MembershipEntry::new(silo(1), other, ts(0)), Etag::new("e"));
+    (m, Arc::new(view))
+}
+
+/// A released row is acquired at the next epoch; a row held by a live silo is
+/// left alone; one held by a Dead silo is taken only a lease period after it
+/// was seen Dead, with fencing on.
+#[test]
+fn a_dead_holders_shard_waits_a_lease_period() {
+    let (me, other) = (silo(0), silo(1));
+    let (mut m, view) = one_shard(true, Duration::from_millis(15), SiloStatus::Dead);
+    let a = m.handle(ts(100), ShardEvent::View(view));
     assert!(a.contains(&ShardAction::Read(0)), "{a:?}");
     let held = ShardLease {
         epoch: 4,
@@ -619,29 +622,9 @@ fn replay() {
 /// nothing.
 #[test]
 fn a_release_hint_reads_a_waiting_shard_at_once() {
-    let me = silo(0);
     let holder = silo(1);
-    let mut m = ShardMachine::new(
-        me,
-        ShardOptions {
-            shards: 1,
-            ring_points_per_silo: 4,
-            lease_period: L,
-            fencing: false,
-            poll: Duration::from_secs(60),
-        },
-    );
-    let mut view = MembershipSnapshot::default();
-    view.version.version = 1;
-    view.insert(
-        MembershipEntry::new(me, SiloStatus::Active, ts(0)),
-        Etag::new("e"),
-    );
-    view.insert(
-        MembershipEntry::new(holder, SiloStatus::ShuttingDown, ts(0)),
-        Etag::new("e"),
-    );
-    m.handle(ts(100), ShardEvent::View(Arc::new(view)));
+    let (mut m, view) = one_shard(false, Duration::from_secs(60), SiloStatus::ShuttingDown);
+    m.handle(ts(100), ShardEvent::View(view));
     let held = ShardLease {
         epoch: 1,
         owner: Some(holder),
