@@ -31,7 +31,9 @@
 //!    shards over (rule 2).
 //! 6. **Outcomes.** A write that failed may have landed: the row is read again
 //!    and the read decides (a row naming this silo at the epoch it wrote is
-//!    held).
+//!    held). A read that fails, or a holder's membership read that gets no
+//!    answer, is asked again after a poll: at most one read per shard per poll,
+//!    whatever the store does.
 //! 7. **Leave.** A graceful leave releases every held shard (rule 4) and
 //!    reports [`ShardAction::Left`] when none is held, before the silo writes
 //!    its ShuttingDown row.
@@ -254,6 +256,10 @@ pub struct ShardMachine {
     /// When this silo first saw each silo Dead (its own clock).
     dead_since: HashMap<SiloAddress, Timestamp>,
     slots: BTreeMap<u32, Slot>,
+    /// When to ask again for a read whose answer did not come or failed: the
+    /// holder's membership row of a `Confirming` slot, the lease row of an
+    /// `*Unknown` one (one read per poll at most, whatever the store does).
+    retry_at: BTreeMap<u32, Timestamp>,
 }
 
 fn after(t: Timestamp, d: Duration) -> Timestamp {
@@ -274,6 +280,7 @@ impl ShardMachine {
             confirm_asked: None,
             dead_since: HashMap::new(),
             slots: BTreeMap::new(),
+            retry_at: BTreeMap::new(),
         }
     }
 
@@ -508,7 +515,8 @@ impl ShardMachine {
                 }
             }
             (Some(Slot::ReleaseUnknown { .. } | Slot::AcquireUnknown { .. }), Err(_)) => {
-                out.push(ShardAction::Read(k))
+                // Read again after a poll, not at once (the store may be down).
+                self.retry_at.insert(k, after(now, self.options.poll));
             }
             (
                 Some(Slot::AcquireUnknown {
@@ -567,6 +575,8 @@ impl ShardMachine {
                     None => {
                         out.push(ShardAction::ReadSilo(owner));
                         self.slots.insert(k, Slot::Confirming { lease });
+                        // Asked again if no answer comes within a poll.
+                        self.retry_at.insert(k, after(now, self.options.poll));
                         return;
                     }
                 },
@@ -722,6 +732,28 @@ impl ShardMachine {
                 self.slots.remove(&k);
             }
         }
+        let retries: Vec<u32> = self
+            .retry_at
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in retries {
+            self.retry_at.remove(&k);
+            match self.slots.get(&k) {
+                Some(Slot::Confirming { lease }) => {
+                    if let Some(owner) = lease.owner {
+                        out.push(ShardAction::ReadSilo(owner));
+                        self.retry_at.insert(k, after(now, self.options.poll));
+                    }
+                }
+                Some(Slot::AcquireUnknown { .. } | Slot::ReleaseUnknown { .. }) => {
+                    out.push(ShardAction::Read(k))
+                }
+                // Answered meanwhile.
+                _ => {}
+            }
+        }
         self.check_left(out);
         let mut next: Option<Timestamp> = self
             .slots
@@ -730,6 +762,7 @@ impl ShardMachine {
                 Slot::Waiting { until } => Some(*until),
                 _ => None,
             })
+            .chain(self.retry_at.values().copied())
             .min();
         if self.options.fencing && !self.left {
             let every = self.options.lease_period / 3;

@@ -649,3 +649,36 @@ fn a_release_hint_reads_a_waiting_shard_at_once() {
     let a = m.handle(ts(103), ShardEvent::Hint { shard: 0 });
     assert!(!a.contains(&ShardAction::Read(0)), "already reading: {a:?}");
 }
+
+/// A holder missing from the view is confirmed by reading its membership row;
+/// if no answer comes, the read is asked again after a poll, not before.
+#[test]
+fn an_unanswered_holder_read_is_asked_again_after_a_poll() {
+    let poll = Duration::from_millis(15);
+    let (mut m, view) = one_shard(false, poll, SiloStatus::ShuttingDown);
+    m.handle(ts(100), ShardEvent::View(view));
+    let stranger = silo(7);
+    let held = ShardLease {
+        epoch: 2,
+        owner: Some(stranger),
+        status: LeaseStatus::Owned,
+        etag: Etag::new("5"),
+        ..ShardLease::vacant(0)
+    };
+    let a = m.handle(
+        ts(101),
+        ShardEvent::Read {
+            shard: 0,
+            result: Ok(held),
+        },
+    );
+    assert!(a.contains(&ShardAction::ReadSilo(stranger)), "{a:?}");
+    let a = m.handle(ts(110), ShardEvent::Tick);
+    assert!(
+        !a.contains(&ShardAction::ReadSilo(stranger)),
+        "not before a poll: {a:?}"
+    );
+    assert!(a.contains(&ShardAction::SetTimer(ts(116))), "{a:?}");
+    let a = m.handle(ts(116), ShardEvent::Tick);
+    assert!(a.contains(&ShardAction::ReadSilo(stranger)), "asked again: {a:?}");
+}
