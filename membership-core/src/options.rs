@@ -337,6 +337,22 @@ pub struct ReminderOptions {
     /// Default 5 s.
     #[serde(with = "humantime_serde")]
     pub table_operation_timeout: Duration,
+    /// `L` of the shard leases: a silo delivers only while it confirmed its own
+    /// membership row Active within this period (it reads it every `L / 3`),
+    /// and a silo takes over a Dead holder's shards only this long after it saw
+    /// it Dead, so that a silo declared Dead while it still runs stops
+    /// delivering before its successor starts. Adds up to `L` to a crash
+    /// failover. Default 5 s.
+    #[serde(with = "humantime_serde")]
+    pub lease_period: Duration,
+    /// Whether the fencing of [`lease_period`](Self::lease_period) is on. Off,
+    /// a silo falsely declared Dead may deliver a tick its successor delivers
+    /// too, and the failover is `lease_period` faster. Default true.
+    pub lease_fencing: bool,
+    /// How often a silo reads again the lease of a shard it was assigned that a
+    /// live silo still holds (the release's hint usually comes first). Default 1 s.
+    #[serde(with = "humantime_serde")]
+    pub lease_poll: Duration,
 }
 
 impl Default for ReminderOptions {
@@ -352,6 +368,9 @@ impl Default for ReminderOptions {
             allow_period_below_minimum: false,
             delivery_timeout: Duration::from_secs(30),
             table_operation_timeout: Duration::from_secs(5),
+            lease_period: Duration::from_secs(5),
+            lease_fencing: true,
+            lease_poll: Duration::from_secs(1),
         }
     }
 }
@@ -370,6 +389,8 @@ impl ReminderOptions {
         require_positive("initialization_timeout", self.initialization_timeout)?;
         require_positive("delivery_timeout", self.delivery_timeout)?;
         require_positive("table_operation_timeout", self.table_operation_timeout)?;
+        require_positive("lease_period", self.lease_period)?;
+        require_positive("lease_poll", self.lease_poll)?;
         if !(1..=1024).contains(&self.ring_points_per_silo) {
             return Err(Error::invalid_config(
                 "ring_points_per_silo",

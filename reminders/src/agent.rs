@@ -1,6 +1,7 @@
 //! The reminder agent: one actix actor per silo and service that carries out what
-//! its [`ReminderMachine`] decides, feeding it views, notices, releases, timers and
-//! the results of table calls and deliveries (each a future bounded by a timeout).
+//! its [`ReminderMachine`] decides, feeding it views, notices, release hints,
+//! timers and the results of table, lease and membership calls and deliveries
+//! (each a future bounded by a timeout).
 //! The agent decides nothing and never waits on anything.
 
 use std::collections::HashMap;
@@ -10,17 +11,20 @@ use actix::{
     Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
 };
 use rollcall_membership_core::{
-    Clock, MembershipChanged, Notice, NoticeReceiver, NoticesDropped, ReminderTable, SiloHandle, SiloStatus,
+    Clock, MembershipChanged, MembershipTable, Notice, NoticeReceiver, NoticesDropped, ReminderTable,
+    ShardLeases, SiloHandle, SiloStatus,
 };
 use tokio::sync::oneshot;
 
 use crate::api::ReminderTarget;
 use crate::machine::{Action, Event, Inbound, ReminderMachine, Timer, NOTICE_QUEUE};
-use crate::send::{apply_write, bounded, forward, send_notices, send_releases};
+use crate::send::{apply_write, bounded, forward, send_hints, send_notices};
 
 pub(crate) struct ReminderAgent {
     pub silo: SiloHandle,
     pub table: Arc<dyn ReminderTable>,
+    pub leases: ShardLeases,
+    pub membership: Arc<dyn MembershipTable>,
     pub target: Arc<dyn ReminderTarget>,
     pub options: Arc<rollcall_membership_core::ReminderOptions>,
     pub clock: Arc<dyn Clock>,
@@ -66,9 +70,9 @@ impl Actor for ReminderAgent {
 #[rtype(result = "()")]
 pub(crate) struct NoticesReceived(pub Vec<Result<Notice, NoticesDropped>>, pub bool);
 
-/// The silo is leaving gracefully: release every range (by the view given, the
-/// newest), deliver nothing more, and answer once the releases were taken (see
-/// [`crate::handoff`]).
+/// The silo is leaving gracefully: release every shard (by the view given, the
+/// newest), deliver nothing more, and answer once every lease is released (see
+/// [`crate::shards`]).
 #[derive(Message)]
 #[rtype(result = "()")]
 pub(crate) struct Leave(
@@ -217,23 +221,42 @@ impl ReminderAgent {
                         .map(move |result, act, ctx| act.run(Event::Written { write, result }, ctx)),
                 );
             }
-            Action::SendNotices(notices) => send_notices(&self.silo, self.table.service_id(), notices),
-            Action::SendReleases(messages) => {
-                tokio::spawn(send_releases(self.silo.clone(), messages));
-            }
-            Action::FinishLeave(messages) => {
-                let replies = std::mem::take(&mut self.leave_replies);
-                let silo = self.silo.clone();
+            Action::ReadLease(shard) => {
+                let leases = self.leases.clone();
+                let call = async move { bounded(timeout, leases.read(shard)).await.map_err(|e| e.to_string()) };
                 ctx.spawn(
-                    async move { send_releases(silo, messages).await }
-                        .into_actor(self)
-                        .map(move |(), _, _| {
-                            replies.into_iter().for_each(|r| {
-                                let _ = r.send(());
-                            });
-                        }),
+                    call.into_actor(self)
+                        .map(move |result, act, ctx| act.run(Event::LeaseRead { shard, result }, ctx)),
                 );
             }
+            Action::WriteLease(lease) => {
+                let (leases, shard) = (self.leases.clone(), lease.shard);
+                let call = async move { bounded(timeout, leases.write(&lease)).await.map_err(|e| e.to_string()) };
+                ctx.spawn(
+                    call.into_actor(self)
+                        .map(move |result, act, ctx| act.run(Event::LeaseWritten { shard, result }, ctx)),
+                );
+            }
+            Action::ReadSilo(silo) => {
+                let call = self.read_status(silo);
+                ctx.spawn(
+                    call.into_actor(self)
+                        .map(move |result, act, ctx| act.run(Event::SiloRead { silo, result }, ctx)),
+                );
+            }
+            Action::ConfirmSelf => {
+                let at = self.clock.now();
+                let call = self.read_status(self.machine.me());
+                ctx.spawn(
+                    call.into_actor(self)
+                        .map(move |result, act, ctx| act.run(Event::SelfRead { at, result }, ctx)),
+                );
+            }
+            Action::SendNotices(notices) => send_notices(&self.silo, self.table.service_id(), notices),
+            Action::SendHints(hints) => send_hints(&self.silo, self.table.service_id(), hints),
+            Action::FinishLeave => self.leave_replies.drain(..).for_each(|r| {
+                let _ = r.send(());
+            }),
             Action::LeaveDone => {
                 if let Some(r) = self.leave_replies.pop() {
                     let _ = r.send(());
@@ -275,6 +298,20 @@ impl ReminderAgent {
                 let (service, silo) = self.metric_labels();
                 metrics::gauge!(crate::api::OWNED_METRIC, "service" => service, "silo" => silo).set(n as f64);
             }
+        }
+    }
+
+    /// Reads `silo`'s membership row: its status, `None` without a row.
+    fn read_status(
+        &self,
+        silo: rollcall_membership_core::SiloAddress,
+    ) -> impl std::future::Future<Output = Result<Option<SiloStatus>, String>> + 'static {
+        let (membership, timeout) = (self.membership.clone(), self.options.table_operation_timeout);
+        async move {
+            bounded(timeout, membership.read_row(&silo))
+                .await
+                .map(|snapshot| snapshot.entry(&silo).map(|e| e.status))
+                .map_err(|e| e.to_string())
         }
     }
 

@@ -9,20 +9,20 @@
 //!   and removes reminders.
 //! - [`ring`]: which silo owns which hash range (pure, property-tested).
 //! - [`schedule`]: when a reminder ticks next (pure).
-//! - [`handoff`]: how a range changes hands on a leave or a join without a tick
-//!   repeated or lost: releases, holds, requests (pure).
+//! - [`shards`]: which silo delivers which shard of a service, decided by
+//!   fenced leases in the store (pure rules, [`shards::ShardMachine`]).
 //! - [`machine`]: the service's rules as a sans-io state machine
-//!   ([`machine::ReminderMachine`]): it loads the owned ranges at start, on every
-//!   ring change and every `refresh_reminder_list_period`, keeps the reminders due
-//!   within `loading_window` in memory ordered by due time, and delivers ticks to
-//!   the [`ReminderTarget`]'s recipients while the silo is Active. One actix actor
-//!   per silo (the agent) carries its actions out and decides nothing.
+//!   ([`machine::ReminderMachine`]): it loads each shard it acquires, plans its
+//!   reminders from the shard's lease, keeps them in memory ordered by due
+//!   time, delivers ticks to the [`ReminderTarget`]'s recipients while the silo
+//!   is Active and holds the shard, and records on release what it did not
+//!   deliver. One actix actor per silo (the agent) carries its actions out and
+//!   decides nothing.
 
 #![warn(missing_docs)]
 
 mod agent;
 mod api;
-pub mod handoff;
 pub mod machine;
 mod queue;
 pub mod ring;
@@ -38,7 +38,7 @@ pub use api::{
     LATE_TICK, MAX_ACTOR_ID, MAX_NAME,
 };
 pub use machine::{
-    LOAD_PIECE_ROWS, MAX_DELIVERIES, MAX_NOTICE_READS, MAX_WRITES, NOTICE_BATCH, NOTICE_QUEUE,
+    LOAD_PIECE_ROWS, MAX_DELIVERIES, MAX_LOADS, MAX_NOTICE_READS, MAX_WRITES, NOTICE_BATCH, NOTICE_QUEUE,
 };
 pub use rollcall_membership_core::{MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable};
 pub use service::{Reminders, RemindersBuilder};

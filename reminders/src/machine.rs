@@ -1,125 +1,109 @@
 //! The reminder service's rules as a sans-io state machine, built like the
 //! membership's `SiloMachine`: [`ReminderMachine::handle`] takes the time and one
-//! [`Event`] (a membership view, notices and releases from other silos, the result
-//! of a table call or of a delivery, a timer) and returns the [`Action`]s to carry
-//! out (table reads and writes, deliveries, messages to other silos, timers). It
-//! does no I/O, reads no clock and spawns nothing; the agent (one actix actor per
-//! silo) only carries its actions out and feeds the results back, and the
-//! virtual-time world of [`crate::sim`] drives many of them against the real
-//! in-memory table.
+//! [`Event`] (a membership view, notices and hints from other silos, the result of
+//! a table or lease call or of a delivery, a timer) and returns the [`Action`]s to
+//! carry out. It does no I/O, reads no clock and spawns nothing; the agent (one
+//! actix actor per silo) only carries its actions out and feeds the results back,
+//! and the virtual-time world of [`crate::sim`] drives many of them against the
+//! real in-memory tables.
 //!
-//! What it keeps: the ring of the silo's view and the ranges it owns, the
-//! reminders due within `loading_window` (a queue ordered by due time), the running range load,
-//! the pending `last_fired` writes and one-shot removals, and the handoff state
-//! ([`crate::handoff`]: holds, releases sent and received).
+//! Which shards this silo delivers is decided by the shard leases in the store
+//! ([`crate::shards`]: the [`ShardMachine`] inside). This machine adds what
+//! happens within a held shard:
+//! - **Acquire load.** The shard's rows are read and planned from its lease: a
+//!   reminder named in the lease's exceptions from its exception; any other from
+//!   its first occurrence after the watermark `W` (each owed one delivered in
+//!   turn); after a crash (a takeover) by the missed-tick policy from the
+//!   takeover time. Owed occurrences older than [`MAX_CATCH_UP`] are planned by
+//!   the policy too (a shard nobody held for long).
+//! - **Delivery** only while the shard machine says so
+//!   ([`ShardMachine::may_deliver`]) and the silo is Active.
+//! - **Release.** Delivery in the shard stops, its rows are read once more, and
+//!   the release records every reminder whose first undelivered occurrence is at
+//!   or before now: the ones waiting or retrying here, and the rows this silo
+//!   never saw (registered after its last read, their notice gone elsewhere).
+//!   A delivery still running counts as started.
+//! - **Notices** ("re-read this row") from registering silos; refresh loads
+//!   every `refresh_reminder_list_period`; `last_fired` writes and one-shot
+//!   removals.
 //!
 //! Bounded work (under any fault):
 //!
 //! | work | bound |
 //! |---|---|
-//! | range loads | 1 running + 1 pending (coalesced); each reads its ranges in pieces of about [`LOAD_PIECE_ROWS`] rows, one piece in flight, each handled in its own event |
+//! | shard loads | [`MAX_LOADS`] running, the rest queued (one per shard and kind); each reads in pieces of about [`LOAD_PIECE_ROWS`] rows |
 //! | deliveries in flight | [`MAX_DELIVERIES`] (the rest wait in the queue) |
-//! | notice reads in flight | [`MAX_NOTICE_READS`] (beyond: one coalesced load) |
-//! | queued notices | [`NOTICE_QUEUE`] (beyond: dropped; a load covers them), taken [`NOTICE_BATCH`] per event; while a load is pending, a registration notice needs no read of its own |
+//! | notice reads in flight | [`MAX_NOTICE_READS`] (beyond: a refresh of the shard) |
+//! | queued notices | [`NOTICE_QUEUE`] (beyond: dropped; the refresh covers them), taken [`NOTICE_BATCH`] per event |
 //! | pending `last_fired` writes and one-shot removals | one per reminder, [`MAX_WRITES`] in flight |
-//! | releases ([`crate::handoff`]) | one per new owner per ring change, one per silo of the ring on a graceful leave, each in parts of at most [`MAX_HANDOFF_MESSAGE`] bytes; [`EARLY_RELEASES`] sent, received and early ones kept; the last [`RING_LOG`] rings |
-//! | holds | at most [`HANDOFF_TIMEOUT`](crate::handoff::HANDOFF_TIMEOUT); one request round every [`REQUEST_AFTER`] while one waits |
+//! | lease calls | at most one per shard in flight ([`crate::shards`], rule 6) |
 //! | retries | backoff timers (full jitter, at most [`MAX_BACKOFF`]; loads at most [`MAX_LOAD_BACKOFF`]), never a loop |
-//!
-//! Time bounds (checked by the property tests of `reminders/tests/machine.rs`):
-//! - a registration is delivered from its first occurrence once its owner read the
-//!   notice (or, if the notice was lost, by the next load: at most
-//!   `refresh_reminder_list_period` later);
-//! - a graceful leave releases every range within [`LEAVE_DRAIN`] plus the sends;
-//!   the new owners deliver every occurrence in turn (owed ones at once): none is
-//!   lost, none is repeated;
-//! - after a crash, the new owner delivers again within the membership's detection
-//!   time plus [`HANDOFF_GRACE`](crate::handoff::HANDOFF_GRACE) plus one load; the
-//!   occurrences that fell due in between (the failover window) are planned as
-//!   after a load (`Skip` drops them, `FireOnce` delivers one).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::Rng;
+use rollcall_membership_core::lease::{LeaseException, ShardLease};
 use rollcall_membership_core::{
-    actor_hash, Etag, MembershipSnapshot, MissedTickPolicy, ReminderEntry, ReminderOptions, SiloAddress,
+    actor_shard, Etag, MembershipSnapshot, MissedTickPolicy, ReminderEntry, ReminderOptions, SiloAddress,
     SiloStatus, Timestamp,
 };
 use serde::{Deserialize, Serialize};
 use smol_str::SmolStr;
 
 use crate::api::{ActorId, Counters, ReminderError, ReminderTick};
-use crate::handoff::{
-    Custody, Floor, HandoffMessage, Holds, Noticed, Release, ReleaseRequest, ReleasedPiece, Start,
-    REQUEST_AFTER,
-};
 pub use crate::queue::Key;
 use crate::queue::{key_of, Queue};
-use crate::ring::{Ring, RingRange};
+use crate::ring::RingRange;
 use crate::schedule::{after_attempt, occurrence_after, plan, AfterAttempt, Learned, Planned, Timing};
+use crate::shards::{shard_range, ShardAction, ShardEvent, ShardMachine, ShardOptions};
 
 /// Deliveries running at once per silo.
 pub const MAX_DELIVERIES: usize = 1024;
 /// Notice-triggered row reads running at once.
 pub const MAX_NOTICE_READS: usize = 64;
-/// Deleted rows remembered between two loads (see `ReminderMachine::deleted`);
-/// past it one is forgotten (a load then may schedule it again until the
-/// next load drops it).
+/// Shard loads running at once.
+pub const MAX_LOADS: usize = 4;
+/// Deleted rows remembered between two loads (see `ReminderMachine::deleted`).
 const MAX_DELETED: usize = 4096;
 /// Notices queued for the agent.
 pub const NOTICE_QUEUE: usize = 1024;
 /// Notices handed to the machine per event.
 pub const NOTICE_BATCH: usize = 256;
 /// About how many rows a load reads with one `read_rows_in_range` and handles in
-/// one event, so that ticks keep flowing while a million rows load: the width of
-/// the next piece of the ring follows the density of the rows read so far.
+/// one event: the width of the next piece follows the density read so far.
 pub const LOAD_PIECE_ROWS: u64 = 2048;
-/// The width of the first piece a silo's first load reads (1/64 of the ring).
-const FIRST_PIECE_WIDTH: u32 = 1 << 26;
 /// The narrowest piece (1/65,536 of the ring).
 const MIN_PIECE_WIDTH: u32 = 1 << 16;
 /// How long an overdue tick found by a load outside a handoff waits before
 /// delivery (a registration rewritten meanwhile is read first): 1 s.
 pub const LOAD_GRACE: Duration = Duration::from_secs(1);
-/// Releases kept: received before the ring that needs them, received from other
-/// silos (to pass on on request), and sent (to send again on request).
-pub const EARLY_RELEASES: usize = 64;
-/// Largest handoff message (a release or a request, as JSON), in bytes: the
-/// transport's notice body limit. Larger ones are sent in parts.
-pub const MAX_HANDOFF_MESSAGE: usize = rollcall_membership_core::transport::MAX_NOTICE_BODY;
-/// Past rings a silo keeps, with when each began: a gone silo's last release
-/// settles nothing where a third silo owned the piece in one of them since the
-/// release used to settle it (rule 9 of [`crate::handoff`]).
-pub const RING_LOG: usize = 8;
-/// Registrations learned from notices of held pieces that a silo keeps from the
-/// releases it received ([`crate::handoff::Noticed`]).
-pub const MAX_NOTICED: usize = 1024;
-/// How often waiting holds are looked at (expiry, requests): 100 ms.
-pub const HOLD_CHECK: Duration = Duration::from_millis(100);
-/// How long a graceful leave waits for the deliveries in flight before it releases
-/// its ranges (a delivery still running then counts as delivered): 2 s.
-pub const LEAVE_DRAIN: Duration = Duration::from_secs(2);
-/// How long a silo that is not Active waits before it looks at its due ticks
-/// again: 1 s.
+/// Occurrences owed by a handoff are delivered in turn when at most this old at
+/// the acquire; older ones (a shard nobody held for long: the whole cluster was
+/// down) are planned by the missed-tick policy: 60 s.
+pub const MAX_CATCH_UP: Duration = Duration::from_secs(60);
+/// Most exceptions one release records (a lease row stays under
+/// [`MAX_LEASE_BYTES`](rollcall_membership_core::lease::MAX_LEASE_BYTES)); past it
+/// the rest are logged and lost.
+pub const MAX_EXCEPTIONS: usize = 1024;
+/// How long a silo that is not Active (or has not confirmed its row lately)
+/// waits before it looks at its due ticks again: 1 s.
 pub const INACTIVE_RECHECK: Duration = Duration::from_secs(1);
+/// How long a due tick of a shard that may not deliver yet (its load runs)
+/// waits before it is looked at again: 100 ms.
+const SHARD_RECHECK: Duration = Duration::from_millis(100);
 /// `last_fired` writes and one-shot removals running at once.
 pub const MAX_WRITES: usize = 16;
 /// Longest wait between retries of deliveries and writes: 60 s.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
-/// Longest wait between retries of a failed load (a ring change waits for it): 5 s.
+/// Longest wait between retries of a failed load: 5 s.
 pub const MAX_LOAD_BACKOFF: Duration = Duration::from_secs(5);
-
-/// How many times a notice is forwarded at most: a registration's notice can go
-/// to a silo two membership versions behind the owner's (a joiner's view, then a
-/// silo that saw only the first of two joins).
+/// How many times a notice is forwarded at most (to the owner in the
+/// forwarding silo's view).
 pub const MAX_NOTICE_HOPS: u8 = 3;
-
-/// How many times a registering silo sends a notice that its owner did not take
-/// (the owner stopped and the registering silo's view is behind), each time to
-/// the owner in its view then.
+/// How many times a registering silo sends a notice that its owner did not take.
 pub const NOTICE_ATTEMPTS: u32 = 6;
 /// The wait between two such attempts: 500 ms.
 pub const NOTICE_RETRY: Duration = Duration::from_millis(500);
@@ -133,20 +117,27 @@ pub struct ChangedNotice {
     pub actor: String,
     /// The reminder name.
     pub name: String,
-    /// Times it was forwarded: a silo that gets a notice for a range it does not own
-    /// in its view forwards it to the owner of its view (the sender's view may be
-    /// older), at most [`MAX_NOTICE_HOPS`] times.
+    /// Times it was forwarded (at most [`MAX_NOTICE_HOPS`]).
     #[serde(default)]
     pub hops: u8,
 }
 
+/// "I released this shard" ([`ShardEvent::Hint`]), sent best effort to the
+/// shard's owner in the releasing silo's view.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct ReleaseHint {
+    /// The service id.
+    pub service: String,
+    /// The shard.
+    pub shard: u32,
+}
+
 /// The retry rule of the notice a registering silo sends after a registration
-/// change: the silo sends it to the owner in its view; when that owner did not
-/// take it (it stopped, and the silo's view is behind), the silo sends it again
+/// change: to the owner in its view; when that owner did not take it, again
 /// [`NOTICE_RETRY`] later to the owner in its view then, [`NOTICE_ATTEMPTS`]
-/// sends in all. Past that the owner's periodic loads cover the change. Sans-io:
-/// the caller sends and waits; [`NoticeRetry::after_send`] says whether and when
-/// to send again.
+/// sends in all. Past that the owner's loads cover the change. Sans-io: the
+/// caller sends and waits; [`NoticeRetry::after_send`] says whether and when to
+/// send again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NoticeRetry {
     notice: ChangedNotice,
@@ -172,9 +163,8 @@ impl NoticeRetry {
         &self.notice
     }
 
-    /// After one send, `taken` or not: the wait before the next send to the owner
-    /// of the view then ([`NOTICE_RETRY`]), or `None` when there is none to do
-    /// (taken, or [`NOTICE_ATTEMPTS`] sends done).
+    /// After one send, `taken` or not: the wait before the next send
+    /// ([`NOTICE_RETRY`]), or `None` when there is none to do.
     pub fn after_send(&mut self, taken: bool) -> Option<Duration> {
         self.sent += 1;
         (!taken && self.sent < NOTICE_ATTEMPTS).then_some(NOTICE_RETRY)
@@ -189,16 +179,13 @@ pub fn topic(service_id: &str) -> String {
     )
 }
 
-/// The topic of a service's range releases ([`crate::handoff`]).
+/// The topic of a service's release hints ([`ReleaseHint`]).
 pub fn release_topic(service_id: &str) -> String {
     format!("{}/release", topic(service_id))
 }
 
 /// The wait before retry number `attempt` (1 for the first): exponential backoff
-/// with full jitter from 1 s, capped at [`MAX_BACKOFF`]
-/// ([`backoff_delay`](rollcall_membership_core::protocol::backoff_delay), as the
-/// membership machine's retries), so silos that failed together do not retry
-/// together.
+/// with full jitter from 1 s, capped at [`MAX_BACKOFF`].
 pub fn backoff(attempt: u32, rng: &mut StdRng) -> Duration {
     rollcall_membership_core::protocol::backoff_delay(
         attempt.saturating_sub(1),
@@ -208,30 +195,10 @@ pub fn backoff(attempt: u32, rng: &mut StdRng) -> Duration {
     )
 }
 
-/// The first occurrence of `entry` at or after `t`; `None` for a one-shot whose
-/// time is before `t`.
-fn occurrence_at_or_after(entry: Timing, t: Timestamp) -> Option<Timestamp> {
-    occurrence_after(
-        entry.start_at,
-        entry.period,
-        Timestamp::from_millis(t.as_millis().saturating_sub(1)),
-    )
-}
-
-/// The next tick of a reminder learned at `now`, its schedule starting as the holds
-/// say: `Held` plans as usual (the slot waits out of the due index), `From(floor)`
-/// takes the first occurrence at or after the floor (at once if it has passed).
-fn planned(timing: Timing, now: Timestamp, learned: Learned, start: Start) -> Option<Planned> {
-    match start {
-        Start::Free | Start::Held => plan(timing, now, learned),
-        Start::From(floor) => {
-            let at = occurrence_at_or_after(timing, floor)?;
-            Some(Planned {
-                scheduled: at,
-                due: at.max(now),
-            })
-        }
-    }
+/// The shard of ring position `hash` among `shards` (as
+/// [`actor_shard`](rollcall_membership_core::actor_shard)).
+pub fn shard_of_hash(hash: u32, shards: u32) -> u32 {
+    ((u64::from(hash) * u64::from(shards.max(1))) >> 32) as u32
 }
 
 /// A message that reached the silo on one of the service's topics.
@@ -248,22 +215,19 @@ pub enum Inbound {
     Dropped(u64),
 }
 
-/// A machine timer. The machine keeps at most one of each armed
-/// ([`Action::SetTimer`] replaces the previous one of the kind).
+/// A machine timer; at most one of each armed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Timer {
     /// The earliest due tick; answer with [`Event::Due`].
     Due,
-    /// Look at the waiting holds again ([`HOLD_CHECK`]).
-    Holds,
-    /// Retry the load that failed.
+    /// Retry the loads after a failure.
     LoadRetry,
     /// Retry the writes that failed.
     WriteRetry,
     /// The periodic reload (`refresh_reminder_list_period`).
     Refresh,
-    /// The deliveries of a leaving silo had [`LEAVE_DRAIN`] to finish.
-    LeaveDrain,
+    /// The shard machine's timer ([`ShardAction::SetTimer`]).
+    Shards,
 }
 
 /// A table write the machine asks for.
@@ -296,13 +260,12 @@ pub enum Event {
     View(Arc<MembershipSnapshot>),
     /// Messages on the notice topic ([`ChangedNotice`]), at most [`NOTICE_BATCH`].
     Notices(Vec<Inbound>),
-    /// Messages on the release topic ([`HandoffMessage`]).
+    /// Messages on the release topic ([`ReleaseHint`]).
     Releases(Vec<Inbound>),
-    /// The silo leaves gracefully: release every range. Answered by
+    /// The silo leaves gracefully: release every shard. Answered by
     /// [`Action::FinishLeave`] (or [`Action::LeaveDone`] if it was leaving already).
     Leave,
-    /// [`Timer::Due`] fired; `active`: whether the silo is Active now (only an
-    /// Active silo delivers).
+    /// [`Timer::Due`] fired; `active`: whether the silo is Active now.
     Due {
         /// The silo's own status is Active.
         active: bool,
@@ -311,7 +274,7 @@ pub enum Event {
     Timer(Timer),
     /// The answer to [`Action::ReadRow`].
     RowRead {
-        /// The ring generation of the request.
+        /// The shard's lease epoch when asked.
         gen: u64,
         /// The reminder.
         key: Key,
@@ -320,7 +283,7 @@ pub enum Event {
     },
     /// The answer to [`Action::ReadPiece`].
     PieceRead {
-        /// The load's epoch, as asked.
+        /// The load, as asked.
         epoch: u32,
         /// The piece read.
         piece: RingRange,
@@ -347,6 +310,37 @@ pub enum Event {
         /// Its result.
         result: Result<(), ReminderError>,
     },
+    /// The answer to [`Action::ReadLease`]: the lease (vacant when absent).
+    LeaseRead {
+        /// The shard.
+        shard: u32,
+        /// The lease, or the error's text.
+        result: Result<ShardLease, String>,
+    },
+    /// The answer to [`Action::WriteLease`]: `Ok(Ok(etag))` written,
+    /// `Ok(Err(current))` another write came first, `Err` outcome unknown.
+    LeaseWritten {
+        /// The shard.
+        shard: u32,
+        /// The outcome.
+        result: Result<Result<Etag, Option<Etag>>, String>,
+    },
+    /// The answer to [`Action::ReadSilo`]: the silo's status (`None`: no row),
+    /// or the error's text.
+    SiloRead {
+        /// The silo.
+        silo: SiloAddress,
+        /// Its status.
+        result: Result<Option<SiloStatus>, String>,
+    },
+    /// The answer to [`Action::ConfirmSelf`]: this silo's own status as read by
+    /// a read issued at `at`.
+    SelfRead {
+        /// When the read was issued.
+        at: Timestamp,
+        /// The status read, or the error's text.
+        result: Result<Option<SiloStatus>, String>,
+    },
 }
 
 /// What the machine asks its executor to do.
@@ -360,8 +354,7 @@ pub enum Action {
         /// The reminder.
         key: Key,
     },
-    /// `read_rows_in_range(piece)`, bounded by `table_operation_timeout`; answer
-    /// with [`Event::PieceRead`].
+    /// `read_rows_in_range(piece)`, bounded; answer with [`Event::PieceRead`].
     ReadPiece {
         /// Echoed in the answer.
         epoch: u32,
@@ -370,9 +363,8 @@ pub enum Action {
         /// Echoed in the answer.
         width: u32,
     },
-    /// Deliver `tick` to its actor's recipient, bounded by `delivery_timeout`
-    /// (`Err`: no tick can be built: a failed delivery); answer with
-    /// [`Event::Delivered`].
+    /// Deliver `tick` to its actor's recipient, bounded by `delivery_timeout`;
+    /// answer with [`Event::Delivered`].
     Deliver {
         /// Echoed in the answer.
         key: Key,
@@ -380,53 +372,94 @@ pub enum Action {
         etag: SmolStr,
         /// Echoed in the answer.
         scheduled: Timestamp,
-        /// The tick.
+        /// The tick (`Err`: none can be built: a failed delivery).
         tick: Result<ReminderTick, String>,
     },
-    /// A table write, bounded by `table_operation_timeout`; answer with
-    /// [`Event::Written`].
+    /// A table write, bounded; answer with [`Event::Written`].
     Write(Write),
+    /// Read a shard's lease, bounded; answer with [`Event::LeaseRead`].
+    ReadLease(u32),
+    /// Compare-and-set a shard's lease over its `etag`, bounded; answer with
+    /// [`Event::LeaseWritten`].
+    WriteLease(ShardLease),
+    /// Read a silo's membership row, bounded; answer with [`Event::SiloRead`].
+    ReadSilo(SiloAddress),
+    /// Read this silo's own membership row, bounded; answer with
+    /// [`Event::SelfRead`] (the time the read was issued).
+    ConfirmSelf,
     /// Send these notices (best effort, in order).
     SendNotices(Vec<(SiloAddress, ChangedNotice)>),
-    /// Send these handoff messages (each retried a few times).
-    SendReleases(Vec<(SiloAddress, HandoffMessage)>),
-    /// Send these last releases, then answer the leave.
-    FinishLeave(Vec<(SiloAddress, HandoffMessage)>),
+    /// Send these release hints (best effort).
+    SendHints(Vec<(SiloAddress, ReleaseHint)>),
+    /// Every shard is released: answer the leave.
+    FinishLeave,
     /// Answer the leave now (the silo was leaving already).
     LeaveDone,
     /// Arm `timer` at this time (replacing the one armed).
     SetTimer(Timer, Timestamp),
     /// Disarm `timer`.
     CancelTimer(Timer),
-    /// The first load of the owned ranges finished.
+    /// The first loads of the shards assigned to this silo finished.
     Loaded,
     /// A tick was delivered this late (for the lateness histogram).
     TickDelivered {
         /// Delivery time minus the occurrence.
         lateness: Duration,
     },
-    /// The last load found this many rows in the owned ranges.
+    /// This silo's held shards hold this many rows (as last loaded).
     Owned(u64),
 }
 
-/// A load in progress: the pieces of the owned ranges still to read.
+/// What a shard load is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LoadKind {
+    /// After an acquire: plan every row from the lease.
+    Acquire,
+    /// The periodic reconciliation.
+    Refresh,
+    /// Before a release: find what was not delivered.
+    Final,
+}
+
+/// A shard load: the pieces of the shard still to read.
+#[derive(Debug)]
 struct LoadRun {
-    /// The ring generation it reads for (a ring change abandons it).
-    gen: u64,
-    /// `changes` when it started: slots touched after that are newer than what it
-    /// reads.
-    since: u64,
-    /// Its epoch, written into `Slot::seen` of every row it reads.
+    shard: u32,
+    kind: LoadKind,
+    /// Its id, written into `Slot::seen` of every row it reads.
     epoch: u32,
-    /// What is left to read of the owned ranges.
+    /// `changes` when it started: slots touched after that are newer than what
+    /// it reads.
+    since: u64,
     left: VecDeque<RingRange>,
-    /// Rows read so far.
-    owned: u64,
-    /// The pieces it reads, for a partial load (released pieces); `None`: every
-    /// owned range.
-    only: Option<Vec<RingRange>>,
-    /// When it started.
+    width: u32,
+    rows: u64,
     started: Timestamp,
+    /// A final load's findings.
+    exceptions: Vec<LeaseException>,
+}
+
+/// A shard this silo holds (loading, delivering or stopping).
+#[derive(Debug)]
+struct Held {
+    /// The lease epoch (echoed by notice reads).
+    epoch: u64,
+    /// Occurrences at or before it were delivered by earlier holders (the
+    /// lease's watermark when acquired; the takeover time less 1 ms after a
+    /// crash).
+    floor: Option<Timestamp>,
+    /// The previous holder died: plan by the missed-tick policy.
+    takeover: bool,
+    /// The lease's exceptions, until the acquire load ends.
+    exceptions: HashMap<Key, Timestamp>,
+    /// Keys planned while loading (out of the due index until the shard may
+    /// deliver).
+    waiting: Vec<Key>,
+    /// When delivery stopped (the release's watermark).
+    stopped_at: Timestamp,
+    loaded: bool,
+    stopping: bool,
+    rows: u64,
 }
 
 /// One silo's reminder service as a state machine (see the module docs).
@@ -438,108 +471,77 @@ pub struct ReminderMachine {
     rng: StdRng,
     now: Timestamp,
     out: Vec<Action>,
-    ring: Ring,
-    ranges: Vec<RingRange>,
-    ring_gen: u64,
+    shards: ShardMachine,
+    count: u32,
+    held: BTreeMap<u32, Held>,
     queue: Queue,
-    /// Bumped on every change from a notice; loads started before a change do not
-    /// undo it.
+    /// Bumped on every change from a notice; loads started before a change do
+    /// not undo it.
     changes: u64,
-    /// Rows a notice read found deleted, with `changes` then: a load that started
-    /// before does not schedule them again from what it read (at most
-    /// [`MAX_DELETED`]; dropped when a load that started after ends).
+    /// Rows a notice read found deleted, with `changes` then (at most
+    /// [`MAX_DELETED`]).
     deleted: BTreeMap<Key, u64>,
-    load: Option<LoadRun>,
+    pending: VecDeque<(u32, LoadKind)>,
+    running: BTreeMap<u32, LoadRun>,
+    /// Loads that failed, to run again after the backoff.
+    failed: Vec<LoadRun>,
     load_epoch: u32,
-    /// Width of the next piece a load reads (follows the table's density).
-    load_width: u32,
-    load_pending: bool,
     load_failures: u32,
     load_retry: bool,
     loaded_once: bool,
-    /// Pieces to read again once the running load finished (released pieces).
-    reload: Vec<RingRange>,
-    /// When [`Timer::Due`] is armed.
     due_timer: Option<Timestamp>,
-    /// The silo's status was Active at the last [`Event::Due`].
     active: bool,
-    /// The silo was not Active: nothing is looked at before this time.
     inactive_until: Timestamp,
     deliveries: usize,
     notice_reads: usize,
-    /// Pending `last_fired` writes: key -> (etag, time).
     persist: BTreeMap<Key, (Etag, Timestamp)>,
-    /// Pending one-shot removals: key -> etag.
     removals: BTreeMap<Key, Etag>,
+    /// One-shot removals in flight.
+    removing: BTreeMap<Key, Etag>,
     writes: usize,
     write_retry: bool,
     write_failures: u32,
-    /// Ranges gained and not yet released by their previous owners.
-    holds: Holds,
-    hold_timer: bool,
-    /// The membership view the ring was built from.
-    view: Option<Arc<MembershipSnapshot>>,
-    /// Releases that freed no hold yet (they may arrive before the ring change).
-    early: VecDeque<(Timestamp, Release)>,
-    /// The silo is leaving: nothing more is delivered, and once the deliveries in
-    /// flight finished every range is released.
     leaving: bool,
-    /// A leave waits for its releases.
-    leave_pending: bool,
-    /// The ring before `ring`.
-    prev_ring: Arc<Ring>,
-    /// The rings before `ring` (at most [`RING_LOG`]), each with when it began,
-    /// oldest first; `ring` began at `ring_since`.
-    ring_log: VecDeque<(Timestamp, Arc<Ring>)>,
-    ring_since: Timestamp,
-    /// Registrations of held pieces learned from their notices by the silos
-    /// that passed the pieces on (`Release::noticed`), by key, with their etag;
-    /// at most [`MAX_NOTICED`] (beyond, the lowest keys go).
-    noticed_keys: BTreeMap<Key, String>,
-    /// The releases received last (from other silos), to pass on on request.
-    received: VecDeque<Release>,
-    /// The releases sent last, to send again on request, less what this silo
-    /// owns again.
-    sent: VecDeque<Release>,
-    /// Every release this silo sent last, untrimmed: where a chain of holders
-    /// comes back to this silo, its own floor there.
-    history: VecDeque<Release>,
-    /// The received releases this silo passed on to a third silo, each with `to`
-    /// set to that silo: a chain of holders that comes back here waits for it.
-    forwarded: VecDeque<Release>,
-    /// When the holds last asked for releases (or stopped waiting).
-    asked: Timestamp,
-    /// When each silo a hold waits for was first seen Dead.
-    gone_at: BTreeMap<SiloAddress, Timestamp>,
+    shard_timer: Option<Timestamp>,
 }
 
 impl ReminderMachine {
-    /// The machine of silo `me` for service `service`, its random choices (backoff
-    /// jitter, start-up spread) drawn from `rng`: a run is a function of the rng's
-    /// seed and the events.
-    pub fn new(me: SiloAddress, service: &str, options: Arc<ReminderOptions>, rng: StdRng) -> Self {
+    /// The machine of silo `me` for service `service` with `shards` shards, its
+    /// random choices (backoff jitter, start-up spread) drawn from `rng`.
+    pub fn new(
+        me: SiloAddress,
+        service: &str,
+        options: Arc<ReminderOptions>,
+        shards: u32,
+        rng: StdRng,
+    ) -> Self {
+        let shard_options = ShardOptions {
+            shards,
+            ring_points_per_silo: options.ring_points_per_silo,
+            lease_period: options.lease_period,
+            fencing: options.lease_fencing,
+            poll: options.lease_poll,
+        };
         ReminderMachine {
             me,
             service: service.to_owned(),
-            options,
             counters: Arc::default(),
             rng,
             now: Timestamp::from_millis(0),
             out: Vec::new(),
-            ring: Ring::default(),
-            ranges: Vec::new(),
-            ring_gen: 0,
+            shards: ShardMachine::new(me, shard_options),
+            count: shards.max(1),
+            held: BTreeMap::new(),
             queue: Queue::default(),
             changes: 0,
             deleted: BTreeMap::new(),
-            load: None,
+            pending: VecDeque::new(),
+            running: BTreeMap::new(),
+            failed: Vec::new(),
             load_epoch: 0,
-            load_width: 0,
-            load_pending: false,
             load_failures: 0,
             load_retry: false,
             loaded_once: false,
-            reload: Vec::new(),
             due_timer: None,
             active: false,
             inactive_until: Timestamp::from_millis(0),
@@ -547,25 +549,13 @@ impl ReminderMachine {
             notice_reads: 0,
             persist: BTreeMap::new(),
             removals: BTreeMap::new(),
+            removing: BTreeMap::new(),
             writes: 0,
             write_retry: false,
             write_failures: 0,
-            holds: Holds::default(),
-            hold_timer: false,
-            view: None,
-            early: VecDeque::new(),
             leaving: false,
-            leave_pending: false,
-            prev_ring: Arc::new(Ring::default()),
-            ring_log: VecDeque::new(),
-            ring_since: Timestamp::from_millis(0),
-            noticed_keys: BTreeMap::new(),
-            received: VecDeque::new(),
-            sent: VecDeque::new(),
-            history: VecDeque::new(),
-            forwarded: VecDeque::new(),
-            asked: Timestamp::from_millis(0),
-            gone_at: BTreeMap::new(),
+            shard_timer: None,
+            options,
         }
     }
 
@@ -579,17 +569,17 @@ impl ReminderMachine {
         self.counters.read()
     }
 
-    /// The counters, shared with the service handle (read without the actor).
+    /// The counters, shared with the service handle.
     pub(crate) fn counters(&self) -> Arc<Counters> {
         self.counters.clone()
     }
 
-    /// Whether the first load of the owned ranges finished.
+    /// Whether the first loads of the assigned shards finished.
     pub fn loaded_once(&self) -> bool {
         self.loaded_once
     }
 
-    /// Reminders held in memory (due within the loading window).
+    /// Reminders held in memory.
     pub fn scheduled(&self) -> usize {
         self.queue.len()
     }
@@ -609,9 +599,15 @@ impl ReminderMachine {
         self.notice_reads
     }
 
-    /// Whether some gained range still waits for its previous owner's release.
+    /// The shards this silo holds and delivers.
+    pub fn owned_shards(&self) -> Vec<u32> {
+        self.shards.owned()
+    }
+
+    /// Whether some shard assigned to this silo is still on its way (being
+    /// read, acquired or loaded).
     pub fn holding(&self) -> bool {
-        self.holds.waiting()
+        !self.shards.settled()
     }
 
     /// Handles `event` at `now`; returns what to do.
@@ -622,10 +618,17 @@ impl ReminderMachine {
                 let at = now.saturating_add(self.options.refresh_reminder_list_period);
                 self.out.push(Action::SetTimer(Timer::Refresh, at));
             }
-            Event::View(view) => self.view_changed(view),
+            Event::View(view) => self.to_shards(ShardEvent::View(view)),
             Event::Notices(batch) => self.notices(batch),
-            Event::Releases(batch) => self.releases(batch),
-            Event::Leave => self.leave(),
+            Event::Releases(batch) => self.hints(batch),
+            Event::Leave => {
+                if self.leaving {
+                    self.out.push(Action::LeaveDone);
+                } else {
+                    self.leaving = true;
+                    self.to_shards(ShardEvent::Leave);
+                }
+            }
             Event::Due { active } => {
                 self.active = active;
                 self.timer(Timer::Due);
@@ -637,7 +640,7 @@ impl ReminderMachine {
                 piece,
                 width,
                 result,
-            } => self.piece_loaded(epoch, (piece, width), result),
+            } => self.piece_read(epoch, piece, width, result),
             Event::Delivered {
                 key,
                 etag,
@@ -645,37 +648,38 @@ impl ReminderMachine {
                 result,
             } => self.delivered(key, etag, scheduled, result),
             Event::Written { write, result } => self.written(write, result),
+            Event::LeaseRead { shard, result } => self.to_shards(ShardEvent::Read { shard, result }),
+            Event::LeaseWritten { shard, result } => self.to_shards(ShardEvent::Written { shard, result }),
+            Event::SiloRead { silo, result } => match result {
+                Ok(status) => self.to_shards(ShardEvent::SiloStatus { silo, status }),
+                // Asked again after a poll (rule 6 of the shard machine).
+                Err(e) => tracing::debug!(%silo, error = %e, "reading a lease holder's membership row failed"),
+            },
+            Event::SelfRead { at, result } => match result {
+                Ok(Some(SiloStatus::Active)) => self.to_shards(ShardEvent::SelfConfirmed { at }),
+                Ok(status) => tracing::debug!(?status, "this silo's own row is not Active"),
+                Err(e) => tracing::debug!(error = %e, "confirming this silo's own row failed"),
+            },
         }
-        let mut out = std::mem::take(&mut self.out);
-        for action in &mut out {
-            if let Action::SendReleases(messages) | Action::FinishLeave(messages) = action {
-                fit_messages(messages);
-            }
-        }
-        out
+        self.check_loaded();
+        self.arm_timer();
+        std::mem::take(&mut self.out)
     }
 
     fn timer(&mut self, t: Timer) {
         match t {
             Timer::Due => {
-                // Executors answer Due with Event::Due (the status); a bare one
-                // keeps the last status seen.
                 self.due_timer = None;
                 self.deliver_due();
-                self.arm_timer();
-            }
-            Timer::Holds => {
-                self.hold_timer = false;
-                self.expire_holds();
             }
             Timer::LoadRetry => {
                 self.load_retry = false;
-                if self.load_pending || self.reload.is_empty() {
-                    self.request_load();
-                } else {
-                    let pieces = std::mem::take(&mut self.reload);
-                    self.request_reload(pieces, self.now);
+                for run in std::mem::take(&mut self.failed) {
+                    let epoch = run.epoch;
+                    self.running.insert(epoch, run);
+                    self.next_piece(epoch);
                 }
+                self.start_loads();
             }
             Timer::WriteRetry => {
                 self.write_retry = false;
@@ -684,134 +688,365 @@ impl ReminderMachine {
             Timer::Refresh => {
                 let at = self.now.saturating_add(self.options.refresh_reminder_list_period);
                 self.out.push(Action::SetTimer(Timer::Refresh, at));
-                self.request_load();
+                let loaded: Vec<u32> = self
+                    .held
+                    .iter()
+                    .filter(|(_, h)| h.loaded && !h.stopping)
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in loaded {
+                    self.queue_load(k, LoadKind::Refresh);
+                }
+                self.start_loads();
             }
-            Timer::LeaveDrain => self.finish_leave(),
+            Timer::Shards => {
+                self.shard_timer = None;
+                self.to_shards(ShardEvent::Tick);
+            }
         }
     }
 
-    fn view_changed(&mut self, view: Arc<MembershipSnapshot>) {
-        let ring = Ring::of_active(&view, self.options.ring_points_per_silo);
-        self.view = Some(view);
-        if self.leaving {
-            return;
+    /// Feeds the shard machine and carries out what it asks within this machine.
+    fn to_shards(&mut self, event: ShardEvent) {
+        let mut actions = self.shards.handle(self.now, event);
+        let mut stops = Vec::new();
+        while !actions.is_empty() {
+            let mut next = Vec::new();
+            for a in actions {
+                match a {
+                    ShardAction::Read(k) => self.out.push(Action::ReadLease(k)),
+                    ShardAction::Write(lease) => self.out.push(Action::WriteLease(lease)),
+                    ShardAction::ReadSilo(s) => self.out.push(Action::ReadSilo(s)),
+                    ShardAction::ConfirmSelf => self.out.push(Action::ConfirmSelf),
+                    ShardAction::Hint { shard, to } => {
+                        let hint = ReleaseHint {
+                            service: self.service.clone(),
+                            shard,
+                        };
+                        self.out.push(Action::SendHints(vec![(to, hint)]));
+                    }
+                    ShardAction::SetTimer(at) => {
+                        if self.shard_timer != Some(at) {
+                            self.shard_timer = Some(at);
+                            self.out.push(Action::SetTimer(Timer::Shards, at));
+                        }
+                    }
+                    ShardAction::Left => self.out.push(Action::FinishLeave),
+                    ShardAction::Load { lease, takeover } => self.acquired(lease, takeover),
+                    ShardAction::Drop(k) => self.drop_shard(k),
+                    ShardAction::Stop(k) => stops.push(k),
+                }
+            }
+            // A final load with nothing left to read answers at once.
+            for k in std::mem::take(&mut stops) {
+                if let Some(event) = self.stop(k) {
+                    next.extend(self.shards.handle(self.now, event));
+                }
+            }
+            actions = next;
         }
-        if ring == self.ring && self.ring_gen > 0 {
-            self.expire_holds();
-            return;
-        }
-        let (now, me) = (self.now, self.me);
-        self.ring_gen += 1;
-        let old = std::mem::take(&mut self.ring);
-        // Where this silo delivered in the old ring (owned, not held): an early
-        // release applied again below is not passed on there, since this silo's
-        // own release to the new owner says where it stopped. (Found by a seed: a
-        // release already used, forwarded to a joiner, arrived before the
-        // forwarder's own release and repeated eight ticks.)
-        let held: Vec<RingRange> = self.holds.waiting_pieces().into_iter().map(|(r, _)| r).collect();
-        let delivering: Vec<RingRange> = old
-            .ranges_of(&me)
-            .into_iter()
-            .flat_map(|r| crate::handoff::subtract(r, &held))
+    }
+
+    /// Rule 3: the shard's rows load and are planned from `lease`.
+    fn acquired(&mut self, lease: ShardLease, takeover: Option<Timestamp>) {
+        let k = lease.shard;
+        self.drop_shard(k);
+        let exceptions = lease
+            .exceptions
+            .iter()
+            .map(|e| (Key::new(&e.actor_id, &e.name), e.next))
             .collect();
-        let lost = self.holds.ring_changed(&old, &ring, me, now, self.load_epoch);
-        let releases = self.releases_of(&lost, now);
-        self.holds.keep_owned(&ring, me);
-        self.ranges = ring.ranges_of(&me);
-        // What this silo owns again, it no longer has released.
-        let sent = std::mem::take(&mut self.sent);
-        let ranges = &self.ranges;
-        self.sent = sent.into_iter().filter_map(|r| r.without(ranges)).collect();
-        self.ring = ring;
-        let old = Arc::new(old);
-        if self.ring_log.len() == RING_LOG {
-            self.ring_log.pop_front();
-        }
-        self.ring_log.push_back((self.ring_since, Arc::clone(&old)));
-        self.ring_since = now;
-        self.prev_ring = old;
-        // This silo's releases of what it lost are its word on those pieces
-        // before the early releases below are read again: a chain of those that
-        // comes back here waits where this silo's release says. (Found by a
-        // seed: read first, an old release another silo passed on was taken for
-        // this silo's floor on a piece it had only held.)
-        self.record_sent(&releases);
-        let ring = &self.ring;
-        self.queue.retain(|slot| ring.owns(&me, slot.hash));
-        // The new ring's load first: the pieces the releases below free are read by
-        // it (it starts after they were received).
-        self.request_load();
-        // Releases that came before this ring may free what it holds.
-        // (Kept for a hold timeout at most: older ones can free nothing.)
-        let early: Vec<(Timestamp, Release)> = self
-            .early
-            .drain(..)
-            .filter(|(t, _)| now.saturating_duration_since(*t) < crate::handoff::HANDOFF_TIMEOUT)
-            .collect();
-        let mut freed = false;
-        for (at, r) in early {
-            freed |= self.release_received(r, at, &delivering);
-        }
-        // A hold of this ring may wait for a silo that left before it: its last
-        // release, received before and used then, says where it stopped (it
-        // never delivers again). Only a last one: an older release of a silo
-        // that is still here may have been followed by deliveries of its own.
-        // (Found by a seed: a silo whose view showed a leaver Active handed it a
-        // range back; the leaver's last release had named this silo, and
-        // nothing applied it again, so the range failed over and lost two
-        // first ticks.)
-        freed |= self.replay_received(true);
-        self.hold_slots();
-        if freed {
-            self.free_held();
-        }
-        tracing::debug!(silo = %me, ranges = self.ranges.len(), silos = self.ring.silos().len(),
-            waiting_for = ?self.holds.waiting_for(), "reminder ring changed");
-        self.emit(releases);
-        self.expire_holds();
-        self.arm_timer();
+        self.held.insert(
+            k,
+            Held {
+                epoch: lease.epoch,
+                floor: lease.watermark,
+                takeover: takeover.is_some(),
+                exceptions,
+                waiting: Vec::new(),
+                stopped_at: Timestamp::EPOCH,
+                loaded: false,
+                stopping: false,
+                rows: 0,
+            },
+        );
+        self.queue_load(k, LoadKind::Acquire);
+        self.start_loads();
     }
 
-    /// Stops delivering, lets the deliveries in flight finish (at most
-    /// [`LEAVE_DRAIN`]: a tick whose handler completed is delivered, one that
-    /// failed goes to the new owner), then releases every range.
-    fn leave(&mut self) {
-        if self.leaving {
-            self.out.push(Action::LeaveDone);
+    /// Forgets shard `k` (another epoch holds it, or it is taken again).
+    fn drop_shard(&mut self, k: u32) {
+        if self.held.remove(&k).is_none() {
             return;
         }
-        self.leaving = true;
-        self.leave_pending = true;
-        if self.due_timer.take().is_some() {
-            self.out.push(Action::CancelTimer(Timer::Due));
-        }
-        if self.deliveries == 0 {
-            self.finish_leave();
-        } else {
-            let at = self.now.saturating_add(LEAVE_DRAIN);
-            self.out.push(Action::SetTimer(Timer::LeaveDrain, at));
+        self.pending.retain(|(s, _)| *s != k);
+        self.running.retain(|_, r| r.shard != k);
+        self.failed.retain(|r| r.shard != k);
+        let count = self.count;
+        self.queue.retain(|s| shard_of_hash(s.hash, count) != k);
+        self.publish_gauges();
+        self.start_loads();
+    }
+
+    /// Rule 4's first half: delivery in `k` stops, its rows are read once
+    /// more. Returns the answer at once when there is nothing to read.
+    fn stop(&mut self, k: u32) -> Option<ShardEvent> {
+        let Some(held) = self.held.get_mut(&k) else {
+            // Nothing held here (cannot happen: a held shard is loaded first).
+            return Some(ShardEvent::Stopped {
+                shard: k,
+                started_through: None,
+                exceptions: Vec::new(),
+            });
+        };
+        held.stopping = true;
+        held.stopped_at = self.now;
+        self.pending.retain(|(s, _)| *s != k);
+        self.running.retain(|_, r| r.shard != k);
+        self.failed.retain(|r| r.shard != k);
+        self.pending.push_front((k, LoadKind::Final));
+        self.start_loads();
+        None
+    }
+
+    fn queue_load(&mut self, k: u32, kind: LoadKind) {
+        let busy = self.pending.iter().any(|(s, kd)| *s == k && *kd == kind)
+            || self.running.values().any(|r| r.shard == k && r.kind == kind)
+            || self.failed.iter().any(|r| r.shard == k && r.kind == kind);
+        if !busy {
+            self.pending.push_back((k, kind));
         }
     }
 
-    fn releases(&mut self, batch: Vec<Inbound>) {
-        let mut freed = false;
+    fn start_loads(&mut self) {
+        while !self.load_retry && self.running.len() < MAX_LOADS {
+            let Some((k, kind)) = self.pending.pop_front() else {
+                return;
+            };
+            if !self.held.contains_key(&k) {
+                continue;
+            }
+            self.load_epoch = self.load_epoch.wrapping_add(1).max(1);
+            let epoch = self.load_epoch;
+            let range = shard_range(k, self.count);
+            let run = LoadRun {
+                shard: k,
+                kind,
+                epoch,
+                since: self.changes,
+                left: VecDeque::from([range]),
+                width: u32::MAX,
+                rows: 0,
+                started: self.now,
+                exceptions: Vec::new(),
+            };
+            self.running.insert(epoch, run);
+            self.next_piece(epoch);
+        }
+    }
+
+    /// Reads the next piece of load `epoch`, or ends it.
+    fn next_piece(&mut self, epoch: u32) {
+        let Some(run) = self.running.get_mut(&epoch) else {
+            return;
+        };
+        let Some(range) = run.left.pop_front() else {
+            let run = self.running.remove(&epoch).expect("present");
+            self.load_finished(run);
+            self.start_loads();
+            return;
+        };
+        let (piece, rest) = range.cut(run.width);
+        if let Some(rest) = rest {
+            run.left.push_front(rest);
+        }
+        let width = run.width;
+        self.out.push(Action::ReadPiece { epoch, piece, width });
+    }
+
+    fn piece_read(
+        &mut self,
+        epoch: u32,
+        piece: RingRange,
+        width: u32,
+        result: Result<Vec<ReminderEntry>, ReminderError>,
+    ) {
+        let Some(run) = self.running.get_mut(&epoch) else {
+            return;
+        };
+        let rows = match result {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Read the piece again after a backoff.
+                run.left.push_front(piece);
+                let run = self.running.remove(&epoch).expect("present");
+                self.failed.push(run);
+                Counters::bump(&self.counters.load_failures);
+                self.load_failures += 1;
+                let wait = backoff(self.load_failures, &mut self.rng)
+                    .min(MAX_LOAD_BACKOFF)
+                    .min(self.options.refresh_reminder_list_period);
+                tracing::warn!(silo = %self.me, error = %e, retry_in = ?wait,
+                    "loading reminders failed; the schedule in memory keeps ticking");
+                if !self.load_retry {
+                    self.load_retry = true;
+                    self.out
+                        .push(Action::SetTimer(Timer::LoadRetry, self.now.saturating_add(wait)));
+                }
+                return;
+            }
+        };
+        self.load_failures = 0;
+        run.rows += rows.len() as u64;
+        // The next piece: about LOAD_PIECE_ROWS rows at the density just read.
+        let w = u64::from(width);
+        let next = match rows.len() as u64 {
+            0 => w.saturating_mul(8),
+            n => (piece.size() * LOAD_PIECE_ROWS / n).clamp(w / 8, w.saturating_mul(8)),
+        };
+        run.width = next.clamp(u64::from(MIN_PIECE_WIDTH), u64::from(u32::MAX)) as u32;
+        let (k, kind, since) = (run.shard, run.kind, run.since);
+        for row in rows {
+            let key = key_of(&row);
+            if self.removals.get(&key) == Some(&row.etag) || self.removing.get(&key) == Some(&row.etag) {
+                continue; // a delivered one-shot whose removal is pending
+            }
+            if self.deleted.get(&key).is_some_and(|c| *c > since) {
+                continue; // deleted after this load started
+            }
+            if kind == LoadKind::Final {
+                if let Some(e) = self.owed(k, &row) {
+                    if let Some(run) = self.running.get_mut(&epoch) {
+                        run.exceptions.push(e);
+                    }
+                }
+                continue;
+            }
+            match self.queue.get_mut(&key) {
+                Some(slot) if slot.etag == row.etag.as_str() || slot.touched > since => slot.seen = epoch,
+                _ => {
+                    let learned = Learned::Load;
+                    self.schedule_row(k, row, learned);
+                    if let Some(slot) = self.queue.get_mut(&key) {
+                        slot.seen = epoch;
+                    }
+                }
+            }
+        }
+        self.publish_gauges();
+        self.next_piece(epoch);
+    }
+
+    /// What a release owes for `row` of stopping shard `k`: its first occurrence
+    /// not delivered or started, when that is at or before now.
+    fn owed(&self, k: u32, row: &ReminderEntry) -> Option<LeaseException> {
+        let now = self.held.get(&k).map_or(self.now, |h| h.stopped_at);
+        let timing = Timing::from(row);
+        let next = match self.queue.get(&key_of(row)) {
+            Some(slot) if slot.etag == row.etag.as_str() => {
+                if slot.delivering {
+                    // Started: the one after it is owed.
+                    occurrence_after(slot.start_at, slot.period(), slot.next.scheduled)?
+                } else {
+                    slot.next.scheduled
+                }
+            }
+            // Never seen here: everything after the floor is owed.
+            _ => match self.held.get(&k).and_then(|h| h.floor) {
+                Some(floor) => occurrence_after(timing.start_at, timing.period, floor)?,
+                None => timing.start_at,
+            },
+        };
+        (next <= now).then(|| LeaseException {
+            actor_id: row.actor_id.clone(),
+            name: row.name.clone(),
+            next,
+        })
+    }
+
+    fn load_finished(&mut self, run: LoadRun) {
+        let k = run.shard;
+        let Some(held) = self.held.get_mut(&k) else {
+            return;
+        };
+        match run.kind {
+            LoadKind::Final => {
+                let mut exceptions = run.exceptions;
+                if exceptions.len() > MAX_EXCEPTIONS {
+                    exceptions.sort_by_key(|e| e.next);
+                    tracing::error!(shard = k, owed = exceptions.len(), kept = MAX_EXCEPTIONS,
+                        "a release owes more reminders than a lease row holds; the rest are lost");
+                    exceptions.truncate(MAX_EXCEPTIONS);
+                }
+                let stopped_at = held.stopped_at;
+                self.held.remove(&k);
+                let count = self.count;
+                self.queue.retain(|s| shard_of_hash(s.hash, count) != k);
+                self.publish_gauges();
+                let event = ShardEvent::Stopped {
+                    shard: k,
+                    started_through: Some(stopped_at),
+                    exceptions,
+                };
+                self.to_shards(event);
+            }
+            LoadKind::Acquire | LoadKind::Refresh => {
+                held.rows = run.rows;
+                let (epoch, since) = (run.epoch, run.since);
+                let count = self.count;
+                // Slots of the shard the load did not read were deleted.
+                self.queue.retain(|s| {
+                    shard_of_hash(s.hash, count) != k || s.seen == epoch || s.touched > since
+                });
+                self.deleted.retain(|_, c| *c > since);
+                if run.kind == LoadKind::Acquire {
+                    let held = self.held.get_mut(&k).expect("present");
+                    held.loaded = true;
+                    held.exceptions.clear();
+                    let waiting = std::mem::take(&mut held.waiting);
+                    for key in waiting {
+                        if let Some(next) = self.queue.get(&key).map(|s| s.next) {
+                            self.queue.requeue(&key, next);
+                        }
+                    }
+                    self.to_shards(ShardEvent::Loaded {
+                        shard: k,
+                        read_from: run.started,
+                    });
+                } else {
+                    Counters::bump(&self.counters.loads);
+                }
+                let owned: u64 = self.held.values().map(|h| h.rows).sum();
+                self.counters
+                    .owned
+                    .store(owned, std::sync::atomic::Ordering::Relaxed);
+                self.out.push(Action::Owned(owned));
+                self.publish_gauges();
+            }
+        }
+    }
+
+    /// The first loads are done once no assigned shard is on its way.
+    fn check_loaded(&mut self) {
+        if !self.loaded_once && self.shards.settled() && self.running.is_empty() && self.pending.is_empty() {
+            self.loaded_once = true;
+            Counters::bump(&self.counters.loads);
+            self.out.push(Action::Loaded);
+        }
+    }
+
+    fn hints(&mut self, batch: Vec<Inbound>) {
         for inbound in batch {
             let Inbound::Message { from, body } = inbound else {
-                continue; // a request is asked again, a release arrives again or times out
+                continue; // a lost hint costs a poll
             };
-            match serde_json::from_slice::<HandoffMessage>(&body) {
-                Ok(HandoffMessage::Release(r)) if r.service == self.service => {
-                    freed |= self.release_received(r, self.now, &[])
+            match serde_json::from_slice::<ReleaseHint>(&body) {
+                Ok(h) if h.service == self.service && h.shard < self.count => {
+                    self.to_shards(ShardEvent::Hint { shard: h.shard })
                 }
-                Ok(HandoffMessage::Request(r)) if r.service == self.service => self.answer_request(r),
                 Ok(_) => {}
-                Err(e) => tracing::debug!(%from, error = %e, "undecodable reminder release dropped"),
+                Err(e) => tracing::debug!(%from, error = %e, "undecodable release hint dropped"),
             }
-        }
-        if freed {
-            self.free_held();
-            self.publish_gauges();
-            self.arm_timer();
         }
     }
 
@@ -820,15 +1055,30 @@ impl ReminderMachine {
             match inbound {
                 Inbound::Message { from, body } => self.notice(from, &body),
                 Inbound::Dropped(n) => {
-                    tracing::debug!(silo = %self.me, dropped = n, "reminder notices were dropped (queue full); reloading the ranges");
-                    self.request_load();
+                    tracing::debug!(silo = %self.me, dropped = n,
+                        "reminder notices were dropped (queue full); refreshing the held shards");
+                    self.timer_refresh_now();
                 }
             }
         }
     }
 
-    /// Handles one notice: re-reads the reminder it names (bounded), or leaves it
-    /// to a pending load, or forwards it to the owner.
+    fn timer_refresh_now(&mut self) {
+        let loaded: Vec<u32> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.loaded && !h.stopping)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in loaded {
+            self.queue_load(k, LoadKind::Refresh);
+        }
+        self.start_loads();
+    }
+
+    /// One notice: re-reads the reminder it names where this silo holds its
+    /// shard; else forwards it to the shard's owner in this silo's view (an
+    /// acquire load here reads the row anyway).
     fn notice(&mut self, from: SiloAddress, body: &[u8]) {
         let Ok(n) = serde_json::from_slice::<ChangedNotice>(body) else {
             tracing::debug!(%from, "undecodable reminder notice dropped");
@@ -838,53 +1088,56 @@ impl ReminderMachine {
             return;
         }
         Counters::bump(&self.counters.notices);
-        let hash = actor_hash(&n.actor);
-        let owner = self.owners().owner_of(hash);
-        if owner != Some(self.me) {
-            // Not ours in our view (or this silo is leaving): forward to the owner
-            // we see (the sender's view may be older); past MAX_NOTICE_HOPS, the
-            // owner's own loads cover it.
-            if let (true, Some(owner)) = (n.hops < MAX_NOTICE_HOPS, owner) {
-                let forward = ChangedNotice {
-                    hops: n.hops + 1,
-                    ..n
-                };
-                self.out.push(Action::SendNotices(vec![(owner, forward)]));
+        let k = actor_shard(&n.actor, self.count);
+        if self.held.get(&k).is_some_and(|h| h.stopping) {
+            // Its release reads the row, or the row's first tick comes after
+            // the release's watermark.
+            return;
+        }
+        let Some(held) = self.held.get(&k) else {
+            // To the holder this silo last read in the lease, else to the
+            // shard's owner in this silo's view; where that is this silo, its
+            // acquire load reads the row.
+            let to = self
+                .shards
+                .holder(k)
+                .filter(|h| *h != self.me)
+                .or(self.shards.assigned(k));
+            match to {
+                Some(owner) if owner != self.me && n.hops < MAX_NOTICE_HOPS => {
+                    let forward = ChangedNotice {
+                        hops: n.hops + 1,
+                        ..n
+                    };
+                    self.out.push(Action::SendNotices(vec![(owner, forward)]));
+                }
+                _ => {}
             }
             return;
-        }
-        if self.load_pending {
-            // The pending load starts after this notice arrived, so it reads the
-            // registration the notice is about.
-            return;
-        }
+        };
         if self.notice_reads >= MAX_NOTICE_READS {
-            self.request_load();
+            if held.loaded {
+                self.queue_load(k, LoadKind::Refresh);
+                self.start_loads();
+            }
             return;
         }
         self.notice_reads += 1;
         self.out.push(Action::ReadRow {
-            gen: self.ring_gen,
+            gen: held.epoch,
             key: Key::new(&n.actor, &n.name),
         });
     }
 
     fn row_read(&mut self, gen: u64, key: Key, result: Result<Option<ReminderEntry>, ReminderError>) {
         self.notice_reads = self.notice_reads.saturating_sub(1);
-        if gen != self.ring_gen || self.leaving {
-            // The ring changed meanwhile: the load of the new ring reads it if this
-            // silo still owns it; else its owner now is told.
-            let hash = actor_hash(key.actor());
-            if let Some(owner) = self.owners().owner_of(hash).filter(|o| *o != self.me) {
-                let notice = ChangedNotice {
-                    service: self.service.clone(),
-                    actor: key.actor().to_owned(),
-                    name: key.name().to_owned(),
-                    hops: 1,
-                };
-                self.out.push(Action::SendNotices(vec![(owner, notice)]));
-            }
-            return;
+        let k = actor_shard(key.actor(), self.count);
+        if !self
+            .held
+            .get(&k)
+            .is_some_and(|h| h.epoch == gen && !h.stopping)
+        {
+            return; // released or dropped meanwhile: its release read the row
         }
         match result {
             Ok(None) => {
@@ -896,32 +1149,25 @@ impl ReminderMachine {
                 self.deleted.insert(key, self.changes);
             }
             Ok(Some(row)) => {
-                if let Some(slot) = self.queue.get_mut(&key).filter(|s| s.etag == row.etag.as_str()) {
-                    // Loaded already, in a held range, its first tick not passed:
-                    // the failover that frees it plans it as learned from this
-                    // notice. (Found by a seed: a reminder registered while its
-                    // range waited for a crashed owner lost its first tick, due
-                    // during the hold, to the failover's `Skip`.)
-                    if slot.held && slot.next.scheduled == row.start_at {
-                        slot.noticed = true;
-                    }
+                if self.queue.get(&key).is_some_and(|s| s.etag == row.etag.as_str()) {
                     return;
                 }
                 self.changes += 1;
-                self.schedule_row(row, Learned::Notice, false);
+                self.schedule_row(k, row, Learned::Notice);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "reading a notified reminder failed; reloading the ranges");
-                self.request_load();
+                tracing::warn!(error = %e, "reading a notified reminder failed; refreshing its shard");
+                if self.held.get(&k).is_some_and(|h| h.loaded) {
+                    self.queue_load(k, LoadKind::Refresh);
+                    self.start_loads();
+                }
             }
         }
         self.publish_gauges();
-        self.arm_timer();
     }
 
-    /// Materialises `row` if its next tick is within the loading window (else drops
-    /// any slot it had). `jitter` spreads an overdue tick over `startup_jitter`.
-    fn schedule_row(&mut self, mut row: ReminderEntry, learned: Learned, jitter: bool) {
+    /// Plans `row` of held shard `k` (see the module docs).
+    fn schedule_row(&mut self, k: u32, mut row: ReminderEntry, learned: Learned) {
         let now = self.now;
         let key = key_of(&row);
         if let Some((etag, at)) = self.persist.get(&key) {
@@ -929,689 +1175,69 @@ impl ReminderMachine {
                 row.last_fired = row.last_fired.max(Some(*at));
             }
         }
-        let start = self
-            .holds
-            .start_of(row.hash, &row.actor_id, &row.name, row.etag.as_str());
-        // A registration learned from its notice and not delivered since stays
-        // learned that way when a load reads it again.
-        let passed_on = self
-            .noticed_keys
-            .get(&key)
-            .is_some_and(|e| *e == row.etag.as_str());
-        let learned = match self.queue.get(&key) {
-            Some(slot) if slot.noticed && slot.etag == row.etag.as_str() => Learned::Notice,
-            _ if passed_on => Learned::Notice,
-            _ => learned,
-        };
-        let Some(mut next) = planned(Timing::from(&row), now, learned, start) else {
-            self.queue.remove(&key);
+        let Some(held) = self.held.get(&k) else {
             return;
         };
-        if next.due > now.saturating_add(self.options.loading_window) {
-            self.queue.remove(&key);
-            return;
-        }
-        if start == Start::Free && learned == Learned::Load && next.is_overdue(now) {
-            // A late or catch-up tick found by a load outside a handoff: wait the
-            // load grace, and at start-up spread these ticks over the jitter
-            // window (restart storms).
-            let spread = if jitter && !self.options.startup_jitter.is_zero() {
-                self.rng
-                    .random_range(0..=self.options.startup_jitter.as_millis() as u64)
-            } else {
-                0
-            };
-            next.due = now.saturating_add(LOAD_GRACE + Duration::from_millis(spread));
-        }
-        self.queue.set(&row, next, self.changes);
-        if learned == Learned::Notice {
-            if let Some(slot) = self.queue.get_mut(&key) {
-                slot.noticed = true;
-            }
-        }
-        match start {
-            Start::Held => self.queue.hold(&key),
-            Start::From(_) if next.scheduled < now => {
-                if let Some(slot) = self.queue.get_mut(&key) {
-                    slot.catch_up_to = now;
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// The releases of the pieces `lost` (with their new owners) at `now`: per new
-    /// owner, the pieces this silo delivered in (or inherited a floor for), and the
-    /// first undelivered occurrence of every reminder whose floor is not the
-    /// piece's. A piece this silo still holds names the silo it waits for (rule 4
-    /// of [`crate::handoff`]).
-    fn releases_of(&self, lost: &[(RingRange, SiloAddress)], now: Timestamp) -> Vec<(SiloAddress, Release)> {
-        let mut by_owner: BTreeMap<SiloAddress, Release> = BTreeMap::new();
-        let after = now.as_millis() + 1;
-        let mut inherited: Vec<RingRange> = Vec::new();
-        for (range, to) in lost {
-            let r = by_owner.entry(*to).or_insert_with(|| Release {
-                service: self.service.clone(),
-                from: self.me,
-                at: now.as_millis(),
-                pieces: Vec::new(),
-                floors: Vec::new(),
-                hops: 0,
-                last: false,
-                to: Some(*to),
-                via: None,
-                scope: None,
-                noticed: Vec::new(),
-            });
-            for (piece, custody) in self.holds.custody(*range) {
-                let (floor, waiting_for) = match custody {
-                    Custody::Held(from, fallback) => (fallback, Some(from)),
-                    Custody::Free => (Some(after), None),
-                    Custody::Inherited(f) => {
-                        inherited.push(piece);
-                        (f.map(Timestamp::as_millis), None)
-                    }
-                };
-                r.pieces.push(ReleasedPiece {
-                    range: piece,
-                    floor,
-                    waiting_for,
-                });
-            }
-        }
-        // Registrations learned from their notices in pieces still held pass on
-        // with them. (Found by a seed: a reminder registered just before two
-        // graceful leaves was read from its notice by a silo that held its
-        // range, which then passed the range on; the failover that freed it in
-        // the end skipped the first tick, due during the hold.)
-        let mut noticed: BTreeMap<SiloAddress, Vec<Noticed>> = BTreeMap::new();
-        for (key, etag) in &self.noticed_keys {
-            let h = actor_hash(key.actor());
-            if let Some((_, to)) = lost.iter().find(|(r, _)| r.contains(h)) {
-                noticed.entry(*to).or_default().push(Noticed {
-                    actor: key.actor().to_owned(),
-                    name: key.name().to_owned(),
-                    etag: etag.clone(),
-                });
-            }
-        }
-        for slot in self.queue.iter() {
-            let Some((_, to)) = lost.iter().find(|(r, _)| r.contains(slot.hash)) else {
-                continue;
-            };
-            if slot.held {
-                if slot.noticed {
-                    let n = Noticed {
-                        actor: slot.key.actor().to_owned(),
-                        name: slot.key.name().to_owned(),
-                        etag: slot.etag.to_string(),
-                    };
-                    let list = noticed.entry(*to).or_default();
-                    if !list.contains(&n) {
-                        list.push(n);
-                    }
-                }
-                continue;
-            }
-            // The first occurrence not delivered: a running delivery covers its own.
-            let next = if slot.delivering {
-                slot.next.scheduled.as_millis() + 1
-            } else {
-                slot.next.scheduled.as_millis()
-            };
-            let listed = inherited.iter().any(|p| p.contains(slot.hash));
-            if next < after || listed {
-                if let Some(r) = by_owner.get_mut(to) {
-                    r.floors.push(Floor {
-                        actor: slot.key.actor().to_owned(),
-                        name: slot.key.name().to_owned(),
-                        etag: slot.etag.to_string(),
-                        next,
-                    });
-                }
-            }
-        }
-        for (to, list) in noticed {
-            if let Some(r) = by_owner.get_mut(&to) {
-                let held: Vec<RingRange> = r
-                    .pieces
-                    .iter()
-                    .filter(|p| p.waiting_for.is_some())
-                    .map(|p| p.range)
-                    .collect();
-                r.noticed.extend(
-                    list.into_iter()
-                        .filter(|n| held.iter().any(|p| p.contains(actor_hash(&n.actor)))),
-                );
-            }
-        }
-        // The per-reminder floors inherited over those pieces pass on too, for
-        // reminders not scheduled here yet (a slot above says more). (Found by a
-        // seed: a leaver passed on a piece it had freed but not loaded with the
-        // piece's floor only, and the tick the silo before it had delivered was
-        // repeated.)
-        for piece in &inherited {
-            let Some((_, to)) = lost
-                .iter()
-                .find(|(r, _)| !crate::handoff::intersect(*r, *piece).is_empty())
-            else {
-                continue;
-            };
-            let Some(r) = by_owner.get_mut(to) else {
-                continue;
-            };
-            for f in self.holds.inherited_floors(*piece) {
-                if !r.floors.iter().any(|g| g.actor == f.actor && g.name == f.name) {
-                    r.floors.push(f);
-                }
-            }
-        }
-        by_owner
-            .into_iter()
-            .filter(|(_, r)| !r.pieces.is_empty())
-            .collect()
-    }
-
-    /// Applies a release to the holds; keeps it for a later ring if it freed
-    /// nothing, and forwards the pieces owned by a third silo in this silo's view.
-    /// Returns whether a hold was freed.
-    fn release_received(&mut self, r: Release, received: Timestamp, not_forwarded: &[RingRange]) -> bool {
-        let me = self.me;
-        // Whether the silo that passed it on vouched (`via`) holds now only.
-        let via = r.via.filter(|v| *v != r.from && *v != me);
-        let r = Release { via: None, ..r };
-        // Kept as it came for a later ring: what it means there (a chain back to
-        // this silo, a later floor) is worked out again then, from what this silo
-        // knows by then. (Found by a seed: a release rewritten with the floor of
-        // an old release, before this silo's own release of the pieces existed,
-        // was kept so and freed a range it got back from a floor five ticks old.)
-        let original = r.clone();
-        self.take_noticed(&r.noticed);
-        let r = self.newest(self.back_to_me(r));
-        tracing::trace!(silo = %me, from = %r.from, at = r.at, pieces = r.pieces.len(), "release received");
-        if r.from != me && !self.received.contains(&r) {
-            crate::handoff::remember(&mut self.received, r.clone(), EARLY_RELEASES);
-        }
-        let mut freed = self.holds.released(&r, me);
-        // Passed on by a silo that did not deliver there after it: a hold
-        // waiting for that silo takes it as that silo's release. (Found by a
-        // seed: a joiner waited for a silo whose view skipped the ring in which
-        // it owned the range; that silo passed the leaver's release on, the
-        // joiner kept waiting, and its view moved on first: a tick was lost.)
-        if let Some(v) = via {
-            freed |= self.holds.released(&Release { from: v, ..r.clone() }, me);
-        }
-        // A piece that now waits for another silo (a chain) may be freed by a
-        // release of that silo received before: apply those again (each chain step
-        // names a new silo, so this ends within the releases kept).
-        if freed {
-            freed |= self.replay_received(false);
-        }
-        // The sender had these pieces: what it scheduled there (registrations
-        // whose notices reached it) this silo may not have loaded. Its owned ones
-        // are read again (a silo whose view skipped the sender's ring owns them
-        // without a hold).
-        if r.from != me {
-            self.request_reload(r.pieces.iter().map(|p| p.range).collect(), received);
-        }
-        let forward = r
-            .without(not_forwarded)
-            .map(|r| crate::handoff::forwards(&r, &self.ring, me))
-            .unwrap_or_default();
-        if !forward.is_empty() {
-            tracing::debug!(silo = %me, from = %r.from, to = ?forward.iter().map(|(to, _)| to).collect::<Vec<_>>(), "forwarding a reminder release");
-            for (to, m) in &forward {
-                let m = Release {
-                    to: Some(*to),
-                    ..m.clone()
-                };
-                crate::handoff::remember(&mut self.forwarded, m, EARLY_RELEASES);
-            }
-            // This silo vouches that it did not deliver in the pieces after the
-            // release: it did not own (or hold) them in its previous ring, and
-            // no release of its own covers them since. (A vouch by a silo that
-            // had held them for another one repeated two ticks that one
-            // delivered.)
-            let before = self.prev_ring.ranges_of(&me);
-            let overlaps = |m: &Release, q: RingRange| {
-                m.pieces
-                    .iter()
-                    .any(|p| !crate::handoff::intersect(p.range, q).is_empty())
-            };
-            let since = |m: &Release| {
-                before.iter().any(|q| overlaps(m, *q))
-                    || self
-                        .history
-                        .iter()
-                        .any(|own| own.at > m.at && own.pieces.iter().any(|q| overlaps(m, q.range)))
-            };
-            let forward = forward
-                .into_iter()
-                .map(|(to, m)| {
-                    let via = (!since(&m)).then_some(me);
-                    (to, HandoffMessage::Release(Release { via, ..m }))
-                })
-                .collect();
-            self.out.push(Action::SendReleases(forward));
-        }
-        if !freed {
-            if self.early.len() == EARLY_RELEASES {
-                self.early.pop_front();
-            }
-            self.early.push_back((received, original));
-        }
-        freed
-    }
-
-    /// Applies again the releases received from the silos some hold waits for
-    /// now (only their last ones when `only_last`), until none frees anything
-    /// more. Returns whether a hold changed.
-    fn replay_received(&mut self, only_last: bool) -> bool {
-        let mut changed = false;
-        for _ in 0..EARLY_RELEASES {
-            let waiting = self.holds.waiting_for();
-            let again: Vec<Release> = self
-                .received
-                .iter()
-                .filter(|r| waiting.contains(&r.from) && (r.last || !only_last))
-                .cloned()
-                .collect();
-            let mut any = false;
-            for r in again {
-                let r = self.newest(self.back_to_me(r));
-                any |= self.holds.released(&r, self.me);
-            }
-            if !any {
-                break;
-            }
-            changed = true;
-        }
-        changed
-    }
-
-    /// The ring that decides who owns a hash for this silo: its ring, or, once it
-    /// is leaving, its ring without itself.
-    fn owners(&self) -> std::borrow::Cow<'_, Ring> {
-        if self.leaving {
-            std::borrow::Cow::Owned(self.ring.without(&self.me))
+        let timing = Timing::from(&row);
+        let floor_start = if held.loaded {
+            None
+        } else if let Some(at) = held.exceptions.get(&key) {
+            Some(*at)
+        } else if held.takeover {
+            None
         } else {
-            std::borrow::Cow::Borrowed(&self.ring)
-        }
-    }
-
-    /// The version of the membership view the ring was built from.
-    fn view_version(&self) -> u64 {
-        self.view.as_ref().map_or(0, |v| v.version.version)
-    }
-
-    /// `r` with every piece that names this silo as the one its sender waited for
-    /// (a chain of holders that came back here: none of them delivered) replaced
-    /// by the newest release this silo knows of it, floors included: its own (it
-    /// delivered there last and stopped where its release says) or one it
-    /// received without passing the pieces on (a release forwarded through this
-    /// silo to a joiner that left before it arrived: the sender delivered there
-    /// last).
-    fn back_to_me(&self, mut r: Release) -> Release {
-        if r.from == self.me || r.pieces.iter().all(|p| p.waiting_for != Some(self.me)) {
-            return r;
-        }
-        // An own release sent to a third silo (not the one whose chain came back
-        // here) gave that silo the pieces: it may have delivered there since, so
-        // the pieces wait for it, this silo's floor kept as the chain's fallback.
-        // (Found by a seed: a silo's view skipped the ring in which the silo it
-        // had released to crashed; the joiner after it waited for this silo and
-        // left, and the old floor repeated the tick the crashed silo delivered.)
-        let redirected: Vec<Release> = self
-            .history
-            .iter()
-            .map(|m| match m.to {
-                Some(to) if to != r.from && to != self.me => {
-                    let mut m = m.clone();
-                    for q in m.pieces.iter_mut().filter(|q| q.waiting_for.is_none()) {
-                        q.waiting_for = Some(to);
+            Some(match held.floor {
+                Some(f) => match occurrence_after(timing.start_at, timing.period, f) {
+                    Some(t) => t,
+                    None => {
+                        self.queue.remove(&key);
+                        return; // a one-shot delivered before the floor
                     }
-                    m
-                }
-                _ => m.clone(),
+                },
+                None => timing.start_at,
             })
-            .collect();
-        // Likewise a received release this silo passed on to a third silo: that
-        // silo had the pieces and may have delivered there. (Found by a seed: a
-        // forwarded leaver's floor, taken as this silo's, repeated eleven ticks
-        // the silo it was forwarded to had delivered before it crashed.)
-        let passed_on: Vec<Release> = self
-            .forwarded
-            .iter()
-            .filter(|m| m.to.is_some_and(|to| to != r.from))
-            .map(|m| {
-                let mut m = Release {
-                    from: self.me,
-                    ..m.clone()
-                };
-                for q in m.pieces.iter_mut().filter(|q| q.waiting_for.is_none()) {
-                    q.waiting_for = m.to;
-                }
-                m
-            })
-            .collect();
-        // Ordered newest first; of a release received and passed on, the pass.
-        let mut known: Vec<&Release> = redirected
-            .iter()
-            .chain(passed_on.iter())
-            .chain(
-                self.received
-                    .iter()
-                    .filter(|o| o.from != r.from && o.to.is_none_or(|to| to == self.me)),
-            )
-            .collect();
-        known.sort_by_key(|o| std::cmp::Reverse(o.at));
-        let mut pieces = Vec::with_capacity(r.pieces.len());
-        for p in std::mem::take(&mut r.pieces) {
-            if p.waiting_for != Some(self.me) {
-                pieces.push(p);
-                continue;
-            }
-            let me = self.me;
-            let mine = known.iter().flat_map(move |m| {
-                m.pieces
-                    .iter()
-                    .filter(move |q| m.from == me || (q.waiting_for.is_none() && q.floor.is_some()))
-                    .map(move |q| (*m, q))
-            });
-            overlay(p, mine, &mut pieces, &mut r.floors);
-        }
-        r.pieces = pieces;
-        r
-    }
-
-    /// `r` with every part of a piece that a later release of another silo
-    /// covers with a later floor taken from that release (its piece and its
-    /// per-reminder floors): that silo delivered there after `r`'s sender
-    /// stopped (a view that skipped a ring names an older owner), and a floor
-    /// only moves forward.
-    fn newest(&self, mut r: Release) -> Release {
-        // This silo's own releases count too: it delivered there up to them.
-        let newer: Vec<&Release> = self
-            .received
-            .iter()
-            .chain(self.history.iter())
-            .filter(|o| o.from != r.from && o.at > r.at)
-            .collect();
-        if newer.is_empty() {
-            return r;
-        }
-        let mut pieces = Vec::with_capacity(r.pieces.len());
-        for p in std::mem::take(&mut r.pieces) {
-            let later = newer.iter().flat_map(|o| {
-                o.pieces
-                    .iter()
-                    .filter(move |q| q.floor.is_some() && q.floor >= p.floor)
-                    .map(move |q| (*o, q))
-            });
-            overlay(p, later, &mut pieces, &mut r.floors);
-        }
-        r.pieces = pieces;
-        r
-    }
-
-    /// Answers a [`ReleaseRequest`] with what [`crate::handoff::answer`] says,
-    /// once this silo's view is at least as new as the asker's.
-    fn answer_request(&mut self, r: ReleaseRequest) {
-        if self.view_version() < r.version {
-            return; // asked again every REQUEST_AFTER
-        }
-        // A leaving silo owns nothing any more: its last release answers.
-        let ring = self.owners();
-        let again = crate::handoff::answer(
-            &r,
-            self.me,
-            self.now,
-            &ring,
-            &self.prev_ring,
-            &self.sent,
-            &self.received,
-        );
-        if again.is_empty() {
-            return;
-        }
-        tracing::debug!(silo = %self.me, to = %r.from, releases = again.len(), "answering a request for reminder releases");
-        let again = again
-            .into_iter()
-            .map(|rel| (r.from, HandoffMessage::Release(rel)))
-            .collect();
-        self.out.push(Action::SendReleases(again));
-    }
-
-    /// The last step of a graceful leave: one release of every range, to every silo
-    /// of the ring (a new owner in this silo's view may leave too before it sees
-    /// this silo go; the silo that gets a range in the end has the release all the
-    /// same); the executor answers the leave once they were taken.
-    fn finish_leave(&mut self) {
-        if !std::mem::take(&mut self.leave_pending) {
-            return;
-        }
-        let (now, me) = (self.now, self.me);
-        let remaining = self.ring.without(&me);
-        let lost: Vec<(RingRange, SiloAddress)> = crate::handoff::transfers(&self.ring, &remaining)
-            .into_iter()
-            .filter_map(|(range, was, is)| (was == Some(me)).then_some(range).zip(is))
-            .collect();
-        let mut all: Option<Release> = None;
-        for (_, r) in self.releases_of(&lost, now) {
-            match &mut all {
-                None => all = Some(r),
-                Some(a) => {
-                    a.pieces.extend(r.pieces);
-                    a.floors.extend(r.floors);
-                    a.noticed.extend(r.noticed);
+        };
+        let (loaded, takeover) = (held.loaded, held.takeover);
+        let mut catch_up = false;
+        let next = match floor_start {
+            Some(at) if now.saturating_duration_since(at) <= MAX_CATCH_UP => {
+                catch_up = at < now;
+                Planned {
+                    scheduled: at,
+                    due: at.max(now),
                 }
             }
-        }
-        let releases: Vec<(SiloAddress, HandoffMessage)> = match all {
-            None => Vec::new(),
-            Some(all) => {
-                let all = Release {
-                    last: true,
-                    to: None,
-                    ..all
+            _ => {
+                let Some(mut next) = plan(timing, now, learned) else {
+                    self.queue.remove(&key);
+                    return;
                 };
-                // Kept to answer requests until this silo stops.
-                crate::handoff::remember(&mut self.sent, all.clone(), EARLY_RELEASES);
-                remaining
-                    .silos()
-                    .into_iter()
-                    .map(|to| (to, HandoffMessage::Release(all.clone())))
-                    .collect()
+                if learned == Learned::Load && next.is_overdue(now) {
+                    // A late or catch-up tick found by a load outside a handoff:
+                    // wait the load grace; after a takeover spread these ticks
+                    // over the start-up jitter (restart storms).
+                    let spread = if takeover && !self.options.startup_jitter.is_zero() {
+                        self.rng
+                            .random_range(0..=self.options.startup_jitter.as_millis() as u64)
+                    } else {
+                        0
+                    };
+                    next.due = now.saturating_add(LOAD_GRACE + Duration::from_millis(spread));
+                }
+                next
             }
         };
-        self.queue.retain(|_| false);
-        tracing::debug!(silo = %me, releases = releases.len(), "leaving: reminder ranges released");
-        self.out.push(Action::FinishLeave(releases));
-    }
-
-    /// Keeps the registrations a release passed on as learned from their notices
-    /// (at most [`MAX_NOTICED`]), and marks their slots so.
-    fn take_noticed(&mut self, noticed: &[Noticed]) {
-        for n in noticed {
-            let key = Key::new(&n.actor, &n.name);
-            if let Some(slot) = self.queue.get_mut(&key).filter(|s| s.etag == n.etag.as_str()) {
-                slot.noticed = true;
-            }
-            self.noticed_keys.insert(key, n.etag.clone());
-            if self.noticed_keys.len() > MAX_NOTICED {
-                self.noticed_keys.pop_first();
+        self.queue.set(&row, next, self.changes);
+        if catch_up {
+            if let Some(slot) = self.queue.get_mut(&key) {
+                slot.catch_up_to = now;
             }
         }
-    }
-
-    /// Keeps `releases` (about to be sent) to send again on request and as this
-    /// silo's own word on their pieces.
-    fn record_sent(&mut self, releases: &[(SiloAddress, Release)]) {
-        for (_, r) in releases {
-            crate::handoff::remember(&mut self.sent, r.clone(), EARLY_RELEASES);
-            crate::handoff::remember(&mut self.history, r.clone(), EARLY_RELEASES);
-        }
-    }
-
-    /// Sends `releases` already recorded ([`Self::record_sent`]).
-    fn emit(&mut self, releases: Vec<(SiloAddress, Release)>) {
-        if releases.is_empty() {
-            return;
-        }
-        let messages = releases
-            .into_iter()
-            .map(|(to, r)| (to, HandoffMessage::Release(r)))
-            .collect();
-        self.out.push(Action::SendReleases(messages));
-    }
-
-    /// Takes the slots of held ranges out of the due index.
-    fn hold_slots(&mut self) {
-        let holds = &self.holds;
-        let held: Vec<Key> = self
-            .queue
-            .iter()
-            .filter(|slot| {
-                !slot.held
-                    && holds.start_of(slot.hash, slot.key.actor(), slot.key.name(), &slot.etag) == Start::Held
-            })
-            .map(|slot| slot.key.clone())
-            .collect();
-        for k in held {
-            self.queue.hold(&k);
-        }
-    }
-
-    /// Schedules the held slots the holds no longer hold.
-    fn free_held(&mut self) {
-        let now = self.now;
-        let holds = &self.holds;
-        let freed: Vec<(Key, Option<Planned>, bool)> = self
-            .queue
-            .iter()
-            .filter(|slot| slot.held)
-            .filter_map(|slot| {
-                let start = holds.start_of(slot.hash, slot.key.actor(), slot.key.name(), &slot.etag);
-                (start != Start::Held).then(|| {
-                    let learned = if slot.noticed {
-                        Learned::Notice
-                    } else {
-                        Learned::Load
-                    };
-                    let next = planned(slot.timing(), now, learned, start);
-                    (slot.key.clone(), next, matches!(start, Start::From(_)))
-                })
-            })
-            .collect();
-        for (key, next, catch_up) in freed {
-            match next {
-                Some(next) => {
-                    self.queue.requeue(&key, next);
-                    if let (true, Some(slot)) = (catch_up && next.scheduled < now, self.queue.get_mut(&key)) {
-                        slot.catch_up_to = now;
-                    }
-                }
-                None => {
-                    self.queue.remove(&key);
-                }
+        if !loaded {
+            self.queue.hold(&key);
+            if let Some(h) = self.held.get_mut(&k) {
+                h.waiting.push(key);
             }
-        }
-    }
-
-    /// Frees the holds whose previous owner is gone or silent too long, asks for
-    /// releases, and keeps [`Timer::Holds`] armed while some hold waits.
-    fn expire_holds(&mut self) {
-        let now = self.now;
-        let view = self.view.clone();
-        // Dead in this silo's view. A silo absent from it is not gone: it joined
-        // in a view this silo has not read yet (another silo named it), and the
-        // hold timeout covers one that never shows up. (Found by a seed: a joiner
-        // not yet in the view was taken for a crash, and the range it was handed
-        // failed over, losing a tick.)
-        let gone =
-            |silo: &SiloAddress| view.as_ref().and_then(|v| v.status_of(silo)) == Some(SiloStatus::Dead);
-        // When each silo waited for was first seen gone: the grace counts from then.
-        let waiting = self.holds.waiting_for();
-        self.gone_at.retain(|s, _| waiting.contains(s));
-        let mut newly_gone = false;
-        for s in waiting.iter().filter(|s| gone(s)) {
-            self.gone_at.entry(*s).or_insert_with(|| {
-                newly_gone = true;
-                now
-            });
-        }
-        let gone_at = self.gone_at.clone();
-        // Ask the previous owners still in the view that were silent for a while,
-        // and, once one waited for is gone, every Active silo (one of them may have
-        // its release).
-        if !waiting.is_empty() && (newly_gone || now.saturating_duration_since(self.asked) >= REQUEST_AFTER) {
-            self.asked = now;
-            let mut to: Vec<SiloAddress> = waiting.iter().copied().filter(|s| !gone(s)).collect();
-            if !gone_at.is_empty() {
-                to.extend(self.ring.silos());
-            }
-            to.sort_unstable();
-            to.dedup();
-            let request = ReleaseRequest {
-                service: self.service.clone(),
-                from: self.me,
-                waiting: self.holds.waiting_pieces(),
-                gone: gone_at.keys().copied().collect(),
-                version: self.view_version(),
-            };
-            let ask: Vec<_> = to
-                .into_iter()
-                .filter(|s| *s != self.me)
-                .map(|silo| (silo, HandoffMessage::Request(request.clone())))
-                .collect();
-            if !ask.is_empty() {
-                self.out.push(Action::SendReleases(ask));
-            }
-        } else if waiting.is_empty() {
-            self.asked = now;
-        }
-        // A gone silo's last release settles what it did not own at the end.
-        let mut settled = false;
-        // (Every part of it received: a part forwarded or answered speaks only for
-        // its scope.)
-        let mut others: Option<Vec<Release>> = None;
-        for silo in gone_at.keys() {
-            let lasts: Vec<Release> = self
-                .received
-                .iter()
-                .filter(|r| r.from == *silo && r.last)
-                .cloned()
-                .collect();
-            if lasts.is_empty() {
-                continue;
-            }
-            let others = others.get_or_insert_with(|| self.received.iter().cloned().collect::<Vec<_>>());
-            let (log, ring, since, me) = (&self.ring_log, &self.ring, self.ring_since, self.me);
-            let third = |r: &Release, range: RingRange| {
-                owned_by_others_since(log, ring, since, r.at, range, &[r.from, *silo, me], r.to)
-            };
-            for last in lasts.iter().rev() {
-                settled |= self.holds.settle_with_last(last, others, self.me, third);
-            }
-        }
-        let (changed, silent) = self.holds.expire(now, |s| gone_at.get(s).copied());
-        for silo in silent {
-            tracing::warn!(silo = %self.me, previous_owner = %silo, timeout = ?crate::handoff::HANDOFF_TIMEOUT,
-                "no release of reminder ranges from their previous owner; taking them over");
-        }
-        if changed || settled {
-            self.free_held();
-            self.publish_gauges();
-            self.arm_timer();
-        }
-        // Re-checked every HOLD_CHECK while waiting: a previous owner's status
-        // changes with the view, and requests go out every REQUEST_AFTER.
-        if self.holds.waiting() {
-            self.hold_timer = true;
-            self.out
-                .push(Action::SetTimer(Timer::Holds, now.saturating_add(HOLD_CHECK)));
-        } else if std::mem::take(&mut self.hold_timer) {
-            self.out.push(Action::CancelTimer(Timer::Holds));
         }
     }
 
@@ -1622,217 +1248,8 @@ impl ReminderMachine {
             .store(self.queue.len() as u64, Ordering::Relaxed);
     }
 
-    /// Starts a load of every owned range, or marks one pending if one runs.
-    fn request_load(&mut self) {
-        if self.load.is_some() || self.load_retry {
-            // One load at a time; while backing off after a failure, the retry
-            // timer runs the next one.
-            self.load_pending = true;
-            return;
-        }
-        self.load_pending = false;
-        self.reload.clear();
-        let left = self.ranges.iter().copied().collect();
-        self.start_load(left, None);
-    }
-
-    /// Reads `pieces` again (those of them this silo owns): a previous owner
-    /// released them, and rows it learned from notices after this silo's load of
-    /// them started are read now. Coalesced like full loads (a full load pending
-    /// covers them).
-    fn request_reload(&mut self, pieces: Vec<RingRange>, received: Timestamp) {
-        if self
-            .load
-            .as_ref()
-            .is_some_and(|l| l.only.is_none() && l.started >= received)
-            || self.load_pending
-        {
-            return; // a full load that starts after the release reads them
-        }
-        let owned: Vec<RingRange> = pieces
-            .iter()
-            .flat_map(|p| self.ranges.iter().flat_map(|r| crate::handoff::intersect(*p, *r)))
-            .collect();
-        if owned.is_empty() {
-            return;
-        }
-        if self.load.is_some() || self.load_retry {
-            for range in owned {
-                if !self.reload.contains(&range) {
-                    self.reload.push(range);
-                }
-            }
-            return;
-        }
-        self.start_load(owned.clone().into(), Some(owned));
-    }
-
-    fn start_load(&mut self, left: VecDeque<RingRange>, only: Option<Vec<RingRange>>) {
-        self.load_epoch = self.load_epoch.wrapping_add(1).max(1);
-        self.load = Some(LoadRun {
-            gen: self.ring_gen,
-            since: self.changes,
-            epoch: self.load_epoch,
-            left,
-            owned: 0,
-            only,
-            started: self.now,
-        });
-        self.load_next_piece();
-    }
-
-    /// Reads the next piece of the running load, or ends it.
-    fn load_next_piece(&mut self) {
-        let width = match self.load_width {
-            0 => FIRST_PIECE_WIDTH,
-            w => w,
-        };
-        let Some(run) = self.load.as_mut() else {
-            return;
-        };
-        let Some(range) = run.left.pop_front() else {
-            self.load_finished();
-            return;
-        };
-        let (piece, rest) = range.cut(width);
-        if let Some(rest) = rest {
-            run.left.push_front(rest);
-        }
-        let epoch = run.epoch;
-        self.out.push(Action::ReadPiece { epoch, piece, width });
-    }
-
-    fn piece_loaded(
-        &mut self,
-        epoch: u32,
-        (piece, width): (RingRange, u32),
-        res: Result<Vec<ReminderEntry>, ReminderError>,
-    ) {
-        let Some(run) = self.load.as_ref().filter(|r| r.epoch == epoch) else {
-            return;
-        };
-        let (gen, since) = (run.gen, run.since);
-        if gen != self.ring_gen {
-            // Read under an older ring: discarded; the new ring's load follows.
-            self.load = None;
-            self.request_load();
-            return;
-        }
-        let partial = self.load.as_ref().and_then(|r| r.only.clone());
-        let rows = match res {
-            Ok(rows) => rows,
-            Err(e) => {
-                self.load = None;
-                if let Some(pieces) = partial {
-                    self.reload.extend(pieces); // read again with the retry
-                } else {
-                    self.load_pending = true;
-                }
-                Counters::bump(&self.counters.load_failures);
-                self.load_failures += 1;
-                let wait = backoff(self.load_failures, &mut self.rng)
-                    .min(MAX_LOAD_BACKOFF)
-                    .min(self.options.refresh_reminder_list_period);
-                tracing::warn!(silo = %self.me, error = %e, retry_in = ?wait, "loading reminders failed; the schedule in memory keeps ticking");
-                self.load_retry = true;
-                self.out
-                    .push(Action::SetTimer(Timer::LoadRetry, self.now.saturating_add(wait)));
-                self.arm_timer();
-                return;
-            }
-        };
-        let first = !self.loaded_once;
-        if let Some(run) = self.load.as_mut() {
-            run.owned += rows.len() as u64;
-        }
-        // The next piece: about LOAD_PIECE_ROWS rows at the density just read,
-        // at most 8x wider or narrower than this one's width.
-        let width = u64::from(width);
-        let next = match rows.len() as u64 {
-            0 => width * 8,
-            n => (piece.size() * LOAD_PIECE_ROWS / n).clamp(width / 8, width * 8),
-        };
-        self.load_width = next.clamp(u64::from(MIN_PIECE_WIDTH), u64::from(u32::MAX)) as u32;
-        for row in rows {
-            let key = key_of(&row);
-            if self.removals.get(&key) == Some(&row.etag) {
-                continue; // a delivered one-shot whose removal is pending
-            }
-            if self.deleted.get(&key).is_some_and(|c| *c > since) {
-                // Deleted after this load started. (Found by a seed: a reload
-                // read a row just before its removal, the removal's notice came
-                // first, and the reload scheduled it again from an old release's
-                // floor, repeating a tick.)
-                continue;
-            }
-            // A slot still held where no hold holds it any more is planned again.
-            let stale_hold = |slot: &crate::queue::Slot| {
-                slot.held
-                    && self
-                        .holds
-                        .start_of(row.hash, &row.actor_id, &row.name, row.etag.as_str())
-                        != Start::Held
-            };
-            match self.queue.get_mut(&key) {
-                Some(slot)
-                    if (slot.etag == row.etag.as_str() || slot.touched > since) && !stale_hold(slot) =>
-                {
-                    slot.seen = epoch
-                }
-                _ => {
-                    self.schedule_row(row, Learned::Load, first);
-                    if let Some(slot) = self.queue.get_mut(&key) {
-                        slot.seen = epoch;
-                    }
-                }
-            }
-        }
-        self.publish_gauges();
-        self.arm_timer();
-        self.load_next_piece();
-    }
-
-    /// Ends the running load: drops the slots it did not read (deleted rows, or
-    /// ranges no longer owned) unless a notice touched them meanwhile; a partial
-    /// load only within its pieces.
-    fn load_finished(&mut self) {
-        let Some(run) = self.load.take() else { return };
-        self.load_failures = 0;
-        self.deleted.retain(|_, c| *c > run.since);
-        if let Some(only) = &run.only {
-            self.queue.retain(|slot| {
-                !only.iter().any(|p| p.contains(slot.hash))
-                    || slot.seen == run.epoch
-                    || slot.touched > run.since
-            });
-        } else {
-            Counters::bump(&self.counters.loads);
-            self.counters
-                .owned
-                .store(run.owned, std::sync::atomic::Ordering::Relaxed);
-            self.out.push(Action::Owned(run.owned));
-            self.queue
-                .retain(|slot| slot.seen == run.epoch || slot.touched > run.since);
-            self.holds.load_finished(run.epoch);
-            if !self.loaded_once {
-                self.loaded_once = true;
-                self.out.push(Action::Loaded);
-            }
-        }
-        self.publish_gauges();
-        if self.load_pending {
-            self.request_load();
-        } else if !self.reload.is_empty() {
-            let pieces = std::mem::take(&mut self.reload);
-            self.request_reload(pieces, self.now);
-        }
-        self.arm_timer();
-    }
-
     /// Keeps [`Timer::Due`] at the earliest due time; none while every delivery
-    /// slot is taken (the next [`Event::Delivered`] delivers what waits) or the
-    /// silo is leaving, and not before the next look of a silo that was not
-    /// Active.
+    /// slot is taken or the silo is leaving.
     fn arm_timer(&mut self) {
         let next = match self.queue.next_due() {
             Some(next) if self.deliveries < MAX_DELIVERIES && !self.leaving => next.max(self.inactive_until),
@@ -1855,9 +1272,9 @@ impl ReminderMachine {
         if self.leaving || now < self.inactive_until {
             return;
         }
-        if !self.active {
-            // Not Active (yet, or any more): nothing is delivered; look again soon
-            // (arm_timer waits for this time).
+        if !self.active || !self.shards.confirmed(now) {
+            // Not Active, or (fencing) not confirmed lately: nothing is
+            // delivered; look again soon.
             self.inactive_until = now.saturating_add(INACTIVE_RECHECK);
             return;
         }
@@ -1866,6 +1283,23 @@ impl ReminderMachine {
             let Some(slot) = self.queue.get(&key) else {
                 continue;
             };
+            let k = shard_of_hash(slot.hash, self.count);
+            if !self.shards.may_deliver(k, now) {
+                // Its shard is stopping (its release reads the slot) or loading.
+                let next = Planned {
+                    scheduled: slot.next.scheduled,
+                    due: now.saturating_add(SHARD_RECHECK),
+                };
+                if self.held.get(&k).is_some_and(|h| h.stopping) {
+                    self.queue.hold(&key);
+                    if let Some(s) = self.queue.get_mut(&key) {
+                        s.delivering = false;
+                    }
+                } else {
+                    self.queue.requeue(&key, next);
+                }
+                continue;
+            }
             let (etag, scheduled) = (slot.etag.clone(), slot.next.scheduled);
             let tick = ActorId::parse(key.actor())
                 .map(|actor| ReminderTick {
@@ -1915,36 +1349,27 @@ impl ReminderMachine {
             }
         }
         self.publish_gauges();
-        if self.leaving {
-            if self.deliveries == 0 {
-                self.finish_leave();
-            }
-            return;
-        }
-        // Room for deliveries that waited on the bound.
         if self.queue.next_due().is_some_and(|d| d <= now) {
             self.deliver_due();
         }
-        self.arm_timer();
     }
 
     /// After a delivery of the slot's current occurrence: the next one, the
     /// `last_fired` write of a `FireOnce` reminder, a one-shot's removal.
     fn advance(&mut self, key: &Key, etag: &SmolStr, scheduled: Timestamp) {
         let now = self.now;
-        let window = self.options.loading_window;
         let Some(slot) = self.queue.get_mut(key) else {
             return;
         };
         slot.attempts = 0;
-        slot.noticed = false;
-        self.noticed_keys.remove(key);
         let etag = Etag::new(etag.as_str());
         if slot.policy == MissedTickPolicy::FireOnce {
             slot.last_fired = now;
             self.persist.insert(key.clone(), (etag.clone(), now));
         }
-        match after_attempt(slot.timing(), scheduled, now, true, slot.catch_up_to, window, now) {
+        // Every slot of a held shard stays in memory: a release reads what it
+        // owes from them.
+        match after_attempt(slot.timing(), scheduled, now, true, slot.catch_up_to, Duration::MAX, now) {
             AfterAttempt::Remove => {
                 self.queue.remove(key);
                 self.persist.remove(key);
@@ -1957,11 +1382,10 @@ impl ReminderMachine {
         }
     }
 
-    /// After a failed delivery: the same occurrence again after a backoff, or the
-    /// next one if that comes first.
+    /// After a failed delivery: the same occurrence again after a backoff, or
+    /// the next one if that comes first.
     fn retry(&mut self, key: &Key, scheduled: Timestamp, why: &str) {
         let now = self.now;
-        let window = self.options.loading_window;
         let Some(slot) = self.queue.get_mut(key) else {
             return;
         };
@@ -1973,20 +1397,19 @@ impl ReminderMachine {
             now,
             false,
             slot.catch_up_to,
-            window,
+            Duration::MAX,
             retry,
         ) {
             AfterAttempt::GiveUp(next) => {
                 Counters::bump(&self.counters.ticks_given_up);
-                tracing::error!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why, attempts = slot.attempts,
-                    "reminder tick not delivered before the next one was due; moving on");
+                tracing::error!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,
+                    attempts = slot.attempts, "reminder tick not delivered before the next one was due; moving on");
                 slot.attempts = 0;
-                slot.noticed = false;
                 self.queue.requeue(key, next);
             }
             plan => {
-                tracing::warn!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why, attempt = slot.attempts,
-                    "reminder tick delivery failed; retrying");
+                tracing::warn!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,
+                    attempt = slot.attempts, "reminder tick delivery failed; retrying");
                 if let AfterAttempt::Retry(retry) = plan {
                     self.queue.requeue(key, retry);
                 }
@@ -1998,16 +1421,13 @@ impl ReminderMachine {
     /// [`MAX_WRITES`] at once; failures are retried after a backoff.
     fn pump_writes(&mut self) {
         if self.write_retry {
-            return; // backing off after a failure: the timer pumps
+            return;
         }
         while self.writes < MAX_WRITES {
-            let write = if let Some(key) = self.removals.keys().next().cloned() {
-                let etag = self.removals.remove(&key).unwrap_or_else(|| Etag::new(""));
+            let write = if let Some((key, etag)) = self.removals.pop_first() {
+                self.removing.insert(key.clone(), etag.clone());
                 Write::Remove { key, etag }
-            } else if let Some(key) = self.persist.keys().next().cloned() {
-                let Some((etag, at)) = self.persist.remove(&key) else {
-                    return;
-                };
+            } else if let Some((key, (etag, at))) = self.persist.pop_first() {
                 Write::LastFired { key, etag, at }
             } else {
                 return;
@@ -2019,6 +1439,9 @@ impl ReminderMachine {
 
     fn written(&mut self, write: Write, result: Result<(), ReminderError>) {
         self.writes = self.writes.saturating_sub(1);
+        if let Write::Remove { key, .. } = &write {
+            self.removing.remove(key);
+        }
         let Err(err) = result else {
             self.write_failures = 0;
             self.pump_writes();
@@ -2029,7 +1452,6 @@ impl ReminderMachine {
                 self.removals.entry(key).or_insert(etag);
             }
             Write::LastFired { key, etag, at } => {
-                // A newer time queued meanwhile wins.
                 self.persist.entry(key).or_insert((etag, at));
             }
         }
@@ -2043,89 +1465,4 @@ impl ReminderMachine {
                 .push(Action::SetTimer(Timer::WriteRetry, self.now.saturating_add(wait)));
         }
     }
-}
-
-/// Cuts every message of `messages` that is over [`MAX_HANDOFF_MESSAGE`] bytes
-/// into parts that are not (the transport refuses larger notice bodies, and a
-/// release never taken fails its range over after the hold timeout).
-fn fit_messages(messages: &mut Vec<(SiloAddress, HandoffMessage)>) {
-    *messages = std::mem::take(messages)
-        .into_iter()
-        .flat_map(|(to, m)| m.fit(MAX_HANDOFF_MESSAGE).into_iter().map(move |m| (to, m)))
-        .collect();
-}
-
-/// The parts of `range` a silo other than `allowed` (and `to`) owned in one of a
-/// silo's rings current after `at` (UTC ms): `log` (past rings with when each
-/// began, oldest first), then `ring`, current since `since`. There it may have
-/// delivered after a release made at `at`. (Found by a seed: a leaver's release
-/// settled a range ten seconds later for a gone joiner that had never owned it,
-/// although a silo that owned it meanwhile had delivered there and crashed: five
-/// ticks repeated.)
-fn owned_by_others_since(
-    log: &VecDeque<(Timestamp, Arc<Ring>)>,
-    ring: &Ring,
-    since: Timestamp,
-    at: u64,
-    range: RingRange,
-    allowed: &[SiloAddress],
-    to: Option<SiloAddress>,
-) -> Vec<RingRange> {
-    let at = Timestamp::from_millis(at);
-    let ends = log
-        .iter()
-        .skip(1)
-        .map(|(began, _)| *began)
-        .chain(std::iter::once(since));
-    let rings = log
-        .iter()
-        .zip(ends)
-        .filter(|(_, end)| *end > at)
-        .map(|((_, r), _)| &**r)
-        .chain(std::iter::once(ring));
-    let mut out = Vec::new();
-    for r in rings {
-        for (part, owner) in r.owners_within(range) {
-            if !allowed.contains(&owner) && Some(owner) != to {
-                out.push(part);
-            }
-        }
-    }
-    out
-}
-
-/// Splits `p` by the pieces of `over` (each with its release), in order: a part
-/// that one of them covers becomes that piece (its floor, the silo it waited for)
-/// and carries that release's per-reminder floors there instead of `floors`' own;
-/// the rest keeps `p`. The parts go to `pieces`.
-fn overlay<'a>(
-    p: ReleasedPiece,
-    over: impl Iterator<Item = (&'a Release, &'a ReleasedPiece)>,
-    pieces: &mut Vec<ReleasedPiece>,
-    floors: &mut Vec<Floor>,
-) {
-    let mut rest = vec![p.range];
-    for (release, q) in over {
-        for left in std::mem::take(&mut rest) {
-            for range in crate::handoff::intersect(left, q.range) {
-                // A piece that waits with no floor of its own keeps `p`'s as the
-                // fallback of a chain that closes (nobody delivered since).
-                pieces.push(ReleasedPiece {
-                    range,
-                    floor: q.floor.or(p.floor),
-                    ..*q
-                });
-                floors.retain(|f| !range.contains(actor_hash(&f.actor)));
-                floors.extend(
-                    release
-                        .floors
-                        .iter()
-                        .filter(|f| range.contains(actor_hash(&f.actor)))
-                        .cloned(),
-                );
-            }
-            rest.extend(crate::handoff::subtract(left, &[q.range]));
-        }
-    }
-    pieces.extend(rest.into_iter().map(|range| ReleasedPiece { range, ..p }));
 }

@@ -224,11 +224,6 @@ impl Queue {
         }
         slot.held = true;
     }
-
-    /// The slots, in no order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Slot> {
-        self.slots.iter().map(|(_, s)| s)
-    }
 }
 
 #[cfg(test)]

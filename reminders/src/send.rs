@@ -1,5 +1,5 @@
 //! Carrying the machine's messages and table calls: bounded table calls, notices
-//! and releases sent to other silos in the background.
+//! and release hints sent to other silos in the background.
 
 use std::time::Duration;
 
@@ -9,11 +9,7 @@ use rollcall_membership_core::{Notice, NoticeReceiver, NoticesDropped};
 
 use crate::agent::{NoticesReceived, ReminderAgent};
 use crate::api::ReminderError;
-use crate::handoff::HandoffMessage;
-use crate::machine::{release_topic, topic, ChangedNotice, Write, NOTICE_BATCH};
-
-/// Attempts at sending one release.
-const RELEASE_ATTEMPTS: u32 = 3;
+use crate::machine::{release_topic, topic, ChangedNotice, ReleaseHint, Write, NOTICE_BATCH};
 
 /// Runs `call` bounded by `timeout`.
 pub(crate) async fn bounded<T>(
@@ -42,36 +38,23 @@ pub(crate) async fn apply_write(
     }
 }
 
-/// Sends `releases` to their silos at once, each retried up to
-/// [`RELEASE_ATTEMPTS`] times (each bounded by the silo's `probe_timeout`);
-/// finishes when every one was taken or given up.
-pub(crate) async fn send_releases(silo: SiloHandle, releases: Vec<(SiloAddress, HandoffMessage)>) {
-    let topic = match releases.first() {
-        Some((_, HandoffMessage::Release(r))) => release_topic(&r.service),
-        Some((_, HandoffMessage::Request(r))) => release_topic(&r.service),
-        None => return,
-    };
-    let sends: Vec<_> = releases
-        .into_iter()
-        .map(|(to, message)| {
-            let (silo, topic) = (silo.clone(), topic.clone());
-            tokio::spawn(async move {
-                let Ok(body) = serde_json::to_vec(&message) else { return };
-                for attempt in 1..=RELEASE_ATTEMPTS {
-                    match silo.send_notice(to, &topic, body.clone()).await {
-                        Ok(true) => return,
-                        Ok(false) => tracing::debug!(%to, attempt, "reminder release not taken"),
-                        Err(e) => tracing::debug!(%to, attempt, error = %e, "reminder release not sent"),
-                    }
-                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
-                }
-                tracing::warn!(%to, "reminder release never taken; its receiver takes the range over after its hold timeout");
-            })
-        })
-        .collect();
-    for s in sends {
-        let _ = s.await;
+/// Sends release hints in a background task (each bounded by the silo's
+/// `probe_timeout`). Best effort: a lost hint costs its receiver a lease poll.
+pub(crate) fn send_hints(silo: &SiloHandle, service_id: &str, hints: Vec<(SiloAddress, ReleaseHint)>) {
+    if hints.is_empty() {
+        return;
     }
+    let (silo, topic) = (silo.clone(), release_topic(service_id));
+    tokio::spawn(async move {
+        for (to, hint) in hints {
+            let Ok(body) = serde_json::to_vec(&hint) else {
+                continue;
+            };
+            if let Err(e) = silo.send_notice(to, &topic, body).await {
+                tracing::debug!(%to, error = %e, "release hint not sent; its receiver polls the lease");
+            }
+        }
+    });
 }
 
 /// Sends `notices` to their silos one after another in a background task (each

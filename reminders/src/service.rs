@@ -7,7 +7,7 @@ use std::time::Duration;
 use actix::{Actor, Addr};
 use rand::SeedableRng;
 use rollcall_membership_core::{
-    actor_hash, Clock, MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, ShardLeases,
+    Clock, MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, ShardLeases,
     SiloAddress, SiloHandle, SystemClock, SystemStore,
 };
 use tokio::sync::oneshot;
@@ -112,26 +112,23 @@ impl RemindersBuilder {
         let what = format!("reminder table of service {service_id}");
         // The shard count first: recorded by the first silo, checked by every
         // other; a table that places rows by shard (Redis) reads it on init.
-        match self.store.lease_table(&service_id) {
-            Ok(leases) => {
-                let shards = self.shards;
-                rollcall_membership_core::retry_transient(&what, options.initialization_timeout, || {
-                    let leases = leases.clone();
-                    async move {
-                        bounded(op_timeout, ShardLeases::open(leases, shards))
-                            .await
-                            .map(|_| ())
-                            .map_err(|e| match e {
-                                ReminderError::Table(e) => e,
-                                other => rollcall_membership_core::Error::backend(other.to_string()),
-                            })
-                    }
-                })
-                .await?;
+        let lease_table = self.store.lease_table(&service_id)?;
+        let shards = self.shards;
+        let leases = rollcall_membership_core::retry_transient(&what, options.initialization_timeout, || {
+            let lease_table = lease_table.clone();
+            async move {
+                bounded(op_timeout, ShardLeases::open(lease_table, shards))
+                    .await
+                    .map_err(|e| match e {
+                        ReminderError::Table(e) => e,
+                        other => rollcall_membership_core::Error::backend(other.to_string()),
+                    })
             }
-            Err(rollcall_membership_core::Error::Unsupported(_)) => {}
-            Err(e) => return Err(e.into()),
-        }
+        })
+        .await?;
+        let membership = self
+            .store
+            .membership_table(self.silo.cluster_id(), rollcall_membership_core::ProtocolMode::default())?;
 
         rollcall_membership_core::retry_transient(&what, options.initialization_timeout, || async {
             bounded(op_timeout, table.init()).await.map_err(|e| match e {
@@ -155,11 +152,13 @@ impl RemindersBuilder {
             Some(s) => rand::rngs::StdRng::seed_from_u64(s),
             None => rand::rngs::StdRng::from_os_rng(),
         };
-        let machine = ReminderMachine::new(self.silo.address(), &service_id, options.clone(), rng);
+        let machine = ReminderMachine::new(self.silo.address(), &service_id, options.clone(), shards, rng);
         let counters = machine.counters();
         let agent = ReminderAgent {
             silo: self.silo.clone(),
             table: table.clone(),
+            leases,
+            membership,
             target,
             options: options.clone(),
             clock: self.clock.clone(),
@@ -171,15 +170,14 @@ impl RemindersBuilder {
             leave_replies: Vec::new(),
         }
         .start();
-        // A graceful shutdown of the silo first releases this service's ranges.
+        // A graceful shutdown of the silo first releases this service's shards.
         let leaving = agent.clone();
         let silo = self.silo.clone();
         let leave_hook = self.silo.on_leave(move || {
             let (agent, silo) = (leaving.clone(), silo.clone());
             Box::pin(async move {
                 // The newest view first (bounded by 2 x table_operation_timeout):
-                // the ranges go to the silos that have them now, joiners this
-                // silo has not seen yet included.
+                // the release hints go to the silos that have the shards now.
                 let view = silo.refresh().await.ok().map(Arc::new);
                 let (tx, rx) = oneshot::channel();
                 if agent.send(Leave(tx, view)).await.is_ok() {
@@ -212,6 +210,7 @@ impl RemindersBuilder {
                 clock: self.clock,
                 counters,
                 service_id,
+                shards,
                 _agent: agent,
                 _subscription: subscription,
                 _leave_hook: leave_hook,
@@ -230,6 +229,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     counters: Arc<Counters>,
     service_id: String,
+    shards: u32,
     _agent: Addr<ReminderAgent>,
     _subscription: rollcall_membership_core::Subscription,
     _leave_hook: rollcall_membership_core::LeaveHookGuard,
@@ -493,5 +493,5 @@ fn owner_in(inner: &Inner, actor_id: &str) -> Option<SiloAddress> {
     }
     cache
         .as_ref()
-        .and_then(|(_, ring)| ring.owner_of(actor_hash(actor_id)))
+        .and_then(|(_, ring)| crate::shards::shard_owner(ring, actor_id, inner.shards))
 }

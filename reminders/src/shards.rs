@@ -82,6 +82,13 @@ fn shard_start(k: u32, shards: u32) -> u32 {
     shard_range(k, shards).begin.wrapping_add(1)
 }
 
+/// The silo `ring` assigns `actor_id`'s shard to (of `shards`): where its
+/// registration notices go.
+pub fn shard_owner(ring: &Ring, actor_id: &str, shards: u32) -> Option<SiloAddress> {
+    let k = rollcall_membership_core::actor_shard(actor_id, shards);
+    ring.owner_of(shard_start(k, shards))
+}
+
 /// Options of a [`ShardMachine`].
 #[derive(Clone, Debug)]
 pub struct ShardOptions {
@@ -260,6 +267,8 @@ pub struct ShardMachine {
     /// holder's membership row of a `Confirming` slot, the lease row of an
     /// `*Unknown` one (one read per poll at most, whatever the store does).
     retry_at: BTreeMap<u32, Timestamp>,
+    /// The holder each shard's lease named when last read (Owned rows only).
+    holders: BTreeMap<u32, SiloAddress>,
 }
 
 fn after(t: Timestamp, d: Duration) -> Timestamp {
@@ -281,6 +290,7 @@ impl ShardMachine {
             dead_since: HashMap::new(),
             slots: BTreeMap::new(),
             retry_at: BTreeMap::new(),
+            holders: BTreeMap::new(),
         }
     }
 
@@ -308,7 +318,36 @@ impl ShardMachine {
         matches!(self.slots.get(&shard), Some(Slot::Owned { .. })) && self.confirmed(now)
     }
 
-    fn confirmed(&self, now: Timestamp) -> bool {
+    /// The owner of `shard` on the ring of this silo's view.
+    pub fn assigned(&self, shard: u32) -> Option<SiloAddress> {
+        self.ring.owner_of(shard_start(shard, self.options.shards))
+    }
+
+    /// The silo holding `shard` by its lease as this silo last read it.
+    pub fn holder(&self, shard: u32) -> Option<SiloAddress> {
+        self.holders.get(&shard).copied()
+    }
+
+    /// Whether no shard is on its way to this silo: none is being read,
+    /// confirmed, acquired or loaded (a shard a live silo still holds does not
+    /// count: it comes when that silo releases it).
+    pub fn settled(&self) -> bool {
+        self.view.is_some()
+            && self.slots.values().all(|s| {
+                matches!(
+                    s,
+                    Slot::Waiting { .. }
+                        | Slot::Owned { .. }
+                        | Slot::Stopping { .. }
+                        | Slot::Releasing { .. }
+                        | Slot::ReleaseUnknown { .. }
+                )
+            })
+    }
+
+    /// Whether (fencing on) this silo confirmed its own row Active within the
+    /// lease period before `now`; always true with fencing off.
+    pub fn confirmed(&self, now: Timestamp) -> bool {
         !self.options.fencing
             || self
                 .confirmed_at
@@ -477,6 +516,12 @@ impl ShardMachine {
         result: Result<ShardLease, String>,
         out: &mut Vec<ShardAction>,
     ) {
+        if let Ok(lease) = &result {
+            match lease.owner.filter(|_| lease.status == LeaseStatus::Owned) {
+                Some(o) => self.holders.insert(k, o),
+                None => self.holders.remove(&k),
+            };
+        }
         match (self.slots.get(&k).cloned(), result) {
             (Some(Slot::Reading), Ok(lease)) => {
                 self.slots.remove(&k);

@@ -30,6 +30,8 @@ use rollcall_provider_memory::MemoryStore;
 
 use crate::machine::{Action, Event, Inbound, NoticeRetry, ReminderMachine, Timer};
 use crate::ring::Ring;
+use crate::shards::shard_owner;
+use rollcall_membership_core::ShardLeases;
 use crate::ReminderError;
 
 /// The service id of the world's reminders.
@@ -58,13 +60,15 @@ pub struct Config {
     pub handler: u64,
     /// Probability that a delivery fails (the handler returns an error).
     pub delivery_failure: f64,
+    /// The service's shard count.
+    pub shards: u32,
 }
 
 impl Default for Config {
     /// Options as deployed except `refresh_reminder_list_period` 30 s,
     /// `table_operation_timeout` 2 s and `startup_jitter` 2 s; messages 1-31 ms,
     /// table calls 1-21 ms, views up to 1.5 s late, crashes declared after 3-10 s,
-    /// handlers up to 20 ms, no delivery failure.
+    /// handlers up to 20 ms, no delivery failure, 64 shards.
     fn default() -> Self {
         let options = ReminderOptions {
             refresh_reminder_list_period: Duration::from_secs(30),
@@ -81,6 +85,7 @@ impl Default for Config {
             detection: (3_000, 10_000),
             handler: 20,
             delivery_failure: 0.0,
+            shards: 64,
         }
     }
 }
@@ -175,6 +180,7 @@ pub struct World {
     tokens: u64,
     _store: MemoryStore,
     table: Arc<dyn ReminderTable>,
+    leases: ShardLeases,
     outage_until: u64,
     /// Every delivered tick, in order.
     pub ticks: Vec<Tick>,
@@ -205,6 +211,8 @@ impl World {
         let store = MemoryStore::new();
         let table = store.reminder_table(SERVICE).expect("the service id is valid");
         now_or_fail(table.init()).expect("the memory table initialises");
+        let leases = store.lease_table(SERVICE).expect("the memory store has leases");
+        let leases = now_or_fail(ShardLeases::open(leases, cfg.shards)).expect("a valid shard count");
         World {
             sched: Scheduler::new(seed, 0),
             cfg,
@@ -215,6 +223,7 @@ impl World {
             tokens: 0,
             _store: store,
             table,
+            leases,
             outage_until: 0,
             ticks: Vec::new(),
             reminders: BTreeMap::new(),
@@ -272,7 +281,13 @@ impl World {
             .parse()
             .expect("a valid silo address");
         let rng = StdRng::seed_from_u64(self.sched.rng().random());
-        let machine = ReminderMachine::new(addr, SERVICE, Arc::new(self.cfg.options.clone()), rng);
+        let machine = ReminderMachine::new(
+            addr,
+            SERVICE,
+            Arc::new(self.cfg.options.clone()),
+            self.cfg.shards,
+            rng,
+        );
         self.nodes.push(Node {
             addr,
             machine: Some(machine),
@@ -308,25 +323,17 @@ impl World {
         }
         let own_view = Ring::of_active(&self.nodes[i].view, self.cfg.options.ring_points_per_silo);
         let me = self.nodes[i].addr;
-        // Silos still holding ranges may wait for the victim's release: what they
-        // gained from it counts as the victim's.
-        let members: std::collections::BTreeSet<SiloAddress> = self
-            .members
-            .keys()
-            .copied()
-            .filter(|a| {
-                self.index_of(*a)
-                    .and_then(|j| self.nodes[j].machine.as_ref())
-                    .is_none_or(|m| *a == me || !m.holding())
-            })
-            .collect();
+        let members: std::collections::BTreeSet<SiloAddress> = self.members.keys().copied().collect();
         let ring = ring_among(&self.members, &members, self.cfg.options.ring_points_per_silo);
+        let leased = self.leased_by(me);
+        let shards = self.cfg.shards;
         let owned = self
             .reminders
             .keys()
             .filter(|(actor, _)| {
-                let hash = actor_hash(actor);
-                own_view.owner_of(hash) == Some(me) || ring.owner_of(hash) == Some(me)
+                shard_owner(&own_view, actor, shards) == Some(me)
+                    || shard_owner(&ring, actor, shards) == Some(me)
+                    || leased.contains(&rollcall_membership_core::actor_shard(actor, shards))
             })
             .cloned()
             .collect();
@@ -342,6 +349,17 @@ impl World {
             members: members.clone(),
         });
         self.sched.push(after, i, Ev::Declared);
+    }
+
+    /// The shards whose lease `silo` holds now.
+    fn leased_by(&self, silo: SiloAddress) -> std::collections::BTreeSet<u32> {
+        (0..self.cfg.shards)
+            .filter(|k| {
+                now_or_fail(self.leases.read(*k)).is_ok_and(|l| {
+                    l.owner == Some(silo) && l.status == rollcall_membership_core::LeaseStatus::Owned
+                })
+            })
+            .collect()
     }
 
     /// The table is unreachable for `ms`: every call fails after
@@ -391,16 +409,24 @@ impl World {
         // goes to the crashed silo): it waits for the failover too.
         let points = self.cfg.options.ring_points_per_silo;
         let view_ring = Ring::of_active(&self.nodes[via].view, points);
-        let hash = actor_hash(actor);
+        let shards = self.cfg.shards;
+        let shard = rollcall_membership_core::actor_shard(actor, shards);
+        let holder = now_or_fail(self.leases.read(shard))
+            .ok()
+            .filter(|l| l.status == rollcall_membership_core::LeaseStatus::Owned)
+            .and_then(|l| l.owner);
         for c in self.crashes.iter_mut() {
             let victim = self.nodes[c.silo].addr;
+            if holder == Some(victim) {
+                c.owned.insert((actor.to_owned(), name.to_owned()));
+            }
             if c.declared.is_none() {
                 let ring = ring_among(&self.members, &c.members, points);
-                if ring.owner_of(hash) == Some(victim) {
+                if shard_owner(&ring, actor, shards) == Some(victim) {
                     c.owned.insert((actor.to_owned(), name.to_owned()));
                 }
             }
-            if view_ring.owner_of(hash) == Some(victim) {
+            if shard_owner(&view_ring, actor, shards) == Some(victim) {
                 c.owned.insert((actor.to_owned(), name.to_owned()));
             }
         }
@@ -440,7 +466,7 @@ impl World {
             return;
         }
         let ring = Ring::of_active(&self.nodes[via].view, self.cfg.options.ring_points_per_silo);
-        let Some(owner) = ring.owner_of(actor_hash(&retry.notice().actor)) else {
+        let Some(owner) = shard_owner(&ring, &retry.notice().actor, self.cfg.shards) else {
             return;
         };
         let taken = self
@@ -504,7 +530,7 @@ impl World {
             let victim = self.nodes[c.silo].addr;
             let ring = ring_among(&self.members, &c.members, points);
             for key in self.reminders.keys() {
-                if ring.owner_of(actor_hash(&key.0)) == Some(victim) {
+                if shard_owner(&ring, &key.0, self.cfg.shards) == Some(victim) {
                     c.owned.insert(key.clone());
                 }
             }
@@ -705,17 +731,37 @@ impl World {
                     self.message(me, to, serde_json::to_vec(&n).unwrap_or_default(), false);
                 }
             }
-            Action::SendReleases(messages) => {
-                for (to, m) in messages {
-                    self.message(me, to, serde_json::to_vec(&m).unwrap_or_default(), true);
+            Action::SendHints(hints) => {
+                for (to, h) in hints {
+                    self.message(me, to, serde_json::to_vec(&h).unwrap_or_default(), true);
                 }
             }
-            Action::FinishLeave(messages) => {
-                let mut last = 0;
-                for (to, m) in messages {
-                    last = last.max(self.message(me, to, serde_json::to_vec(&m).unwrap_or_default(), true));
-                }
-                self.sched.push(last + 1, i, Ev::Left);
+            Action::FinishLeave => self.sched.push(1, i, Ev::Left),
+            Action::ReadLease(shard) => {
+                let leases = self.leases.clone();
+                let (lat, result) = self.table_call(leases.read(shard));
+                let result = result.map_err(|e| e.to_string());
+                self.sched
+                    .push(lat, i, Ev::Machine(Event::LeaseRead { shard, result }));
+            }
+            Action::WriteLease(lease) => {
+                let leases = self.leases.clone();
+                let shard = lease.shard;
+                let (lat, result) = self.table_call(leases.write(&lease));
+                let result = result.map_err(|e| e.to_string());
+                self.sched
+                    .push(lat, i, Ev::Machine(Event::LeaseWritten { shard, result }));
+            }
+            Action::ReadSilo(silo) => {
+                let (lat, result) = self.status_read(silo);
+                self.sched
+                    .push(lat, i, Ev::Machine(Event::SiloRead { silo, result }));
+            }
+            Action::ConfirmSelf => {
+                let at = self.sched.time();
+                let (lat, result) = self.status_read(me);
+                self.sched
+                    .push(lat, i, Ev::Machine(Event::SelfRead { at, result }));
             }
             Action::SetTimer(timer, at) => {
                 self.tokens += 1;
@@ -733,6 +779,13 @@ impl World {
         }
     }
 
+    /// A membership row read: its latency and the silo's status.
+    fn status_read(&mut self, silo: SiloAddress) -> (u64, Result<Option<SiloStatus>, String>) {
+        let status = self.members.get(&silo).map(|(s, _)| *s);
+        let (lat, result) = self.table_call(async { Ok(status) });
+        (lat, result.map_err(|e| e.to_string()))
+    }
+
     /// Which Active silo owns `actor`'s reminders in the true membership now.
     pub fn owner_now(&self, actor: &str) -> Option<usize> {
         let mut view = MembershipSnapshot::default();
@@ -740,7 +793,7 @@ impl World {
             view.insert(MembershipEntry::new(*addr, *status, *since), Etag::new("1"));
         }
         let ring = Ring::of_active(&view, self.cfg.options.ring_points_per_silo);
-        ring.owner_of(actor_hash(actor)).and_then(|a| self.index_of(a))
+        shard_owner(&ring, actor, self.cfg.shards).and_then(|a| self.index_of(a))
     }
 
     /// Occurrences delivered more than once: ((actor, name), occurrence).
@@ -794,7 +847,7 @@ fn describe(event: &Event) -> String {
     };
     match event {
         Event::Notices(b) => format!("Notices({})", batch(b)),
-        Event::Releases(b) => format!("Releases({})", batch(b)),
+        Event::Releases(b) => format!("Hints({})", batch(b)),
         Event::View(v) => format!(
             "View(v{}: {:?})",
             v.version.version,

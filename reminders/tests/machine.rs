@@ -270,7 +270,8 @@ proptest! {
         let dup = w.duplicates();
         prop_assert!(dup.is_empty(), "duplicates: {:?}\nseed {seed} ops {ops:?}", &dup[..dup.len().min(8)]);
         let failover = cfg.view_spread
-            + rollcall_reminders::handoff::HANDOFF_GRACE.as_millis() as u64
+            + cfg.options.lease_period.as_millis() as u64
+            + cfg.options.lease_poll.as_millis() as u64
             + 2 * cfg.options.table_operation_timeout.as_millis() as u64;
         let reload = rollcall_reminders::machine::MAX_LOAD_BACKOFF.as_millis() as u64
             + 2 * cfg.options.table_operation_timeout.as_millis() as u64;
