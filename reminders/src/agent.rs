@@ -223,7 +223,11 @@ impl ReminderAgent {
             }
             Action::ReadLease(shard) => {
                 let leases = self.leases.clone();
-                let call = async move { bounded(timeout, leases.read(shard)).await.map_err(|e| e.to_string()) };
+                let call = async move {
+                    bounded(timeout, leases.read(shard))
+                        .await
+                        .map_err(|e| e.to_string())
+                };
                 ctx.spawn(
                     call.into_actor(self)
                         .map(move |result, act, ctx| act.run(Event::LeaseRead { shard, result }, ctx)),
@@ -231,7 +235,11 @@ impl ReminderAgent {
             }
             Action::WriteLease(lease) => {
                 let (leases, shard) = (self.leases.clone(), lease.shard);
-                let call = async move { bounded(timeout, leases.write(&lease)).await.map_err(|e| e.to_string()) };
+                let call = async move {
+                    bounded(timeout, leases.write(&lease))
+                        .await
+                        .map_err(|e| e.to_string())
+                };
                 ctx.spawn(
                     call.into_actor(self)
                         .map(move |result, act, ctx| act.run(Event::LeaseWritten { shard, result }, ctx)),

@@ -227,9 +227,9 @@ pub const OWNED_METRIC: &str = "rollcall_reminders_owned";
 /// Counters of one silo's reminder service (monotonic unless noted).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReminderStats {
-    /// Reminders in this silo's ranges at the last load (a gauge).
+    /// Reminders in the shards this silo holds, as last loaded (a gauge).
     pub owned: u64,
-    /// Reminders held in memory: due within the loading window (a gauge).
+    /// Reminders held in memory: every reminder of the held shards (a gauge).
     pub scheduled: u64,
     /// Ticks delivered (the handler completed).
     pub ticks_delivered: u64,
@@ -241,9 +241,13 @@ pub struct ReminderStats {
     /// Occurrences given up after retrying until the next one was due (each logged
     /// as an error).
     pub ticks_given_up: u64,
-    /// Range loads completed.
+    /// Load rounds: the first load of the shards assigned at start, then one per
+    /// reconciliation of every held shard (`refresh_reminder_list_period`, or
+    /// after notices were dropped). The reads of one shard (after its acquire,
+    /// before its release, or for a notice the silo could not read at once)
+    /// are not counted.
     pub loads: u64,
-    /// Range loads that failed (retried with backoff).
+    /// Rounds of shard reads that failed together (retried with backoff).
     pub load_failures: u64,
     /// Registration notices received.
     pub notices: u64,

@@ -503,6 +503,11 @@ pub struct ReminderMachine {
     write_failures: u32,
     leaving: bool,
     shard_timer: Option<Timestamp>,
+    /// Delivery paused (not Active, or not confirmed lately).
+    paused: bool,
+    /// When delivery last resumed after a pause: occurrences before it that
+    /// waited are delivered in turn.
+    resumed_at: Timestamp,
 }
 
 impl ReminderMachine {
@@ -555,6 +560,8 @@ impl ReminderMachine {
             write_failures: 0,
             leaving: false,
             shard_timer: None,
+            paused: false,
+            resumed_at: Timestamp::EPOCH,
             options,
         }
     }
@@ -653,7 +660,9 @@ impl ReminderMachine {
             Event::SiloRead { silo, result } => match result {
                 Ok(status) => self.to_shards(ShardEvent::SiloStatus { silo, status }),
                 // Asked again after a poll (rule 6 of the shard machine).
-                Err(e) => tracing::debug!(%silo, error = %e, "reading a lease holder's membership row failed"),
+                Err(e) => {
+                    tracing::debug!(%silo, error = %e, "reading a lease holder's membership row failed")
+                }
             },
             Event::SelfRead { at, result } => match result {
                 Ok(Some(SiloStatus::Active)) => self.to_shards(ShardEvent::SelfConfirmed { at }),
@@ -688,16 +697,7 @@ impl ReminderMachine {
             Timer::Refresh => {
                 let at = self.now.saturating_add(self.options.refresh_reminder_list_period);
                 self.out.push(Action::SetTimer(Timer::Refresh, at));
-                let loaded: Vec<u32> = self
-                    .held
-                    .iter()
-                    .filter(|(_, h)| h.loaded && !h.stopping)
-                    .map(|(k, _)| *k)
-                    .collect();
-                for k in loaded {
-                    self.queue_load(k, LoadKind::Refresh);
-                }
-                self.start_loads();
+                self.timer_refresh_now();
             }
             Timer::Shards => {
                 self.shard_timer = None;
@@ -881,14 +881,15 @@ impl ReminderMachine {
                 run.left.push_front(piece);
                 let run = self.running.remove(&epoch).expect("present");
                 self.failed.push(run);
-                Counters::bump(&self.counters.load_failures);
-                self.load_failures += 1;
-                let wait = backoff(self.load_failures, &mut self.rng)
-                    .min(MAX_LOAD_BACKOFF)
-                    .min(self.options.refresh_reminder_list_period);
-                tracing::warn!(silo = %self.me, error = %e, retry_in = ?wait,
-                    "loading reminders failed; the schedule in memory keeps ticking");
                 if !self.load_retry {
+                    // One failure per retry round (the loads running fail together).
+                    Counters::bump(&self.counters.load_failures);
+                    self.load_failures += 1;
+                    let wait = backoff(self.load_failures, &mut self.rng)
+                        .min(MAX_LOAD_BACKOFF)
+                        .min(self.options.refresh_reminder_list_period);
+                    tracing::warn!(silo = %self.me, error = %e, retry_in = ?wait,
+                        "loading reminders failed; the schedule in memory keeps ticking");
                     self.load_retry = true;
                     self.out
                         .push(Action::SetTimer(Timer::LoadRetry, self.now.saturating_add(wait)));
@@ -974,8 +975,12 @@ impl ReminderMachine {
                 let mut exceptions = run.exceptions;
                 if exceptions.len() > MAX_EXCEPTIONS {
                     exceptions.sort_by_key(|e| e.next);
-                    tracing::error!(shard = k, owed = exceptions.len(), kept = MAX_EXCEPTIONS,
-                        "a release owes more reminders than a lease row holds; the rest are lost");
+                    tracing::error!(
+                        shard = k,
+                        owed = exceptions.len(),
+                        kept = MAX_EXCEPTIONS,
+                        "a release owes more reminders than a lease row holds; the rest are lost"
+                    );
                     exceptions.truncate(MAX_EXCEPTIONS);
                 }
                 let stopped_at = held.stopped_at;
@@ -995,9 +1000,8 @@ impl ReminderMachine {
                 let (epoch, since) = (run.epoch, run.since);
                 let count = self.count;
                 // Slots of the shard the load did not read were deleted.
-                self.queue.retain(|s| {
-                    shard_of_hash(s.hash, count) != k || s.seen == epoch || s.touched > since
-                });
+                self.queue
+                    .retain(|s| shard_of_hash(s.hash, count) != k || s.seen == epoch || s.touched > since);
                 self.deleted.retain(|_, c| *c > since);
                 if run.kind == LoadKind::Acquire {
                     let held = self.held.get_mut(&k).expect("present");
@@ -1013,8 +1017,6 @@ impl ReminderMachine {
                         shard: k,
                         read_from: run.started,
                     });
-                } else {
-                    Counters::bump(&self.counters.loads);
                 }
                 let owned: u64 = self.held.values().map(|h| h.rows).sum();
                 self.counters
@@ -1063,7 +1065,9 @@ impl ReminderMachine {
         }
     }
 
+    /// A load round: every held and loaded shard is read again.
     fn timer_refresh_now(&mut self) {
+        Counters::bump(&self.counters.loads);
         let loaded: Vec<u32> = self
             .held
             .iter()
@@ -1132,11 +1136,7 @@ impl ReminderMachine {
     fn row_read(&mut self, gen: u64, key: Key, result: Result<Option<ReminderEntry>, ReminderError>) {
         self.notice_reads = self.notice_reads.saturating_sub(1);
         let k = actor_shard(key.actor(), self.count);
-        if !self
-            .held
-            .get(&k)
-            .is_some_and(|h| h.epoch == gen && !h.stopping)
-        {
+        if !self.held.get(&k).is_some_and(|h| h.epoch == gen && !h.stopping) {
             return; // released or dropped meanwhile: its release read the row
         }
         match result {
@@ -1276,7 +1276,13 @@ impl ReminderMachine {
             // Not Active, or (fencing) not confirmed lately: nothing is
             // delivered; look again soon.
             self.inactive_until = now.saturating_add(INACTIVE_RECHECK);
+            self.paused = true;
             return;
+        }
+        if std::mem::take(&mut self.paused) {
+            // Confirmed again: nobody took this silo's shards (that needs its
+            // row Dead, and Dead is final), so what waited is still owed here.
+            self.resumed_at = now;
         }
         let room = MAX_DELIVERIES.saturating_sub(self.deliveries);
         for key in self.queue.take_due(now, room) {
@@ -1301,6 +1307,15 @@ impl ReminderMachine {
                 continue;
             }
             let (etag, scheduled) = (slot.etag.clone(), slot.next.scheduled);
+            if scheduled < self.resumed_at && slot.catch_up_to < self.resumed_at {
+                let resumed_at = self.resumed_at;
+                if let Some(s) = self.queue.get_mut(&key) {
+                    s.catch_up_to = resumed_at;
+                }
+            }
+            let Some(slot) = self.queue.get(&key) else {
+                continue;
+            };
             let tick = ActorId::parse(key.actor())
                 .map(|actor| ReminderTick {
                     actor,
@@ -1369,7 +1384,15 @@ impl ReminderMachine {
         }
         // Every slot of a held shard stays in memory: a release reads what it
         // owes from them.
-        match after_attempt(slot.timing(), scheduled, now, true, slot.catch_up_to, Duration::MAX, now) {
+        match after_attempt(
+            slot.timing(),
+            scheduled,
+            now,
+            true,
+            slot.catch_up_to,
+            Duration::MAX,
+            now,
+        ) {
             AfterAttempt::Remove => {
                 self.queue.remove(key);
                 self.persist.remove(key);

@@ -7,8 +7,8 @@ use std::time::Duration;
 use actix::{Actor, Addr};
 use rand::SeedableRng;
 use rollcall_membership_core::{
-    Clock, MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, ShardLeases,
-    SiloAddress, SiloHandle, SystemClock, SystemStore,
+    Clock, MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, ShardLeases, SiloAddress,
+    SiloHandle, SystemClock, SystemStore,
 };
 use tokio::sync::oneshot;
 
@@ -126,9 +126,10 @@ impl RemindersBuilder {
             }
         })
         .await?;
-        let membership = self
-            .store
-            .membership_table(self.silo.cluster_id(), rollcall_membership_core::ProtocolMode::default())?;
+        let membership = self.store.membership_table(
+            self.silo.cluster_id(),
+            rollcall_membership_core::ProtocolMode::default(),
+        )?;
 
         rollcall_membership_core::retry_transient(&what, options.initialization_timeout, || async {
             bounded(op_timeout, table.init()).await.map_err(|e| match e {

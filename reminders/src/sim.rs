@@ -31,8 +31,8 @@ use rollcall_provider_memory::MemoryStore;
 use crate::machine::{Action, Event, Inbound, NoticeRetry, ReminderMachine, Timer};
 use crate::ring::Ring;
 use crate::shards::shard_owner;
-use rollcall_membership_core::ShardLeases;
 use crate::ReminderError;
+use rollcall_membership_core::ShardLeases;
 
 /// The service id of the world's reminders.
 pub const SERVICE: &str = "sim";

@@ -47,12 +47,14 @@ fn plan() -> Plan {
 
 /// How long after a kill its reminders may go undelivered with the fast profile:
 /// detection (3 missed probes of 500 ms, two table writes and a gossip round: the
-/// CLI tests' bound), the hold grace, a load and one period.
+/// CLI tests' bound), the lease period a successor waits after it saw the
+/// victim Dead, a lease poll, a load and one period.
 fn failover_window() -> Duration {
     Duration::from_millis(3 * 500)
         + Duration::from_secs(3)
         + Duration::from_secs(1)
-        + rollcall_reminders::handoff::HANDOFF_GRACE
+        + rollcall_reminders::ReminderOptions::default().lease_period
+        + rollcall_reminders::ReminderOptions::default().lease_poll
         + PERIOD
         + Duration::from_secs(1)
 }

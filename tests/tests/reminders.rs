@@ -132,8 +132,11 @@ fn r02_reminders_of_a_killed_owner_resume_on_survivors_without_duplicates() {
             100,
             "every reminder resumed on a survivor"
         );
-        // Resumed within detection + the next occurrence (1 period) + the load.
-        let bound = detection_bound() + MINUTE + Duration::from_secs(1);
+        // Resumed within detection + the lease period and a poll (the
+        // successor's wait after it saw the victim Dead) + the next occurrence
+        // (1 period) + the load.
+        let o = ReminderOptions::default();
+        let bound = detection_bound() + o.lease_period + o.lease_poll + MINUTE + Duration::from_secs(1);
         for (a, t) in &first_on_survivor {
             let took = t.saturating_duration_since(killed_at);
             assert!(took <= bound, "{a} resumed after {took:?} > {bound:?}");
@@ -808,8 +811,10 @@ fn r13_crashes_repeat_no_tick_and_lose_only_inside_the_failover_window() {
         let (report, kills) = sim_churn(false).await;
         eprintln!("crash churn: {report}");
         report.assert_no_duplicates();
-        // Failover window: detection, the survivors' load, and one period.
-        let window = detection_bound() + Duration::from_secs(2);
+        // Failover window: detection, the lease period and a poll, the
+        // survivors' load, and one period.
+        let o = ReminderOptions::default();
+        let window = detection_bound() + o.lease_period + o.lease_poll + Duration::from_secs(2);
         for (key, t) in &report.missed {
             assert!(
                 kills
