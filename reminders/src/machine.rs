@@ -625,7 +625,7 @@ impl ReminderMachine {
                 let at = now.saturating_add(self.options.refresh_reminder_list_period);
                 self.out.push(Action::SetTimer(Timer::Refresh, at));
             }
-            Event::View(view) => self.to_shards(ShardEvent::View(view)),
+            Event::View(view) => self.feed_shards(ShardEvent::View(view)),
             Event::Notices(batch) => self.notices(batch),
             Event::Releases(batch) => self.hints(batch),
             Event::Leave => {
@@ -633,7 +633,7 @@ impl ReminderMachine {
                     self.out.push(Action::LeaveDone);
                 } else {
                     self.leaving = true;
-                    self.to_shards(ShardEvent::Leave);
+                    self.feed_shards(ShardEvent::Leave);
                 }
             }
             Event::Due { active } => {
@@ -655,17 +655,17 @@ impl ReminderMachine {
                 result,
             } => self.delivered(key, etag, scheduled, result),
             Event::Written { write, result } => self.written(write, result),
-            Event::LeaseRead { shard, result } => self.to_shards(ShardEvent::Read { shard, result }),
-            Event::LeaseWritten { shard, result } => self.to_shards(ShardEvent::Written { shard, result }),
+            Event::LeaseRead { shard, result } => self.feed_shards(ShardEvent::Read { shard, result }),
+            Event::LeaseWritten { shard, result } => self.feed_shards(ShardEvent::Written { shard, result }),
             Event::SiloRead { silo, result } => match result {
-                Ok(status) => self.to_shards(ShardEvent::SiloStatus { silo, status }),
+                Ok(status) => self.feed_shards(ShardEvent::SiloStatus { silo, status }),
                 // Asked again after a poll (rule 6 of the shard machine).
                 Err(e) => {
                     tracing::debug!(%silo, error = %e, "reading a lease holder's membership row failed")
                 }
             },
             Event::SelfRead { at, result } => match result {
-                Ok(Some(SiloStatus::Active)) => self.to_shards(ShardEvent::SelfConfirmed { at }),
+                Ok(Some(SiloStatus::Active)) => self.feed_shards(ShardEvent::SelfConfirmed { at }),
                 Ok(status) => tracing::debug!(?status, "this silo's own row is not Active"),
                 Err(e) => tracing::debug!(error = %e, "confirming this silo's own row failed"),
             },
@@ -701,13 +701,13 @@ impl ReminderMachine {
             }
             Timer::Shards => {
                 self.shard_timer = None;
-                self.to_shards(ShardEvent::Tick);
+                self.feed_shards(ShardEvent::Tick);
             }
         }
     }
 
     /// Feeds the shard machine and carries out what it asks within this machine.
-    fn to_shards(&mut self, event: ShardEvent) {
+    fn feed_shards(&mut self, event: ShardEvent) {
         let mut actions = self.shards.handle(self.now, event);
         let mut stops = Vec::new();
         while !actions.is_empty() {
@@ -993,7 +993,7 @@ impl ReminderMachine {
                     started_through: Some(stopped_at),
                     exceptions,
                 };
-                self.to_shards(event);
+                self.feed_shards(event);
             }
             LoadKind::Acquire | LoadKind::Refresh => {
                 held.rows = run.rows;
@@ -1013,7 +1013,7 @@ impl ReminderMachine {
                             self.queue.requeue(&key, next);
                         }
                     }
-                    self.to_shards(ShardEvent::Loaded {
+                    self.feed_shards(ShardEvent::Loaded {
                         shard: k,
                         read_from: run.started,
                     });
@@ -1044,7 +1044,7 @@ impl ReminderMachine {
             };
             match serde_json::from_slice::<ReleaseHint>(&body) {
                 Ok(h) if h.service == self.service && h.shard < self.count => {
-                    self.to_shards(ShardEvent::Hint { shard: h.shard })
+                    self.feed_shards(ShardEvent::Hint { shard: h.shard })
                 }
                 Ok(_) => {}
                 Err(e) => tracing::debug!(%from, error = %e, "undecodable release hint dropped"),
