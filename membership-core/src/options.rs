@@ -315,8 +315,10 @@ pub struct ReminderOptions {
     /// How long the service may take to load its ranges at start-up. Default 5 min.
     #[serde(with = "humantime_serde")]
     pub initialization_timeout: Duration,
-    /// Only reminders due within this window are kept in memory. Default 1 h; must be
-    /// at least `refresh_reminder_list_period`.
+    /// Not used by the reminder service any more (every reminder of a held
+    /// shard is kept in memory: its release reads what it owes from them); kept
+    /// so that existing configurations still parse. Default 1 h; must be at
+    /// least `refresh_reminder_list_period`.
     #[serde(with = "humantime_serde")]
     pub loading_window: Duration,
     /// Points each silo takes on the consistent-hash ring. Default 30.

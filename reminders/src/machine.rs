@@ -196,7 +196,7 @@ pub fn backoff(attempt: u32, rng: &mut StdRng) -> Duration {
 }
 
 /// The shard of ring position `hash` among `shards` (as
-/// [`actor_shard`](rollcall_membership_core::actor_shard)).
+/// [`actor_shard`]).
 pub fn shard_of_hash(hash: u32, shards: u32) -> u32 {
     ((u64::from(hash) * u64::from(shards.max(1))) >> 32) as u32
 }
