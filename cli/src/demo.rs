@@ -213,6 +213,9 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         allow_period_below_minimum: true,
         startup_jitter: Duration::ZERO,
         refresh_reminder_list_period: Duration::from_secs(30),
+        // The fast membership profile's lease period: a survivor takes a
+        // killed silo's shards this long after it saw it Dead.
+        lease_period: Duration::from_secs(2),
         ..rollcall::ReminderOptions::default()
     };
     let mut silos: Vec<SiloHandle> = Vec::new();
@@ -353,7 +356,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
             .get(&a.to_string())
             .is_some_and(|(silo, at)| *at > killed_at && *silo != format!("silo-{}", silos.len()))
     };
-    let resume_limit = Duration::from_secs(5);
+    let resume_limit = reminder_options.lease_period + reminder_options.lease_poll + Duration::from_secs(5);
     let detected_at = Instant::now();
     while !victims.iter().all(on_survivor) && detected_at.elapsed() < resume_limit {
         tokio::time::sleep(Duration::from_millis(10)).await;

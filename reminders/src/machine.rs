@@ -611,12 +611,6 @@ impl ReminderMachine {
         self.shards.owned()
     }
 
-    /// Whether some shard assigned to this silo is still on its way (being
-    /// read, acquired or loaded).
-    pub fn holding(&self) -> bool {
-        !self.shards.settled()
-    }
-
     /// Handles `event` at `now`; returns what to do.
     pub fn handle(&mut self, now: Timestamp, event: Event) -> Vec<Action> {
         self.now = now;

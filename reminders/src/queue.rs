@@ -76,17 +76,12 @@ pub(crate) struct Slot {
     pub policy: MissedTickPolicy,
     /// A delivery of `next` is running (the slot is out of the due index).
     pub delivering: bool,
-    /// Its range is held for a handoff (see [`crate::handoff`]): out of the due
-    /// index until freed by [`Queue::requeue`].
+    /// Its shard is loading or stopping: out of the due index until
+    /// [`Queue::requeue`]d.
     pub held: bool,
     /// Freed by a handoff at this time with occurrences already due: each of them
     /// up to this time is delivered in turn (none is skipped for lateness).
     pub catch_up_to: Timestamp,
-    /// This registration (this etag) was learned from its registration notice
-    /// and nothing was delivered since: a load that reads it again, or a
-    /// failover that frees its held range, plans its first tick as the notice
-    /// did (late, at once, within the first period) instead of skipping it.
-    pub noticed: bool,
 }
 
 impl Slot {
@@ -130,9 +125,7 @@ impl Queue {
     /// Sets (or replaces) the slot of `entry`, due at `next.due`.
     pub(crate) fn set(&mut self, entry: &ReminderEntry, next: Planned, touched: u64) {
         let key = key_of(entry);
-        let noticed = self
-            .remove(&key)
-            .is_some_and(|old| old.noticed && old.etag == entry.etag.as_str());
+        self.remove(&key);
         let slot = Slot {
             key: key.clone(),
             etag: SmolStr::new(entry.etag.as_str()),
@@ -148,7 +141,6 @@ impl Queue {
             delivering: false,
             held: false,
             catch_up_to: Timestamp::EPOCH,
-            noticed,
         };
         let i = u32::try_from(self.slots.insert(slot)).expect("fewer than 2^32 reminders per silo");
         self.index.insert(key, i);

@@ -162,62 +162,6 @@ impl Ring {
         out
     }
 
-    /// The parts of `range` with their owners, in ring order from `range.begin`
-    /// (each point's range `(previous point, point]` cut to `range`). Empty on an
-    /// empty ring. Costs the points inside `range`, not the whole ring.
-    pub fn owners_within(&self, range: RingRange) -> Vec<(RingRange, SiloAddress)> {
-        let mut out = Vec::new();
-        if self.points.is_empty() {
-            return out;
-        }
-        // The points from just after `begin`, round the ring (the loop ends within
-        // one turn): the first one at or past the range's end owns its last part.
-        let after = self
-            .points
-            .range((std::ops::Bound::Excluded(range.begin), std::ops::Bound::Unbounded))
-            .chain(self.points.iter().cycle());
-        let total = range.size();
-        let mut from = range.begin;
-        let mut covered: u64 = 0;
-        for (point, owner) in after {
-            let step = match point.wrapping_sub(from) {
-                0 => 1 << 32,
-                d => u64::from(d),
-            };
-            if covered + step >= total {
-                out.push((
-                    RingRange {
-                        begin: from,
-                        end: range.end,
-                    },
-                    *owner,
-                ));
-                return out;
-            }
-            out.push((
-                RingRange {
-                    begin: from,
-                    end: *point,
-                },
-                *owner,
-            ));
-            covered += step;
-            from = *point;
-        }
-        out
-    }
-
-    /// The ring's points, in ring order.
-    pub fn points(&self) -> impl Iterator<Item = u32> + '_ {
-        self.points.keys().copied()
-    }
-
-    /// The same ring without `silo`'s points (as every silo computes it once `silo`
-    /// is no longer Active).
-    pub fn without(&self, silo: &SiloAddress) -> Ring {
-        Ring::new(self.silos().into_iter().filter(|s| s != silo), self.per_silo)
-    }
-
     /// Whether `silo` owns `hash`.
     pub fn owns(&self, silo: &SiloAddress, hash: u32) -> bool {
         self.owner_of(hash) == Some(*silo)
@@ -292,25 +236,6 @@ mod tests {
                     .collect();
                 prop_assert_eq!(owners.len(), 1, "hash {} owned by {:?}", h, owners);
                 prop_assert_eq!(Some(*owners[0]), ring.owner_of(h));
-            }
-        }
-
-        /// The owners within a range agree with `owner_of` for every hash in it,
-        /// and the parts cover it exactly.
-        #[test]
-        fn owners_within_agree_with_owner_of(silos in prop::collection::btree_set(1u8..12, 1..6), begin in any::<u32>(), end in any::<u32>(), probes in prop::collection::vec(any::<u32>(), 64)) {
-            let ring = Ring::new(silos.iter().map(|n| silo(*n, 1)), 4);
-            let range = RingRange { begin, end };
-            let parts = ring.owners_within(range);
-            prop_assert_eq!(parts.iter().map(|(p, _)| p.size()).sum::<u64>(), range.size());
-            for h in probes.into_iter().chain([end, begin.wrapping_add(1)]) {
-                let inside: Vec<_> = parts.iter().filter(|(p, _)| p.contains(h)).collect();
-                if range.contains(h) {
-                    prop_assert_eq!(inside.len(), 1);
-                    prop_assert_eq!(Some(inside[0].1), ring.owner_of(h));
-                } else {
-                    prop_assert!(inside.is_empty());
-                }
             }
         }
 
