@@ -60,6 +60,9 @@ pub struct Config {
     pub handler: u64,
     /// Probability that a delivery fails (the handler returns an error).
     pub delivery_failure: f64,
+    /// Probability that a message between two live silos is lost (the sender
+    /// of a notice sees it not taken, as with the real transport).
+    pub message_loss: f64,
     /// The service's shard count.
     pub shards: u32,
 }
@@ -85,6 +88,7 @@ impl Default for Config {
             detection: (3_000, 10_000),
             handler: 20,
             delivery_failure: 0.0,
+            message_loss: 0.0,
             shards: 64,
         }
     }
@@ -149,6 +153,9 @@ pub enum Life {
     Left,
     /// Crashed (Dead once declared).
     Crashed,
+    /// Declared Dead while it still runs: cut off from the store and from the
+    /// other silos, it believes itself Active until it stops.
+    Zombie,
 }
 
 struct Node {
@@ -157,6 +164,8 @@ struct Node {
     life: Life,
     view: Arc<MembershipSnapshot>,
     timers: HashMap<Timer, u64>,
+    /// Cut off from the store and every other silo until this time (virtual ms).
+    cut_until: u64,
 }
 
 enum Ev {
@@ -165,6 +174,8 @@ enum Ev {
     View(Arc<MembershipSnapshot>),
     Left,
     Declared,
+    /// A zombie stops (it read itself Dead at last).
+    Stop,
     /// A registering silo sends its notice again (the owner did not take it).
     Notify(NoticeRetry),
 }
@@ -182,6 +193,8 @@ pub struct World {
     table: Arc<dyn ReminderTable>,
     leases: ShardLeases,
     outage_until: u64,
+    /// Pairs of silos that cannot reach each other, until a time (virtual ms).
+    partitions: Vec<(SiloAddress, SiloAddress, u64)>,
     /// Every delivered tick, in order.
     pub ticks: Vec<Tick>,
     /// Every reminder registered, by (actor, name).
@@ -225,6 +238,7 @@ impl World {
             table,
             leases,
             outage_until: 0,
+            partitions: Vec::new(),
             ticks: Vec::new(),
             reminders: BTreeMap::new(),
             crashes: Vec::new(),
@@ -294,6 +308,7 @@ impl World {
             life: Life::Active,
             view: Arc::default(),
             timers: HashMap::new(),
+            cut_until: 0,
         });
         let now = self.sched.time();
         self.members.insert(addr, (SiloStatus::Active, now));
@@ -318,6 +333,27 @@ impl World {
     /// Silo `i` crashes: it stops at once; the membership declares it Dead after
     /// the configured detection time.
     pub fn crash(&mut self, i: usize) {
+        self.fail(i, false);
+    }
+
+    /// Silo `i` is declared Dead while it still runs: from now on it reaches
+    /// neither the store nor another silo, the membership declares it Dead
+    /// after the detection time, and it runs on, believing itself Active, for
+    /// up to the longest detection time more before it stops. Its lost ticks
+    /// are explained as a crash's.
+    pub fn false_death(&mut self, i: usize) {
+        self.fail(i, true);
+    }
+
+    /// Silos `a` and `b` cannot reach each other for `ms` (both still reach
+    /// the store).
+    pub fn partition(&mut self, a: usize, b: usize, ms: u64) {
+        let until = self.now() + ms;
+        let (a, b) = (self.nodes[a].addr, self.nodes[b].addr);
+        self.partitions.push((a, b, until));
+    }
+
+    fn fail(&mut self, i: usize, zombie: bool) {
         if !matches!(self.nodes[i].life, Life::Active | Life::Leaving) {
             return;
         }
@@ -337,8 +373,13 @@ impl World {
             })
             .cloned()
             .collect();
-        self.nodes[i].life = Life::Crashed;
-        self.nodes[i].machine = None;
+        if zombie {
+            self.nodes[i].life = Life::Zombie;
+            self.nodes[i].cut_until = u64::MAX;
+        } else {
+            self.nodes[i].life = Life::Crashed;
+            self.nodes[i].machine = None;
+        }
         let (lo, hi) = self.cfg.detection;
         let after = self.sched.rng().random_range(lo..=hi);
         self.crashes.push(Crash {
@@ -469,10 +510,9 @@ impl World {
         let Some(owner) = shard_owner(&ring, &retry.notice().actor, self.cfg.shards) else {
             return;
         };
-        let taken = self
-            .index_of(owner)
-            .is_some_and(|j| self.nodes[j].machine.is_some());
         let body = serde_json::to_vec(retry.notice()).unwrap_or_default();
+        let from = self.nodes[via].addr;
+        let taken = self.message(from, owner, body, false);
         if let Some(wait) = retry.after_send(taken) {
             self.sched.push(
                 u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
@@ -480,18 +520,26 @@ impl World {
                 Ev::Notify(retry),
             );
         }
-        let from = self.nodes[via].addr;
-        self.message(from, owner, body, false);
     }
 
     /// A message from `from` to `to` on the notice (or release) topic, lost if `to`
     /// does not run; returns its latency.
-    fn message(&mut self, from: SiloAddress, to: SiloAddress, body: Vec<u8>, release: bool) -> u64 {
+    fn message(&mut self, from: SiloAddress, to: SiloAddress, body: Vec<u8>, release: bool) -> bool {
         let lat = 1 + self.rand(self.cfg.message_jitter);
         // The transport refuses a body over its limit, as the real one does.
         if body.len() > rollcall_membership_core::transport::MAX_NOTICE_BODY {
             self.oversized += 1;
-            return lat;
+            return false;
+        }
+        let now = self.now();
+        let cut = |w: &World, a: SiloAddress| w.index_of(a).is_some_and(|k| now < w.nodes[k].cut_until);
+        let parted = self
+            .partitions
+            .iter()
+            .any(|(a, b, until)| now < *until && ((*a, *b) == (from, to) || (*b, *a) == (from, to)));
+        let lost = self.cfg.message_loss > 0.0 && self.sched.rng().random_bool(self.cfg.message_loss);
+        if cut(self, from) || cut(self, to) || parted || lost {
+            return false;
         }
         if let Some(j) = self.index_of(to).filter(|j| self.nodes[*j].machine.is_some()) {
             let batch = vec![Inbound::Message { from, body }];
@@ -501,8 +549,9 @@ impl World {
                 Event::Notices(batch)
             };
             self.sched.push(lat, j, Ev::Machine(event));
+            return true;
         }
-        lat
+        false
     }
 
     fn index_of(&self, addr: SiloAddress) -> Option<usize> {
@@ -537,8 +586,10 @@ impl World {
         }
         let view = Arc::new(view);
         self.latest = view.clone();
+        let now = self.now();
         for i in 0..self.nodes.len() {
-            if self.nodes[i].machine.is_none() {
+            // A silo cut off from the store reads no view.
+            if self.nodes[i].machine.is_none() || now < self.nodes[i].cut_until {
                 continue;
             }
             let after = if at_once == Some(i) {
@@ -582,7 +633,7 @@ impl World {
                 self.nodes[i].timers.remove(&t);
                 match t {
                     Timer::Due => Event::Due {
-                        active: matches!(self.nodes[i].life, Life::Active | Life::Leaving),
+                        active: matches!(self.nodes[i].life, Life::Active | Life::Leaving | Life::Zombie),
                     },
                     t => Event::Timer(t),
                 }
@@ -614,6 +665,15 @@ impl World {
                     c.declared = Some(now);
                 }
                 self.mark_dead(i);
+                if self.nodes[i].life == Life::Zombie {
+                    let more = self.rand(self.cfg.detection.1);
+                    self.sched.push(more, i, Ev::Stop);
+                }
+                return;
+            }
+            Ev::Stop => {
+                self.nodes[i].life = Life::Crashed;
+                self.nodes[i].machine = None;
                 return;
             }
         };
@@ -655,10 +715,11 @@ impl World {
     /// after the operation timeout and `call` does not run).
     fn table_call<T>(
         &mut self,
+        i: usize,
         call: impl std::future::Future<Output = rollcall_membership_core::Result<T>>,
     ) -> (u64, Result<T, ReminderError>) {
         let timeout = self.cfg.options.table_operation_timeout;
-        if self.out() {
+        if self.out() || self.now() < self.nodes[i].cut_until {
             (timeout.as_millis() as u64, Err(ReminderError::Timeout(timeout)))
         } else {
             let lat = 1 + self.rand(self.cfg.table_jitter);
@@ -671,13 +732,13 @@ impl World {
         match action {
             Action::ReadRow { gen, key } => {
                 let table = self.table.clone();
-                let (lat, result) = self.table_call(table.read_row(key.actor(), key.name()));
+                let (lat, result) = self.table_call(i, table.read_row(key.actor(), key.name()));
                 self.sched
                     .push(lat, i, Ev::Machine(Event::RowRead { gen, key, result }));
             }
             Action::ReadPiece { epoch, piece, width } => {
                 let table = self.table.clone();
-                let (lat, result) = self.table_call(table.read_rows_in_range(piece.begin, piece.end));
+                let (lat, result) = self.table_call(i, table.read_rows_in_range(piece.begin, piece.end));
                 let event = Event::PieceRead {
                     epoch,
                     piece,
@@ -722,7 +783,7 @@ impl World {
             }
             Action::Write(write) => {
                 let table = self.table.clone();
-                let (lat, result) = self.table_call(crate::send::apply_write(&*table, &write));
+                let (lat, result) = self.table_call(i, crate::send::apply_write(&*table, &write));
                 self.sched
                     .push(lat, i, Ev::Machine(Event::Written { write, result }));
             }
@@ -739,7 +800,7 @@ impl World {
             Action::FinishLeave => self.sched.push(1, i, Ev::Left),
             Action::ReadLease(shard) => {
                 let leases = self.leases.clone();
-                let (lat, result) = self.table_call(leases.read(shard));
+                let (lat, result) = self.table_call(i, leases.read(shard));
                 let result = result.map_err(|e| e.to_string());
                 self.sched
                     .push(lat, i, Ev::Machine(Event::LeaseRead { shard, result }));
@@ -747,19 +808,19 @@ impl World {
             Action::WriteLease(lease) => {
                 let leases = self.leases.clone();
                 let shard = lease.shard;
-                let (lat, result) = self.table_call(leases.write(&lease));
+                let (lat, result) = self.table_call(i, leases.write(&lease));
                 let result = result.map_err(|e| e.to_string());
                 self.sched
                     .push(lat, i, Ev::Machine(Event::LeaseWritten { shard, result }));
             }
             Action::ReadSilo(silo) => {
-                let (lat, result) = self.status_read(silo);
+                let (lat, result) = self.status_read(i, silo);
                 self.sched
                     .push(lat, i, Ev::Machine(Event::SiloRead { silo, result }));
             }
             Action::ConfirmSelf => {
                 let at = self.sched.time();
-                let (lat, result) = self.status_read(me);
+                let (lat, result) = self.status_read(i, me);
                 self.sched
                     .push(lat, i, Ev::Machine(Event::SelfRead { at, result }));
             }
@@ -780,9 +841,9 @@ impl World {
     }
 
     /// A membership row read: its latency and the silo's status.
-    fn status_read(&mut self, silo: SiloAddress) -> (u64, Result<Option<SiloStatus>, String>) {
+    fn status_read(&mut self, i: usize, silo: SiloAddress) -> (u64, Result<Option<SiloStatus>, String>) {
         let status = self.members.get(&silo).map(|(s, _)| *s);
-        let (lat, result) = self.table_call(async { Ok(status) });
+        let (lat, result) = self.table_call(i, async { Ok(status) });
         (lat, result.map_err(|e| e.to_string()))
     }
 
