@@ -9,7 +9,9 @@ use rollcall_membership_core::{Notice, NoticeReceiver, NoticesDropped};
 
 use crate::agent::{NoticesReceived, ReminderAgent};
 use crate::api::ReminderError;
-use crate::machine::{release_topic, topic, ChangedNotice, ReleaseHint, Write, NOTICE_BATCH};
+use crate::machine::{
+    release_topic, topic, ChangedNotice, ReleaseHint, Write, NOTICE_ATTEMPTS, NOTICE_BATCH, NOTICE_RETRY,
+};
 
 /// Runs `call` bounded by `timeout`.
 pub(crate) async fn bounded<T>(
@@ -57,9 +59,10 @@ pub(crate) fn send_hints(silo: &SiloHandle, service_id: &str, hints: Vec<(SiloAd
     });
 }
 
-/// Sends `notices` to their silos one after another in a background task (each
-/// bounded by the silo's `probe_timeout`). Best effort: a notice not taken is
-/// covered by the owner's loads, so failures are only logged.
+/// Sends `notices` to their silos in a background task, each again every
+/// [`NOTICE_RETRY`] while not taken, [`NOTICE_ATTEMPTS`] sends in all (each
+/// bounded by the silo's `probe_timeout`); past that the owner's refresh
+/// covers it.
 pub(crate) fn send_notices(silo: &SiloHandle, service_id: &str, notices: Vec<(SiloAddress, ChangedNotice)>) {
     if notices.is_empty() {
         return;
@@ -70,11 +73,14 @@ pub(crate) fn send_notices(silo: &SiloHandle, service_id: &str, notices: Vec<(Si
             let Ok(body) = serde_json::to_vec(&notice) else {
                 continue;
             };
-            match silo.send_notice(owner, &topic, body).await {
-                Ok(true) => {}
-                Ok(false) => tracing::debug!(%owner, "reminder notice not taken; the owner's loads cover it"),
-                Err(e) => {
-                    tracing::debug!(%owner, error = %e, "reminder notice lost; the owner's loads cover it")
+            for attempt in 1..=NOTICE_ATTEMPTS {
+                match silo.send_notice(owner, &topic, body.clone()).await {
+                    Ok(true) => break,
+                    Ok(false) => tracing::debug!(%owner, attempt, "reminder notice not taken"),
+                    Err(e) => tracing::debug!(%owner, attempt, error = %e, "reminder notice not sent"),
+                }
+                if attempt < NOTICE_ATTEMPTS {
+                    tokio::time::sleep(NOTICE_RETRY).await;
                 }
             }
         }

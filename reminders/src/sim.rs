@@ -178,6 +178,9 @@ enum Ev {
     Stop,
     /// A registering silo sends its notice again (the owner did not take it).
     Notify(NoticeRetry),
+    /// A silo sends a forwarded notice again (not taken): to, the notice, the
+    /// sends so far.
+    Resend(SiloAddress, crate::machine::ChangedNotice, u32),
 }
 
 /// The world (see the module docs).
@@ -659,6 +662,12 @@ impl World {
                 self.notify(i, retry);
                 return;
             }
+            Ev::Resend(to, notice, sent) => {
+                if self.nodes[i].machine.is_some() {
+                    self.forward(i, to, notice, sent);
+                }
+                return;
+            }
             Ev::Declared => {
                 let now = self.now();
                 if let Some(c) = self.crashes.iter_mut().rev().find(|c| c.silo == i) {
@@ -789,7 +798,7 @@ impl World {
             }
             Action::SendNotices(notices) => {
                 for (to, n) in notices {
-                    self.message(me, to, serde_json::to_vec(&n).unwrap_or_default(), false);
+                    self.forward(i, to, n, 0);
                 }
             }
             Action::SendHints(hints) => {
@@ -837,6 +846,17 @@ impl World {
                 self.nodes[i].timers.remove(&timer);
             }
             Action::LeaveDone | Action::Loaded | Action::TickDelivered { .. } | Action::Owned(_) => {}
+        }
+    }
+
+    /// Silo `i` sends `notice` to `to`, again every [`NOTICE_RETRY`](crate::machine::NOTICE_RETRY)
+    /// while not taken, [`NOTICE_ATTEMPTS`](crate::machine::NOTICE_ATTEMPTS) sends in all (as the agent does).
+    fn forward(&mut self, i: usize, to: SiloAddress, notice: crate::machine::ChangedNotice, sent: u32) {
+        let me = self.nodes[i].addr;
+        let taken = self.message(me, to, serde_json::to_vec(&notice).unwrap_or_default(), false);
+        if !taken && sent + 1 < crate::machine::NOTICE_ATTEMPTS {
+            let wait = crate::machine::NOTICE_RETRY.as_millis() as u64;
+            self.sched.push(wait, i, Ev::Resend(to, notice, sent + 1));
         }
     }
 
