@@ -198,6 +198,8 @@ pub struct World {
     outage_until: u64,
     /// Pairs of silos that cannot reach each other, until a time (virtual ms).
     partitions: Vec<(SiloAddress, SiloAddress, u64)>,
+    /// Partitions between silos: (from, to), virtual ms.
+    pub partitioned: Vec<(u64, u64)>,
     /// Every delivered tick, in order.
     pub ticks: Vec<Tick>,
     /// Every reminder registered, by (actor, name).
@@ -242,6 +244,7 @@ impl World {
             leases,
             outage_until: 0,
             partitions: Vec::new(),
+            partitioned: Vec::new(),
             ticks: Vec::new(),
             reminders: BTreeMap::new(),
             crashes: Vec::new(),
@@ -352,6 +355,7 @@ impl World {
     /// the store).
     pub fn partition(&mut self, a: usize, b: usize, ms: u64) {
         let until = self.now() + ms;
+        self.partitioned.push((self.now(), until));
         let (a, b) = (self.nodes[a].addr, self.nodes[b].addr);
         self.partitions.push((a, b, until));
     }
