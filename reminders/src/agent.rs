@@ -150,20 +150,28 @@ impl ReminderAgent {
         }
     }
 
+    /// Runs `call` and hands the machine the event its answer makes.
+    fn answer<F: std::future::Future + 'static>(
+        &mut self,
+        ctx: &mut Context<Self>,
+        call: F,
+        event: impl FnOnce(F::Output) -> Event + 'static,
+    ) {
+        ctx.spawn(
+            call.into_actor(self)
+                .map(move |out, act, ctx| act.run(event(out), ctx)),
+        );
+    }
+
     fn execute(&mut self, action: Action, ctx: &mut Context<Self>) {
         let timeout = self.options.table_operation_timeout;
-        let table = self.table.clone();
+        let (table, leases) = (self.table.clone(), self.leases.clone());
+        let text = |e: crate::ReminderError| e.to_string();
         match action {
             Action::ReadRow { gen, key } => {
-                let call = async move {
-                    let result = bounded(timeout, table.read_row(key.actor(), key.name())).await;
-                    (key, result)
-                };
-                ctx.spawn(
-                    call.into_actor(self).map(move |(key, result), act, ctx| {
-                        act.run(Event::RowRead { gen, key, result }, ctx)
-                    }),
-                );
+                let k = key.clone();
+                let call = async move { bounded(timeout, table.read_row(k.actor(), k.name())).await };
+                self.answer(ctx, call, move |result| Event::RowRead { gen, key, result });
             }
             Action::ReadPiece { epoch, piece, width } => {
                 let call = async move {
@@ -172,17 +180,12 @@ impl ReminderAgent {
                     tokio::task::yield_now().await;
                     bounded(timeout, table.read_rows_in_range(piece.begin, piece.end)).await
                 };
-                ctx.spawn(call.into_actor(self).map(move |result, act, ctx| {
-                    act.run(
-                        Event::PieceRead {
-                            epoch,
-                            piece,
-                            width,
-                            result,
-                        },
-                        ctx,
-                    )
-                }));
+                self.answer(ctx, call, move |result| Event::PieceRead {
+                    epoch,
+                    piece,
+                    width,
+                    result,
+                });
             }
             Action::Deliver {
                 key,
@@ -201,64 +204,35 @@ impl ReminderAgent {
                         Err(_) => Err(format!("handler did not finish within {timeout:?}")),
                     }
                 };
-                ctx.spawn(call.into_actor(self).map(move |result, act, ctx| {
-                    act.run(
-                        Event::Delivered {
-                            key,
-                            etag,
-                            scheduled,
-                            result,
-                        },
-                        ctx,
-                    )
-                }));
+                self.answer(ctx, call, move |result| Event::Delivered {
+                    key,
+                    etag,
+                    scheduled,
+                    result,
+                });
             }
             Action::Write(write) => {
                 let w = write.clone();
                 let call = async move { bounded(timeout, apply_write(&*table, &w)).await };
-                ctx.spawn(
-                    call.into_actor(self)
-                        .map(move |result, act, ctx| act.run(Event::Written { write, result }, ctx)),
-                );
+                self.answer(ctx, call, move |result| Event::Written { write, result });
             }
             Action::ReadLease(shard) => {
-                let leases = self.leases.clone();
-                let call = async move {
-                    bounded(timeout, leases.read(shard))
-                        .await
-                        .map_err(|e| e.to_string())
-                };
-                ctx.spawn(
-                    call.into_actor(self)
-                        .map(move |result, act, ctx| act.run(Event::LeaseRead { shard, result }, ctx)),
-                );
+                let call = async move { bounded(timeout, leases.read(shard)).await.map_err(text) };
+                self.answer(ctx, call, move |result| Event::LeaseRead { shard, result });
             }
             Action::WriteLease(lease) => {
-                let (leases, shard) = (self.leases.clone(), lease.shard);
-                let call = async move {
-                    bounded(timeout, leases.write(&lease))
-                        .await
-                        .map_err(|e| e.to_string())
-                };
-                ctx.spawn(
-                    call.into_actor(self)
-                        .map(move |result, act, ctx| act.run(Event::LeaseWritten { shard, result }, ctx)),
-                );
+                let shard = lease.shard;
+                let call = async move { bounded(timeout, leases.write(&lease)).await.map_err(text) };
+                self.answer(ctx, call, move |result| Event::LeaseWritten { shard, result });
             }
             Action::ReadSilo(silo) => {
                 let call = self.read_status(silo);
-                ctx.spawn(
-                    call.into_actor(self)
-                        .map(move |result, act, ctx| act.run(Event::SiloRead { silo, result }, ctx)),
-                );
+                self.answer(ctx, call, move |result| Event::SiloRead { silo, result });
             }
             Action::ConfirmSelf => {
                 let at = self.clock.now();
                 let call = self.read_status(self.machine.me());
-                ctx.spawn(
-                    call.into_actor(self)
-                        .map(move |result, act, ctx| act.run(Event::SelfRead { at, result }, ctx)),
-                );
+                self.answer(ctx, call, move |result| Event::SelfRead { at, result });
             }
             Action::SendNotices(notices) => send_notices(&self.silo, self.table.service_id(), notices),
             Action::SendHints(hints) => send_hints(&self.silo, self.table.service_id(), hints),

@@ -773,9 +773,7 @@ impl ReminderMachine {
         if self.held.remove(&k).is_none() {
             return;
         }
-        self.pending.retain(|(s, _)| *s != k);
-        self.running.retain(|_, r| r.shard != k);
-        self.failed.retain(|r| r.shard != k);
+        self.cancel_loads(k);
         let count = self.count;
         self.queue.retain(|s| shard_of_hash(s.hash, count) != k);
         self.publish_gauges();
@@ -795,12 +793,17 @@ impl ReminderMachine {
         };
         held.stopping = true;
         held.stopped_at = self.now;
-        self.pending.retain(|(s, _)| *s != k);
-        self.running.retain(|_, r| r.shard != k);
-        self.failed.retain(|r| r.shard != k);
+        self.cancel_loads(k);
         self.pending.push_front((k, LoadKind::Final));
         self.start_loads();
         None
+    }
+
+    /// Forgets every load of shard `k`, queued, running or failed.
+    fn cancel_loads(&mut self, k: u32) {
+        self.pending.retain(|(s, _)| *s != k);
+        self.running.retain(|_, r| r.shard != k);
+        self.failed.retain(|r| r.shard != k);
     }
 
     fn queue_load(&mut self, k: u32, kind: LoadKind) {
