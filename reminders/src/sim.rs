@@ -120,6 +120,8 @@ pub struct Lifetime {
     pub removed: Option<u64>,
     /// Its etag.
     pub etag: Etag,
+    /// The silo it was registered through (which sends its notice).
+    pub via: usize,
 }
 
 /// A crash: the victim, when it crashed and when it was declared Dead (virtual
@@ -210,6 +212,8 @@ pub struct World {
     pub outages: Vec<(u64, u64)>,
     /// Graceful leaves: (silo, started, left), virtual ms.
     pub leaves: Vec<(usize, u64, Option<u64>)>,
+    /// Joins: (silo, when), virtual ms.
+    pub joins: Vec<(usize, u64)>,
     /// Occurrences whose delivery failed at least once (the handler's error).
     pub failed: std::collections::BTreeSet<((String, String), Timestamp)>,
     /// Largest number of deliveries, writes and notice reads in flight on one silo.
@@ -250,6 +254,7 @@ impl World {
             crashes: Vec::new(),
             outages: Vec::new(),
             leaves: Vec::new(),
+            joins: Vec::new(),
             failed: Default::default(),
             max_in_flight: (0, 0, 0),
             oversized: 0,
@@ -318,6 +323,7 @@ impl World {
         });
         let now = self.sched.time();
         self.members.insert(addr, (SiloStatus::Active, now));
+        self.joins.push((i, self.sched.now_ms()));
         self.sched.push(0, i, Ev::Machine(Event::Start));
         self.publish(Some(i));
         i
@@ -450,6 +456,7 @@ impl World {
                 registered: self.now(),
                 removed: None,
                 etag,
+                via,
             },
         );
         // Registered while a crashed silo that owns it is not yet declared Dead,
