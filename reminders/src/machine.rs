@@ -36,7 +36,7 @@
 //! | notice reads in flight | [`MAX_NOTICE_READS`] (beyond: a refresh of the shard) |
 //! | queued notices | [`NOTICE_QUEUE`] (beyond: dropped; the refresh covers them), taken [`NOTICE_BATCH`] per event |
 //! | pending `last_fired` writes and one-shot removals | one per reminder, [`MAX_WRITES`] in flight |
-//! | lease calls | at most one per shard in flight ([`crate::shards`], rule 6) |
+//! | lease calls | [`MAX_LEASE_CALLS`] in flight, the rest queued in order; at most one per shard ([`crate::shards`], rule 6) |
 //! | retries | backoff timers (full jitter, at most [`MAX_BACKOFF`]; loads at most [`MAX_LOAD_BACKOFF`]), never a loop |
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -66,6 +66,10 @@ pub const MAX_DELIVERIES: usize = 1024;
 pub const MAX_NOTICE_READS: usize = 64;
 /// Shard loads running at once.
 pub const MAX_LOADS: usize = 4;
+/// Lease reads and writes in flight at once (the rest wait in order): a silo
+/// that starts and is assigned a thousand shards does not send a thousand
+/// calls at once.
+pub const MAX_LEASE_CALLS: usize = 64;
 /// Deleted rows remembered between two loads (see `ReminderMachine::deleted`).
 const MAX_DELETED: usize = 4096;
 /// Notices queued for the agent.
@@ -503,6 +507,9 @@ pub struct ReminderMachine {
     write_failures: u32,
     leaving: bool,
     shard_timer: Option<Timestamp>,
+    /// Lease calls waiting for room ([`MAX_LEASE_CALLS`]), and those in flight.
+    lease_calls: VecDeque<Action>,
+    lease_in_flight: usize,
     /// Delivery paused (not Active, or not confirmed lately).
     paused: bool,
     /// When delivery last resumed after a pause: occurrences before it that
@@ -560,6 +567,8 @@ impl ReminderMachine {
             write_failures: 0,
             leaving: false,
             shard_timer: None,
+            lease_calls: VecDeque::new(),
+            lease_in_flight: 0,
             paused: false,
             resumed_at: Timestamp::EPOCH,
             options,
@@ -649,8 +658,14 @@ impl ReminderMachine {
                 result,
             } => self.delivered(key, etag, scheduled, result),
             Event::Written { write, result } => self.written(write, result),
-            Event::LeaseRead { shard, result } => self.feed_shards(ShardEvent::Read { shard, result }),
-            Event::LeaseWritten { shard, result } => self.feed_shards(ShardEvent::Written { shard, result }),
+            Event::LeaseRead { shard, result } => {
+                self.lease_in_flight = self.lease_in_flight.saturating_sub(1);
+                self.feed_shards(ShardEvent::Read { shard, result })
+            }
+            Event::LeaseWritten { shard, result } => {
+                self.lease_in_flight = self.lease_in_flight.saturating_sub(1);
+                self.feed_shards(ShardEvent::Written { shard, result })
+            }
             Event::SiloRead { silo, result } => match result {
                 Ok(status) => self.feed_shards(ShardEvent::SiloStatus { silo, status }),
                 // Asked again after a poll (rule 6 of the shard machine).
@@ -708,8 +723,8 @@ impl ReminderMachine {
             let mut next = Vec::new();
             for a in actions {
                 match a {
-                    ShardAction::Read(k) => self.out.push(Action::ReadLease(k)),
-                    ShardAction::Write(lease) => self.out.push(Action::WriteLease(lease)),
+                    ShardAction::Read(k) => self.lease_calls.push_back(Action::ReadLease(k)),
+                    ShardAction::Write(lease) => self.lease_calls.push_back(Action::WriteLease(lease)),
                     ShardAction::ReadSilo(s) => self.out.push(Action::ReadSilo(s)),
                     ShardAction::ConfirmSelf => self.out.push(Action::ConfirmSelf),
                     ShardAction::Hint { shard, to } => {
@@ -738,6 +753,13 @@ impl ReminderMachine {
                 }
             }
             actions = next;
+        }
+        while self.lease_in_flight < MAX_LEASE_CALLS {
+            let Some(call) = self.lease_calls.pop_front() else {
+                break;
+            };
+            self.lease_in_flight += 1;
+            self.out.push(call);
         }
     }
 
