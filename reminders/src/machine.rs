@@ -615,11 +615,6 @@ impl ReminderMachine {
         self.notice_reads
     }
 
-    /// The shards this silo holds and delivers.
-    pub fn owned_shards(&self) -> Vec<u32> {
-        self.shards.owned()
-    }
-
     /// Handles `event` at `now`; returns what to do.
     pub fn handle(&mut self, now: Timestamp, event: Event) -> Vec<Action> {
         self.now = now;
@@ -945,8 +940,7 @@ impl ReminderMachine {
             match self.queue.get_mut(&key) {
                 Some(slot) if slot.etag == row.etag.as_str() || slot.touched > since => slot.seen = epoch,
                 _ => {
-                    let learned = Learned::Load;
-                    self.schedule_row(k, row, learned);
+                    self.schedule_row(k, row, Learned::Load);
                     if let Some(slot) = self.queue.get_mut(&key) {
                         slot.seen = epoch;
                     }
