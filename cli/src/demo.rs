@@ -213,9 +213,6 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
         allow_period_below_minimum: true,
         startup_jitter: Duration::ZERO,
         refresh_reminder_list_period: Duration::from_secs(30),
-        // The fast membership profile's lease period: a survivor takes a
-        // killed silo's shards this long after it saw it Dead.
-        lease_period: Duration::from_secs(2),
         ..rollcall::ReminderOptions::default()
     };
     let mut silos: Vec<SiloHandle> = Vec::new();

@@ -340,11 +340,14 @@ pub struct ReminderOptions {
     #[serde(with = "humantime_serde")]
     pub table_operation_timeout: Duration,
     /// `L` of the shard leases: a silo delivers only while it confirmed its own
-    /// membership row Active within this period (it reads it every `L / 3`),
-    /// and a silo takes over a Dead holder's shards only this long after it saw
-    /// it Dead, so that a silo declared Dead while it still runs stops
-    /// delivering before its successor starts. Adds up to `L` to a crash
-    /// failover. Default 5 s.
+    /// membership row Active within this period (it reads it every `L / 3`:
+    /// 1.5 reads/s per silo at the default), and a silo that takes over a Dead
+    /// holder's shards delivers there only from `L` after it saw it Dead (it
+    /// loads them meanwhile), so that a silo declared Dead while it still runs
+    /// stops delivering before its successor starts. A crash failover takes
+    /// at least `L` after detection; a store read slower than about `2L / 3`
+    /// pauses delivery (the ticks due meanwhile are delivered on resume, none
+    /// lost). Default 2 s.
     #[serde(with = "humantime_serde")]
     pub lease_period: Duration,
     /// Whether the fencing of [`lease_period`](Self::lease_period) is on. Off,
@@ -370,7 +373,7 @@ impl Default for ReminderOptions {
             allow_period_below_minimum: false,
             delivery_timeout: Duration::from_secs(30),
             table_operation_timeout: Duration::from_secs(5),
-            lease_period: Duration::from_secs(5),
+            lease_period: Duration::from_secs(2),
             lease_fencing: true,
             lease_poll: Duration::from_secs(1),
         }

@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 
 use crate::api::ReminderTarget;
 use crate::machine::{Action, Event, Inbound, ReminderMachine, Timer, NOTICE_QUEUE};
-use crate::send::{apply_write, bounded, forward, send_hints, send_notices};
+use crate::send::{apply_write, bounded, forward, send_hints};
 
 pub(crate) struct ReminderAgent {
     pub silo: SiloHandle,
@@ -234,7 +234,6 @@ impl ReminderAgent {
                 let call = self.read_status(self.machine.me());
                 self.answer(ctx, call, move |result| Event::SelfRead { at, result });
             }
-            Action::SendNotices(notices) => send_notices(&self.silo, self.table.service_id(), notices),
             Action::SendHints(hints) => send_hints(&self.silo, self.table.service_id(), hints),
             Action::FinishLeave => self.leave_replies.drain(..).for_each(|r| {
                 let _ = r.send(());

@@ -104,15 +104,13 @@ pub const MAX_WRITES: usize = 16;
 pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// Longest wait between retries of a failed load: 5 s.
 pub const MAX_LOAD_BACKOFF: Duration = Duration::from_secs(5);
-/// How many times a notice is forwarded at most (to the owner in the
-/// forwarding silo's view).
-pub const MAX_NOTICE_HOPS: u8 = 3;
 /// How many times a registering silo sends a notice that its owner did not take.
 pub const NOTICE_ATTEMPTS: u32 = 6;
 /// The wait between two such attempts: 500 ms.
 pub const NOTICE_RETRY: Duration = Duration::from_millis(500);
 
-/// The notice a registering silo sends to the owner: "re-read this reminder".
+/// The notice a registering silo sends to the holder of the reminder's shard:
+/// "re-read this reminder".
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct ChangedNotice {
     /// The reminder's service id.
@@ -121,9 +119,6 @@ pub struct ChangedNotice {
     pub actor: String,
     /// The reminder name.
     pub name: String,
-    /// Times it was forwarded (at most [`MAX_NOTICE_HOPS`]).
-    #[serde(default)]
-    pub hops: u8,
 }
 
 /// "I released this shard" ([`ShardEvent::Hint`]), sent best effort to the
@@ -137,9 +132,10 @@ pub struct ReleaseHint {
 }
 
 /// The retry rule of the notice a registering silo sends after a registration
-/// change: to the owner in its view; when that owner did not take it, again
-/// [`NOTICE_RETRY`] later to the owner in its view then, [`NOTICE_ATTEMPTS`]
-/// sends in all. Past that the owner's loads cover the change. Sans-io: the
+/// change: to the holder its shard's lease names; when that silo did not take
+/// it, again [`NOTICE_RETRY`] later to the holder the lease names then,
+/// [`NOTICE_ATTEMPTS`] sends in all. Past that the holder's refresh covers the
+/// change. Sans-io: the
 /// caller sends and waits; [`NoticeRetry::after_send`] says whether and when to
 /// send again.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -156,7 +152,6 @@ impl NoticeRetry {
                 service: service.to_owned(),
                 actor: actor.to_owned(),
                 name: name.to_owned(),
-                hops: 0,
             },
             sent: 0,
         }
@@ -391,8 +386,6 @@ pub enum Action {
     /// Read this silo's own membership row, bounded; answer with
     /// [`Event::SelfRead`] (the time the read was issued).
     ConfirmSelf,
-    /// Send these notices (best effort, in order).
-    SendNotices(Vec<(SiloAddress, ChangedNotice)>),
     /// Send these release hints (best effort).
     SendHints(Vec<(SiloAddress, ReleaseHint)>),
     /// Every shard is released: answer the leave.
@@ -452,8 +445,9 @@ struct Held {
     /// lease's watermark when acquired; the takeover time less 1 ms after a
     /// crash).
     floor: Option<Timestamp>,
-    /// The previous holder died: plan by the missed-tick policy.
-    takeover: bool,
+    /// The previous holder died: plan by the missed-tick policy from this
+    /// time (the fence's end: nothing is due before it).
+    takeover: Option<Timestamp>,
     /// The lease's exceptions, until the acquire load ends.
     exceptions: HashMap<Key, Timestamp>,
     /// Keys planned while loading (out of the due index until the shard may
@@ -749,6 +743,11 @@ impl ReminderMachine {
             }
             actions = next;
         }
+        self.pump_lease_calls();
+    }
+
+    /// Sends queued lease calls while fewer than [`MAX_LEASE_CALLS`] are in flight.
+    fn pump_lease_calls(&mut self) {
         while self.lease_in_flight < MAX_LEASE_CALLS {
             let Some(call) = self.lease_calls.pop_front() else {
                 break;
@@ -772,7 +771,7 @@ impl ReminderMachine {
             Held {
                 epoch: lease.epoch,
                 floor: lease.watermark,
-                takeover: takeover.is_some(),
+                takeover,
                 exceptions,
                 waiting: Vec::new(),
                 stopped_at: Timestamp::EPOCH,
@@ -952,9 +951,13 @@ impl ReminderMachine {
     }
 
     /// What a release owes for `row` of stopping shard `k`: its first occurrence
-    /// not delivered or started, when that is at or before now.
+    /// not delivered or started, when that is at or before the watermark the
+    /// release writes (the stop time, or a takeover's watermark when later: a
+    /// `FireOnce` catch-up planned at the takeover time is owed too).
     fn owed(&self, k: u32, row: &ReminderEntry) -> Option<LeaseException> {
-        let now = self.held.get(&k).map_or(self.now, |h| h.stopped_at);
+        let now = self.held.get(&k).map_or(self.now, |h| {
+            h.stopped_at.max(h.floor.unwrap_or(Timestamp::EPOCH))
+        });
         let timing = Timing::from(row);
         let next = match self.queue.get(&key_of(row)) {
             Some(slot) if slot.etag == row.etag.as_str() => {
@@ -1094,8 +1097,7 @@ impl ReminderMachine {
     }
 
     /// One notice: re-reads the reminder it names where this silo holds its
-    /// shard; else forwards it to the shard's owner in this silo's view (an
-    /// acquire load here reads the row anyway).
+    /// shard.
     fn notice(&mut self, from: SiloAddress, body: &[u8]) {
         let Ok(n) = serde_json::from_slice::<ChangedNotice>(body) else {
             tracing::debug!(%from, "undecodable reminder notice dropped");
@@ -1112,24 +1114,9 @@ impl ReminderMachine {
             return;
         }
         let Some(held) = self.held.get(&k) else {
-            // To the holder this silo last read in the lease, else to the
-            // shard's owner in this silo's view; where that is this silo, its
-            // acquire load reads the row.
-            let to = self
-                .shards
-                .holder(k)
-                .filter(|h| *h != self.me)
-                .or(self.shards.assigned(k));
-            match to {
-                Some(owner) if owner != self.me && n.hops < MAX_NOTICE_HOPS => {
-                    let forward = ChangedNotice {
-                        hops: n.hops + 1,
-                        ..n
-                    };
-                    self.out.push(Action::SendNotices(vec![(owner, forward)]));
-                }
-                _ => {}
-            }
+            // Not held here (any more, or yet): the registering silo read the
+            // lease after writing the row, so the shard's next load, or the
+            // acquire load this silo has yet to run, reads the row.
             return;
         };
         if self.notice_reads >= MAX_NOTICE_READS {
@@ -1196,7 +1183,7 @@ impl ReminderMachine {
             None
         } else if let Some(at) = held.exceptions.get(&key) {
             Some(*at)
-        } else if held.takeover {
+        } else if held.takeover.is_some() {
             None
         } else {
             Some(match held.floor {
@@ -1210,7 +1197,9 @@ impl ReminderMachine {
                 None => timing.start_at,
             })
         };
-        let (loaded, takeover) = (held.loaded, held.takeover);
+        let (loaded, takeover) = (held.loaded, held.takeover.is_some());
+        // After a crash nothing is planned before the takeover time.
+        let from = held.takeover.map_or(now, |t| t.max(now));
         let mut catch_up = false;
         let next = match floor_start {
             Some(at) if now.saturating_duration_since(at) <= MAX_CATCH_UP => {
@@ -1221,11 +1210,13 @@ impl ReminderMachine {
                 }
             }
             _ => {
-                let Some(mut next) = plan(timing, now, learned) else {
+                // Nothing before a takeover time: a silo declared Dead while
+                // it ran may have delivered up to it.
+                let Some(mut next) = plan(timing, from, learned) else {
                     self.queue.remove(&key);
                     return;
                 };
-                if learned == Learned::Load && next.is_overdue(now) {
+                if learned == Learned::Load && next.is_overdue(from) {
                     // A late or catch-up tick found by a load outside a handoff:
                     // wait the load grace; after a takeover spread these ticks
                     // over the start-up jitter (restart storms).
@@ -1235,7 +1226,7 @@ impl ReminderMachine {
                     } else {
                         0
                     };
-                    next.due = now.saturating_add(LOAD_GRACE + Duration::from_millis(spread));
+                    next.due = from.saturating_add(LOAD_GRACE + Duration::from_millis(spread));
                 }
                 next
             }

@@ -9,9 +9,7 @@ use rollcall_membership_core::{Notice, NoticeReceiver, NoticesDropped};
 
 use crate::agent::{NoticesReceived, ReminderAgent};
 use crate::api::ReminderError;
-use crate::machine::{
-    release_topic, topic, ChangedNotice, ReleaseHint, Write, NOTICE_ATTEMPTS, NOTICE_BATCH, NOTICE_RETRY,
-};
+use crate::machine::{release_topic, ReleaseHint, Write, NOTICE_BATCH};
 
 /// Runs `call` bounded by `timeout`.
 pub(crate) async fn bounded<T>(
@@ -54,34 +52,6 @@ pub(crate) fn send_hints(silo: &SiloHandle, service_id: &str, hints: Vec<(SiloAd
             };
             if let Err(e) = silo.send_notice(to, &topic, body).await {
                 tracing::debug!(%to, error = %e, "release hint not sent; its receiver polls the lease");
-            }
-        }
-    });
-}
-
-/// Sends `notices` to their silos in a background task, each again every
-/// [`NOTICE_RETRY`] while not taken, [`NOTICE_ATTEMPTS`] sends in all (each
-/// bounded by the silo's `probe_timeout`); past that the owner's refresh
-/// covers it.
-pub(crate) fn send_notices(silo: &SiloHandle, service_id: &str, notices: Vec<(SiloAddress, ChangedNotice)>) {
-    if notices.is_empty() {
-        return;
-    }
-    let (silo, topic) = (silo.clone(), topic(service_id));
-    tokio::spawn(async move {
-        for (owner, notice) in notices {
-            let Ok(body) = serde_json::to_vec(&notice) else {
-                continue;
-            };
-            for attempt in 1..=NOTICE_ATTEMPTS {
-                match silo.send_notice(owner, &topic, body.clone()).await {
-                    Ok(true) => break,
-                    Ok(false) => tracing::debug!(%owner, attempt, "reminder notice not taken"),
-                    Err(e) => tracing::debug!(%owner, attempt, error = %e, "reminder notice not sent"),
-                }
-                if attempt < NOTICE_ATTEMPTS {
-                    tokio::time::sleep(NOTICE_RETRY).await;
-                }
             }
         }
     });

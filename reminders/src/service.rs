@@ -7,8 +7,8 @@ use std::time::Duration;
 use actix::{Actor, Addr};
 use rand::SeedableRng;
 use rollcall_membership_core::{
-    Clock, MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, ShardLeases, SiloAddress,
-    SiloHandle, SystemClock, SystemStore,
+    Clock, LeaseStatus, MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, ShardLeases,
+    SiloAddress, SiloHandle, SystemClock, SystemStore,
 };
 use tokio::sync::oneshot;
 
@@ -158,7 +158,7 @@ impl RemindersBuilder {
         let agent = ReminderAgent {
             silo: self.silo.clone(),
             table: table.clone(),
-            leases,
+            leases: leases.clone(),
             membership,
             target,
             options: options.clone(),
@@ -171,11 +171,13 @@ impl RemindersBuilder {
             leave_replies: Vec::new(),
         }
         .start();
-        // A graceful shutdown of the silo first releases this service's shards.
-        let leaving = agent.clone();
+        // A graceful shutdown of the silo first releases this service's shards,
+        // then waits for the notices of its last registrations.
+        let notices_sending = Arc::new(tokio::sync::RwLock::new(()));
+        let (leaving, sending) = (agent.clone(), notices_sending.clone());
         let silo = self.silo.clone();
         let leave_hook = self.silo.on_leave(move || {
-            let (agent, silo) = (leaving.clone(), silo.clone());
+            let (agent, silo, sending) = (leaving.clone(), silo.clone(), sending.clone());
             Box::pin(async move {
                 // The newest view first (bounded by 2 x table_operation_timeout):
                 // the release hints go to the silos that have the shards now.
@@ -184,6 +186,7 @@ impl RemindersBuilder {
                 if agent.send(Leave(tx, view)).await.is_ok() {
                     let _ = rx.await;
                 }
+                let _ = tokio::time::timeout(NOTICE_DRAIN, sending.write()).await;
             })
         });
         let subscription = self.silo.subscribe_recipient(agent.clone().recipient());
@@ -207,6 +210,8 @@ impl RemindersBuilder {
                 ring: std::sync::Mutex::new(None),
                 silo: self.silo,
                 table,
+                leases,
+                notices_sending,
                 options,
                 clock: self.clock,
                 counters,
@@ -220,12 +225,21 @@ impl RemindersBuilder {
     }
 }
 
+/// How long a graceful leave waits for the notices of its last registrations
+/// (six sends 500 ms apart, a lease read before each): 5 s.
+pub const NOTICE_DRAIN: Duration = Duration::from_secs(5);
+
 struct Inner {
     silo: SiloHandle,
     /// The silo's membership view and the ring last built from it (by version).
     view: tokio::sync::watch::Receiver<std::sync::Arc<rollcall_membership_core::MembershipSnapshot>>,
     ring: std::sync::Mutex<Option<(u64, Ring)>>,
     table: Arc<dyn ReminderTable>,
+    /// Where notices go: the holder a shard's lease names.
+    leases: ShardLeases,
+    /// Held (read) by every notice being sent; a graceful leave takes it
+    /// (write) to wait for them.
+    notices_sending: Arc<tokio::sync::RwLock<()>>,
     options: Arc<ReminderOptions>,
     clock: Arc<dyn Clock>,
     counters: Arc<Counters>,
@@ -445,25 +459,41 @@ impl Reminders {
         self.inner.counters.read()
     }
 
-    /// Sends "re-read this reminder" to its owner in the background, again while
-    /// the owner does not take it, by the rule of [`NoticeRetry`] (at most 6
-    /// sends, 500 ms apart).
+    /// Sends "re-read this reminder" in the background to the silo holding its
+    /// shard, as the shard's lease names it (read after the row was written,
+    /// so a view that lags cannot misdirect it): again while that silo does not
+    /// take it, by the rule of [`NoticeRetry`] (at most 6 sends, 500 ms apart,
+    /// the lease read again before each). None is sent when nobody holds the
+    /// shard: the next holder's load reads the row. A graceful leave waits for
+    /// these sends (at most [`NOTICE_DRAIN`]).
     fn notify_owner(&self, actor_id: &str, name: &str) {
         let inner = self.inner.clone();
         let mut retry = NoticeRetry::new(&self.inner.service_id, actor_id, name);
+        let sending = self.inner.notices_sending.clone().try_read_owned().ok();
         tokio::spawn(async move {
+            let _sending = sending;
             let topic = topic(&inner.service_id);
             let Ok(body) = serde_json::to_vec(retry.notice()) else {
                 return;
             };
+            let shard = rollcall_membership_core::actor_shard(&retry.notice().actor, inner.shards);
             loop {
-                let Some(owner) = owner_in(&inner, &retry.notice().actor) else {
-                    return;
-                };
-                let taken = match inner.silo.send_notice(owner, &topic, body.clone()).await {
-                    Ok(taken) => taken,
+                let taken = match bounded(inner.options.table_operation_timeout, inner.leases.read(shard))
+                    .await
+                {
+                    Ok(lease) => match lease.owner.filter(|_| lease.status == LeaseStatus::Owned) {
+                        Some(holder) => match inner.silo.send_notice(holder, &topic, body.clone()).await {
+                            Ok(taken) => taken,
+                            Err(e) => {
+                                tracing::debug!(%holder, error = %e, "reminder notice not sent");
+                                false
+                            }
+                        },
+                        // Nobody holds the shard: its next acquire loads the row.
+                        None => return,
+                    },
                     Err(e) => {
-                        tracing::debug!(%owner, error = %e, "reminder notice not sent");
+                        tracing::debug!(shard, error = %e, "reading a shard's lease for a notice failed");
                         false
                     }
                 };
@@ -471,7 +501,7 @@ impl Reminders {
                     Some(wait) => tokio::time::sleep(wait).await,
                     None if taken => return,
                     None => {
-                        tracing::debug!("reminder notice never taken; the owner's loads cover it");
+                        tracing::debug!("reminder notice never taken; the holder's refresh covers it");
                         return;
                     }
                 }

@@ -12,23 +12,25 @@
 //! 2. **Acquire** a wanted shard by compare-and-set of its lease row, with the
 //!    epoch one higher and itself as owner, when the row is absent, Released,
 //!    or Owned by a silo Dead in the membership view (one the view does not
-//!    hold is confirmed with one read of its membership row first). With
-//!    fencing on, a Dead owner's shard is acquired only a lease period `L`
-//!    after this silo first saw it Dead.
+//!    hold is confirmed with one read of its membership row first).
 //! 3. **Load.** After acquiring, the shard's rows are read and scheduled from
 //!    the lease: after its watermark `W` (its exceptions from their own
 //!    occurrence) when the row was released, from the takeover time when its
-//!    owner died (`Skip` / `FireOnce` decide what the crash window owes).
+//!    owner died (`Skip` / `FireOnce` decide what the crash window owes). With
+//!    fencing on, the takeover time is a lease period `L` after this silo
+//!    first saw the owner Dead: the load runs during that wait, and nothing
+//!    is planned before its end.
 //! 4. **Release** a shard that is no longer wanted: stop delivering, then
 //!    compare-and-set `W = max(W, started through)` with the exceptions and
-//!    `Released`. A shard released before its load finished is written back
-//!    with its watermark unchanged (it delivered nothing).
+//!    `Released`. A shard given up before its load finished is written back
+//!    as acquired (it delivered nothing): Released, or after a takeover Owned
+//!    by the Dead holder again, so the next holder takes it over in turn.
 //! 5. **Fence.** A failed compare-and-set on a held shard means another epoch
 //!    holds it: the silo stops delivering there at once. With fencing on, a
 //!    silo delivers only while it confirmed its own membership row Active
 //!    within the last `L` (confirmations are read every `L / 3`), so a silo
-//!    declared Dead while it runs stops delivering before a successor takes its
-//!    shards over (rule 2).
+//!    declared Dead while it runs stops delivering before its successor's
+//!    takeover time (rule 3).
 //! 6. **Outcomes.** A write that failed may have landed: the row is read again
 //!    and the read decides (a row naming this silo at the epoch it wrote is
 //!    held). A read that fails, or a holder's membership read that gets no
@@ -262,13 +264,13 @@ pub struct ShardMachine {
     confirm_asked: Option<Timestamp>,
     /// When this silo first saw each silo Dead (its own clock).
     dead_since: HashMap<SiloAddress, Timestamp>,
+    /// Shards being taken over (acquiring or loading): the Dead holder.
+    taken_from: BTreeMap<u32, SiloAddress>,
     slots: BTreeMap<u32, Slot>,
     /// When to ask again for a read whose answer did not come or failed: the
     /// holder's membership row of a `Confirming` slot, the lease row of an
     /// `*Unknown` one (one read per poll at most, whatever the store does).
     retry_at: BTreeMap<u32, Timestamp>,
-    /// The holder each shard's lease named when last read (Owned rows only).
-    holders: BTreeMap<u32, SiloAddress>,
 }
 
 fn after(t: Timestamp, d: Duration) -> Timestamp {
@@ -288,9 +290,9 @@ impl ShardMachine {
             confirmed_at: None,
             confirm_asked: None,
             dead_since: HashMap::new(),
+            taken_from: BTreeMap::new(),
             slots: BTreeMap::new(),
             retry_at: BTreeMap::new(),
-            holders: BTreeMap::new(),
         }
     }
 
@@ -312,20 +314,12 @@ impl ShardMachine {
     }
 
     /// Whether ticks of `shard` may be delivered at `now`: the shard is held
-    /// and loaded, and (fencing on) this silo confirmed its own row Active
-    /// within the lease period.
+    /// and loaded, `now` is past its watermark (after a takeover the
+    /// watermark is the takeover time less 1 ms: rule 3), and (fencing on)
+    /// this silo confirmed its own row Active within the lease period.
     pub fn may_deliver(&self, shard: u32, now: Timestamp) -> bool {
-        matches!(self.slots.get(&shard), Some(Slot::Owned { .. })) && self.confirmed(now)
-    }
-
-    /// The owner of `shard` on the ring of this silo's view.
-    pub fn assigned(&self, shard: u32) -> Option<SiloAddress> {
-        self.ring.owner_of(shard_start(shard, self.options.shards))
-    }
-
-    /// The silo holding `shard` by its lease as this silo last read it.
-    pub fn holder(&self, shard: u32) -> Option<SiloAddress> {
-        self.holders.get(&shard).copied()
+        matches!(self.slots.get(&shard), Some(Slot::Owned { lease }) if lease.watermark.is_none_or(|w| now > w))
+            && self.confirmed(now)
     }
 
     /// Whether no shard is on its way to this silo: none is being read,
@@ -374,6 +368,7 @@ impl ShardMachine {
             ShardEvent::Written { shard, result } => self.written(shard, result, &mut out),
             ShardEvent::Loaded { shard, read_from } => {
                 if let Some(Slot::Loading { lease }) = self.slots.get(&shard) {
+                    self.taken_from.remove(&shard);
                     let mut lease = lease.clone();
                     lease.read_from = Some(read_from);
                     if self.wanted(shard) {
@@ -478,14 +473,8 @@ impl ShardMachine {
                     self.slots.insert(k, Slot::Stopping { lease });
                 }
                 Some(Slot::Loading { lease }) => {
-                    // Delivered nothing: written back as it was acquired.
                     out.push(ShardAction::Drop(k));
-                    let release = ShardLease {
-                        status: LeaseStatus::Released,
-                        ..lease
-                    };
-                    out.push(ShardAction::Write(release.clone()));
-                    self.slots.insert(k, Slot::Releasing { lease: release });
+                    self.give_back(k, lease, out);
                 }
                 // In flight: its answer decides.
                 Some(
@@ -516,12 +505,6 @@ impl ShardMachine {
         result: Result<ShardLease, String>,
         out: &mut Vec<ShardAction>,
     ) {
-        if let Ok(lease) = &result {
-            match lease.owner.filter(|_| lease.status == LeaseStatus::Owned) {
-                Some(o) => self.holders.insert(k, o),
-                None => self.holders.remove(&k),
-            };
-        }
         match (self.slots.get(&k).cloned(), result) {
             (Some(Slot::Reading), Ok(lease)) => {
                 self.slots.remove(&k);
@@ -635,17 +618,18 @@ impl ShardMachine {
                     return;
                 }
             };
+            // Acquired at once, so the load overlaps the fence; the takeover
+            // (what the load plans from) is `L` after this silo saw it Dead.
             let since = dead_since.unwrap_or(now);
-            let free_at = if self.options.fencing {
+            let fence = if self.options.fencing {
                 after(since, self.options.lease_period)
             } else {
                 since
             };
-            if now < free_at {
-                self.slots.insert(k, Slot::Waiting { until: free_at });
-                return;
-            }
-            takeover = Some(now);
+            // Never before the row's watermark: a takeover of a takeover
+            // keeps the first one's fence.
+            let after_w = lease.watermark.map(|w| after(w, Duration::from_millis(1)));
+            takeover = Some(fence.max(now).max(after_w.unwrap_or(now)));
         }
         self.acquire(k, lease, takeover, out);
     }
@@ -663,12 +647,16 @@ impl ShardMachine {
             status: LeaseStatus::Owned,
             ..lease
         };
+        self.taken_from.remove(&k);
         if let Some(t) = takeover {
             // A crash: what the row says was delivered is stale; the load plans
             // from the takeover time (inclusive), and so does the next release.
             let before = Timestamp::from_millis(t.as_millis().saturating_sub(1));
             next.watermark = next.watermark.max(Some(before));
             next.exceptions.clear();
+            if let Some(dead) = lease.owner {
+                self.taken_from.insert(k, dead);
+            }
         }
         out.push(ShardAction::Write(next.clone()));
         self.slots.insert(
@@ -752,13 +740,29 @@ impl ShardMachine {
             });
             self.slots.insert(k, Slot::Loading { lease });
         } else {
-            let release = ShardLease {
+            self.give_back(k, lease, out);
+        }
+    }
+
+    /// Writes back a shard acquired (`lease`) but not loaded: it delivered
+    /// nothing. Released as it was acquired; after a takeover, Owned by the
+    /// Dead holder again (at this epoch, with the takeover's watermark), so
+    /// that the next holder takes it over too and plans by the missed-tick
+    /// policy (a release would say everything up to the watermark was
+    /// delivered, and a `FireOnce` catch-up would be lost).
+    fn give_back(&mut self, k: u32, lease: ShardLease, out: &mut Vec<ShardAction>) {
+        let back = match self.taken_from.remove(&k) {
+            Some(dead) => ShardLease {
+                owner: Some(dead),
+                ..lease
+            },
+            None => ShardLease {
                 status: LeaseStatus::Released,
                 ..lease
-            };
-            out.push(ShardAction::Write(release.clone()));
-            self.slots.insert(k, Slot::Releasing { lease: release });
-        }
+            },
+        };
+        out.push(ShardAction::Write(back.clone()));
+        self.slots.insert(k, Slot::Releasing { lease: back });
     }
 
     /// Timers: shards waiting to be read again, and the self-confirmation.

@@ -142,6 +142,8 @@ pub struct Crash {
     /// The silos of the membership at the crash, less those still holding
     /// ranges then (they may wait for the victim's release).
     pub members: std::collections::BTreeSet<SiloAddress>,
+    /// The shards whose lease it held at the crash.
+    pub shards: std::collections::BTreeSet<u32>,
 }
 
 /// The state of a silo of the world.
@@ -180,9 +182,6 @@ enum Ev {
     Stop,
     /// A registering silo sends its notice again (the owner did not take it).
     Notify(NoticeRetry),
-    /// A silo sends a forwarded notice again (not taken): to, the notice, the
-    /// sends so far.
-    Resend(SiloAddress, crate::machine::ChangedNotice, u32),
 }
 
 /// The world (see the module docs).
@@ -386,6 +385,7 @@ impl World {
             })
             .cloned()
             .collect();
+        let shards = leased;
         if zombie {
             self.nodes[i].life = Life::Zombie;
             self.nodes[i].cut_until = u64::MAX;
@@ -401,6 +401,7 @@ impl World {
             declared: None,
             owned,
             members: members.clone(),
+            shards,
         });
         self.sched.push(after, i, Ev::Declared);
     }
@@ -466,13 +467,20 @@ impl World {
         let view_ring = Ring::of_active(&self.nodes[via].view, points);
         let shards = self.cfg.shards;
         let shard = rollcall_membership_core::actor_shard(actor, shards);
-        let holder = now_or_fail(self.leases.read(shard))
-            .ok()
+        let lease = now_or_fail(self.leases.read(shard)).ok();
+        let holder = lease
+            .as_ref()
             .filter(|l| l.status == rollcall_membership_core::LeaseStatus::Owned)
             .and_then(|l| l.owner);
+        // Taken over from the victim, its takeover time still to come: the
+        // first ticks before it are the crash's.
+        let fenced = lease
+            .as_ref()
+            .and_then(|l| l.watermark)
+            .is_some_and(|w| w >= World::time_at(self.now()));
         for c in self.crashes.iter_mut() {
             let victim = self.nodes[c.silo].addr;
-            if holder == Some(victim) {
+            if holder == Some(victim) || (fenced && c.shards.contains(&shard)) {
                 c.owned.insert((actor.to_owned(), name.to_owned()));
             }
             if c.declared.is_none() {
@@ -513,20 +521,33 @@ impl World {
         true
     }
 
-    /// The notice the service sends after a registration change: to the owner in
-    /// the view of `via`, again by the rule of [`NoticeRetry`] while that owner
-    /// does not run.
+    /// The notice the service sends after a registration change: to the holder
+    /// the shard's lease names (read now), again by the rule of [`NoticeRetry`]
+    /// while that silo does not take it; none when nobody holds the shard. A
+    /// silo that left gracefully finished its sends first (its leave waits for
+    /// them); a crashed one sends no more.
     fn notify(&mut self, via: usize, mut retry: NoticeRetry) {
-        if self.nodes[via].machine.is_none() {
+        if self.nodes[via].machine.is_none() && self.nodes[via].life != Life::Left {
             return;
         }
-        let ring = Ring::of_active(&self.nodes[via].view, self.cfg.options.ring_points_per_silo);
-        let Some(owner) = shard_owner(&ring, &retry.notice().actor, self.cfg.shards) else {
-            return;
+        let shard = rollcall_membership_core::actor_shard(&retry.notice().actor, self.cfg.shards);
+        let lease = if self.out() {
+            None
+        } else {
+            now_or_fail(self.leases.read(shard)).ok()
         };
-        let body = serde_json::to_vec(retry.notice()).unwrap_or_default();
-        let from = self.nodes[via].addr;
-        let taken = self.message(from, owner, body, false);
+        let taken = match lease {
+            Some(l) if l.status != rollcall_membership_core::LeaseStatus::Owned => return,
+            Some(l) => match l.owner {
+                Some(holder) => {
+                    let body = serde_json::to_vec(retry.notice()).unwrap_or_default();
+                    let from = self.nodes[via].addr;
+                    self.message(from, holder, body, false)
+                }
+                None => return,
+            },
+            None => false,
+        };
         if let Some(wait) = retry.after_send(taken) {
             self.sched.push(
                 u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
@@ -673,12 +694,6 @@ impl World {
                 self.notify(i, retry);
                 return;
             }
-            Ev::Resend(to, notice, sent) => {
-                if self.nodes[i].machine.is_some() {
-                    self.forward(i, to, notice, sent);
-                }
-                return;
-            }
             Ev::Declared => {
                 let now = self.now();
                 if let Some(c) = self.crashes.iter_mut().rev().find(|c| c.silo == i) {
@@ -807,11 +822,6 @@ impl World {
                 self.sched
                     .push(lat, i, Ev::Machine(Event::Written { write, result }));
             }
-            Action::SendNotices(notices) => {
-                for (to, n) in notices {
-                    self.forward(i, to, n, 0);
-                }
-            }
             Action::SendHints(hints) => {
                 for (to, h) in hints {
                     self.message(me, to, serde_json::to_vec(&h).unwrap_or_default(), true);
@@ -857,17 +867,6 @@ impl World {
                 self.nodes[i].timers.remove(&timer);
             }
             Action::LeaveDone | Action::Loaded | Action::TickDelivered { .. } | Action::Owned(_) => {}
-        }
-    }
-
-    /// Silo `i` sends `notice` to `to`, again every [`NOTICE_RETRY`](crate::machine::NOTICE_RETRY)
-    /// while not taken, [`NOTICE_ATTEMPTS`](crate::machine::NOTICE_ATTEMPTS) sends in all (as the agent does).
-    fn forward(&mut self, i: usize, to: SiloAddress, notice: crate::machine::ChangedNotice, sent: u32) {
-        let me = self.nodes[i].addr;
-        let taken = self.message(me, to, serde_json::to_vec(&notice).unwrap_or_default(), false);
-        if !taken && sent + 1 < crate::machine::NOTICE_ATTEMPTS {
-            let wait = crate::machine::NOTICE_RETRY.as_millis() as u64;
-            self.sched.push(wait, i, Ev::Resend(to, notice, sent + 1));
         }
     }
 

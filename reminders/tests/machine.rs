@@ -13,9 +13,14 @@ use rollcall_membership_core::Timestamp;
 use rollcall_reminders::sim::{Config, World};
 use rollcall_reminders::{MAX_DELIVERIES, MAX_NOTICE_READS, MAX_WRITES};
 
-/// `cases` schedules from a fixed seed (the same schedules on every run), or from
-/// `PROPTEST_RNG_SEED` when it is set (`PROPTEST_RNG_SEED=$RANDOM` explores).
+/// `cases` schedules (or `PROPTEST_CASES` when it is set) from a fixed seed (the
+/// same schedules on every run), or from `PROPTEST_RNG_SEED` when it is set
+/// (`PROPTEST_RNG_SEED=$RANDOM` explores).
 fn config(cases: u32) -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(cases);
     let mut c = ProptestConfig::with_cases(cases);
     c.failure_persistence = None;
     if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
@@ -203,6 +208,13 @@ fn with_faults() -> Config {
     }
 }
 
+/// `cfg` with a lease period of `secs` s (the property tests draw it from 1 to
+/// 5 s: the default is 2 s).
+fn with_lease_period(mut cfg: Config, secs: u64) -> Config {
+    cfg.options.lease_period = Duration::from_secs(secs);
+    cfg
+}
+
 /// Runs `ops` from `seed` as [`run`] does, with [`with_faults`], and asserts that
 /// no occurrence was delivered twice. Returns the world and the end of the
 /// schedule.
@@ -364,9 +376,10 @@ proptest! {
     #[test]
     fn graceful_churn_neither_repeats_nor_loses_an_occurrence(
         seed in any::<u64>(),
+        lease_s in 1u64..6,
         ops in prop::collection::vec((200u64..6000, op(false)), 4..14),
     ) {
-        let (w, end) = run(seed, Config::default(), &ops);
+        let (w, end) = run(seed, with_lease_period(Config::default(), lease_s), &ops);
         let dup = w.duplicates();
         prop_assert!(dup.is_empty(), "duplicates: {:?}\nseed {seed} ops {ops:?}", &dup[..dup.len().min(8)]);
         let missed = w.missed(end + 30_000 - TAIL, SLACK);
@@ -388,9 +401,10 @@ proptest! {
     #[test]
     fn faults_repeat_nothing_and_lose_only_inside_their_windows(
         seed in any::<u64>(),
+        lease_s in 1u64..6,
         ops in prop::collection::vec((200u64..6000, op(true)), 4..14),
     ) {
-        let cfg = with_faults();
+        let cfg = with_lease_period(with_faults(), lease_s);
         let (w, end) = run(seed, cfg.clone(), &ops);
         let dup = w.duplicates();
         prop_assert!(dup.is_empty(), "duplicates: {:?}\nseed {seed} ops {ops:?}", &dup[..dup.len().min(8)]);
@@ -555,7 +569,6 @@ fn a_notice_is_sent_again_until_taken_six_times_at_most() {
     assert_eq!(taken.after_send(false), Some(NOTICE_RETRY));
     assert_eq!(taken.after_send(true), None);
     assert_eq!(taken.notice().actor, "cart/1");
-    assert_eq!(taken.notice().hops, 0);
 }
 
 /// Found by a random seed (`PROPTEST_RNG_SEED=321`): a silo that left had never
@@ -584,14 +597,13 @@ fn an_old_release_does_not_settle_a_range_a_crashed_owner_delivered_since() {
 }
 
 /// Found by a random seed (`PROPTEST_RNG_SEED=385`): a reminder registered
-/// while its range waited for a crashed owner (three crashes, one survivor and
-/// a joiner) was loaded into the held range, then its notice came; the
-/// failover freed the range after its first occurrence was due and planned it
-/// as a load does (`Skip`: the next one). Nobody could have delivered it: the
-/// notice makes the failover plan it as learned from a notice (the late first
-/// tick, at once).
+/// while its shard fails over from a crashed holder. Its first tick is
+/// delivered only if it falls after the successor's takeover time: before it,
+/// a silo declared Dead while it ran could have delivered it (the row is in
+/// the store for it to read), so the takeover plans nothing earlier, and a
+/// loss there is the crash window's.
 #[test]
-fn a_reminder_registered_while_its_range_waits_for_a_crashed_owner_keeps_its_first_tick() {
+fn a_reminder_registered_while_its_shard_fails_over_loses_at_most_the_crash_window() {
     let ops = vec![
         (1956, Op::Crash(12_853_232_967_127_460_865)),
         (409, Op::Crash(1_507_290_585_291_314_339)),
@@ -604,13 +616,7 @@ fn a_reminder_registered_while_its_range_waits_for_a_crashed_owner_keeps_its_fir
         (4599, reg(4, 1, 53, 2)),
     ];
     let (w, end) = assert_no_duplicate_with_faults(11_885_945_492_863_337_252, &ops);
-    let r = (actor(4), "r1".to_owned());
-    let first = w.reminders[&r].start_at;
-    let missed = w.missed(end + 30_000 - TAIL, SLACK);
-    assert!(
-        !missed.contains(&(r.clone(), first)),
-        "the first tick of {r:?} was lost"
-    );
+    assert_explained(&w, &with_faults(), end, "seed 385").unwrap();
 }
 
 /// Found by a random seed (`PROPTEST_RNG_SEED=502`): three graceful leaves in a
@@ -1009,12 +1015,13 @@ proptest! {
     fn false_deaths_partitions_and_lost_messages_repeat_nothing(
         seed in any::<u64>(),
         silos in 10usize..20,
+        lease_s in 1u64..6,
         ops in prop::collection::vec((200u64..6000, split_op()), 4..16),
     ) {
-        let cfg = Config {
+        let cfg = with_lease_period(Config {
             message_loss: 0.05,
             ..Config::default()
-        };
+        }, lease_s);
         let (w, end) = run_with(seed, cfg.clone(), &ops, silos);
         let dup = w.duplicates();
         prop_assert!(dup.is_empty(), "duplicates: {:?}\nseed {seed} silos {silos} ops {ops:?}", &dup[..dup.len().min(8)]);
@@ -1177,4 +1184,28 @@ fn a_registration_through_a_leaver_whose_notice_was_lost_waits_for_the_refresh()
     let (w, end) = run_with(2_910_746_976_038_140_624, cfg.clone(), &ops, 14);
     assert!(w.duplicates().is_empty());
     assert_explained(&w, &cfg, end, "").unwrap();
+}
+
+/// Found by the sweep (`PROPTEST_RNG_SEED=24`, with a 5-s lease period): a
+/// registration through a silo whose view still showed a silo that had left
+/// sent its notices there (not taken), and the registering silo itself left
+/// before its retries ran out: the holder learned of the change only at its
+/// refresh, 30 s later. Notices now go to the holder the shard's lease names,
+/// and a graceful leave waits for them.
+#[test]
+fn a_registration_through_a_silo_with_a_stale_view_reaches_the_leases_holder() {
+    let ops = vec![
+        (617, Op::Leave(3_298_762_710_996_817_730)),
+        (200, reg(0, 0, 0, 1)),
+        (200, reg(0, 0, 0, 1)),
+        (200, Op::Leave(14_513_189_434_233_071_090)),
+    ];
+    let (w, end) = run(
+        18_308_326_791_995_828_990,
+        with_lease_period(Config::default(), 5),
+        &ops,
+    );
+    assert!(w.duplicates().is_empty());
+    let missed = w.missed(end + 30_000 - TAIL, SLACK);
+    assert!(missed.is_empty(), "missed: {missed:?}");
 }

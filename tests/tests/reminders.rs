@@ -292,11 +292,12 @@ fn r05_fire_once_catches_up_once_after_a_full_cluster_outage_and_skip_does_not()
                 .into_iter()
                 .filter(|d| d.tick.actor.to_string() == a && d.tick.now >= up_at)
                 .collect();
-            // A catch-up tick is a late one: delivered well after its occurrence.
-            let catch_up: Vec<_> = after
-                .iter()
-                .filter(|d| d.tick.now.saturating_duration_since(d.tick.scheduled) > Duration::from_secs(1))
-                .collect();
+            // A catch-up tick is a late one (virtual time delivers the others
+            // exactly on time). It stands for the last occurrence before the
+            // takeover time, which may fall after the restart: the takeover
+            // waits a lease period, and the catch-up can be one shard's
+            // exception, passed on and delivered less than a second late.
+            let catch_up: Vec<_> = after.iter().filter(|d| d.tick.now > d.tick.scheduled).collect();
             if i % 2 == 0 {
                 assert_eq!(
                     catch_up.len(),
