@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 use crate::api::ReminderTarget;
 use crate::machine::{Action, Event, Inbound, ReminderMachine, Timer, NOTICE_QUEUE};
 use crate::send::{apply_write, bounded, forward, send_hints};
+use crate::shards::ShardEvent;
 
 pub(crate) struct ReminderAgent {
     pub silo: SiloHandle,
@@ -218,21 +219,29 @@ impl ReminderAgent {
             }
             Action::ReadLease(shard) => {
                 let call = async move { bounded(timeout, leases.read(shard)).await.map_err(text) };
-                self.answer(ctx, call, move |result| Event::LeaseRead { shard, result });
+                self.answer(ctx, call, move |result| {
+                    Event::Shard(ShardEvent::Read { shard, result })
+                });
             }
             Action::WriteLease(lease) => {
                 let shard = lease.shard;
                 let call = async move { bounded(timeout, leases.write(&lease)).await.map_err(text) };
-                self.answer(ctx, call, move |result| Event::LeaseWritten { shard, result });
+                self.answer(ctx, call, move |result| {
+                    Event::Shard(ShardEvent::Written { shard, result })
+                });
             }
             Action::ReadSilo(silo) => {
                 let call = self.read_status(silo);
-                self.answer(ctx, call, move |result| Event::SiloRead { silo, result });
+                self.answer(ctx, call, move |result| {
+                    Event::Shard(ShardEvent::SiloRead { silo, result })
+                });
             }
             Action::ConfirmSelf => {
                 let at = self.clock.now();
                 let call = self.read_status(self.machine.me());
-                self.answer(ctx, call, move |result| Event::SelfRead { at, result });
+                self.answer(ctx, call, move |result| {
+                    Event::Shard(ShardEvent::SelfRead { at, result })
+                });
             }
             Action::SendHints(hints) => send_hints(&self.silo, self.table.service_id(), hints),
             Action::FinishLeave => self.leave_replies.drain(..).for_each(|r| {

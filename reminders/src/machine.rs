@@ -48,7 +48,7 @@ use rand::Rng;
 use rollcall_membership_core::lease::{LeaseException, ShardLease};
 use rollcall_membership_core::{
     actor_shard, Etag, MembershipSnapshot, MissedTickPolicy, ReminderEntry, ReminderOptions, SiloAddress,
-    SiloStatus, Timestamp,
+    Timestamp,
 };
 use serde::{Deserialize, Serialize};
 use smol_str::SmolStr;
@@ -309,37 +309,11 @@ pub enum Event {
         /// Its result.
         result: Result<(), ReminderError>,
     },
-    /// The answer to [`Action::ReadLease`]: the lease (vacant when absent).
-    LeaseRead {
-        /// The shard.
-        shard: u32,
-        /// The lease, or the error's text.
-        result: Result<ShardLease, String>,
-    },
-    /// The answer to [`Action::WriteLease`]: `Ok(Ok(etag))` written,
-    /// `Ok(Err(current))` another write came first, `Err` outcome unknown.
-    LeaseWritten {
-        /// The shard.
-        shard: u32,
-        /// The outcome.
-        result: Result<Result<Etag, Option<Etag>>, String>,
-    },
-    /// The answer to [`Action::ReadSilo`]: the silo's status (`None`: no row),
-    /// or the error's text.
-    SiloRead {
-        /// The silo.
-        silo: SiloAddress,
-        /// Its status.
-        result: Result<Option<SiloStatus>, String>,
-    },
-    /// The answer to [`Action::ConfirmSelf`]: this silo's own status as read by
-    /// a read issued at `at`.
-    SelfRead {
-        /// When the read was issued.
-        at: Timestamp,
-        /// The status read, or the error's text.
-        result: Result<Option<SiloStatus>, String>,
-    },
+    /// The answer to a call of the shard leases: [`Action::ReadLease`]
+    /// ([`ShardEvent::Read`]), [`Action::WriteLease`] ([`ShardEvent::Written`]),
+    /// [`Action::ReadSilo`] ([`ShardEvent::SiloRead`]) or
+    /// [`Action::ConfirmSelf`] ([`ShardEvent::SelfRead`]).
+    Shard(ShardEvent),
 }
 
 /// What the machine asks its executor to do.
@@ -376,15 +350,15 @@ pub enum Action {
     },
     /// A table write, bounded; answer with [`Event::Written`].
     Write(Write),
-    /// Read a shard's lease, bounded; answer with [`Event::LeaseRead`].
+    /// Read a shard's lease, bounded; answer with [`Event::Shard`].
     ReadLease(u32),
     /// Compare-and-set a shard's lease over its `etag`, bounded; answer with
-    /// [`Event::LeaseWritten`].
+    /// [`Event::Shard`].
     WriteLease(ShardLease),
-    /// Read a silo's membership row, bounded; answer with [`Event::SiloRead`].
+    /// Read a silo's membership row, bounded; answer with [`Event::Shard`].
     ReadSilo(SiloAddress),
     /// Read this silo's own membership row, bounded; answer with
-    /// [`Event::SelfRead`] (the time the read was issued).
+    /// [`Event::Shard`] (with the time the read was issued).
     ConfirmSelf,
     /// Send these release hints (best effort).
     SendHints(Vec<(SiloAddress, ReleaseHint)>),
@@ -647,26 +621,12 @@ impl ReminderMachine {
                 result,
             } => self.delivered(key, etag, scheduled, result),
             Event::Written { write, result } => self.written(write, result),
-            Event::LeaseRead { shard, result } => {
-                self.lease_in_flight = self.lease_in_flight.saturating_sub(1);
-                self.feed_shards(ShardEvent::Read { shard, result })
-            }
-            Event::LeaseWritten { shard, result } => {
-                self.lease_in_flight = self.lease_in_flight.saturating_sub(1);
-                self.feed_shards(ShardEvent::Written { shard, result })
-            }
-            Event::SiloRead { silo, result } => match result {
-                Ok(status) => self.feed_shards(ShardEvent::SiloStatus { silo, status }),
-                // Asked again after a poll (rule 6 of the shard machine).
-                Err(e) => {
-                    tracing::debug!(%silo, error = %e, "reading a lease holder's membership row failed")
+            Event::Shard(answer) => {
+                if matches!(answer, ShardEvent::Read { .. } | ShardEvent::Written { .. }) {
+                    self.lease_in_flight = self.lease_in_flight.saturating_sub(1);
                 }
-            },
-            Event::SelfRead { at, result } => match result {
-                Ok(Some(SiloStatus::Active)) => self.feed_shards(ShardEvent::SelfConfirmed { at }),
-                Ok(status) => tracing::debug!(?status, "this silo's own row is not Active"),
-                Err(e) => tracing::debug!(error = %e, "confirming this silo's own row failed"),
-            },
+                self.feed_shards(answer)
+            }
         }
         self.check_loaded();
         self.arm_timer();
@@ -1000,10 +960,7 @@ impl ReminderMachine {
                     exceptions.truncate(MAX_EXCEPTIONS);
                 }
                 let stopped_at = held.stopped_at;
-                self.held.remove(&k);
-                let count = self.count;
-                self.queue.retain(|s| shard_of_hash(s.hash, count) != k);
-                self.publish_gauges();
+                self.drop_shard(k);
                 let event = ShardEvent::Stopped {
                     shard: k,
                     started_through: Some(stopped_at),
@@ -1290,36 +1247,29 @@ impl ReminderMachine {
         }
         let room = MAX_DELIVERIES.saturating_sub(self.deliveries);
         for key in self.queue.take_due(now, room) {
-            let Some(slot) = self.queue.get(&key) else {
+            let Some(slot) = self.queue.get_mut(&key) else {
                 continue;
             };
-            let k = shard_of_hash(slot.hash, self.count);
+            let (k, etag, scheduled) = (
+                shard_of_hash(slot.hash, self.count),
+                slot.etag.clone(),
+                slot.next.scheduled,
+            );
             if !self.shards.may_deliver(k, now) {
                 // Its shard is stopping (its release reads the slot) or loading.
-                let next = Planned {
-                    scheduled: slot.next.scheduled,
-                    due: now.saturating_add(SHARD_RECHECK),
-                };
                 if self.held.get(&k).is_some_and(|h| h.stopping) {
+                    slot.delivering = false;
                     self.queue.hold(&key);
-                    if let Some(s) = self.queue.get_mut(&key) {
-                        s.delivering = false;
-                    }
                 } else {
-                    self.queue.requeue(&key, next);
+                    let due = now.saturating_add(SHARD_RECHECK);
+                    self.queue.requeue(&key, Planned { scheduled, due });
                 }
                 continue;
             }
-            let (etag, scheduled) = (slot.etag.clone(), slot.next.scheduled);
-            if scheduled < self.resumed_at && slot.catch_up_to < self.resumed_at {
-                let resumed_at = self.resumed_at;
-                if let Some(s) = self.queue.get_mut(&key) {
-                    s.catch_up_to = resumed_at;
-                }
+            if scheduled < self.resumed_at {
+                // Waited through a pause: delivered in turn, as a catch-up.
+                slot.catch_up_to = slot.catch_up_to.max(self.resumed_at);
             }
-            let Some(slot) = self.queue.get(&key) else {
-                continue;
-            };
             let tick = ActorId::parse(key.actor())
                 .map(|actor| ReminderTick {
                     actor,
@@ -1388,24 +1338,14 @@ impl ReminderMachine {
         }
         // Every slot of a held shard stays in memory: a release reads what it
         // owes from them.
-        match after_attempt(
-            slot.timing(),
-            scheduled,
-            now,
-            true,
-            slot.catch_up_to,
-            Duration::MAX,
-            now,
-        ) {
+        match after_attempt(slot.timing(), scheduled, now, true, slot.catch_up_to, now) {
             AfterAttempt::Remove => {
                 self.queue.remove(key);
                 self.persist.remove(key);
                 self.removals.insert(key.clone(), etag);
             }
             AfterAttempt::Next(next) => self.queue.requeue(key, next),
-            _ => {
-                self.queue.remove(key);
-            }
+            AfterAttempt::Retry(_) | AfterAttempt::GiveUp(_) => {}
         }
     }
 
@@ -1418,15 +1358,7 @@ impl ReminderMachine {
         };
         slot.attempts = slot.attempts.saturating_add(1);
         let retry = now.saturating_add(backoff(u32::from(slot.attempts), &mut self.rng));
-        match after_attempt(
-            slot.timing(),
-            scheduled,
-            now,
-            false,
-            slot.catch_up_to,
-            Duration::MAX,
-            retry,
-        ) {
+        match after_attempt(slot.timing(), scheduled, now, false, slot.catch_up_to, retry) {
             AfterAttempt::GiveUp(next) => {
                 Counters::bump(&self.counters.ticks_given_up);
                 tracing::error!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,

@@ -152,9 +152,6 @@ pub fn after_delivery(entry: impl Into<Timing>, scheduled: Timestamp, done: Time
 pub enum AfterAttempt {
     /// A one-shot reminder was delivered: remove its row.
     Remove,
-    /// Delivered; the next tick is beyond the loading window: drop the slot (the
-    /// next load finds it again).
-    Unload,
     /// Delivered; the next tick.
     Next(Planned),
     /// Failed; try the same occurrence again at `due`.
@@ -168,8 +165,7 @@ pub enum AfterAttempt {
 /// `now`:
 /// - delivered: the next occurrence after `now`, or after `scheduled` itself while
 ///   it is below `catch_up_to` (a handoff's catch-up delivers every occurrence owed
-///   in turn, where a handler that overran skips them); a one-shot is removed; a
-///   next tick past `now + loading_window` leaves the slot;
+///   in turn, where a handler that overran skips them); a one-shot is removed;
 /// - failed: retried at `retry_at` (the caller's jittered backoff), unless the
 ///   occurrence right after `scheduled` is due by then, which gives this one up (no
 ///   burst of stale ticks, and one failure costs at most the failed occurrence and
@@ -182,7 +178,6 @@ pub fn after_attempt(
     now: Timestamp,
     delivered: bool,
     catch_up_to: Timestamp,
-    loading_window: Duration,
     retry_at: Timestamp,
 ) -> AfterAttempt {
     let timing = entry.into();
@@ -207,7 +202,6 @@ pub fn after_attempt(
     }
     match after_delivery(timing, scheduled, done) {
         None => AfterAttempt::Remove,
-        Some(next) if next.due > now.saturating_add(loading_window) => AfterAttempt::Unload,
         Some(next) => AfterAttempt::Next(next),
     }
 }
@@ -221,10 +215,9 @@ mod tests {
     #[test]
     fn after_an_attempt() {
         let e = entry(0, Some(MIN), MissedTickPolicy::Skip);
-        let window = Duration::from_secs(600);
         let none = t(0);
         // Delivered on time: the next occurrence.
-        let next = after_attempt(&e, t(60), t(61), true, none, window, t(0));
+        let next = after_attempt(&e, t(60), t(61), true, none, t(0));
         assert_eq!(
             next,
             AfterAttempt::Next(Planned {
@@ -233,7 +226,7 @@ mod tests {
             })
         );
         // A catch-up delivers the occurrence right after, however late it is.
-        let next = after_attempt(&e, t(60), t(300), true, t(240), window, t(0));
+        let next = after_attempt(&e, t(60), t(300), true, t(240), t(0));
         assert_eq!(
             next,
             AfterAttempt::Next(Planned {
@@ -241,20 +234,14 @@ mod tests {
                 due: t(120)
             })
         );
-        // Beyond the loading window: the slot leaves.
-        let short = Duration::from_secs(30);
-        assert_eq!(
-            after_attempt(&e, t(60), t(61), true, none, short, t(0)),
-            AfterAttempt::Unload
-        );
         // A one-shot is removed once delivered, retried while failing.
         let once = entry(100, None, MissedTickPolicy::Skip);
         assert_eq!(
-            after_attempt(&once, t(100), t(101), true, none, window, t(0)),
+            after_attempt(&once, t(100), t(101), true, none, t(0)),
             AfterAttempt::Remove
         );
         assert_eq!(
-            after_attempt(&once, t(100), t(101), false, none, window, t(900)),
+            after_attempt(&once, t(100), t(101), false, none, t(900)),
             AfterAttempt::Retry(Planned {
                 scheduled: t(100),
                 due: t(900)
@@ -262,14 +249,14 @@ mod tests {
         );
         // A failure retried before the next occurrence, or given up for it.
         assert_eq!(
-            after_attempt(&e, t(60), t(61), false, none, window, t(62)),
+            after_attempt(&e, t(60), t(61), false, none, t(62)),
             AfterAttempt::Retry(Planned {
                 scheduled: t(60),
                 due: t(62)
             })
         );
         assert_eq!(
-            after_attempt(&e, t(60), t(61), false, none, window, t(120)),
+            after_attempt(&e, t(60), t(61), false, none, t(120)),
             AfterAttempt::GiveUp(Planned {
                 scheduled: t(120),
                 due: t(120)
@@ -279,7 +266,7 @@ mod tests {
         // overran it) is given up for the first one after now, not retried up
         // to the one after that: one failure costs at most two occurrences.
         assert_eq!(
-            after_attempt(&e, t(60), t(121), false, none, window, t(170)),
+            after_attempt(&e, t(60), t(121), false, none, t(170)),
             AfterAttempt::GiveUp(Planned {
                 scheduled: t(180),
                 due: t(180)
@@ -288,7 +275,7 @@ mod tests {
         // A failure in a catch-up gives way to the occurrence right after it,
         // owed like the rest, not to the first one after now.
         assert_eq!(
-            after_attempt(&e, t(60), t(300), false, t(240), window, t(301)),
+            after_attempt(&e, t(60), t(300), false, t(240), t(301)),
             AfterAttempt::GiveUp(Planned {
                 scheduled: t(120),
                 due: t(120)

@@ -150,17 +150,21 @@ pub enum ShardEvent {
         /// `started_through`.
         exceptions: Vec<LeaseException>,
     },
-    /// This silo's own membership row was read Active by a read issued at `at`.
-    SelfConfirmed {
+    /// The answer of [`ShardAction::ConfirmSelf`]: this silo's own status as
+    /// read by a read issued at `at` (`None`: no row), or the error's text.
+    SelfRead {
         /// When the read was issued.
         at: Timestamp,
+        /// The status read.
+        result: Result<Option<SiloStatus>, String>,
     },
-    /// The answer of [`ShardAction::ReadSilo`]: the silo's status (`None`: no row).
-    SiloStatus {
+    /// The answer of [`ShardAction::ReadSilo`]: the silo's status (`None`: no
+    /// row), or the error's text (asked again after a poll: rule 6).
+    SiloRead {
         /// The silo.
         silo: SiloAddress,
         /// Its status.
-        status: Option<SiloStatus>,
+        result: Result<Option<SiloStatus>, String>,
     },
     /// Another silo says it released `shard` ([`ShardAction::Hint`]): a shard
     /// this silo waits for is read at once instead of at its next poll. Only a
@@ -197,10 +201,9 @@ pub enum ShardAction {
     Stop(u32),
     /// Forget the shard's reminders without an answer: another epoch holds it.
     Drop(u32),
-    /// Read a silo's membership row; answer [`ShardEvent::SiloStatus`].
+    /// Read a silo's membership row; answer [`ShardEvent::SiloRead`].
     ReadSilo(SiloAddress),
-    /// Read this silo's own membership row; answer [`ShardEvent::SelfConfirmed`]
-    /// if it is Active.
+    /// Read this silo's own membership row; answer [`ShardEvent::SelfRead`].
     ConfirmSelf,
     /// Tell `to` (the shard's owner in this silo's view) that the shard was
     /// released, best effort ([`ShardEvent::Hint`] there); a lost hint costs the
@@ -395,10 +398,18 @@ impl ShardMachine {
                     self.slots.insert(shard, Slot::Releasing { lease: release });
                 }
             }
-            ShardEvent::SelfConfirmed { at } => {
-                self.confirmed_at = self.confirmed_at.max(Some(at));
+            ShardEvent::SelfRead { at, result } => {
+                if result == Ok(Some(SiloStatus::Active)) {
+                    self.confirmed_at = self.confirmed_at.max(Some(at));
+                }
             }
-            ShardEvent::SiloStatus { silo, status } => {
+            ShardEvent::SiloRead { silo, result: Err(_) } => {
+                tracing::debug!(%silo, "reading a lease holder's membership row failed; asked again after a poll")
+            }
+            ShardEvent::SiloRead {
+                silo,
+                result: Ok(status),
+            } => {
                 let dead = status.is_none_or(|s| s == SiloStatus::Dead);
                 if dead {
                     self.dead_since.entry(silo).or_insert(now);

@@ -30,7 +30,7 @@ use rollcall_provider_memory::MemoryStore;
 
 use crate::machine::{Action, Event, Inbound, NoticeRetry, ReminderMachine, Timer};
 use crate::ring::Ring;
-use crate::shards::shard_owner;
+use crate::shards::{shard_owner, ShardEvent};
 use crate::ReminderError;
 use rollcall_membership_core::ShardLeases;
 
@@ -832,27 +832,39 @@ impl World {
                 let leases = self.leases.clone();
                 let (lat, result) = self.table_call(i, leases.read(shard));
                 let result = result.map_err(|e| e.to_string());
-                self.sched
-                    .push(lat, i, Ev::Machine(Event::LeaseRead { shard, result }));
+                self.sched.push(
+                    lat,
+                    i,
+                    Ev::Machine(Event::Shard(ShardEvent::Read { shard, result })),
+                );
             }
             Action::WriteLease(lease) => {
                 let leases = self.leases.clone();
                 let shard = lease.shard;
                 let (lat, result) = self.table_call(i, leases.write(&lease));
                 let result = result.map_err(|e| e.to_string());
-                self.sched
-                    .push(lat, i, Ev::Machine(Event::LeaseWritten { shard, result }));
+                self.sched.push(
+                    lat,
+                    i,
+                    Ev::Machine(Event::Shard(ShardEvent::Written { shard, result })),
+                );
             }
             Action::ReadSilo(silo) => {
                 let (lat, result) = self.status_read(i, silo);
-                self.sched
-                    .push(lat, i, Ev::Machine(Event::SiloRead { silo, result }));
+                self.sched.push(
+                    lat,
+                    i,
+                    Ev::Machine(Event::Shard(ShardEvent::SiloRead { silo, result })),
+                );
             }
             Action::ConfirmSelf => {
                 let at = self.sched.time();
                 let (lat, result) = self.status_read(i, me);
-                self.sched
-                    .push(lat, i, Ev::Machine(Event::SelfRead { at, result }));
+                self.sched.push(
+                    lat,
+                    i,
+                    Ev::Machine(Event::Shard(ShardEvent::SelfRead { at, result })),
+                );
             }
             Action::SetTimer(timer, at) => {
                 self.tokens += 1;

@@ -210,7 +210,10 @@ impl World {
                     at,
                     Op::Event {
                         node: i,
-                        event: ShardEvent::SiloStatus { silo: s, status },
+                        event: ShardEvent::SiloRead {
+                            silo: s,
+                            result: Ok(status),
+                        },
                     },
                 ));
             }
@@ -222,7 +225,10 @@ impl World {
                         at,
                         Op::Event {
                             node: i,
-                            event: ShardEvent::SelfConfirmed { at: issued },
+                            event: ShardEvent::SelfRead {
+                                at: issued,
+                                result: Ok(Some(SiloStatus::Active)),
+                            },
                         },
                     ));
                 }
@@ -612,7 +618,13 @@ fn a_dead_holders_shard_is_delivered_a_lease_period_after_it_was_seen_dead() {
             .any(|x| matches!(x, ShardAction::Load { takeover: Some(t), .. } if *t == ts(140))),
         "{a:?}"
     );
-    m.handle(ts(113), ShardEvent::SelfConfirmed { at: ts(113) });
+    m.handle(
+        ts(113),
+        ShardEvent::SelfRead {
+            at: ts(113),
+            result: Ok(Some(SiloStatus::Active)),
+        },
+    );
     m.handle(
         ts(120),
         ShardEvent::Loaded {
