@@ -65,7 +65,7 @@ pub const MAX_DELIVERIES: usize = 1024;
 /// Notice-triggered row reads running at once.
 pub const MAX_NOTICE_READS: usize = 64;
 /// Shard loads running at once.
-pub const MAX_LOADS: usize = 4;
+pub const MAX_LOADS: usize = 16;
 /// Lease reads and writes in flight at once (the rest wait in order): a silo
 /// that starts and is assigned a thousand shards does not send a thousand
 /// calls at once.
@@ -750,8 +750,7 @@ impl ReminderMachine {
             return;
         }
         self.cancel_loads(k);
-        let count = self.count;
-        self.queue.retain(|s| shard_of_hash(s.hash, count) != k);
+        self.queue.retain_hashes(self.hashes(k), |_| false);
         self.publish_gauges();
         self.start_loads();
     }
@@ -773,6 +772,12 @@ impl ReminderMachine {
         self.pending.push_front((k, LoadKind::Final));
         self.start_loads();
         None
+    }
+
+    /// The hashes of shard `k`.
+    fn hashes(&self, k: u32) -> std::ops::RangeInclusive<u32> {
+        let r = shard_range(k, self.count);
+        r.begin.wrapping_add(1)..=r.end
     }
 
     /// Forgets every load of shard `k`, queued, running or failed.
@@ -971,10 +976,10 @@ impl ReminderMachine {
             LoadKind::Acquire | LoadKind::Refresh => {
                 held.rows = run.rows;
                 let (epoch, since) = (run.epoch, run.since);
-                let count = self.count;
                 // Slots of the shard the load did not read were deleted.
+                let hashes = self.hashes(k);
                 self.queue
-                    .retain(|s| shard_of_hash(s.hash, count) != k || s.seen == epoch || s.touched > since);
+                    .retain_hashes(hashes, |s| s.seen == epoch || s.touched > since);
                 self.deleted.retain(|_, c| *c > since);
                 if run.kind == LoadKind::Acquire {
                     let held = self.held.get_mut(&k).expect("present");

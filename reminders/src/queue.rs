@@ -7,6 +7,7 @@
 //! index maps keys to slab positions and a B-tree of `(due, position)` orders them.
 
 use std::collections::{BTreeSet, HashMap};
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use rollcall_membership_core::{duration_millis, MissedTickPolicy, ReminderEntry, Timestamp};
@@ -101,12 +102,14 @@ impl Slot {
     }
 }
 
-/// Slots by key plus a due-time index.
+/// Slots by key plus a due-time index and a ring-position index (a shard's
+/// slots are one run of hashes).
 #[derive(Debug, Default)]
 pub(crate) struct Queue {
     slots: Slab<Slot>,
     index: HashMap<Key, u32>,
     due: BTreeSet<(Timestamp, u32)>,
+    by_hash: BTreeSet<(u32, u32)>,
 }
 
 impl Queue {
@@ -145,25 +148,30 @@ impl Queue {
         let i = u32::try_from(self.slots.insert(slot)).expect("fewer than 2^32 reminders per silo");
         self.index.insert(key, i);
         self.due.insert((next.due, i));
+        self.by_hash.insert((entry.hash, i));
     }
 
     /// Drops a slot; its running delivery (if any) finds it gone.
     pub(crate) fn remove(&mut self, key: &Key) -> Option<Slot> {
         let i = self.index.remove(key)?;
         let slot = self.slots.remove(i as usize);
+        self.by_hash.remove(&(slot.hash, i));
         if !slot.delivering && !slot.held {
             self.due.remove(&(slot.next.due, i));
         }
         Some(slot)
     }
 
-    /// Keeps the slots for which `keep` holds.
-    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Slot) -> bool) {
+    /// Of the slots whose hash lies in `hashes`, keeps those for which `keep`
+    /// holds (a shard's slots, without a pass over the others).
+    pub(crate) fn retain_hashes(&mut self, hashes: RangeInclusive<u32>, mut keep: impl FnMut(&Slot) -> bool) {
+        let (first, last) = hashes.into_inner();
         let gone: Vec<Key> = self
-            .slots
-            .iter()
-            .filter(|(_, s)| !keep(s))
-            .map(|(_, s)| s.key.clone())
+            .by_hash
+            .range((first, 0)..=(last, u32::MAX))
+            .map(|(_, i)| &self.slots[*i as usize])
+            .filter(|s| !keep(s))
+            .map(|s| s.key.clone())
             .collect();
         for k in gone {
             self.remove(&k);
@@ -285,7 +293,7 @@ mod tests {
             q.get(&Key::new("a", "d")).map(|s| s.next.due),
             Some(Timestamp::from_millis(60))
         );
-        q.retain(|s| s.key.name() != "c");
+        q.retain_hashes(0..=u32::MAX, |s| s.key.name() != "c");
         assert_eq!(q.next_due(), Some(Timestamp::from_millis(60)));
         assert_eq!(q.len(), 2);
         // A held slot is out of the due index until requeued; removing it leaves
