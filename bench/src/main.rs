@@ -17,6 +17,7 @@ mod f1;
 mod j1;
 mod r1;
 mod r2;
+mod r4;
 mod s1;
 mod t1;
 mod t2;
@@ -37,7 +38,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Every benchmark that exists (T1, then T2, R1, R2, S1, J1, D1, D2 and F1 with
+    /// Every benchmark that exists (T1, then T2, R1, R2, R4, S1, J1, D1, D2 and F1 with
     /// their defaults).
     All(t1::Args),
     /// T1: table operations per provider next to the backend's raw write and raw
@@ -52,6 +53,10 @@ enum Cmd {
     /// R2: reminder failover time relative to detection time, 3 silos on real TCP;
     /// adds its section to the reports.
     R2(r2::Args),
+    /// R4: what a join, a graceful leave and a crash cost the reminder service
+    /// (store calls, the pause of the moved reminders) at 10 and 100 silos;
+    /// adds its section to the reports.
+    R4(r4::Args),
     /// S1: actor state writes and reads (1 KiB to 16 MiB) next to the backend's
     /// raw conditional write of the same bytes; adds its section to the reports.
     S1(s1::Args),
@@ -195,6 +200,7 @@ fn main() -> anyhow::Result<()> {
         }
         Cmd::R1(args) => r1::run(args),
         Cmd::R2(args) => r2::run(args),
+        Cmd::R4(args) => r4::run(args),
         Cmd::S1(args) => {
             drop(rt);
             s1::run(args)
@@ -226,6 +232,9 @@ fn main() -> anyhow::Result<()> {
             let mut r2: r2::Args = defaults("r2");
             r2.reports = reports.clone();
             r2::run(r2)?;
+            let mut r4: r4::Args = defaults("r4");
+            r4.reports = reports.clone();
+            r4::run(r4)?;
             let mut s1: s1::Args = defaults("s1");
             s1.reports = reports.clone();
             s1::run(s1)?;
@@ -386,9 +395,18 @@ mod tests {
     fn every_benchmark_has_parseable_defaults() {
         let t2: t2::Args = defaults("t2");
         let f1: f1::Args = defaults("f1");
-        let _: (r1::Args, r2::Args, s1::Args, j1::Args, d1::Args, d2::Args) = (
+        let _: (
+            r1::Args,
+            r2::Args,
+            r4::Args,
+            s1::Args,
+            j1::Args,
+            d1::Args,
+            d2::Args,
+        ) = (
             defaults("r1"),
             defaults("r2"),
+            defaults("r4"),
             defaults("s1"),
             defaults("j1"),
             defaults("d1"),

@@ -102,6 +102,29 @@ fn smoke_run_reports_every_provider_with_ratios() {
             "the victim held reminders: {r}"
         );
     }
+    // R4: a join, a leave and a crash in a small cluster on memory.
+    run_bench(
+        &[
+            "r4",
+            "--providers",
+            "memory",
+            "--silos",
+            "3",
+            "--count",
+            "400",
+            "--probes",
+            "100",
+        ],
+        &md,
+        &json,
+    );
+    let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let changes = parsed["r4"].as_array().unwrap();
+    assert_eq!(changes.len(), 3, "join, leave, crash: {parsed:#}");
+    for c in changes {
+        assert!(c["lease_writes"].as_i64().unwrap() > 0, "shards moved: {c}");
+        assert!(c["moved"].as_u64().unwrap() > 0, "probes moved: {c}");
+    }
     // T1 again: its section is replaced, the others stay.
     run_bench(
         &[

@@ -563,11 +563,6 @@ impl ReminderMachine {
         self.loaded_once
     }
 
-    /// Reminders held in memory.
-    pub fn scheduled(&self) -> usize {
-        self.queue.len()
-    }
-
     /// Deliveries in flight.
     pub fn deliveries(&self) -> usize {
         self.deliveries

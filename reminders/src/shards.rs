@@ -308,14 +308,6 @@ impl ShardMachine {
             .collect()
     }
 
-    /// The lease this silo holds for `shard`, while it holds it.
-    pub fn lease(&self, shard: u32) -> Option<&ShardLease> {
-        match self.slots.get(&shard)? {
-            Slot::Loading { lease } | Slot::Owned { lease } => Some(lease),
-            _ => None,
-        }
-    }
-
     /// Whether ticks of `shard` may be delivered at `now`: the shard is held
     /// and loaded, `now` is past its watermark (after a takeover the
     /// watermark is the takeover time less 1 ms: rule 3), and (fencing on)

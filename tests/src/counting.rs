@@ -1,6 +1,7 @@
 //! A [`SystemStore`] decorator that counts the membership table calls made through
 //! it (full reads, delta reads, row reads, writes and their conflicts, IAmAlive
-//! writes), over any real store: what silos cost their store. Optionally it delays
+//! writes) and the reminder and shard-lease calls ([`ReminderCounts`]), over any
+//! real store: what silos cost their store. Optionally it delays
 //! every membership call by a fixed store latency, measured on tokio's clock (so in
 //! virtual time when the runtime's clock is paused).
 
@@ -9,10 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rollcall_membership_core::lease::{LeaseTable, LeaseWrite};
 use rollcall_membership_core::{
-    HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipSnapshot, MembershipTable,
-    ProtocolMode, ReminderTable, Result, SiloAddress, SystemStore, TableVersion, Timestamp, WriteMode,
-    WriteOrigin,
+    Etag, Expected, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipSnapshot,
+    MembershipTable, ProtocolMode, ReminderEntry, ReminderTable, Result, SiloAddress, SystemStore,
+    TableVersion, Timestamp, WriteMode, WriteOrigin,
 };
 
 /// Calls counted by a [`CountingStore`], over all its membership tables.
@@ -99,13 +101,44 @@ impl Counts {
     }
 }
 
-/// Counts the membership calls on `inner`.
+/// Reminder-table and shard-lease calls counted by a [`CountingStore`].
+#[derive(Debug, Default)]
+pub struct ReminderCounts {
+    /// `read_lease` calls.
+    pub lease_reads: AtomicU64,
+    /// `write_lease` calls (compare-and-sets).
+    pub lease_writes: AtomicU64,
+    /// Reminder row reads: `read_rows_in_range`, `read_rows_for`, `read_row`.
+    pub row_reads: AtomicU64,
+    /// Reminder rows returned by those reads.
+    pub rows_read: AtomicU64,
+    /// Reminder row writes: `upsert_row`, `remove_row`, `update_last_fired`.
+    pub row_writes: AtomicU64,
+}
+
+impl ReminderCounts {
+    /// `[lease reads, lease writes, row reads, rows read, row writes]` now.
+    pub fn snapshot(&self) -> [u64; 5] {
+        [
+            &self.lease_reads,
+            &self.lease_writes,
+            &self.row_reads,
+            &self.rows_read,
+            &self.row_writes,
+        ]
+        .map(|c| c.load(Ordering::SeqCst))
+    }
+}
+
+/// Counts the membership, reminder and lease calls on `inner`.
 #[derive(Debug, Clone)]
 pub struct CountingStore {
     inner: Arc<dyn SystemStore>,
     latency: Duration,
-    /// The counters.
+    /// The membership counters.
     pub counts: Arc<Counts>,
+    /// The reminder and lease counters.
+    pub reminder_counts: Arc<ReminderCounts>,
 }
 
 impl CountingStore {
@@ -115,6 +148,7 @@ impl CountingStore {
             inner,
             latency: Duration::ZERO,
             counts: Arc::default(),
+            reminder_counts: Arc::default(),
         }
     }
 
@@ -141,7 +175,105 @@ impl SystemStore for CountingStore {
     }
 
     fn reminder_table(&self, service_id: &str) -> Result<Arc<dyn ReminderTable>> {
-        self.inner.reminder_table(service_id)
+        Ok(Arc::new(CountingReminders {
+            inner: self.inner.reminder_table(service_id)?,
+            counts: self.reminder_counts.clone(),
+        }))
+    }
+
+    fn lease_table(&self, service_id: &str) -> Result<Arc<dyn LeaseTable>> {
+        Ok(Arc::new(CountingLeases {
+            inner: self.inner.lease_table(service_id)?,
+            counts: self.reminder_counts.clone(),
+        }))
+    }
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::SeqCst);
+}
+
+#[derive(Debug)]
+struct CountingReminders {
+    inner: Arc<dyn ReminderTable>,
+    counts: Arc<ReminderCounts>,
+}
+
+impl CountingReminders {
+    fn read(&self, rows: Result<Vec<ReminderEntry>>) -> Result<Vec<ReminderEntry>> {
+        bump(&self.counts.row_reads);
+        if let Ok(r) = &rows {
+            self.counts.rows_read.fetch_add(r.len() as u64, Ordering::SeqCst);
+        }
+        rows
+    }
+}
+
+#[async_trait]
+impl ReminderTable for CountingReminders {
+    fn service_id(&self) -> &str {
+        self.inner.service_id()
+    }
+    async fn init(&self) -> Result<()> {
+        self.inner.init().await
+    }
+    async fn read_rows_for(&self, actor_id: &str) -> Result<Vec<ReminderEntry>> {
+        self.read(self.inner.read_rows_for(actor_id).await)
+    }
+    async fn read_rows_in_range(&self, begin: u32, end: u32) -> Result<Vec<ReminderEntry>> {
+        self.read(self.inner.read_rows_in_range(begin, end).await)
+    }
+    async fn read_row(&self, actor_id: &str, name: &str) -> Result<Option<ReminderEntry>> {
+        bump(&self.counts.row_reads);
+        self.inner.read_row(actor_id, name).await
+    }
+    async fn upsert_row(&self, entry: &ReminderEntry) -> Result<Etag> {
+        bump(&self.counts.row_writes);
+        self.inner.upsert_row(entry).await
+    }
+    async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
+        bump(&self.counts.row_writes);
+        self.inner.remove_row(actor_id, name, etag).await
+    }
+    async fn update_last_fired(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        fired_at: Timestamp,
+    ) -> Result<bool> {
+        bump(&self.counts.row_writes);
+        self.inner.update_last_fired(actor_id, name, etag, fired_at).await
+    }
+    async fn clear(&self) -> Result<()> {
+        self.inner.clear().await
+    }
+}
+
+#[derive(Debug)]
+struct CountingLeases {
+    inner: Arc<dyn LeaseTable>,
+    counts: Arc<ReminderCounts>,
+}
+
+#[async_trait]
+impl LeaseTable for CountingLeases {
+    fn service_id(&self) -> &str {
+        self.inner.service_id()
+    }
+    async fn shard_count(&self, shards: u32) -> Result<u32> {
+        self.inner.shard_count(shards).await
+    }
+    async fn read_lease(&self, shard: u32) -> Result<Option<(Vec<u8>, Etag)>> {
+        bump(&self.counts.lease_reads);
+        self.inner.read_lease(shard).await
+    }
+    async fn write_lease(&self, shard: u32, expected: &Expected, row: &[u8]) -> Result<LeaseWrite> {
+        bump(&self.counts.lease_writes);
+        self.inner.write_lease(shard, expected, row).await
+    }
+    async fn clear(&self) -> Result<()> {
+        self.inner.clear().await
     }
 }
 

@@ -7,7 +7,11 @@
 //!
 //! CI runs a short version (4 rounds 6 s apart, 100 reminders);
 //! `ROLLCALL_CHURN_FULL=1` runs the full one (8 rounds 15 s apart, 200 reminders),
-//! whose figures are BENCHMARKS.md's R3.
+//! whose figures are BENCHMARKS.md's R3. `ROLLCALL_CHURN_SILOS=n` runs `n`
+//! processes instead of 4; `ROLLCALL_CHURN_ROLLING=1` is a rolling deploy: every
+//! second a new process starts and, once it is ready, the oldest gets SIGTERM
+//! without waiting for its exit (so handoffs overlap), until every process was
+//! replaced.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,24 +28,32 @@ const PERIOD: Duration = Duration::from_secs(1);
 
 /// The churn's shape.
 struct Plan {
+    silos: usize,
     rounds: usize,
     every: Duration,
     reminders: usize,
+    /// Start the next process before the oldest has finished leaving.
+    rolling: bool,
 }
 
 fn plan() -> Plan {
-    if std::env::var("ROLLCALL_CHURN_FULL").is_ok_and(|v| v == "1") {
-        Plan {
-            rounds: 8,
-            every: Duration::from_secs(15),
-            reminders: 200,
-        }
-    } else {
-        Plan {
-            rounds: 4,
-            every: Duration::from_secs(6),
-            reminders: 100,
-        }
+    let env = |k: &str| std::env::var(k).ok();
+    let silos = env("ROLLCALL_CHURN_SILOS")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let full = env("ROLLCALL_CHURN_FULL").is_some_and(|v| v == "1");
+    let rolling = env("ROLLCALL_CHURN_ROLLING").is_some_and(|v| v == "1");
+    let (rounds, every, reminders) = match (rolling, full) {
+        (true, _) => (silos, Duration::from_secs(1), 200),
+        (false, true) => (8, Duration::from_secs(15), 200),
+        (false, false) => (4, Duration::from_secs(6), 100),
+    };
+    Plan {
+        silos,
+        rounds,
+        every,
+        reminders,
+        rolling,
     }
 }
 
@@ -135,8 +147,8 @@ async fn churn(store: &str, graceful: bool) -> (ChurnReport, Vec<Timestamp>) {
     std::fs::create_dir_all(&dir).expect("dir");
     let clock = SystemClock;
     let mut running = std::collections::VecDeque::new();
-    for n in 0..4 {
-        let register = (n == 3).then_some(plan.reminders);
+    for n in 0..plan.silos {
+        let register = (n + 1 == plan.silos).then_some(plan.reminders);
         running.push_back(start(&cluster, store, &dir, n, register).await);
     }
     let starts: BTreeMap<(String, String), Timestamp> = read_lines(&dir.join("starts.txt"))
@@ -146,20 +158,32 @@ async fn churn(store: &str, graceful: bool) -> (ChurnReport, Vec<Timestamp>) {
     assert_eq!(starts.len(), plan.reminders);
     let from = starts.values().max().copied().expect("starts");
     let mut stops = Vec::new();
+    let mut leaving = Vec::new();
     for round in 0..plan.rounds {
         tokio::time::sleep(plan.every).await;
-        let mut oldest = running.pop_front().expect("a running silo");
-        stops.push(clock.now());
-        stop(&mut oldest, graceful).await;
-        running.push_back(start(&cluster, store, &dir, 4 + round, None).await);
+        if plan.rolling {
+            // The new process first; the old one leaves while the next starts.
+            running.push_back(start(&cluster, store, &dir, plan.silos + round, None).await);
+            let mut oldest = running.pop_front().expect("a running silo");
+            stops.push(clock.now());
+            leaving.push(tokio::spawn(async move { stop(&mut oldest, graceful).await }));
+        } else {
+            let mut oldest = running.pop_front().expect("a running silo");
+            stops.push(clock.now());
+            stop(&mut oldest, graceful).await;
+            running.push_back(start(&cluster, store, &dir, plan.silos + round, None).await);
+        }
     }
-    tokio::time::sleep(plan.every).await;
+    for l in leaving {
+        l.await.expect("a leave");
+    }
+    tokio::time::sleep(plan.every.max(Duration::from_secs(6))).await;
     let to = clock.now().saturating_sub(Duration::from_secs(2));
     for mut child in running {
         stop(&mut child, true).await;
     }
     let mut ticks = Vec::new();
-    for n in 0..4 + plan.rounds {
+    for n in 0..plan.silos + plan.rounds {
         for l in read_lines(&dir.join(format!("ticks-{n}.log"))) {
             ticks.push(Occurrence {
                 reminder: (l[0].clone(), l[1].clone()),
