@@ -151,11 +151,14 @@ fn smoke_run_reports_every_provider_with_ratios() {
     // Each section added by a benchmark says the commit it was measured at.
     assert_eq!(
         report.matches("Measured at commit ").count(),
-        2,
-        "R1 and R2: {report}"
+        3,
+        "R1, R2 and R4: {report}"
     );
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    assert!(parsed["r1"].is_array() && parsed["r2"].is_array(), "{parsed:#}");
+    assert!(
+        parsed["r1"].is_array() && parsed["r2"].is_array() && parsed["r4"].is_array(),
+        "{parsed:#}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
