@@ -10,6 +10,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use rollcall_membership_core::Timestamp;
+use rollcall_reminders::machine::{NOTICE_ATTEMPTS, NOTICE_RETRY};
 use rollcall_reminders::sim::{Config, World};
 use rollcall_reminders::{MAX_DELIVERIES, MAX_NOTICE_READS, MAX_WRITES};
 
@@ -307,12 +308,18 @@ fn assert_explained(w: &World, cfg: &Config, end: u64, what: &str) -> Result<(),
                 .outages
                 .iter()
                 .any(|(from, to)| ms + cfg.view_spread >= *from && ms <= to + reload);
-            // A registration during a partition whose notice could not reach
-            // the shard's holder is found by the holder's next refresh.
+            // A registration during a partition, or up to the notice's six
+            // sends 500 ms apart before it (a first send lost, the retries
+            // inside the partition), whose notice could not reach the shard's
+            // holder is found by the holder's next refresh. (Found by the
+            // sweep, `PROPTEST_RNG_SEED=54`.)
             let life = &w.reminders[r];
             let refresh = cfg.options.refresh_reminder_list_period.as_millis() as u64 + reload;
+            let retries = u64::from(NOTICE_ATTEMPTS) * NOTICE_RETRY.as_millis() as u64;
             let partition = w.partitioned.iter().any(|(from, to)| {
-                life.registered >= *from && life.registered <= *to && ms <= life.registered + refresh
+                life.registered + retries >= *from
+                    && life.registered <= *to
+                    && ms <= life.registered + refresh
             });
             // A registration whose registering silo died or left before its notice
             // got through (messages lost) is found by the holder's next refresh.
@@ -553,7 +560,7 @@ fn two_quick_leaves_and_a_join_lose_nothing() {
 /// takes is not sent again.
 #[test]
 fn a_notice_is_sent_again_until_taken_six_times_at_most() {
-    use rollcall_reminders::machine::{NoticeRetry, NOTICE_ATTEMPTS, NOTICE_RETRY};
+    use rollcall_reminders::machine::NoticeRetry;
     let mut never = NoticeRetry::new("svc", "cart/1", "tick");
     let mut sends = 1;
     while let Some(wait) = never.after_send(false) {
