@@ -45,7 +45,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::Rng;
-use rollcall_membership_core::lease::{LeaseException, ShardLease};
+use rollcall_membership_core::lease::{LeaseException, LeaseStatus, ShardLease};
 use rollcall_membership_core::{
     actor_shard, Etag, MembershipSnapshot, MissedTickPolicy, ReminderEntry, ReminderOptions, SiloAddress,
     Timestamp,
@@ -168,6 +168,13 @@ impl NoticeRetry {
         self.sent += 1;
         (!taken && self.sent < NOTICE_ATTEMPTS).then_some(NOTICE_RETRY)
     }
+}
+
+/// Where a registration's notice goes, by the shard's lease read after the row
+/// was written: the holder it names, or none when nobody holds the shard (its
+/// next acquire's load reads the row).
+pub fn notice_target(lease: &ShardLease) -> Option<SiloAddress> {
+    lease.owner.filter(|_| lease.status == LeaseStatus::Owned)
 }
 
 /// The notice topic of a service's reminder machines.

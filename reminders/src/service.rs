@@ -7,8 +7,8 @@ use std::time::Duration;
 use actix::{Actor, Addr};
 use rand::SeedableRng;
 use rollcall_membership_core::{
-    Clock, LeaseStatus, MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, ShardLeases,
-    SiloAddress, SiloHandle, SystemClock, SystemStore,
+    Clock, MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, ShardLeases, SiloAddress,
+    SiloHandle, SystemClock, SystemStore,
 };
 use tokio::sync::oneshot;
 
@@ -16,7 +16,7 @@ use crate::agent::{Leave, ReminderAgent, WhenLoaded};
 use crate::api::{
     ActorId, Counters, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, MAX_NAME,
 };
-use crate::machine::{release_topic, topic, NoticeRetry, ReminderMachine, NOTICE_QUEUE};
+use crate::machine::{notice_target, release_topic, topic, NoticeRetry, ReminderMachine, NOTICE_QUEUE};
 use crate::ring::Ring;
 use crate::send::bounded;
 
@@ -459,13 +459,9 @@ impl Reminders {
         self.inner.counters.read()
     }
 
-    /// Sends "re-read this reminder" in the background to the silo holding its
-    /// shard, as the shard's lease names it (read after the row was written,
-    /// so a view that lags cannot misdirect it): again while that silo does not
-    /// take it, by the rule of [`NoticeRetry`] (at most 6 sends, 500 ms apart,
-    /// the lease read again before each). None is sent when nobody holds the
-    /// shard: the next holder's load reads the row. A graceful leave waits for
-    /// these sends (at most [`NOTICE_DRAIN`]).
+    /// Sends "re-read this reminder" in the background where
+    /// [`notice_target`] says, by the rule of [`NoticeRetry`] (the lease read
+    /// again before each send). A graceful leave waits for it ([`NOTICE_DRAIN`]).
     fn notify_owner(&self, actor_id: &str, name: &str) {
         let inner = self.inner.clone();
         let mut retry = NoticeRetry::new(&self.inner.service_id, actor_id, name);
@@ -481,7 +477,7 @@ impl Reminders {
                 let taken = match bounded(inner.options.table_operation_timeout, inner.leases.read(shard))
                     .await
                 {
-                    Ok(lease) => match lease.owner.filter(|_| lease.status == LeaseStatus::Owned) {
+                    Ok(lease) => match notice_target(&lease) {
                         Some(holder) => match inner.silo.send_notice(holder, &topic, body.clone()).await {
                             Ok(taken) => taken,
                             Err(e) => {

@@ -536,16 +536,13 @@ impl World {
         } else {
             now_or_fail(self.leases.read(shard)).ok()
         };
-        let taken = match lease {
-            Some(l) if l.status != rollcall_membership_core::LeaseStatus::Owned => return,
-            Some(l) => match l.owner {
-                Some(holder) => {
-                    let body = serde_json::to_vec(retry.notice()).unwrap_or_default();
-                    let from = self.nodes[via].addr;
-                    self.message(from, holder, body, false)
-                }
-                None => return,
-            },
+        let taken = match lease.as_ref().map(crate::machine::notice_target) {
+            Some(Some(holder)) => {
+                let body = serde_json::to_vec(retry.notice()).unwrap_or_default();
+                let from = self.nodes[via].addr;
+                self.message(from, holder, body, false)
+            }
+            Some(None) => return,
             None => false,
         };
         if let Some(wait) = retry.after_send(taken) {
