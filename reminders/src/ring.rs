@@ -66,40 +66,61 @@ pub fn point_of(silo: &SiloAddress, i: u32) -> u32 {
     xxhash_rust::xxh32::xxh32(format!("{silo}/{i}").as_bytes(), 0)
 }
 
+/// The positions of a silo's points `0..n`: the silo is printed once, not once per
+/// point (rings are rebuilt on every membership view).
+fn points_of(silo: &SiloAddress, n: u32) -> impl Iterator<Item = u32> {
+    use std::fmt::Write as _;
+    let mut key = format!("{silo}/");
+    let prefix = key.len();
+    (0..n).map(move |i| {
+        key.truncate(prefix);
+        let _ = write!(key, "{i}");
+        xxhash_rust::xxh32::xxh32(key.as_bytes(), 0)
+    })
+}
+
 /// A consistent-hash ring over a set of silos.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ring {
     /// Point -> owner, in ring order.
     points: BTreeMap<u32, SiloAddress>,
-    /// Points each silo takes.
-    per_silo: u32,
+    /// The silos on the ring, in address order, without repeats.
+    silos: Vec<SiloAddress>,
 }
 
 impl Ring {
     /// The ring of `silos`, each at `points_per_silo` points.
     pub fn new(silos: impl IntoIterator<Item = SiloAddress>, points_per_silo: u32) -> Ring {
+        let mut silos: Vec<SiloAddress> = silos.into_iter().collect();
+        silos.sort_unstable();
+        silos.dedup();
         let mut points = BTreeMap::new();
-        for silo in silos {
-            for i in 0..points_per_silo {
-                points
-                    .entry(point_of(&silo, i))
-                    .and_modify(|owner: &mut SiloAddress| *owner = (*owner).min(silo))
-                    .or_insert(silo);
+        for silo in &silos {
+            for point in points_of(silo, points_per_silo) {
+                points.entry(point).or_insert(*silo); // in address order: the lower wins
             }
         }
-        Ring {
-            points,
-            per_silo: points_per_silo,
-        }
+        Ring { points, silos }
     }
 
     /// The ring of the Active silos of a membership view: the ring every reminder
     /// service of the cluster computes from the same table version.
     pub fn of_active(snapshot: &MembershipSnapshot, points_per_silo: u32) -> Ring {
-        let active = snapshot
+        Ring::default().follow(snapshot, points_per_silo)
+    }
+
+    /// [`Ring::of_active`], reusing `self` when it already is that ring: rebuilding
+    /// costs `points_per_silo` hashes per silo, and views change far more often
+    /// than the Active set.
+    pub fn follow(self, snapshot: &MembershipSnapshot, points_per_silo: u32) -> Ring {
+        let active: Vec<SiloAddress> = snapshot
             .rows()
             .filter(|e| e.status == SiloStatus::Active)
-            .map(|e| e.silo);
+            .map(|e| e.silo)
+            .collect();
+        if !self.points.is_empty() && active == self.silos {
+            return self;
+        }
         Ring::new(active, points_per_silo)
     }
 
@@ -109,11 +130,8 @@ impl Ring {
     }
 
     /// The silos on the ring, in address order, without repeats.
-    pub fn silos(&self) -> Vec<SiloAddress> {
-        let mut s: Vec<SiloAddress> = self.points.values().copied().collect();
-        s.sort_unstable();
-        s.dedup();
-        s
+    pub fn silos(&self) -> &[SiloAddress] {
+        &self.silos
     }
 
     /// The owner of `hash`: the silo of the first point at or after it, wrapping.
@@ -151,6 +169,9 @@ mod tests {
             point_of(&s, 0),
             xxhash_rust::xxh32::xxh32(b"10.0.0.1:11111@7/0", 0)
         );
+        let batch: Vec<u32> = points_of(&s, 12).collect();
+        let one_by_one: Vec<u32> = (0..12).map(|i| point_of(&s, i)).collect();
+        assert_eq!(batch, one_by_one);
     }
 
     #[test]

@@ -287,7 +287,7 @@ impl ShardMachine {
             me,
             options,
             view: None,
-            ring: Ring::new([], 1),
+            ring: Ring::default(),
             leaving: false,
             left: false,
             confirmed_at: None,
@@ -453,7 +453,7 @@ impl ShardMachine {
                 self.dead_since.entry(e.silo).or_insert(now);
             }
         }
-        self.ring = Ring::of_active(&v, self.options.ring_points_per_silo);
+        self.ring = std::mem::take(&mut self.ring).follow(&v, self.options.ring_points_per_silo);
         self.view = Some(v);
         self.let_go_of_unwanted(out);
         for k in 0..self.options.shards {
