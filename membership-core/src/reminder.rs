@@ -40,7 +40,13 @@ pub const DEFAULT_SHARDS: u32 = 1024;
 /// assert_eq!(k, (u64::from(actor_hash("cart/1")) * 1024 >> 32) as u32);
 /// ```
 pub fn actor_shard(actor_id: &str, shards: u32) -> u32 {
-    ((u64::from(actor_hash(actor_id)) * u64::from(shards.max(1))) >> 32) as u32
+    hash_shard(actor_hash(actor_id), shards)
+}
+
+/// The shard among `shards` (1 or more; 0 counts as 1) of the [`actor_hash`] value
+/// `hash`: [`actor_shard`] for a hash already computed, such as a reminder row's.
+pub fn hash_shard(hash: u32, shards: u32) -> u32 {
+    ((u64::from(hash) * u64::from(shards.max(1))) >> 32) as u32
 }
 
 /// Whether `hash` lies in the ring range `(begin, end]`.

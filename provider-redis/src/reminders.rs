@@ -20,7 +20,7 @@ use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
 use rollcall_membership_core::{
-    actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result, Timestamp, DEFAULT_SHARDS,
+    actor_hash, hash_shard, Error, Etag, ReminderEntry, ReminderTable, Result, Timestamp, DEFAULT_SHARDS,
 };
 use tokio::sync::OnceCell;
 
@@ -49,11 +49,6 @@ pub struct RedisReminderTable {
     service_id: String,
     /// The service's shard count, once read (and the first layout's rows moved).
     shards: Arc<OnceCell<u32>>,
-}
-
-/// The shard of an actor hash among `shards` (as `actor_shard`).
-fn shard_of(hash: u32, shards: u32) -> u32 {
-    ((u64::from(hash) * u64::from(shards.max(1))) >> 32) as u32
 }
 
 fn decode(raw: &str, key: &str) -> Result<ReminderEntry> {
@@ -113,7 +108,7 @@ impl RedisReminderTable {
                 if let Some(raw) = raw {
                     match decode(&raw, key) {
                         Ok(e) => {
-                            let k = shard_of(e.hash, shards);
+                            let k = hash_shard(e.hash, shards);
                             let mut p = redis::pipe();
                             p.atomic()
                                 .cmd("SET")
@@ -244,7 +239,7 @@ impl RedisReminderTable {
     /// The members (shard, member) with a hash in `lo..=hi`, shard by shard.
     async fn members_between(&self, lo: u32, hi: u32) -> Result<Vec<(u32, String)>> {
         let shards = self.shards().await?;
-        let ks: Vec<u32> = (shard_of(lo, shards)..=shard_of(hi, shards)).collect();
+        let ks: Vec<u32> = (hash_shard(lo, shards)..=hash_shard(hi, shards)).collect();
         let cmds: Vec<(String, redis::Cmd)> = ks
             .iter()
             .map(|&k| {
@@ -302,7 +297,7 @@ impl ReminderTable for RedisReminderTable {
     }
 
     async fn read_row(&self, actor_id: &str, name: &str) -> Result<Option<ReminderEntry>> {
-        let k = shard_of(actor_hash(actor_id), self.shards().await?);
+        let k = hash_shard(actor_hash(actor_id), self.shards().await?);
         let key = self.keys.row(k, &ReminderKeys::member(actor_id, name));
         let cmd = redis::cmd("GET").arg(&key).clone();
         let raw: Option<String> = self
@@ -314,7 +309,7 @@ impl ReminderTable for RedisReminderTable {
 
     async fn upsert_row(&self, entry: &ReminderEntry) -> Result<Etag> {
         entry.validate_for(&self.service_id)?;
-        let k = shard_of(entry.hash, self.shards().await?);
+        let k = hash_shard(entry.hash, self.shards().await?);
         let etag = Etag::new(new_etag());
         let stored = ReminderEntry {
             etag: etag.clone(),
@@ -337,7 +332,7 @@ impl ReminderTable for RedisReminderTable {
     }
 
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
-        let k = shard_of(actor_hash(actor_id), self.shards().await?);
+        let k = hash_shard(actor_hash(actor_id), self.shards().await?);
         let member = ReminderKeys::member(actor_id, name);
         let ring = self.keys.ring(k);
         self.when_etag_matches("remove_row", k, &member, etag, |_, row_key| {
@@ -355,7 +350,7 @@ impl ReminderTable for RedisReminderTable {
         etag: &Etag,
         fired_at: Timestamp,
     ) -> Result<bool> {
-        let k = shard_of(actor_hash(actor_id), self.shards().await?);
+        let k = hash_shard(actor_hash(actor_id), self.shards().await?);
         let member = ReminderKeys::member(actor_id, name);
         self.when_etag_matches("update_last_fired", k, &member, etag, |mut row, row_key| {
             // Same JSON with the same etag: handles holding it stay valid.

@@ -47,8 +47,8 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use rollcall_membership_core::lease::{LeaseException, LeaseStatus, ShardLease};
 use rollcall_membership_core::{
-    actor_shard, Etag, MembershipSnapshot, MissedTickPolicy, ReminderEntry, ReminderOptions, SiloAddress,
-    Timestamp,
+    actor_shard, hash_shard, Etag, MembershipSnapshot, MissedTickPolicy, ReminderEntry, ReminderOptions,
+    SiloAddress, Timestamp,
 };
 use serde::{Deserialize, Serialize};
 use smol_str::SmolStr;
@@ -179,10 +179,8 @@ pub fn notice_target(lease: &ShardLease) -> Option<SiloAddress> {
 
 /// The notice topic of a service's reminder machines.
 pub fn topic(service_id: &str) -> String {
-    format!(
-        "rollcall.reminders/{:08x}",
-        xxhash_rust::xxh32::xxh32(service_id.as_bytes(), 0)
-    )
+    let hash = xxhash_rust::xxh32::xxh32(service_id.as_bytes(), 0);
+    format!("rollcall.reminders/{hash:08x}")
 }
 
 /// The topic of a service's release hints ([`ReleaseHint`]).
@@ -199,12 +197,6 @@ pub fn backoff(attempt: u32, rng: &mut StdRng) -> Duration {
         MAX_BACKOFF,
         rng.random(),
     )
-}
-
-/// The shard of ring position `hash` among `shards` (as
-/// [`actor_shard`]).
-pub fn shard_of_hash(hash: u32, shards: u32) -> u32 {
-    ((u64::from(hash) * u64::from(shards.max(1))) >> 32) as u32
 }
 
 /// A message that reached the silo on one of the service's topics.
@@ -1258,7 +1250,7 @@ impl ReminderMachine {
                 continue;
             };
             let (k, etag, scheduled) = (
-                shard_of_hash(slot.hash, self.count),
+                hash_shard(slot.hash, self.count),
                 slot.etag.clone(),
                 slot.next.scheduled,
             );

@@ -61,14 +61,8 @@ impl RingRange {
     }
 }
 
-/// The position of a silo's `i`-th point.
-pub fn point_of(silo: &SiloAddress, i: u32) -> u32 {
-    xxhash_rust::xxh32::xxh32(format!("{silo}/{i}").as_bytes(), 0)
-}
-
-/// The positions of a silo's points `0..n`: the silo is printed once, not once per
-/// point (rings are rebuilt on every membership view).
-fn points_of(silo: &SiloAddress, n: u32) -> impl Iterator<Item = u32> {
+/// The positions of a silo's points `0..n` (the `i`-th at `xxh32("{silo}/{i}")`).
+pub fn points_of(silo: &SiloAddress, n: u32) -> impl Iterator<Item = u32> {
     use std::fmt::Write as _;
     let mut key = format!("{silo}/");
     let prefix = key.len();
@@ -118,7 +112,7 @@ impl Ring {
             .filter(|e| e.status == SiloStatus::Active)
             .map(|e| e.silo)
             .collect();
-        if !self.points.is_empty() && active == self.silos {
+        if active == self.silos {
             return self;
         }
         Ring::new(active, points_per_silo)
@@ -165,13 +159,9 @@ mod tests {
         // different releases: it must never change.
         let s = silo(1, 7);
         assert_eq!(s.to_string(), "10.0.0.1:11111@7");
-        assert_eq!(
-            point_of(&s, 0),
-            xxhash_rust::xxh32::xxh32(b"10.0.0.1:11111@7/0", 0)
-        );
-        let batch: Vec<u32> = points_of(&s, 12).collect();
-        let one_by_one: Vec<u32> = (0..12).map(|i| point_of(&s, i)).collect();
-        assert_eq!(batch, one_by_one);
+        let points: Vec<u32> = points_of(&s, 12).collect();
+        assert_eq!(points[0], xxhash_rust::xxh32::xxh32(b"10.0.0.1:11111@7/0", 0));
+        assert_eq!(points[11], xxhash_rust::xxh32::xxh32(b"10.0.0.1:11111@7/11", 0));
     }
 
     #[test]

@@ -207,7 +207,7 @@ impl RemindersBuilder {
         Ok(Reminders {
             inner: Arc::new(Inner {
                 view: self.silo.subscribe(),
-                ring: std::sync::Mutex::new(None),
+                ring: std::sync::Mutex::default(),
                 silo: self.silo,
                 table,
                 leases,
@@ -231,9 +231,9 @@ pub const NOTICE_DRAIN: Duration = Duration::from_secs(5);
 
 struct Inner {
     silo: SiloHandle,
-    /// The silo's membership view and the ring last built from it (by version).
+    /// The silo's membership view, and the ring of its Active silos.
     view: tokio::sync::watch::Receiver<std::sync::Arc<rollcall_membership_core::MembershipSnapshot>>,
-    ring: std::sync::Mutex<Option<(u64, Ring)>>,
+    ring: std::sync::Mutex<Ring>,
     table: Arc<dyn ReminderTable>,
     /// Where notices go: the holder a shard's lease names.
     leases: ShardLeases,
@@ -507,18 +507,12 @@ impl Reminders {
 }
 
 /// The owner of `actor_id` in the silo's current view. The ring is rebuilt only
-/// when the table version changes, not on every registration.
+/// when the Active silos change, not on every registration.
 fn owner_in(inner: &Inner, actor_id: &str) -> Option<SiloAddress> {
-    let view = inner.view.borrow();
-    let mut cache = inner
+    let mut ring = inner
         .ring
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if cache.as_ref().is_none_or(|(v, _)| *v != view.version.version) {
-        let ring = Ring::of_active(&view, inner.options.ring_points_per_silo);
-        *cache = Some((view.version.version, ring));
-    }
-    cache
-        .as_ref()
-        .and_then(|(_, ring)| crate::shards::shard_owner(ring, actor_id, inner.shards))
+    *ring = std::mem::take(&mut *ring).follow(&inner.view.borrow(), inner.options.ring_points_per_silo);
+    crate::shards::shard_owner(&ring, actor_id, inner.shards)
 }
