@@ -32,6 +32,9 @@ pub struct Args {
     /// Cluster sizes.
     #[arg(long, value_delimiter = ',', default_value = "10,100")]
     silos: Vec<usize>,
+    /// Shard counts S of the reminder service (the choice of the default).
+    #[arg(long, value_delimiter = ',', default_value = "1024")]
+    shards: Vec<u32>,
     /// Reminders in the cluster.
     #[arg(long, default_value_t = 100_000)]
     count: usize,
@@ -48,7 +51,10 @@ pub struct Args {
 pub struct Change {
     provider: String,
     silos: usize,
-    /// `join`, `leave` or `crash`.
+    /// The service's shard count S.
+    shards: u32,
+    /// `start` (the cluster's first start: every silo joins and loads; store calls
+    /// not net of a quiet span), `join`, `leave` or `crash`.
     kind: String,
     /// Seconds from the change until every reminder was held again (loaded by
     /// its new silo; after a crash deliveries resume at the fence).
@@ -66,6 +72,8 @@ pub struct Change {
     /// Their pause (longest gap between two delivered ticks less the period), ms.
     pause_p50_ms: u64,
     pause_p99_ms: u64,
+    /// Once settled: the most reminders one silo holds over the mean (1.0 is even).
+    spread: f64,
 }
 
 /// (actor, scheduled ms, delivering silo, delivered at).
@@ -99,7 +107,7 @@ struct Member {
     reminders: Reminders,
 }
 
-async fn member(store: &Arc<dyn SystemStore>, id: &str, log: &Log) -> anyhow::Result<Member> {
+async fn member(store: &Arc<dyn SystemStore>, id: &str, shards: u32, log: &Log) -> anyhow::Result<Member> {
     let silo = Silo::builder(store.clone(), id.to_owned())
         .options(ClusterMembershipOptions::fast())
         .on_declared_dead(OnDeclaredDead::StopSilo)
@@ -115,6 +123,7 @@ async fn member(store: &Arc<dyn SystemStore>, id: &str, log: &Log) -> anyhow::Re
     };
     let reminders = Reminders::builder(&silo, store.clone())
         .service_id(id.to_owned())
+        .shards(shards)
         .target(move |_: &ActorId| Some(sink.clone()))
         .options(options)
         .start()
@@ -124,6 +133,16 @@ async fn member(store: &Arc<dyn SystemStore>, id: &str, log: &Log) -> anyhow::Re
 
 fn held(members: &[Member]) -> u64 {
     members.iter().map(|m| m.reminders.stats().scheduled).sum()
+}
+
+/// The most reminders one silo holds over the mean.
+fn spread(members: &[Member]) -> f64 {
+    let most = members
+        .iter()
+        .map(|m| m.reminders.stats().scheduled)
+        .max()
+        .unwrap_or(0);
+    most as f64 * members.len().max(1) as f64 / held(members).max(1) as f64
 }
 
 /// Waits until every reminder is held once and no lease was written for 1 s
@@ -187,7 +206,7 @@ fn pauses(log: &Log, at: Instant, until: Instant) -> Vec<u64> {
     out
 }
 
-async fn once(provider: &str, silos: usize, args: &Args) -> anyhow::Result<Vec<Change>> {
+async fn once(provider: &str, silos: usize, shards: u32, args: &Args) -> anyhow::Result<Vec<Change>> {
     let (inner, _backend) = crate::r1::store_for(provider).await?;
     let counting = CountingStore::new(inner);
     let (counts, membership) = (counting.reminder_counts.clone(), counting.counts.clone());
@@ -216,29 +235,55 @@ async fn once(provider: &str, silos: usize, args: &Args) -> anyhow::Result<Vec<C
     .await?;
     let n = args.count as u64;
     let log: Log = Arc::default();
-    let mut members = Vec::new();
-    for _ in 0..silos {
-        members.push(member(&store, &id, &log).await?);
-    }
-    settle(&members, n, Instant::now(), &counts).await?;
-
-    // What a quiet cluster costs per second (self-confirmations, polls, probes).
     let snap = |c: &rollcall_tests::counting::ReminderCounts, m: &rollcall_tests::counting::Counts| {
         let r = c.snapshot();
         [r[0], r[1], r[2], r[3], m.snapshot().calls()]
     };
+    let row = |kind: &str, took: Duration, calls: [i64; 5], p: &[u64], members: &[Member]| Change {
+        provider: provider.to_owned(),
+        silos,
+        shards,
+        kind: kind.to_owned(),
+        settle_s: took.as_secs_f64(),
+        lease_reads: calls[0],
+        lease_writes: calls[1],
+        row_reads: calls[2],
+        rows_read: calls[3],
+        membership_calls: calls[4],
+        moved: p.len(),
+        pause_p50_ms: percentile(p, 0.5),
+        pause_p99_ms: percentile(p, 0.99),
+        spread: spread(members),
+    };
+    let (before, at) = (snap(&counts, &membership), Instant::now());
+    let mut members = Vec::new();
+    for _ in 0..silos {
+        members.push(member(&store, &id, shards, &log).await?);
+    }
+    let took = settle(&members, n, at, &counts).await?;
+    let after = snap(&counts, &membership);
+    let start = row(
+        "start",
+        took,
+        std::array::from_fn(|i| (after[i] - before[i]) as i64),
+        &[],
+        &members,
+    );
+    eprintln!("{start:?}");
+    let mut out = vec![start];
+
+    // What a quiet cluster costs per second (self-confirmations, polls, probes).
     let (q0, quiet_from) = (snap(&counts, &membership), Instant::now());
     tokio::time::sleep(Duration::from_secs(5)).await;
     let q1 = snap(&counts, &membership);
     let quiet_s = quiet_from.elapsed().as_secs_f64();
     let rate: Vec<f64> = (0..5).map(|i| (q1[i] - q0[i]) as f64 / quiet_s).collect();
 
-    let mut out = Vec::new();
     for kind in ["join", "leave", "crash"] {
         let before = snap(&counts, &membership);
         let at = Instant::now();
         match kind {
-            "join" => members.push(member(&store, &id, &log).await?),
+            "join" => members.push(member(&store, &id, shards, &log).await?),
             "leave" => {
                 let m = members.remove(0);
                 m.silo.shutdown().await?;
@@ -256,20 +301,7 @@ async fn once(provider: &str, silos: usize, args: &Args) -> anyhow::Result<Vec<C
         tokio::time::sleep(Duration::from_secs(4)).await;
         let net = |i: usize| (after[i] - before[i]) as i64 - (rate[i] * span.as_secs_f64()).round() as i64;
         let p = pauses(&log, at, Instant::now());
-        let change = Change {
-            provider: provider.to_owned(),
-            silos,
-            kind: kind.to_owned(),
-            settle_s: took.as_secs_f64(),
-            lease_reads: net(0),
-            lease_writes: net(1),
-            row_reads: net(2),
-            rows_read: net(3),
-            membership_calls: net(4),
-            moved: p.len(),
-            pause_p50_ms: percentile(&p, 0.5),
-            pause_p99_ms: percentile(&p, 0.99),
-        };
+        let change = row(kind, took, std::array::from_fn(net), &p, &members);
         eprintln!("{change:?}");
         out.push(change);
     }
@@ -285,11 +317,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for provider in &args.providers {
         for &silos in &args.silos {
-            let (p, a) = (provider.clone(), args.clone());
-            let changes = crate::on_own_thread(format!("R4 {provider} {silos}"), move || {
-                actix::System::new().block_on(async move { once(&p, silos, &a).await })
-            })?;
-            rows.extend(changes);
+            for &shards in &args.shards {
+                let (p, a) = (provider.clone(), args.clone());
+                let changes = crate::on_own_thread(format!("R4 {provider} {silos} {shards}"), move || {
+                    actix::System::new().block_on(async move { once(&p, silos, shards, &a).await })
+                })?;
+                rows.extend(changes);
+            }
         }
     }
     let body = section(&rows, &args);
@@ -303,7 +337,7 @@ fn section(rows: &[Change], args: &Args) -> String {
         md,
         "## R4: what a join, a graceful leave and a crash cost the reminders\n\n\
          `silos` silos on real TCP (fast profile) in one process share one reminder table of {} \
-         reminders (1,024 shards, default reminder options), {} of which tick every second (the \
+         reminders (S shards, default reminder options otherwise), {} of which tick every second (the \
          probes) and the rest every 10 minutes. Then one silo joins, the oldest leaves gracefully \
          (`shutdown`), and the next oldest is killed, each once the cluster settled (every \
          reminder held once and no lease written for 1 s; settled s is the time to the last \
@@ -312,19 +346,23 @@ fn section(rows: &[Change], args: &Args) -> String {
          counted by a wrapper around the real store. Pause: for each probe another silo \
          delivers after the change, the longest gap between two of its delivered ticks around \
          the change, less its 1-s period. A crash's pause includes detection and the lease \
-         period; the missed-tick policy (`Skip`) drops what fell due meanwhile.\n",
+         period; the missed-tick policy (`Skip`) drops what fell due meanwhile. The `start` row \
+         is the cluster's first start (every silo joins and loads its shards; its store calls \
+         are not net of a quiet span). Spread: once settled, the most reminders one silo holds \
+         over the mean.\n",
         args.count, args.probes
     );
     let _ = writeln!(
         md,
-        "| provider | silos | change | settled s | lease reads | lease CAS | row reads | rows read | membership calls | probes moved | pause p50 / p99 ms |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "| provider | silos | S | change | settled s | lease reads | lease CAS | row reads | rows read | membership calls | probes moved | pause p50 / p99 ms | spread |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rows {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} / {} |",
+            "| {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} / {} | {:.2} |",
             r.provider,
             r.silos,
+            r.shards,
             r.kind,
             r.settle_s,
             r.lease_reads,
@@ -334,7 +372,8 @@ fn section(rows: &[Change], args: &Args) -> String {
             r.membership_calls,
             r.moved,
             r.pause_p50_ms,
-            r.pause_p99_ms
+            r.pause_p99_ms,
+            r.spread
         );
     }
     md

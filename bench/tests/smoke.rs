@@ -102,7 +102,7 @@ fn smoke_run_reports_every_provider_with_ratios() {
             "the victim held reminders: {r}"
         );
     }
-    // R4: a join, a leave and a crash in a small cluster on memory.
+    // R4: a start, a join, a leave and a crash in a small cluster on memory.
     run_bench(
         &[
             "r4",
@@ -110,6 +110,8 @@ fn smoke_run_reports_every_provider_with_ratios() {
             "memory",
             "--silos",
             "3",
+            "--shards",
+            "64",
             "--count",
             "400",
             "--probes",
@@ -120,9 +122,14 @@ fn smoke_run_reports_every_provider_with_ratios() {
     );
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let changes = parsed["r4"].as_array().unwrap();
-    assert_eq!(changes.len(), 3, "join, leave, crash: {parsed:#}");
+    assert_eq!(changes.len(), 4, "start, join, leave, crash: {parsed:#}");
     for c in changes {
+        assert_eq!(c["shards"], 64, "{c}");
+        assert!(c["spread"].as_f64().unwrap() >= 1.0, "{c}");
         assert!(c["lease_writes"].as_i64().unwrap() > 0, "shards moved: {c}");
+        if c["kind"] == "start" {
+            continue;
+        }
         assert!(c["moved"].as_u64().unwrap() > 0, "probes moved: {c}");
     }
     // T1 again: its section is replaced, the others stay.
