@@ -212,6 +212,8 @@ async fn once(provider: &str, silos: usize, shards: u32, args: &Args) -> anyhow:
     let (counts, membership) = (counting.reminder_counts.clone(), counting.counts.clone());
     let store: Arc<dyn SystemStore> = Arc::new(counting);
     let id = rollcall_tests::unique_id("r4");
+    // The shard count first: it places the rows the table writes (Redis).
+    rollcall_membership_core::lease::ShardLeases::open(store.lease_table(&id)?, shards).await?;
     let table = store.reminder_table(&id)?;
     table.init().await?;
     let now = Timestamp::now();
@@ -331,6 +333,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .add(("## R4", &body), ("r4", serde_json::to_value(&rows)?))
 }
 
+/// The busiest silo's share of shards over the mean, on the real ring and shard
+/// ranges of `silos` silos (default ring points), averaged over 20 clusters of
+/// other addresses: how evenly S shards can spread, without running them.
+fn ring_spread(silos: usize, shards: u32) -> f64 {
+    let points = ReminderOptions::default().ring_points_per_silo;
+    let clusters = 20u64;
+    let total: f64 = (0..clusters)
+        .map(|c| {
+            let addrs = (0..silos).map(|i| {
+                SiloAddress::new(
+                    ([10, (i / 250) as u8, (i % 250) as u8, 1], 11111).into(),
+                    1_000 + c,
+                )
+            });
+            let ring = rollcall::reminders::ring::Ring::new(addrs, points);
+            let mut held: BTreeMap<SiloAddress, u32> = BTreeMap::new();
+            for k in 0..shards {
+                let start = rollcall::reminders::shards::shard_range(k, shards)
+                    .begin
+                    .wrapping_add(1);
+                *held.entry(ring.owner_of(start).expect("silos")).or_default() += 1;
+            }
+            f64::from(held.values().copied().max().unwrap_or(0)) * silos as f64 / f64::from(shards)
+        })
+        .sum();
+    total / clusters as f64
+}
+
 fn section(rows: &[Change], args: &Args) -> String {
     let mut md = String::new();
     let _ = writeln!(
@@ -375,6 +405,19 @@ fn section(rows: &[Change], args: &Args) -> String {
             r.pause_p99_ms,
             r.spread
         );
+    }
+    let sizes = [10, 100, 300];
+    let _ = writeln!(
+        md,
+        "\nThe busiest silo's shards over the mean, from the real ring and shard ranges of \
+         N silos (average of 20 clusters; a silo's share of reminders follows its share \
+         of shards):\n\n| S | {} |\n|---|{}",
+        sizes.map(|n| format!("N = {n}")).join(" | "),
+        "---|".repeat(sizes.len())
+    );
+    for &shards in &args.shards {
+        let cells = sizes.map(|n| format!("{:.2}", ring_spread(n, shards)));
+        let _ = writeln!(md, "| {shards} | {} |", cells.join(" | "));
     }
     md
 }
