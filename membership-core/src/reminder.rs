@@ -23,7 +23,10 @@ pub fn actor_hash(actor_id: &str) -> u32 {
 }
 
 /// How many shards a service's actors are spread over by default
-/// ([`actor_shard`]): 1,024.
+/// ([`actor_shard`]): 1,024. Measured (R4 in the repository's `BENCHMARKS.md`): the
+/// store calls of a start or a membership change grow with the count, and the
+/// spread of reminders over silos needs it well above the number of silos; 1,024
+/// spreads well up to about 100 silos, 4,096 above that.
 pub const DEFAULT_SHARDS: u32 = 1024;
 
 /// The shard of `actor_id` among `shards` (1 or more; 0 counts as 1): shard `k`
