@@ -1,4 +1,4 @@
-//! A silo in an actix application (the README's example).
+//! A silo in an actix application: the getting-started chapter's first silo, as a process that runs until stopped.
 //!
 //! Run two or more in separate terminals on one Redis to see them find each other:
 //! `cargo run --example silo --features redis -- redis://127.0.0.1:6379 127.0.0.1:11111`

@@ -15,7 +15,7 @@
 //!
 //! Reference semantics: the Orleans cluster membership protocol ("Cluster Management
 //! in Orleans") and the Orleans runtime tables.
-
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 #[cfg(feature = "runtime")]

@@ -60,7 +60,7 @@
 //! table.init(true).await?;
 //! # Ok(()) }
 //! ```
-
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 mod config;

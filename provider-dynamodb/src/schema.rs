@@ -84,7 +84,7 @@ pub(crate) async fn ensure_table(conn: &Conn, table: &str, kind: Kind, create: b
             }
             Err(e) if is_not_found(&e) && !created => {
                 return Err(Error::backend(format!(
-                    "dynamodb table `{table}` does not exist: create it (the README gives the \
+                    "dynamodb table `{table}` does not exist: create it (the guide's DynamoDB page has the \
                      schema) or add create_if_missing=true to the store URL"
                 )))
             }

@@ -28,7 +28,7 @@
 //! - Every transaction stays under etcd's default `--max-txn-ops` (128).
 //!
 //! Values are JSON, readable with `etcdctl get --prefix rollcall/`; the layout is in
-//! the `keys` module docs (repeated in the README).
+//! the `keys` module docs (repeated in the guide's etcd chapter).
 //!
 //! Building needs `protoc` (Debian: `protobuf-compiler`), which `etcd-client`'s build
 //! script uses to compile etcd's protobuf definitions.
@@ -40,7 +40,7 @@
 //! let table = store.membership_table("orders", ProtocolMode::Extended)?;
 //! # Ok(()) }
 //! ```
-
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 mod config;

@@ -16,7 +16,7 @@
 //! let table = store.membership_table("my-cluster", ProtocolMode::Extended).unwrap();
 //! assert_eq!(table.cluster_id(), "my-cluster");
 //! ```
-
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 mod lease;

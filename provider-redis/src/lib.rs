@@ -44,7 +44,7 @@
 //! let table = store.membership_table("orders", ProtocolMode::Extended)?;
 //! # Ok(()) }
 //! ```
-
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 mod config;

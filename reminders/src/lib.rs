@@ -18,7 +18,7 @@
 //!   is Active and holds the shard, and records on release what it did not
 //!   deliver. One actix actor per silo (the agent) carries its actions out and
 //!   decides nothing.
-
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
 mod agent;

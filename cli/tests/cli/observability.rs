@@ -295,7 +295,7 @@ fn browser_paths() -> Option<(String, String)> {
 /// never reloaded, shows it Dead with the survivors' votes, the history timeline
 /// shows the declaration, and the statistics charts are drawn. The screenshot goes
 /// to `$CARGO_TARGET_TMPDIR/dashboard.png` (and to `ROLLCALL_SCREENSHOT` when set:
-/// the README's picture).
+/// `docs/dashboard.png`, the guide's picture).
 #[cfg(feature = "redis")]
 #[test]
 fn dashboard_in_a_real_browser_shows_a_killed_silo_dead_without_a_reload() {
