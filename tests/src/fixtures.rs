@@ -478,6 +478,26 @@ pub async fn wait_for_port(addr: SocketAddr, timeout: Duration) -> Result<(), St
     }
 }
 
+/// A backend of `kind` that the calling test owns alone (to kill its members): a
+/// local server, or containers when `ROLLCALL_BACKEND_SOURCE=docker` or the server
+/// is not installed.
+///
+/// # Errors
+/// When neither can be started.
+pub async fn start_own(kind: Kind) -> Result<Backend, String> {
+    let docker_only = required_source().as_deref() == Some("docker");
+    if !docker_only && find_binary(kind.binary()).is_some() {
+        return start_local_on(kind, None).await;
+    }
+    #[cfg(feature = "docker")]
+    return docker::start(kind).await;
+    #[cfg(not(feature = "docker"))]
+    Err(format!(
+        "{} not found on PATH, and the `docker` feature of rollcall-tests is off",
+        kind.binary()
+    ))
+}
+
 /// Starts a local server of `kind` on `port` (a free one if `None`), owned by the
 /// returned [`Backend`]: dropping it, or [`Backend::stop`], kills the process.
 pub async fn start_local_on(kind: Kind, port: Option<u16>) -> Result<Backend, String> {
@@ -513,8 +533,13 @@ impl Backend {
     /// backend at once (as a crash) and waits for it to exit.
     ///
     /// # Panics
-    /// When the backend is not a local multi-process one or has no member `i`.
+    /// When the backend is not a multi-process or multi-container one, or has no
+    /// member `i`.
     pub async fn kill_member(&mut self, i: usize) {
+        #[cfg(feature = "docker")]
+        if docker::kill_member(&mut self._guard, i).await {
+            return;
+        }
         match &mut self._guard {
             Guard::Processes { children, .. } => {
                 let _ = children[i].kill().await;
@@ -524,10 +549,45 @@ impl Backend {
     }
 }
 
-/// An `etcd` member command (found like the other backends): member `name` of
-/// `initial_cluster` (`name=http://127.0.0.1:PEER,...`), serving clients on
-/// `client_url` and peers on `peer_port`, data in `data_dir`, with short raft
-/// timers (heartbeat 50 ms, election 500 ms) so that tests fail over quickly.
+/// The flags of etcd member `name` of `initial_cluster`
+/// (`name=http://127.0.0.1:PEER,...`), serving clients on `client_url` and peers on
+/// `peer_port`, data in `data_dir`, with short raft timers (heartbeat 50 ms,
+/// election 500 ms) so that tests fail over quickly.
+pub fn etcd_args(
+    name: &str,
+    data_dir: &std::path::Path,
+    client_url: &str,
+    peer_port: u16,
+    initial_cluster: &str,
+) -> Vec<String> {
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    [
+        "--name",
+        name,
+        "--data-dir",
+        &data_dir.display().to_string(),
+        "--listen-client-urls",
+        client_url,
+        "--advertise-client-urls",
+        client_url,
+        "--listen-peer-urls",
+        &peer_url,
+        "--initial-advertise-peer-urls",
+        &peer_url,
+        "--initial-cluster",
+        initial_cluster,
+        "--initial-cluster-state",
+        "new",
+        "--heartbeat-interval",
+        "50",
+        "--election-timeout",
+        "500",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// An `etcd` member command (found like the other backends) with [`etcd_args`].
 ///
 /// # Errors
 /// When `etcd` is not found.
@@ -539,29 +599,93 @@ pub fn etcd_command(
     initial_cluster: &str,
 ) -> Result<Command, String> {
     let bin = find_binary("etcd").ok_or("etcd not found on PATH")?;
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
     let mut cmd = Command::new(bin);
-    cmd.args(["--name", name])
-        .arg("--data-dir")
-        .arg(data_dir)
-        .args([
-            "--listen-client-urls",
-            client_url,
-            "--advertise-client-urls",
-            client_url,
-        ])
-        .args([
-            "--listen-peer-urls",
-            &peer_url,
-            "--initial-advertise-peer-urls",
-            &peer_url,
-        ])
-        .args(["--initial-cluster", initial_cluster])
-        .args(["--initial-cluster-state", "new"])
-        .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+    cmd.args(etcd_args(name, data_dir, client_url, peer_port, initial_cluster))
         .stdin(Stdio::null())
         .kill_on_drop(true);
     Ok(cmd)
+}
+
+/// One etcd member that a test starts, kills and starts again itself, with flags
+/// of its own (an outage, TLS, authentication): the local `etcd` binary, or the
+/// etcd image's binary in a container on the host's network when
+/// `ROLLCALL_BACKEND_SOURCE=docker` or no `etcd` is on `PATH` (Docker alone is
+/// enough for every test). Dropping it kills it.
+#[derive(Debug)]
+pub struct EtcdMember {
+    local: Option<Child>,
+    #[cfg(feature = "docker")]
+    container: Option<docker::Member>,
+}
+
+impl EtcdMember {
+    /// Starts `etcd` with `args`, its output appended to `log` (a local process);
+    /// `dirs` are the host directories its flags name (data, certificates),
+    /// mounted at the same paths in a container.
+    ///
+    /// # Errors
+    /// When neither a local `etcd` nor a container can be started.
+    pub async fn spawn(
+        args: &[String],
+        dirs: &[&std::path::Path],
+        log: &std::path::Path,
+    ) -> Result<EtcdMember, String> {
+        let docker_only = required_source().as_deref() == Some("docker");
+        if !docker_only && find_binary("etcd").is_some() {
+            let bin = find_binary("etcd").ok_or("etcd not found on PATH")?;
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .map_err(|e| e.to_string())?;
+            let child = Command::new(bin)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().map_err(|e| e.to_string())?)
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| e.to_string())?;
+            return Ok(EtcdMember {
+                local: Some(child),
+                #[cfg(feature = "docker")]
+                container: None,
+            });
+        }
+        #[cfg(feature = "docker")]
+        {
+            let member = docker::member(args, dirs).await?;
+            Ok(EtcdMember {
+                local: None,
+                container: Some(member),
+            })
+        }
+        #[cfg(not(feature = "docker"))]
+        {
+            let _ = dirs;
+            Err("etcd not found on PATH, and the `docker` feature of rollcall-tests is off".into())
+        }
+    }
+
+    /// `local` or `docker`.
+    pub fn source(&self) -> &'static str {
+        if self.local.is_some() {
+            "local"
+        } else {
+            "docker"
+        }
+    }
+
+    /// Kills it at once (as a crash) and waits until it is gone.
+    pub async fn kill(&mut self) {
+        if let Some(mut c) = self.local.take() {
+            let _ = c.kill().await;
+        }
+        #[cfg(feature = "docker")]
+        if let Some(c) = self.container.take() {
+            c.kill().await;
+        }
+    }
 }
 
 /// Waits until the etcd member serving plain HTTP on `port` reports itself healthy
@@ -812,7 +936,7 @@ async fn start_local_inner(kind: Kind, port: Option<u16>) -> Result<Backend, Sta
 mod docker {
     use std::time::Duration;
 
-    use testcontainers::core::{ContainerPort, ExecCommand, WaitFor};
+    use testcontainers::core::{ContainerPort, ExecCommand, Mount, WaitFor};
     use testcontainers::runners::AsyncRunner;
     use testcontainers::{ContainerAsync, GenericImage, ImageExt};
 
@@ -841,6 +965,53 @@ mod docker {
 
     const REDIS: (&str, &str) = ("redis", "7-alpine");
     const ETCD: (&str, &str) = ("quay.io/coreos/etcd", "v3.5.17");
+
+    /// An etcd member in a container (see [`super::EtcdMember`]).
+    #[derive(Debug)]
+    pub(super) struct Member(ContainerAsync<GenericImage>);
+
+    impl Member {
+        /// Kills the container at once and removes it.
+        pub(super) async fn kill(self) {
+            let _ = self.0.stop_with_timeout(Some(0)).await;
+            let _ = self.0.rm().await;
+        }
+    }
+
+    /// `etcd args...` in a container on the host's network, `dirs` mounted at the
+    /// same paths; the caller waits for its port.
+    pub(super) async fn member(args: &[String], dirs: &[&std::path::Path]) -> Result<Member, String> {
+        if !daemon_answers() {
+            return Err("etcd not found on PATH, and no Docker daemon answers".into());
+        }
+        let mut cmd = vec!["etcd".to_owned()];
+        cmd.extend(args.iter().cloned());
+        let mut request = GenericImage::new(ETCD.0, ETCD.1)
+            .with_wait_for(WaitFor::Nothing)
+            .with_network("host")
+            .with_cmd(cmd);
+        for dir in dirs {
+            let dir = dir.display().to_string();
+            request = request.with_mount(Mount::bind_mount(dir.clone(), dir));
+        }
+        let c = request
+            .start()
+            .await
+            .map_err(|e| format!("an etcd container: {e}"))?;
+        Ok(Member(c))
+    }
+
+    /// Kills container `i` of a container backend at once (stops it, no grace).
+    pub(super) async fn kill_member(guard: &mut Guard, i: usize) -> bool {
+        let Guard::Container(any) = guard else {
+            return false;
+        };
+        let Some(containers) = any.downcast_mut::<Vec<ContainerAsync<GenericImage>>>() else {
+            return false;
+        };
+        let _ = containers[i].stop_with_timeout(Some(0)).await;
+        true
+    }
 
     fn backend(kind: Kind, endpoint: String, containers: Vec<ContainerAsync<GenericImage>>) -> Backend {
         Backend {

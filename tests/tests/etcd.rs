@@ -69,8 +69,10 @@ async fn raw(endpoints: &str) -> etcd_client::Client {
 /// One etcd member of its own (for tests that stop, restart or reconfigure it),
 /// killed on drop.
 struct OwnEtcd {
-    child: Option<tokio::process::Child>,
+    member: Option<fixtures::EtcdMember>,
     dir: PathBuf,
+    /// Host directories its flags name besides `dir` (certificates).
+    mounts: Vec<PathBuf>,
     client_port: u16,
     peer_port: u16,
     extra: Vec<String>,
@@ -79,12 +81,13 @@ struct OwnEtcd {
 
 impl OwnEtcd {
     /// `None` (skip) when etcd is missing and backends are not required.
-    async fn start(extra: &[String], scheme: &'static str) -> Option<OwnEtcd> {
+    async fn start(extra: &[String], mounts: &[PathBuf], scheme: &'static str) -> Option<OwnEtcd> {
         let dir = std::env::temp_dir().join(unique_id("etcd-own"));
         std::fs::create_dir_all(&dir).unwrap();
         let mut own = OwnEtcd {
-            child: None,
+            member: None,
             dir,
+            mounts: mounts.to_vec(),
             client_port: fixtures::free_port().unwrap(),
             peer_port: fixtures::free_port().unwrap(),
             extra: extra.to_vec(),
@@ -103,24 +106,19 @@ impl OwnEtcd {
     async fn spawn(&mut self) -> Result<(), String> {
         let client_url = format!("{}://127.0.0.1:{}", self.scheme, self.client_port);
         let initial = format!("own=http://127.0.0.1:{}", self.peer_port);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("etcd.log"))
-            .map_err(|e| e.to_string())?;
-        let child = fixtures::etcd_command(
+        let mut args = fixtures::etcd_args(
             "own",
             &self.dir.join("data"),
             &client_url,
             self.peer_port,
             &initial,
-        )?
-        .args(&self.extra)
-        .stdout(log.try_clone().map_err(|e| e.to_string())?)
-        .stderr(log)
-        .spawn()
-        .map_err(|e| e.to_string())?;
-        self.child = Some(child);
+        );
+        args.extend(self.extra.iter().cloned());
+        let mut dirs = vec![self.dir.as_path()];
+        dirs.extend(self.mounts.iter().map(PathBuf::as_path));
+        let member = fixtures::EtcdMember::spawn(&args, &dirs, &self.dir.join("etcd.log")).await?;
+        eprintln!("etcd member of this test: {}", member.source());
+        self.member = Some(member);
         fixtures::wait_for_port(([127, 0, 0, 1], self.client_port).into(), Duration::from_secs(30)).await?;
         if self.scheme == "http" {
             fixtures::wait_for_etcd_health(self.client_port, Duration::from_secs(30)).await?;
@@ -133,17 +131,15 @@ impl OwnEtcd {
     }
 
     async fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill().await;
+        if let Some(mut m) = self.member.take() {
+            m.kill().await;
         }
     }
 }
 
 impl Drop for OwnEtcd {
     fn drop(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            let _ = c.start_kill();
-        }
+        self.member = None; // kills it
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -312,7 +308,7 @@ async fn garbage_values_are_corrupt_and_nothing_is_overwritten() {
 /// restart the same store works again, with its data.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_is_a_backend_error_within_the_timeout_and_a_restart_recovers() {
-    let Some(mut server) = OwnEtcd::start(&[], "http").await else {
+    let Some(mut server) = OwnEtcd::start(&[], &[], "http").await else {
         return;
     };
     let store = rollcall::connect(&format!("etcd://{}?timeout_ms=1000", server.endpoint()))
@@ -362,7 +358,7 @@ async fn an_outage_is_a_backend_error_within_the_timeout_and_a_restart_recovers(
 /// user, answered at once; the right one works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_password_is_a_clear_error_naming_the_user() {
-    let Some(server) = OwnEtcd::start(&[], "http").await else {
+    let Some(server) = OwnEtcd::start(&[], &[], "http").await else {
         return;
     };
     let mut admin = raw(&server.endpoint()).await;
@@ -476,7 +472,7 @@ async fn etcds_urls_verify_the_server_with_the_ca_file() {
         "--key-file".to_owned(),
         path("server.key"),
     ];
-    let Some(server) = OwnEtcd::start(&extra, "https").await else {
+    let Some(server) = OwnEtcd::start(&extra, std::slice::from_ref(&certs), "https").await else {
         return;
     };
     let url = format!("etcds://{}?ca_file={}", server.endpoint(), path("ca.pem"));
@@ -576,9 +572,11 @@ struct Outcomes {
 async fn leader_loss_under_concurrent_conditional_updates_loses_nothing() {
     const WRITERS: u32 = 8;
     const TIMEOUT: Duration = Duration::from_millis(2000);
-    let mut cluster = match fixtures::start_local_on(fixtures::Kind::EtcdCluster, None).await {
+    let mut cluster = match fixtures::start_own(fixtures::Kind::EtcdCluster).await {
         Ok(c) => c,
-        Err(e) if fixtures::backends_required() => panic!("a local 3-member etcd cluster is needed: {e}"),
+        Err(e) if fixtures::backends_required() => {
+            panic!("a 3-member etcd cluster of its own is needed: {e}")
+        }
         Err(e) => {
             eprintln!("SKIPPING: {e}");
             return;
