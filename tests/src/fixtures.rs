@@ -478,24 +478,36 @@ pub async fn wait_for_port(addr: SocketAddr, timeout: Duration) -> Result<(), St
     }
 }
 
-/// A backend of `kind` that the calling test owns alone (to kill its members): a
+/// A backend of `kind` that the calling test owns alone (to stop it or kill its
+/// members), on `port` (a free one if `None`; Redis and etcd only, one member): a
 /// local server, or containers when `ROLLCALL_BACKEND_SOURCE=docker` or the server
-/// is not installed.
+/// is not installed (Docker alone is enough for every test).
 ///
 /// # Errors
 /// When neither can be started.
-pub async fn start_own(kind: Kind) -> Result<Backend, String> {
+pub async fn start_own_on(kind: Kind, port: Option<u16>) -> Result<Backend, String> {
     let docker_only = required_source().as_deref() == Some("docker");
     if !docker_only && find_binary(kind.binary()).is_some() {
-        return start_local_on(kind, None).await;
+        return start_local_on(kind, port).await;
     }
     #[cfg(feature = "docker")]
-    return docker::start(kind).await;
+    return match port {
+        Some(port) => docker::start_on(kind, port).await,
+        None => docker::start(kind).await,
+    };
     #[cfg(not(feature = "docker"))]
     Err(format!(
         "{} not found on PATH, and the `docker` feature of rollcall-tests is off",
         kind.binary()
     ))
+}
+
+/// [`start_own_on`] a free port.
+///
+/// # Errors
+/// When neither a local server nor containers can be started.
+pub async fn start_own(kind: Kind) -> Result<Backend, String> {
+    start_own_on(kind, None).await
 }
 
 /// Starts a local server of `kind` on `port` (a free one if `None`), owned by the
@@ -512,8 +524,13 @@ pub async fn start_local_on(kind: Kind, port: Option<u16>) -> Result<Backend, St
 }
 
 impl Backend {
-    /// Kills a locally started server at once (as a crash) and waits for it to exit.
+    /// Kills a server this test started (a local process or containers) at once,
+    /// as a crash, and waits until it is gone.
     pub async fn stop(&mut self) {
+        #[cfg(feature = "docker")]
+        if docker::stop_all(&mut self._guard).await {
+            return;
+        }
         match &mut self._guard {
             Guard::Process { child, .. } => {
                 let _ = child.kill().await;
@@ -606,39 +623,63 @@ pub fn etcd_command(
     Ok(cmd)
 }
 
-/// One etcd member that a test starts, kills and starts again itself, with flags
-/// of its own (an outage, TLS, authentication): the local `etcd` binary, or the
-/// etcd image's binary in a container on the host's network when
-/// `ROLLCALL_BACKEND_SOURCE=docker` or no `etcd` is on `PATH` (Docker alone is
-/// enough for every test). Dropping it kills it.
+/// A server a test runs as a process of its own ([`OwnServer`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Server {
+    /// `etcd` (image `quay.io/coreos/etcd`).
+    Etcd,
+    /// `redis-server` (image `redis`).
+    Redis,
+    /// moto behind `scripts/moto_serialized.py` (image `rollcall/moto-serialized`);
+    /// its arguments are the wrapper's (`-H 127.0.0.1 -p PORT`).
+    Moto,
+}
+
+/// A server that a test starts, kills and starts again itself, with flags of its
+/// own (an outage, TLS, authentication): the local binary, or the server's image in
+/// a container on the host's network when `ROLLCALL_BACKEND_SOURCE=docker` or the
+/// binary is not installed (Docker alone is enough for every test). Dropping it
+/// kills it.
 #[derive(Debug)]
-pub struct EtcdMember {
+pub struct OwnServer {
     local: Option<Child>,
     #[cfg(feature = "docker")]
     container: Option<docker::Member>,
 }
 
-impl EtcdMember {
-    /// Starts `etcd` with `args`, its output appended to `log` (a local process);
-    /// `dirs` are the host directories its flags name (data, certificates),
-    /// mounted at the same paths in a container.
+impl OwnServer {
+    /// Starts `server` with `args`, its output appended to `log` (a local
+    /// process); `dirs` are the host directories its flags name (data,
+    /// certificates), mounted at the same paths in a container. The caller waits
+    /// for its port.
     ///
     /// # Errors
-    /// When neither a local `etcd` nor a container can be started.
+    /// When neither a local process nor a container can be started.
     pub async fn spawn(
+        server: Server,
         args: &[String],
         dirs: &[&std::path::Path],
         log: &std::path::Path,
-    ) -> Result<EtcdMember, String> {
+    ) -> Result<OwnServer, String> {
         let docker_only = required_source().as_deref() == Some("docker");
-        if !docker_only && find_binary("etcd").is_some() {
-            let bin = find_binary("etcd").ok_or("etcd not found on PATH")?;
+        let local = match server {
+            Server::Etcd => find_binary("etcd").map(Command::new),
+            Server::Redis => find_binary("redis-server").map(Command::new),
+            Server::Moto => moto_command(0).ok().map(|c| {
+                // The wrapper script, without moto_command's own host and port.
+                let c = c.as_std();
+                let mut cmd = Command::new(c.get_program());
+                cmd.args(c.get_args().take(1));
+                cmd
+            }),
+        };
+        if let (false, Some(mut cmd)) = (docker_only, local) {
             let log = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(log)
                 .map_err(|e| e.to_string())?;
-            let child = Command::new(bin)
+            let child = cmd
                 .args(args)
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().map_err(|e| e.to_string())?)
@@ -646,7 +687,7 @@ impl EtcdMember {
                 .kill_on_drop(true)
                 .spawn()
                 .map_err(|e| e.to_string())?;
-            return Ok(EtcdMember {
+            return Ok(OwnServer {
                 local: Some(child),
                 #[cfg(feature = "docker")]
                 container: None,
@@ -654,8 +695,8 @@ impl EtcdMember {
         }
         #[cfg(feature = "docker")]
         {
-            let member = docker::member(args, dirs).await?;
-            Ok(EtcdMember {
+            let member = docker::member(server, args, dirs).await?;
+            Ok(OwnServer {
                 local: None,
                 container: Some(member),
             })
@@ -663,7 +704,9 @@ impl EtcdMember {
         #[cfg(not(feature = "docker"))]
         {
             let _ = dirs;
-            Err("etcd not found on PATH, and the `docker` feature of rollcall-tests is off".into())
+            Err(format!(
+                "{server:?} is not installed, and the `docker` feature of rollcall-tests is off"
+            ))
         }
     }
 
@@ -965,8 +1008,9 @@ mod docker {
 
     const REDIS: (&str, &str) = ("redis", "7-alpine");
     const ETCD: (&str, &str) = ("quay.io/coreos/etcd", "v3.5.17");
+    const MOTO: (&str, &str) = ("rollcall/moto-serialized", "5.2.1");
 
-    /// An etcd member in a container (see [`super::EtcdMember`]).
+    /// A server of a test's own in a container (see [`super::OwnServer`]).
     #[derive(Debug)]
     pub(super) struct Member(ContainerAsync<GenericImage>);
 
@@ -978,15 +1022,26 @@ mod docker {
         }
     }
 
-    /// `etcd args...` in a container on the host's network, `dirs` mounted at the
-    /// same paths; the caller waits for its port.
-    pub(super) async fn member(args: &[String], dirs: &[&std::path::Path]) -> Result<Member, String> {
+    /// `server args...` in a container on the host's network, `dirs` mounted at
+    /// the same paths; the caller waits for its port.
+    pub(super) async fn member(
+        server: super::Server,
+        args: &[String],
+        dirs: &[&std::path::Path],
+    ) -> Result<Member, String> {
         if !daemon_answers() {
-            return Err("etcd not found on PATH, and no Docker daemon answers".into());
+            return Err(format!(
+                "{server:?} is not installed, and no Docker daemon answers"
+            ));
         }
-        let mut cmd = vec!["etcd".to_owned()];
+        let (image, mut cmd) = match server {
+            super::Server::Etcd => (ETCD, vec!["etcd".to_owned()]),
+            super::Server::Redis => (REDIS, vec!["redis-server".to_owned()]),
+            // The image's entry point is the wrapper: its arguments only.
+            super::Server::Moto => (MOTO, vec![]),
+        };
         cmd.extend(args.iter().cloned());
-        let mut request = GenericImage::new(ETCD.0, ETCD.1)
+        let mut request = GenericImage::new(image.0, image.1)
             .with_wait_for(WaitFor::Nothing)
             .with_network("host")
             .with_cmd(cmd);
@@ -999,6 +1054,50 @@ mod docker {
             .await
             .map_err(|e| format!("an etcd container: {e}"))?;
         Ok(Member(c))
+    }
+
+    /// Kills every container of a container backend at once; false for others.
+    pub(super) async fn stop_all(guard: &mut Guard) -> bool {
+        let Guard::Container(any) = guard else {
+            return false;
+        };
+        let Some(containers) = any.downcast_mut::<Vec<ContainerAsync<GenericImage>>>() else {
+            return false;
+        };
+        for c in containers.iter() {
+            let _ = c.stop_with_timeout(Some(0)).await;
+        }
+        true
+    }
+
+    /// A Redis server in a container on the host's network, on `port` (a test that
+    /// stops and starts its own server on the same port).
+    pub(super) async fn start_on(kind: Kind, port: u16) -> Result<Backend, String> {
+        if kind != Kind::Redis {
+            return Err(format!("no {kind:?} container on a given port"));
+        }
+        if !daemon_answers() {
+            return Err("redis-server not found on PATH, and no Docker daemon answers".into());
+        }
+        let c = GenericImage::new(REDIS.0, REDIS.1)
+            .with_wait_for(WaitFor::message_on_stdout("Ready to accept connections"))
+            .with_network("host")
+            .with_cmd(
+                [
+                    "redis-server",
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--protected-mode",
+                    "no",
+                ]
+                .map(str::to_owned),
+            )
+            .start()
+            .await
+            .map_err(|e| format!("a redis container on port {port}: {e}"))?;
+        Ok(backend(kind, format!("redis://127.0.0.1:{port}"), vec![c]))
     }
 
     /// Kills container `i` of a container backend at once (stops it, no grace).
@@ -1065,7 +1164,7 @@ mod docker {
                 } else {
                     // moto behind the serializing wrapper the local fixture runs
                     // (scripts/docker.sh builds it).
-                    let c = GenericImage::new("rollcall/moto-serialized", "5.2.1")
+                    let c = GenericImage::new(MOTO.0, MOTO.1)
                         .with_exposed_port(ContainerPort::Tcp(5000))
                         .with_wait_for(WaitFor::message_on_stderr("Running on"))
                         .with_cmd(["-p", "5000"]);

@@ -358,29 +358,36 @@ async fn reminders_spread_over_partitions_and_ranges_are_exact() {
 /// A moto server of this test's own, on a fixed port, that can be stopped and
 /// started again.
 struct OwnMoto {
-    child: Option<tokio::process::Child>,
+    server: Option<fixtures::OwnServer>,
     port: u16,
+    dir: std::path::PathBuf,
 }
 
 impl OwnMoto {
     async fn start(port: u16) -> Result<OwnMoto, String> {
-        let child = fixtures::moto_command(port)?
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| e.to_string())?;
+        let dir = std::env::temp_dir().join(unique_id("moto-own"));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        let args = ["-H", "127.0.0.1", "-p", &port.to_string()].map(str::to_owned);
+        let server =
+            fixtures::OwnServer::spawn(fixtures::Server::Moto, &args, &[], &dir.join("moto.log")).await?;
         fixtures::wait_for_port(([127, 0, 0, 1], port).into(), Duration::from_secs(30)).await?;
         Ok(OwnMoto {
-            child: Some(child),
+            server: Some(server),
             port,
+            dir,
         })
     }
 
     async fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill().await;
+        if let Some(mut s) = self.server.take() {
+            s.kill().await;
         }
+    }
+}
+
+impl Drop for OwnMoto {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

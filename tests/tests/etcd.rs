@@ -69,7 +69,7 @@ async fn raw(endpoints: &str) -> etcd_client::Client {
 /// One etcd member of its own (for tests that stop, restart or reconfigure it),
 /// killed on drop.
 struct OwnEtcd {
-    member: Option<fixtures::EtcdMember>,
+    member: Option<fixtures::OwnServer>,
     dir: PathBuf,
     /// Host directories its flags name besides `dir` (certificates).
     mounts: Vec<PathBuf>,
@@ -116,7 +116,9 @@ impl OwnEtcd {
         args.extend(self.extra.iter().cloned());
         let mut dirs = vec![self.dir.as_path()];
         dirs.extend(self.mounts.iter().map(PathBuf::as_path));
-        let member = fixtures::EtcdMember::spawn(&args, &dirs, &self.dir.join("etcd.log")).await?;
+        let member =
+            fixtures::OwnServer::spawn(fixtures::Server::Etcd, &args, &dirs, &self.dir.join("etcd.log"))
+                .await?;
         eprintln!("etcd member of this test: {}", member.source());
         self.member = Some(member);
         fixtures::wait_for_port(([127, 0, 0, 1], self.client_port).into(), Duration::from_secs(30)).await?;

@@ -181,7 +181,7 @@ async fn garbage_row_is_reported_as_corrupt_and_every_other_row_still_reads() {
 #[tokio::test]
 async fn killed_server_is_a_backend_error_and_the_provider_recovers() {
     let port = fixtures::free_port().unwrap();
-    let mut server = match fixtures::start_local_on(fixtures::Kind::Redis, Some(port)).await {
+    let mut server = match fixtures::start_own_on(fixtures::Kind::Redis, Some(port)).await {
         Ok(s) => s,
         Err(e) if fixtures::backends_required() => panic!("redis-server needed: {e}"),
         Err(e) => return eprintln!("SKIPPING: {e}"),
@@ -223,7 +223,7 @@ async fn killed_server_is_a_backend_error_and_the_provider_recovers() {
     ));
 
     // Same port, empty server: the provider reconnects by itself.
-    let _server = fixtures::start_local_on(fixtures::Kind::Redis, Some(port))
+    let _server = fixtures::start_own_on(fixtures::Kind::Redis, Some(port))
         .await
         .expect("restart redis-server");
     let mut ok = false;
@@ -268,7 +268,7 @@ async fn values_are_json_readable_with_redis_cli() {
 }
 
 /// A redis-server serving TLS only, with a throwaway self-signed certificate.
-async fn tls_server() -> Option<(tokio::process::Child, std::path::PathBuf, u16)> {
+async fn tls_server() -> Option<(fixtures::OwnServer, std::path::PathBuf, u16)> {
     let dir = std::env::temp_dir().join(unique_id("redis-tls"));
     std::fs::create_dir_all(&dir).unwrap();
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
@@ -298,20 +298,38 @@ async fn tls_server() -> Option<(tokio::process::Child, std::path::PathBuf, u16)
         return None;
     }
     let port = fixtures::free_port().unwrap();
-    let child = fixtures::redis_server_command(&dir).and_then(|mut cmd| {
-        cmd.args(["--port", "0", "--tls-port", &port.to_string()])
-            .arg("--tls-cert-file")
-            .arg(&cert)
-            .arg("--tls-key-file")
-            .arg(&key)
-            .arg("--tls-ca-cert-file")
-            .arg(&cert)
-            .args(["--tls-auth-clients", "no"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .map_err(|e| e.to_string())
-    });
+    let path = |p: &std::path::Path| p.display().to_string();
+    let args: Vec<String> = [
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        &path(&dir),
+        "--port",
+        "0",
+        "--tls-port",
+        &port.to_string(),
+        "--tls-cert-file",
+        &path(&cert),
+        "--tls-key-file",
+        &path(&key),
+        "--tls-ca-cert-file",
+        &path(&cert),
+        "--tls-auth-clients",
+        "no",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    let child = fixtures::OwnServer::spawn(
+        fixtures::Server::Redis,
+        &args,
+        &[dir.as_path()],
+        &dir.join("redis.log"),
+    )
+    .await;
     let child = match child {
         Ok(c) => c,
         Err(e) if fixtures::backends_required() => panic!("redis-server needed: {e}"),
@@ -385,7 +403,7 @@ async fn delta_reads_are_native_and_fall_back_without_the_change_index() {
 /// server of this test's own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn update_row_sends_no_unwatch_and_no_ping() {
-    let mut server = match fixtures::start_local_on(fixtures::Kind::Redis, None).await {
+    let mut server = match fixtures::start_own(fixtures::Kind::Redis).await {
         Ok(s) => s,
         Err(e) if fixtures::backends_required() => panic!("redis-server needed: {e}"),
         Err(e) => return eprintln!("SKIPPED: {e}"),

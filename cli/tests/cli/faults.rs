@@ -452,7 +452,7 @@ fn redis_multi_process_lost_table_is_survived() {
 #[cfg(feature = "redis")]
 #[test]
 fn redis_multi_process_silo_waits_for_a_late_store() {
-    use rollcall_tests::fixtures::{free_port, start_local_on, Kind};
+    use rollcall_tests::fixtures::{free_port, start_own_on, Kind};
     use std::process::Stdio;
     use std::time::{Duration, Instant};
     let Some((rt, _backend)) = redis_fixture() else {
@@ -511,7 +511,7 @@ fn redis_multi_process_silo_waits_for_a_late_store() {
         "the silo waits for its store"
     );
     let _late = rt
-        .block_on(start_local_on(Kind::Redis, Some(port)))
+        .block_on(start_own_on(Kind::Redis, Some(port)))
         .expect("start the late redis-server");
     await_active(&store, &cluster, 1, &mut procs, Duration::from_secs(20));
 }
