@@ -79,6 +79,22 @@ pub struct Backend {
     _guard: Guard,
 }
 
+/// Containers are removed by testcontainers' drop, which needs a Tokio runtime:
+/// a backend dropped outside one (a synchronous test that used a runtime of its
+/// own) gets a small one for that.
+#[cfg(feature = "docker")]
+impl Drop for Backend {
+    fn drop(&mut self) {
+        if matches!(self._guard, Guard::Container(_)) && tokio::runtime::Handle::try_current().is_err() {
+            let guard = std::mem::replace(&mut self._guard, Guard::None);
+            match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt.block_on(async move { drop(guard) }),
+                Err(_) => std::mem::forget(guard), // the container outlives the test
+            }
+        }
+    }
+}
+
 #[allow(dead_code)] // fields are held only to be dropped
 enum Guard {
     None,
@@ -645,6 +661,20 @@ pub struct OwnServer {
     local: Option<Child>,
     #[cfg(feature = "docker")]
     container: Option<docker::Member>,
+}
+
+/// As for [`Backend`]: a container dropped outside a Tokio runtime gets one.
+#[cfg(feature = "docker")]
+impl Drop for OwnServer {
+    fn drop(&mut self) {
+        if self.container.is_some() && tokio::runtime::Handle::try_current().is_err() {
+            let container = self.container.take();
+            match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt.block_on(async move { drop(container) }),
+                Err(_) => std::mem::forget(container),
+            }
+        }
+    }
 }
 
 impl OwnServer {
