@@ -79,6 +79,16 @@ pub struct Backend {
     _guard: Guard,
 }
 
+/// Drops `value` (containers) inside a small Tokio runtime of its own; if none can
+/// be built, the containers outlive the test rather than panic.
+#[cfg(feature = "docker")]
+fn drop_in_a_runtime<T: Send + 'static>(value: T) {
+    match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt.block_on(async move { drop(value) }),
+        Err(_) => std::mem::forget(value),
+    }
+}
+
 /// Containers are removed by testcontainers' drop, which needs a Tokio runtime:
 /// a backend dropped outside one (a synchronous test that used a runtime of its
 /// own) gets a small one for that.
@@ -86,11 +96,7 @@ pub struct Backend {
 impl Drop for Backend {
     fn drop(&mut self) {
         if matches!(self._guard, Guard::Container(_)) && tokio::runtime::Handle::try_current().is_err() {
-            let guard = std::mem::replace(&mut self._guard, Guard::None);
-            match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt.block_on(async move { drop(guard) }),
-                Err(_) => std::mem::forget(guard), // the container outlives the test
-            }
+            drop_in_a_runtime(std::mem::replace(&mut self._guard, Guard::None));
         }
     }
 }
@@ -668,11 +674,7 @@ pub struct OwnServer {
 impl Drop for OwnServer {
     fn drop(&mut self) {
         if self.container.is_some() && tokio::runtime::Handle::try_current().is_err() {
-            let container = self.container.take();
-            match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(rt) => rt.block_on(async move { drop(container) }),
-                Err(_) => std::mem::forget(container),
-            }
+            drop_in_a_runtime(self.container.take());
         }
     }
 }
@@ -1086,12 +1088,17 @@ mod docker {
         Ok(Member(c))
     }
 
+    /// The containers of a container backend.
+    fn containers(guard: &mut Guard) -> Option<&mut Vec<ContainerAsync<GenericImage>>> {
+        match guard {
+            Guard::Container(any) => any.downcast_mut(),
+            _ => None,
+        }
+    }
+
     /// Kills every container of a container backend at once; false for others.
     pub(super) async fn stop_all(guard: &mut Guard) -> bool {
-        let Guard::Container(any) = guard else {
-            return false;
-        };
-        let Some(containers) = any.downcast_mut::<Vec<ContainerAsync<GenericImage>>>() else {
+        let Some(containers) = containers(guard) else {
             return false;
         };
         for c in containers.iter() {
@@ -1132,10 +1139,7 @@ mod docker {
 
     /// Kills container `i` of a container backend at once (stops it, no grace).
     pub(super) async fn kill_member(guard: &mut Guard, i: usize) -> bool {
-        let Guard::Container(any) = guard else {
-            return false;
-        };
-        let Some(containers) = any.downcast_mut::<Vec<ContainerAsync<GenericImage>>>() else {
+        let Some(containers) = containers(guard) else {
             return false;
         };
         let _ = containers[i].stop_with_timeout(Some(0)).await;
