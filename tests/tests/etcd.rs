@@ -775,7 +775,7 @@ async fn state_killed_writer_process_leaves_a_whole_state() {
 async fn state_a_commit_cut_after_it_was_sent_lands_once() {
     let Some((direct, b)) = etcd().await else { return };
     let upstream: std::net::SocketAddr = b.endpoint.parse().expect("host:port");
-    let proxy = rollcall_tests::cut::CutProxy::start(upstream).await;
+    let proxy = rollcall_tests::cut::CutProxy::start(upstream, rollcall_tests::cut::Wire::Http2).await;
     let via = store_on(&proxy.addr().to_string()).await;
     rollcall_tests::state_table::state_a_commit_cut_after_it_was_sent_lands_once(via, direct, &proxy).await;
 }

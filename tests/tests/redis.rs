@@ -964,7 +964,7 @@ async fn state_a_commit_cut_after_it_was_sent_lands_once() {
         .trim_end_matches('/')
         .parse()
         .expect("redis://host:port");
-    let proxy = rollcall_tests::cut::CutProxy::start(upstream).await;
+    let proxy = rollcall_tests::cut::CutProxy::start(upstream, rollcall_tests::cut::Wire::Resp).await;
     let via = rollcall::connect(&format!("redis://{}", proxy.addr()))
         .await
         .expect("connect through the proxy");
