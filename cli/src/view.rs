@@ -159,7 +159,7 @@ pub(crate) fn reminders(
     now: Timestamp,
     limit: usize,
 ) -> String {
-    use rollcall::reminders::schedule::occurrence_after;
+    use rollcall::reminders::schedule::Timing;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -167,7 +167,15 @@ pub(crate) fn reminders(
         rows.len(),
         ring.silos().len()
     );
-    let header = ["actor", "name", "owner", "next tick", "period", "policy", "etag"];
+    let header = [
+        "actor",
+        "name",
+        "owner",
+        "next tick",
+        "schedule",
+        "policy",
+        "etag",
+    ];
     let cells: Vec<[String; 7]> = rows
         .iter()
         .take(limit)
@@ -177,12 +185,15 @@ pub(crate) fn reminders(
                 e.name.clone(),
                 ring.owner_of(e.hash)
                     .map_or_else(|| "(no Active silo)".to_owned(), |s| s.to_string()),
-                occurrence_after(e.start_at, e.period, now)
-                    .map_or_else(|| format!("{} (due)", e.start_at), |t| t.to_string()),
-                e.period.map_or_else(
-                    || "once".to_owned(),
-                    |p| humantime::format_duration(p).to_string(),
-                ),
+                match Timing::of(e) {
+                    Ok(timing) => match timing.after(now) {
+                        Some(t) => t.to_string(),
+                        None if timing.is_one_shot() => format!("{} (due)", e.start_at),
+                        None => "(ended)".to_owned(),
+                    },
+                    Err(_) => "(unreadable)".to_owned(),
+                },
+                schedule_of(e),
                 format!("{:?}", e.missed_tick_policy),
                 e.etag.to_string(),
             ]
@@ -213,6 +224,20 @@ pub(crate) fn reminders(
         let _ = writeln!(out, "... and {} more (--limit)", rows.len() - limit);
     }
     out
+}
+
+/// A reminder's schedule in a few words: `every 1m`, `once`,
+/// `cron "0 9 * * *" Europe/Stockholm`, then ` until <time>` when it ends.
+fn schedule_of(e: &rollcall::ReminderEntry) -> String {
+    let mut text = match (&e.cron, e.period) {
+        (Some(expr), _) => format!("cron {expr:?} {}", e.zone.as_deref().unwrap_or("UTC")),
+        (None, Some(p)) if !p.is_zero() => format!("every {}", humantime::format_duration(p)),
+        (None, _) => "once".to_owned(),
+    };
+    if let Some(end) = e.end_at {
+        let _ = write!(text, " until {end}");
+    }
+    text
 }
 
 /// Wall-clock time of `t` as `YYYY-MM-DD HH:MM:SS.mmm` (UTC).

@@ -98,6 +98,56 @@ pub struct ReminderEntry {
     /// Default [`MissedTickPolicy::Skip`] (Orleans), not written when it is the default.
     #[serde(default, skip_serializing_if = "is_skip")]
     pub missed_tick_policy: MissedTickPolicy,
+    /// A calendar schedule in place of `period`: a cron expression (5 fields, or 6
+    /// with seconds first; `@hourly`, `@daily`, `@weekly`, `@monthly`, `@yearly`)
+    /// evaluated in [`zone`](Self::zone). `start_at` is then its first occurrence.
+    /// Parsed by the reminder service, which skips (and logs) a row whose
+    /// expression it cannot read. Not written when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    /// The IANA time zone (`"Europe/Stockholm"`) `cron` is evaluated in; `None`
+    /// is UTC. Not written when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zone: Option<String>,
+    /// No occurrence after this time (UTC, ms) is delivered, and once the last one
+    /// is, the row is removed (a repeat count is stored as the time of its last
+    /// occurrence). `None`: no end. Not written when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_at: Option<Timestamp>,
+    /// Bytes every tick carries, at most [`MAX_REMINDER_PAYLOAD`]; base64 in the
+    /// JSON rows. Not written when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "payload_base64")]
+    pub payload: Option<Vec<u8>>,
+}
+
+/// The largest reminder payload, in bytes: 64 KiB, so that a row (its payload
+/// base64-encoded in the JSON rows of Redis and etcd, raw in DynamoDB's binary
+/// attribute) stays far below the smallest row limit of the providers
+/// (DynamoDB's 400 KB item).
+pub const MAX_REMINDER_PAYLOAD: usize = 64 * 1024;
+
+mod payload_base64 {
+    use base64::engine::general_purpose::STANDARD;
+    use base64::Engine as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    #[allow(clippy::ref_option)] // serde's `with` passes `&Option<T>`
+    pub fn serialize<S: Serializer>(v: &Option<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(bytes) => s.serialize_str(&STANDARD.encode(bytes)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<u8>>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            Some(text) => STANDARD
+                .decode(text.as_bytes())
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+            None => Ok(None),
+        }
+    }
 }
 
 fn is_skip(p: &MissedTickPolicy) -> bool {
@@ -124,6 +174,10 @@ impl ReminderEntry {
             etag: Etag::default(),
             last_fired: None,
             missed_tick_policy: MissedTickPolicy::Skip,
+            cron: None,
+            zone: None,
+            end_at: None,
+            payload: None,
         }
     }
 
@@ -132,7 +186,7 @@ impl ReminderEntry {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the offending field (`service_id`, `actor_id`,
-    /// `name` or `hash`).
+    /// `name`, `payload` (over [`MAX_REMINDER_PAYLOAD`]) or `hash`).
     pub fn validate_for(&self, service_id: &str) -> Result<()> {
         if self.service_id != service_id {
             return Err(Error::invalid_config(
@@ -148,6 +202,16 @@ impl ReminderEntry {
         }
         if self.name.is_empty() {
             return Err(Error::invalid_config("name", "must not be empty"));
+        }
+        if self
+            .payload
+            .as_ref()
+            .is_some_and(|p| p.len() > MAX_REMINDER_PAYLOAD)
+        {
+            return Err(Error::invalid_config(
+                "payload",
+                format!("longer than {MAX_REMINDER_PAYLOAD} bytes"),
+            ));
         }
         let expected = actor_hash(&self.actor_id);
         if self.hash != expected {

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::AttributeValue;
 use rollcall_membership_core::{
     actor_hash, Error, Etag, MissedTickPolicy, ReminderEntry, ReminderTable, Result, Timestamp,
 };
@@ -24,6 +26,14 @@ const ACTOR_HASH: &str = "ActorHash";
 const ETAG: &str = "ETag";
 const LAST_FIRED: &str = "LastFired";
 const MISSED_TICK_POLICY: &str = "MissedTickPolicy";
+/// A cron expression (absent for a periodic or one-shot reminder).
+const CRON: &str = "Cron";
+/// The IANA zone of `Cron` (absent: UTC).
+const ZONE: &str = "Zone";
+/// The time of the last occurrence delivered (absent: no end).
+const END_TIME: &str = "EndTime";
+/// The tick payload, binary (absent: none).
+const PAYLOAD: &str = "Payload";
 
 /// The reminder table of one service on DynamoDB.
 #[derive(Debug, Clone)]
@@ -106,6 +116,18 @@ impl DynamoDbReminderTable {
                 s(format!("{:?}", e.missed_tick_policy)),
             );
         }
+        if let Some(cron) = &e.cron {
+            item.insert(CRON.into(), s(cron));
+        }
+        if let Some(zone) = &e.zone {
+            item.insert(ZONE.into(), s(zone));
+        }
+        if let Some(t) = e.end_at {
+            item.insert(END_TIME.into(), s(t.to_string()));
+        }
+        if let Some(payload) = &e.payload {
+            item.insert(PAYLOAD.into(), AttributeValue::B(Blob::new(payload.clone())));
+        }
         item
     }
 
@@ -147,6 +169,18 @@ impl DynamoDbReminderTable {
                     .transpose()
                     .map_err(|e| format!("attribute LastFired: {e}"))?,
                 missed_tick_policy: policy,
+                cron: a.opt_s(CRON)?.map(str::to_owned),
+                zone: a.opt_s(ZONE)?.map(str::to_owned),
+                end_at: a
+                    .opt_s(END_TIME)?
+                    .map(str::parse)
+                    .transpose()
+                    .map_err(|e| format!("attribute EndTime: {e}"))?,
+                payload: match item.get(PAYLOAD) {
+                    None | Some(AttributeValue::Null(_)) => None,
+                    Some(AttributeValue::B(b)) => Some(b.as_ref().to_vec()),
+                    Some(_) => return Err("attribute Payload is not binary".into()),
+                },
             })
         })();
         decoded.map_err(|why| Error::corrupt(self.item_name(item), why))

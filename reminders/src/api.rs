@@ -93,12 +93,38 @@ pub struct ReminderTick {
     pub name: String,
     /// The reminder's first tick time (its `start_at`, UTC ms).
     pub first_tick: Timestamp,
-    /// The period; `None` for a one-shot reminder.
+    /// The period; `None` for a one-shot or calendar (cron) reminder.
     pub period: Option<Duration>,
-    /// The occurrence this tick stands for: `first_tick + k x period`.
+    /// The occurrence this tick stands for: `first_tick + k x period`, or an
+    /// occurrence of the reminder's calendar.
     pub scheduled: Timestamp,
     /// When the service sent it (UTC ms); `now - scheduled` is the lateness.
     pub now: Timestamp,
+    /// The etag of the registration that scheduled this tick.
+    pub etag: Etag,
+    /// The bytes the registration carries
+    /// ([`ReminderSpec::with_payload`]), shared by every tick.
+    pub payload: Option<Arc<[u8]>>,
+}
+
+impl ReminderTick {
+    /// A stable id of the occurrence this tick stands for: the same for every
+    /// delivery attempt of it (a retry, a redelivery after a crash), different
+    /// for any other occurrence or registration. The key for a handler that
+    /// must be idempotent (store it with the effect, skip an id already seen).
+    ///
+    /// Shape: `<actor length>:<actor><name>@<etag>@<scheduled ms>`, which no
+    /// two (actor, name) pairs share.
+    pub fn occurrence_id(&self) -> String {
+        let actor = self.actor.to_string();
+        format!(
+            "{}:{actor}{}@{}@{}",
+            actor.len(),
+            self.name,
+            self.etag.as_str(),
+            self.scheduled.as_millis()
+        )
+    }
 }
 
 /// Finds the actix recipient of an actor's ticks. `None` means the actor cannot
@@ -119,16 +145,127 @@ where
     }
 }
 
-/// What to register: first tick after `due`, then every `period` (none: one-shot),
-/// and what to do with ticks missed while no silo delivered them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The longest repeat count accepted ([`ReminderSpec::repeat`]): 100,000.
+pub const MAX_REPEAT: u32 = 100_000;
+
+/// What to register: when it ticks (first tick after `due`, then every `period`, or
+/// on a cron calendar in a time zone), what to do with ticks missed while no silo
+/// delivered them, when it ends, and the bytes its ticks carry.
+///
+/// Build one with [`every`](Self::every), [`once`](Self::once) or
+/// [`cron`](Self::cron), then the `with_*` methods:
+///
+/// ```
+/// use std::time::Duration;
+/// use rollcall_reminders::ReminderSpec;
+/// // 09:00 on weekdays in Stockholm, ten times, each tick carrying a report id.
+/// let spec = ReminderSpec::cron("0 9 * * MON-FRI")
+///     .in_zone("Europe/Stockholm")
+///     .repeat(10)
+///     .with_payload(b"report-7".to_vec());
+/// assert_eq!(spec.zone.as_deref(), Some("Europe/Stockholm"));
+/// // `@every` is a period, first tick one period from now.
+/// let every = ReminderSpec::cron("@every 1h30m");
+/// assert_eq!(every.period, Some(Duration::from_secs(5400)));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReminderSpec {
-    /// Delay from now to the first tick.
+    /// Delay from now to the first tick (for a cron schedule: to the earliest
+    /// time its first occurrence may have).
     pub due: Duration,
-    /// Period; `None` for a one-shot reminder (removed after its tick is delivered).
+    /// Period; `None` for a one-shot reminder (removed after its tick is
+    /// delivered). Ignored when `cron` is set.
     pub period: Option<Duration>,
     /// Missed-tick policy of this reminder.
     pub missed_tick_policy: MissedTickPolicy,
+    /// A cron expression (see [`Calendar`](crate::Calendar) for the syntax); its
+    /// first occurrence at or after `due` is the first tick.
+    pub cron: Option<String>,
+    /// The IANA time zone `cron` is evaluated in (`"America/New_York"`); `None`
+    /// is UTC.
+    pub zone: Option<String>,
+    /// Deliver at most this many ticks (1..=[`MAX_REPEAT`]), then remove the row.
+    pub repeat: Option<u32>,
+    /// Deliver no occurrence after this time (UTC), then remove the row.
+    pub until: Option<Timestamp>,
+    /// Bytes every tick carries ([`ReminderTick::payload`]), at most
+    /// [`MAX_REMINDER_PAYLOAD`](rollcall_membership_core::MAX_REMINDER_PAYLOAD).
+    pub payload: Option<Vec<u8>>,
+}
+
+impl ReminderSpec {
+    /// Ticks `due` from now, then every `period`; missed ticks skipped.
+    pub fn every(due: Duration, period: Duration) -> ReminderSpec {
+        ReminderSpec {
+            due,
+            period: Some(period),
+            missed_tick_policy: MissedTickPolicy::Skip,
+            cron: None,
+            zone: None,
+            repeat: None,
+            until: None,
+            payload: None,
+        }
+    }
+
+    /// Ticks once, `due` from now; its row is removed once the tick is delivered.
+    pub fn once(due: Duration) -> ReminderSpec {
+        ReminderSpec {
+            period: None,
+            ..ReminderSpec::every(due, Duration::ZERO)
+        }
+    }
+
+    /// Ticks at the occurrences of the cron expression `expr` (in UTC unless
+    /// [`in_zone`](Self::in_zone)); `@every <duration>` (`@every 1h30m`, humantime
+    /// syntax) is a period instead, first tick one period from now. The
+    /// expression is checked by [`Reminders::register`](crate::Reminders::register).
+    pub fn cron(expr: &str) -> ReminderSpec {
+        if let Some(every) = expr.trim().strip_prefix("@every ") {
+            if let Ok(period) = humantime::parse_duration(every.trim()) {
+                return ReminderSpec::every(period, period);
+            }
+        }
+        ReminderSpec {
+            cron: Some(expr.to_owned()),
+            ..ReminderSpec::once(Duration::ZERO)
+        }
+    }
+
+    /// Evaluates the cron expression in the IANA zone `zone`.
+    #[must_use]
+    pub fn in_zone(mut self, zone: &str) -> ReminderSpec {
+        self.zone = Some(zone.to_owned());
+        self
+    }
+
+    /// The missed-tick policy.
+    #[must_use]
+    pub fn with_policy(mut self, policy: MissedTickPolicy) -> ReminderSpec {
+        self.missed_tick_policy = policy;
+        self
+    }
+
+    /// At most `n` ticks.
+    #[must_use]
+    pub fn repeat(mut self, n: u32) -> ReminderSpec {
+        self.repeat = Some(n);
+        self
+    }
+
+    /// No occurrence after `t`.
+    #[must_use]
+    pub fn until(mut self, t: Timestamp) -> ReminderSpec {
+        self.until = Some(t);
+        self
+    }
+
+    /// Every tick carries `payload`.
+    #[must_use]
+    pub fn with_payload(mut self, payload: impl Into<Vec<u8>>) -> ReminderSpec {
+        self.payload = Some(payload.into());
+        self
+    }
 }
 
 /// A registered reminder as the table holds it. The etag identifies this
@@ -146,6 +283,14 @@ pub struct ReminderHandle {
     pub period: Option<Duration>,
     /// Missed-tick policy.
     pub missed_tick_policy: MissedTickPolicy,
+    /// The cron expression, for a calendar reminder.
+    pub cron: Option<String>,
+    /// The IANA zone of `cron`; `None` is UTC.
+    pub zone: Option<String>,
+    /// No occurrence after this time; the row is removed after the last.
+    pub end_at: Option<Timestamp>,
+    /// The bytes its ticks carry.
+    pub payload: Option<Vec<u8>>,
     /// When a tick was last delivered, if recorded (`FireOnce` reminders only).
     pub last_fired: Option<Timestamp>,
     /// The registration's etag.
@@ -164,6 +309,10 @@ impl ReminderHandle {
             start_at: e.start_at,
             period: e.period,
             missed_tick_policy: e.missed_tick_policy,
+            cron: e.cron,
+            zone: e.zone,
+            end_at: e.end_at,
+            payload: e.payload,
             last_fired: e.last_fired,
             etag: e.etag,
         })
@@ -206,6 +355,21 @@ pub enum ReminderError {
     /// An empty or too long reminder name.
     #[error("invalid reminder name: {0}")]
     InvalidName(String),
+    /// A schedule that cannot be used: a cron expression or time zone that
+    /// cannot be read, a calendar with no occurrence, a repeat count outside
+    /// `1..=MAX_REPEAT`, an end before the first tick.
+    #[error("invalid schedule: {0}")]
+    InvalidSchedule(String),
+    /// A payload over
+    /// [`MAX_REMINDER_PAYLOAD`](rollcall_membership_core::MAX_REMINDER_PAYLOAD)
+    /// bytes.
+    #[error("reminder payload of {len} bytes is over the {max}-byte limit")]
+    PayloadTooLarge {
+        /// The payload's length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
     /// The reminder service (or its silo) stopped.
     #[error("the reminder service stopped")]
     Stopped,

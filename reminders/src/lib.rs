@@ -1,7 +1,8 @@
 //! # rollcall-reminders
 //!
 //! Durable reminders for actix applications, after Orleans' reminder service:
-//! periodic (or one-shot) ticks stored in a reminder table, owned by silos through
+//! periodic, calendar (cron in a time zone) or one-shot ticks, optionally with a
+//! payload and an end, stored in a reminder table, owned by silos through
 //! a consistent-hash ring over the Active silos of the membership, delivered to
 //! actix actors, and taken over by a live silo when their owner dies.
 //!
@@ -35,10 +36,13 @@ pub mod sim;
 
 pub use api::{
     ActorId, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, ReminderTick,
-    LATE_TICK, MAX_ACTOR_ID, MAX_NAME,
+    LATE_TICK, MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT,
 };
 pub use machine::{
     LOAD_PIECE_ROWS, MAX_DELIVERIES, MAX_LOADS, MAX_NOTICE_READS, MAX_WRITES, NOTICE_BATCH, NOTICE_QUEUE,
 };
-pub use rollcall_membership_core::{MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable};
+pub use rollcall_membership_core::{
+    MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, MAX_REMINDER_PAYLOAD,
+};
+pub use schedule::{Calendar, ScheduleError};
 pub use service::{Reminders, RemindersBuilder};

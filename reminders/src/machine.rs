@@ -57,7 +57,7 @@ use crate::api::{ActorId, Counters, ReminderError, ReminderTick};
 pub use crate::queue::Key;
 use crate::queue::{key_of, Queue};
 use crate::ring::RingRange;
-use crate::schedule::{after_attempt, occurrence_after, plan, AfterAttempt, Learned, Planned, Timing};
+use crate::schedule::{after_attempt, plan, AfterAttempt, Learned, Planned, Timing};
 use crate::shards::{shard_range, ShardAction, ShardEvent, ShardMachine, ShardOptions};
 
 /// Deliveries running at once per silo.
@@ -917,19 +917,20 @@ impl ReminderMachine {
         let now = self.held.get(&k).map_or(self.now, |h| {
             h.stopped_at.max(h.floor.unwrap_or(Timestamp::EPOCH))
         });
-        let timing = Timing::from(row);
+        // A row whose schedule cannot be read is never delivered: nothing owed.
+        let timing = Timing::of(row).ok()?;
         let next = match self.queue.get(&key_of(row)) {
             Some(slot) if slot.etag == row.etag.as_str() => {
                 if slot.delivering {
                     // Started: the one after it is owed.
-                    occurrence_after(slot.start_at, slot.period(), slot.next.scheduled)?
+                    timing.after(slot.next.scheduled)?
                 } else {
                     slot.next.scheduled
                 }
             }
             // Never seen here: everything after the floor is owed.
             _ => match self.held.get(&k).and_then(|h| h.floor) {
-                Some(floor) => occurrence_after(timing.start_at, timing.period, floor)?,
+                Some(floor) => timing.after(floor)?,
                 None => timing.start_at,
             },
         };
@@ -1134,7 +1135,16 @@ impl ReminderMachine {
         let Some(held) = self.held.get(&k) else {
             return;
         };
-        let timing = Timing::from(&row);
+        let timing = match Timing::of(&row) {
+            Ok(timing) => timing,
+            Err(e) => {
+                // A malformed row (written by another tool or version): it is
+                // skipped, never delivered, and stays for an operator to fix.
+                tracing::error!(actor = %row.actor_id, name = %row.name, error = %e, "reminder row with an unreadable schedule skipped");
+                self.queue.remove(&key);
+                return;
+            }
+        };
         let floor_start = if held.loaded {
             None
         } else if let Some(at) = held.exceptions.get(&key) {
@@ -1143,11 +1153,18 @@ impl ReminderMachine {
             None
         } else {
             Some(match held.floor {
-                Some(f) => match occurrence_after(timing.start_at, timing.period, f) {
+                Some(f) => match timing.after(f) {
                     Some(t) => t,
                     None => {
+                        // A one-shot delivered before the floor (its deliverer
+                        // removes it), or the last occurrence of an ended
+                        // schedule (removed here too, in case its deliverer
+                        // could not).
                         self.queue.remove(&key);
-                        return; // a one-shot delivered before the floor
+                        if timing.end_at.is_some() {
+                            self.removals.insert(key, row.etag);
+                        }
+                        return;
                     }
                 },
                 None => timing.start_at,
@@ -1168,8 +1185,12 @@ impl ReminderMachine {
             _ => {
                 // Nothing before a takeover time: a silo declared Dead while
                 // it ran may have delivered up to it.
-                let Some(mut next) = plan(timing, from, learned) else {
+                let Some(mut next) = plan(&timing, from, learned) else {
+                    // Past its end: nothing is left to deliver, and the row goes.
                     self.queue.remove(&key);
+                    if timing.end_at.is_some() {
+                        self.removals.insert(key, row.etag);
+                    }
                     return;
                 };
                 if learned == Learned::Load && next.is_overdue(from) {
@@ -1187,7 +1208,7 @@ impl ReminderMachine {
                 next
             }
         };
-        self.queue.set(&row, next, self.changes);
+        self.queue.set(&row, &timing, next, self.changes);
         if catch_up {
             if let Some(slot) = self.queue.get_mut(&key) {
                 slot.catch_up_to = now;
@@ -1277,6 +1298,8 @@ impl ReminderMachine {
                     period: slot.period(),
                     scheduled,
                     now,
+                    etag: Etag::new(slot.etag.as_str()),
+                    payload: slot.payload(),
                 })
                 .map_err(|e| e.to_string());
             self.deliveries += 1;
@@ -1337,7 +1360,7 @@ impl ReminderMachine {
         }
         // Every slot of a held shard stays in memory: a release reads what it
         // owes from them.
-        match after_attempt(slot.timing(), scheduled, now, true, slot.catch_up_to, now) {
+        match after_attempt(&slot.timing(), scheduled, now, true, slot.catch_up_to, now) {
             AfterAttempt::Remove => {
                 self.queue.remove(key);
                 self.persist.remove(key);
@@ -1357,7 +1380,7 @@ impl ReminderMachine {
         };
         slot.attempts = slot.attempts.saturating_add(1);
         let retry = now.saturating_add(backoff(u32::from(slot.attempts), &mut self.rng));
-        match after_attempt(slot.timing(), scheduled, now, false, slot.catch_up_to, retry) {
+        match after_attempt(&slot.timing(), scheduled, now, false, slot.catch_up_to, retry) {
             AfterAttempt::GiveUp(next) => {
                 Counters::bump(&self.counters.ticks_given_up);
                 tracing::error!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,

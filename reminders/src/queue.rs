@@ -8,13 +8,14 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::ops::RangeInclusive;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rollcall_membership_core::{duration_millis, MissedTickPolicy, ReminderEntry, Timestamp};
 use slab::Slab;
 use smol_str::SmolStr;
 
-use crate::schedule::{Planned, Timing};
+use crate::schedule::{Calendar, Planned, Timing};
 
 /// (actor id, name): a reminder's key within its service. Stored as one string,
 /// `"<actor length>:<actor><name>"` (unambiguous for any UTF-8 text), inline when
@@ -83,6 +84,17 @@ pub(crate) struct Slot {
     /// Freed by a handoff at this time with occurrences already due: each of them
     /// up to this time is delivered in turn (none is skipped for lateness).
     pub catch_up_to: Timestamp,
+    /// What few reminders have (a calendar, an end, a payload): one pointer in
+    /// the slot, `None` for the rest.
+    pub extra: Option<Box<Extra>>,
+}
+
+/// The rarer parts of a slot.
+#[derive(Debug, Default)]
+pub(crate) struct Extra {
+    pub calendar: Option<Arc<Calendar>>,
+    pub end_at: Option<Timestamp>,
+    pub payload: Option<Arc<[u8]>>,
 }
 
 impl Slot {
@@ -91,11 +103,18 @@ impl Slot {
         (self.period_ms > 0).then(|| Duration::from_millis(self.period_ms))
     }
 
+    /// The tick payload.
+    pub(crate) fn payload(&self) -> Option<Arc<[u8]>> {
+        self.extra.as_ref().and_then(|x| x.payload.clone())
+    }
+
     /// What the scheduling rules read.
     pub(crate) fn timing(&self) -> Timing {
         Timing {
             start_at: self.start_at,
             period: self.period(),
+            calendar: self.extra.as_ref().and_then(|x| x.calendar.clone()),
+            end_at: self.extra.as_ref().and_then(|x| x.end_at),
             last_fired: (self.last_fired != Timestamp::EPOCH).then_some(self.last_fired),
             missed_tick_policy: self.policy,
         }
@@ -125,10 +144,19 @@ impl Queue {
         self.index.get(key).map(|&i| &mut self.slots[i as usize])
     }
 
-    /// Sets (or replaces) the slot of `entry`, due at `next.due`.
-    pub(crate) fn set(&mut self, entry: &ReminderEntry, next: Planned, touched: u64) {
+    /// Sets (or replaces) the slot of `entry` (whose calendar, if any, is
+    /// `timing`'s), due at `next.due`.
+    pub(crate) fn set(&mut self, entry: &ReminderEntry, timing: &Timing, next: Planned, touched: u64) {
         let key = key_of(entry);
         self.remove(&key);
+        let extra =
+            (timing.calendar.is_some() || entry.end_at.is_some() || entry.payload.is_some()).then(|| {
+                Box::new(Extra {
+                    calendar: timing.calendar.clone(),
+                    end_at: entry.end_at,
+                    payload: entry.payload.as_deref().map(Arc::from),
+                })
+            });
         let slot = Slot {
             key: key.clone(),
             etag: SmolStr::new(entry.etag.as_str()),
@@ -144,6 +172,7 @@ impl Queue {
             delivering: false,
             held: false,
             catch_up_to: Timestamp::EPOCH,
+            extra,
         };
         let i = u32::try_from(self.slots.insert(slot)).expect("fewer than 2^32 reminders per silo");
         self.index.insert(key, i);
@@ -264,9 +293,9 @@ mod tests {
     #[test]
     fn due_order_take_requeue_and_remove() {
         let mut q = Queue::default();
-        q.set(&e("b"), at(20), 0);
-        q.set(&e("a"), at(10), 0);
-        q.set(&e("c"), at(30), 0);
+        q.set(&e("b"), &Timing::of(&e("b")).unwrap(), at(20), 0);
+        q.set(&e("a"), &Timing::of(&e("a")).unwrap(), at(10), 0);
+        q.set(&e("c"), &Timing::of(&e("c")).unwrap(), at(30), 0);
         assert_eq!(q.next_due(), Some(Timestamp::from_millis(10)));
         let taken = q.take_due(Timestamp::from_millis(25), 10);
         assert_eq!(taken.iter().map(Key::name).collect::<Vec<_>>(), ["a", "b"]);
@@ -275,7 +304,7 @@ mod tests {
         q.requeue(&taken[0], at(40));
         assert!(!q.get(&taken[0]).unwrap().delivering);
         // Replacing a slot drops its old due time.
-        q.set(&e("c"), at(50), 1);
+        q.set(&e("c"), &Timing::of(&e("c")).unwrap(), at(50), 1);
         assert_eq!(
             q.take_due(Timestamp::from_millis(45), 10).len(),
             1,
@@ -287,7 +316,7 @@ mod tests {
         q.requeue(&taken[1], at(1));
         assert_eq!(q.len(), 2);
         assert_eq!(q.next_due(), Some(Timestamp::from_millis(50)));
-        q.set(&e("d"), at(60), 1);
+        q.set(&e("d"), &Timing::of(&e("d")).unwrap(), at(60), 1);
         assert!(q.get(&taken[1]).is_none());
         assert_eq!(
             q.get(&Key::new("a", "d")).map(|s| s.next.due),
@@ -322,14 +351,14 @@ mod tests {
         entry.missed_tick_policy = MissedTickPolicy::FireOnce;
         entry.etag = rollcall_membership_core::Etag::new("42");
         let mut q = Queue::default();
-        q.set(&entry, at(9), 3);
+        q.set(&entry, &Timing::of(&entry).unwrap(), at(9), 3);
         let slot = q.get(&key_of(&entry)).unwrap();
-        assert_eq!(slot.timing(), Timing::from(&entry));
+        assert_eq!(slot.timing(), Timing::of(&entry).unwrap());
         assert_eq!(
             (slot.etag.as_str(), slot.hash, slot.touched),
             ("42", entry.hash, 3)
         );
-        q.set(&e("once"), at(1), 0);
+        q.set(&e("once"), &Timing::of(&e("once")).unwrap(), at(1), 0);
         assert_eq!(q.get(&Key::new("a", "once")).unwrap().period(), None);
     }
 
@@ -337,7 +366,12 @@ mod tests {
     fn take_due_respects_its_bound() {
         let mut q = Queue::default();
         for i in 0..10 {
-            q.set(&e(&i.to_string()), at(i), 0);
+            q.set(
+                &e(&i.to_string()),
+                &Timing::of(&e(&i.to_string())).unwrap(),
+                at(i),
+                0,
+            );
         }
         assert_eq!(q.take_due(Timestamp::from_millis(100), 3).len(), 3);
         assert_eq!(q.take_due(Timestamp::from_millis(100), 100).len(), 7);

@@ -7,17 +7,19 @@ use std::time::Duration;
 use actix::{Actor, Addr};
 use rand::SeedableRng;
 use rollcall_membership_core::{
-    Clock, MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, ShardLeases, SiloAddress,
-    SiloHandle, SystemClock, SystemStore,
+    Clock, ReminderEntry, ReminderOptions, ReminderTable, ShardLeases, SiloAddress, SiloHandle, SystemClock,
+    SystemStore, Timestamp, MAX_REMINDER_PAYLOAD,
 };
 use tokio::sync::oneshot;
 
 use crate::agent::{Leave, ReminderAgent, WhenLoaded};
 use crate::api::{
     ActorId, Counters, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, MAX_NAME,
+    MAX_REPEAT,
 };
 use crate::machine::{notice_target, release_topic, topic, NoticeRetry, ReminderMachine, NOTICE_QUEUE};
 use crate::ring::Ring;
+use crate::schedule::{Calendar, Timing};
 use crate::send::bounded;
 
 /// Configures and starts a silo's reminder service. See [`Reminders::builder`].
@@ -289,6 +291,38 @@ impl std::fmt::Debug for Reminders {
     }
 }
 
+/// The time of the last occurrence of `entry` that a repeat count `repeat` and
+/// an end time `until` allow (`None`: no end).
+fn end_of(
+    entry: &ReminderEntry,
+    repeat: Option<u32>,
+    until: Option<Timestamp>,
+) -> Result<Option<Timestamp>, ReminderError> {
+    let timing = Timing::of(entry).map_err(|e| ReminderError::InvalidSchedule(e.to_string()))?;
+    let mut end = until;
+    if let Some(n) = repeat {
+        if n == 0 || n > MAX_REPEAT {
+            return Err(ReminderError::InvalidSchedule(format!(
+                "repeat count {n} is outside 1..={MAX_REPEAT}"
+            )));
+        }
+        let mut last = timing.start_at;
+        for _ in 1..n {
+            match timing.after(last) {
+                Some(next) => last = next,
+                None => break,
+            }
+        }
+        end = Some(end.map_or(last, |u| u.min(last)));
+    }
+    if end.is_some_and(|e| e < timing.start_at) {
+        return Err(ReminderError::InvalidSchedule(
+            "the end comes before the first tick".into(),
+        ));
+    }
+    Ok(end)
+}
+
 impl Reminders {
     /// A builder for the reminder service of `silo`, with its reminder table in
     /// `store` (usually the store of the silo's membership table).
@@ -322,11 +356,7 @@ impl Reminders {
         due: Duration,
         period: Duration,
     ) -> Result<ReminderHandle, ReminderError> {
-        let spec = ReminderSpec {
-            due,
-            period: Some(period),
-            missed_tick_policy: self.inner.options.missed_tick_policy,
-        };
+        let spec = ReminderSpec::every(due, period).with_policy(self.inner.options.missed_tick_policy);
         self.register(actor, name, spec).await
     }
 
@@ -341,11 +371,7 @@ impl Reminders {
         name: &str,
         due: Duration,
     ) -> Result<ReminderHandle, ReminderError> {
-        let spec = ReminderSpec {
-            due,
-            period: None,
-            missed_tick_policy: MissedTickPolicy::Skip,
-        };
+        let spec = ReminderSpec::once(due);
         self.register(actor, name, spec).await
     }
 
@@ -374,7 +400,8 @@ impl Reminders {
             )));
         }
         let o = &self.inner.options;
-        if let Some(period) = spec.period {
+        let period = if spec.cron.is_some() { None } else { spec.period };
+        if let Some(period) = period {
             if period.is_zero() || (period < o.minimum_period && !o.allow_period_below_minimum) {
                 return Err(ReminderError::PeriodTooShort {
                     period,
@@ -385,15 +412,34 @@ impl Reminders {
                 tracing::warn!(%actor, name, ?period, minimum = ?o.minimum_period, "reminder period below minimum_period");
             }
         }
-        let start_at = self.inner.clock.now().saturating_add(spec.due);
+        if let Some(p) = &spec.payload {
+            if p.len() > MAX_REMINDER_PAYLOAD {
+                return Err(ReminderError::PayloadTooLarge {
+                    len: p.len(),
+                    max: MAX_REMINDER_PAYLOAD,
+                });
+            }
+        }
+        let now = self.inner.clock.now();
         let mut entry = ReminderEntry::new(
             &self.inner.service_id,
             actor.to_string(),
             name,
-            start_at,
-            spec.period,
+            now.saturating_add(spec.due),
+            period,
         );
         entry.missed_tick_policy = spec.missed_tick_policy;
+        entry.payload = spec.payload;
+        if let Some(expr) = &spec.cron {
+            let calendar = Calendar::parse(expr, spec.zone.as_deref())
+                .map_err(|e| ReminderError::InvalidSchedule(e.to_string()))?;
+            entry.start_at = calendar
+                .first_at_or_after(entry.start_at)
+                .ok_or_else(|| ReminderError::InvalidSchedule(format!("`{expr}` has no occurrence")))?;
+            entry.cron = Some(expr.clone());
+            entry.zone = spec.zone;
+        }
+        entry.end_at = end_of(&entry, spec.repeat, spec.until)?;
         let etag = bounded(o.table_operation_timeout, self.inner.table.upsert_row(&entry)).await?;
         entry.etag = etag;
         self.notify_owner(&entry.actor_id, name);

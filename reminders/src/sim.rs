@@ -23,8 +23,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rollcall_membership_core::sim::{now_or_fail, Scheduler};
 use rollcall_membership_core::{
-    actor_hash, Etag, MembershipEntry, MembershipSnapshot, MissedTickPolicy, ReminderEntry, ReminderOptions,
-    ReminderTable, SiloAddress, SiloStatus, SystemStore, TableVersion, Timestamp,
+    Etag, MembershipEntry, MembershipSnapshot, ReminderEntry, ReminderOptions, ReminderTable, SiloAddress,
+    SiloStatus, SystemStore, TableVersion, Timestamp,
 };
 use rollcall_provider_memory::MemoryStore;
 
@@ -435,17 +435,7 @@ impl World {
             return false;
         }
         let via = active[self.sched.rng().random_range(0..active.len())];
-        let entry = ReminderEntry {
-            service_id: SERVICE.to_owned(),
-            actor_id: actor.to_owned(),
-            name: name.to_owned(),
-            start_at,
-            period: Some(period),
-            hash: actor_hash(actor),
-            etag: Etag::default(),
-            last_fired: None,
-            missed_tick_policy: MissedTickPolicy::Skip,
-        };
+        let entry = ReminderEntry::new(SERVICE, actor, name, start_at, Some(period));
         let Ok(etag) = now_or_fail(self.table.upsert_row(&entry)) else {
             return false;
         };

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use rollcall_membership_core::{ReminderOptions, Timestamp};
-use rollcall_reminders::schedule::occurrence_after;
+use rollcall_reminders::schedule::Timing;
 use rollcall_tests::reminders::{actor, ReminderCluster};
 use rollcall_tests::sim::run_virtual;
 
@@ -18,7 +18,11 @@ fn occurrences(start: Timestamp, period: Duration, from: Timestamp, to: Timestam
     let mut t = if from <= start {
         start
     } else {
-        occurrence_after(start, Some(period), from.saturating_sub(Duration::from_millis(1))).unwrap()
+        let row = rollcall_membership_core::ReminderEntry::new("svc", "a/1", "r", start, Some(period));
+        let timing = Timing::of(&row).expect("a periodic schedule");
+        timing
+            .after(from.saturating_sub(Duration::from_millis(1)))
+            .unwrap()
     };
     while t <= to {
         out.push(t);
@@ -249,11 +253,11 @@ async fn register_half_fire_once(c: &ReminderCluster, step: u64) {
         } else {
             rollcall_membership_core::MissedTickPolicy::Skip
         };
-        let spec = rollcall_reminders::ReminderSpec {
-            due: Duration::from_millis((i as u64 * step) % 60_000),
-            period: Some(MINUTE),
-            missed_tick_policy: policy,
-        };
+        let spec = rollcall_reminders::ReminderSpec::every(
+            Duration::from_millis((i as u64 * step) % 60_000),
+            MINUTE,
+        )
+        .with_policy(policy);
         c.services[i % 3]
             .register(&actor(i), "tick", spec)
             .await
