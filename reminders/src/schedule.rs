@@ -146,9 +146,12 @@ impl Calendar {
 
     /// The first occurrence at or after `t`.
     pub fn first_at_or_after(&self, t: Timestamp) -> Option<Timestamp> {
-        let z = self.zoned(t)?;
-        let next = self.cron.find_next_occurrence(&z, true).ok()?;
-        Self::instant(&next).filter(|n| *n >= t)
+        // Occurrences are whole seconds and `t` may not be: the first after the
+        // millisecond before `t` (at the epoch itself, a search from it).
+        match t.as_millis().checked_sub(1) {
+            Some(before) => self.next_after(Timestamp::from_millis(before)),
+            None => Self::instant(&self.cron.find_next_occurrence(&self.zoned(t)?, true).ok()?),
+        }
     }
 
     /// The last occurrence at or before `t`.
@@ -576,7 +579,14 @@ mod tests {
             Some(at("2026-01-05T08:00:00Z"))
         );
         // Sub-second times: the next occurrence is strictly later, the last at
-        // or before is not later.
+        // or before is not later, the first at or after is not earlier.
+        let c2 = Calendar::parse("* * * * * *", None).unwrap();
+        let t0 = Timestamp::from_millis(at("2026-01-05T08:00:10Z").as_millis() + 437);
+        assert_eq!(c2.first_at_or_after(t0), Some(at("2026-01-05T08:00:11Z")));
+        assert_eq!(
+            c2.first_at_or_after(at("2026-01-05T08:00:10Z")),
+            Some(at("2026-01-05T08:00:10Z"))
+        );
         let every_second = cron("* * * * * *", None, at("2026-01-05T08:00:00Z"));
         let t = Timestamp::from_millis(at("2026-01-05T08:00:10Z").as_millis() + 500);
         assert_eq!(every_second.after(t), Some(at("2026-01-05T08:00:11Z")));

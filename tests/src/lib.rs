@@ -179,6 +179,7 @@ macro_rules! conformance_tests {
                 statistics_store::statistics_concurrent_appends_fold_every_point,
                 statistics_store::statistics_names_read_back_through_a_fresh_handle,
                 reminder_table::round_trip_odd_names,
+                reminder_table::calendar_end_and_payload_round_trip,
                 reminder_table::every_upsert_yields_a_new_etag,
                 reminder_table::remove_row_preconditions,
                 reminder_table::concurrent_upserts_yield_distinct_etags,

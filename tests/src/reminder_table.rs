@@ -41,6 +41,53 @@ fn keys(rows: &[ReminderEntry]) -> BTreeSet<(String, String)> {
         .collect()
 }
 
+/// Round trip of the calendar columns: a cron expression with its zone, an end
+/// time, and a payload of every byte value up to the largest accepted, read back
+/// by key, by actor and by range; a payload one byte over is refused with a
+/// typed error and writes nothing.
+pub async fn calendar_end_and_payload_round_trip(store: Store) {
+    use rollcall_membership_core::MAX_REMINDER_PAYLOAD;
+    let table = fresh_table(&store).await;
+    let mut e = reminder(&*table, "cart/cron", "daily", None);
+    e.cron = Some("30 2 * * MON-FRI".into());
+    e.zone = Some("Europe/Stockholm".into());
+    e.end_at = Some(Timestamp::from_millis(1_800_000_000_000));
+    e.payload = Some((0..=255u8).cycle().take(MAX_REMINDER_PAYLOAD).collect());
+    let etag = table.upsert_row(&e).await.expect("upsert");
+    let expected = ReminderEntry {
+        etag: etag.clone(),
+        ..e.clone()
+    };
+    let read = table.read_row("cart/cron", "daily").await.expect("read_row");
+    assert!(read.as_ref() == Some(&expected), "the row reads back whole");
+    let by_actor = table.read_rows_for("cart/cron").await.expect("read_rows_for");
+    assert!(by_actor == vec![expected.clone()], "read by actor");
+    let all = table.read_rows_in_range(0, 0).await.expect("range read");
+    assert!(all == vec![expected.clone()], "read by range");
+    // A short payload, no zone (UTC), no end.
+    let mut small = reminder(&*table, "cart/cron", "hourly", None);
+    small.cron = Some("@hourly".into());
+    small.payload = Some(vec![0, 1, 2]);
+    let etag = table.upsert_row(&small).await.expect("upsert");
+    let read = table
+        .read_row("cart/cron", "hourly")
+        .await
+        .expect("read")
+        .expect("row");
+    assert_eq!(read, ReminderEntry { etag, ..small });
+    // One byte over the limit: refused before the store, nothing written.
+    let mut big = reminder(&*table, "cart/cron", "big", None);
+    big.payload = Some(vec![7; MAX_REMINDER_PAYLOAD + 1]);
+    assert!(
+        matches!(
+            table.upsert_row(&big).await,
+            Err(rollcall_membership_core::Error::InvalidConfig { .. })
+        ),
+        "an oversized payload is an invalid-input error"
+    );
+    assert!(table.read_row("cart/cron", "big").await.expect("read").is_none());
+}
+
 /// Round trip of every column with an awkward name and a non-ASCII actor id.
 pub async fn round_trip_odd_names(store: Store) {
     let table = fresh_table(&store).await;

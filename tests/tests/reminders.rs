@@ -1038,3 +1038,250 @@ async fn another_shard_count_is_refused(store: rollcall_tests::Store) {
     drop((first, again));
     silo.shutdown().await.unwrap();
 }
+
+/// A UTC instant from an RFC 3339 text.
+fn utc(text: &str) -> Timestamp {
+    Timestamp::from_system_time(humantime::parse_rfc3339(text).expect("an RFC 3339 time"))
+}
+
+/// The ticks of `name` in `log`, in delivery order.
+fn ticks_of(log: &rollcall_tests::reminders::Log, name: &str) -> Vec<rollcall_reminders::ReminderTick> {
+    log.lock()
+        .expect("log")
+        .iter()
+        .filter(|d| d.tick.name == name)
+        .map(|d| d.tick.clone())
+        .collect()
+}
+
+/// R15: calendar reminders across both daylight-saving changes of
+/// Europe/Stockholm in 2026, on a virtual clock: `30 2 * * *` fires once at the
+/// first valid time after the spring-forward gap (03:00 CEST, 01:00 UTC) and
+/// once, at the first pass, on the fall-back night; a half-hourly pattern ticks
+/// through both passes of the repeated hour; a repeat count and an end time
+/// stop each schedule and remove its row; every tick carries the payload and an
+/// occurrence id of its own.
+#[test]
+fn r15_cron_reminders_in_a_zone_cross_daylight_saving_changes_once() {
+    use rollcall_reminders::ReminderSpec;
+    for (start, expected) in [
+        // Spring forward on 2026-03-29: 02:30 does not exist.
+        (
+            "2026-03-27T12:00:00Z",
+            [
+                "2026-03-28T01:30:00Z",
+                "2026-03-29T01:00:00Z",
+                "2026-03-30T00:30:00Z",
+            ],
+        ),
+        // Fall back on 2026-10-25: 02:30 happens twice.
+        (
+            "2026-10-24T12:00:00Z",
+            [
+                "2026-10-25T00:30:00Z",
+                "2026-10-26T01:30:00Z",
+                "2026-10-27T01:30:00Z",
+            ],
+        ),
+    ] {
+        run_virtual(|| async move {
+            // Days of virtual time: the silo confirms its own row and reconciles
+            // its shards less often than by default (nothing here tests them).
+            let mut c = ReminderCluster::new(ReminderOptions {
+                lease_period: Duration::from_secs(60),
+                refresh_reminder_list_period: Duration::from_secs(3600),
+                loading_window: Duration::from_secs(3600),
+                ..ReminderOptions::default()
+            });
+            c.sim.clock = std::sync::Arc::new(rollcall_membership_core::TokioClock::starting_at(utc(start)));
+            c.start_many(1).await;
+            let svc = c.services[0].clone();
+            let nightly = ReminderSpec::cron("30 2 * * *")
+                .in_zone("Europe/Stockholm")
+                .repeat(3)
+                .with_payload(b"nightly".to_vec());
+            let h = svc
+                .register(&actor(1), "nightly", nightly)
+                .await
+                .expect("register");
+            assert_eq!(
+                h.start_at,
+                utc(expected[0]),
+                "the first tick is the first occurrence"
+            );
+            assert_eq!(h.end_at, Some(utc(expected[2])), "three ticks end at the third");
+            // Every half hour of the wall clock, for the night of the change.
+            let night_end = utc(expected[1]).saturating_add(Duration::from_secs(3 * 3600));
+            let half_hourly = ReminderSpec::cron("0,30 * * * *")
+                .in_zone("Europe/Stockholm")
+                .until(night_end);
+            svc.register(&actor(2), "half-hourly", half_hourly)
+                .await
+                .expect("register");
+            // Polled once a virtual minute (days of virtual time).
+            let ran = |log: &rollcall_tests::reminders::Log| {
+                ticks_of(log, "nightly").len() >= 3
+                    && ticks_of(log, "half-hourly")
+                        .last()
+                        .is_some_and(|t| t.scheduled >= night_end)
+            };
+            let deadline = c.now().saturating_add(Duration::from_secs(5 * 86_400));
+            while !ran(&c.log) {
+                assert!(c.now() < deadline, "both schedules ran to their end");
+                tokio::time::sleep(Duration::from_secs(60)).await;
+            }
+            let nightly = ticks_of(&c.log, "nightly");
+            let times: Vec<Timestamp> = nightly.iter().map(|t| t.scheduled).collect();
+            assert_eq!(times, expected.map(utc), "once per night, the change included");
+            let ids: BTreeSet<String> = nightly
+                .iter()
+                .map(rollcall_reminders::ReminderTick::occurrence_id)
+                .collect();
+            assert_eq!(ids.len(), 3, "an occurrence id per occurrence");
+            assert!(nightly
+                .iter()
+                .all(|t| t.payload.as_deref() == Some(b"nightly".as_slice())));
+            // Half-hourly: every 30 minutes of real time, no gap, no repeat.
+            let half: Vec<Timestamp> = ticks_of(&c.log, "half-hourly")
+                .iter()
+                .map(|t| t.scheduled)
+                .collect();
+            let first = half[0];
+            let expected_half: Vec<Timestamp> = (0..)
+                .map(|k| first.saturating_add(Duration::from_secs(1800 * k)))
+                .take_while(|t| *t <= night_end)
+                .collect();
+            assert_eq!(half, expected_half);
+            // Both rows are removed after their last tick.
+            let mut waited = Duration::ZERO;
+            while svc.get(&actor(1), "nightly").await.expect("get").is_some()
+                || svc.get(&actor(2), "half-hourly").await.expect("get").is_some()
+            {
+                assert!(waited < Duration::from_secs(60), "ended schedules leave no row");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                waited += Duration::from_secs(1);
+            }
+        });
+    }
+}
+
+/// Calendar reminders end to end on `store`, in real time: a cron schedule by
+/// the second that carries a payload and stops after 3 ticks, a one-shot with a
+/// payload, and a schedule in a zone 5 h 30 min off UTC that ends at a time:
+/// each ticks on its calendar with its payload and distinct occurrence ids, and
+/// each row is removed after its last tick.
+async fn calendar_reminders_end_to_end(store: rollcall_tests::Store) {
+    use rollcall_membership_core::Silo;
+    use rollcall_reminders::ReminderSpec;
+    let cluster = rollcall_tests::unique_id("cal");
+    let silo = Silo::builder(store.clone(), cluster)
+        .listen("127.0.0.1:0".parse().unwrap())
+        .start()
+        .await
+        .expect("silo joins");
+    let log = rollcall_tests::reminders::Log::default();
+    let recorder =
+        actix::Actor::start(rollcall_tests::reminders::Recorder::new(silo.address(), &log)).recipient();
+    let svc = rollcall_reminders::Reminders::builder(&silo, store.clone())
+        .service_id(rollcall_tests::unique_id("cal-svc"))
+        .target(move |_: &rollcall_reminders::ActorId| Some(recorder.clone()))
+        .options(ReminderOptions {
+            minimum_period: Duration::from_secs(1),
+            startup_jitter: Duration::ZERO,
+            ..ReminderOptions::default()
+        })
+        .start()
+        .await
+        .expect("reminders start");
+    let thrice = ReminderSpec::cron("* * * * * *")
+        .repeat(3)
+        .with_payload(vec![0, 159, 146, 150]);
+    let h1 = svc.register(&actor(1), "thrice", thrice).await.expect("register");
+    let once = ReminderSpec::once(Duration::from_millis(300)).with_payload(b"once".to_vec());
+    svc.register(&actor(2), "once", once).await.expect("register");
+    let until = Timestamp::now().saturating_add(Duration::from_millis(2500));
+    let zoned = ReminderSpec::cron("*/1 * * * * *")
+        .in_zone("Asia/Kolkata")
+        .until(until);
+    let h3 = svc.register(&actor(3), "zoned", zoned).await.expect("register");
+    let gone = |name: &'static str, a: usize| {
+        let svc = svc.clone();
+        async move { svc.get(&actor(a), name).await.expect("get").is_none() }
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !(gone("thrice", 1).await && gone("once", 2).await && gone("zoned", 3).await) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rows removed after their last tick"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let thrice = ticks_of(&log, "thrice");
+    let times: Vec<Timestamp> = thrice.iter().map(|t| t.scheduled).collect();
+    let first = h1.start_at;
+    assert_eq!(first.as_millis() % 1000, 0, "a cron occurrence is a whole second");
+    assert_eq!(
+        times,
+        [0, 1, 2].map(|k| first.saturating_add(Duration::from_secs(k))),
+        "three ticks, one per second"
+    );
+    assert!(thrice
+        .iter()
+        .all(|t| t.payload.as_deref() == Some([0, 159, 146, 150].as_slice())));
+    let ids: BTreeSet<String> = thrice
+        .iter()
+        .map(rollcall_reminders::ReminderTick::occurrence_id)
+        .collect();
+    assert_eq!(ids.len(), 3);
+    assert!(
+        ids.iter().all(|id| id.contains(h1.etag.as_str())),
+        "ids name the registration"
+    );
+    let once = ticks_of(&log, "once");
+    assert_eq!(once.len(), 1);
+    assert_eq!(once[0].payload.as_deref(), Some(b"once".as_slice()));
+    let zoned: Vec<Timestamp> = ticks_of(&log, "zoned").iter().map(|t| t.scheduled).collect();
+    assert!(!zoned.is_empty() && zoned.iter().all(|t| *t <= until && *t >= h3.start_at));
+    let mut distinct = zoned.clone();
+    distinct.dedup();
+    assert_eq!(distinct, zoned, "no occurrence twice");
+    silo.kill();
+}
+
+#[actix::test]
+async fn r16_calendar_reminders_end_to_end_memory() {
+    calendar_reminders_end_to_end(std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new())).await;
+}
+
+#[cfg(feature = "redis")]
+#[actix::test]
+async fn r16_calendar_reminders_end_to_end_redis() {
+    let Some(b) = rollcall_tests::fixtures::redis().await else {
+        return;
+    };
+    calendar_reminders_end_to_end(rollcall::connect(&b.endpoint).await.expect("connect")).await;
+}
+
+#[cfg(feature = "etcd")]
+#[actix::test]
+async fn r16_calendar_reminders_end_to_end_etcd() {
+    let Some(b) = rollcall_tests::fixtures::etcd().await else {
+        return;
+    };
+    let store = rollcall::connect(&format!("etcd://{}", b.endpoint))
+        .await
+        .expect("connect");
+    calendar_reminders_end_to_end(store).await;
+}
+
+#[cfg(feature = "dynamodb")]
+#[actix::test]
+async fn r16_calendar_reminders_end_to_end_dynamodb() {
+    let Some(b) = rollcall_tests::fixtures::dynamodb().await else {
+        return;
+    };
+    let store = rollcall::connect(&rollcall_tests::fixtures::dynamodb_url(&b.endpoint))
+        .await
+        .expect("connect");
+    calendar_reminders_end_to_end(store).await;
+}
