@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use actix::{Actor, Context, Handler, ResponseFuture};
-use rollcall::reminders::{ActorId, ReminderTick, Reminders};
+use rollcall::reminders::{ActorId, ReminderSpec, ReminderTick, Reminders};
 use rollcall::state::{PersistentState, StateKey, StateStorage};
 use rollcall::{ReminderOptions, Silo};
 
@@ -26,7 +26,7 @@ impl Handler<ReminderTick> for Cart {
                     *n
                 })
                 .await; // conditional on the etag
-            println!("{} `{}` tick {n:?}", tick.actor, tick.name);
+            println!("tick {n:?}, occurrence {}", tick.occurrence_id());
         })
     }
 }
@@ -50,9 +50,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .start()
         .await?;
     let actor = ActorId::new("cart", "42")?;
-    let handle = reminders
-        .register_or_update(&actor, "expire", Duration::ZERO, Duration::from_secs(1))
-        .await?;
+    // Cron in a time zone: every second here; "0 9 * * MON-FRI" would be 09:00 on
+    // weekdays in Paris. Or ReminderSpec::every(due, period), ReminderSpec::once(due).
+    let spec = ReminderSpec::cron("* * * * * *")
+        .in_zone("Europe/Paris")
+        .repeat(100);
+    let handle = reminders.register(&actor, "expire", spec).await?;
 
     while ticks.read(|n| *n) < 2 {
         tokio::time::sleep(Duration::from_millis(100)).await;
