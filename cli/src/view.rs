@@ -194,7 +194,17 @@ pub(crate) fn reminders(
                     Err(_) => "(unreadable)".to_owned(),
                 },
                 schedule_of(e),
-                format!("{:?}", e.missed_tick_policy),
+                match e.retry {
+                    None => format!("{:?}", e.missed_tick_policy),
+                    Some(r) if r.max_retries == 0 => format!("{:?}, drop on failure", e.missed_tick_policy),
+                    Some(r) => format!(
+                        "{:?}, retry {}x {}..{}",
+                        e.missed_tick_policy,
+                        r.max_retries,
+                        humantime::format_duration(r.first_delay),
+                        humantime::format_duration(r.max_delay)
+                    ),
+                },
                 e.etag.to_string(),
             ]
         })

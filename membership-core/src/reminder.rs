@@ -118,6 +118,72 @@ pub struct ReminderEntry {
     /// JSON rows. Not written when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "payload_base64")]
     pub payload: Option<Vec<u8>>,
+    /// What the service does when a tick of this reminder cannot be delivered
+    /// (the handler failed or timed out, the actor could not be resolved); `None`:
+    /// retry with backoff (1 s doubling, 60 s cap) until the next occurrence is
+    /// due. Not written when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
+}
+
+/// How a reminder's failed tick is retried: up to `max_retries` more attempts
+/// after the first, the `k`-th (from 1) after
+/// `min(first_delay x 2^(k-1), max_delay)` less up to 20% jitter; then the
+/// occurrence is dropped (counted in `ticks_dropped` and the
+/// `rollcall_reminder_ticks_dropped_total` series, logged) and the reminder goes
+/// on with its next occurrence (a one-shot, or the last occurrence before its end,
+/// is removed). A retry never runs past the next occurrence: that one comes
+/// first, as without a policy. Stored in the reminder's row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    /// Attempts after the first; 0 drops a failed tick at once.
+    pub max_retries: u32,
+    /// Delay before the first retry (ms precision).
+    #[serde(with = "humantime_serde")]
+    pub first_delay: Duration,
+    /// Largest delay between two attempts.
+    #[serde(with = "humantime_serde")]
+    pub max_delay: Duration,
+}
+
+impl RetryPolicy {
+    /// Drop a failed tick at once, without a retry.
+    pub const DROP: RetryPolicy = RetryPolicy {
+        max_retries: 0,
+        first_delay: Duration::ZERO,
+        max_delay: Duration::ZERO,
+    };
+
+    /// The delay before retry `k` (1-based) for a jitter draw `unit` in `[0, 1]`;
+    /// `None` past `max_retries`.
+    pub fn delay(&self, k: u32, unit: f64) -> Option<Duration> {
+        if k == 0 || k > self.max_retries {
+            return None;
+        }
+        let full = self
+            .first_delay
+            .saturating_mul(1u32 << (k - 1).min(20))
+            .min(self.max_delay.max(self.first_delay));
+        Some(full.mul_f64(1.0 - 0.2 * unit.clamp(0.0, 1.0)))
+    }
+
+    /// Checks the policy.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] (`retry`) for retries with a zero first delay or
+    /// a `max_delay` below `first_delay`.
+    pub fn validate(&self) -> Result<()> {
+        if self.max_retries > 0 && self.first_delay.is_zero() {
+            return Err(Error::invalid_config(
+                "retry",
+                "retries need a first_delay above 0",
+            ));
+        }
+        if self.max_retries > 0 && self.max_delay < self.first_delay {
+            return Err(Error::invalid_config("retry", "max_delay is below first_delay"));
+        }
+        Ok(())
+    }
 }
 
 /// The largest reminder payload, in bytes: 64 KiB, so that a row (its payload
@@ -178,6 +244,7 @@ impl ReminderEntry {
             zone: None,
             end_at: None,
             payload: None,
+            retry: None,
         }
     }
 
@@ -186,7 +253,7 @@ impl ReminderEntry {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the offending field (`service_id`, `actor_id`,
-    /// `name`, `payload` (over [`MAX_REMINDER_PAYLOAD`]) or `hash`).
+    /// `name`, `payload` (over [`MAX_REMINDER_PAYLOAD`]), `retry` or `hash`).
     pub fn validate_for(&self, service_id: &str) -> Result<()> {
         if self.service_id != service_id {
             return Err(Error::invalid_config(
@@ -212,6 +279,9 @@ impl ReminderEntry {
                 "payload",
                 format!("longer than {MAX_REMINDER_PAYLOAD} bytes"),
             ));
+        }
+        if let Some(retry) = &self.retry {
+            retry.validate()?;
         }
         let expected = actor_hash(&self.actor_id);
         if self.hash != expected {
@@ -269,5 +339,35 @@ mod tests {
             let json = serde_json::to_string(&e).unwrap();
             assert_eq!(serde_json::from_str::<ReminderEntry>(&json).unwrap(), e);
         }
+    }
+
+    #[test]
+    fn retry_delays_double_up_to_the_cap_and_stop_after_the_count() {
+        let p = RetryPolicy {
+            max_retries: 4,
+            first_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(3),
+        };
+        let no_jitter: Vec<_> = (0..=5).map(|k| p.delay(k, 0.0)).collect();
+        let s = Duration::from_secs;
+        assert_eq!(
+            no_jitter,
+            [None, Some(s(1)), Some(s(2)), Some(s(3)), Some(s(3)), None]
+        );
+        assert_eq!(p.delay(1, 1.0), Some(Duration::from_millis(800)));
+        assert_eq!(RetryPolicy::DROP.delay(1, 0.5), None);
+        assert!(RetryPolicy::DROP.validate().is_ok());
+        assert!(RetryPolicy {
+            first_delay: Duration::ZERO,
+            ..p
+        }
+        .validate()
+        .is_err());
+        assert!(RetryPolicy {
+            max_delay: Duration::from_millis(1),
+            ..p
+        }
+        .validate()
+        .is_err());
     }
 }

@@ -34,6 +34,8 @@ const ZONE: &str = "Zone";
 const END_TIME: &str = "EndTime";
 /// The tick payload, binary (absent: none).
 const PAYLOAD: &str = "Payload";
+/// The retry policy as JSON (absent: the service's default).
+const RETRY: &str = "Retry";
 
 /// The reminder table of one service on DynamoDB.
 #[derive(Debug, Clone)]
@@ -128,6 +130,11 @@ impl DynamoDbReminderTable {
         if let Some(payload) = &e.payload {
             item.insert(PAYLOAD.into(), AttributeValue::B(Blob::new(payload.clone())));
         }
+        if let Some(retry) = &e.retry {
+            if let Ok(json) = serde_json::to_string(retry) {
+                item.insert(RETRY.into(), s(json));
+            }
+        }
         item
     }
 
@@ -181,6 +188,11 @@ impl DynamoDbReminderTable {
                     Some(AttributeValue::B(b)) => Some(b.as_ref().to_vec()),
                     Some(_) => return Err("attribute Payload is not binary".into()),
                 },
+                retry: a
+                    .opt_s(RETRY)?
+                    .map(serde_json::from_str)
+                    .transpose()
+                    .map_err(|e| format!("attribute Retry: {e}"))?,
             })
         })();
         decoded.map_err(|why| Error::corrupt(self.item_name(item), why))

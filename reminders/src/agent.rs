@@ -284,6 +284,11 @@ impl ReminderAgent {
                 metrics::histogram!(crate::api::TICK_LATENESS_METRIC, "service" => service, "silo" => silo)
                     .record(lateness.as_secs_f64());
             }
+            Action::TickDropped => {
+                let (service, silo) = self.metric_labels();
+                metrics::counter!(crate::api::TICKS_DROPPED_METRIC, "service" => service, "silo" => silo)
+                    .increment(1);
+            }
             Action::Owned(n) => {
                 let (service, silo) = self.metric_labels();
                 metrics::gauge!(crate::api::OWNED_METRIC, "service" => service, "silo" => silo).set(n as f64);

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{Message, Recipient};
-use rollcall_membership_core::{Error, Etag, MissedTickPolicy, ReminderEntry, Timestamp};
+use rollcall_membership_core::{Error, Etag, MissedTickPolicy, ReminderEntry, RetryPolicy, Timestamp};
 
 /// Longest actor id (`kind/key`) accepted, in bytes.
 pub const MAX_ACTOR_ID: usize = 1024;
@@ -191,6 +191,9 @@ pub struct ReminderSpec {
     /// Bytes every tick carries ([`ReminderTick::payload`]), at most
     /// [`MAX_REMINDER_PAYLOAD`](rollcall_membership_core::MAX_REMINDER_PAYLOAD).
     pub payload: Option<Vec<u8>>,
+    /// How a failed tick is retried, then dropped; `None`: retried with backoff
+    /// until the next occurrence is due.
+    pub retry: Option<RetryPolicy>,
 }
 
 impl ReminderSpec {
@@ -205,6 +208,7 @@ impl ReminderSpec {
             repeat: None,
             until: None,
             payload: None,
+            retry: None,
         }
     }
 
@@ -260,6 +264,14 @@ impl ReminderSpec {
         self
     }
 
+    /// Failed ticks are retried as `policy` says, then dropped
+    /// ([`RetryPolicy::DROP`]: at once).
+    #[must_use]
+    pub fn with_retry(mut self, policy: RetryPolicy) -> ReminderSpec {
+        self.retry = Some(policy);
+        self
+    }
+
     /// Every tick carries `payload`.
     #[must_use]
     pub fn with_payload(mut self, payload: impl Into<Vec<u8>>) -> ReminderSpec {
@@ -291,6 +303,8 @@ pub struct ReminderHandle {
     pub end_at: Option<Timestamp>,
     /// The bytes its ticks carry.
     pub payload: Option<Vec<u8>>,
+    /// Its retry policy; `None`: the service's default.
+    pub retry: Option<RetryPolicy>,
     /// When a tick was last delivered, if recorded (`FireOnce` reminders only).
     pub last_fired: Option<Timestamp>,
     /// The registration's etag.
@@ -313,6 +327,7 @@ impl ReminderHandle {
             zone: e.zone,
             end_at: e.end_at,
             payload: e.payload,
+            retry: e.retry,
             last_fired: e.last_fired,
             etag: e.etag,
         })
@@ -384,6 +399,9 @@ pub const TICKS_METRIC: &str = "rollcall_reminder_ticks_total";
 /// `metrics` histogram (labels `service`, `silo`): seconds from a tick's occurrence
 /// to the end of its delivery.
 pub const TICK_LATENESS_METRIC: &str = "rollcall_reminder_tick_lateness_seconds";
+/// `metrics` counter (labels `service`, `silo`): ticks dropped once their
+/// reminder's [`RetryPolicy`] was spent.
+pub const TICKS_DROPPED_METRIC: &str = "rollcall_reminder_ticks_dropped_total";
 /// `metrics` gauge (labels `service`, `silo`): reminders in the ranges this silo
 /// owns, as of its last load.
 pub const OWNED_METRIC: &str = "rollcall_reminders_owned";
@@ -405,6 +423,8 @@ pub struct ReminderStats {
     /// Occurrences given up after retrying until the next one was due (each logged
     /// as an error).
     pub ticks_given_up: u64,
+    /// Occurrences dropped once their reminder's [`RetryPolicy`] was spent.
+    pub ticks_dropped: u64,
     /// Load rounds: the first load of the shards assigned at start, then one per
     /// reconciliation of every held shard (`refresh_reminder_list_period`, or
     /// after notices were dropped). The reads of one shard (after its acquire,
@@ -427,6 +447,7 @@ pub(crate) struct Counters {
     pub ticks_late: AtomicU64,
     pub delivery_failures: AtomicU64,
     pub ticks_given_up: AtomicU64,
+    pub ticks_dropped: AtomicU64,
     pub loads: AtomicU64,
     pub load_failures: AtomicU64,
     pub notices: AtomicU64,
@@ -447,6 +468,7 @@ impl Counters {
             ticks_late: g(&self.ticks_late),
             delivery_failures: g(&self.delivery_failures),
             ticks_given_up: g(&self.ticks_given_up),
+            ticks_dropped: g(&self.ticks_dropped),
             loads: g(&self.loads),
             load_failures: g(&self.load_failures),
             notices: g(&self.notices),

@@ -36,13 +36,13 @@ pub mod sim;
 
 pub use api::{
     ActorId, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, ReminderTick,
-    LATE_TICK, MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT,
+    LATE_TICK, MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT, TICKS_DROPPED_METRIC,
 };
 pub use machine::{
     LOAD_PIECE_ROWS, MAX_DELIVERIES, MAX_LOADS, MAX_NOTICE_READS, MAX_WRITES, NOTICE_BATCH, NOTICE_QUEUE,
 };
 pub use rollcall_membership_core::{
-    MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, MAX_REMINDER_PAYLOAD,
+    MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, RetryPolicy, MAX_REMINDER_PAYLOAD,
 };
 pub use schedule::{Calendar, ScheduleError};
 pub use service::{Reminders, RemindersBuilder};

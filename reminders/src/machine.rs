@@ -378,6 +378,8 @@ pub enum Action {
     },
     /// This silo's held shards hold this many rows (as last loaded).
     Owned(u64),
+    /// A tick was dropped by its reminder's retry policy (for the metrics).
+    TickDropped,
 }
 
 /// What a shard load is for.
@@ -1379,7 +1381,23 @@ impl ReminderMachine {
             return;
         };
         slot.attempts = slot.attempts.saturating_add(1);
-        let retry = now.saturating_add(backoff(u32::from(slot.attempts), &mut self.rng));
+        let delay = match slot.retry() {
+            None => Some(backoff(u32::from(slot.attempts), &mut self.rng)),
+            Some(policy) => policy.delay(u32::from(slot.attempts), self.rng.random()),
+        };
+        let Some(delay) = delay else {
+            // The reminder's retry policy is spent: this occurrence is dropped,
+            // and the reminder goes on as after a delivery.
+            Counters::bump(&self.counters.ticks_dropped);
+            self.out.push(Action::TickDropped);
+            tracing::warn!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,
+                attempts = slot.attempts, "reminder tick dropped: its retry policy is spent");
+            let etag = slot.etag.clone();
+            self.advance(key, &etag, scheduled);
+            self.pump_writes();
+            return;
+        };
+        let retry = now.saturating_add(delay);
         match after_attempt(&slot.timing(), scheduled, now, false, slot.catch_up_to, retry) {
             AfterAttempt::GiveUp(next) => {
                 Counters::bump(&self.counters.ticks_given_up);

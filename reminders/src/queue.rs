@@ -11,7 +11,7 @@ use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rollcall_membership_core::{duration_millis, MissedTickPolicy, ReminderEntry, Timestamp};
+use rollcall_membership_core::{duration_millis, MissedTickPolicy, ReminderEntry, RetryPolicy, Timestamp};
 use slab::Slab;
 use smol_str::SmolStr;
 
@@ -95,12 +95,18 @@ pub(crate) struct Extra {
     pub calendar: Option<Arc<Calendar>>,
     pub end_at: Option<Timestamp>,
     pub payload: Option<Arc<[u8]>>,
+    pub retry: Option<RetryPolicy>,
 }
 
 impl Slot {
     /// The period; `None` for a one-shot reminder.
     pub(crate) fn period(&self) -> Option<Duration> {
         (self.period_ms > 0).then(|| Duration::from_millis(self.period_ms))
+    }
+
+    /// The reminder's retry policy.
+    pub(crate) fn retry(&self) -> Option<RetryPolicy> {
+        self.extra.as_ref().and_then(|x| x.retry)
     }
 
     /// The tick payload.
@@ -149,14 +155,18 @@ impl Queue {
     pub(crate) fn set(&mut self, entry: &ReminderEntry, timing: &Timing, next: Planned, touched: u64) {
         let key = key_of(entry);
         self.remove(&key);
-        let extra =
-            (timing.calendar.is_some() || entry.end_at.is_some() || entry.payload.is_some()).then(|| {
-                Box::new(Extra {
-                    calendar: timing.calendar.clone(),
-                    end_at: entry.end_at,
-                    payload: entry.payload.as_deref().map(Arc::from),
-                })
-            });
+        let rare = timing.calendar.is_some()
+            || entry.end_at.is_some()
+            || entry.payload.is_some()
+            || entry.retry.is_some();
+        let extra = rare.then(|| {
+            Box::new(Extra {
+                calendar: timing.calendar.clone(),
+                end_at: entry.end_at,
+                payload: entry.payload.as_deref().map(Arc::from),
+                retry: entry.retry,
+            })
+        });
         let slot = Slot {
             key: key.clone(),
             etag: SmolStr::new(entry.etag.as_str()),

@@ -430,6 +430,12 @@ impl Reminders {
         );
         entry.missed_tick_policy = spec.missed_tick_policy;
         entry.payload = spec.payload;
+        if let Some(retry) = spec.retry {
+            retry
+                .validate()
+                .map_err(|e| ReminderError::InvalidSchedule(e.to_string()))?;
+            entry.retry = Some(retry);
+        }
         if let Some(expr) = &spec.cron {
             let calendar = Calendar::parse(expr, spec.zone.as_deref())
                 .map_err(|e| ReminderError::InvalidSchedule(e.to_string()))?;

@@ -865,7 +865,11 @@ impl World {
             Action::CancelTimer(timer) => {
                 self.nodes[i].timers.remove(&timer);
             }
-            Action::LeaveDone | Action::Loaded | Action::TickDelivered { .. } | Action::Owned(_) => {}
+            Action::LeaveDone
+            | Action::Loaded
+            | Action::TickDelivered { .. }
+            | Action::Owned(_)
+            | Action::TickDropped => {}
         }
     }
 

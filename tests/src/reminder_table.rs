@@ -42,7 +42,7 @@ fn keys(rows: &[ReminderEntry]) -> BTreeSet<(String, String)> {
 }
 
 /// Round trip of the calendar columns: a cron expression with its zone, an end
-/// time, and a payload of every byte value up to the largest accepted, read back
+/// time, a retry policy, and a payload of every byte value up to the largest accepted, read back
 /// by key, by actor and by range; a payload one byte over is refused with a
 /// typed error and writes nothing.
 pub async fn calendar_end_and_payload_round_trip(store: Store) {
@@ -53,6 +53,11 @@ pub async fn calendar_end_and_payload_round_trip(store: Store) {
     e.zone = Some("Europe/Stockholm".into());
     e.end_at = Some(Timestamp::from_millis(1_800_000_000_000));
     e.payload = Some((0..=255u8).cycle().take(MAX_REMINDER_PAYLOAD).collect());
+    e.retry = Some(rollcall_membership_core::RetryPolicy {
+        max_retries: 5,
+        first_delay: Duration::from_millis(1500),
+        max_delay: Duration::from_secs(60),
+    });
     let etag = table.upsert_row(&e).await.expect("upsert");
     let expected = ReminderEntry {
         etag: etag.clone(),

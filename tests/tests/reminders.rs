@@ -1285,3 +1285,119 @@ async fn r16_calendar_reminders_end_to_end_dynamodb() {
         .expect("connect");
     calendar_reminders_end_to_end(store).await;
 }
+
+/// R17: a reminder's retry policy, in virtual time: a tick whose actor cannot be
+/// resolved is attempted once and `max_retries` times more, at the policy's
+/// delays, then dropped (counted) and the reminder goes on with its next
+/// occurrence; `RetryPolicy::DROP` attempts once; a one-shot whose only tick is
+/// dropped leaves no row. A reminder without a policy keeps retrying until its
+/// next occurrence is due, as before.
+#[test]
+fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
+    use rollcall_reminders::{ReminderSpec, RetryPolicy};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    run_virtual(|| async {
+        let mut sim = rollcall_tests::sim::SimCluster::new(Default::default());
+        let silo = sim.start(1, 1).await.expect("silo joins");
+        // Every resolve fails; each is an attempt, recorded with its time.
+        let attempts: std::sync::Arc<Mutex<Vec<(String, Timestamp)>>> = Default::default();
+        let calls = std::sync::Arc::new(AtomicUsize::new(0));
+        let (log, clock, n) = (attempts.clone(), sim.clock.clone(), calls.clone());
+        let svc = rollcall_reminders::Reminders::builder(&silo, std::sync::Arc::new(sim.store.clone()))
+            .service_id("retry")
+            .clock(sim.clock.clone())
+            .target(move |a: &rollcall_reminders::ActorId| {
+                use rollcall_membership_core::Clock as _;
+                n.fetch_add(1, Ordering::SeqCst);
+                log.lock().unwrap().push((a.to_string(), clock.now()));
+                None
+            })
+            .start()
+            .await
+            .expect("reminders start");
+        let policy = RetryPolicy {
+            max_retries: 2,
+            first_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(10),
+        };
+        let start = sim.now();
+        svc.register(
+            &actor(1),
+            "bounded",
+            ReminderSpec::every(Duration::from_secs(5), MINUTE).with_retry(policy),
+        )
+        .await
+        .expect("register");
+        svc.register(
+            &actor(2),
+            "drop",
+            ReminderSpec::every(Duration::from_secs(5), MINUTE).with_retry(RetryPolicy::DROP),
+        )
+        .await
+        .expect("register");
+        svc.register(
+            &actor(3),
+            "once",
+            ReminderSpec::once(Duration::from_secs(5)).with_retry(RetryPolicy::DROP),
+        )
+        .await
+        .expect("register");
+        svc.register(
+            &actor(4),
+            "default",
+            ReminderSpec::every(Duration::from_secs(5), MINUTE),
+        )
+        .await
+        .expect("register");
+        // Two occurrences of the periodic ones: at 5 s and 65 s.
+        let end = start.saturating_add(Duration::from_secs(120));
+        while sim.now() < end {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let of = |a: usize| -> Vec<Timestamp> {
+            let id = actor(a).to_string();
+            attempts
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(x, _)| *x == id)
+                .map(|(_, t)| *t)
+                .collect()
+        };
+        let bounded = of(1);
+        assert_eq!(
+            bounded.len(),
+            6,
+            "3 attempts for each of 2 occurrences: {bounded:?}"
+        );
+        for occurrence in bounded.chunks(3) {
+            let gaps: Vec<u64> = occurrence
+                .windows(2)
+                .map(|w| w[1].as_millis() - w[0].as_millis())
+                .collect();
+            // Retry 1 after 0.8..1 s, retry 2 after 1.6..2 s.
+            assert!(
+                (800..=1000).contains(&gaps[0]) && (1600..=2000).contains(&gaps[1]),
+                "{gaps:?}"
+            );
+        }
+        assert_eq!(of(2).len(), 2, "DROP: one attempt per occurrence");
+        assert_eq!(of(3).len(), 1, "DROP on a one-shot: one attempt");
+        assert!(of(4).len() > 6, "no policy: retried until the next occurrence");
+        let stats = svc.stats();
+        assert_eq!(
+            stats.ticks_dropped,
+            2 + 2 + 1,
+            "every dropped occurrence is counted"
+        );
+        let mut waited = Duration::ZERO;
+        while svc.get(&actor(3), "once").await.expect("get").is_some() {
+            assert!(waited < MINUTE, "a dropped one-shot leaves no row");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            waited += Duration::from_secs(1);
+        }
+        let row = svc.get(&actor(1), "bounded").await.expect("get").expect("row");
+        assert_eq!(row.retry, Some(policy), "the policy is in the row");
+    });
+}
