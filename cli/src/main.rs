@@ -126,7 +126,7 @@ enum Command {
         points: u32,
     },
     /// List the reminders of a service: owner (in the cluster's current membership),
-    /// next tick, period, missed-tick policy, etag.
+    /// next tick, schedule (period, cron and zone, end), missed-tick and retry policy, etag.
     Reminders {
         /// Store URL (memory://, redis://host:port, etcd://host:port, dynamodb://table?endpoint=...).
         #[arg(long, default_value = "memory://")]

@@ -3,7 +3,8 @@
 use super::*;
 
 /// `rollcall reminders` lists a service's reminders with their owner in the
-/// cluster's membership, next tick, period and policy.
+/// cluster's membership, next tick, schedule (a period, once, a cron expression
+/// in a zone with an end) and policies.
 #[cfg(feature = "redis")]
 #[test]
 fn redis_reminders_lists_rows_with_their_owner() {
@@ -33,6 +34,16 @@ fn redis_reminders_lists_rows_with_their_owner() {
         reminders.upsert_row(&periodic).await.unwrap();
         let once = ReminderEntry::new(&service, "cart/2", "ping", start, None);
         reminders.upsert_row(&once).await.unwrap();
+        let mut cron = ReminderEntry::new(&service, "cart/3", "report", start, None);
+        cron.cron = Some("0 9 * * MON-FRI".into());
+        cron.zone = Some("Europe/Paris".into());
+        cron.end_at = Some(Timestamp::from_millis(4_102_444_800_000)); // 2100-01-01
+        cron.retry = Some(rollcall::RetryPolicy {
+            max_retries: 3,
+            first_delay: std::time::Duration::from_secs(1),
+            max_delay: std::time::Duration::from_secs(30),
+        });
+        reminders.upsert_row(&cron).await.unwrap();
     });
     let out = rollcall()
         .args(["reminders", "--store", &backend.endpoint, "--service", &service])
@@ -45,11 +56,11 @@ fn redis_reminders_lists_rows_with_their_owner() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.starts_with(&format!("service {service}: 2 reminders, 1 owning silos")),
+        stdout.starts_with(&format!("service {service}: 3 reminders, 1 owning silos")),
         "{stdout}"
     );
     let lines: Vec<&str> = stdout.lines().skip(2).collect();
-    assert_eq!(lines.len(), 2, "{stdout}");
+    assert_eq!(lines.len(), 3, "{stdout}");
     assert!(
         lines.iter().all(|l| l.contains("127.0.0.1:4100@7")),
         "owner column: {stdout}"
@@ -61,6 +72,12 @@ fn redis_reminders_lists_rows_with_their_owner() {
     );
     let once = lines.iter().find(|l| l.starts_with("cart/2")).expect("cart/2");
     assert!(once.contains("once") && once.contains("(due)"), "{once}");
+    let cron = lines.iter().find(|l| l.starts_with("cart/3")).expect("cart/3");
+    assert!(
+        cron.contains(r#"cron "0 9 * * MON-FRI" Europe/Paris until 2100-01-01"#)
+            && cron.contains("Skip, retry 3x 1s..30s"),
+        "{cron}"
+    );
 }
 
 /// `rollcall state get` prints a JSON state pretty with its etag, another codec
