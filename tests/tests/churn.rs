@@ -1,5 +1,6 @@
 //! Reminders under churn across silo processes: 4 `churn-silo` processes on one
-//! real store with 1-s reminders; the oldest process is stopped (SIGTERM: graceful
+//! real store with 1-s reminders (half by period, half by a cron expression that
+//! ticks every second, in a zone); the oldest process is stopped (SIGTERM: graceful
 //! shutdown; or SIGKILL) and a fresh one started, round after round. Every tick the
 //! processes delivered is logged; an occurrence is (actor, reminder, scheduled
 //! time). Graceful churn must neither repeat nor lose an occurrence; crashes must

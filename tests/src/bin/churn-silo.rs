@@ -10,8 +10,10 @@
 //! `CLUSTER` is the cluster id and the reminder service id.
 //!
 //! With `REGISTER_COUNT`, it registers `cart/0..REGISTER_COUNT` (reminder `tick`,
-//! 1-s period, first ticks 2-3 s from now, spread) and writes `actor name
-//! start_ms` lines to `STARTS_FILE`. It prints `ready` once its reminder service
+//! first ticks 2-3 s from now, spread; odd actors every 1 s by period, even
+//! ones by the cron expression `* * * * * *` in the zone Asia/Kolkata, which
+//! ticks on every whole second) and writes `actor name start_ms` lines to
+//! `STARTS_FILE`. It prints `ready` once its reminder service
 //! has loaded its ranges. SIGTERM shuts the silo down gracefully (the reminder
 //! service hands its ranges over first) and exits 0.
 
@@ -21,7 +23,7 @@ use std::time::Duration;
 
 use actix::{Actor, Context, Handler};
 use rollcall::{ClusterMembershipOptions, ReminderOptions, Silo};
-use rollcall_reminders::{ActorId, ReminderTick, Reminders};
+use rollcall_reminders::{ActorId, ReminderSpec, ReminderTick, Reminders};
 
 struct Logger {
     silo: String,
@@ -110,9 +112,14 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             for i in 0..n {
                 let actor = ActorId::new("cart", i.to_string())?;
                 let due = Duration::from_millis(2_000 + (i * 1_000 / n.max(1)) as u64);
-                let h = reminders
-                    .register_or_update(&actor, "tick", due, Duration::from_secs(1))
-                    .await?;
+                let spec = if i % 2 == 0 {
+                    let mut cron = ReminderSpec::cron("* * * * * *").in_zone("Asia/Kolkata");
+                    cron.due = due;
+                    cron
+                } else {
+                    ReminderSpec::every(due, Duration::from_secs(1))
+                };
+                let h = reminders.register(&actor, "tick", spec).await?;
                 starts.push_str(&format!("{} {} {}\n", h.actor, h.name, h.start_at.as_millis()));
             }
             std::fs::write(&args[4], starts)?;
