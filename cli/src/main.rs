@@ -4,6 +4,7 @@
 mod demo;
 mod silo;
 mod state;
+mod transfer;
 mod view;
 
 use clap::{Parser, Subcommand};
@@ -127,7 +128,18 @@ enum Command {
     },
     /// List the reminders of a service: owner (in the cluster's current membership),
     /// next tick, schedule (period, cron and zone, end), missed-tick and retry policy, etag.
+    /// `reminders export` prints its rows as JSON lines; `reminders import` writes
+    /// JSON lines (from `--file` or stdin) into the service, all lines checked
+    /// before any is written. Running silos load imported rows at their next
+    /// refresh (`refresh_reminder_list_period`).
     Reminders {
+        /// `list` (the default), `export` or `import`.
+        #[arg(value_enum, default_value = "list")]
+        action: RemindersAction,
+        /// `import`: read the JSON lines from this file instead of stdin;
+        /// `export`: write them to it instead of stdout.
+        #[arg(long)]
+        file: Option<std::path::PathBuf>,
         /// Store URL (memory://, redis://host:port, etcd://host:port, dynamodb://table?endpoint=...).
         #[arg(long, default_value = "memory://")]
         store: String,
@@ -145,6 +157,17 @@ enum Command {
         #[arg(long, default_value_t = 1000)]
         limit: usize,
     },
+}
+
+/// What `rollcall reminders` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum RemindersAction {
+    /// Print a table of the reminders.
+    List,
+    /// Print the rows as JSON lines.
+    Export,
+    /// Write JSON lines into the service.
+    Import,
 }
 
 /// `raw`, `1m`, `10m` or `60m` as a level.
@@ -265,11 +288,58 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }),
         Command::Reminders {
+            action: RemindersAction::Export,
+            store,
+            service,
+            file,
+            ..
+        } => actix::System::new().block_on(async move {
+            let store = rollcall::connect(&store).await?;
+            let mut rows = store.reminder_table(&service)?.read_rows_in_range(0, 0).await?;
+            rows.sort_by(|a, b| (&a.actor_id, &a.name).cmp(&(&b.actor_id, &b.name)));
+            let text = transfer::export(&rows);
+            match file {
+                Some(path) => std::fs::write(&path, text)?,
+                None => print!("{text}"),
+            }
+            eprintln!("exported {} reminders of service {service}", rows.len());
+            Ok(())
+        }),
+        Command::Reminders {
+            action: RemindersAction::Import,
+            store,
+            service,
+            file,
+            ..
+        } => actix::System::new().block_on(async move {
+            let text = match file {
+                Some(path) => std::fs::read_to_string(&path)?,
+                None => std::io::read_to_string(std::io::stdin())?,
+            };
+            let rows = transfer::parse(&text, &service)?;
+            let store = rollcall::connect(&store).await?;
+            let table = store.reminder_table(&service)?;
+            for (i, row) in rows.iter().enumerate() {
+                if let Err(e) = table.upsert_row(row).await {
+                    anyhow::bail!(
+                        "writing reminder `{}` of `{}` failed after {i} of {} were imported: {e}",
+                        row.name,
+                        row.actor_id,
+                        rows.len()
+                    );
+                }
+            }
+            println!("imported {} reminders into service {service}", rows.len());
+            Ok(())
+        }),
+        Command::Reminders {
+            action: RemindersAction::List,
             store,
             service,
             cluster,
             points,
             limit,
+            ..
         } => actix::System::new().block_on(async move {
             let store = rollcall::connect(&store).await?;
             let cluster = cluster.unwrap_or_else(|| service.clone());

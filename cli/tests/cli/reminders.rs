@@ -185,3 +185,117 @@ fn redis_state_get_and_list_print_the_stored_states() {
             .expect("a first write again");
     });
 }
+
+/// `rollcall reminders export` then `import` moves a service's reminders
+/// (periodic, one-shot, cron in a zone with an end, a payload and a retry
+/// policy) into another service whole; an import with a bad line exits non-zero
+/// naming the line and writes nothing.
+#[cfg(feature = "redis")]
+#[test]
+fn redis_reminders_export_then_import_moves_every_row() {
+    use rollcall::{ReminderEntry, RetryPolicy, Timestamp};
+    let Some((rt, backend)) = redis_fixture() else {
+        return;
+    };
+    let (from, to, refused) = (
+        rollcall_tests::unique_id("cli-exp"),
+        rollcall_tests::unique_id("cli-imp"),
+        rollcall_tests::unique_id("cli-bad"),
+    );
+    let store = rt.block_on(rollcall::connect(&backend.endpoint)).unwrap();
+    let start = Timestamp::from_millis(1_795_000_000_000);
+    let mut rows = vec![
+        ReminderEntry::new(
+            &from,
+            "cart/1",
+            "expire",
+            start,
+            Some(std::time::Duration::from_secs(90)),
+        ),
+        ReminderEntry::new(&from, "cart/2", "ping", start, None),
+    ];
+    let mut cron = ReminderEntry::new(&from, "cart/ü", "report", start, None);
+    cron.cron = Some("0 9 * * MON-FRI".into());
+    cron.zone = Some("Europe/Paris".into());
+    cron.end_at = Some(Timestamp::from_millis(4_102_444_800_000));
+    cron.payload = Some(vec![0, 1, 255]);
+    cron.retry = Some(RetryPolicy::DROP);
+    rows.push(cron);
+    rt.block_on(async {
+        let table = store.reminder_table(&from).unwrap();
+        for r in &rows {
+            table.upsert_row(r).await.unwrap();
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("reminders.jsonl");
+    let run = |args: &[&str]| {
+        let out = rollcall().args(args).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let file_arg = file.to_str().unwrap();
+    let (ok, _, err) = run(&[
+        "reminders",
+        "export",
+        "--store",
+        &backend.endpoint,
+        "--service",
+        &from,
+        "--file",
+        file_arg,
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap().lines().count(), 3);
+    let (ok, out, err) = run(&[
+        "reminders",
+        "import",
+        "--store",
+        &backend.endpoint,
+        "--service",
+        &to,
+        "--file",
+        file_arg,
+    ]);
+    assert!(ok && out.contains("imported 3 reminders"), "{out}{err}");
+    let moved = rt
+        .block_on(store.reminder_table(&to).unwrap().read_rows_in_range(0, 0))
+        .unwrap();
+    assert_eq!(moved.len(), 3);
+    for r in &rows {
+        let m = moved
+            .iter()
+            .find(|m| m.actor_id == r.actor_id && m.name == r.name)
+            .expect("every row moved");
+        assert_eq!(
+            *m,
+            ReminderEntry {
+                service_id: to.clone(),
+                etag: m.etag.clone(),
+                ..r.clone()
+            }
+        );
+    }
+    // A bad third line: nothing of the file is written.
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    text = text.lines().take(2).collect::<Vec<_>>().join("\n") + "\n{\"actor_id\": 7}\n";
+    std::fs::write(&file, text).unwrap();
+    let (ok, _, err) = run(&[
+        "reminders",
+        "import",
+        "--store",
+        &backend.endpoint,
+        "--service",
+        &refused,
+        "--file",
+        file_arg,
+    ]);
+    assert!(!ok && err.contains("line 3"), "{err}");
+    let none = rt
+        .block_on(store.reminder_table(&refused).unwrap().read_rows_in_range(0, 0))
+        .unwrap();
+    assert!(none.is_empty(), "a refused import writes nothing");
+}
