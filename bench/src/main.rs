@@ -18,6 +18,7 @@ mod j1;
 mod r1;
 mod r2;
 mod r4;
+mod r5;
 mod s1;
 mod t1;
 mod t2;
@@ -57,6 +58,18 @@ enum Cmd {
     /// (store calls, the pause of the moved reminders) at 10 and 100 silos;
     /// adds its section to the reports.
     R4(r4::Args),
+    /// R5: cluster throughput (creations/s, ticks/s and lateness, a mass due
+    /// time) on silo processes and one Redis, next to raw SETs; adds its section
+    /// to the reports.
+    R5(r5::Args),
+    /// One silo process of R5: commands on stdin, answers on stdout.
+    #[command(hide = true)]
+    R5Silo {
+        #[arg(long)]
+        store: String,
+        #[arg(long)]
+        cluster: String,
+    },
     /// S1: actor state writes and reads (1 KiB to 16 MiB) next to the backend's
     /// raw conditional write of the same bytes; adds its section to the reports.
     S1(s1::Args),
@@ -201,6 +214,14 @@ fn main() -> anyhow::Result<()> {
         Cmd::R1(args) => r1::run(args),
         Cmd::R2(args) => r2::run(args),
         Cmd::R4(args) => r4::run(args),
+        Cmd::R5(args) => {
+            drop(rt);
+            r5::run(args)
+        }
+        Cmd::R5Silo { store, cluster } => {
+            drop(rt);
+            r5::silo(&store, &cluster)
+        }
         Cmd::S1(args) => {
             drop(rt);
             s1::run(args)

@@ -409,6 +409,10 @@ struct LoadRun {
     started: Timestamp,
     /// A final load's findings.
     exceptions: Vec<LeaseException>,
+    /// Another load of the shard was asked for while this one ran: this one
+    /// may have read past a row written since, so the shard is read again
+    /// once it ends.
+    again: bool,
 }
 
 /// A shard this silo holds (loading, delivering or stopping).
@@ -433,6 +437,10 @@ struct Held {
     loaded: bool,
     stopping: bool,
     rows: u64,
+    /// A notice for this shard was not read while its acquire load ran (the
+    /// notice reads were all taken, or notices were dropped): the load may have
+    /// read its rows before that registration, so it is read again once loaded.
+    reread: bool,
 }
 
 /// One silo's reminder service as a state machine (see the module docs).
@@ -734,6 +742,7 @@ impl ReminderMachine {
                 loaded: false,
                 stopping: false,
                 rows: 0,
+                reread: false,
             },
         );
         self.queue_load(k, LoadKind::Acquire);
@@ -784,9 +793,29 @@ impl ReminderMachine {
     }
 
     fn queue_load(&mut self, k: u32, kind: LoadKind) {
-        let busy = self.pending.iter().any(|(s, kd)| *s == k && *kd == kind)
-            || self.running.values().any(|r| r.shard == k && r.kind == kind)
-            || self.failed.iter().any(|r| r.shard == k && r.kind == kind);
+        if self.pending.iter().any(|(s, kd)| *s == k && *kd == kind) {
+            return; // it has not started: it will read whatever is there
+        }
+        // One that started may have read past a row written since (a notice's
+        // row, when the notice reads are all taken): it is run again after.
+        // (Found by R5: a registration burst coalesced into a running refresh
+        // left a one-shot to the next periodic refresh, 5 min later.) Two loads
+        // of one shard never run at once: each drops the slots it did not see.
+        let again = |r: &mut LoadRun| {
+            if r.shard == k && r.kind == kind {
+                r.again = kind != LoadKind::Final;
+                true
+            } else {
+                false
+            }
+        };
+        let mut busy = false;
+        for r in self.running.values_mut() {
+            busy |= again(r);
+        }
+        for r in &mut self.failed {
+            busy |= again(r);
+        }
         if !busy {
             self.pending.push_back((k, kind));
         }
@@ -813,6 +842,7 @@ impl ReminderMachine {
                 rows: 0,
                 started: self.now,
                 exceptions: Vec::new(),
+                again: false,
             };
             self.running.insert(epoch, run);
             self.next_piece(epoch);
@@ -972,6 +1002,9 @@ impl ReminderMachine {
             }
             LoadKind::Acquire | LoadKind::Refresh => {
                 held.rows = run.rows;
+                if run.again {
+                    held.reread = true;
+                }
                 let (epoch, since) = (run.epoch, run.since);
                 // Slots of the shard the load did not read were deleted.
                 let hashes = self.hashes(k);
@@ -992,6 +1025,11 @@ impl ReminderMachine {
                         shard: k,
                         read_from: run.started,
                     });
+                }
+                if let Some(h) = self.held.get_mut(&k).filter(|h| h.loaded && !h.stopping) {
+                    if std::mem::take(&mut h.reread) {
+                        self.queue_load(k, LoadKind::Refresh);
+                    }
                 }
                 let owned: u64 = self.held.values().map(|h| h.rows).sum();
                 self.counters
@@ -1043,6 +1081,13 @@ impl ReminderMachine {
     /// A load round: every held and loaded shard is read again.
     fn timer_refresh_now(&mut self) {
         Counters::bump(&self.counters.loads);
+        // Shards still loading are read again once loaded (their load may have
+        // read before the registrations of the dropped notices). (Found by R5:
+        // a registration burst while a joining silo loaded its shards left a
+        // one-shot to the next refresh, 5 min later.)
+        for h in self.held.values_mut().filter(|h| !h.loaded && !h.stopping) {
+            h.reread = true;
+        }
         let loaded: Vec<u32> = self
             .held
             .iter()
@@ -1067,6 +1112,10 @@ impl ReminderMachine {
         }
         Counters::bump(&self.counters.notices);
         let k = actor_shard(&n.actor, self.count);
+        if self.held.get(&k).is_none_or(|h| h.stopping || !h.loaded) {
+            tracing::debug!(silo = %self.me, actor = %n.actor, shard = k, held = ?self.held.get(&k).map(|h| (h.epoch, h.loaded, h.stopping)),
+                reads = self.notice_reads, "reminder notice for a shard not loaded here");
+        }
         if self.held.get(&k).is_some_and(|h| h.stopping) {
             // Its release reads the row, or the row's first tick comes after
             // the release's watermark.
@@ -1082,6 +1131,8 @@ impl ReminderMachine {
             if held.loaded {
                 self.queue_load(k, LoadKind::Refresh);
                 self.start_loads();
+            } else if let Some(h) = self.held.get_mut(&k) {
+                h.reread = true;
             }
             return;
         }

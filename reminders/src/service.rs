@@ -538,13 +538,19 @@ impl Reminders {
                             }
                         },
                         // Nobody holds the shard: its next acquire loads the row.
-                        None => return,
+                        None => {
+                            tracing::debug!(actor = %retry.notice().actor, shard, lease = ?lease, "no holder for a notice");
+                            return;
+                        }
                     },
                     Err(e) => {
                         tracing::debug!(shard, error = %e, "reading a shard's lease for a notice failed");
                         false
                     }
                 };
+                if !taken {
+                    tracing::debug!(actor = %retry.notice().actor, shard, "reminder notice not taken");
+                }
                 match retry.after_send(taken) {
                     Some(wait) => tokio::time::sleep(wait).await,
                     None if taken => return,
