@@ -39,7 +39,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Every benchmark that exists (T1, then T2, R1, R2, R4, S1, J1, D1, D2 and F1 with
+    /// Every benchmark that exists (T1, then T2, R1, R2, R4, R5, S1, J1, D1, D2 and F1 with
     /// their defaults).
     All(t1::Args),
     /// T1: table operations per provider next to the backend's raw write and raw
@@ -256,6 +256,9 @@ fn main() -> anyhow::Result<()> {
             let mut r4: r4::Args = defaults("r4");
             r4.reports = reports.clone();
             r4::run(r4)?;
+            let mut r5: r5::Args = defaults("r5");
+            r5.reports = reports.clone();
+            r5::run(r5)?;
             let mut s1: s1::Args = defaults("s1");
             s1.reports = reports.clone();
             s1::run(s1)?;

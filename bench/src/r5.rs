@@ -48,6 +48,10 @@ pub struct Args {
     /// One-shot reminders due at the same instant (phase 3).
     #[arg(long, default_value_t = 50_000)]
     burst: usize,
+    /// Seconds from the burst's first registration to its due instant (its
+    /// creation must end before).
+    #[arg(long, default_value_t = 20.0)]
+    burst_lead: f64,
     /// The reports to add the R5 section and the `r5` key to.
     #[command(flatten)]
     pub reports: crate::Reports,
@@ -95,8 +99,9 @@ impl Handler<ReminderTick> for Sink {
 /// One silo process: reads commands from stdin, one per line, and answers each
 /// on stdout with one line.
 /// - `create FROM TO DUE_MS PERIOD_MS`: registers `bench/FROM..TO` (`tick`),
-///   first tick `DUE_MS` from now (spread over one period), every `PERIOD_MS`
-///   (0: a one-shot due at `DUE_MS` exactly); answers `created N MS`.
+///   first tick `DUE_MS` from now (spread over one period), every `PERIOD_MS`;
+///   with `PERIOD_MS` 0, one-shots all due at the instant `DUE_MS` (UTC ms);
+///   answers `created N MS`.
 /// - `reset`: forgets the ticks recorded; answers `reset`.
 /// - `stats`: answers `stats TICKS P50_US P99_US MAX_US` since the last reset,
 ///   then the service's `SCHEDULED LOADS NOTICES` counters.
@@ -136,7 +141,9 @@ pub fn silo(store: &str, cluster: &str) -> anyhow::Result<()> {
                     crate::r1::concurrently(from..to, 64, move |i| {
                         let r = r.clone();
                         let spec = if period == 0 {
-                            ReminderSpec::once(Duration::from_millis(due))
+                            // `due` is the common instant (UTC ms).
+                            let now = SystemClock.now().as_millis();
+                            ReminderSpec::once(Duration::from_millis(due.saturating_sub(now)))
                         } else {
                             let spread = (i as u64 * 7919) % period;
                             ReminderSpec::every(
@@ -356,9 +363,14 @@ async fn measure(args: &Args) -> anyhow::Result<Report> {
     }
     // 3: a burst due at one instant, in a fresh service.
     let (burst_id, mut ps) = cluster(&url, args.silos).await?;
-    let due_ms = 20_000;
-    let at = SystemClock.now().saturating_add(Duration::from_millis(due_ms));
-    let burst_created_per_s = create(&mut ps, args.burst, due_ms, 0).await?;
+    let at = SystemClock
+        .now()
+        .saturating_add(Duration::from_secs_f64(args.burst_lead));
+    let burst_created_per_s = create(&mut ps, args.burst, at.as_millis(), 0).await?;
+    anyhow::ensure!(
+        SystemClock.now() < at,
+        "the burst was not created before its due instant"
+    );
     reset(&mut ps).await?;
     let until = Instant::now() + Duration::from_secs(600);
     let (mut last, mut last_change) = (0, Instant::now());
@@ -389,8 +401,6 @@ async fn measure(args: &Args) -> anyhow::Result<Report> {
         "only {b_ticks} of {} burst ticks",
         args.burst
     );
-    // Registrations had their own clock reading of "now": the burst's due
-    // instants lie within the creation span of `at`.
     Ok(Report {
         silos: args.silos,
         count: args.count,

@@ -132,6 +132,34 @@ fn smoke_run_reports_every_provider_with_ratios() {
         }
         assert!(c["moved"].as_u64().unwrap() > 0, "probes moved: {c}");
     }
+    // R5: three silo processes on Redis, a small load and a small burst.
+    run_bench(
+        &[
+            "r5",
+            "--count",
+            "600",
+            "--rate",
+            "300",
+            "--seconds",
+            "1",
+            "--burst",
+            "600",
+            "--burst-lead",
+            "4",
+        ],
+        &md,
+        &json,
+    );
+    let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let r5 = &parsed["r5"];
+    for key in [
+        "creations_per_s",
+        "raw_sets_per_s",
+        "ticks_per_s",
+        "burst_ticks_per_s",
+    ] {
+        assert!(r5[key].as_f64().is_some_and(|v| v > 0.0), "{key}: {r5}");
+    }
     // T1 again: its section is replaced, the others stay.
     run_bench(
         &[
