@@ -186,8 +186,8 @@ fn smoke_run_reports_every_provider_with_ratios() {
     // Each section added by a benchmark says the commit it was measured at.
     assert_eq!(
         report.matches("Measured at commit ").count(),
-        3,
-        "R1, R2 and R4: {report}"
+        4,
+        "R1, R2, R4 and R5: {report}"
     );
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert!(
