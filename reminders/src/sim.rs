@@ -173,7 +173,7 @@ struct Node {
 }
 
 enum Ev {
-    Machine(Event),
+    Machine(Box<Event>),
     Timer(Timer, u64),
     View(Arc<MembershipSnapshot>),
     Left,
@@ -323,7 +323,7 @@ impl World {
         let now = self.sched.time();
         self.members.insert(addr, (SiloStatus::Active, now));
         self.joins.push((i, self.sched.now_ms()));
-        self.sched.push(0, i, Ev::Machine(Event::Start));
+        self.sched.push(0, i, Ev::Machine(Box::new(Event::Start)));
         self.publish(Some(i));
         i
     }
@@ -338,7 +338,7 @@ impl World {
         // The leave hook reads the table first: the leaver sees the newest view.
         let view = self.latest.clone();
         self.sched.push(0, i, Ev::View(view));
-        self.sched.push(0, i, Ev::Machine(Event::Leave));
+        self.sched.push(0, i, Ev::Machine(Box::new(Event::Leave)));
     }
 
     /// Silo `i` crashes: it stops at once; the membership declares it Dead after
@@ -570,7 +570,7 @@ impl World {
             } else {
                 Event::Notices(batch)
             };
-            self.sched.push(lat, j, Ev::Machine(event));
+            self.sched.push(lat, j, Ev::Machine(Box::new(event)));
             return true;
         }
         false
@@ -647,7 +647,7 @@ impl World {
 
     fn step(&mut self, i: usize, ev: Ev) {
         let event = match ev {
-            Ev::Machine(e) => e,
+            Ev::Machine(e) => *e,
             Ev::Timer(t, token) => {
                 if self.nodes[i].timers.get(&t) != Some(&token) {
                     return;
@@ -756,7 +756,7 @@ impl World {
                 let table = self.table.clone();
                 let (lat, result) = self.table_call(i, table.read_row(key.actor(), key.name()));
                 self.sched
-                    .push(lat, i, Ev::Machine(Event::RowRead { gen, key, result }));
+                    .push(lat, i, Ev::Machine(Box::new(Event::RowRead { gen, key, result })));
             }
             Action::ReadPiece { epoch, piece, width } => {
                 let table = self.table.clone();
@@ -767,7 +767,7 @@ impl World {
                     width,
                     result,
                 };
-                self.sched.push(lat, i, Ev::Machine(event));
+                self.sched.push(lat, i, Ev::Machine(Box::new(event)));
             }
             Action::Deliver {
                 key,
@@ -801,13 +801,13 @@ impl World {
                     scheduled,
                     result,
                 };
-                self.sched.push(lat, i, Ev::Machine(event));
+                self.sched.push(lat, i, Ev::Machine(Box::new(event)));
             }
             Action::Write(write) => {
                 let table = self.table.clone();
                 let (lat, result) = self.table_call(i, crate::send::apply_write(&*table, &write));
                 self.sched
-                    .push(lat, i, Ev::Machine(Event::Written { write, result }));
+                    .push(lat, i, Ev::Machine(Box::new(Event::Written { write, result })));
             }
             Action::SendHints(hints) => {
                 for (to, h) in hints {
@@ -822,7 +822,7 @@ impl World {
                 self.sched.push(
                     lat,
                     i,
-                    Ev::Machine(Event::Shard(ShardEvent::Read { shard, result })),
+                    Ev::Machine(Box::new(Event::Shard(ShardEvent::Read { shard, result }))),
                 );
             }
             Action::WriteLease(lease) => {
@@ -833,7 +833,7 @@ impl World {
                 self.sched.push(
                     lat,
                     i,
-                    Ev::Machine(Event::Shard(ShardEvent::Written { shard, result })),
+                    Ev::Machine(Box::new(Event::Shard(ShardEvent::Written { shard, result }))),
                 );
             }
             Action::ReadSilo(silo) => {
@@ -841,7 +841,7 @@ impl World {
                 self.sched.push(
                     lat,
                     i,
-                    Ev::Machine(Event::Shard(ShardEvent::SiloRead { silo, result })),
+                    Ev::Machine(Box::new(Event::Shard(ShardEvent::SiloRead { silo, result }))),
                 );
             }
             Action::ConfirmSelf => {
@@ -850,7 +850,7 @@ impl World {
                 self.sched.push(
                     lat,
                     i,
-                    Ev::Machine(Event::Shard(ShardEvent::SelfRead { at, result })),
+                    Ev::Machine(Box::new(Event::Shard(ShardEvent::SelfRead { at, result }))),
                 );
             }
             Action::SetTimer(timer, at) => {
