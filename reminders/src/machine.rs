@@ -475,6 +475,14 @@ pub struct ReminderMachine {
     inactive_until: Timestamp,
     deliveries: usize,
     notice_reads: usize,
+    /// Rows a notice read is in flight for, each with whether another notice
+    /// named it meanwhile (it is read again once the read ends). One read per
+    /// row at a time: two reads of a row can answer out of order, and the
+    /// older answer would undo the newer. (Found by the sweep,
+    /// `PROPTEST_RNG_SEED=608`: a re-registration's row was read, then an
+    /// older read of the same row answered and put the replaced schedule
+    /// back.) At most [`MAX_NOTICE_READS`] entries.
+    reading: HashMap<Key, bool>,
     persist: BTreeMap<Key, (Etag, Timestamp)>,
     removals: BTreeMap<Key, Etag>,
     /// One-shot removals in flight.
@@ -536,6 +544,7 @@ impl ReminderMachine {
             inactive_until: Timestamp::from_millis(0),
             deliveries: 0,
             notice_reads: 0,
+            reading: HashMap::new(),
             persist: BTreeMap::new(),
             removals: BTreeMap::new(),
             removing: BTreeMap::new(),
@@ -1121,12 +1130,25 @@ impl ReminderMachine {
             // the release's watermark.
             return;
         }
-        let Some(held) = self.held.get(&k) else {
+        if !self.held.contains_key(&k) {
             // Not held here (any more, or yet): the registering silo read the
             // lease after writing the row, so the shard's next load, or the
             // acquire load this silo has yet to run, reads the row.
             return;
+        }
+        self.read_row(k, Key::new(&n.actor, &n.name));
+    }
+
+    /// Reads row `key` of held shard `k` for a notice: at once, after the
+    /// read of it in flight, or by a load when the notice reads are all taken.
+    fn read_row(&mut self, k: u32, key: Key) {
+        let Some(held) = self.held.get(&k) else {
+            return;
         };
+        if let Some(again) = self.reading.get_mut(&key) {
+            *again = true;
+            return;
+        }
         if self.notice_reads >= MAX_NOTICE_READS {
             if held.loaded {
                 self.queue_load(k, LoadKind::Refresh);
@@ -1139,13 +1161,28 @@ impl ReminderMachine {
         self.notice_reads += 1;
         self.out.push(Action::ReadRow {
             gen: held.epoch,
-            key: Key::new(&n.actor, &n.name),
+            key: key.clone(),
         });
+        self.reading.insert(key, false);
     }
 
     fn row_read(&mut self, gen: u64, key: Key, result: Result<Option<ReminderEntry>, ReminderError>) {
         self.notice_reads = self.notice_reads.saturating_sub(1);
         let k = actor_shard(key.actor(), self.count);
+        let again = self.reading.remove(&key).unwrap_or(false);
+        self.apply_row_read(k, gen, key.clone(), result);
+        if again && self.held.get(&k).is_some_and(|h| !h.stopping) {
+            self.read_row(k, key);
+        }
+    }
+
+    fn apply_row_read(
+        &mut self,
+        k: u32,
+        gen: u64,
+        key: Key,
+        result: Result<Option<ReminderEntry>, ReminderError>,
+    ) {
         if !self.held.get(&k).is_some_and(|h| h.epoch == gen && !h.stopping) {
             return; // released or dropped meanwhile: its release read the row
         }

@@ -1216,3 +1216,22 @@ fn a_registration_through_a_silo_with_a_stale_view_reaches_the_leases_holder() {
     let missed = w.missed(end + 30_000 - TAIL, SLACK);
     assert!(missed.is_empty(), "missed: {missed:?}");
 }
+
+/// Found by the sweep (`PROPTEST_RNG_SEED=608`): two crashes and an outage
+/// leave one silo; a reminder registered twice around the second crash's
+/// declaration lost five seconds of ticks long after the failover.
+#[test]
+fn a_reregistration_around_a_failover_loses_nothing_after_it() {
+    let ops = vec![
+        (3300, Op::Crash(12_960_369_635_207_441_735)),
+        (571, Op::Outage(624)),
+        (2584, reg(10, 0, 702, 1)),
+        (2701, Op::Crash(6_354_447_308_306_910_642)),
+        (2520, reg(1, 1, 0, 1)),
+        (2003, Op::Leave(0)),
+        (521, reg(1, 1, 0, 1)),
+    ];
+    let cfg = with_lease_period(with_faults(), 2);
+    let (w, end) = assert_no_duplicate_with_faults(10_474_776_644_687_175_547, &ops);
+    assert_explained(&w, &cfg, end, "").unwrap();
+}
