@@ -86,7 +86,7 @@ impl Op for RedisSet {
 /// A hash tag whose slot the Redis Cluster node behind `con` serves (`CLUSTER
 /// SLOTS` names the node's ranges as seen by itself; `CLUSTER KEYSLOT` places a
 /// candidate tag).
-async fn local_hash_tag(con: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<String> {
+pub(crate) async fn local_hash_tag(con: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<String> {
     let myid: String = redis::cmd("CLUSTER").arg("MYID").query_async(con).await?;
     let slots: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(con).await?;
     let mut mine = Vec::new();

@@ -146,12 +146,15 @@ fn smoke_run_reports_every_provider_with_ratios() {
             "600",
             "--burst-lead",
             "4",
+            "--providers",
+            "redis",
         ],
         &md,
         &json,
     );
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
-    let r5 = &parsed["r5"];
+    let r5 = &parsed["r5"][0];
+    assert_eq!(r5["provider"], "redis", "{parsed:#}");
     for key in [
         "creations_per_s",
         "raw_sets_per_s",

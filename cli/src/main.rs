@@ -127,7 +127,7 @@ enum Command {
         points: u32,
     },
     /// List the reminders of a service: owner (in the cluster's current membership),
-    /// next tick, schedule (period, cron and zone, end), missed-tick and retry policy, etag.
+    /// next ticks (`--next`), schedule (period, cron and zone, end), missed-tick and retry policy, etag.
     /// `reminders export` prints its rows as JSON lines; `reminders import` writes
     /// JSON lines (from `--file` or stdin) into the service, all lines checked
     /// before any is written. Running silos load imported rows at their next
@@ -156,6 +156,9 @@ enum Command {
         /// Print at most this many reminders.
         #[arg(long, default_value_t = 1000)]
         limit: usize,
+        /// Next occurrences shown per reminder (1 to 20).
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=20))]
+        next: u8,
     },
 }
 
@@ -339,6 +342,7 @@ fn main() -> anyhow::Result<()> {
             cluster,
             points,
             limit,
+            next,
             ..
         } => actix::System::new().block_on(async move {
             let store = rollcall::connect(&store).await?;
@@ -352,7 +356,14 @@ fn main() -> anyhow::Result<()> {
             rows.sort_by(|a, b| (a.hash, &a.actor_id, &a.name).cmp(&(b.hash, &b.actor_id, &b.name)));
             print!(
                 "{}",
-                view::reminders(&service, &rows, &ring, rollcall::Timestamp::now(), limit)
+                view::reminders(
+                    &service,
+                    &rows,
+                    &ring,
+                    rollcall::Timestamp::now(),
+                    limit,
+                    usize::from(next)
+                )
             );
             Ok(())
         }),

@@ -85,6 +85,7 @@ mod tests {
             max_retries: 2,
             first_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(4),
+            park: false,
         });
         r.etag = rollcall::Etag::new("abc");
         r

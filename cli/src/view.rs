@@ -150,14 +150,15 @@ pub(crate) fn changes(
 
 /// The reminders of a service as `rollcall reminders` prints them: a header line,
 /// a column header, one line per reminder (at most `limit`), in ring order.
-/// The owner comes from the ring of `ring`; the next tick is the next regular
-/// occurrence after `now`.
+/// The owner comes from the ring of `ring`; the next ticks are the next `next`
+/// occurrences after `now` (fewer when the schedule ends first).
 pub(crate) fn reminders(
     service: &str,
     rows: &[rollcall::ReminderEntry],
     ring: &rollcall::reminders::ring::Ring,
     now: Timestamp,
     limit: usize,
+    next: usize,
 ) -> String {
     use rollcall::reminders::schedule::Timing;
     let mut out = String::new();
@@ -171,7 +172,7 @@ pub(crate) fn reminders(
         "actor",
         "name",
         "owner",
-        "next tick",
+        "next ticks",
         "schedule",
         "policy",
         "etag",
@@ -186,24 +187,34 @@ pub(crate) fn reminders(
                 ring.owner_of(e.hash)
                     .map_or_else(|| "(no Active silo)".to_owned(), |s| s.to_string()),
                 match Timing::of(e) {
-                    Ok(timing) => match timing.after(now) {
-                        Some(t) => t.to_string(),
-                        None if timing.is_one_shot() => format!("{} (due)", e.start_at),
-                        None => "(ended)".to_owned(),
-                    },
+                    Ok(timing) => {
+                        let ticks: Vec<String> = std::iter::successors(timing.after(now), |t| timing.after(*t))
+                            .take(next)
+                            .map(|t| t.to_string())
+                            .collect();
+                        match ticks.is_empty() {
+                            false => ticks.join(", "),
+                            true if timing.is_one_shot() => format!("{} (due)", e.start_at),
+                            true => "(ended)".to_owned(),
+                        }
+                    }
                     Err(_) => "(unreadable)".to_owned(),
                 },
                 schedule_of(e),
                 match e.retry {
                     None => format!("{:?}", e.missed_tick_policy),
-                    Some(r) if r.max_retries == 0 => format!("{:?}, drop on failure", e.missed_tick_policy),
-                    Some(r) => format!(
-                        "{:?}, retry {}x {}..{}",
-                        e.missed_tick_policy,
-                        r.max_retries,
-                        humantime::format_duration(r.first_delay),
-                        humantime::format_duration(r.max_delay)
-                    ),
+                    Some(r) => {
+                        let then = if r.park { "park" } else { "drop" };
+                        match r.max_retries {
+                            0 => format!("{:?}, {then} on failure", e.missed_tick_policy),
+                            n => format!(
+                                "{:?}, retry {n}x {}..{} then {then}",
+                                e.missed_tick_policy,
+                                humantime::format_duration(r.first_delay),
+                                humantime::format_duration(r.max_delay)
+                            ),
+                        }
+                    }
                 },
                 e.etag.to_string(),
             ]

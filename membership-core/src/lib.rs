@@ -58,7 +58,7 @@ pub use membership::{
 pub use metrics_table::{MembershipCounters, MetricsReport, MetricsRole, MetricsRow, MetricsTable};
 pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};
 pub use reminder::{
-    actor_hash, actor_shard, hash_in_range, hash_shard, ReminderEntry, RetryPolicy, DEFAULT_SHARDS,
+    actor_hash, actor_shard, hash_in_range, hash_shard, parked_service_id, ReminderEntry, RetryPolicy, DEFAULT_SHARDS,
     MAX_REMINDER_PAYLOAD,
 };
 pub use silo::{SiloAddress, SiloStatus};

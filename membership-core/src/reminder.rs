@@ -130,10 +130,20 @@ pub struct ReminderEntry {
 /// after the first, the `k`-th (from 1) after
 /// `min(first_delay x 2^(k-1), max_delay)` less up to 20% jitter; then the
 /// occurrence is dropped (counted in `ticks_dropped` and the
-/// `rollcall_reminder_ticks_dropped_total` series, logged) and the reminder goes
-/// on with its next occurrence (a one-shot, or the last occurrence before its end,
-/// is removed). A retry never runs past the next occurrence: that one comes
-/// first, as without a policy. Stored in the reminder's row.
+/// `rollcall_reminder_ticks_dropped_total` series, logged), or parked when
+/// `park` is set, and the reminder goes on with its next occurrence (a
+/// one-shot, or the last occurrence before its end, is removed). A retry never
+/// runs past the next occurrence: that one comes first, as without a policy.
+/// Stored in the reminder's row.
+///
+/// Parked: the occurrence is written, as a one-shot row named
+/// `<name>@<scheduled ms>` with the reminder's actor and payload, to the
+/// reminder table of service [`parked_service_id`]`(service)`, which no silo
+/// delivers unless an application starts a reminder service of that id (a
+/// dead-letter queue: list it with `rollcall reminders --service <id>.parked`;
+/// a reminder service started with that id delivers each parked row once).
+/// Counted in `ticks_parked` and
+/// `rollcall_reminder_ticks_parked_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RetryPolicy {
     /// Attempts after the first; 0 drops a failed tick at once.
@@ -144,6 +154,16 @@ pub struct RetryPolicy {
     /// Largest delay between two attempts.
     #[serde(with = "humantime_serde")]
     pub max_delay: Duration,
+    /// Park the occurrence once the retries are spent instead of dropping it.
+    /// Not written when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub park: bool,
+}
+
+/// The service id of the parked occurrences of `service_id` (see
+/// [`RetryPolicy::park`]): `<service_id>.parked`.
+pub fn parked_service_id(service_id: &str) -> String {
+    format!("{service_id}.parked")
 }
 
 impl RetryPolicy {
@@ -152,7 +172,20 @@ impl RetryPolicy {
         max_retries: 0,
         first_delay: Duration::ZERO,
         max_delay: Duration::ZERO,
+        park: false,
     };
+
+    /// Park a failed tick at once, without a retry.
+    pub const PARK: RetryPolicy = RetryPolicy {
+        park: true,
+        ..RetryPolicy::DROP
+    };
+
+    /// This policy, parking the occurrence once its retries are spent.
+    #[must_use]
+    pub const fn then_park(self) -> RetryPolicy {
+        RetryPolicy { park: true, ..self }
+    }
 
     /// The delay before retry `k` (1-based) for a jitter draw `unit` in `[0, 1]`;
     /// `None` past `max_retries`.
@@ -347,6 +380,7 @@ mod tests {
             max_retries: 4,
             first_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(3),
+            park: false,
         };
         let no_jitter: Vec<_> = (0..=5).map(|k| p.delay(k, 0.0)).collect();
         let s = Duration::from_secs;
@@ -357,6 +391,12 @@ mod tests {
         assert_eq!(p.delay(1, 1.0), Some(Duration::from_millis(800)));
         assert_eq!(RetryPolicy::DROP.delay(1, 0.5), None);
         assert!(RetryPolicy::DROP.validate().is_ok());
+        assert_eq!(p.then_park().delay(2, 0.0), Some(s(2)));
+        let parked = serde_json::to_string(&RetryPolicy::PARK).unwrap();
+        assert!(parked.contains(r#""park":true"#), "{parked}");
+        let plain = serde_json::to_string(&p).unwrap();
+        assert!(!plain.contains("park"), "{plain}");
+        assert_eq!(serde_json::from_str::<RetryPolicy>(&plain).unwrap(), p);
         assert!(RetryPolicy {
             first_delay: Duration::ZERO,
             ..p

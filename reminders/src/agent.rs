@@ -24,6 +24,8 @@ use crate::shards::ShardEvent;
 pub(crate) struct ReminderAgent {
     pub silo: SiloHandle,
     pub table: Arc<dyn ReminderTable>,
+    /// The service's parked table (`None` when its id is too long for one).
+    pub parked: Option<Arc<dyn ReminderTable>>,
     pub leases: ShardLeases,
     pub membership: Arc<dyn MembershipTable>,
     pub target: Arc<dyn ReminderTarget>,
@@ -214,7 +216,8 @@ impl ReminderAgent {
             }
             Action::Write(write) => {
                 let w = write.clone();
-                let call = async move { bounded(timeout, apply_write(&*table, &w)).await };
+                let parked = self.parked.clone();
+                let call = async move { bounded(timeout, apply_write(&*table, parked.as_deref(), &w)).await };
                 self.answer(ctx, call, move |result| Event::Written { write, result });
             }
             Action::ReadLease(shard) => {
@@ -287,6 +290,11 @@ impl ReminderAgent {
             Action::TickDropped => {
                 let (service, silo) = self.metric_labels();
                 metrics::counter!(crate::api::TICKS_DROPPED_METRIC, "service" => service, "silo" => silo)
+                    .increment(1);
+            }
+            Action::TickParked => {
+                let (service, silo) = self.metric_labels();
+                metrics::counter!(crate::api::TICKS_PARKED_METRIC, "service" => service, "silo" => silo)
                     .increment(1);
             }
             Action::Owned(n) => {

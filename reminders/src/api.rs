@@ -402,6 +402,9 @@ pub const TICK_LATENESS_METRIC: &str = "rollcall_reminder_tick_lateness_seconds"
 /// `metrics` counter (labels `service`, `silo`): ticks dropped once their
 /// reminder's [`RetryPolicy`] was spent.
 pub const TICKS_DROPPED_METRIC: &str = "rollcall_reminder_ticks_dropped_total";
+/// `metrics` counter (labels `service`, `silo`): ticks parked once their
+/// reminder's [`RetryPolicy`] was spent (see [`RetryPolicy::park`]).
+pub const TICKS_PARKED_METRIC: &str = "rollcall_reminder_ticks_parked_total";
 /// `metrics` gauge (labels `service`, `silo`): reminders in the ranges this silo
 /// owns, as of its last load.
 pub const OWNED_METRIC: &str = "rollcall_reminders_owned";
@@ -425,6 +428,9 @@ pub struct ReminderStats {
     pub ticks_given_up: u64,
     /// Occurrences dropped once their reminder's [`RetryPolicy`] was spent.
     pub ticks_dropped: u64,
+    /// Occurrences parked once their reminder's [`RetryPolicy`] was spent
+    /// (written to the parked table; see [`RetryPolicy::park`]).
+    pub ticks_parked: u64,
     /// Load rounds: the first load of the shards assigned at start, then one per
     /// reconciliation of every held shard (`refresh_reminder_list_period`, or
     /// after notices were dropped). The reads of one shard (after its acquire,
@@ -448,6 +454,7 @@ pub(crate) struct Counters {
     pub delivery_failures: AtomicU64,
     pub ticks_given_up: AtomicU64,
     pub ticks_dropped: AtomicU64,
+    pub ticks_parked: AtomicU64,
     pub loads: AtomicU64,
     pub load_failures: AtomicU64,
     pub notices: AtomicU64,
@@ -469,6 +476,7 @@ impl Counters {
             delivery_failures: g(&self.delivery_failures),
             ticks_given_up: g(&self.ticks_given_up),
             ticks_dropped: g(&self.ticks_dropped),
+            ticks_parked: g(&self.ticks_parked),
             loads: g(&self.loads),
             load_failures: g(&self.load_failures),
             notices: g(&self.notices),

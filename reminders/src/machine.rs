@@ -32,7 +32,7 @@
 //! | work | bound |
 //! |---|---|
 //! | shard loads | [`MAX_LOADS`] running, the rest queued (one per shard and kind); each reads in pieces of about [`LOAD_PIECE_ROWS`] rows |
-//! | deliveries in flight | [`MAX_DELIVERIES`] (the rest wait in the queue) |
+//! | deliveries in flight | `max_deliveries` of the options (default [`MAX_DELIVERIES`]; the rest wait in the queue, in due order) |
 //! | notice reads in flight | [`MAX_NOTICE_READS`] (beyond: a refresh of the shard) |
 //! | queued notices | [`NOTICE_QUEUE`] (beyond: dropped; the refresh covers them), taken [`NOTICE_BATCH`] per event |
 //! | pending `last_fired` writes and one-shot removals | one per reminder, [`MAX_WRITES`] in flight |
@@ -60,8 +60,12 @@ use crate::ring::RingRange;
 use crate::schedule::{after_attempt, plan, AfterAttempt, Learned, Planned, Timing};
 use crate::shards::{shard_range, ShardAction, ShardEvent, ShardMachine, ShardOptions};
 
-/// Deliveries running at once per silo.
+/// The default of `ReminderOptions::max_deliveries`: deliveries running at
+/// once per silo.
 pub const MAX_DELIVERIES: usize = 1024;
+/// Parked occurrences waiting to be written (the store is out or slow), at
+/// most: one more is dropped instead, counted and logged as an error.
+pub const MAX_PARKED: usize = 1024;
 /// Notice-triggered row reads running at once.
 pub const MAX_NOTICE_READS: usize = 64;
 /// Shard loads running at once.
@@ -247,6 +251,15 @@ pub enum Write {
         /// The row's etag when it was scheduled.
         etag: Etag,
     },
+    /// `upsert_row(row)` into the service's parked table
+    /// ([`parked_service_id`](rollcall_membership_core::parked_service_id)):
+    /// an occurrence whose retry policy is spent and says park. Idempotent (the
+    /// row's name holds the occurrence), so a write that may have landed is
+    /// simply written again.
+    Park {
+        /// The parked occurrence as a one-shot row.
+        row: Box<ReminderEntry>,
+    },
 }
 
 /// What happens to a reminder machine.
@@ -380,6 +393,8 @@ pub enum Action {
     Owned(u64),
     /// A tick was dropped by its reminder's retry policy (for the metrics).
     TickDropped,
+    /// A tick was parked by its reminder's retry policy (for the metrics).
+    TickParked,
 }
 
 /// What a shard load is for.
@@ -487,6 +502,9 @@ pub struct ReminderMachine {
     removals: BTreeMap<Key, Etag>,
     /// One-shot removals in flight.
     removing: BTreeMap<Key, Etag>,
+    /// Parked occurrences still to write, by their parked row's key (at most
+    /// [`MAX_PARKED`]).
+    parks: BTreeMap<Key, Box<ReminderEntry>>,
     writes: usize,
     write_retry: bool,
     write_failures: u32,
@@ -548,6 +566,7 @@ impl ReminderMachine {
             persist: BTreeMap::new(),
             removals: BTreeMap::new(),
             removing: BTreeMap::new(),
+            parks: BTreeMap::new(),
             writes: 0,
             write_retry: false,
             write_failures: 0,
@@ -1323,7 +1342,7 @@ impl ReminderMachine {
     /// slot is taken or the silo is leaving.
     fn arm_timer(&mut self) {
         let next = match self.queue.next_due() {
-            Some(next) if self.deliveries < MAX_DELIVERIES && !self.leaving => next.max(self.inactive_until),
+            Some(next) if self.deliveries < self.options.max_deliveries && !self.leaving => next.max(self.inactive_until),
             _ => {
                 if self.due_timer.take().is_some() {
                     self.out.push(Action::CancelTimer(Timer::Due));
@@ -1355,7 +1374,7 @@ impl ReminderMachine {
             // row Dead, and Dead is final), so what waited is still owed here.
             self.resumed_at = now;
         }
-        let room = MAX_DELIVERIES.saturating_sub(self.deliveries);
+        let room = self.options.max_deliveries.saturating_sub(self.deliveries);
         for key in self.queue.take_due(now, room) {
             let Some(slot) = self.queue.get_mut(&key) else {
                 continue;
@@ -1474,13 +1493,35 @@ impl ReminderMachine {
             Some(policy) => policy.delay(u32::from(slot.attempts), self.rng.random()),
         };
         let Some(delay) = delay else {
-            // The reminder's retry policy is spent: this occurrence is dropped,
-            // and the reminder goes on as after a delivery.
-            Counters::bump(&self.counters.ticks_dropped);
-            self.out.push(Action::TickDropped);
-            tracing::warn!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,
-                attempts = slot.attempts, "reminder tick dropped: its retry policy is spent");
+            // The reminder's retry policy is spent: this occurrence is parked
+            // or dropped, and the reminder goes on as after a delivery.
+            let (park, payload, attempts) = (slot.retry().is_some_and(|p| p.park), slot.payload(), slot.attempts);
             let etag = slot.etag.clone();
+            if park && self.parks.len() < MAX_PARKED {
+                let mut row = ReminderEntry::new(
+                    &rollcall_membership_core::parked_service_id(&self.service),
+                    key.actor(),
+                    &format!("{}@{}", key.name(), scheduled.as_millis()),
+                    scheduled,
+                    None,
+                );
+                row.payload = payload.map(|p| p.to_vec());
+                Counters::bump(&self.counters.ticks_parked);
+                self.out.push(Action::TickParked);
+                tracing::warn!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,
+                    attempts, parked_as = %row.name, "reminder tick parked: its retry policy is spent");
+                self.parks.insert(key_of(&row), Box::new(row));
+            } else {
+                Counters::bump(&self.counters.ticks_dropped);
+                self.out.push(Action::TickDropped);
+                if park {
+                    tracing::error!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,
+                        waiting = self.parks.len(), "reminder tick dropped: it should be parked, but too many parked ticks wait for the store");
+                } else {
+                    tracing::warn!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,
+                        attempts, "reminder tick dropped: its retry policy is spent");
+                }
+            }
             self.advance(key, &etag, scheduled);
             self.pump_writes();
             return;
@@ -1514,6 +1555,8 @@ impl ReminderMachine {
             let write = if let Some((key, etag)) = self.removals.pop_first() {
                 self.removing.insert(key.clone(), etag.clone());
                 Write::Remove { key, etag }
+            } else if let Some((_, row)) = self.parks.pop_first() {
+                Write::Park { row }
             } else if let Some((key, (etag, at))) = self.persist.pop_first() {
                 Write::LastFired { key, etag, at }
             } else {
@@ -1540,6 +1583,9 @@ impl ReminderMachine {
             }
             Write::LastFired { key, etag, at } => {
                 self.persist.entry(key).or_insert((etag, at));
+            }
+            Write::Park { row } => {
+                self.parks.entry(key_of(&row)).or_insert(row);
             }
         }
         Counters::bump(&self.counters.write_failures);

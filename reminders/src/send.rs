@@ -27,9 +27,19 @@ pub(crate) async fn bounded<T>(
 /// Carries out `write` on `table` (`remove_row` or `update_last_fired`).
 pub(crate) async fn apply_write(
     table: &dyn ReminderTable,
+    parked: Option<&dyn ReminderTable>,
     write: &Write,
 ) -> rollcall_membership_core::Result<()> {
     match write {
+        Write::Park { row } => match parked {
+            Some(parked) => parked.upsert_row(row).await.map(drop),
+            None => {
+                // A service id too long for the parked one (over 249 bytes).
+                tracing::error!(actor = %row.actor_id, name = %row.name,
+                    "reminder tick dropped: this service has no parked table (its id is too long)");
+                Ok(())
+            }
+        },
         Write::Remove { key, etag } => table.remove_row(key.actor(), key.name(), etag).await.map(drop),
         Write::LastFired { key, etag, at } => table
             .update_last_fired(key.actor(), key.name(), etag, *at)

@@ -109,6 +109,10 @@ impl RemindersBuilder {
             .unwrap_or_else(|| self.silo.cluster_id().to_owned());
         rollcall_membership_core::validate_id("service_id", &service_id)?;
         let table = self.store.reminder_table(&service_id)?;
+        let parked_id = rollcall_membership_core::parked_service_id(&service_id);
+        let parked = rollcall_membership_core::validate_id("service_id", &parked_id)
+            .and_then(|()| self.store.reminder_table(&parked_id))
+            .ok();
         let options = Arc::new(self.options);
         let op_timeout = options.table_operation_timeout;
         let what = format!("reminder table of service {service_id}");
@@ -133,13 +137,15 @@ impl RemindersBuilder {
             rollcall_membership_core::ProtocolMode::default(),
         )?;
 
-        rollcall_membership_core::retry_transient(&what, options.initialization_timeout, || async {
-            bounded(op_timeout, table.init()).await.map_err(|e| match e {
-                ReminderError::Table(e) => e,
-                other => rollcall_membership_core::Error::backend(other.to_string()),
+        for t in std::iter::once(&table).chain(parked.as_ref()) {
+            rollcall_membership_core::retry_transient(&what, options.initialization_timeout, || async {
+                bounded(op_timeout, t.init()).await.map_err(|e| match e {
+                    ReminderError::Table(e) => e,
+                    other => rollcall_membership_core::Error::backend(other.to_string()),
+                })
             })
-        })
-        .await?;
+            .await?;
+        }
         if self.silo.is_stopped() {
             return Err(ReminderError::Stopped);
         }
@@ -160,6 +166,7 @@ impl RemindersBuilder {
         let agent = ReminderAgent {
             silo: self.silo.clone(),
             table: table.clone(),
+            parked,
             leases: leases.clone(),
             membership,
             target,

@@ -195,6 +195,8 @@ pub struct World {
     tokens: u64,
     _store: MemoryStore,
     table: Arc<dyn ReminderTable>,
+    /// The service's parked table (occurrences parked by a retry policy).
+    pub parked: Arc<dyn ReminderTable>,
     leases: ShardLeases,
     outage_until: u64,
     /// Pairs of silos that cannot reach each other, until a time (virtual ms).
@@ -232,6 +234,9 @@ impl World {
         let store = MemoryStore::new();
         let table = store.reminder_table(SERVICE).expect("the service id is valid");
         now_or_fail(table.init()).expect("the memory table initialises");
+        let parked = store
+            .reminder_table(&rollcall_membership_core::parked_service_id(SERVICE))
+            .expect("the parked service id is valid");
         let leases = store.lease_table(SERVICE).expect("the memory store has leases");
         let leases = now_or_fail(ShardLeases::open(leases, cfg.shards)).expect("a valid shard count");
         World {
@@ -244,6 +249,7 @@ impl World {
             tokens: 0,
             _store: store,
             table,
+            parked,
             leases,
             outage_until: 0,
             partitions: Vec::new(),
@@ -805,7 +811,9 @@ impl World {
             }
             Action::Write(write) => {
                 let table = self.table.clone();
-                let (lat, result) = self.table_call(i, crate::send::apply_write(&*table, &write));
+                let parked = self.parked.clone();
+                let (lat, result) =
+                    self.table_call(i, crate::send::apply_write(&*table, Some(&*parked), &write));
                 self.sched
                     .push(lat, i, Ev::Machine(Box::new(Event::Written { write, result })));
             }
@@ -869,7 +877,8 @@ impl World {
             | Action::Loaded
             | Action::TickDelivered { .. }
             | Action::Owned(_)
-            | Action::TickDropped => {}
+            | Action::TickDropped
+            | Action::TickParked => {}
         }
     }
 

@@ -1235,3 +1235,30 @@ fn a_reregistration_around_a_failover_loses_nothing_after_it() {
     let (w, end) = assert_no_duplicate_with_faults(10_474_776_644_687_175_547, &ops);
     assert_explained(&w, &cfg, end, "").unwrap();
 }
+
+/// A mass due time under a small delivery cap: 300 reminders due at one
+/// instant on three silos that each run at most 4 handlers at once. Every
+/// one is delivered once, no silo ever runs more than 4, and the backlog
+/// shows as lateness instead of tasks.
+#[test]
+fn a_mass_due_time_is_delivered_once_each_under_the_delivery_cap() {
+    let mut cfg = Config::default();
+    cfg.options.max_deliveries = 4;
+    let mut w = World::new(cfg, 7);
+    for _ in 0..3 {
+        w.join();
+        w.run_for(500);
+    }
+    let due = World::time_at(w.now() + 5_000);
+    for a in 0..300u32 {
+        w.register(&format!("sim/m{a}"), "r0", due, Duration::from_secs(3_600));
+    }
+    w.run_for(20_000);
+    assert!(w.duplicates().is_empty(), "{:?}", w.duplicates());
+    let at_due: Vec<_> = w.ticks.iter().filter(|t| t.scheduled == due).collect();
+    assert_eq!(at_due.len(), 300);
+    assert_eq!(w.max_in_flight.0, 4, "the cap binds and holds");
+    let due_ms = due.as_millis() - rollcall_membership_core::sim::T0_MS;
+    let latest = at_due.iter().map(|t| t.at - due_ms).max().unwrap();
+    assert!(latest > 100, "the backlog waited: {latest} ms");
+}

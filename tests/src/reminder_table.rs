@@ -57,6 +57,7 @@ pub async fn calendar_end_and_payload_round_trip(store: Store) {
         max_retries: 5,
         first_delay: Duration::from_millis(1500),
         max_delay: Duration::from_secs(60),
+        park: true,
     });
     let etag = table.upsert_row(&e).await.expect("upsert");
     let expected = ReminderEntry {

@@ -1290,8 +1290,9 @@ async fn r16_calendar_reminders_end_to_end_dynamodb() {
 /// resolved is attempted once and `max_retries` times more, at the policy's
 /// delays, then dropped (counted) and the reminder goes on with its next
 /// occurrence; `RetryPolicy::DROP` attempts once; a one-shot whose only tick is
-/// dropped leaves no row. A reminder without a policy keeps retrying until its
-/// next occurrence is due, as before.
+/// dropped leaves no row; a policy that parks writes each spent occurrence, with
+/// its payload, as a one-shot row of the parked service. A reminder without a
+/// policy keeps retrying until its next occurrence is due, as before.
 #[test]
 fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
     use rollcall_reminders::{ReminderSpec, RetryPolicy};
@@ -1320,6 +1321,7 @@ fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
             max_retries: 2,
             first_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(10),
+            park: false,
         };
         let start = sim.now();
         svc.register(
@@ -1347,6 +1349,20 @@ fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
             &actor(4),
             "default",
             ReminderSpec::every(Duration::from_secs(5), MINUTE),
+        )
+        .await
+        .expect("register");
+        let parking = RetryPolicy {
+            max_retries: 1,
+            ..policy
+        }
+        .then_park();
+        svc.register(
+            &actor(5),
+            "parked",
+            ReminderSpec::every(Duration::from_secs(5), MINUTE)
+                .with_retry(parking)
+                .with_payload(b"dead letter".to_vec()),
         )
         .await
         .expect("register");
@@ -1391,6 +1407,52 @@ fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
             2 + 2 + 1,
             "every dropped occurrence is counted"
         );
+        // Parked: two attempts per occurrence, then a one-shot row per
+        // occurrence in the parked table, with the payload; nobody delivers it.
+        assert_eq!(of(5).len(), 4, "1 retry for each of 2 occurrences");
+        assert_eq!(stats.ticks_parked, 2, "every parked occurrence is counted");
+        use rollcall_membership_core::SystemStore as _;
+        let parked = sim
+            .store
+            .reminder_table(&rollcall_membership_core::parked_service_id("retry"))
+            .expect("parked table");
+        let mut waited = Duration::ZERO;
+        let rows = loop {
+            let rows = parked.read_rows_for(&actor(5).to_string()).await.expect("read");
+            if rows.len() == 2 {
+                break rows;
+            }
+            assert!(waited < MINUTE, "parked rows: {rows:?}");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            waited += Duration::from_secs(1);
+        };
+        let row = svc.get(&actor(5), "parked").await.expect("get").expect("row");
+        for (p, occurrence) in rows.iter().zip([row.start_at, row.start_at.saturating_add(MINUTE)]) {
+            assert_eq!(p.name, format!("parked@{}", occurrence.as_millis()));
+            assert_eq!((p.start_at, p.period), (occurrence, None), "a one-shot at the occurrence");
+            assert_eq!(p.payload.as_deref(), Some(&b"dead letter"[..]));
+        }
+        // A reminder service of the parked id delivers each parked row once,
+        // then removes it.
+        let log: rollcall_tests::reminders::Log = Default::default();
+        let recorder = actix::Actor::start(rollcall_tests::reminders::Recorder::new(silo.address(), &log)).recipient();
+        let replay = rollcall_reminders::Reminders::builder(&silo, std::sync::Arc::new(sim.store.clone()))
+            .service_id(rollcall_membership_core::parked_service_id("retry"))
+            .clock(sim.clock.clone())
+            .target(move |_: &rollcall_reminders::ActorId| Some(recorder.clone()))
+            .start()
+            .await
+            .expect("the parked service starts");
+        let mut waited = Duration::ZERO;
+        while !parked.read_rows_for(&actor(5).to_string()).await.expect("read").is_empty() {
+            assert!(waited < MINUTE, "replayed: {}", log.lock().unwrap().len());
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            waited += Duration::from_secs(1);
+        }
+        let mut names: Vec<String> = log.lock().unwrap().iter().map(|d| d.tick.name.clone()).collect();
+        names.sort();
+        assert_eq!(names, rows.iter().map(|r| r.name.clone()).collect::<Vec<_>>());
+        drop(replay);
         let mut waited = Duration::ZERO;
         while svc.get(&actor(3), "once").await.expect("get").is_some() {
             assert!(waited < MINUTE, "a dropped one-shot leaves no row");

@@ -42,6 +42,7 @@ fn redis_reminders_lists_rows_with_their_owner() {
             max_retries: 3,
             first_delay: std::time::Duration::from_secs(1),
             max_delay: std::time::Duration::from_secs(30),
+            park: true,
         });
         reminders.upsert_row(&cron).await.unwrap();
     });
@@ -70,12 +71,14 @@ fn redis_reminders_lists_rows_with_their_owner() {
         periodic.contains("1m 30s") && periodic.contains("FireOnce"),
         "{periodic}"
     );
+    // The next three occurrences, 90 s apart (`--next` defaults to 3).
+    assert_eq!(periodic.matches(", ").count(), 2, "{periodic}");
     let once = lines.iter().find(|l| l.starts_with("cart/2")).expect("cart/2");
     assert!(once.contains("once") && once.contains("(due)"), "{once}");
     let cron = lines.iter().find(|l| l.starts_with("cart/3")).expect("cart/3");
     assert!(
         cron.contains(r#"cron "0 9 * * MON-FRI" Europe/Paris until 2100-01-01"#)
-            && cron.contains("Skip, retry 3x 1s..30s"),
+            && cron.contains("Skip, retry 3x 1s..30s then park"),
         "{cron}"
     );
 }
