@@ -371,7 +371,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let section = render(&args, &report);
     print!("{section}");
     args.reports
-        .add(("## R5:", &section), ("r5", serde_json::to_value(&report)?))
+        .add(("## R5", &section), ("r5", serde_json::to_value(&report)?))
 }
 
 async fn measure(args: &Args, provider: &str) -> anyhow::Result<Report> {
