@@ -1366,11 +1366,6 @@ fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
         )
         .await
         .expect("register");
-        // Two occurrences of the periodic ones: at 5 s and 65 s.
-        let end = start.saturating_add(Duration::from_secs(120));
-        while sim.now() < end {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
         let of = |a: usize| -> Vec<Timestamp> {
             let id = actor(a).to_string();
             attempts
@@ -1381,6 +1376,19 @@ fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
                 .map(|(_, t)| *t)
                 .collect()
         };
+        // Two occurrences of the periodic ones, at 5 s and 65 s: wait until
+        // their attempts are in and the second occurrence's retries are spent
+        // (the last at about 65 + 1 + 2 s), at most until 120 s, before the
+        // third occurrence at 125 s.
+        let end = start.saturating_add(Duration::from_secs(120));
+        let second_spent = start.saturating_add(Duration::from_secs(70));
+        loop {
+            let seen = (of(1).len(), of(2).len(), of(3).len(), of(5).len());
+            if (seen == (6, 2, 1, 4) && sim.now() >= second_spent) || sim.now() >= end {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
         let bounded = of(1);
         assert_eq!(
             bounded.len(),
