@@ -328,7 +328,13 @@ async fn raw_sets(url: &str, tasks: usize, value: String, seconds: f64) -> anyho
 }
 
 /// [`raw_sets`] on one server, keys tagged `{tag}` when given.
-async fn raw_sets_on(url: String, tag: Option<String>, tasks: usize, value: String, seconds: f64) -> anyhow::Result<f64> {
+async fn raw_sets_on(
+    url: String,
+    tag: Option<String>,
+    tasks: usize,
+    value: String,
+    seconds: f64,
+) -> anyhow::Result<f64> {
     let client = redis::Client::open(url.as_str())?;
     let conn = client.get_multiplexed_async_connection().await?;
     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));

@@ -188,10 +188,11 @@ pub(crate) fn reminders(
                     .map_or_else(|| "(no Active silo)".to_owned(), |s| s.to_string()),
                 match Timing::of(e) {
                     Ok(timing) => {
-                        let ticks: Vec<String> = std::iter::successors(timing.after(now), |t| timing.after(*t))
-                            .take(next)
-                            .map(|t| t.to_string())
-                            .collect();
+                        let ticks: Vec<String> =
+                            std::iter::successors(timing.after(now), |t| timing.after(*t))
+                                .take(next)
+                                .map(|t| t.to_string())
+                                .collect();
                         match ticks.is_empty() {
                             false => ticks.join(", "),
                             true if timing.is_one_shot() => format!("{} (due)", e.start_at),

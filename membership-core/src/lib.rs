@@ -58,8 +58,8 @@ pub use membership::{
 pub use metrics_table::{MembershipCounters, MetricsReport, MetricsRole, MetricsRow, MetricsTable};
 pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};
 pub use reminder::{
-    actor_hash, actor_shard, hash_in_range, hash_shard, parked_service_id, ReminderEntry, RetryPolicy, DEFAULT_SHARDS,
-    MAX_REMINDER_PAYLOAD,
+    actor_hash, actor_shard, hash_in_range, hash_shard, parked_service_id, ReminderEntry, RetryPolicy,
+    DEFAULT_SHARDS, MAX_REMINDER_PAYLOAD,
 };
 pub use silo::{SiloAddress, SiloStatus};
 pub use state::{ClearMode, Codec, Expected, StateKey, StateRead, StateStorage, StateTable};

@@ -1342,7 +1342,9 @@ impl ReminderMachine {
     /// slot is taken or the silo is leaving.
     fn arm_timer(&mut self) {
         let next = match self.queue.next_due() {
-            Some(next) if self.deliveries < self.options.max_deliveries && !self.leaving => next.max(self.inactive_until),
+            Some(next) if self.deliveries < self.options.max_deliveries && !self.leaving => {
+                next.max(self.inactive_until)
+            }
             _ => {
                 if self.due_timer.take().is_some() {
                     self.out.push(Action::CancelTimer(Timer::Due));
@@ -1495,13 +1497,17 @@ impl ReminderMachine {
         let Some(delay) = delay else {
             // The reminder's retry policy is spent: this occurrence is parked
             // or dropped, and the reminder goes on as after a delivery.
-            let (park, payload, attempts) = (slot.retry().is_some_and(|p| p.park), slot.payload(), slot.attempts);
+            let (park, payload, attempts) = (
+                slot.retry().is_some_and(|p| p.park),
+                slot.payload(),
+                slot.attempts,
+            );
             let etag = slot.etag.clone();
             if park && self.parks.len() < MAX_PARKED {
                 let mut row = ReminderEntry::new(
-                    &rollcall_membership_core::parked_service_id(&self.service),
+                    rollcall_membership_core::parked_service_id(&self.service),
                     key.actor(),
-                    &format!("{}@{}", key.name(), scheduled.as_millis()),
+                    format!("{}@{}", key.name(), scheduled.as_millis()),
                     scheduled,
                     None,
                 );

@@ -1435,15 +1435,23 @@ fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
             waited += Duration::from_secs(1);
         };
         let row = svc.get(&actor(5), "parked").await.expect("get").expect("row");
-        for (p, occurrence) in rows.iter().zip([row.start_at, row.start_at.saturating_add(MINUTE)]) {
+        for (p, occurrence) in rows
+            .iter()
+            .zip([row.start_at, row.start_at.saturating_add(MINUTE)])
+        {
             assert_eq!(p.name, format!("parked@{}", occurrence.as_millis()));
-            assert_eq!((p.start_at, p.period), (occurrence, None), "a one-shot at the occurrence");
+            assert_eq!(
+                (p.start_at, p.period),
+                (occurrence, None),
+                "a one-shot at the occurrence"
+            );
             assert_eq!(p.payload.as_deref(), Some(&b"dead letter"[..]));
         }
         // A reminder service of the parked id delivers each parked row once,
         // then removes it.
         let log: rollcall_tests::reminders::Log = Default::default();
-        let recorder = actix::Actor::start(rollcall_tests::reminders::Recorder::new(silo.address(), &log)).recipient();
+        let recorder =
+            actix::Actor::start(rollcall_tests::reminders::Recorder::new(silo.address(), &log)).recipient();
         let replay = rollcall_reminders::Reminders::builder(&silo, std::sync::Arc::new(sim.store.clone()))
             .service_id(rollcall_membership_core::parked_service_id("retry"))
             .clock(sim.clock.clone())
@@ -1452,7 +1460,12 @@ fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
             .await
             .expect("the parked service starts");
         let mut waited = Duration::ZERO;
-        while !parked.read_rows_for(&actor(5).to_string()).await.expect("read").is_empty() {
+        while !parked
+            .read_rows_for(&actor(5).to_string())
+            .await
+            .expect("read")
+            .is_empty()
+        {
             assert!(waited < MINUTE, "replayed: {}", log.lock().unwrap().len());
             tokio::time::sleep(Duration::from_secs(1)).await;
             waited += Duration::from_secs(1);
