@@ -143,13 +143,18 @@ impl Conn {
     }
 
     /// The items with `keys` in `table` (strongly consistent), 100 per
-    /// BatchGetItem, asking again for unprocessed keys (throttling) with a growing
-    /// pause for at most one timeout per batch: then `Error::Backend`. Missing
-    /// items are simply absent from the answer.
+    /// BatchGetItem, asking again for unprocessed keys with a growing pause
+    /// (10 ms doubling to 500 ms). Keys come back unprocessed under throttling,
+    /// and also whenever a response would pass DynamoDB's 16 MB: a batch of
+    /// large chunk items takes several calls. A call that returned items is
+    /// progress and starts a new timeout; a timeout without one is
+    /// `Error::Backend`. So a batch takes at most one call per key, each
+    /// bounded by the client's timeout. Missing items are simply absent from
+    /// the answer.
     pub(crate) async fn batch_get(&self, table: &str, keys: Vec<Item>) -> Result<Vec<Item>> {
         let mut found = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(100) {
-            let deadline = tokio::time::Instant::now() + self.config.timeout;
+            let mut deadline = tokio::time::Instant::now() + self.config.timeout;
             let mut pending = chunk.to_vec();
             let mut pause = Duration::from_millis(10);
             while !pending.is_empty() {
@@ -166,7 +171,13 @@ impl Conn {
                     .await
                     .map_err(|e| self.error("BatchGetItem", table, e))?;
                 if let Some(mut r) = out.responses {
-                    found.extend(r.remove(table).unwrap_or_default());
+                    let items = r.remove(table).unwrap_or_default();
+                    if !items.is_empty() {
+                        // Progress (a response cut at 16 MB, not throttling).
+                        deadline = tokio::time::Instant::now() + self.config.timeout;
+                        pause = Duration::from_millis(10);
+                    }
+                    found.extend(items);
                 }
                 pending = out
                     .unprocessed_keys
@@ -177,7 +188,7 @@ impl Conn {
                     if tokio::time::Instant::now() + pause >= deadline {
                         return Err(Error::backend(format!(
                             "dynamodb BatchGetItem on table `{table}` at {}: {} keys still \
-                             unprocessed after {:?}",
+                             unprocessed after {:?} without progress",
                             self.endpoint,
                             pending.len(),
                             self.config.timeout

@@ -42,7 +42,10 @@
 //!   (`timeout_ms`, default 5 s, retries included) with the standard retry mode
 //!   (`max_attempts`, default 3: throttling and server errors); `delete_cluster`
 //!   gives up after `4 × timeout_ms` of racing writers, and unprocessed batch
-//!   deletes are sent again for at most one timeout. Errors are
+//!   deletes are sent again for at most one timeout. Unprocessed batch reads
+//!   (throttling, or a response cut at DynamoDB's 16 MB: a large actor state's
+//!   chunks) are asked for again while each call returns items, and for at
+//!   most one timeout without any: at most one call per key. Errors are
 //!   `Error::Backend` naming the table, the endpoint and the AWS error code
 //!   (`ThrottlingException`, `ResourceNotFoundException`, ...).
 //! - **Bad items** (a missing or mistyped attribute) are listed as corrupt rows by
