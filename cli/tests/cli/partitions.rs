@@ -1,26 +1,31 @@
 //! Network partitions with real processes: five `rollcall silo` processes, each in
-//! its own network namespace on one bridge, all reaching one redis-server on the
+//! its own network namespace on one bridge, all reaching one Redis server on the
 //! bridge; peers are cut off from each other with blackhole routes (silent drops)
 //! while every silo still reaches the store, as an operator's firewall or a broken
 //! switch would do it.
 //!
-//! Needs root, `ip` (iproute2) and `redis-server`; without them the tests skip, and
+//! Needs root and `ip` (iproute2); the store is the local `redis-server`, or the
+//! Redis image in a container on the host's network when it is not installed
+//! (`OwnServer`: Docker alone is enough). Without root or `ip` the tests skip, and
 //! fail when `CI` is set. Only traffic between the namespaces the test makes (and
 //! its bridge) is touched.
 
 use super::*;
 
+use rollcall_tests::fixtures::{OwnServer, Server};
 use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-/// One test's network: a bridge `10.<net>.<sub>.1/24` with a redis-server on it, and
+/// One test's network: a bridge `10.<net>.<sub>.1/24` with a Redis server on it, and
 /// one namespace per silo at `.11`, `.12`, ...
 struct Net {
     id: u32,
     n: usize,
-    redis: Option<Child>,
+    redis: Option<OwnServer>,
     port: u16,
+    /// Starts and stops the Redis server (a process or a container).
+    rt: tokio::runtime::Runtime,
 }
 
 fn sh(args: &[&str]) {
@@ -35,14 +40,14 @@ fn sh(args: &[&str]) {
     );
 }
 
-/// Whether this machine can make namespaces (root, `ip`, `redis-server`); when it
-/// cannot, the test skips, or fails under `CI`.
+/// Whether this machine can make namespaces (root, `ip`); when it cannot, the test
+/// skips, or fails under `CI`.
 fn capable() -> bool {
     let root = Command::new("id")
         .arg("-u")
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
-    let tools = ["ip", "redis-server"].iter().all(|t| {
+    let tools = ["ip"].iter().all(|t| {
         Command::new(t)
             .arg("-V")
             .stdout(Stdio::null())
@@ -55,9 +60,9 @@ fn capable() -> bool {
     }
     assert!(
         std::env::var_os("CI").is_none(),
-        "the partition tests need root, ip and redis-server (root: {root}, tools: {tools})"
+        "the partition tests need root and ip (root: {root}, ip: {tools})"
     );
-    eprintln!("skipped: the partition tests need root, ip and redis-server");
+    eprintln!("skipped: the partition tests need root and ip");
     false
 }
 
@@ -71,6 +76,10 @@ impl Net {
             n,
             redis: None,
             port: 6379,
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the store's server"),
         };
         let br = net.bridge();
         sh(&["ip", "link", "add", &br, "type", "bridge"]);
@@ -126,33 +135,39 @@ impl Net {
         format!("redis://{}:{}", self.host(), self.port)
     }
 
-    /// Starts a redis-server on the bridge and waits until it answers.
+    /// Starts a Redis server on the bridge (a local process, or a container on the
+    /// host's network) and waits until it answers.
     fn start_redis(&mut self) {
         self.port = rollcall_tests::fixtures::free_port().expect("a free port");
-        let child = Command::new("redis-server")
-            .args([
-                "--bind",
-                &self.host(),
-                "--port",
-                &self.port.to_string(),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                // Clients come from the namespaces' addresses, not loopback.
-                "--protected-mode",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-server");
-        self.redis = Some(child);
+        let args: Vec<String> = [
+            "--bind",
+            &self.host(),
+            "--port",
+            &self.port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            // Clients come from the namespaces' addresses, not loopback.
+            "--protected-mode",
+            "no",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        let log = std::env::temp_dir().join(format!("rollcall-partition-redis-{}.log", self.id));
+        let server = self
+            .rt
+            .block_on(OwnServer::spawn(Server::Redis, &args, &[], &log))
+            .unwrap_or_else(|e| panic!("a Redis server for the partition tests: {e}"));
+        eprintln!("partition store: {} Redis on {}", server.source(), self.store());
+        self.redis = Some(server);
         let started = Instant::now();
         while std::net::TcpStream::connect((self.host().as_str(), self.port)).is_err() {
             assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "redis-server did not start"
+                started.elapsed() < Duration::from_secs(30),
+                "the Redis server did not start (log: {})",
+                log.display()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -217,8 +232,7 @@ impl Net {
 impl Drop for Net {
     fn drop(&mut self) {
         if let Some(mut r) = self.redis.take() {
-            let _ = r.kill();
-            let _ = r.wait();
+            self.rt.block_on(r.kill());
         }
         for i in 0..self.n {
             let _ = Command::new("ip").args(["netns", "del", &self.ns(i)]).status();
