@@ -138,10 +138,16 @@ fn ms(s: &str) -> Timestamp {
 /// Runs the churn on `store` and reports it, with the kill (or stop) times.
 async fn churn(store: &str, graceful: bool) -> (ChurnReport, Vec<Timestamp>) {
     let plan = plan();
+    // Unique per run, not per process: `cargo test` runs the Redis and etcd churns
+    // as threads of one process, and a name from the process id alone made them
+    // share (and remove) one log directory.
+    static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let cluster = format!(
-        "churn-{}-{}",
+        "churn-{}-{}-{}-{}",
         if graceful { "term" } else { "kill" },
-        std::process::id()
+        store.split(':').next().unwrap_or("store"),
+        std::process::id(),
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     );
     let dir: PathBuf = std::env::temp_dir().join(&cluster);
     let _ = std::fs::remove_dir_all(&dir);
