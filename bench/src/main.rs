@@ -58,6 +58,16 @@ enum Cmd {
     /// (store calls, the pause of the moved reminders) at 10 and 100 silos;
     /// adds its section to the reports.
     R4(r4::Args),
+    /// One process of R4's silos: commands on stdin, answers on stdout.
+    #[command(hide = true)]
+    R4Silos {
+        #[arg(long)]
+        store: String,
+        #[arg(long)]
+        cluster: String,
+        #[arg(long)]
+        shards: u32,
+    },
     /// R5: cluster throughput (creations/s, ticks/s and lateness, a mass due
     /// time) on silo processes and one Redis, next to raw SETs; adds its section
     /// to the reports.
@@ -214,6 +224,14 @@ fn main() -> anyhow::Result<()> {
         Cmd::R1(args) => r1::run(args),
         Cmd::R2(args) => r2::run(args),
         Cmd::R4(args) => r4::run(args),
+        Cmd::R4Silos {
+            store,
+            cluster,
+            shards,
+        } => {
+            drop(rt);
+            r4::silos(&store, &cluster, shards)
+        }
         Cmd::R5(args) => {
             drop(rt);
             r5::run(args)

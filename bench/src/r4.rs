@@ -1,15 +1,23 @@
 //! R4: what one membership change costs the reminder service. `silos` silos on
-//! real TCP (fast profile) share one reminder table of `count` reminders, of
-//! which `probes` tick every second (the rest every 10 minutes); then one silo
-//! joins, one leaves gracefully and one is killed, each after the cluster
-//! settled from the one before. Per change: the store calls made until every
-//! reminder is held again (lease reads and compare-and-sets, reminder row reads
-//! and the rows they returned, membership calls), less what the same span costs
-//! a quiet cluster; and the pause of the probe reminders that changed silo:
-//! the longest gap between two of their delivered ticks around the change, less
-//! the period (p50 and p99 over them).
+//! real TCP share one reminder table of `count` reminders, of which `probes` tick
+//! every second (the rest every 10 minutes); then one silo joins, one leaves
+//! gracefully and one is killed, each after the cluster settled from the one
+//! before. Per change: the store calls made until every reminder is held again
+//! (lease reads and compare-and-sets, reminder row reads and the rows they
+//! returned, membership calls), less what the same span costs a quiet cluster;
+//! and the pause of the probe reminders that changed silo: the longest gap
+//! between two of their delivered ticks around the change, less the period (p50
+//! and p99 over them).
+//!
+//! Up to `--processes 1` (and on the memory store) the silos share one process and
+//! one event loop (fast membership profile). With more, on a networked store, the
+//! silos are spread over that many child processes (`rollcall-bench r4-silos`),
+//! each with its own event loop, store client and store-call counters, driven over
+//! stdin/stdout; their ticks carry wall-clock milliseconds, so pauses compare
+//! across processes. A hundred silos with their store clients saturate one event
+//! loop on this machine's two cores; spread over processes they do not.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,6 +30,9 @@ use rollcall_membership_core::{
 };
 use rollcall_tests::counting::CountingStore;
 use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::r5::Process;
 
 /// Options of `r4`.
 #[derive(clap::Args, Clone, Debug)]
@@ -41,6 +52,11 @@ pub struct Args {
     /// Of them, reminders ticking every second (their ticks measure the pause).
     #[arg(long, default_value_t = 2_000)]
     probes: usize,
+    /// Silo processes for clusters of 100 silos or more on a networked store
+    /// (smaller clusters and the memory store run in this process); 1 keeps
+    /// every cluster in this process.
+    #[arg(long, default_value_t = 10)]
+    processes: usize,
     /// The reports to add the R4 section and the `r4` key to.
     #[command(flatten)]
     pub reports: crate::Reports,
@@ -53,6 +69,9 @@ pub struct Change {
     silos: usize,
     /// The service's shard count S.
     shards: u32,
+    /// Processes the silos ran in (1: one process, fast membership profile;
+    /// more: child processes, default membership options).
+    processes: usize,
     /// `start` (the cluster's first start: every silo joins and loads; store calls
     /// not net of a quiet span), `join`, `leave` or `crash`.
     kind: String,
@@ -76,11 +95,19 @@ pub struct Change {
     spread: f64,
 }
 
-/// (actor, scheduled ms, delivering silo, delivered at).
-type Log = Arc<Mutex<Vec<(String, u64, SiloAddress, Instant)>>>;
+/// A delivered probe tick: (actor, scheduled ms, delivering silo, delivered at
+/// in wall-clock ms).
+type Tick = (String, u64, String, u64);
+
+/// The probes' ticks of one process.
+type Log = Arc<Mutex<Vec<Tick>>>;
+
+fn wall_ms() -> u64 {
+    Timestamp::now().as_millis()
+}
 
 /// Records the probes' ticks with the silo that delivered them.
-struct Sink(Log, SiloAddress);
+struct Sink(Log, String);
 
 impl Actor for Sink {
     type Context = Context<Self>;
@@ -95,8 +122,8 @@ impl Handler<ReminderTick> for Sink {
             log.push((
                 t.actor.to_string(),
                 t.scheduled.as_millis(),
-                self.1,
-                Instant::now(),
+                self.1.clone(),
+                wall_ms(),
             ));
         }
     }
@@ -107,13 +134,19 @@ struct Member {
     reminders: Reminders,
 }
 
-async fn member(store: &Arc<dyn SystemStore>, id: &str, shards: u32, log: &Log) -> anyhow::Result<Member> {
+async fn member(
+    store: &Arc<dyn SystemStore>,
+    id: &str,
+    shards: u32,
+    membership: ClusterMembershipOptions,
+    log: &Log,
+) -> anyhow::Result<Member> {
     let silo = Silo::builder(store.clone(), id.to_owned())
-        .options(ClusterMembershipOptions::fast())
+        .options(membership)
         .on_declared_dead(OnDeclaredDead::StopSilo)
         .start()
         .await?;
-    let sink = Sink(log.clone(), silo.address()).start().recipient();
+    let sink = Sink(log.clone(), silo.address().to_string()).start().recipient();
     let options = ReminderOptions {
         startup_jitter: Duration::ZERO,
         allow_period_below_minimum: true,
@@ -131,42 +164,307 @@ async fn member(store: &Arc<dyn SystemStore>, id: &str, shards: u32, log: &Log) 
     Ok(Member { silo, reminders })
 }
 
-fn held(members: &[Member]) -> u64 {
-    members.iter().map(|m| m.reminders.stats().scheduled).sum()
+/// Store calls so far: lease reads, lease compare-and-sets, reminder row reads,
+/// rows read, membership calls.
+type Calls = [u64; 5];
+
+fn calls(store: &CountingStore) -> Calls {
+    let r = store.reminder_counts.snapshot();
+    [r[0], r[1], r[2], r[3], store.counts.snapshot().calls()]
+}
+
+/// The silos of one process, with their store's counters and their probes' ticks.
+struct Local {
+    store: Arc<CountingStore>,
+    members: VecDeque<Member>,
+    log: Log,
+    id: String,
+    shards: u32,
+    membership: ClusterMembershipOptions,
+}
+
+impl Local {
+    async fn add(&mut self) -> anyhow::Result<()> {
+        let store: Arc<dyn SystemStore> = self.store.clone();
+        let m = member(&store, &self.id, self.shards, self.membership.clone(), &self.log).await?;
+        self.members.push_back(m);
+        Ok(())
+    }
+
+    /// Removes the oldest silo: a graceful shutdown, or a kill.
+    async fn remove(&mut self, graceful: bool) -> anyhow::Result<()> {
+        let m = self
+            .members
+            .pop_front()
+            .ok_or_else(|| anyhow::anyhow!("no silo left"))?;
+        if graceful {
+            m.silo.shutdown().await?;
+        } else {
+            m.silo.kill();
+        }
+        Ok(())
+    }
+
+    fn held(&self) -> Vec<u64> {
+        self.members
+            .iter()
+            .map(|m| m.reminders.stats().scheduled)
+            .collect()
+    }
+
+    fn ticks_since(&self, since_ms: u64) -> Vec<Tick> {
+        let log = self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        log.iter().filter(|t| t.3 >= since_ms).cloned().collect()
+    }
+
+    fn kill_all(&mut self) {
+        for m in self.members.drain(..) {
+            m.silo.kill();
+        }
+    }
+}
+
+/// One process of R4's process mode (`rollcall-bench r4-silos`): starts with no
+/// silo, prints `ready`, then reads one command a line from stdin and answers each
+/// with one line (`ticks` with several):
+/// - `start K`: starts K silos one after another; `started N` (silos now here).
+/// - `join`: starts one more; `joined`.
+/// - `leave` / `crash`: the oldest silo here shuts down gracefully / is killed;
+///   `left` / `crashed`.
+/// - `stats`: `stats LEASE_READS LEASE_CAS ROW_READS ROWS_READ MEMBERSHIP_CALLS`,
+///   then each silo's held reminders, oldest first.
+/// - `ticks SINCE_MS`: one `tick ACTOR SCHEDULED_MS SILO AT_MS` line per probe
+///   tick delivered here at or after SINCE_MS (wall clock), then `end`.
+/// - `quit`: kills every silo and exits.
+///
+/// Silos use the default membership options.
+pub fn silos(store: &str, cluster: &str, shards: u32) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
+    actix::System::new().block_on(async {
+        let mut local = Local {
+            store: Arc::new(CountingStore::new(rollcall::connect(store).await?)),
+            members: VecDeque::new(),
+            log: Arc::default(),
+            id: cluster.to_owned(),
+            shards,
+            membership: ClusterMembershipOptions::default(),
+        };
+        println!("ready");
+        let mut lines = BufReader::new(tokio::io::stdin()).lines();
+        while let Some(line) = lines.next_line().await? {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            match words.as_slice() {
+                ["start", k] => {
+                    for _ in 0..k.parse::<usize>()? {
+                        local.add().await?;
+                    }
+                    println!("started {}", local.members.len());
+                }
+                ["join"] => {
+                    local.add().await?;
+                    println!("joined");
+                }
+                [change @ ("leave" | "crash")] => {
+                    local.remove(*change == "leave").await?;
+                    println!("{}", answer(change)?);
+                }
+                ["stats"] => {
+                    let c = calls(&local.store);
+                    let held: Vec<String> = local.held().iter().map(u64::to_string).collect();
+                    println!(
+                        "stats {} {} {} {} {} {}",
+                        c[0],
+                        c[1],
+                        c[2],
+                        c[3],
+                        c[4],
+                        held.join(" ")
+                    );
+                }
+                ["ticks", since] => {
+                    for (actor, scheduled, silo, at) in local.ticks_since(since.parse()?) {
+                        println!("tick {actor} {scheduled} {silo} {at}");
+                    }
+                    println!("end");
+                }
+                ["quit"] => break,
+                other => anyhow::bail!("r4-silos: unknown command {other:?}"),
+            }
+        }
+        local.kill_all();
+        Ok(())
+    })
+}
+
+/// The word a child answers a change with; an unknown change is an error.
+fn answer(change: &str) -> anyhow::Result<&'static str> {
+    Ok(match change {
+        "join" => "joined",
+        "leave" => "left",
+        "crash" => "crashed",
+        other => anyhow::bail!("no such change: {other:?}"),
+    })
+}
+
+/// A cluster under measurement: its silos in this process, or in child processes.
+enum Cluster {
+    Here(Local),
+    Processes {
+        procs: Vec<Process>,
+        /// The process of each silo, oldest first.
+        order: VecDeque<usize>,
+    },
+}
+
+impl Cluster {
+    /// Starts `silos` silos; returns once each has started (they load on their own).
+    async fn start(&mut self, silos: usize) -> anyhow::Result<()> {
+        match self {
+            Cluster::Here(local) => {
+                for _ in 0..silos {
+                    local.add().await?;
+                }
+            }
+            Cluster::Processes { procs, order } => {
+                let n = procs.len();
+                // Spread evenly, the processes starting theirs at once.
+                for (k, p) in procs.iter_mut().enumerate() {
+                    let share = (k + 1) * silos / n - k * silos / n;
+                    p.send(&format!("start {share}")).await?;
+                }
+                for p in procs.iter_mut() {
+                    p.expect("started").await?;
+                }
+                // Silo ages by round: every process's first, then every second...
+                for round in 0..silos.div_ceil(n) {
+                    for k in 0..n {
+                        if round < (k + 1) * silos / n - k * silos / n {
+                            order.push_back(k);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One change: `join` (a new silo), `leave` or `crash` (the oldest silo).
+    async fn change(&mut self, kind: &str) -> anyhow::Result<()> {
+        match self {
+            Cluster::Here(local) => match kind {
+                "join" => local.add().await,
+                "leave" | "crash" => local.remove(kind == "leave").await,
+                other => anyhow::bail!("no such change: {other:?}"),
+            },
+            Cluster::Processes { procs, order } => {
+                let k = if kind == "join" {
+                    // The process with the fewest silos.
+                    let k = (0..procs.len())
+                        .min_by_key(|k| order.iter().filter(|o| *o == k).count())
+                        .unwrap_or(0);
+                    order.push_back(k);
+                    k
+                } else {
+                    order.pop_front().ok_or_else(|| anyhow::anyhow!("no silo left"))?
+                };
+                let word = answer(kind)?;
+                procs[k].send(kind).await?;
+                procs[k].expect(word).await?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Store calls so far, and each silo's held reminders.
+    async fn stats(&mut self) -> anyhow::Result<(Calls, Vec<u64>)> {
+        match self {
+            Cluster::Here(local) => Ok((calls(&local.store), local.held())),
+            Cluster::Processes { procs, .. } => {
+                let (mut total, mut held) = ([0u64; 5], Vec::new());
+                for p in procs.iter_mut() {
+                    p.send("stats").await?;
+                    let s = p.expect("stats").await?;
+                    anyhow::ensure!(s.len() >= 5, "r4-silos stats: {s:?}");
+                    for (t, v) in total.iter_mut().zip(&s[..5]) {
+                        *t += v;
+                    }
+                    held.extend_from_slice(&s[5..]);
+                }
+                Ok((total, held))
+            }
+        }
+    }
+
+    /// Every probe tick delivered at or after `since_ms` (wall clock).
+    async fn ticks_since(&mut self, since_ms: u64) -> anyhow::Result<Vec<Tick>> {
+        match self {
+            Cluster::Here(local) => Ok(local.ticks_since(since_ms)),
+            Cluster::Processes { procs, .. } => {
+                let mut out = Vec::new();
+                for p in procs.iter_mut() {
+                    p.send(&format!("ticks {since_ms}")).await?;
+                    loop {
+                        let line = p.line().await?;
+                        let w: Vec<&str> = line.split_whitespace().collect();
+                        match w.as_slice() {
+                            ["end"] => break,
+                            ["tick", actor, scheduled, silo, at] => {
+                                out.push((
+                                    (*actor).to_owned(),
+                                    scheduled.parse()?,
+                                    (*silo).to_owned(),
+                                    at.parse()?,
+                                ));
+                            }
+                            _ => anyhow::bail!("r4-silos said `{line}` among its ticks"),
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        match self {
+            Cluster::Here(mut local) => local.kill_all(),
+            Cluster::Processes { procs, .. } => {
+                for p in procs {
+                    p.quit().await?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The most reminders one silo holds over the mean.
-fn spread(members: &[Member]) -> f64 {
-    let most = members
-        .iter()
-        .map(|m| m.reminders.stats().scheduled)
-        .max()
-        .unwrap_or(0);
-    most as f64 * members.len().max(1) as f64 / held(members).max(1) as f64
+fn spread(held: &[u64]) -> f64 {
+    let most = held.iter().copied().max().unwrap_or(0);
+    most as f64 * held.len().max(1) as f64 / held.iter().sum::<u64>().max(1) as f64
 }
 
 /// Waits until every reminder is held once and no lease was written for 1 s
 /// (a handoff in flight holds some twice or not at all); the time from `since`
 /// to the last change.
-async fn settle(
-    members: &[Member],
-    n: u64,
-    since: Instant,
-    counts: &rollcall_tests::counting::ReminderCounts,
-) -> anyhow::Result<Duration> {
+async fn settle(cluster: &mut Cluster, n: u64, since: Instant) -> anyhow::Result<Duration> {
     // The change itself (a join's start, a leave's shutdown) ran until now.
-    let (mut last_change, mut last_writes) = (Instant::now(), counts.snapshot()[1]);
+    let (mut last_change, mut last_writes) = (Instant::now(), cluster.stats().await?.0[1]);
     loop {
+        let (calls, held) = cluster.stats().await?;
+        let total: u64 = held.iter().sum();
         if since.elapsed() > Duration::from_secs(300) {
-            anyhow::bail!("not settled within 300 s: {} of {n} held", held(members));
+            anyhow::bail!("not settled within 300 s: {total} of {n} held");
         }
-        let writes = counts.snapshot()[1];
-        if held(members) != n || writes != last_writes {
-            (last_change, last_writes) = (Instant::now(), writes);
+        if total != n || calls[1] != last_writes {
+            (last_change, last_writes) = (Instant::now(), calls[1]);
         } else if last_change.elapsed() >= Duration::from_secs(1) {
             return Ok(last_change.duration_since(since));
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -178,14 +476,14 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 }
 
 /// Per probe that another silo delivers at the end: the longest gap between
-/// two consecutive delivered ticks within `at - 2 s ..= until`, less the period.
-fn pauses(log: &Log, at: Instant, until: Instant) -> Vec<u64> {
-    let log = log.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let mut by_probe: BTreeMap<&str, Vec<(u64, SiloAddress, Instant)>> = BTreeMap::new();
-    for (actor, scheduled, silo, t) in log.iter() {
-        by_probe.entry(actor).or_default().push((*scheduled, *silo, *t));
+/// two consecutive delivered ticks within `at - 2 s ..= until` (wall-clock ms),
+/// less the period.
+fn pauses(ticks: &[Tick], at: u64, until: u64) -> Vec<u64> {
+    let mut by_probe: BTreeMap<&str, Vec<(u64, &str, u64)>> = BTreeMap::new();
+    for (actor, scheduled, silo, t) in ticks {
+        by_probe.entry(actor).or_default().push((*scheduled, silo, *t));
     }
-    let from = at.checked_sub(Duration::from_secs(2)).unwrap_or(at);
+    let from = at.saturating_sub(2_000);
     let mut out = Vec::new();
     for ticks in by_probe.values_mut() {
         ticks.sort_by_key(|t| t.0);
@@ -197,21 +495,74 @@ fn pauses(log: &Log, at: Instant, until: Instant) -> Vec<u64> {
         let window: Vec<_> = ticks.iter().filter(|t| t.2 >= from && t.2 <= until).collect();
         let gap = window
             .windows(2)
-            .map(|w| w[1].2.duration_since(w[0].2))
+            .map(|w| w[1].2.saturating_sub(w[0].2))
             .max()
-            .unwrap_or_default();
-        out.push(gap.saturating_sub(Duration::from_secs(1)).as_millis() as u64);
+            .unwrap_or(0);
+        out.push(gap.saturating_sub(1_000));
     }
     out.sort_unstable();
     out
 }
 
+/// The store's URL for child processes (networked providers only).
+async fn store_url(provider: &str) -> anyhow::Result<(String, rollcall_tests::fixtures::Backend)> {
+    match provider {
+        "redis" => {
+            let b = rollcall_tests::fixtures::redis()
+                .await
+                .ok_or_else(|| anyhow::anyhow!("no redis-server"))?;
+            let sep = if b.endpoint.contains('?') { '&' } else { '?' };
+            Ok((format!("{}{sep}timeout_ms=60000", b.endpoint), b))
+        }
+        other => anyhow::bail!("R4 runs silo processes on redis, not {other}"),
+    }
+}
+
 async fn once(provider: &str, silos: usize, shards: u32, args: &Args) -> anyhow::Result<Vec<Change>> {
-    let (inner, _backend) = crate::r1::store_for(provider).await?;
-    let counting = CountingStore::new(inner);
-    let (counts, membership) = (counting.reminder_counts.clone(), counting.counts.clone());
-    let store: Arc<dyn SystemStore> = Arc::new(counting);
+    let processes = if silos >= 100 && provider != "memory" {
+        args.processes.max(1)
+    } else {
+        1
+    };
     let id = rollcall_tests::unique_id("r4");
+    // The store this process writes the rows with (and, in one process, the silos
+    // use, counted); the backend lives until the end.
+    let (store, mut cluster, _backend): (Arc<dyn SystemStore>, Cluster, _) = if processes > 1 {
+        let (url, backend) = store_url(provider).await?;
+        let store = rollcall::connect(&url).await?;
+        let mut procs = Vec::new();
+        for _ in 0..processes {
+            procs.push(
+                Process::spawn(&[
+                    "r4-silos",
+                    "--store",
+                    &url,
+                    "--cluster",
+                    &id,
+                    "--shards",
+                    &shards.to_string(),
+                ])
+                .await?,
+            );
+        }
+        let cluster = Cluster::Processes {
+            procs,
+            order: VecDeque::new(),
+        };
+        (store, cluster, Some(backend))
+    } else {
+        let (inner, backend) = crate::r1::store_for(provider).await?;
+        let counting = Arc::new(CountingStore::new(inner));
+        let local = Local {
+            store: counting.clone(),
+            members: VecDeque::new(),
+            log: Arc::default(),
+            id: id.clone(),
+            shards,
+            membership: ClusterMembershipOptions::fast(),
+        };
+        (counting, Cluster::Here(local), backend)
+    };
     // The shard count first: it places the rows the table writes (Redis).
     rollcall_membership_core::lease::ShardLeases::open(store.lease_table(&id)?, shards).await?;
     let table = store.reminder_table(&id)?;
@@ -236,15 +587,11 @@ async fn once(provider: &str, silos: usize, shards: u32, args: &Args) -> anyhow:
     })
     .await?;
     let n = args.count as u64;
-    let log: Log = Arc::default();
-    let snap = |c: &rollcall_tests::counting::ReminderCounts, m: &rollcall_tests::counting::Counts| {
-        let r = c.snapshot();
-        [r[0], r[1], r[2], r[3], m.snapshot().calls()]
-    };
-    let row = |kind: &str, took: Duration, calls: [i64; 5], p: &[u64], members: &[Member]| Change {
+    let row = |kind: &str, took: Duration, calls: [i64; 5], p: &[u64], held: &[u64]| Change {
         provider: provider.to_owned(),
         silos,
         shards,
+        processes,
         kind: kind.to_owned(),
         settle_s: took.as_secs_f64(),
         lease_reads: calls[0],
@@ -255,61 +602,43 @@ async fn once(provider: &str, silos: usize, shards: u32, args: &Args) -> anyhow:
         moved: p.len(),
         pause_p50_ms: percentile(p, 0.5),
         pause_p99_ms: percentile(p, 0.99),
-        spread: spread(members),
+        spread: spread(held),
     };
-    let (before, at) = (snap(&counts, &membership), Instant::now());
-    let mut members = Vec::new();
-    for _ in 0..silos {
-        members.push(member(&store, &id, shards, &log).await?);
-    }
-    let took = settle(&members, n, at, &counts).await?;
-    let after = snap(&counts, &membership);
-    let start = row(
-        "start",
-        took,
-        std::array::from_fn(|i| (after[i] - before[i]) as i64),
-        &[],
-        &members,
-    );
+    let diff = |a: Calls, b: Calls| -> [i64; 5] { std::array::from_fn(|i| b[i] as i64 - a[i] as i64) };
+    let (before, at) = (cluster.stats().await?.0, Instant::now());
+    cluster.start(silos).await?;
+    let took = settle(&mut cluster, n, at).await?;
+    let (after, held) = cluster.stats().await?;
+    let start = row("start", took, diff(before, after), &[], &held);
     eprintln!("{start:?}");
     let mut out = vec![start];
 
     // What a quiet cluster costs per second (self-confirmations, polls, probes).
-    let (q0, quiet_from) = (snap(&counts, &membership), Instant::now());
+    let (q0, quiet_from) = (cluster.stats().await?.0, Instant::now());
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let q1 = snap(&counts, &membership);
+    let q1 = cluster.stats().await?.0;
     let quiet_s = quiet_from.elapsed().as_secs_f64();
     let rate: Vec<f64> = (0..5).map(|i| (q1[i] - q0[i]) as f64 / quiet_s).collect();
 
     for kind in ["join", "leave", "crash"] {
-        let before = snap(&counts, &membership);
-        let at = Instant::now();
-        match kind {
-            "join" => members.push(member(&store, &id, shards, &log).await?),
-            "leave" => {
-                let m = members.remove(0);
-                m.silo.shutdown().await?;
-            }
-            _ => {
-                let m = members.remove(0);
-                m.silo.kill();
-            }
-        }
-        let took = settle(&members, n, at, &counts).await?;
+        let before = cluster.stats().await?.0;
+        let (at, at_ms) = (Instant::now(), wall_ms());
+        cluster.change(kind).await?;
+        let took = settle(&mut cluster, n, at).await?;
         let span = at.elapsed();
-        let after = snap(&counts, &membership);
+        let (after, held) = cluster.stats().await?;
         // The moved probes tick on their new silos (after a crash, once the
         // takeover's fence passed).
         tokio::time::sleep(Duration::from_secs(4)).await;
-        let net = |i: usize| (after[i] - before[i]) as i64 - (rate[i] * span.as_secs_f64()).round() as i64;
-        let p = pauses(&log, at, Instant::now());
-        let change = row(kind, took, std::array::from_fn(net), &p, &members);
+        let d = diff(before, after);
+        let net: [i64; 5] = std::array::from_fn(|i| d[i] - (rate[i] * span.as_secs_f64()).round() as i64);
+        let ticks = cluster.ticks_since(at_ms.saturating_sub(2_000)).await?;
+        let p = pauses(&ticks, at_ms, wall_ms());
+        let change = row(kind, took, net, &p, &held);
         eprintln!("{change:?}");
         out.push(change);
     }
-    for m in &members {
-        m.silo.kill();
-    }
+    cluster.stop().await?;
     Ok(out)
 }
 
@@ -366,9 +695,14 @@ fn section(rows: &[Change], args: &Args) -> String {
     let _ = writeln!(
         md,
         "## R4: what a join, a graceful leave and a crash cost the reminders\n\n\
-         `silos` silos on real TCP (fast profile) in one process share one reminder table of {} \
+         `silos` silos on real TCP share one reminder table of {} \
          reminders (S shards, default reminder options otherwise), {} of which tick every second (the \
-         probes) and the rest every 10 minutes. Then one silo joins, the oldest leaves gracefully \
+         probes) and the rest every 10 minutes. With `processes` 1 the silos share this process and \
+         use the fast membership profile; with more (100 silos on a networked store) they are spread \
+         over that many child processes (`rollcall-bench r4-silos`), each with its own event loop, \
+         store client and counters, and use the default membership options (Orleans' timings: the \
+         fast profile's 4,000 probes a second at 100 silos saturate this machine's two cores, and \
+         live silos were declared dead), so a crash's detection takes longer there. Then one silo joins, the oldest leaves gracefully \
          (`shutdown`), and the next oldest is killed, each once the cluster settled (every \
          reminder held once and no lease written for 1 s; settled s is the time to the last \
          change). Store calls: from the change until it settled, less what \
@@ -384,14 +718,15 @@ fn section(rows: &[Change], args: &Args) -> String {
     );
     let _ = writeln!(
         md,
-        "| provider | silos | S | change | settled s | lease reads | lease CAS | row reads | rows read | membership calls | probes moved | pause p50 / p99 ms | spread |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "| provider | silos | processes | S | change | settled s | lease reads | lease CAS | row reads | rows read | membership calls | probes moved | pause p50 / p99 ms | spread |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     );
     for r in rows {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} / {} | {:.2} |",
+            "| {} | {} | {} | {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} / {} | {:.2} |",
             r.provider,
             r.silos,
+            r.processes,
             r.shards,
             r.kind,
             r.settle_s,

@@ -195,7 +195,9 @@ pub fn silo(store: &str, cluster: &str) -> anyhow::Result<()> {
     })
 }
 
-struct Process {
+/// A bench child process (`rollcall-bench r5-silo`, `r4-silos`): commands on its
+/// stdin, one answer line each on its stdout; killed when dropped.
+pub(crate) struct Process {
     child: Child,
     stdin: ChildStdin,
     stdout: Lines<BufReader<ChildStdout>>,
@@ -203,8 +205,13 @@ struct Process {
 
 impl Process {
     async fn start(url: &str, cluster: &str) -> anyhow::Result<Process> {
+        Process::spawn(&["r5-silo", "--store", url, "--cluster", cluster]).await
+    }
+
+    /// Starts `rollcall-bench ARGS` and waits (at most 600 s) for its `ready`.
+    pub(crate) async fn spawn(args: &[&str]) -> anyhow::Result<Process> {
         let mut child = Command::new(std::env::current_exe()?)
-            .args(["r5-silo", "--store", url, "--cluster", cluster])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -217,24 +224,37 @@ impl Process {
         Ok(p)
     }
 
-    async fn send(&mut self, line: &str) -> anyhow::Result<()> {
+    /// Sends one command line.
+    pub(crate) async fn send(&mut self, line: &str) -> anyhow::Result<()> {
         self.stdin.write_all(format!("{line}\n").as_bytes()).await?;
         self.stdin.flush().await?;
         Ok(())
     }
 
-    /// The next line, which must start with `word`: its other words.
-    async fn expect(&mut self, word: &str) -> anyhow::Result<Vec<u64>> {
-        let line = tokio::time::timeout(Duration::from_secs(600), self.stdout.next_line())
+    /// The next line (at most 600 s).
+    pub(crate) async fn line(&mut self) -> anyhow::Result<String> {
+        tokio::time::timeout(Duration::from_secs(600), self.stdout.next_line())
             .await
-            .map_err(|_| anyhow::anyhow!("r5-silo did not answer `{word}` within 600 s"))??
-            .ok_or_else(|| anyhow::anyhow!("r5-silo exited before `{word}`"))?;
+            .map_err(|_| anyhow::anyhow!("a bench child did not answer within 600 s"))??
+            .ok_or_else(|| anyhow::anyhow!("a bench child exited"))
+    }
+
+    /// The next line, which must start with `word`: its other words that are numbers.
+    pub(crate) async fn expect(&mut self, word: &str) -> anyhow::Result<Vec<u64>> {
+        let line = self
+            .line()
+            .await
+            .map_err(|e| anyhow::anyhow!("waiting for `{word}`: {e}"))?;
         let mut words = line.split_whitespace();
-        anyhow::ensure!(words.next() == Some(word), "r5-silo said `{line}`, not `{word}`");
+        anyhow::ensure!(
+            words.next() == Some(word),
+            "a bench child said `{line}`, not `{word}`"
+        );
         Ok(words.filter_map(|w| w.parse().ok()).collect())
     }
 
-    async fn quit(mut self) -> anyhow::Result<()> {
+    /// Sends `quit` and waits (at most 60 s) for the exit.
+    pub(crate) async fn quit(mut self) -> anyhow::Result<()> {
         self.send("quit").await?;
         tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await??;
         Ok(())
