@@ -311,7 +311,7 @@ fn answer(change: &str) -> anyhow::Result<&'static str> {
 
 /// A cluster under measurement: its silos in this process, or in child processes.
 enum Cluster {
-    Here(Local),
+    Here(Box<Local>),
     Processes {
         procs: Vec<Process>,
         /// The process of each silo, oldest first.
@@ -561,7 +561,7 @@ async fn once(provider: &str, silos: usize, shards: u32, args: &Args) -> anyhow:
             shards,
             membership: ClusterMembershipOptions::fast(),
         };
-        (counting, Cluster::Here(local), backend)
+        (counting, Cluster::Here(Box::new(local)), backend)
     };
     // The shard count first: it places the rows the table writes (Redis).
     rollcall_membership_core::lease::ShardLeases::open(store.lease_table(&id)?, shards).await?;
