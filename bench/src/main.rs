@@ -67,6 +67,9 @@ enum Cmd {
         cluster: String,
         #[arg(long)]
         shards: u32,
+        /// The fast membership profile instead of the defaults.
+        #[arg(long)]
+        fast: bool,
     },
     /// R5: cluster throughput (creations/s, ticks/s and lateness, a mass due
     /// time) on silo processes and one Redis, next to raw SETs; adds its section
@@ -228,9 +231,10 @@ fn main() -> anyhow::Result<()> {
             store,
             cluster,
             shards,
+            fast,
         } => {
             drop(rt);
-            r4::silos(&store, &cluster, shards)
+            r4::silos(&store, &cluster, shards, fast)
         }
         Cmd::R5(args) => {
             drop(rt);

@@ -52,11 +52,18 @@ pub struct Args {
     /// Of them, reminders ticking every second (their ticks measure the pause).
     #[arg(long, default_value_t = 2_000)]
     probes: usize,
-    /// Silo processes for clusters of 100 silos or more on a networked store
-    /// (smaller clusters and the memory store run in this process); 1 keeps
-    /// every cluster in this process.
+    /// Silo processes for clusters of `--process-from` silos or more on a
+    /// networked store (smaller clusters and the memory store run in this
+    /// process); 1 keeps every cluster in this process.
     #[arg(long, default_value_t = 10)]
     processes: usize,
+    /// The smallest cluster that runs in `--processes` child processes.
+    #[arg(long, default_value_t = 100)]
+    process_from: usize,
+    /// The child processes' silos use the fast membership profile (by default
+    /// Orleans' timings: the fast profile's probes at 100 silos saturate two cores).
+    #[arg(long)]
+    fast_processes: bool,
     /// The reports to add the R4 section and the `r4` key to.
     #[command(flatten)]
     pub reports: crate::Reports,
@@ -70,7 +77,8 @@ pub struct Change {
     /// The service's shard count S.
     shards: u32,
     /// Processes the silos ran in (1: one process, fast membership profile;
-    /// more: child processes, default membership options).
+    /// more: child processes, default membership options unless
+    /// `--fast-processes`).
     processes: usize,
     /// `start` (the cluster's first start: every silo joins and loads; store calls
     /// not net of a quiet span), `join`, `leave` or `crash`.
@@ -237,8 +245,8 @@ impl Local {
 ///   tick delivered here at or after SINCE_MS (wall clock), then `end`.
 /// - `quit`: kills every silo and exits.
 ///
-/// Silos use the default membership options.
-pub fn silos(store: &str, cluster: &str, shards: u32) -> anyhow::Result<()> {
+/// Silos use the default membership options, or with `fast` the fast profile.
+pub fn silos(store: &str, cluster: &str, shards: u32, fast: bool) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
@@ -250,7 +258,11 @@ pub fn silos(store: &str, cluster: &str, shards: u32) -> anyhow::Result<()> {
             log: Arc::default(),
             id: cluster.to_owned(),
             shards,
-            membership: ClusterMembershipOptions::default(),
+            membership: if fast {
+                ClusterMembershipOptions::fast()
+            } else {
+                ClusterMembershipOptions::default()
+            },
         };
         println!("ready");
         let mut lines = BufReader::new(tokio::io::stdin()).lines();
@@ -519,7 +531,7 @@ async fn store_url(provider: &str) -> anyhow::Result<(String, rollcall_tests::fi
 }
 
 async fn once(provider: &str, silos: usize, shards: u32, args: &Args) -> anyhow::Result<Vec<Change>> {
-    let processes = if silos >= 100 && provider != "memory" {
+    let processes = if silos >= args.process_from && provider != "memory" {
         args.processes.max(1)
     } else {
         1
@@ -532,18 +544,12 @@ async fn once(provider: &str, silos: usize, shards: u32, args: &Args) -> anyhow:
         let store = rollcall::connect(&url).await?;
         let mut procs = Vec::new();
         for _ in 0..processes {
-            procs.push(
-                Process::spawn(&[
-                    "r4-silos",
-                    "--store",
-                    &url,
-                    "--cluster",
-                    &id,
-                    "--shards",
-                    &shards.to_string(),
-                ])
-                .await?,
-            );
+            let shards = shards.to_string();
+            let mut argv = vec!["r4-silos", "--store", &url, "--cluster", &id, "--shards", &shards];
+            if args.fast_processes {
+                argv.push("--fast");
+            }
+            procs.push(Process::spawn(&argv).await?);
         }
         let cluster = Cluster::Processes {
             procs,

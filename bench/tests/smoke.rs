@@ -102,20 +102,28 @@ fn smoke_run_reports_every_provider_with_ratios() {
             "the victim held reminders: {r}"
         );
     }
-    // R4: a start, a join, a leave and a crash in a small cluster on memory.
+    // R4: a start, a join, a leave and a crash in a small cluster in 2 silo
+    // processes on Redis: the child-process mode of the 100-silo rows (with the
+    // fast profile, to keep it short); the children run the same silos as a
+    // cluster in one process (`Local`).
     run_bench(
         &[
             "r4",
             "--providers",
-            "memory",
+            "redis",
             "--silos",
-            "3",
+            "4",
             "--shards",
             "64",
             "--count",
             "400",
             "--probes",
             "100",
+            "--processes",
+            "2",
+            "--process-from",
+            "4",
+            "--fast-processes",
         ],
         &md,
         &json,
@@ -123,6 +131,9 @@ fn smoke_run_reports_every_provider_with_ratios() {
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let changes = parsed["r4"].as_array().unwrap();
     assert_eq!(changes.len(), 4, "start, join, leave, crash: {parsed:#}");
+    for c in changes {
+        assert_eq!(c["processes"], 2, "in 2 processes: {c}");
+    }
     for c in changes {
         assert_eq!(c["shards"], 64, "{c}");
         assert!(c["spread"].as_f64().unwrap() >= 1.0, "{c}");
