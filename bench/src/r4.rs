@@ -220,9 +220,13 @@ impl Local {
             .collect()
     }
 
+    /// The probe ticks delivered at or after `since_ms`; older ones are dropped
+    /// (each query asks from later on), so the log holds only the ticks since the
+    /// last query.
     fn ticks_since(&self, since_ms: u64) -> Vec<Tick> {
-        let log = self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        log.iter().filter(|t| t.3 >= since_ms).cloned().collect()
+        let mut log = self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        log.retain(|t| t.3 >= since_ms);
+        log.clone()
     }
 
     fn kill_all(&mut self) {
@@ -343,8 +347,8 @@ impl Cluster {
             Cluster::Processes { procs, order } => {
                 let n = procs.len();
                 // Spread evenly, the processes starting theirs at once.
-                for (k, p) in procs.iter_mut().enumerate() {
-                    let share = (k + 1) * silos / n - k * silos / n;
+                let shares: Vec<usize> = (0..n).map(|k| (k + 1) * silos / n - k * silos / n).collect();
+                for (p, share) in procs.iter_mut().zip(&shares) {
                     p.send(&format!("start {share}")).await?;
                 }
                 for p in procs.iter_mut() {
@@ -352,11 +356,7 @@ impl Cluster {
                 }
                 // Silo ages by round: every process's first, then every second...
                 for round in 0..silos.div_ceil(n) {
-                    for k in 0..n {
-                        if round < (k + 1) * silos / n - k * silos / n {
-                            order.push_back(k);
-                        }
-                    }
+                    order.extend((0..n).filter(|&k| round < shares[k]));
                 }
             }
         }
@@ -372,6 +372,7 @@ impl Cluster {
                 other => anyhow::bail!("no such change: {other:?}"),
             },
             Cluster::Processes { procs, order } => {
+                let word = answer(kind)?;
                 let k = if kind == "join" {
                     // The process with the fewest silos.
                     let k = (0..procs.len())
@@ -382,7 +383,6 @@ impl Cluster {
                 } else {
                     order.pop_front().ok_or_else(|| anyhow::anyhow!("no silo left"))?
                 };
-                let word = answer(kind)?;
                 procs[k].send(kind).await?;
                 procs[k].expect(word).await?;
                 Ok(())

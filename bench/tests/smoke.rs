@@ -133,8 +133,6 @@ fn smoke_run_reports_every_provider_with_ratios() {
     assert_eq!(changes.len(), 4, "start, join, leave, crash: {parsed:#}");
     for c in changes {
         assert_eq!(c["processes"], 2, "in 2 processes: {c}");
-    }
-    for c in changes {
         assert_eq!(c["shards"], 64, "{c}");
         assert!(c["spread"].as_f64().unwrap() >= 1.0, "{c}");
         assert!(c["lease_writes"].as_i64().unwrap() > 0, "shards moved: {c}");
