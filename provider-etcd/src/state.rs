@@ -368,6 +368,38 @@ impl StateTable for EtcdStateTable {
     }
 }
 
+/// What a state commit does with one write after its Txn failed and read the
+/// write's header back.
+#[derive(Debug, PartialEq, Eq)]
+enum Recheck {
+    /// The header's current state refutes the write's precondition: a conflict,
+    /// with the live header's etag (`None`: absent or expired).
+    Conflict(Option<Etag>),
+    /// The precondition admits the header after all: compare again, on the
+    /// `mod_revision` of an expired header still stored (`Some`), or as the
+    /// precondition says (`None`: an absent header is compared on version 0).
+    Again(Option<i64>),
+}
+
+/// The rule behind [`Recheck`] for one write expecting `expected`, whose header
+/// the failed Txn read as `header` (its `mod_revision` and whether it has
+/// expired; `None`: no header). An expired header counts as absent, but the
+/// next compare must name its revision while it is stored; once its lease has
+/// removed it, the next compare is on an absent key again. (Comparing on the
+/// removed header's revision failed every attempt: a first write over a state
+/// whose lease ran out between two attempts failed with a backend error. Found
+/// by `state_a_write_over_an_expired_state_deletes_its_chunks` on a 3-member
+/// cluster under load.)
+fn recheck(expected: &Expected, header: Option<(i64, bool)>) -> Recheck {
+    let live = header
+        .filter(|(_, expired)| !expired)
+        .map(|(rev, _)| Etag::new(rev.to_string()));
+    if !expected.admits(live.as_ref()) {
+        return Recheck::Conflict(live);
+    }
+    Recheck::Again(header.filter(|(_, expired)| *expired).map(|(rev, _)| rev))
+}
+
 impl EtcdStateTable {
     /// One commit with its writes' leases ([`StateTable::commit`]).
     async fn commit_with(&self, writes: &[HeaderWrite<'_>], lease_ids: &[Option<i64>]) -> Result<Commit> {
@@ -486,19 +518,17 @@ impl EtcdStateTable {
             let mut retry = false;
             for (index, (w, r)) in writes.iter().zip(resp.op_responses()).enumerate() {
                 let TxnOpResponse::Get(g) = r else { continue };
-                let kv = g.kvs().first();
-                let live = kv
-                    .filter(|kv| !expired(w.key, kv.value()))
-                    .map(|kv| Etag::new(kv.mod_revision().to_string()));
-                if !w.expected.admits(live.as_ref()) {
-                    return Ok(Commit::Conflict { index, current: live });
+                let header = g
+                    .kvs()
+                    .first()
+                    .map(|kv| (kv.mod_revision(), expired(w.key, kv.value())));
+                match recheck(&w.expected, header) {
+                    Recheck::Conflict(current) => return Ok(Commit::Conflict { index, current }),
+                    Recheck::Again(at) => {
+                        expired_at[index] = at;
+                        retry = true;
+                    }
                 }
-                // Admitted after all: an expired header still stored, or one
-                // that changed back. Compare on what is there now.
-                if let (Some(kv), true) = (kv, live.is_none()) {
-                    expired_at[index] = Some(kv.mod_revision());
-                }
-                retry = true;
             }
             if !retry {
                 break;
@@ -507,5 +537,39 @@ impl EtcdStateTable {
         Err(Error::backend(
             "etcd state commit: the headers kept changing under the compares; try again",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_expired_header_is_compared_on_its_revision_until_its_lease_removes_it() {
+        // Found expired and still stored: compare on its revision.
+        assert_eq!(
+            recheck(&Expected::Absent, Some((41, true))),
+            Recheck::Again(Some(41))
+        );
+        // Removed by its lease before the next attempt: compare on an absent key.
+        assert_eq!(recheck(&Expected::Absent, None), Recheck::Again(None));
+        // A live header refutes a first write.
+        assert_eq!(
+            recheck(&Expected::Absent, Some((42, false))),
+            Recheck::Conflict(Some(Etag::new("42")))
+        );
+    }
+
+    #[test]
+    fn an_etag_precondition_holds_only_against_its_live_header() {
+        let e = Expected::Etag(Etag::new("7"));
+        assert_eq!(recheck(&e, Some((7, false))), Recheck::Again(None));
+        assert_eq!(
+            recheck(&e, Some((8, false))),
+            Recheck::Conflict(Some(Etag::new("8")))
+        );
+        assert_eq!(recheck(&e, Some((7, true))), Recheck::Conflict(None));
+        assert_eq!(recheck(&e, None), Recheck::Conflict(None));
+        assert_eq!(recheck(&Expected::Any, None), Recheck::Again(None));
     }
 }
