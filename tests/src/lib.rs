@@ -21,6 +21,8 @@ pub mod membership_table;
 pub mod metrics_table;
 pub mod reminder_table;
 pub mod reminders;
+#[cfg(feature = "redis")]
+pub mod replicated;
 pub mod sim;
 pub mod state_table;
 pub mod statistics_store;
