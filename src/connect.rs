@@ -18,8 +18,8 @@ pub enum StoreUrl {
         /// The store's name within this process.
         name: String,
     },
-    /// `redis://...`, `rediss://...`, `redis+cluster://...`: the URL is handed to the
-    /// Redis provider unchanged.
+    /// `redis://...`, `rediss://...`, `redis+cluster://...`, `redis+sentinel://...`
+    /// (and `rediss+` of both): the URL is handed to the Redis provider unchanged.
     Redis {
         /// The whole URL.
         url: String,
@@ -67,7 +67,7 @@ impl StoreUrl {
                     name: name.to_owned(),
                 })
             }
-            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel" | "rediss+sentinel" => {
                 if rest.is_empty() {
                     return Err(bad("missing host"));
                 }
@@ -119,7 +119,7 @@ impl StoreUrl {
                 })
             }
             other => Err(bad(&format!(
-                "unknown scheme `{other}` (expected memory, redis, rediss, redis+cluster, etcd, etcds or dynamodb)"
+                "unknown scheme `{other}` (expected memory, redis, rediss, redis+cluster, redis+sentinel, etcd, etcds or dynamodb)"
             ))),
         }
     }

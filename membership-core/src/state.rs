@@ -570,6 +570,12 @@ pub enum WriteEvent {
     /// unsupported operation: an error that is not transient): nothing was
     /// written.
     Rejected,
+    /// The commit failed in a way no read can decide, reported by the provider as
+    /// [`Error::OutcomeUnknown`]: e.g. applied on a Redis primary that fewer
+    /// replicas acknowledged than `wait_replicas` asks for, so a read now would
+    /// find it although a failover may still lose it. The write ends
+    /// [`WriteFailure::Unknown`], chunks kept.
+    Undecidable,
 }
 
 /// Where a [`WriteMachine`] is.
@@ -722,6 +728,11 @@ impl WriteMachine {
             }
             WriteEvent::Resolved(Some((g, etag))) if g == self.generation => self.succeed(Some(etag)),
             WriteEvent::Resolved(_) | WriteEvent::Rejected => self.fail(WriteFailure::Failed),
+            WriteEvent::Undecidable => {
+                // No read can tell whether it lasts: keep the chunks, report it unknown.
+                self.outcome = Some(Err(WriteFailure::Unknown));
+                self.finish()
+            }
             WriteEvent::Failed => match self.phase {
                 Phase::Committing => {
                     self.phase = Phase::Resolving;
@@ -987,8 +998,11 @@ impl StateStorage {
                         Ok(c) => WriteEvent::Committed(c),
                         Err(e) => {
                             let transient = e.is_transient();
+                            let undecidable = matches!(e, Error::OutcomeUnknown { .. });
                             errors.push(e);
-                            if transient {
+                            if undecidable {
+                                WriteEvent::Undecidable
+                            } else if transient {
                                 WriteEvent::Failed
                             } else {
                                 WriteEvent::Rejected

@@ -15,6 +15,14 @@ use rollcall_membership_core::{
 /// | `redis://[user:pass@]host:port[/db]` | one server (database `db`, default 0) |
 /// | `rediss://...` | the same over TLS |
 /// | `redis+cluster://[user:pass@]host:port,host:port` | Redis Cluster, seed nodes (`rediss+cluster://` for TLS) |
+/// | `redis+sentinel://[user:pass@]host:port,host:port/<master-name>[/db]` | a primary with replicas behind Redis Sentinel: the sentinels' addresses and the monitored master's name (`rediss+sentinel://` for TLS to the sentinels and the servers) |
+///
+/// With Sentinel, `user:pass` authenticates to the Redis servers (the primary and
+/// its replicas); the sentinels are reached without credentials. The primary is
+/// found through the sentinels (the redis crate's `sentinel` module) at the first
+/// call, and found again after a call fails in a way that says it is gone or no
+/// longer primary (a refused or lost connection, a timeout, `READONLY`,
+/// `MASTERDOWN`, `LOADING`).
 ///
 /// TLS verifies the server against the Mozilla root certificates (webpki-roots);
 /// `#insecure` at the end of a `rediss` URL skips verification (self-signed test
@@ -24,7 +32,8 @@ use rollcall_membership_core::{
 /// `pool_size` (pooled connections per node for transactions, default 16),
 /// `timeout_ms` (connect, pool wait and response timeout, default 5000), `history`
 /// (membership-history events kept per cluster, default
-/// [`DEFAULT_HISTORY_CAPACITY`]; 0 keeps none).
+/// [`DEFAULT_HISTORY_CAPACITY`]; 0 keeps none), `wait_replicas` and `wait_ms`
+/// (see [`RedisConfig::wait_replicas`]; default 0: no `WAIT`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisConfig {
     /// Node URLs: the server, or the cluster's seed nodes (`redis://` or `rediss://`).
@@ -41,6 +50,35 @@ pub struct RedisConfig {
     pub tls: bool,
     /// Membership-history events kept per cluster (0: none).
     pub history_capacity: u64,
+    /// With Sentinel (`redis+sentinel://`): the monitored master and how to reach
+    /// the servers; [`nodes`](Self::nodes) are then the sentinels' URLs.
+    pub sentinel: Option<SentinelTarget>,
+    /// Replicas that must acknowledge every conditional write rollcall reports as
+    /// done (`WAIT <n> <wait_ms>` after it, on the same connection): membership
+    /// rows with the version row, shard leases, reminder rows and actor-state
+    /// commits. 0 (the default) sends no `WAIT`. A write that fewer replicas
+    /// acknowledge within [`wait_timeout`](Self::wait_timeout) is reported as an
+    /// outcome that may or may not survive a failover (an
+    /// [`Error::Backend`] or, for an actor-state commit, an
+    /// [`Error::OutcomeUnknown`]), never as a success. Redis' own documentation:
+    /// `WAIT` narrows the window in which an acknowledged write is lost in a
+    /// failover, but does not make Redis strongly consistent.
+    pub wait_replicas: u32,
+    /// How long a `WAIT` waits for [`wait_replicas`](Self::wait_replicas)
+    /// acknowledgements (`wait_ms`, default 1000 ms; less than `timeout_ms`).
+    pub wait_timeout: Duration,
+}
+
+/// The master a `redis+sentinel://` URL names, and how to reach the servers the
+/// sentinels point at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentinelTarget {
+    /// The master name the sentinels monitor (`sentinel monitor <name> ...`).
+    pub master: String,
+    /// `user:pass@` for the Redis servers, or empty.
+    pub auth: String,
+    /// The database on the servers (default 0).
+    pub db: u32,
 }
 
 impl RedisConfig {
@@ -54,14 +92,16 @@ impl RedisConfig {
         let (scheme, rest) = url
             .split_once("://")
             .ok_or_else(|| bad("expected redis://host:port"))?;
-        let (tls, cluster) = match scheme {
-            "redis" => (false, false),
-            "rediss" => (true, false),
-            "redis+cluster" => (false, true),
-            "rediss+cluster" => (true, true),
+        let (tls, cluster, sentinel) = match scheme {
+            "redis" => (false, false, false),
+            "rediss" => (true, false, false),
+            "redis+cluster" => (false, true, false),
+            "rediss+cluster" => (true, true, false),
+            "redis+sentinel" => (false, false, true),
+            "rediss+sentinel" => (true, false, true),
             _ => {
                 return Err(bad(
-                    "scheme must be redis, rediss, redis+cluster or rediss+cluster",
+                    "scheme must be redis, rediss, redis+cluster, rediss+cluster, redis+sentinel or rediss+sentinel",
                 ))
             }
         };
@@ -83,7 +123,11 @@ impl RedisConfig {
             timeout: Duration::from_secs(5),
             tls: false,
             history_capacity: DEFAULT_HISTORY_CAPACITY,
+            sentinel: None,
+            wait_replicas: 0,
+            wait_timeout: Duration::from_millis(1000),
         };
+        let mut wait_ms_given = false;
         for (k, v) in url::form_urlencoded::parse(query.as_bytes()) {
             match k.as_ref() {
                 "prefix" => {
@@ -108,19 +152,68 @@ impl RedisConfig {
                     cfg.timeout = Duration::from_millis(ms);
                 }
                 "history" => cfg.history_capacity = parse_history_capacity(&v).map_err(|e| bad(&e))?,
+                "wait_replicas" => {
+                    cfg.wait_replicas = v
+                        .parse()
+                        .ok()
+                        .filter(|n| *n <= 64)
+                        .ok_or_else(|| bad("wait_replicas must be 0..=64"))?;
+                }
+                "wait_ms" => {
+                    let ms: u64 = v
+                        .parse()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| bad("wait_ms must be a positive integer"))?;
+                    cfg.wait_timeout = Duration::from_millis(ms);
+                    wait_ms_given = true;
+                }
                 other => {
                     return Err(bad(&format!(
-                        "unknown parameter `{other}` (prefix, pool_size, timeout_ms, history)"
+                        "unknown parameter `{other}` (prefix, pool_size, timeout_ms, history, wait_replicas, wait_ms)"
                     )))
                 }
             }
+        }
+        if wait_ms_given && cfg.wait_replicas == 0 {
+            return Err(bad("wait_ms needs wait_replicas"));
+        }
+        if cfg.wait_replicas > 0 && cfg.wait_timeout >= cfg.timeout {
+            return Err(bad("wait_ms must be less than timeout_ms"));
         }
         let node_scheme = if tls { "rediss" } else { "redis" };
         let (auth, hosts) = match main.rsplit_once('@') {
             Some((a, h)) => (format!("{a}@"), h),
             None => (String::new(), main),
         };
-        if cluster {
+        if sentinel {
+            // host:port,host:port/<master-name>[/db]
+            let (sentinels, path) = hosts
+                .split_once('/')
+                .ok_or_else(|| bad("expected redis+sentinel://host:port[,host:port]/<master-name>"))?;
+            let (name, db) = match path.split_once('/') {
+                Some((n, d)) => (n, Some(d)),
+                None => (path, None),
+            };
+            if name.is_empty() {
+                return Err(bad(
+                    "the master name is missing: redis+sentinel://host:port/<master-name>",
+                ));
+            }
+            if let Some(db) = db {
+                db.parse::<u32>()
+                    .map_err(|_| bad("the database after the master name must be a number"))?;
+            }
+            for h in sentinels.split(',').filter(|h| !h.is_empty()) {
+                // The sentinels themselves: no credentials, no database.
+                cfg.nodes.push(format!("{node_scheme}://{h}/{fragment}"));
+            }
+            cfg.sentinel = Some(SentinelTarget {
+                master: name.to_owned(),
+                auth: auth.clone(),
+                db: db.map_or(Ok(0), str::parse).map_err(|_| bad("database"))?,
+            });
+        } else if cluster {
             if hosts.contains('/') {
                 return Err(bad("Redis Cluster has no databases: remove the /db part"));
             }

@@ -1,14 +1,35 @@
 //! Connections: per node, a pool of dedicated connections for WATCH transactions
 //! (deadpool, with a manager of our own: a checkout costs no round trip) and one
-//! auto-reconnecting multiplexed connection for plain reads and heartbeats. In Redis
-//! Cluster mode, the node that owns a hash tag's slot is found with `CLUSTER SLOTS`
-//! and refreshed on a `MOVED` redirection. An `ASK` redirection (the slot is being
-//! migrated and the keys already moved) is followed once, on connections that send
-//! `ASKING` before every command, without touching the slot map.
+//! auto-reconnecting multiplexed connection for plain reads and heartbeats.
+//!
+//! Finding the node ([`Router`]):
+//! - **Standalone**: the one server of the URL.
+//! - **Redis Cluster**: the master that owns a hash tag's slot, from `CLUSTER
+//!   SLOTS`. The slot map is read again after a `MOVED` redirection and after any
+//!   call fails in a way that says its node is gone or no longer a master (a
+//!   refused, reset or lost connection, a timeout, `CLUSTERDOWN`, `READONLY`,
+//!   `MASTERDOWN`, `LOADING`, `EXECABORT`), from the seeds and every node the last
+//!   map named (masters and replicas), so a promoted replica is found although the
+//!   seed that died was the only one in the URL. An `ASK` redirection (the slot
+//!   is being migrated and the keys already moved) is followed once, on
+//!   connections that send `ASKING` before every command, without touching the
+//!   slot map.
+//! - **Sentinel**: the primary the sentinels name (the redis crate's `sentinel`
+//!   module), found again after the same failures.
+//!
+//! A topology refresh is shared: concurrent callers that failed on the same map
+//! wait for one refresh, and refreshes after failures run at most once per
+//! [`REFRESH_GAP`]. A call whose failure says it was not applied (a refused
+//! connection, `READONLY`, `MOVED`...) runs once more on the node the refresh
+//! found, when it is another one; a call that may have been applied (a timeout,
+//! a connection lost mid-call) is not repeated: its error goes to the caller,
+//! whose next call reaches the new node.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
@@ -23,28 +44,113 @@ pub(crate) fn backend(what: &str, e: RedisError) -> Error {
     Error::backend_with(format!("redis: {what}"), e)
 }
 
-/// A cluster redirection in a rollcall error.
+/// The least time between two topology refreshes caused by failed calls (a
+/// `MOVED` refreshes at once): at most 4 `CLUSTER SLOTS` (or sentinel queries)
+/// a second per store handle while a failover is under way.
+pub(crate) const REFRESH_GAP: Duration = Duration::from_millis(250);
+
+/// What a failed call says about where its node is.
 #[derive(Debug, PartialEq, Eq)]
-enum Redirect {
+pub(crate) enum Fault {
     /// The slot moved for good: refresh the slot map.
     Moved,
     /// The slot is migrating and the keys are on this node (`host:port`): ask it
     /// once, with `ASKING`.
     Ask(String),
+    /// The node did not serve the call, and nothing was applied: it refused the
+    /// connection, is a replica now (`READONLY`), or says the cluster or its
+    /// master is down (`CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `EXECABORT`), or no
+    /// connection could be had in time. Refresh, and run it again if the node
+    /// changed.
+    NotServed,
+    /// The call may have been applied (a timeout, a connection lost mid-call):
+    /// refresh, but leave the outcome to the caller.
+    Lost,
 }
 
-fn redirect(e: &Error) -> Option<Redirect> {
+/// The client error inside a rollcall error, if any; `Err(())` for a pool that
+/// could not hand out a connection in time.
+fn redis_error(e: &Error) -> Option<std::result::Result<&RedisError, ()>> {
     let Error::Backend { source: Some(s), .. } = e else {
         return None;
     };
-    let re = s.downcast_ref::<RedisError>()?;
-    match re.kind() {
-        ErrorKind::Server(ServerErrorKind::Moved) => Some(Redirect::Moved),
-        ErrorKind::Server(ServerErrorKind::Ask) => {
-            ask_address(re).map(Redirect::Ask).or(Some(Redirect::Moved))
-        }
+    if let Some(re) = s.downcast_ref::<RedisError>() {
+        return Some(Ok(re));
+    }
+    match s.downcast_ref::<deadpool::managed::PoolError<RedisError>>()? {
+        deadpool::managed::PoolError::Backend(re) => Some(Ok(re)),
+        deadpool::managed::PoolError::Timeout(_) => Some(Err(())),
         _ => None,
     }
+}
+
+/// A conditional write applied on the primary that fewer replicas acknowledged
+/// than `wait_replicas` asks for, within `wait_ms`: it may or may not survive a
+/// failover.
+#[derive(Debug)]
+pub(crate) struct Unreplicated {
+    acked: i64,
+    replicas: u32,
+    within: Duration,
+}
+
+impl std::fmt::Display for Unreplicated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} of {} replicas acknowledged the write within {:?}; it is applied on the \
+             primary but may be lost in a failover",
+            self.acked, self.replicas, self.within
+        )
+    }
+}
+
+impl std::error::Error for Unreplicated {}
+
+/// Whether `e` says a write was applied but not known to survive a failover:
+/// a `WAIT` that fell short, or (`Fault::Lost`) a call that may have been
+/// applied and never reached its `WAIT`.
+pub(crate) fn maybe_unreplicated(e: &Error) -> bool {
+    let Error::Backend { source: Some(s), .. } = e else {
+        return false;
+    };
+    s.downcast_ref::<Unreplicated>().is_some() || fault(e) == Some(Fault::Lost)
+}
+
+/// What `e` says about the topology, if anything.
+pub(crate) fn fault(e: &Error) -> Option<Fault> {
+    let re = match redis_error(e)? {
+        Ok(re) => re,
+        Err(()) => return Some(Fault::NotServed),
+    };
+    let kinds: Vec<ServerErrorKind> = match re.kind() {
+        ErrorKind::Server(k) => vec![k],
+        _ => re
+            .clone()
+            .into_server_errors()
+            .map(|errs| errs.iter().filter_map(|(_, e)| e.kind()).collect())
+            .unwrap_or_default(),
+    };
+    if kinds.contains(&ServerErrorKind::Moved) {
+        return Some(Fault::Moved);
+    }
+    if kinds.contains(&ServerErrorKind::Ask) {
+        return Some(ask_address(re).map_or(Fault::Moved, Fault::Ask));
+    }
+    let not_served = [
+        ServerErrorKind::ReadOnly,
+        ServerErrorKind::ClusterDown,
+        ServerErrorKind::MasterDown,
+        ServerErrorKind::BusyLoading,
+        ServerErrorKind::ExecAbort,
+    ];
+    if kinds.iter().any(|k| not_served.contains(k)) || re.is_connection_refusal() {
+        return Some(Fault::NotServed);
+    }
+    if re.is_io_error() || re.is_timeout() || re.is_connection_dropped() {
+        return Some(Fault::Lost);
+    }
+    None
 }
 
 /// The `host:port` of an `ASK` reply: of the error itself, or of the first `ASK`
@@ -161,6 +267,8 @@ pub(crate) struct Node {
     timeout: std::time::Duration,
     /// Reached by an `ASK` redirection: every command goes after `ASKING`.
     asking: bool,
+    /// `WAIT` after conditional writes: replicas, and how long.
+    wait: Option<(u32, std::time::Duration)>,
 }
 
 impl std::fmt::Debug for Node {
@@ -254,7 +362,40 @@ impl Node {
             shared: OnceCell::new(),
             timeout: cfg.timeout,
             asking: false,
+            wait: (cfg.wait_replicas > 0).then_some((cfg.wait_replicas, cfg.wait_timeout)),
         })
+    }
+
+    /// Whether conditional writes wait for replicas (`wait_replicas` > 0).
+    pub(crate) fn waits(&self) -> bool {
+        self.wait.is_some()
+    }
+
+    /// After a conditional write committed on `con`: `WAIT` for the configured
+    /// replicas (nothing when none are configured). Fewer acknowledgements within
+    /// `wait_ms` is an [`Error::Backend`] that says the write may or may not
+    /// survive a failover: the caller must treat it as an ambiguous outcome.
+    pub(crate) async fn wait_for_replicas(&self, con: &mut Dedicated) -> Result<()> {
+        let Some((replicas, within)) = self.wait else {
+            return Ok(());
+        };
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(replicas)
+            .arg(within.as_millis() as u64)
+            .query_async(con)
+            .await
+            .map_err(|e| backend("WAIT", e))?;
+        if acked < i64::from(replicas) {
+            return Err(Error::backend_with(
+                "redis: WAIT",
+                Unreplicated {
+                    acked,
+                    replicas,
+                    within,
+                },
+            ));
+        }
+        Ok(())
     }
 
     /// The shared multiplexed connection (reconnects by itself after failures).
@@ -290,12 +431,17 @@ impl Node {
     }
 
     /// Bounds an operation by the configured timeout.
+    /// A timeout is an [`Error::Backend`] whose source is an I/O timeout, so that
+    /// [`fault`] reads it as [`Fault::Lost`].
     pub(crate) async fn timed<T>(&self, what: &str, fut: impl Future<Output = Result<T>>) -> Result<T> {
-        tokio::time::timeout(self.timeout, fut).await.unwrap_or_else(|_| {
-            Err(Error::backend(format!(
-                "redis: {what} timed out after {:?}",
-                self.timeout
-            )))
+        // The WAIT of a conditional write comes on top of its own round trips.
+        let limit = self.timeout + self.wait.map_or(std::time::Duration::ZERO, |(_, w)| w);
+        tokio::time::timeout(limit, fut).await.unwrap_or_else(|_| {
+            let io = std::io::Error::new(std::io::ErrorKind::TimedOut, "no reply in time");
+            Err(Error::backend_with(
+                format!("redis: {what} timed out after {limit:?}"),
+                RedisError::from(io),
+            ))
         })
     }
 }
@@ -305,23 +451,199 @@ impl Node {
 pub(crate) enum Router {
     Standalone(Arc<Node>),
     Cluster(Box<ClusterRouter>),
+    Sentinel(Box<SentinelRouter>),
+}
+
+/// One topology refresh at a time, at most one per [`REFRESH_GAP`] after failures.
+#[derive(Debug, Default)]
+struct RefreshGate {
+    /// Bumped by every refresh: a caller that failed on generation `g` skips the
+    /// refresh when it is past `g` (another caller refreshed meanwhile).
+    generation: AtomicU64,
+    /// When the last refresh ended.
+    last: tokio::sync::Mutex<Option<Instant>>,
+}
+
+impl RefreshGate {
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Runs `refresh` unless another caller refreshed since `seen`, or (unless
+    /// `now`) the last refresh ended less than [`REFRESH_GAP`] ago.
+    async fn refresh<F, Fut>(&self, seen: u64, now: bool, refresh: F) -> Result<()>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<()>>,
+    {
+        let mut last = self.last.lock().await;
+        if self.generation() != seen {
+            return Ok(());
+        }
+        if !now && last.is_some_and(|t| t.elapsed() < REFRESH_GAP) {
+            return Ok(());
+        }
+        let r = refresh().await;
+        *last = Some(Instant::now());
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        r
+    }
 }
 
 #[derive(Debug)]
 pub(crate) struct ClusterRouter {
     cfg: RedisConfig,
-    /// (first slot, last slot, node URL), from CLUSTER SLOTS.
+    /// (first slot, last slot, master URL), from CLUSTER SLOTS.
     slots: RwLock<Vec<(u16, u16, String)>>,
+    /// Every node the last CLUSTER SLOTS named (masters and replicas): where a
+    /// refresh asks when the seeds do not answer.
+    known: Mutex<Vec<String>>,
     nodes: Mutex<HashMap<String, Arc<Node>>>,
     /// Nodes reached by `ASK` redirections (see [`ClusterRouter::asking_node`]).
     asking_nodes: Mutex<HashMap<String, Arc<Node>>>,
     scheme_and_auth: String,
     /// `/#insecure` or `/` for TLS nodes, empty otherwise.
     suffix: String,
+    gate: RefreshGate,
+}
+
+/// The primary behind Redis Sentinel.
+pub(crate) struct SentinelRouter {
+    cfg: RedisConfig,
+    master: String,
+    sentinel: tokio::sync::Mutex<redis::sentinel::Sentinel>,
+    info: redis::sentinel::SentinelNodeConnectionInfo,
+    /// `redis://user:pass@` or `rediss://...`: the primary's URL is this, its
+    /// `host:port`, then [`suffix`](Self::suffix).
+    scheme_and_auth: String,
+    /// `/<db>`, with `#insecure` for TLS without verification.
+    suffix: String,
+    /// The primary found last.
+    primary: RwLock<Option<Arc<Node>>>,
+    gate: RefreshGate,
+}
+
+impl std::fmt::Debug for SentinelRouter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelRouter")
+            .field("master", &self.master)
+            .field("sentinels", &self.cfg.nodes)
+            .finish()
+    }
+}
+
+impl SentinelRouter {
+    fn new(cfg: &RedisConfig) -> Result<SentinelRouter> {
+        let target = cfg
+            .sentinel
+            .as_ref()
+            .ok_or_else(|| Error::invalid_config("store_url", "no sentinel master"))?;
+        let sentinel = redis::sentinel::Sentinel::build(cfg.nodes.clone())
+            .map_err(|e| Error::invalid_config("store_url", format!("sentinels: {e}")))?;
+        let insecure = cfg.nodes.iter().any(|n| n.ends_with("#insecure"));
+        let mut redis_info = redis::RedisConnectionInfo::default().set_db(i64::from(target.db));
+        if let Some((user, pass)) = split_auth(&target.auth) {
+            if !user.is_empty() {
+                redis_info = redis_info.set_username(user);
+            }
+            if let Some(pass) = pass {
+                redis_info = redis_info.set_password(pass);
+            }
+        }
+        let mut info =
+            redis::sentinel::SentinelNodeConnectionInfo::default().set_redis_connection_info(redis_info);
+        if cfg.tls {
+            info = info.set_tls_mode(if insecure {
+                redis::TlsMode::Insecure
+            } else {
+                redis::TlsMode::Secure
+            });
+        }
+        let scheme = if cfg.tls { "rediss" } else { "redis" };
+        Ok(SentinelRouter {
+            cfg: cfg.clone(),
+            master: target.master.clone(),
+            sentinel: tokio::sync::Mutex::new(sentinel),
+            info,
+            scheme_and_auth: format!("{scheme}://{}", target.auth),
+            suffix: format!("/{}{}", target.db, if insecure { "#insecure" } else { "" }),
+            primary: RwLock::new(None),
+            gate: RefreshGate::default(),
+        })
+    }
+
+    async fn node(&self) -> Result<Arc<Node>> {
+        if let Some(n) = self.primary.read().await.clone() {
+            return Ok(n);
+        }
+        let seen = self.gate.generation();
+        self.gate.refresh(seen, true, || self.discover()).await?;
+        self.primary
+            .read()
+            .await
+            .clone()
+            .ok_or_else(|| Error::backend(format!("redis sentinel: no primary for `{}`", self.master)))
+    }
+
+    /// Asks the sentinels for the primary (the redis crate checks that it answers
+    /// `ROLE` as a master), bounded by the timeout; keeps the node (and its
+    /// connections) when it is the one already known.
+    async fn discover(&self) -> Result<()> {
+        let ask = async {
+            let mut sentinel = self.sentinel.lock().await;
+            sentinel.async_master_for(&self.master, Some(&self.info)).await
+        };
+        let client = tokio::time::timeout(self.cfg.timeout, ask)
+            .await
+            .map_err(|_| {
+                Error::backend(format!(
+                    "redis sentinel: no answer for `{}` within {:?}",
+                    self.master, self.cfg.timeout
+                ))
+            })?
+            .map_err(|e| backend(&format!("sentinel: find the primary of `{}`", self.master), e))?;
+        let (host, port) = match client.get_connection_info().addr() {
+            redis::ConnectionAddr::Tcp(h, p) | redis::ConnectionAddr::TcpTls { host: h, port: p, .. } => {
+                (h.clone(), *p)
+            }
+            other => {
+                return Err(Error::backend(format!(
+                    "redis sentinel: unexpected address {other:?}"
+                )))
+            }
+        };
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host
+        };
+        let url = format!("{}{host}:{port}{}", self.scheme_and_auth, self.suffix);
+        let mut primary = self.primary.write().await;
+        if primary.as_ref().is_some_and(|n| n.url == url) {
+            return Ok(());
+        }
+        if let Some(old) = primary.as_ref() {
+            tracing::info!(from = %redact_password(&old.url), to = %redact_password(&url), "redis sentinel: the primary moved");
+        }
+        *primary = Some(Arc::new(Node::new(&url, &self.cfg)?));
+        Ok(())
+    }
+}
+
+/// `user:pass@` as (user, password).
+fn split_auth(auth: &str) -> Option<(&str, Option<&str>)> {
+    let auth = auth.strip_suffix('@')?;
+    Some(match auth.split_once(':') {
+        Some((u, p)) => (u, Some(p)),
+        None => (auth, None),
+    })
 }
 
 impl Router {
     pub(crate) fn new(cfg: &RedisConfig) -> Result<Router> {
+        if cfg.sentinel.is_some() {
+            return Ok(Router::Sentinel(Box::new(SentinelRouter::new(cfg)?)));
+        }
         if !cfg.cluster {
             let url = cfg
                 .nodes
@@ -348,10 +670,12 @@ impl Router {
         Ok(Router::Cluster(Box::new(ClusterRouter {
             cfg: cfg.clone(),
             slots: RwLock::new(Vec::new()),
+            known: Mutex::new(Vec::new()),
             nodes: Mutex::new(HashMap::new()),
             asking_nodes: Mutex::new(HashMap::new()),
             scheme_and_auth: format!("{scheme}://{auth}"),
             suffix: suffix.to_owned(),
+            gate: RefreshGate::default(),
         })))
     }
 
@@ -359,7 +683,38 @@ impl Router {
     pub(crate) async fn node(&self, tag: &str) -> Result<Arc<Node>> {
         match self {
             Router::Standalone(n) => Ok(n.clone()),
-            Router::Cluster(c) => c.node_for(slot(tag), false).await,
+            Router::Cluster(c) => c.node_for(slot(tag)).await,
+            Router::Sentinel(s) => s.node().await,
+        }
+    }
+
+    /// Whether conditional writes wait for replicas (`wait_replicas` > 0).
+    pub(crate) fn waits(&self) -> bool {
+        let cfg = match self {
+            Router::Standalone(n) => return n.waits(),
+            Router::Cluster(c) => &c.cfg,
+            Router::Sentinel(s) => &s.cfg,
+        };
+        cfg.wait_replicas > 0
+    }
+
+    /// The refresh generation (see [`RefreshGate`]); 0 for one server.
+    fn generation(&self) -> u64 {
+        match self {
+            Router::Standalone(_) => 0,
+            Router::Cluster(c) => c.gate.generation(),
+            Router::Sentinel(s) => s.gate.generation(),
+        }
+    }
+
+    /// Reads the topology again (the slot map, or the primary from the
+    /// sentinels), unless another caller did since `seen`; unless `now`, at most
+    /// once per [`REFRESH_GAP`].
+    async fn refresh(&self, seen: u64, now: bool) -> Result<()> {
+        match self {
+            Router::Standalone(_) => Ok(()),
+            Router::Cluster(c) => c.gate.refresh(seen, now, || c.refresh()).await,
+            Router::Sentinel(s) => s.gate.refresh(seen, now, || s.discover()).await,
         }
     }
 
@@ -435,6 +790,38 @@ impl Router {
         .await
     }
 
+    /// Runs `pipe`, a write, as [`pipeline`](Self::pipeline) does; when the store
+    /// waits for replicas (`wait_replicas`), on a dedicated connection followed by
+    /// `WAIT` (see [`Node::wait_for_replicas`]).
+    pub(crate) async fn pipeline_write<T: redis::FromRedisValue + Send>(
+        &self,
+        tag: &str,
+        what: &'static str,
+        pipe: &redis::Pipeline,
+    ) -> Result<T> {
+        self.run(tag, |node: Arc<Node>| async move {
+            node.timed(what, async {
+                if !node.waits() {
+                    let mut con = node.shared().await?;
+                    return pipe.query_async(&mut con).await.map_err(|e| backend(what, e));
+                }
+                let mut con = node.dedicated().await?;
+                let r = async {
+                    let reply = pipe.query_async(&mut con).await.map_err(|e| backend(what, e))?;
+                    node.wait_for_replicas(&mut con).await?;
+                    Ok(reply)
+                }
+                .await;
+                if r.is_err() {
+                    discard(con);
+                }
+                r
+            })
+            .await
+        })
+        .await
+    }
+
     /// Runs one command per tag (`cmds`: tag and command), pipelined per node,
     /// and answers in the order of `cmds`. A node's pipeline that fails (a
     /// redirection while slots move) is run again command by command through
@@ -481,20 +868,113 @@ impl Router {
         Ok(out.into_iter().flatten().collect())
     }
 
+    /// Runs `op` on the node of `tag`, following the topology (see the module
+    /// docs): after a `MOVED` the slot map is read again and `op` runs once more;
+    /// after an `ASK` it runs once on the node named, each command after
+    /// `ASKING`; after a failure that was not applied ([`Fault::NotServed`]) the
+    /// topology is read again and `op` runs once more if its node changed; after
+    /// one that may have been applied ([`Fault::Lost`]) the topology is read
+    /// again and the error returned. A multi-key command whose keys are split
+    /// between the two nodes of a migrating slot gets `TRYAGAIN`: a transient
+    /// [`Error::Backend`] the caller retries.
     pub(crate) async fn run<T, F, Fut>(&self, tag: &str, op: F) -> Result<T>
     where
         F: Fn(Arc<Node>) -> Fut,
         Fut: Future<Output = Result<T>>,
     {
+        let seen = self.generation();
         let node = self.node(tag).await?;
-        match op(node).await {
-            Err(e) => match (self, redirect(&e)) {
-                (Router::Cluster(c), Some(Redirect::Moved)) => op(c.node_for(slot(tag), true).await?).await,
-                (Router::Cluster(c), Some(Redirect::Ask(addr))) => op(c.asking_node(&addr)?).await,
-                _ => Err(e),
-            },
-            ok => ok,
+        let e = match op(node.clone()).await {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        match (fault(&e), self) {
+            (None, _) | (Some(_), Router::Standalone(_)) => Err(e),
+            (Some(Fault::Ask(addr)), Router::Cluster(c)) => op(c.asking_node(&addr)?).await,
+            (Some(Fault::Moved), _) => {
+                self.refresh(seen, true).await?;
+                op(self.node(tag).await?).await
+            }
+            (Some(Fault::NotServed), _) | (Some(Fault::Ask(_)), _) => {
+                if let Err(r) = self.refresh(seen, false).await {
+                    tracing::debug!(error = %r, "redis: topology refresh failed");
+                }
+                match self.node(tag).await {
+                    Ok(next) if !Arc::ptr_eq(&next, &node) => op(next).await,
+                    _ => Err(e),
+                }
+            }
+            (Some(Fault::Lost), _) => {
+                if let Err(r) = self.refresh(seen, false).await {
+                    tracing::debug!(error = %r, "redis: topology refresh failed");
+                }
+                Err(e)
+            }
         }
+    }
+
+    /// Runs a conditional-write script as [`invoke`](Self::invoke) does, and
+    /// then, when the store waits for replicas (`wait_replicas`), `WAIT`s on the
+    /// same (dedicated) connection: an answer is only returned once the replicas
+    /// acknowledged it (else an ambiguous [`Error::Backend`], see
+    /// [`Node::wait_for_replicas`]). `applied` tells from the reply whether the
+    /// script wrote anything (no `WAIT` when it did not).
+    pub(crate) async fn invoke_write<T: redis::FromRedisValue + Send, A: redis::ToRedisArgs + Sync>(
+        &self,
+        tag: &str,
+        what: &'static str,
+        script: &'static redis::Script,
+        keys: &[String],
+        args: &[A],
+        applied: impl Fn(&T) -> bool,
+    ) -> Result<T> {
+        let applied = &applied;
+        self.run(tag, |node: Arc<Node>| async move {
+            if !node.waits() {
+                return node
+                    .timed(what, async {
+                        let mut con = node.shared().await?;
+                        let mut invocation = script.prepare_invoke();
+                        for k in keys {
+                            invocation.key(k);
+                        }
+                        for a in args {
+                            invocation.arg(a);
+                        }
+                        invocation
+                            .invoke_async(&mut con)
+                            .await
+                            .map_err(|e| backend(what, e))
+                    })
+                    .await;
+            }
+            node.timed(what, async {
+                let mut con = node.dedicated().await?;
+                let mut invocation = script.prepare_invoke();
+                for k in keys {
+                    invocation.key(k);
+                }
+                for a in args {
+                    invocation.arg(a);
+                }
+                let reply: T = match invocation.invoke_async(&mut con).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        discard(con);
+                        return Err(backend(what, e));
+                    }
+                };
+                if applied(&reply) {
+                    if let Err(e) = node.wait_for_replicas(&mut con).await {
+                        discard(con);
+                        return Err(e);
+                    }
+                }
+                Ok(reply)
+            })
+            .await
+        })
+        .await
     }
 }
 
@@ -514,9 +994,10 @@ impl ClusterRouter {
         Ok(node)
     }
 
-    async fn node_for(&self, slot: u16, refresh: bool) -> Result<Arc<Node>> {
-        if refresh || self.slots.read().await.is_empty() {
-            self.refresh().await?;
+    async fn node_for(&self, slot: u16) -> Result<Arc<Node>> {
+        if self.slots.read().await.is_empty() {
+            let seen = self.gate.generation();
+            self.gate.refresh(seen, true, || self.refresh()).await?;
         }
         let url = self
             .slots
@@ -535,10 +1016,18 @@ impl ClusterRouter {
         Ok(node)
     }
 
-    /// Reads CLUSTER SLOTS from the first seed that answers.
+    /// Reads CLUSTER SLOTS from the first node that answers: the seeds, then
+    /// every node the last map named. Nodes that no longer own a slot are
+    /// dropped (their connections close once no call holds them).
     async fn refresh(&self) -> Result<()> {
+        let mut candidates = self.cfg.nodes.clone();
+        for n in self.known.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            if !candidates.contains(n) {
+                candidates.push(n.clone());
+            }
+        }
         let mut last = None;
-        for seed in &self.cfg.nodes {
+        for seed in &candidates {
             let fetch = async {
                 let client = redis::Client::open(seed.as_str()).map_err(|e| backend("open seed", e))?;
                 let mut con = client
@@ -553,7 +1042,12 @@ impl ClusterRouter {
                 parse_slots(&v, &self.scheme_and_auth, &self.suffix)
             };
             match tokio::time::timeout(self.cfg.timeout, fetch).await {
-                Ok(Ok(map)) if !map.is_empty() => {
+                Ok(Ok((map, all))) if !map.is_empty() => {
+                    {
+                        let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+                        nodes.retain(|url, _| map.iter().any(|(_, _, u)| u == url));
+                    }
+                    *self.known.lock().unwrap_or_else(|p| p.into_inner()) = all;
                     *self.slots.write().await = map;
                     return Ok(());
                 }
@@ -571,37 +1065,59 @@ impl ClusterRouter {
     }
 }
 
+/// The master of each slot range, and every node named (masters and replicas).
+type SlotMap = (Vec<(u16, u16, String)>, Vec<String>);
+
 /// Parses a CLUSTER SLOTS reply: `[[start, end, [ip, port, id, ...], replicas...], ...]`.
-fn parse_slots(v: &redis::Value, scheme_and_auth: &str, suffix: &str) -> Result<Vec<(u16, u16, String)>> {
+fn parse_slots(v: &redis::Value, scheme_and_auth: &str, suffix: &str) -> Result<SlotMap> {
     use redis::Value;
     let bad = |why: &str| Error::corrupt("CLUSTER SLOTS", why);
+    let node_url = |node: &Value| -> Result<String> {
+        let Value::Array(node) = node else {
+            return Err(bad("node is not an array"));
+        };
+        let ip = match node.first() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => return Err(bad("node without ip")),
+        };
+        let Some(Value::Int(port)) = node.get(1) else {
+            return Err(bad("node without port"));
+        };
+        let host = if ip.contains(':') { format!("[{ip}]") } else { ip };
+        Ok(format!("{scheme_and_auth}{host}:{port}{suffix}"))
+    };
     let Value::Array(ranges) = v else {
         return Err(bad("not an array"));
     };
     let mut out = Vec::new();
+    let mut all = Vec::new();
     for r in ranges {
         let Value::Array(parts) = r else {
             return Err(bad("range is not an array"));
         };
-        let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(Value::Array(master))) =
+        let (Some(Value::Int(lo)), Some(Value::Int(hi)), Some(master)) =
             (parts.first(), parts.get(1), parts.get(2))
         else {
             return Err(bad("range without start, end and master"));
-        };
-        let ip = match master.first() {
-            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-            Some(Value::SimpleString(s)) => s.clone(),
-            _ => return Err(bad("master without ip")),
-        };
-        let Some(Value::Int(port)) = master.get(1) else {
-            return Err(bad("master without port"));
         };
         let (lo, hi) = (
             u16::try_from(*lo).map_err(|_| bad("slot"))?,
             u16::try_from(*hi).map_err(|_| bad("slot"))?,
         );
-        let host = if ip.contains(':') { format!("[{ip}]") } else { ip };
-        out.push((lo, hi, format!("{scheme_and_auth}{host}:{port}{suffix}")));
+        let master = node_url(master)?;
+        for replica in &parts[3..] {
+            // A replica without an address (a failed one) is left out.
+            if let Ok(u) = node_url(replica) {
+                if !all.contains(&u) {
+                    all.push(u);
+                }
+            }
+        }
+        if !all.contains(&master) {
+            all.push(master.clone());
+        }
+        out.push((lo, hi, master));
     }
-    Ok(out)
+    Ok((out, all))
 }

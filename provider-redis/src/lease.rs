@@ -130,12 +130,13 @@ impl LeaseTable for RedisLeaseTable {
         let args: [&[u8]; 4] = [mode.as_bytes(), want.as_bytes(), etag.as_bytes(), row];
         let reply: Vec<redis::Value> = self
             .router
-            .invoke(
+            .invoke_write(
                 &self.keys.shard_tag(shard),
                 "write shard lease",
                 &WRITE_LEASE,
                 &[self.keys.lease(shard)],
                 &args,
+                |r: &Vec<redis::Value>| matches!(r.as_slice(), [redis::Value::Int(1)]),
             )
             .await?;
         match reply.as_slice() {

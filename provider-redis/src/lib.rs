@@ -60,7 +60,7 @@ mod statistics;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
-pub use config::RedisConfig;
+pub use config::{RedisConfig, SentinelTarget};
 pub use lease::RedisLeaseTable;
 pub use membership::RedisMembershipTable;
 pub use metrics_table::RedisMetricsTable;

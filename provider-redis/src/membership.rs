@@ -681,7 +681,11 @@ impl MembershipTable for RedisMembershipTable {
                 async move {
                     node.timed(what, async {
                         let mut con = node.dedicated().await?;
-                        let r = self.write_on(&mut con, write).await;
+                        let r = match self.write_on(&mut con, write).await {
+                            // Acknowledged only once the replicas asked for have it.
+                            Ok(true) => node.wait_for_replicas(&mut con).await.map(|()| true),
+                            other => other,
+                        };
                         if r.is_err() {
                             // Never hand a connection with unknown WATCH state back to the pool.
                             crate::conn::discard(con);

@@ -223,6 +223,10 @@ impl RedisReminderTable {
                             .query_async(&mut con)
                             .await
                             .map_err(|e| backend("EXEC", e))?;
+                        if done.is_some() {
+                            // Acknowledged only once the replicas asked for have it.
+                            node.wait_for_replicas(&mut con).await?;
+                        }
                         Ok(done.is_some())
                     }
                     .await;
@@ -326,7 +330,7 @@ impl ReminderTable for RedisReminderTable {
             .ignore();
         let () = self
             .router
-            .pipeline(&self.keys.shard_tag(k), "upsert_row", &p)
+            .pipeline_write(&self.keys.shard_tag(k), "upsert_row", &p)
             .await?;
         Ok(etag)
     }

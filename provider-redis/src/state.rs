@@ -195,7 +195,27 @@ fn key_of_member(m: &str) -> Option<StateKey> {
     StateKey::new(unescape(a)?, unescape(n)?).ok()
 }
 
+/// Whether a commit's reply says it wrote (`[-1, ...]`).
+fn committed(reply: &Vec<redis::Value>) -> bool {
+    matches!(reply.first(), Some(redis::Value::Int(-1)))
+}
+
 impl RedisStateTable {
+    /// A failed commit as the write machine must see it: with `wait_replicas`, a
+    /// commit that may be applied but is not known to be on the replicas (a
+    /// `WAIT` that fell short, a timeout, a lost connection) is
+    /// [`Error::OutcomeUnknown`], which no read of the header decides (a read
+    /// finds it on the primary whether or not a failover keeps it).
+    fn undecidable(&self, key: &StateKey, e: Error) -> Error {
+        if self.router.waits() && crate::conn::maybe_unreplicated(&e) {
+            return Error::OutcomeUnknown {
+                key: key.to_string(),
+                reason: e.to_string(),
+            };
+        }
+        e
+    }
+
     pub(crate) fn new(router: Arc<Router>, prefix: &str, service_id: &str) -> Self {
         RedisStateTable {
             router,
@@ -383,8 +403,9 @@ impl StateTable for RedisStateTable {
                 let keys = [header_key_at(&base, &member(w.key))];
                 etags.push(Some(Etag::new(etag.clone())));
                 self.router
-                    .invoke(&tag, "state commit", &COMMIT_ONE, &keys, &args)
-                    .await?
+                    .invoke_write(&tag, "state commit", &COMMIT_ONE, &keys, &args, committed)
+                    .await
+                    .map_err(|e| self.undecidable(first.key, e))?
             }
             _ => {
                 let mut keys = Vec::with_capacity(writes.len() * 3);
@@ -421,8 +442,9 @@ impl StateTable for RedisStateTable {
                     etags.push(etag.map(Etag::new));
                 }
                 self.router
-                    .invoke(&tag, "state commit", &COMMIT, &keys, &args)
-                    .await?
+                    .invoke_write(&tag, "state commit", &COMMIT, &keys, &args, committed)
+                    .await
+                    .map_err(|e| self.undecidable(first.key, e))?
             }
         };
         let deleted: Vec<&StateKey> = writes
