@@ -507,6 +507,10 @@ pub(crate) struct ClusterRouter {
     gate: RefreshGate,
 }
 
+/// How often a store on Redis Sentinel asks the sentinels which server is the
+/// primary, besides after every failed call.
+pub(crate) const SENTINEL_CHECK: Duration = Duration::from_secs(1);
+
 /// The primary behind Redis Sentinel.
 pub(crate) struct SentinelRouter {
     cfg: RedisConfig,
@@ -576,13 +580,54 @@ impl SentinelRouter {
         if let Some(n) = self.primary.read().await.clone() {
             return Ok(n);
         }
+        // None known: at the first call, or since a call failed on the last one.
+        // Ask the sentinels (at most once per REFRESH_GAP after a failure); no
+        // call goes to the old address until they name it again (an old primary
+        // restarted empty answers as a master until the sentinels demote it).
         let seen = self.gate.generation();
-        self.gate.refresh(seen, true, || self.discover()).await?;
-        self.primary
-            .read()
-            .await
-            .clone()
-            .ok_or_else(|| Error::backend(format!("redis sentinel: no primary for `{}`", self.master)))
+        let first = seen == 0;
+        self.gate.refresh(seen, first, || self.discover()).await?;
+        self.primary.read().await.clone().ok_or_else(|| {
+            Error::backend(format!(
+                "redis sentinel: the primary of `{}` is not known (a failover under way?); \
+                 asking the sentinels again",
+                self.master
+            ))
+        })
+    }
+
+    /// Forgets `node` as the primary (after a call on it failed), so that the next
+    /// call asks the sentinels.
+    async fn forget(&self, node: &Arc<Node>) {
+        let mut primary = self.primary.write().await;
+        if primary.as_ref().is_some_and(|p| Arc::ptr_eq(p, node)) {
+            *primary = None;
+        }
+    }
+
+    /// Checks the primary with the sentinels every [`SENTINEL_CHECK`], while the
+    /// router lives: a switch-over that fails no call (the old primary demoted to
+    /// a replica still answers reads) is followed within that period.
+    pub(crate) fn watch(router: &Arc<Router>) {
+        let Router::Sentinel(_) = &**router else {
+            return;
+        };
+        let weak = Arc::downgrade(router);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(SENTINEL_CHECK).await;
+                let Some(router) = weak.upgrade() else {
+                    return;
+                };
+                let Router::Sentinel(s) = &*router else {
+                    return;
+                };
+                let seen = s.gate.generation();
+                if let Err(e) = s.gate.refresh(seen, false, || s.discover()).await {
+                    tracing::debug!(error = %e, "redis sentinel: the periodic check failed");
+                }
+            }
+        });
     }
 
     /// Asks the sentinels for the primary (the redis crate checks that it answers
@@ -896,6 +941,9 @@ impl Router {
                 op(self.node(tag).await?).await
             }
             (Some(Fault::NotServed), _) | (Some(Fault::Ask(_)), _) => {
+                if let Router::Sentinel(s) = self {
+                    s.forget(&node).await;
+                }
                 if let Err(r) = self.refresh(seen, false).await {
                     tracing::debug!(error = %r, "redis: topology refresh failed");
                 }
@@ -905,6 +953,9 @@ impl Router {
                 }
             }
             (Some(Fault::Lost), _) => {
+                if let Router::Sentinel(s) = self {
+                    s.forget(&node).await;
+                }
                 if let Err(r) = self.refresh(seen, false).await {
                     tracing::debug!(error = %r, "redis: topology refresh failed");
                 }

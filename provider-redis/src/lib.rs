@@ -114,6 +114,7 @@ impl RedisStore {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let router = Arc::new(conn::Router::new(&config)?);
+        conn::SentinelRouter::watch(&router);
         let node = router.node("").await?;
         let mut con = node.shared().await?;
         redis::cmd("PING")

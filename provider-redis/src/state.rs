@@ -196,7 +196,7 @@ fn key_of_member(m: &str) -> Option<StateKey> {
 }
 
 /// Whether a commit's reply says it wrote (`[-1, ...]`).
-fn committed(reply: &Vec<redis::Value>) -> bool {
+fn committed(reply: &[redis::Value]) -> bool {
     matches!(reply.first(), Some(redis::Value::Int(-1)))
 }
 
@@ -403,7 +403,14 @@ impl StateTable for RedisStateTable {
                 let keys = [header_key_at(&base, &member(w.key))];
                 etags.push(Some(Etag::new(etag.clone())));
                 self.router
-                    .invoke_write(&tag, "state commit", &COMMIT_ONE, &keys, &args, committed)
+                    .invoke_write(
+                        &tag,
+                        "state commit",
+                        &COMMIT_ONE,
+                        &keys,
+                        &args,
+                        |r: &Vec<redis::Value>| committed(r),
+                    )
                     .await
                     .map_err(|e| self.undecidable(first.key, e))?
             }
@@ -442,7 +449,14 @@ impl StateTable for RedisStateTable {
                     etags.push(etag.map(Etag::new));
                 }
                 self.router
-                    .invoke_write(&tag, "state commit", &COMMIT, &keys, &args, committed)
+                    .invoke_write(
+                        &tag,
+                        "state commit",
+                        &COMMIT,
+                        &keys,
+                        &args,
+                        |r: &Vec<redis::Value>| committed(r),
+                    )
                     .await
                     .map_err(|e| self.undecidable(first.key, e))?
             }

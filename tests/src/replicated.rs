@@ -76,9 +76,11 @@ where
     Ok(())
 }
 
-/// The base flags of every server: loopback, no persistence, files in `dir`.
-fn base_args(port: u16, dir: &Path) -> Vec<String> {
-    [
+/// The base flags of every server: loopback, no persistence, files in a
+/// directory of its own under `dir`.
+fn base_args(port: u16, dir: &Path) -> Result<Vec<String>, String> {
+    let dir = own_dir(dir, port)?;
+    Ok([
         "--port",
         &port.to_string(),
         "--bind",
@@ -93,7 +95,16 @@ fn base_args(port: u16, dir: &Path) -> Vec<String> {
         &dir.display().to_string(),
     ]
     .map(str::to_owned)
-    .to_vec()
+    .to_vec())
+}
+
+/// A directory of its own for the server on `port` (its `dump.rdb`: a replica
+/// writes the snapshot of a full sync there), world-writable like `dir`.
+fn own_dir(dir: &Path, port: u16) -> Result<PathBuf, String> {
+    let own = dir.join(format!("s{port}"));
+    std::fs::create_dir_all(&own).map_err(|e| e.to_string())?;
+    open_up(&own)?;
+    Ok(own)
 }
 
 async fn spawn(args: Vec<String>, dir: &Path, port: u16) -> Result<OwnServer, String> {
@@ -110,7 +121,8 @@ pub struct ReplicatedCluster {
     /// The nodes' ports, in the order above.
     pub ports: Vec<u16>,
     servers: Vec<Option<OwnServer>>,
-    _dir: Dir,
+    args: Vec<Vec<String>>,
+    dir: Dir,
 }
 
 impl ReplicatedCluster {
@@ -123,27 +135,27 @@ impl ReplicatedCluster {
         let dir = Dir::new("redis-replicated")?;
         let mut ports = Vec::new();
         let mut servers = Vec::new();
+        let mut node_args = Vec::new();
         for _ in 0..6 {
             let port = free_cluster_port().map_err(|e| e.to_string())?;
-            let mut args = base_args(port, &dir.0);
-            args.extend(
-                [
-                    "--cluster-enabled".to_owned(),
-                    "yes".to_owned(),
-                    "--cluster-node-timeout".to_owned(),
-                    NODE_TIMEOUT.as_millis().to_string(),
-                    "--cluster-config-file".to_owned(),
-                    dir.0.join(format!("nodes-{port}.conf")).display().to_string(),
-                ]
-                .into_iter(),
-            );
-            servers.push(Some(spawn(args, &dir.0, port).await?));
+            let mut args = base_args(port, &dir.0)?;
+            args.extend([
+                "--cluster-enabled".to_owned(),
+                "yes".to_owned(),
+                "--cluster-node-timeout".to_owned(),
+                NODE_TIMEOUT.as_millis().to_string(),
+                "--cluster-config-file".to_owned(),
+                dir.0.join(format!("nodes-{port}.conf")).display().to_string(),
+            ]);
+            servers.push(Some(spawn(args.clone(), &dir.0, port).await?));
             ports.push(port);
+            node_args.push(args);
         }
         let c = ReplicatedCluster {
             ports,
             servers,
-            _dir: dir,
+            args: node_args,
+            dir,
         };
         c.form().await?;
         Ok(c)
@@ -245,6 +257,27 @@ impl ReplicatedCluster {
         }
     }
 
+    /// Starts node `i` again (killed before), with its `nodes.conf`: it rejoins
+    /// the cluster as a replica of the master that took its slots over. Waits
+    /// until it is in sync.
+    ///
+    /// # Errors
+    /// When it cannot be started or is not in sync within 60 s.
+    pub async fn restart(&mut self, i: usize) -> Result<(), String> {
+        let port = self.ports[i];
+        self.servers[i] = Some(spawn(self.args[i].clone(), &self.dir.0, port).await?);
+        until(
+            "the restarted node in sync as a replica",
+            Duration::from_secs(60),
+            || async move {
+                query::<String>(port, redis::cmd("INFO").arg("replication"))
+                    .await
+                    .is_ok_and(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
+            },
+        )
+        .await
+    }
+
     /// Waits until `slot` is served by a live master other than `dead` and every
     /// live node reports `cluster_state:ok`: the failover is over. Returns how
     /// long it took.
@@ -306,8 +339,8 @@ impl Sentinels {
             free_port().map_err(|e| e.to_string())?,
             free_port().map_err(|e| e.to_string())?,
         ];
-        let primary = spawn(base_args(ports[0], &dir.0), &dir.0, ports[0]).await?;
-        let mut replica_args = base_args(ports[1], &dir.0);
+        let primary = spawn(base_args(ports[0], &dir.0)?, &dir.0, ports[0]).await?;
+        let mut replica_args = base_args(ports[1], &dir.0)?;
         replica_args.extend([
             "--replicaof".to_owned(),
             "127.0.0.1".to_owned(),
@@ -420,7 +453,7 @@ impl Sentinels {
     /// When it cannot be started or is not in sync within 60 s.
     pub async fn restart_as_replica(&mut self, i: usize) -> Result<(), String> {
         let port = self.ports[i];
-        self.servers[i] = Some(spawn(base_args(port, &self.dir.0), &self.dir.0, port).await?);
+        self.servers[i] = Some(spawn(base_args(port, &self.dir.0)?, &self.dir.0, port).await?);
         until(
             "the restarted server in sync as a replica",
             Duration::from_secs(60),
@@ -450,5 +483,161 @@ impl Sentinels {
         })
         .await?;
         Ok(start.elapsed())
+    }
+}
+
+impl ReplicatedCluster {
+    /// The slot of `key`, asked of a live node (`CLUSTER KEYSLOT`).
+    ///
+    /// # Errors
+    /// When no live node answers.
+    pub async fn slot_of(&self, key: &str) -> Result<u16, String> {
+        for (i, port) in self.ports.iter().enumerate() {
+            if self.servers[i].is_some() {
+                if let Ok(slot) = query::<u16>(*port, redis::cmd("CLUSTER").arg("KEYSLOT").arg(key)).await {
+                    return Ok(slot);
+                }
+            }
+        }
+        Err("no live node answers CLUSTER KEYSLOT".into())
+    }
+
+    /// Whether node `i` runs.
+    pub fn is_up(&self, i: usize) -> bool {
+        self.servers[i].is_some()
+    }
+}
+
+/// What a counter workload ([`count_through`]) saw, per state.
+#[derive(Debug, Default)]
+pub struct CounterReport {
+    /// Increments `update()` acknowledged.
+    pub acked: Vec<u64>,
+    /// Increments whose `update()` failed other than by a conflict: applied or
+    /// not (an [`OutcomeUnknown`](rollcall_membership_core::Error::OutcomeUnknown)
+    /// or a transient error).
+    pub ambiguous: Vec<u64>,
+    /// The value read back at the end.
+    pub finals: Vec<u64>,
+}
+
+impl CounterReport {
+    /// Acknowledged increments missing from the final values, summed over the
+    /// states: what a failover lost.
+    pub fn lost(&self) -> u64 {
+        self.acked
+            .iter()
+            .zip(&self.finals)
+            .map(|(a, f)| a.saturating_sub(*f))
+            .sum()
+    }
+
+    /// Panics unless every state's final value is at least its acknowledged
+    /// increments and at most those plus its ambiguous ones.
+    pub fn assert_none_lost(&self) {
+        for (i, ((a, m), f)) in self
+            .acked
+            .iter()
+            .zip(&self.ambiguous)
+            .zip(&self.finals)
+            .enumerate()
+        {
+            assert!(
+                *f >= *a && *f <= a + m,
+                "state {i}: final {f}, acknowledged {a}, ambiguous {m}: {self}"
+            );
+        }
+    }
+}
+
+impl std::fmt::Display for CounterReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sum = |v: &[u64]| v.iter().sum::<u64>();
+        write!(
+            f,
+            "{} increments acknowledged, {} ambiguous, final sum {}, {} acknowledged lost",
+            sum(&self.acked),
+            sum(&self.ambiguous),
+            sum(&self.finals),
+            self.lost()
+        )
+    }
+}
+
+/// A counter workload on actor state: `writers` tasks, each with its own
+/// `PersistentState<u64>` handle on state `w % states` of a fresh service,
+/// increment it with `update()` until `stop` resolves; then every state is read
+/// back (retried for up to 60 s while the store recovers).
+///
+/// # Panics
+/// When the store cannot be opened, or a final value cannot be read in 60 s.
+pub async fn count_through(
+    url: &str,
+    writers: usize,
+    states: usize,
+    stop: impl std::future::Future<Output = ()>,
+) -> CounterReport {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use rollcall::state::{PersistentState, StateKey, StateStorage};
+
+    let store = rollcall::connect(url).await.expect("connect");
+    let storage = StateStorage::new(
+        store
+            .state_table(&crate::unique_id("counters"))
+            .expect("state table"),
+    );
+    let actor = crate::unique_id("counter");
+    let keys: Vec<StateKey> = (0..states)
+        .map(|i| StateKey::new(format!("counter/{actor}-{i}"), "n").expect("key"))
+        .collect();
+    let acked: Arc<Vec<AtomicU64>> = Arc::new((0..states).map(|_| AtomicU64::new(0)).collect());
+    let ambiguous: Arc<Vec<AtomicU64>> = Arc::new((0..states).map(|_| AtomicU64::new(0)).collect());
+    let done = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let i = w % states;
+        let state: PersistentState<u64> = PersistentState::new(storage.clone(), keys[i].clone());
+        let (acked, ambiguous, done) = (acked.clone(), ambiguous.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            while !done.load(Ordering::Relaxed) {
+                match state.update(|v| *v += 1).await {
+                    Ok(()) => {
+                        acked[i].fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(rollcall_membership_core::Error::InconsistentState { .. }) => {}
+                    Err(_) => {
+                        ambiguous[i].fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }));
+    }
+    stop.await;
+    done.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("a writer");
+    }
+    let mut finals = Vec::new();
+    for key in &keys {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let value = loop {
+            match storage.read(key).await {
+                Ok(r) if r.data.is_empty() => break 0,
+                Ok(r) => break serde_json::from_slice::<u64>(&r.data).expect("a counter"),
+                Err(e) if Instant::now() > deadline => panic!("read {key} back: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        finals.push(value);
+    }
+    let load = |v: &[AtomicU64]| v.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    CounterReport {
+        acked: load(&acked),
+        ambiguous: load(&ambiguous),
+        finals,
     }
 }

@@ -137,7 +137,25 @@ fn ms(s: &str) -> Timestamp {
 
 /// Runs the churn on `store` and reports it, with the kill (or stop) times.
 async fn churn(store: &str, graceful: bool) -> (ChurnReport, Vec<Timestamp>) {
-    let plan = plan();
+    let (report, stops, ()) = churn_with(store, graceful, plan(), |_| async {}).await;
+    report.map(|r| (r, stops)).unwrap_or_else(|why| panic!("{why}"))
+}
+
+/// Runs the churn of `plan` on `store` while `during` (given the cluster id) runs
+/// beside the rounds; reports it once both are over, with the stop times and
+/// what `during` returned. A process that exits before it is stopped, or a
+/// silo row Dead with suspect votes at the end (declared Dead by its peers),
+/// is an `Err` report.
+async fn churn_with<T, F, Fut>(
+    store: &str,
+    graceful: bool,
+    plan: Plan,
+    during: F,
+) -> (Result<ChurnReport, String>, Vec<Timestamp>, T)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
     // Unique per run, not per process: `cargo test` runs the Redis and etcd churns
     // as threads of one process, and a name from the process id alone made them
     // share (and remove) one log directory.
@@ -166,29 +184,44 @@ async fn churn(store: &str, graceful: bool) -> (ChurnReport, Vec<Timestamp>) {
     let from = starts.values().max().copied().expect("starts");
     let mut stops = Vec::new();
     let mut leaving = Vec::new();
-    for round in 0..plan.rounds {
-        tokio::time::sleep(plan.every).await;
-        if plan.rolling {
-            // The new process first; the old one leaves while the next starts.
-            running.push_back(start(&cluster, store, &dir, plan.silos + round, None).await);
-            let mut oldest = running.pop_front().expect("a running silo");
-            stops.push(clock.now());
-            leaving.push(tokio::spawn(async move { stop(&mut oldest, graceful).await }));
-        } else {
-            let mut oldest = running.pop_front().expect("a running silo");
-            stops.push(clock.now());
-            stop(&mut oldest, graceful).await;
-            running.push_back(start(&cluster, store, &dir, plan.silos + round, None).await);
+    let mut exited = Vec::new();
+    let during = during(cluster.clone());
+    let rounds = async {
+        for round in 0..plan.rounds {
+            tokio::time::sleep(plan.every).await;
+            if plan.rolling {
+                // The new process first; the old one leaves while the next starts.
+                running.push_back(start(&cluster, store, &dir, plan.silos + round, None).await);
+                let mut oldest = running.pop_front().expect("a running silo");
+                if let Ok(Some(status)) = oldest.try_wait() {
+                    exited.push(format!("a silo exited ({status}) before it was stopped"));
+                }
+                stops.push(clock.now());
+                leaving.push(tokio::spawn(async move { stop(&mut oldest, graceful).await }));
+            } else {
+                let mut oldest = running.pop_front().expect("a running silo");
+                if let Ok(Some(status)) = oldest.try_wait() {
+                    exited.push(format!("a silo exited ({status}) before it was stopped"));
+                }
+                stops.push(clock.now());
+                stop(&mut oldest, graceful).await;
+                running.push_back(start(&cluster, store, &dir, plan.silos + round, None).await);
+            }
         }
-    }
+    };
+    let ((), during) = tokio::join!(rounds, during);
     for l in leaving {
         l.await.expect("a leave");
     }
     tokio::time::sleep(plan.every.max(Duration::from_secs(6))).await;
     let to = clock.now().saturating_sub(Duration::from_secs(2));
     for mut child in running {
+        if let Ok(Some(status)) = child.try_wait() {
+            exited.push(format!("a silo exited ({status}) before it was stopped"));
+        }
         stop(&mut child, true).await;
     }
+    let declared_dead = declared_dead(store, &cluster).await;
     let mut ticks = Vec::new();
     for n in 0..plan.silos + plan.rounds {
         for l in read_lines(&dir.join(format!("ticks-{n}.log"))) {
@@ -200,7 +233,32 @@ async fn churn(store: &str, graceful: bool) -> (ChurnReport, Vec<Timestamp>) {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    (churn_report(&starts, PERIOD, from, to, &ticks), stops)
+    let report = churn_report(&starts, PERIOD, from, to, &ticks);
+    let verdict = if !exited.is_empty() {
+        Err(format!("{}: {report}", exited.join("; ")))
+    } else if !declared_dead.is_empty() {
+        Err(format!(
+            "silos declared Dead by their peers: {declared_dead:?}: {report}"
+        ))
+    } else {
+        Ok(report)
+    };
+    (verdict, stops, during)
+}
+
+/// The silos of `cluster` whose rows are Dead with suspect votes: declared Dead
+/// by their peers (a silo that leaves writes itself Dead without votes).
+async fn declared_dead(store: &str, cluster: &str) -> Vec<String> {
+    let store = rollcall::connect(store).await.expect("connect");
+    let table = store
+        .membership_table(cluster, rollcall_membership_core::ProtocolMode::Extended)
+        .expect("membership table");
+    let snapshot = table.read_all().await.expect("read the membership table");
+    snapshot
+        .rows()
+        .filter(|e| e.status == rollcall_membership_core::SiloStatus::Dead && !e.suspect_votes.is_empty())
+        .map(|e| e.silo.to_string())
+        .collect()
 }
 
 async fn graceful_churn_repeats_and_loses_nothing(store: &str) {
@@ -278,5 +336,185 @@ mod etcd {
             return;
         };
         crashes_repeat_nothing_and_lose_only_in_the_failover_window(&url).await;
+    }
+}
+
+/// Replicated Redis failing over under a running cluster: 3 silo processes in
+/// graceful churn (a round every 9 s), reminders ticking every second, and 32
+/// writers incrementing 8 actor states with `update()`, while a primary is killed
+/// twice (about 12 s and 36 s in) and its replica promoted, in a run of about
+/// 60 s. No silo may be declared Dead or exit; no tick may be delivered twice;
+/// ticks resume within [`failover::TICK_RESUME`] of each promotion; with
+/// `wait_replicas=1` no acknowledged increment is lost (without it the losses
+/// are printed: asynchronous replication may lose some).
+#[cfg(feature = "redis")]
+mod failover {
+    use std::time::Instant;
+
+    use rollcall_tests::replicated::{count_through, CounterReport, ReplicatedCluster, Sentinels};
+
+    use super::*;
+
+    /// How long after a promotion the ticks may still be paused: the holders'
+    /// lease reads fail through the outage (a silo delivers only while it
+    /// confirmed its row within `lease_period`), and resume at the next lease
+    /// read that reaches the new primary (every `lease_period / 3`), a lease
+    /// poll, and one period; plus 2 s for a slow machine.
+    pub(super) const TICK_RESUME: Duration = Duration::from_secs(6);
+
+    fn plan() -> Plan {
+        Plan {
+            silos: 3,
+            rounds: 5,
+            every: Duration::from_secs(9),
+            reminders: 100,
+            rolling: false,
+        }
+    }
+
+    /// A kill: when the primary died, how long until its replica served, and how
+    /// long until a replica was in sync again (the old primary back as one).
+    type Kill = (Timestamp, Duration, Duration);
+
+    /// With `wait_replicas`, asserts the run's promises; without it, prints what
+    /// the failovers cost (asynchronous replication may lose acknowledged writes:
+    /// a lost lease or membership write can repeat a tick or declare a silo Dead).
+    fn check(
+        what: &str,
+        report: Result<ChurnReport, String>,
+        kills: &[Kill],
+        counters: &CounterReport,
+        waits: bool,
+    ) {
+        assert_eq!(kills.len(), 2, "two failovers");
+        if !waits {
+            match &report {
+                Ok(r) => println!("{what} without wait_replicas: {r}; kills {kills:?}; counters: {counters}"),
+                Err(why) => {
+                    println!("{what} without wait_replicas: {why}; kills {kills:?}; counters: {counters}")
+                }
+            }
+            return;
+        }
+        let report = report.unwrap_or_else(|why| panic!("{what}: {why}"));
+        println!("{what} with wait_replicas=1: {report}; kills {kills:?}; counters: {counters}");
+        assert!(report.occurrences > 0);
+        report.assert_no_duplicates();
+        // With wait_replicas=1 no write is acknowledged while no replica is in
+        // sync: the pause lasts until one is back, not only the failover.
+        let longest = kills.iter().map(|(_, _, back)| *back).max().unwrap_or_default();
+        let late = report.lateness[2];
+        assert!(
+            late <= longest + TICK_RESUME,
+            "{what}: a tick {late:?} late, over a replica's return ({longest:?}) + {TICK_RESUME:?}"
+        );
+        for (key, t) in &report.missed {
+            assert!(
+                kills.iter().any(|(k, _, back)| *t >= k.saturating_sub(PERIOD)
+                    && t.saturating_duration_since(*k) <= *back + TICK_RESUME),
+                "{what}: {key:?} missed {t}, outside every failover"
+            );
+        }
+        counters.assert_none_lost();
+    }
+
+    /// Runs the churn on `url` while `kills` kills twice; the counters run until
+    /// the kills are over and 3 s more.
+    async fn run<K, KFut>(what: &str, url: String, waits: bool, kills: K)
+    where
+        K: FnOnce() -> KFut,
+        KFut: std::future::Future<Output = (Vec<Kill>, Box<dyn std::any::Any + Send>)>,
+    {
+        let counter_url = url.clone();
+        // The servers live until the churn's last silo has left (`_servers`).
+        let (report, _, (kills, _servers, counters)) = churn_with(&url, true, plan(), |_| async move {
+            let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+            let counters = tokio::spawn(async move {
+                count_through(&counter_url, 32, 8, async {
+                    let _ = stop_rx.await;
+                })
+                .await
+            });
+            let (kills, servers) = kills().await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let _ = stop_tx.send(());
+            (kills, servers, counters.await.expect("the counters"))
+        })
+        .await;
+        check(what, report, &kills, &counters, waits);
+    }
+
+    async fn cluster_run(waits: bool) {
+        let mut cluster = ReplicatedCluster::start()
+            .await
+            .expect("a replicated Redis Cluster");
+        let url = cluster.url(if waits { "?wait_replicas=1&wait_ms=500" } else { "" });
+        let started = Instant::now();
+        run("cluster", url, waits, || async move {
+            let mut kills = Vec::new();
+            for at in [Duration::from_secs(12), Duration::from_secs(36)] {
+                tokio::time::sleep(at.saturating_sub(started.elapsed())).await;
+                // The master of the first shard: its replica, promoted, the second time.
+                let slot = 0u16;
+                let victim = cluster.master_of(slot).await.expect("a master");
+                let now = SystemClock.now();
+                cluster.kill(victim).await;
+                let failover = cluster.failed_over(slot, victim).await.expect("failed over");
+                // Back as the replica of its shard: `wait_replicas=1` needs one.
+                cluster.restart(victim).await.expect("a replica again");
+                kills.push((now, failover, SystemClock.now().saturating_duration_since(now)));
+            }
+            (kills, Box::new(cluster) as Box<dyn std::any::Any + Send>)
+        })
+        .await;
+    }
+
+    async fn sentinel_run(waits: bool) {
+        let mut sentinels = Sentinels::start().await.expect("a Redis Sentinel set-up");
+        let url = sentinels.url(if waits { "?wait_replicas=1&wait_ms=500" } else { "" });
+        let started = Instant::now();
+        run("sentinel", url, waits, || async move {
+            let mut kills = Vec::new();
+            for at in [Duration::from_secs(12), Duration::from_secs(36)] {
+                tokio::time::sleep(at.saturating_sub(started.elapsed())).await;
+                let primary = sentinels.primary().await.expect("primary");
+                let now = SystemClock.now();
+                sentinels.kill(primary).await;
+                let failover = sentinels.failed_over(primary).await.expect("failed over");
+                // The next kill needs a replica to promote; the sentinels demote
+                // the old primary, restarted empty, to one.
+                sentinels
+                    .restart_as_replica(primary)
+                    .await
+                    .expect("a replica again");
+                kills.push((now, failover, SystemClock.now().saturating_duration_since(now)));
+            }
+            (kills, Box::new(sentinels) as Box<dyn std::any::Any + Send>)
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn cluster_failovers_with_wait_replicas_lose_nothing_acknowledged() {
+        cluster_run(true).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sentinel_failovers_with_wait_replicas_lose_nothing_acknowledged() {
+        sentinel_run(true).await;
+    }
+
+    /// Reports only: run by hand (`--ignored`), its figures in the guide.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "a report, not a check: run with --ignored"]
+    async fn cluster_failovers_without_wait_replicas_report_their_losses() {
+        cluster_run(false).await;
+    }
+
+    /// Reports only: run by hand (`--ignored`), its figures in the guide.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "a report, not a check: run with --ignored"]
+    async fn sentinel_failovers_without_wait_replicas_report_their_losses() {
+        sentinel_run(false).await;
     }
 }
