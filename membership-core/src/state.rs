@@ -1551,6 +1551,25 @@ mod tests {
         );
     }
 
+    /// A commit the provider calls undecidable (a Redis primary applied it, the
+    /// replicas `wait_replicas` asks for did not acknowledge it) is not resolved
+    /// by a read: the primary would say it landed whether or not a failover
+    /// keeps it. It ends unknown, its chunks kept.
+    #[test]
+    fn an_undecidable_commit_is_unknown_without_a_read() {
+        let mut m = staged_to_commit();
+        assert_eq!(
+            m.handle(WriteEvent::Undecidable),
+            WriteAction::Finish(Err(WriteFailure::Unknown))
+        );
+        let mut m = WriteMachine::new(&key(), 5, "g2".into(), LIMITS).unwrap();
+        assert_eq!(m.handle(WriteEvent::Start), WriteAction::Commit(0..0));
+        assert_eq!(
+            m.handle(WriteEvent::Undecidable),
+            WriteAction::Finish(Err(WriteFailure::Unknown))
+        );
+    }
+
     #[test]
     fn header_rows_round_trip_and_format_1_still_reads() {
         let data = b"hello".to_vec();

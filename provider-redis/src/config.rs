@@ -269,6 +269,38 @@ mod tests {
     }
 
     #[test]
+    fn parses_sentinel_urls_and_wait_options() {
+        let c =
+            RedisConfig::from_url("redis+sentinel://u:p@a:26379,b:26380/main/2?wait_replicas=1&wait_ms=250")
+                .unwrap();
+        assert_eq!(
+            c.nodes,
+            vec!["redis://a:26379/", "redis://b:26380/"],
+            "sentinels, no credentials"
+        );
+        assert_eq!(
+            c.sentinel,
+            Some(SentinelTarget {
+                master: "main".into(),
+                auth: "u:p@".into(),
+                db: 2
+            })
+        );
+        assert!(!c.cluster);
+        assert_eq!((c.wait_replicas, c.wait_timeout), (1, Duration::from_millis(250)));
+        let c = RedisConfig::from_url("rediss+sentinel://a:26379/main#insecure").unwrap();
+        assert_eq!(c.nodes, vec!["rediss://a:26379/#insecure"]);
+        assert!(c.tls);
+        assert_eq!(c.sentinel.map(|t| (t.master, t.db)), Some(("main".into(), 0)));
+        let c = RedisConfig::from_url("redis://h:1?wait_replicas=2").unwrap();
+        assert_eq!(
+            (c.wait_replicas, c.wait_timeout),
+            (2, Duration::from_millis(1000))
+        );
+        assert_eq!(RedisConfig::from_url("redis://h:1").unwrap().wait_replicas, 0);
+    }
+
+    #[test]
     fn rejects_bad_urls_and_hides_passwords() {
         for u in [
             "redis://",
@@ -278,6 +310,13 @@ mod tests {
             "redis+cluster://a:1/3",
             "redis://h:1?timeout_ms=x",
             "redis://h:1?history=-1",
+            "redis+sentinel://a:1",
+            "redis+sentinel://a:1/",
+            "redis+sentinel://a:1/m/x",
+            "redis://h:1?wait_replicas=x",
+            "redis://h:1?wait_ms=10",
+            "redis://h:1?wait_replicas=1&wait_ms=5000",
+            "redis://h:1?wait_replicas=1&wait_ms=0",
         ] {
             match RedisConfig::from_url(u) {
                 Err(Error::InvalidConfig { field, .. }) => assert_eq!(field, "store_url", "{u}"),

@@ -1172,3 +1172,100 @@ fn parse_slots(v: &redis::Value, scheme_and_auth: &str, suffix: &str) -> Result<
     }
     Ok((out, all))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(e: RedisError) -> Error {
+        backend("test", e)
+    }
+
+    #[test]
+    fn faults_say_whether_a_call_was_applied() {
+        let io = |k| err(RedisError::from(std::io::Error::new(k, "x")));
+        assert_eq!(
+            fault(&io(std::io::ErrorKind::ConnectionRefused)),
+            Some(Fault::NotServed)
+        );
+        assert_eq!(fault(&io(std::io::ErrorKind::ConnectionReset)), Some(Fault::Lost));
+        assert_eq!(fault(&io(std::io::ErrorKind::TimedOut)), Some(Fault::Lost));
+        let server = |k| err(RedisError::from((ErrorKind::Server(k), "reply")));
+        for k in [
+            ServerErrorKind::ReadOnly,
+            ServerErrorKind::ClusterDown,
+            ServerErrorKind::MasterDown,
+            ServerErrorKind::BusyLoading,
+            ServerErrorKind::ExecAbort,
+        ] {
+            assert_eq!(fault(&server(k)), Some(Fault::NotServed), "{k:?}");
+        }
+        assert_eq!(fault(&server(ServerErrorKind::Moved)), Some(Fault::Moved));
+        assert_eq!(fault(&server(ServerErrorKind::ResponseError)), None);
+        assert_eq!(fault(&Error::backend("no source")), None);
+        assert_eq!(
+            fault(&Error::backend_with(
+                "w",
+                Unreplicated {
+                    acked: 0,
+                    replicas: 1,
+                    within: Duration::from_millis(1)
+                }
+            )),
+            None
+        );
+        assert!(maybe_unreplicated(&Error::backend_with(
+            "w",
+            Unreplicated {
+                acked: 0,
+                replicas: 1,
+                within: Duration::from_millis(1)
+            }
+        )));
+        assert!(maybe_unreplicated(&io(std::io::ErrorKind::TimedOut)));
+        assert!(!maybe_unreplicated(&io(std::io::ErrorKind::ConnectionRefused)));
+    }
+
+    #[test]
+    fn slot_maps_name_masters_and_replicas_and_skip_replicas_without_address() {
+        use redis::Value;
+        let node = |ip: &str, port: i64| {
+            Value::Array(vec![
+                Value::BulkString(ip.into()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(5460),
+                node("127.0.0.1", 7000),
+                node("127.0.0.1", 7003),
+            ]),
+            Value::Array(vec![
+                Value::Int(5461),
+                Value::Int(16383),
+                node("::1", 7001),
+                Value::Array(vec![Value::BulkString(b"?".to_vec())]),
+            ]),
+        ]);
+        let (map, all) = parse_slots(&reply, "redis://", "").unwrap();
+        assert_eq!(
+            map,
+            vec![
+                (0, 5460, "redis://127.0.0.1:7000".to_owned()),
+                (5461, 16383, "redis://[::1]:7001".to_owned())
+            ]
+        );
+        assert_eq!(
+            all,
+            vec![
+                "redis://127.0.0.1:7003",
+                "redis://127.0.0.1:7000",
+                "redis://[::1]:7001"
+            ]
+        );
+        assert!(parse_slots(&Value::Int(1), "redis://", "").is_err());
+    }
+}
