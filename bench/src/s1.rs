@@ -18,8 +18,14 @@ use tokio::sync::Mutex;
 /// Options of `s1`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
-    /// Providers: redis, etcd, dynamodb (memory has no backend to compare with).
-    #[arg(long, value_delimiter = ',', default_value = "redis,etcd,dynamodb")]
+    /// Providers: redis, etcd, dynamodb, redis-replicated (a primary and a replica
+    /// behind Sentinel, measured with and without `wait_replicas=1`); memory has
+    /// no backend to compare with.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "redis,etcd,dynamodb,redis-replicated"
+    )]
     providers: Vec<String>,
     /// State sizes, bytes (a size over a provider's largest state is skipped,
     /// and said so).
@@ -289,7 +295,7 @@ pub struct Row {
 /// The raw side of `provider` for `data`.
 async fn raw_side(provider: &str, endpoint: &str, data: Vec<u8>, run: &str) -> anyhow::Result<Arc<dyn Side>> {
     Ok(match provider {
-        "redis" => {
+        "redis" | "redis-replicated" => {
             let con = redis::Client::open(endpoint)?
                 .get_multiplexed_async_connection()
                 .await?;
@@ -438,6 +444,21 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             }
         );
     }
+    for r in rows.iter().filter(|r| r.provider.ends_with("wait_replicas=1")) {
+        let plain = r.provider.trim_end_matches(" wait_replicas=1");
+        if let Some(p) = rows.iter().find(|p| p.provider == plain && p.bytes == r.bytes) {
+            let _ = writeln!(
+                md,
+                "- {plain} {} write with `wait_replicas=1`: p50 {:.2}x the same write without it \
+                 ({} / {} µs), round trip {:.2}x (reported: what the replica's acknowledgement costs)",
+                human(r.bytes),
+                r.write_p50_us as f64 / p.write_p50_us.max(1) as f64,
+                r.write_p50_us,
+                p.write_p50_us,
+                r.round_trip_bytes_per_s / p.round_trip_bytes_per_s.max(1e-9),
+            );
+        }
+    }
     let _ = writeln!(
         md,
         "- `PersistentState` overhead: {overhead:.0} B beyond the value (goal <= 64 B): {}",
@@ -463,63 +484,74 @@ async fn measure(args: &Args) -> anyhow::Result<Vec<Row>> {
     let for_time = Duration::from_secs_f64(args.seconds);
     let mut rows = Vec::new();
     for provider in &args.providers {
-        let (store, endpoint, _guard) = crate::t1::open(provider).await?;
+        let (store, endpoint, url, _guard) = crate::t1::open(provider).await?;
         let store: Arc<dyn SystemStore> = store;
-        let storage = StateStorage::new(store.state_table(&rollcall_tests::unique_id("s1"))?);
-        let max = storage.table().limits().max_state_bytes as usize;
-        for &size in &args.sizes {
-            if size > max {
-                eprintln!(
-                    "S1 {provider} {}: over its largest state ({max} bytes), skipped",
-                    human(size)
-                );
-                continue;
-            }
-            eprintln!("S1 {provider} {}...", human(size));
-            let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
-            let run = rollcall_tests::unique_id("s1");
-            let ours: Arc<dyn Side> = Arc::new(Ours {
-                storage: storage.clone(),
-                key: StateKey::new(format!("bench/{run}"), "state")?,
-                data: data.clone(),
-                etag: Mutex::new(None),
-            });
-            let raw = raw_side(provider, &endpoint, data, &run).await?;
-            let (mut t_ours, mut t_raw) = (Tally::new(), Tally::new());
-            for round in 0..args.rounds {
-                let sides: [(&Arc<dyn Side>, &mut Tally); 2] = if round % 2 == 0 {
-                    [(&ours, &mut t_ours), (&raw, &mut t_raw)]
-                } else {
-                    [(&raw, &mut t_raw), (&ours, &mut t_ours)]
-                };
-                for (side, tally) in sides {
-                    run_side(side.as_ref(), size, for_time, tally).await?;
+        // On `redis-replicated`, the same sizes again on a store that waits for
+        // the replica (`wait_replicas=1`), on the same servers.
+        let mut stores = vec![(provider.clone(), store)];
+        if provider == "redis-replicated" {
+            stores.push((
+                format!("{provider} wait_replicas=1"),
+                rollcall::connect(&format!("{url}?wait_replicas=1")).await?,
+            ));
+        }
+        for (name, store) in stores {
+            let storage = StateStorage::new(store.state_table(&rollcall_tests::unique_id("s1"))?);
+            let max = storage.table().limits().max_state_bytes as usize;
+            for &size in &args.sizes {
+                if size > max {
+                    eprintln!(
+                        "S1 {provider} {}: over its largest state ({max} bytes), skipped",
+                        human(size)
+                    );
+                    continue;
                 }
+                eprintln!("S1 {name} {}...", human(size));
+                let data: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+                let run = rollcall_tests::unique_id("s1");
+                let ours: Arc<dyn Side> = Arc::new(Ours {
+                    storage: storage.clone(),
+                    key: StateKey::new(format!("bench/{run}"), "state")?,
+                    data: data.clone(),
+                    etag: Mutex::new(None),
+                });
+                let raw = raw_side(provider, &endpoint, data, &run).await?;
+                let (mut t_ours, mut t_raw) = (Tally::new(), Tally::new());
+                for round in 0..args.rounds {
+                    let sides: [(&Arc<dyn Side>, &mut Tally); 2] = if round % 2 == 0 {
+                        [(&ours, &mut t_ours), (&raw, &mut t_raw)]
+                    } else {
+                        [(&raw, &mut t_raw), (&ours, &mut t_ours)]
+                    };
+                    for (side, tally) in sides {
+                        run_side(side.as_ref(), size, for_time, tally).await?;
+                    }
+                }
+                let ratio = |a: u64, b: u64| a as f64 / b.max(1) as f64;
+                rows.push(Row {
+                    provider: name.clone(),
+                    bytes: size,
+                    samples: t_ours.pairs,
+                    write_p50_us: t_ours.write.value_at_quantile(0.5),
+                    write_p99_us: t_ours.write.value_at_quantile(0.99),
+                    raw_write_p50_us: t_raw.write.value_at_quantile(0.5),
+                    raw_write_p99_us: t_raw.write.value_at_quantile(0.99),
+                    write_p50_ratio: ratio(
+                        t_ours.write.value_at_quantile(0.5),
+                        t_raw.write.value_at_quantile(0.5),
+                    ),
+                    write_p99_ratio: ratio(
+                        t_ours.write.value_at_quantile(0.99),
+                        t_raw.write.value_at_quantile(0.99),
+                    ),
+                    read_p50_us: t_ours.read.value_at_quantile(0.5),
+                    raw_read_p50_us: t_raw.read.value_at_quantile(0.5),
+                    round_trip_bytes_per_s: t_ours.round_trip_bytes_per_s(size),
+                    raw_round_trip_bytes_per_s: t_raw.round_trip_bytes_per_s(size),
+                    round_trip_ratio: t_ours.round_trip_bytes_per_s(size)
+                        / t_raw.round_trip_bytes_per_s(size).max(1e-9),
+                });
             }
-            let ratio = |a: u64, b: u64| a as f64 / b.max(1) as f64;
-            rows.push(Row {
-                provider: provider.clone(),
-                bytes: size,
-                samples: t_ours.pairs,
-                write_p50_us: t_ours.write.value_at_quantile(0.5),
-                write_p99_us: t_ours.write.value_at_quantile(0.99),
-                raw_write_p50_us: t_raw.write.value_at_quantile(0.5),
-                raw_write_p99_us: t_raw.write.value_at_quantile(0.99),
-                write_p50_ratio: ratio(
-                    t_ours.write.value_at_quantile(0.5),
-                    t_raw.write.value_at_quantile(0.5),
-                ),
-                write_p99_ratio: ratio(
-                    t_ours.write.value_at_quantile(0.99),
-                    t_raw.write.value_at_quantile(0.99),
-                ),
-                read_p50_us: t_ours.read.value_at_quantile(0.5),
-                raw_read_p50_us: t_raw.read.value_at_quantile(0.5),
-                round_trip_bytes_per_s: t_ours.round_trip_bytes_per_s(size),
-                raw_round_trip_bytes_per_s: t_raw.round_trip_bytes_per_s(size),
-                round_trip_ratio: t_ours.round_trip_bytes_per_s(size)
-                    / t_raw.round_trip_bytes_per_s(size).max(1e-9),
-            });
         }
     }
     Ok(rows)

@@ -22,9 +22,15 @@ use tokio::sync::Mutex;
 /// Options of `t1` (and `all`).
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
-    /// Providers to measure: memory, redis, redis-cluster, etcd, dynamodb (on the
-    /// local DynamoDB-compatible server of the tests: not AWS).
-    #[arg(long, value_delimiter = ',', default_value = "memory,redis,etcd")]
+    /// Providers to measure: memory, redis, redis-cluster, redis-replicated (a
+    /// primary and a replica behind Sentinel; its conditional writes also with
+    /// `wait_replicas=1`), etcd, dynamodb (on the local DynamoDB-compatible server
+    /// of the tests: not AWS).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "memory,redis,etcd,redis-replicated"
+    )]
     providers: Vec<String>,
     /// Concurrent clients (each its own cluster, so no version-row contention).
     #[arg(long, value_delimiter = ',', default_value = "1,16")]
@@ -568,6 +574,7 @@ async fn ops_for(
     provider: &str,
     store: &Arc<dyn SystemStore>,
     endpoint: &str,
+    url: &str,
     clients: usize,
 ) -> anyhow::Result<Vec<(&'static str, Arc<dyn Op>)>> {
     let run = rollcall_tests::unique_id(&format!("bench-{provider}-{clients}"));
@@ -578,8 +585,8 @@ async fn ops_for(
             "raw write (locked map insert)",
             Arc::new(MapInsert(Default::default(), value)),
         )),
-        "redis" | "redis-cluster" => {
-            let url = if provider == "redis" {
+        "redis" | "redis-cluster" | "redis-replicated" => {
+            let url = if provider != "redis-cluster" {
                 endpoint.to_owned()
             } else {
                 // The raw reference runs on the first node of the cluster (its own keys).
@@ -594,7 +601,7 @@ async fn ops_for(
             let mut shared = client.get_multiplexed_async_connection().await?;
             // On a cluster, the reference's keys carry a hash tag of a slot that the
             // node it talks to serves (else every command is a MOVED).
-            let prefix = if provider == "redis" {
+            let prefix = if provider != "redis-cluster" {
                 "bench".to_owned()
             } else {
                 format!("{{{}}}", local_hash_tag(&mut shared).await?)
@@ -719,6 +726,27 @@ async fn ops_for(
         "reminder range read (1/16 of 1,000)",
         Arc::new(ReminderRange(ranged)),
     ));
+    if provider == "redis-replicated" {
+        // The same conditional writes acknowledged only once the replica has them
+        // (`WAIT 1`), interleaved with those above on the same servers.
+        let waited = rollcall::connect(&format!("{url}?wait_replicas=1")).await?;
+        ops.push((
+            WAITED_OPS[0].1,
+            Arc::new(InsertRow(
+                Tables::new(&waited, clients, &format!("{run}-insw")).await?,
+                counters(),
+            )),
+        ));
+        ops.push((
+            WAITED_OPS[1].1,
+            Arc::new(UpdateRow(
+                Tables::new(&waited, clients, &format!("{run}-updw")).await?,
+            )),
+        ));
+        let reminders = waited.reminder_table(&format!("{run}-remw"))?;
+        reminders.init().await?;
+        ops.push((WAITED_OPS[2].1, Arc::new(ReminderUpsert(reminders, counters()))));
+    }
     Ok(ops)
 }
 
@@ -769,7 +797,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
     let for_time = Duration::from_secs_f64(args.seconds);
     let mut cells = Vec::new();
     for provider in &args.providers {
-        let (store, endpoint, _guard) = open(provider).await?;
+        let (store, endpoint, url, _guard) = open(provider).await?;
         for &clients in &args.clients {
             if provider == "dynamodb" && clients > 1 {
                 // moto serves one request at a time (scripts/moto_serialized.py), and
@@ -779,7 +807,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<()> {
                 continue;
             }
             eprintln!("T1 {provider} at {clients} client(s)...");
-            let ops = ops_for(provider, &store, &endpoint, clients).await?;
+            let ops = ops_for(provider, &store, &endpoint, &url, clients).await?;
             let mut hists: Vec<Histogram<u64>> = ops
                 .iter()
                 .map(|_| Histogram::new(3).expect("histogram"))
@@ -837,17 +865,42 @@ pub(crate) fn store_url(provider: &str, endpoint: &str) -> String {
     }
 }
 
-/// Opens a provider's store on a backend found or started like the tests do.
-pub(crate) async fn open(
-    provider: &str,
-) -> anyhow::Result<(Arc<dyn SystemStore>, String, Option<fixtures::Backend>)> {
+/// What a benchmark keeps alive while it measures a provider (its servers).
+pub(crate) type Guard = Option<Box<dyn std::any::Any + Send>>;
+
+/// Opens a provider's store on a backend found or started like the tests do:
+/// the store, the backend's endpoint (for `redis-replicated`, the primary's
+/// `redis://` URL, where the raw references run), the store URL, and what keeps
+/// the backend alive.
+///
+/// `redis-replicated` is a primary with one replica behind three sentinels
+/// (the failover tests' set-up), opened by its `redis+sentinel://` URL.
+pub(crate) async fn open(provider: &str) -> anyhow::Result<(Arc<dyn SystemStore>, String, String, Guard)> {
+    if provider == "redis-replicated" {
+        let s = rollcall_tests::replicated::Sentinels::start()
+            .await
+            .map_err(|e| anyhow::anyhow!("a Redis Sentinel set-up: {e}"))?;
+        let primary = s.ports[s.primary().await.map_err(|e| anyhow::anyhow!(e))?];
+        let url = s.url("");
+        let store = rollcall::connect(&url)
+            .await
+            .with_context(|| format!("connect {url}"))?;
+        return Ok((
+            store,
+            format!("redis://127.0.0.1:{primary}"),
+            url,
+            Some(Box::new(s)),
+        ));
+    }
     let backend = match provider {
         "memory" => None,
         "redis" => fixtures::redis().await,
         "redis-cluster" => fixtures::redis_cluster().await,
         "etcd" => fixtures::etcd().await,
         "dynamodb" => fixtures::dynamodb().await,
-        other => anyhow::bail!("unknown provider `{other}` (memory, redis, redis-cluster, etcd, dynamodb)"),
+        other => anyhow::bail!(
+            "unknown provider `{other}` (memory, redis, redis-cluster, redis-replicated, etcd, dynamodb)"
+        ),
     };
     let endpoint = match (provider, &backend) {
         ("memory", _) => String::new(),
@@ -858,8 +911,20 @@ pub(crate) async fn open(
     let store = rollcall::connect(&url)
         .await
         .with_context(|| format!("connect {url}"))?;
-    Ok((store, endpoint, backend))
+    Ok((
+        store,
+        endpoint,
+        url,
+        backend.map(|b| Box::new(b) as Box<dyn std::any::Any + Send>),
+    ))
 }
+
+/// The ops measured on `redis-replicated` with and without `wait_replicas=1`.
+pub(crate) const WAITED_OPS: [(&str, &str); 3] = [
+    ("insert_row", "insert_row (wait_replicas=1)"),
+    ("update_row", "update_row (wait_replicas=1)"),
+    ("reminder upsert_row", "reminder upsert_row (wait_replicas=1)"),
+];
 
 fn report(cells: &[Cell], clients: &[usize], rounds: u32, seconds: f64) -> String {
     use std::fmt::Write as _;
@@ -907,6 +972,36 @@ fn report(cells: &[Cell], clients: &[usize], rounds: u32, seconds: f64) -> Strin
                 c.vs_raw_write,
                 c.vs_raw_conditional.map_or("-".into(), |r| format!("{r:.2}"))
             );
+        }
+        md.push('\n');
+    }
+    if cells.iter().any(|c| c.op == WAITED_OPS[0].1) {
+        md.push_str(
+            "### redis-replicated: `wait_replicas=1` next to the same writes without it\n\n\
+             The same servers and rounds: each conditional write followed by `WAIT 1 1000` on \
+             its connection (the replica's acknowledgement), next to the write alone.\n\n\
+             | op | clients | p50 µs without / with | ops/s without | ops/s with | with ÷ without |\n\
+             |---|---:|---:|---:|---:|---:|\n",
+        );
+        for &n in clients {
+            for (plain, waited) in WAITED_OPS {
+                let find = |op: &str| {
+                    cells
+                        .iter()
+                        .find(|c| c.provider == "redis-replicated" && c.op == op && c.clients == n)
+                };
+                if let (Some(a), Some(b)) = (find(plain), find(waited)) {
+                    let _ = writeln!(
+                        md,
+                        "| {plain} | {n} | {} / {} | {:.0} | {:.0} | {:.2} |",
+                        a.p50_us,
+                        b.p50_us,
+                        a.ops_per_s,
+                        b.ops_per_s,
+                        b.ops_per_s / a.ops_per_s.max(1e-9)
+                    );
+                }
+            }
         }
         md.push('\n');
     }

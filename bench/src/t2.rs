@@ -135,7 +135,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let rows = rt.block_on(async {
         let mut rows = Vec::new();
         for provider in &args.providers {
-            let (store, endpoint, _guard) = crate::t1::open(provider).await?;
+            let (store, endpoint, _url, _guard) = crate::t1::open(provider).await?;
             let mut writers: Vec<usize> = vec![1];
             writers.extend(args.writers.iter().copied().filter(|&w| w > 1));
             for mode in [BARE, BACKOFF, JOINS] {

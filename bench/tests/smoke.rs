@@ -25,16 +25,28 @@ fn smoke_run_reports_every_provider_with_ratios() {
         &json,
     );
     let report = std::fs::read_to_string(&md).unwrap();
-    for heading in ["### memory", "### redis", "### etcd", "### Goals"] {
+    for heading in [
+        "### memory",
+        "### redis",
+        "### etcd",
+        "### redis-replicated",
+        "### redis-replicated: `wait_replicas=1` next to the same writes without it",
+        "### Goals",
+    ] {
         assert!(report.contains(heading), "{heading} missing:\n{report}");
     }
     let parsed: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let cells = parsed["t1"].as_array().unwrap();
-    // 3 providers x 9 ops, plus references (memory: raw write; Redis: raw write,
+    // 4 providers x 9 ops, plus references (memory: raw write; Redis: raw write,
     // raw conditional write, the row-shaped MULTI, raw read script; etcd: raw
     // write, raw conditional write, the row-shaped Txn) and `update_row` with
-    // history=0 on Redis and etcd.
-    assert_eq!(cells.len(), 10 + (9 + 4 + 1) + (9 + 3 + 1), "{parsed:#}");
+    // history=0 on Redis and etcd; on the replicated Redis the references of
+    // Redis and 3 writes again with `wait_replicas=1`.
+    assert_eq!(
+        cells.len(),
+        10 + (9 + 4 + 1) + (9 + 3 + 1) + (9 + 4 + 3),
+        "{parsed:#}"
+    );
     for shape in ["raw MULTI of update_row's shape", "raw Txn of update_row's shape"] {
         assert!(
             cells
