@@ -1,6 +1,7 @@
 //! # rollcall-provider-redis
 //!
-//! Membership and reminder tables on Redis, standalone or Redis Cluster.
+//! Membership and reminder tables on Redis: one server, Redis Cluster, or a
+//! primary with replicas behind Redis Sentinel.
 //!
 //! - **Conditional writes** use `WATCH` / `MULTI` / `EXEC` on a dedicated pooled
 //!   connection (deadpool; WATCH state is per connection, so never on the shared
@@ -18,8 +19,12 @@
 //!   hash; a hash range is one `ZRANGEBYSCORE` (two when it wraps).
 //! - **Redis Cluster**: all keys of one cluster (or service) share a hash tag, so they
 //!   live in one slot; the provider sends each operation to the master of that slot
-//!   (from `CLUSTER SLOTS`, refreshed on `MOVED`), where transactions work as on a
-//!   single server.
+//!   (from `CLUSTER SLOTS`, refreshed on `MOVED` and after a failure that says the
+//!   node is gone or demoted), where transactions work as on a single server.
+//! - **Sentinel** (`redis+sentinel://`): the primary the sentinels name, found
+//!   again after such a failure and checked every second.
+//! - **`wait_replicas`**: conditional writes acknowledged only once that many
+//!   replicas have them (`WAIT`); see [`RedisConfig::wait_replicas`].
 //! - Values are JSON, readable with `redis-cli`; see [`keys`](crate#key-layout) below.
 //!
 //! ## Key layout
