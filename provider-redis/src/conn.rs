@@ -940,26 +940,21 @@ impl Router {
                 self.refresh(seen, true).await?;
                 op(self.node(tag).await?).await
             }
-            (Some(Fault::NotServed), _) | (Some(Fault::Ask(_)), _) => {
+            (Some(fault), _) => {
+                // Not applied, or maybe applied: read the topology again either way.
                 if let Router::Sentinel(s) = self {
                     s.forget(&node).await;
                 }
                 if let Err(r) = self.refresh(seen, false).await {
                     tracing::debug!(error = %r, "redis: topology refresh failed");
+                }
+                if fault == Fault::Lost {
+                    return Err(e);
                 }
                 match self.node(tag).await {
                     Ok(next) if !Arc::ptr_eq(&next, &node) => op(next).await,
                     _ => Err(e),
                 }
-            }
-            (Some(Fault::Lost), _) => {
-                if let Router::Sentinel(s) = self {
-                    s.forget(&node).await;
-                }
-                if let Err(r) = self.refresh(seen, false).await {
-                    tracing::debug!(error = %r, "redis: topology refresh failed");
-                }
-                Err(e)
             }
         }
     }
