@@ -143,9 +143,9 @@ async fn churn(store: &str, graceful: bool) -> (ChurnReport, Vec<Timestamp>) {
 
 /// Runs the churn of `plan` on `store` while `during` (given the cluster id) runs
 /// beside the rounds; reports it once both are over, with the stop times and
-/// what `during` returned. A process that exits before it is stopped, or a
-/// silo row Dead with suspect votes at the end (declared Dead by its peers),
-/// is an `Err` report.
+/// what `during` returned. A process that exits before it is stopped, or (in a
+/// graceful churn) a silo row Dead with suspect votes at the end (declared Dead
+/// by its peers), is an `Err` report.
 async fn churn_with<T, F, Fut>(
     store: &str,
     graceful: bool,
@@ -221,7 +221,12 @@ where
         }
         stop(&mut child, true).await;
     }
-    let declared_dead = declared_dead(store, &cluster).await;
+    // A crash churn's victims are declared Dead by their peers, as they must be.
+    let declared_dead = if graceful {
+        declared_dead(store, &cluster).await
+    } else {
+        Vec::new()
+    };
     let mut ticks = Vec::new();
     for n in 0..plan.silos + plan.rounds {
         for l in read_lines(&dir.join(format!("ticks-{n}.log"))) {
