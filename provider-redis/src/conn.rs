@@ -1063,8 +1063,11 @@ impl ClusterRouter {
     }
 
     /// Reads CLUSTER SLOTS from the first node that answers: the seeds, then
-    /// every node the last map named. Nodes that no longer own a slot are
-    /// dropped (their connections close once no call holds them).
+    /// every node the last map named, starting one further each refresh (so a
+    /// node that hangs is not always asked first). The whole refresh takes at
+    /// most the timeout; each node gets an equal share of what is left, at least
+    /// [`REFRESH_GAP`]. Nodes that no longer own a slot are dropped (their
+    /// connections close once no call holds them).
     async fn refresh(&self) -> Result<()> {
         let mut candidates = self.cfg.nodes.clone();
         for n in self.known.lock().unwrap_or_else(|p| p.into_inner()).iter() {
@@ -1072,8 +1075,16 @@ impl ClusterRouter {
                 candidates.push(n.clone());
             }
         }
+        let first = (self.gate.generation() as usize) % candidates.len().max(1);
+        candidates.rotate_left(first);
+        let deadline = tokio::time::Instant::now() + self.cfg.timeout;
         let mut last = None;
-        for seed in &candidates {
+        for (i, seed) in candidates.iter().enumerate() {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let share = (left / (candidates.len() - i) as u32).max(REFRESH_GAP).min(left);
             let fetch = async {
                 let client = redis::Client::open(seed.as_str()).map_err(|e| backend("open seed", e))?;
                 let mut con = client
@@ -1087,7 +1098,7 @@ impl ClusterRouter {
                     .map_err(|e| backend("CLUSTER SLOTS", e))?;
                 parse_slots(&v, &self.scheme_and_auth, &self.suffix)
             };
-            match tokio::time::timeout(self.cfg.timeout, fetch).await {
+            match tokio::time::timeout(share, fetch).await {
                 Ok(Ok((map, all))) if !map.is_empty() => {
                     {
                         let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
@@ -1101,7 +1112,7 @@ impl ClusterRouter {
                 Ok(Err(e)) => last = Some(e),
                 Err(_) => {
                     last = Some(Error::backend(format!(
-                        "redis cluster: seed {} timed out",
+                        "redis cluster: seed {} gave no slot map within {share:?}",
                         redact_password(seed)
                     )))
                 }
