@@ -1232,6 +1232,43 @@ mod tests {
         assert!(!maybe_unreplicated(&io(std::io::ErrorKind::ConnectionRefused)));
     }
 
+    /// Seeds that accept a connection and never answer (a partition that drops
+    /// replies): a refresh gives up within the timeout, not the timeout per seed.
+    #[tokio::test]
+    async fn a_refresh_over_hung_seeds_ends_within_the_timeout() {
+        let mut listeners = Vec::new();
+        let mut seeds = Vec::new();
+        for _ in 0..4 {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            seeds.push(l.local_addr().unwrap().to_string());
+            listeners.push(l);
+        }
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            loop {
+                for l in &listeners {
+                    if let Ok(Ok((c, _))) = tokio::time::timeout(Duration::from_millis(5), l.accept()).await {
+                        open.push(c);
+                    }
+                }
+            }
+        });
+        let cfg =
+            RedisConfig::from_url(&format!("redis+cluster://{}?timeout_ms=600", seeds.join(","))).unwrap();
+        let Router::Cluster(c) = Router::new(&cfg).unwrap() else {
+            panic!("a cluster router");
+        };
+        let started = Instant::now();
+        let r = c.refresh().await;
+        let took = started.elapsed();
+        held.abort();
+        assert!(r.is_err(), "no slot map from hung seeds");
+        assert!(
+            took < Duration::from_millis(600) + REFRESH_GAP,
+            "the refresh took {took:?}, over its timeout"
+        );
+    }
+
     #[test]
     fn slot_maps_name_masters_and_replicas_and_skip_replicas_without_address() {
         use redis::Value;
