@@ -446,6 +446,22 @@ impl Node {
     }
 }
 
+/// `script` with `keys` and `args`, ready to send.
+fn invocation<'a, A: redis::ToRedisArgs>(
+    script: &'a redis::Script,
+    keys: &[String],
+    args: &[A],
+) -> redis::ScriptInvocation<'a> {
+    let mut invocation = script.prepare_invoke();
+    for k in keys {
+        invocation.key(k);
+    }
+    for a in args {
+        invocation.arg(a);
+    }
+    invocation
+}
+
 /// Finds the node for a hash tag.
 #[derive(Debug)]
 pub(crate) enum Router {
@@ -763,12 +779,6 @@ impl Router {
         }
     }
 
-    /// Runs `op` on the node of `tag`. After a `MOVED` redirection (resharding),
-    /// refreshes the slot map and runs it once more; after an `ASK` (a slot half
-    /// migrated), runs it once on the node named, each command after `ASKING`, and
-    /// leaves the slot map as it is. A multi-key command whose keys are split
-    /// between the two nodes meanwhile gets `TRYAGAIN`: a transient
-    /// [`Error::Backend`] the caller retries.
     /// Runs `script` with `keys` and `args` on the shared connection of the node
     /// that serves `tag`'s slot, bounded by the node's timeout (see [`Node::timed`]).
     pub(crate) async fn invoke<T: redis::FromRedisValue + Send, A: redis::ToRedisArgs + Sync>(
@@ -782,14 +792,7 @@ impl Router {
         self.run(tag, |node: Arc<Node>| async move {
             node.timed(what, async {
                 let mut con = node.shared().await?;
-                let mut invocation = script.prepare_invoke();
-                for k in keys {
-                    invocation.key(k);
-                }
-                for a in args {
-                    invocation.arg(a);
-                }
-                invocation
+                invocation(script, keys, args)
                     .invoke_async(&mut con)
                     .await
                     .map_err(|e| backend(what, e))
@@ -844,12 +847,11 @@ impl Router {
         what: &'static str,
         pipe: &redis::Pipeline,
     ) -> Result<T> {
+        if !self.waits() {
+            return self.pipeline(tag, what, pipe).await;
+        }
         self.run(tag, |node: Arc<Node>| async move {
             node.timed(what, async {
-                if !node.waits() {
-                    let mut con = node.shared().await?;
-                    return pipe.query_async(&mut con).await.map_err(|e| backend(what, e));
-                }
                 let mut con = node.dedicated().await?;
                 let r = async {
                     let reply = pipe.query_async(&mut con).await.map_err(|e| backend(what, e))?;
@@ -974,49 +976,28 @@ impl Router {
         args: &[A],
         applied: impl Fn(&T) -> bool,
     ) -> Result<T> {
+        if !self.waits() {
+            return self.invoke(tag, what, script, keys, args).await;
+        }
         let applied = &applied;
         self.run(tag, |node: Arc<Node>| async move {
-            if !node.waits() {
-                return node
-                    .timed(what, async {
-                        let mut con = node.shared().await?;
-                        let mut invocation = script.prepare_invoke();
-                        for k in keys {
-                            invocation.key(k);
-                        }
-                        for a in args {
-                            invocation.arg(a);
-                        }
-                        invocation
-                            .invoke_async(&mut con)
-                            .await
-                            .map_err(|e| backend(what, e))
-                    })
-                    .await;
-            }
             node.timed(what, async {
                 let mut con = node.dedicated().await?;
-                let mut invocation = script.prepare_invoke();
-                for k in keys {
-                    invocation.key(k);
-                }
-                for a in args {
-                    invocation.arg(a);
-                }
-                let reply: T = match invocation.invoke_async(&mut con).await {
-                    Ok(r) => r,
-                    Err(e) => {
-                        discard(con);
-                        return Err(backend(what, e));
+                let r = async {
+                    let reply: T = invocation(script, keys, args)
+                        .invoke_async(&mut con)
+                        .await
+                        .map_err(|e| backend(what, e))?;
+                    if applied(&reply) {
+                        node.wait_for_replicas(&mut con).await?;
                     }
-                };
-                if applied(&reply) {
-                    if let Err(e) = node.wait_for_replicas(&mut con).await {
-                        discard(con);
-                        return Err(e);
-                    }
+                    Ok(reply)
                 }
-                Ok(reply)
+                .await;
+                if r.is_err() {
+                    discard(con);
+                }
+                r
             })
             .await
         })

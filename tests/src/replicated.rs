@@ -76,6 +76,28 @@ where
     Ok(())
 }
 
+/// Waits (at most `within`) until the server on `port` is a replica in sync
+/// with its master.
+async fn in_sync(port: u16, within: Duration) -> Result<(), String> {
+    until("a replica in sync", within, || async move {
+        query::<String>(port, redis::cmd("INFO").arg("replication"))
+            .await
+            .is_ok_and(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
+    })
+    .await
+}
+
+/// Waits (at most 30 s) until the cluster node on `port` reports
+/// `cluster_state:ok`.
+async fn cluster_ok(port: u16) -> Result<(), String> {
+    until("cluster_state:ok", Duration::from_secs(30), || async move {
+        query::<String>(port, redis::cmd("CLUSTER").arg("INFO"))
+            .await
+            .is_ok_and(|i| i.contains("cluster_state:ok"))
+    })
+    .await
+}
+
 /// The base flags of every server: loopback, no persistence, files in a
 /// directory of its own under `dir`.
 fn base_args(port: u16, dir: &Path) -> Result<Vec<String>, String> {
@@ -190,20 +212,10 @@ impl ReplicatedCluster {
             let () = query(p[3 + i], redis::cmd("CLUSTER").arg("REPLICATE").arg(&id)).await?;
         }
         for &port in p {
-            until("cluster_state:ok", Duration::from_secs(30), || async move {
-                query::<String>(port, redis::cmd("CLUSTER").arg("INFO"))
-                    .await
-                    .is_ok_and(|i| i.contains("cluster_state:ok"))
-            })
-            .await?;
+            cluster_ok(port).await?;
         }
         for &port in &p[3..] {
-            until("the replica in sync", Duration::from_secs(30), || async move {
-                query::<String>(port, redis::cmd("INFO").arg("replication"))
-                    .await
-                    .is_ok_and(|i| i.contains("master_link_status:up"))
-            })
-            .await?;
+            in_sync(port, Duration::from_secs(30)).await?;
         }
         Ok(())
     }
@@ -266,16 +278,7 @@ impl ReplicatedCluster {
     pub async fn restart(&mut self, i: usize) -> Result<(), String> {
         let port = self.ports[i];
         self.servers[i] = Some(spawn(self.args[i].clone(), &self.dir.0, port).await?);
-        until(
-            "the restarted node in sync as a replica",
-            Duration::from_secs(60),
-            || async move {
-                query::<String>(port, redis::cmd("INFO").arg("replication"))
-                    .await
-                    .is_ok_and(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
-            },
-        )
-        .await
+        in_sync(port, Duration::from_secs(60)).await
     }
 
     /// Waits until `slot` is served by a live master other than `dead` and every
@@ -296,16 +299,7 @@ impl ReplicatedCluster {
             if self.servers[i].is_none() {
                 continue;
             }
-            until(
-                "cluster_state:ok after the failover",
-                Duration::from_secs(30),
-                || async move {
-                    query::<String>(port, redis::cmd("CLUSTER").arg("INFO"))
-                        .await
-                        .is_ok_and(|i| i.contains("cluster_state:ok"))
-                },
-            )
-            .await?;
+            cluster_ok(port).await?;
         }
         Ok(start.elapsed())
     }
@@ -347,12 +341,7 @@ impl Sentinels {
             ports[0].to_string(),
         ]);
         let replica = spawn(replica_args, &dir.0, ports[1]).await?;
-        until("the replica in sync", Duration::from_secs(30), || async move {
-            query::<String>(ports[1], redis::cmd("INFO").arg("replication"))
-                .await
-                .is_ok_and(|i| i.contains("master_link_status:up"))
-        })
-        .await?;
+        in_sync(ports[1], Duration::from_secs(30)).await?;
         let mut sentinels = Vec::new();
         let mut sentinel_ports = [0; 3];
         for port in &mut sentinel_ports {
@@ -454,16 +443,7 @@ impl Sentinels {
     pub async fn restart_as_replica(&mut self, i: usize) -> Result<(), String> {
         let port = self.ports[i];
         self.servers[i] = Some(spawn(base_args(port, &self.dir.0)?, &self.dir.0, port).await?);
-        until(
-            "the restarted server in sync as a replica",
-            Duration::from_secs(60),
-            || async move {
-                query::<String>(port, redis::cmd("INFO").arg("replication"))
-                    .await
-                    .is_ok_and(|i| i.contains("role:slave") && i.contains("master_link_status:up"))
-            },
-        )
-        .await
+        in_sync(port, Duration::from_secs(60)).await
     }
 
     /// Waits until the sentinels name a live server other than `dead` as primary
