@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use rollcall_membership_core::{redact_password, Error, Result, SystemStore};
+use rollcall_core::{redact_password, Error, Result, SystemStore};
 
 /// A parsed store URL: which provider, and where.
 ///
@@ -213,7 +213,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn SystemStore>> {
 ///   has passed.
 pub async fn connect_retrying(url: &str, within: std::time::Duration) -> Result<Arc<dyn SystemStore>> {
     let what = format!("store {}", StoreUrl::parse(url)?);
-    rollcall_membership_core::retry_transient(&what, within, || connect(url)).await
+    rollcall_core::retry_transient(&what, within, || connect(url)).await
 }
 
 #[cfg(test)]
@@ -296,16 +296,16 @@ mod tests {
 
     #[tokio::test]
     async fn memory_urls_share_a_store_by_name() {
-        use rollcall_membership_core::ProtocolMode;
+        use rollcall_core::ProtocolMode;
         let a = connect("memory://shared-test").await.unwrap();
         let b = connect("memory://shared-test").await.unwrap();
         let c = connect("memory://other-test").await.unwrap();
         let ta = a.membership_table("c", ProtocolMode::Extended).unwrap();
         let snap = ta.read_all().await.unwrap();
-        let row = rollcall_membership_core::MembershipEntry::new(
+        let row = rollcall_core::MembershipEntry::new(
             "127.0.0.1:1@1".parse().unwrap(),
-            rollcall_membership_core::SiloStatus::Active,
-            rollcall_membership_core::Timestamp::from_millis(1),
+            rollcall_core::SiloStatus::Active,
+            rollcall_core::Timestamp::from_millis(1),
         );
         assert!(ta.insert_row(&row, &snap.version.next()).await.unwrap());
         let tb = b.membership_table("c", ProtocolMode::Extended).unwrap();

@@ -274,7 +274,7 @@ async fn bounded<T>(
     what: &str,
     read: impl std::future::Future<Output = crate::Result<T>>,
 ) -> Result<T, String> {
-    rollcall_membership_core::bounded(
+    rollcall_core::bounded(
         READ_TIMEOUT,
         async { read.await.map_err(|e| format!("{what}: {e}")) },
         |t| format!("{what}: no answer within {t:?}"),

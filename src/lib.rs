@@ -14,7 +14,7 @@
 //! actor state, each provider, operating, Kubernetes, testing and benchmarks.
 //!
 //! This facade re-exports the model and contracts of
-//! [`rollcall-membership-core`](rollcall_membership_core) and picks a storage provider
+//! [`rollcall-core`](rollcall_core) and picks a storage provider
 //! from a URL with [`connect`]:
 //!
 //! | URL | provider | feature |
@@ -52,7 +52,7 @@ pub mod prometheus;
 pub mod state;
 
 pub use connect::{connect, connect_retrying, StoreUrl};
-pub use rollcall_membership_core::*;
+pub use rollcall_core::*;
 
 /// Durable reminders: the reminder service ([`reminders::Reminders`]), actor ids and
 /// ticks (crate `rollcall-reminders`).

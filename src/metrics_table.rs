@@ -16,9 +16,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use rollcall_membership_core::metrics_table::*;
+pub use rollcall_core::metrics_table::*;
 
-use rollcall_membership_core::{SiloHandle, SiloStatus, StatPoint, StatisticsStore, Timestamp};
+use rollcall_core::{SiloHandle, SiloStatus, StatPoint, StatisticsStore, Timestamp};
 use rollcall_reminders::Reminders;
 use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
 

@@ -71,8 +71,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-pub use rollcall_membership_core::state::*;
-use rollcall_membership_core::{bounded, Error, Etag, Result, Timestamp};
+pub use rollcall_core::state::*;
+use rollcall_core::{bounded, Error, Etag, Result, Timestamp};
 
 /// How long one call of a [`PersistentState`] may take by default: 30 s.
 pub const DEFAULT_STATE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -389,7 +389,7 @@ impl<T: Serialize + DeserializeOwned + Default + Send + 'static> PersistentState
             Err(e) => Err(e),
         };
         if let Err(Error::Corrupt { .. }) = &decoded {
-            rollcall_membership_core::telemetry::state_corrupt(self.storage.table().service_id());
+            rollcall_core::telemetry::state_corrupt(self.storage.table().service_id());
         }
         let (state, read) = decoded?;
         let mut v = self.lock();
@@ -617,7 +617,7 @@ fn record_write<V>(storage: &StateStorage, r: &Result<V>, len: usize) {
         Err(Error::InconsistentState { .. }) => "conflict",
         Err(_) => "error",
     };
-    rollcall_membership_core::telemetry::state_write(storage.table().service_id(), outcome, len);
+    rollcall_core::telemetry::state_write(storage.table().service_id(), outcome, len);
 }
 
 /// Options of a [`StateSweeper`].
@@ -632,7 +632,7 @@ pub struct SweepOptions {
     /// write takes.
     pub grace: Duration,
     /// How long a tombstone is kept
-    /// ([`TOMBSTONE_RETENTION`](rollcall_membership_core::state_sweep::TOMBSTONE_RETENTION),
+    /// ([`TOMBSTONE_RETENTION`](rollcall_core::state::sweep::TOMBSTONE_RETENTION),
     /// 1 hour, by default).
     pub tombstone_retention: Duration,
     /// Keys listed per table call. Default 200.
@@ -646,7 +646,7 @@ impl SweepOptions {
             kinds: kinds.into_iter().map(Into::into).collect(),
             period: Duration::from_secs(300),
             grace: SWEEP_GRACE,
-            tombstone_retention: rollcall_membership_core::state_sweep::TOMBSTONE_RETENTION,
+            tombstone_retention: rollcall_core::state::sweep::TOMBSTONE_RETENTION,
             page: 200,
         }
     }
@@ -672,9 +672,9 @@ type Owns = Box<dyn Fn(u32) -> bool + Send + Sync>;
 
 /// The periodic sweep of a grain-state table: generations no header publishes,
 /// expired states and old tombstones, of the states this silo owns (those whose
-/// [`actor_hash`](rollcall_membership_core::actor_hash) falls in its ring ranges,
+/// [`actor_hash`](rollcall_core::actor_hash) falls in its ring ranges,
 /// the reminders' ring), so that the silos of a cluster share the work. The
-/// rules are [`SweepMachine`](rollcall_membership_core::state_sweep::SweepMachine)'s
+/// rules are [`SweepMachine`](rollcall_core::state::sweep::SweepMachine)'s
 /// (sans-io): an orphan goes once this sweeper has seen it for the grace on its
 /// own clock, never by the writer's clock. Deletions are counted in
 /// `rollcall_state_swept_total`.
@@ -685,7 +685,7 @@ type Owns = Box<dyn Fn(u32) -> bool + Send + Sync>;
 pub struct StateSweeper {
     storage: StateStorage,
     options: SweepOptions,
-    machine: rollcall_membership_core::state_sweep::SweepMachine,
+    machine: rollcall_core::state::sweep::SweepMachine,
     ownership: Box<dyn Fn() -> Owns + Send + Sync>,
 }
 
@@ -707,13 +707,13 @@ impl StateSweeper {
 
     /// A sweeper of the states `silo` owns on the ring of the Active silos of
     /// its view, each taking `ring_points_per_silo` points (the reminder
-    /// service's [`ReminderOptions::ring_points_per_silo`](rollcall_membership_core::ReminderOptions),
+    /// service's [`ReminderOptions::ring_points_per_silo`](rollcall_core::ReminderOptions),
     /// so that one silo sweeps the states of the actors whose reminders it
     /// owns). A silo that is not Active in its own view owns none.
     pub fn for_silo(
         storage: StateStorage,
         options: SweepOptions,
-        silo: rollcall_membership_core::SiloHandle,
+        silo: rollcall_core::SiloHandle,
         ring_points_per_silo: u32,
     ) -> Self {
         Self::with_ownership(
@@ -732,10 +732,10 @@ impl StateSweeper {
         options: SweepOptions,
         ownership: Box<dyn Fn() -> Owns + Send + Sync>,
     ) -> Self {
-        let machine = rollcall_membership_core::state_sweep::SweepMachine::new(
+        let machine = rollcall_core::state::sweep::SweepMachine::new(
             options.grace,
             options.tombstone_retention,
-            rollcall_membership_core::state_sweep::MAX_TRACKED,
+            rollcall_core::state::sweep::MAX_TRACKED,
         );
         StateSweeper {
             storage,
@@ -749,7 +749,7 @@ impl StateSweeper {
     /// and sweeps each. At most `ceil(states / page)` list calls plus four
     /// table calls a state.
     pub async fn pass(&mut self) -> SweepReport {
-        use rollcall_membership_core::state_sweep::Swept;
+        use rollcall_core::state::sweep::Swept;
         let owns = (self.ownership)();
         let service = self.storage.table().service_id().to_owned();
         let mut report = SweepReport::default();
@@ -771,13 +771,13 @@ impl StateSweeper {
                 let Some(last) = page.last().cloned() else { break };
                 for key in page
                     .iter()
-                    .filter(|k| owns(rollcall_membership_core::actor_hash(k.actor_id())))
+                    .filter(|k| owns(rollcall_core::actor_hash(k.actor_id())))
                 {
                     report.states += 1;
                     match self.storage.sweep_with(key, &mut self.machine).await {
                         Ok(done) => {
                             for what in done {
-                                rollcall_membership_core::telemetry::state_swept(&service, what.label());
+                                rollcall_core::telemetry::state_swept(&service, what.label());
                                 match what {
                                     Swept::Orphan => report.orphans += 1,
                                     Swept::Expired => report.expired += 1,

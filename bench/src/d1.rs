@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rollcall_membership_core::{ClusterMembershipOptions, SiloAddress, SiloHandle, SiloStatus};
+use rollcall_core::{ClusterMembershipOptions, SiloAddress, SiloHandle, SiloStatus};
 use serde::Serialize;
 
 /// Options of `d1`.
@@ -203,10 +203,9 @@ fn summary(
 /// time is taken (every survivor's view has it Dead, polled every 2 ms); a fresh
 /// silo replaces it before the next kill.
 async fn measure_tcp(runs: usize, seed: u64) -> anyhow::Result<Detection> {
-    use rollcall_membership_core::{OnDeclaredDead, Silo};
+    use rollcall_core::{OnDeclaredDead, Silo};
     let options = ClusterMembershipOptions::fast();
-    let store: Arc<dyn rollcall_membership_core::SystemStore> =
-        Arc::new(rollcall::memory::MemoryStore::new());
+    let store: Arc<dyn rollcall_core::SystemStore> = Arc::new(rollcall::memory::MemoryStore::new());
     let cluster = rollcall_tests::unique_id("d1-tcp");
     let start = || {
         Silo::builder(store.clone(), cluster.clone())

@@ -20,7 +20,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rollcall_membership_core::{ClusterMembershipOptions, SiloStatus};
+use rollcall_core::{ClusterMembershipOptions, SiloStatus};
 use serde::Serialize;
 
 /// Options of `d2`.

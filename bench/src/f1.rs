@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use rollcall_membership_core::{OnDeclaredDead, ProtocolMode, Silo, SiloStatus};
+use rollcall_core::{OnDeclaredDead, ProtocolMode, Silo, SiloStatus};
 use serde::Serialize;
 
 /// Options of `f1`.

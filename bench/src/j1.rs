@@ -18,8 +18,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rollcall_membership_core::transport::sim::SimNetwork;
-use rollcall_membership_core::{
+use rollcall_core::transport::sim::SimNetwork;
+use rollcall_core::{
     Clock, ClusterMembershipOptions, OnDeclaredDead, Silo, SiloHandle, SiloStatus, SystemStore, Timestamp,
     TokioClock,
 };

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use actix::{Actor, Context, Handler};
 use hdrhistogram::Histogram;
 use rollcall::reminders::{ActorId, ReminderTick, Reminders};
-use rollcall_membership_core::{
+use rollcall_core::{
     Clock, ClusterMembershipOptions, OnDeclaredDead, ReminderEntry, ReminderOptions, Silo, SystemClock,
     SystemStore, Timestamp,
 };

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use actix::{Actor, Context, Handler};
 use rollcall::reminders::{ActorId, ReminderTick, Reminders};
-use rollcall_membership_core::{
+use rollcall_core::{
     ClusterMembershipOptions, OnDeclaredDead, ReminderEntry, ReminderOptions, Silo, SiloHandle, SiloStatus,
     Timestamp,
 };

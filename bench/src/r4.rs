@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use actix::{Actor, Context, Handler};
 use rollcall::reminders::{ActorId, ReminderTick, Reminders};
-use rollcall_membership_core::{
+use rollcall_core::{
     ClusterMembershipOptions, OnDeclaredDead, ReminderEntry, ReminderOptions, Silo, SiloAddress, SiloHandle,
     SystemStore, Timestamp,
 };
@@ -570,7 +570,7 @@ async fn once(provider: &str, silos: usize, shards: u32, args: &Args) -> anyhow:
         (counting, Cluster::Here(Box::new(local)), backend)
     };
     // The shard count first: it places the rows the table writes (Redis).
-    rollcall_membership_core::lease::ShardLeases::open(store.lease_table(&id)?, shards).await?;
+    rollcall_core::lease::ShardLeases::open(store.lease_table(&id)?, shards).await?;
     let table = store.reminder_table(&id)?;
     table.init().await?;
     let now = Timestamp::now();

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use actix::{Actor, Context, Handler};
 use hdrhistogram::Histogram;
 use rollcall::reminders::{ActorId, ReminderSpec, ReminderTick, Reminders};
-use rollcall_membership_core::{Clock, ReminderOptions, Silo, SystemClock, Timestamp};
+use rollcall_core::{Clock, ReminderOptions, Silo, SystemClock, Timestamp};
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};

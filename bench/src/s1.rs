@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use hdrhistogram::Histogram;
 use rollcall::state::{Codec, Expected, PersistentState, StateKey, StateStorage};
-use rollcall_membership_core::{Etag, SystemStore};
+use rollcall_core::{Etag, SystemStore};
 use serde::Serialize;
 use tokio::sync::Mutex;
 

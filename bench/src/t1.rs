@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use async_trait::async_trait;
 use hdrhistogram::Histogram;
-use rollcall_membership_core::{
+use rollcall_core::{
     history, MembershipEntry, MembershipRow, MembershipTable, ProtocolMode, ReminderEntry, ReminderTable,
     SystemStore, Timestamp,
 };

@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rollcall_membership_core::protocol::backoff_delay;
-use rollcall_membership_core::protocol::machine::{BACKOFF_BASE, BACKOFF_CAP};
-use rollcall_membership_core::{MembershipRow, MembershipTable, ProtocolMode};
+use rollcall_core::protocol::backoff_delay;
+use rollcall_core::protocol::machine::{BACKOFF_BASE, BACKOFF_CAP};
+use rollcall_core::{MembershipRow, MembershipTable, ProtocolMode};
 use serde::Serialize;
 
 const BARE: &str = "bare loop";
@@ -62,7 +62,7 @@ fn measure_joins(url: String, writers: usize, seed: u64) -> anyhow::Result<(f64,
     crate::on_own_thread(format!("T2 joins of {writers}"), move || {
         actix::System::new().block_on(async move {
             let store = rollcall::connect(&url).await?;
-            let options = rollcall_membership_core::ClusterMembershipOptions::default();
+            let options = rollcall_core::ClusterMembershipOptions::default();
             let c = crate::j1::storm(store, Duration::ZERO, writers, &options, seed).await?;
             for s in &c.silos {
                 s.kill();

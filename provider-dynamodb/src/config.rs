@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use rollcall_membership_core::{history::parse_history_capacity, Error, Result, DEFAULT_HISTORY_CAPACITY};
+use rollcall_core::{history::parse_history_capacity, Error, Result, DEFAULT_HISTORY_CAPACITY};
 
 /// Where the tables are and how to reach them.
 ///

@@ -15,7 +15,7 @@ use aws_sdk_dynamodb::types::{
     AttributeValue, DeleteRequest, KeysAndAttributes, TransactWriteItem, WriteRequest,
 };
 use aws_sdk_dynamodb::Client;
-use rollcall_membership_core::{Error, Etag, Result};
+use rollcall_core::{Error, Etag, Result};
 
 use crate::config::DynamoDbConfig;
 

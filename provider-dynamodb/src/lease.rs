@@ -16,8 +16,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
-use rollcall_membership_core::lease::{LeaseTable, LeaseWrite};
-use rollcall_membership_core::{Error, Etag, Expected, Result};
+use rollcall_core::lease::{LeaseTable, LeaseWrite};
+use rollcall_core::{Error, Etag, Expected, Result};
 use tokio::sync::OnceCell;
 
 use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};

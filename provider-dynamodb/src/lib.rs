@@ -53,8 +53,8 @@
 //!   nothing is overwritten.
 //!
 //! ```no_run
-//! # async fn run() -> rollcall_membership_core::Result<()> {
-//! use rollcall_membership_core::ProtocolMode;
+//! # async fn run() -> rollcall_core::Result<()> {
+//! use rollcall_core::ProtocolMode;
 //! let store = rollcall_provider_dynamodb::DynamoDbStore::connect(
 //!     "dynamodb://rollcall?region=eu-west-1",
 //! )
@@ -83,7 +83,7 @@ pub use lease::DynamoDbLeaseTable;
 pub use membership::DynamoDbMembershipTable;
 pub use metrics_table::DynamoDbMetricsTable;
 pub use reminders::DynamoDbReminderTable;
-use rollcall_membership_core::{
+use rollcall_core::{
     validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, StatisticsOptions,
     StatisticsStore, SystemStore,
 };
@@ -105,8 +105,8 @@ impl DynamoDbStore {
     /// `timeout_ms`.
     ///
     /// # Errors
-    /// - [`Error::InvalidConfig`](rollcall_membership_core::Error::InvalidConfig) for a bad URL;
-    /// - [`Error::Backend`](rollcall_membership_core::Error::Backend) when DynamoDB does not answer, or refuses the
+    /// - [`Error::InvalidConfig`](rollcall_core::Error::InvalidConfig) for a bad URL;
+    /// - [`Error::Backend`](rollcall_core::Error::Backend) when DynamoDB does not answer, or refuses the
     ///   credentials (the message carries the AWS error code).
     pub async fn connect(url: &str) -> Result<Arc<dyn SystemStore>> {
         Ok(Arc::new(Self::open(url).await?))
@@ -161,12 +161,12 @@ impl SystemStore for DynamoDbStore {
         )))
     }
 
-    fn lease_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::LeaseTable>> {
+    fn lease_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_core::LeaseTable>> {
         validate_id("service_id", service_id)?;
         Ok(Arc::new(DynamoDbLeaseTable::new(self.conn.clone(), service_id)))
     }
 
-    fn state_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::StateTable>> {
+    fn state_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_core::StateTable>> {
         validate_id("service_id", service_id)?;
         Ok(Arc::new(DynamoDbStateTable::new(self.conn.clone(), service_id)))
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Get, Put, TransactGetItem, TransactWriteItem, Update};
-use rollcall_membership_core::{
+use rollcall_core::{
     history::require_history, CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry,
     MembershipEvent, MembershipRow, MembershipRows, MembershipSnapshot, MembershipTable, ProtocolMode,
     Result, SiloAddress, SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteMode, WriteOrigin,

@@ -7,9 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::ReturnValue;
-use rollcall_membership_core::{
-    CorruptRow, Error, MetricsReport, MetricsRole, MetricsRow, MetricsTable, Result,
-};
+use rollcall_core::{CorruptRow, Error, MetricsReport, MetricsRole, MetricsRow, MetricsTable, Result};
 
 use crate::conn::{n, s, Attrs, Conn, Item};
 use crate::schema::{self, CLUSTER_ID, METRICS_ROWS, SILO_IDENTITY};

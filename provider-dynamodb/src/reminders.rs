@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
-use rollcall_membership_core::{
+use rollcall_core::{
     actor_hash, Error, Etag, MissedTickPolicy, ReminderEntry, ReminderTable, Result, Timestamp,
 };
 

@@ -6,7 +6,7 @@ use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection,
     ProjectionType, ScalarAttributeType, TableStatus, TimeToLiveSpecification,
 };
-use rollcall_membership_core::{Error, Result};
+use rollcall_core::{Error, Result};
 
 use crate::conn::{is_not_found, Conn};
 

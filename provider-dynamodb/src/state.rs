@@ -21,8 +21,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, ReturnValue, TransactWriteItem};
-use rollcall_membership_core::state::{replaced_generation, Commit, HeaderWrite, StateLimits, StateTable};
-use rollcall_membership_core::{Error, Etag, Expected, Result, StateKey, Timestamp};
+use rollcall_core::state::{replaced_generation, Commit, HeaderWrite, StateLimits, StateTable};
+use rollcall_core::{Error, Etag, Expected, Result, StateKey, Timestamp};
 use tokio::sync::OnceCell;
 
 use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
@@ -58,7 +58,7 @@ pub const DYNAMODB_STATE_LIMITS: StateLimits = StateLimits {
     chunk_bytes: 350 * 1024,
     txn_bytes: 3 * 1024 * 1024,
     txn_rows: 90,
-    max_state_bytes: rollcall_membership_core::state::MAX_STATE_BYTES,
+    max_state_bytes: rollcall_core::state::MAX_STATE_BYTES,
 };
 
 /// How often a commit that lost to a concurrent transaction (not to its

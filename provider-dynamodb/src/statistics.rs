@@ -34,11 +34,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{AttributeValue, Put, ReturnValue, TransactWriteItem};
 use futures_util::future::try_join_all;
-use rollcall_membership_core::statistics::{
+use rollcall_core::statistics::{
     bucket_start, expired_below, parse_record_key, record_key, validate_batch, Aggregate, StringCache,
     StringKind,
 };
-use rollcall_membership_core::{
+use rollcall_core::{
     actor_hash, AggLevel, Error, Result, StatFilter, StatPoint, StatRecord, StatisticsOptions,
     StatisticsStore, Timestamp,
 };

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use rollcall_membership_core::{
+use rollcall_core::{
     history::parse_history_capacity, redact_password, Error, Result, DEFAULT_HISTORY_CAPACITY,
 };
 

@@ -8,7 +8,7 @@ use etcd_client::{
     Certificate, Client, ConnectOptions, DeleteOptions, GetOptions, GetResponse, Identity, KvClient,
     TlsOptions, Txn, TxnResponse,
 };
-use rollcall_membership_core::{Error, Result};
+use rollcall_core::{Error, Result};
 
 use crate::config::EtcdConfig;
 
@@ -48,7 +48,7 @@ fn status_of(e: &etcd_client::Error) -> String {
 
 /// The revision an etag names (`mod_revision` as decimal, >= 0); `None` for
 /// anything else, which no stored key can have.
-pub(crate) fn revision(etag: &rollcall_membership_core::Etag) -> Option<i64> {
+pub(crate) fn revision(etag: &rollcall_core::Etag) -> Option<i64> {
     etag.as_str().parse().ok().filter(|r| *r >= 0)
 }
 

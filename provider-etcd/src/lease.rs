@@ -12,8 +12,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
-use rollcall_membership_core::lease::{LeaseTable, LeaseWrite};
-use rollcall_membership_core::{Error, Etag, Expected, Result};
+use rollcall_core::lease::{LeaseTable, LeaseWrite};
+use rollcall_core::{Error, Etag, Expected, Result};
 
 use crate::conn::{revision, Conn};
 use crate::keys::escape;

@@ -34,8 +34,8 @@
 //! script uses to compile etcd's protobuf definitions.
 //!
 //! ```no_run
-//! # async fn run() -> rollcall_membership_core::Result<()> {
-//! use rollcall_membership_core::ProtocolMode;
+//! # async fn run() -> rollcall_core::Result<()> {
+//! use rollcall_core::ProtocolMode;
 //! let store = rollcall_provider_etcd::EtcdStore::connect("etcd://127.0.0.1:2379?prefix=myapp").await?;
 //! let table = store.membership_table("orders", ProtocolMode::Extended)?;
 //! # Ok(()) }
@@ -59,7 +59,7 @@ pub use lease::EtcdLeaseTable;
 pub use membership::EtcdMembershipTable;
 pub use metrics_table::EtcdMetricsTable;
 pub use reminders::EtcdReminderTable;
-use rollcall_membership_core::{
+use rollcall_core::{
     validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, SystemStore,
 };
 pub use state::{EtcdStateTable, ETCD_MAX_STATE_BYTES, ETCD_STATE_LIMITS};
@@ -78,10 +78,10 @@ impl EtcdStore {
     /// leader answers a read of the key prefix. Answers within `timeout_ms`.
     ///
     /// # Errors
-    /// - [`Error::InvalidConfig`](rollcall_membership_core::Error::InvalidConfig) for
+    /// - [`Error::InvalidConfig`](rollcall_core::Error::InvalidConfig) for
     ///   a bad URL, an unreadable TLS file, or credentials etcd rejects (the message
     ///   names the user);
-    /// - [`Error::Backend`](rollcall_membership_core::Error::Backend) when no member
+    /// - [`Error::Backend`](rollcall_core::Error::Backend) when no member
     ///   answers within the timeout.
     pub async fn connect(url: &str) -> Result<Arc<dyn SystemStore>> {
         Ok(Arc::new(Self::open(url).await?))
@@ -121,7 +121,7 @@ impl SystemStore for EtcdStore {
         )))
     }
 
-    fn lease_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::LeaseTable>> {
+    fn lease_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_core::LeaseTable>> {
         validate_id("service_id", service_id)?;
         Ok(Arc::new(EtcdLeaseTable::new(
             self.conn.clone(),
@@ -130,7 +130,7 @@ impl SystemStore for EtcdStore {
         )))
     }
 
-    fn state_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::StateTable>> {
+    fn state_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_core::StateTable>> {
         validate_id("service_id", service_id)?;
         Ok(Arc::new(EtcdStateTable::new(
             self.conn.clone(),
@@ -155,9 +155,9 @@ impl SystemStore for EtcdStore {
     fn statistics_store(
         &self,
         _cluster_id: &str,
-        _options: &rollcall_membership_core::StatisticsOptions,
-    ) -> Result<Arc<dyn rollcall_membership_core::StatisticsStore>> {
-        Err(rollcall_membership_core::Error::Unsupported(
+        _options: &rollcall_core::StatisticsOptions,
+    ) -> Result<Arc<dyn rollcall_core::StatisticsStore>> {
+        Err(rollcall_core::Error::Unsupported(
             "etcd holds no statistics: it keeps every revision until compaction and caps its database \
              (2 GiB by default), which an append-heavy series would exhaust; use the embedded store, \
              Redis or DynamoDB for statistics"

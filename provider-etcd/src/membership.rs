@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use etcd_client::{
     Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
-use rollcall_membership_core::{
+use rollcall_core::{
     history::{history_floor, require_history},
     CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipRow,
     MembershipRows, MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress, TableVersion,

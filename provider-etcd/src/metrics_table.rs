@@ -6,9 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use etcd_client::{GetOptions, Txn, TxnOp};
-use rollcall_membership_core::{
-    CorruptRow, Error, MetricsReport, MetricsRole, MetricsRow, MetricsTable, Result,
-};
+use rollcall_core::{CorruptRow, Error, MetricsReport, MetricsRole, MetricsRow, MetricsTable, Result};
 
 use crate::conn::Conn;
 use crate::keys::MembershipKeys;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
-use rollcall_membership_core::{actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result, Timestamp};
+use rollcall_core::{actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use crate::conn::{revision, Conn};

@@ -21,10 +21,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
-use rollcall_membership_core::state::{
-    replaced_generation, Commit, HeaderWrite, StateHeader, StateLimits, StateTable,
-};
-use rollcall_membership_core::{Error, Etag, Expected, Result, StateKey, Timestamp};
+use rollcall_core::state::{replaced_generation, Commit, HeaderWrite, StateHeader, StateLimits, StateTable};
+use rollcall_core::{Error, Etag, Expected, Result, StateKey, Timestamp};
 
 use crate::conn::Conn;
 use crate::keys::{escape, prefix_end, unescape};

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use rollcall_membership_core::lease::{LeaseTable, LeaseWrite};
-use rollcall_membership_core::{Etag, Expected, Result};
+use rollcall_core::lease::{LeaseTable, LeaseWrite};
+use rollcall_core::{Etag, Expected, Result};
 
 use crate::{lock, MemoryStore};
 

@@ -9,7 +9,7 @@
 //! isolated. Etags are drawn from one store-wide counter, so an etag is never reused.
 //!
 //! ```
-//! use rollcall_membership_core::{ProtocolMode, SystemStore};
+//! use rollcall_core::{ProtocolMode, SystemStore};
 //! use rollcall_provider_memory::MemoryStore;
 //!
 //! let store = MemoryStore::new();
@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
-use rollcall_membership_core::{
+use rollcall_core::{
     actor_hash,
     history::{history_floor, require_history},
     validate_id, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipRow,
@@ -189,7 +189,7 @@ impl SystemStore for MemoryStore {
         }))
     }
 
-    fn lease_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::LeaseTable>> {
+    fn lease_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_core::LeaseTable>> {
         validate_id("service_id", service_id)?;
         Ok(Arc::new(MemoryLeaseTable {
             store: self.clone(),
@@ -197,7 +197,7 @@ impl SystemStore for MemoryStore {
         }))
     }
 
-    fn state_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::StateTable>> {
+    fn state_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_core::StateTable>> {
         self.state_table_with_limits(service_id, MEMORY_STATE_LIMITS)
     }
 
@@ -206,8 +206,8 @@ impl SystemStore for MemoryStore {
     fn statistics_store(
         &self,
         cluster_id: &str,
-        options: &rollcall_membership_core::StatisticsOptions,
-    ) -> Result<Arc<dyn rollcall_membership_core::StatisticsStore>> {
+        options: &rollcall_core::StatisticsOptions,
+    ) -> Result<Arc<dyn rollcall_core::StatisticsStore>> {
         validate_id("cluster_id", cluster_id)?;
         options.validate()?;
         self.check_available()?;

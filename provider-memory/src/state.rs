@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rollcall_membership_core::state::{replaced_generation, Commit, HeaderWrite, StateLimits, StateTable};
-use rollcall_membership_core::{Etag, Result, StateKey, Timestamp};
+use rollcall_core::state::{replaced_generation, Commit, HeaderWrite, StateLimits, StateTable};
+use rollcall_core::{Etag, Result, StateKey, Timestamp};
 
 use crate::{lock, MemoryStore};
 
@@ -32,7 +32,7 @@ pub const MEMORY_STATE_LIMITS: StateLimits = StateLimits {
     chunk_bytes: 256 * 1024,
     txn_bytes: 1024 * 1024,
     txn_rows: 64,
-    max_state_bytes: rollcall_membership_core::state::MAX_STATE_BYTES,
+    max_state_bytes: rollcall_core::state::MAX_STATE_BYTES,
 };
 
 /// The grain-state table of one service in a [`MemoryStore`].
@@ -205,13 +205,13 @@ impl MemoryStore {
     /// [`MEMORY_STATE_LIMITS`] (for tests of chunking).
     ///
     /// # Errors
-    /// [`rollcall_membership_core::Error::InvalidConfig`] for an invalid id.
+    /// [`rollcall_core::Error::InvalidConfig`] for an invalid id.
     pub fn state_table_with_limits(
         &self,
         service_id: &str,
         limits: StateLimits,
     ) -> Result<Arc<dyn StateTable>> {
-        rollcall_membership_core::validate_id("service_id", service_id)?;
+        rollcall_core::validate_id("service_id", service_id)?;
         Ok(Arc::new(MemoryStateTable {
             store: self.clone(),
             service_id: service_id.to_owned(),

@@ -4,11 +4,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use rollcall_membership_core::statistics::{
+use rollcall_core::statistics::{
     bucket_expired, bucket_start, AggLevel, Aggregate, StatFilter, StatPoint, StatRecord, StatisticsOptions,
     StatisticsStore,
 };
-use rollcall_membership_core::{Result, Timestamp};
+use rollcall_core::{Result, Timestamp};
 
 /// Strings interned to ids, both ways (unbounded: everything is in memory anyway).
 #[derive(Debug, Default)]

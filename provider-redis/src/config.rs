@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use rollcall_membership_core::{
+use rollcall_core::{
     history::parse_history_capacity, redact_password, Error, Result, DEFAULT_HISTORY_CAPACITY,
 };
 

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
-use rollcall_membership_core::{redact_password, Error, Result};
+use rollcall_core::{redact_password, Error, Result};
 use tokio::sync::{OnceCell, RwLock};
 
 use crate::config::RedisConfig;

@@ -110,7 +110,7 @@ impl MembershipKeys {
 }
 
 /// Keys of one service's reminders and shard leases. Shard `k` of the service
-/// (see [`actor_shard`](rollcall_membership_core::actor_shard)) has a hash tag of
+/// (see [`actor_shard`](rollcall_core::actor_shard)) has a hash tag of
 /// its own, `r:<service>:<k>`: its reminder rows, its ring and its lease share a
 /// slot, and a service's shards spread over every master of a cluster. The
 /// service's shard count sits under `r:<service>`, as did every reminder of the

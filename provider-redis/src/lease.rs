@@ -12,8 +12,8 @@
 use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
-use rollcall_membership_core::lease::{LeaseTable, LeaseWrite};
-use rollcall_membership_core::{Error, Etag, Expected, Result};
+use rollcall_core::lease::{LeaseTable, LeaseWrite};
+use rollcall_core::{Error, Etag, Expected, Result};
 
 use crate::conn::Router;
 use crate::keys::ReminderKeys;

@@ -8,7 +8,7 @@
 //!   multiplexed one): WATCH row + version and `MGET` both, compare etags, then
 //!   `MULTI / MSET row version / HSET alive / ZADD changes (+ history) / EXEC`. A
 //!   nil EXEC (a watched key changed) is `Ok(false)`; connection and server errors
-//!   are [`Error::Backend`](rollcall_membership_core::Error::Backend).
+//!   are [`Error::Backend`](rollcall_core::Error::Backend).
 //! - **Atomic `read_all`**: one read-only Lua script returns the version, the index,
 //!   every row and the IAmAlive hash at one instant. The handles of one cluster's
 //!   table opened from one store reuse the rows any of them decoded before while
@@ -43,8 +43,8 @@
 //! The default prefix is `rollcall`.
 //!
 //! ```no_run
-//! # async fn run() -> rollcall_membership_core::Result<()> {
-//! use rollcall_membership_core::ProtocolMode;
+//! # async fn run() -> rollcall_core::Result<()> {
+//! use rollcall_core::ProtocolMode;
 //! let store = rollcall_provider_redis::RedisStore::connect("redis://127.0.0.1:6379/0?pool_size=8").await?;
 //! let table = store.membership_table("orders", ProtocolMode::Extended)?;
 //! # Ok(()) }
@@ -70,7 +70,7 @@ pub use lease::RedisLeaseTable;
 pub use membership::RedisMembershipTable;
 pub use metrics_table::RedisMetricsTable;
 pub use reminders::RedisReminderTable;
-use rollcall_membership_core::{
+use rollcall_core::{
     validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, StatisticsOptions,
     StatisticsStore, SystemStore,
 };
@@ -101,7 +101,7 @@ impl RedisStore {
     /// that the server answers.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`](rollcall_membership_core::Error::InvalidConfig) for a bad URL; [`Error::Backend`](rollcall_membership_core::Error::Backend) if the server (or,
+    /// [`Error::InvalidConfig`](rollcall_core::Error::InvalidConfig) for a bad URL; [`Error::Backend`](rollcall_core::Error::Backend) if the server (or,
     /// for a cluster, no seed node) answers.
     pub async fn connect(url: &str) -> Result<Arc<dyn SystemStore>> {
         Ok(Arc::new(Self::open(url).await?))
@@ -197,7 +197,7 @@ impl SystemStore for RedisStore {
         )))
     }
 
-    fn lease_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::LeaseTable>> {
+    fn lease_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_core::LeaseTable>> {
         validate_id("service_id", service_id)?;
         Ok(Arc::new(RedisLeaseTable::new(
             self.router.clone(),
@@ -206,7 +206,7 @@ impl SystemStore for RedisStore {
         )))
     }
 
-    fn state_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_membership_core::StateTable>> {
+    fn state_table(&self, service_id: &str) -> Result<Arc<dyn rollcall_core::StateTable>> {
         validate_id("service_id", service_id)?;
         Ok(Arc::new(RedisStateTable::new(
             self.router.clone(),

@@ -5,7 +5,7 @@ use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
 use redis::Value;
-use rollcall_membership_core::{
+use rollcall_core::{
     history::{history_floor, require_history},
     CorruptRow, Error, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipRow,
     MembershipSnapshot, MembershipTable, ProtocolMode, Result, SiloAddress, SiloStatus, SuspectVote,

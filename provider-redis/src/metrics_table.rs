@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rollcall_membership_core::{CorruptRow, MetricsReport, MetricsRole, MetricsRow, MetricsTable, Result};
+use rollcall_core::{CorruptRow, MetricsReport, MetricsRole, MetricsRow, MetricsTable, Result};
 
 use crate::conn::Router;
 use crate::keys::{escape, MembershipKeys};
@@ -45,7 +45,7 @@ impl MetricsTable for RedisMetricsTable {
     async fn upsert(&self, row: &MetricsRow) -> Result<()> {
         row.validate()?;
         let json = serde_json::to_string(row)
-            .map_err(|e| rollcall_membership_core::Error::backend(format!("encode metrics row: {e}")))?;
+            .map_err(|e| rollcall_core::Error::backend(format!("encode metrics row: {e}")))?;
         let mut cmd = redis::cmd("HSET");
         cmd.arg(self.keys.metrics())
             .arg(field(row.role, &row.id))

@@ -19,7 +19,7 @@
 use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
-use rollcall_membership_core::{
+use rollcall_core::{
     actor_hash, hash_shard, Error, Etag, ReminderEntry, ReminderTable, Result, Timestamp, DEFAULT_SHARDS,
 };
 use tokio::sync::OnceCell;

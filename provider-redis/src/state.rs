@@ -24,12 +24,8 @@
 use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
-use rollcall_membership_core::state::{
-    replaced_generation, row_head_len, Commit, HeaderWrite, StateLimits, StateTable,
-};
-use rollcall_membership_core::{
-    actor_shard, Error, Etag, Expected, Result, StateKey, Timestamp, DEFAULT_SHARDS,
-};
+use rollcall_core::state::{replaced_generation, row_head_len, Commit, HeaderWrite, StateLimits, StateTable};
+use rollcall_core::{actor_shard, Error, Etag, Expected, Result, StateKey, Timestamp, DEFAULT_SHARDS};
 
 use crate::conn::Router;
 use crate::keys::{escape, unescape};
@@ -41,7 +37,7 @@ pub const REDIS_STATE_LIMITS: StateLimits = StateLimits {
     chunk_bytes: 4 * 1024 * 1024,
     txn_bytes: 16 * 1024 * 1024,
     txn_rows: 64,
-    max_state_bytes: rollcall_membership_core::state::MAX_STATE_BYTES,
+    max_state_bytes: rollcall_core::state::MAX_STATE_BYTES,
 };
 
 /// The commit. KEYS: per write, its header, its generation's chunk hash and its

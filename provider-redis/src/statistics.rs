@@ -24,10 +24,10 @@ use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
 use redis::Value;
-use rollcall_membership_core::statistics::{
+use rollcall_core::statistics::{
     bucket_start, expired_below, parse_record_key, validate_batch, Aggregate, StringCache, StringKind,
 };
-use rollcall_membership_core::{
+use rollcall_core::{
     AggLevel, Error, Result, StatFilter, StatPoint, StatRecord, StatisticsOptions, StatisticsStore, Timestamp,
 };
 

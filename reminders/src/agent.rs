@@ -10,7 +10,7 @@ use std::sync::Arc;
 use actix::{
     Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
 };
-use rollcall_membership_core::{
+use rollcall_core::{
     Clock, MembershipChanged, MembershipTable, Notice, NoticeReceiver, NoticesDropped, ReminderTable,
     ShardLeases, SiloHandle, SiloStatus,
 };
@@ -29,7 +29,7 @@ pub(crate) struct ReminderAgent {
     pub leases: ShardLeases,
     pub membership: Arc<dyn MembershipTable>,
     pub target: Arc<dyn ReminderTarget>,
-    pub options: Arc<rollcall_membership_core::ReminderOptions>,
+    pub options: Arc<rollcall_core::ReminderOptions>,
     pub clock: Arc<dyn Clock>,
     pub machine: ReminderMachine,
     pub notices: Option<NoticeReceiver>,
@@ -80,7 +80,7 @@ pub(crate) struct NoticesReceived(pub Vec<Result<Notice, NoticesDropped>>, pub b
 #[rtype(result = "()")]
 pub(crate) struct Leave(
     pub oneshot::Sender<()>,
-    pub Option<Arc<rollcall_membership_core::MembershipSnapshot>>,
+    pub Option<Arc<rollcall_core::MembershipSnapshot>>,
 );
 
 /// Answered once the first load of the agent's ranges finished.
@@ -307,7 +307,7 @@ impl ReminderAgent {
     /// Reads `silo`'s membership row: its status, `None` without a row.
     fn read_status(
         &self,
-        silo: rollcall_membership_core::SiloAddress,
+        silo: rollcall_core::SiloAddress,
     ) -> impl std::future::Future<Output = Result<Option<SiloStatus>, String>> + 'static {
         let (membership, timeout) = (self.membership.clone(), self.options.table_operation_timeout);
         async move {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::{Message, Recipient};
-use rollcall_membership_core::{Error, Etag, MissedTickPolicy, ReminderEntry, RetryPolicy, Timestamp};
+use rollcall_core::{Error, Etag, MissedTickPolicy, ReminderEntry, RetryPolicy, Timestamp};
 
 /// Longest actor id (`kind/key`) accepted, in bytes.
 pub const MAX_ACTOR_ID: usize = 1024;
@@ -16,7 +16,7 @@ pub const MAX_NAME: usize = 1024;
 
 /// The actor a reminder belongs to: an actor kind (its type, e.g. `"cart"`) and a
 /// key within the kind (e.g. `"42"`). Stored in the reminder table as `kind/key`,
-/// which is also the text the ring hash ([`actor_hash`](rollcall_membership_core::actor_hash))
+/// which is also the text the ring hash ([`actor_hash`](rollcall_core::actor_hash))
 /// is computed over.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ActorId {
@@ -189,7 +189,7 @@ pub struct ReminderSpec {
     /// Deliver no occurrence after this time (UTC), then remove the row.
     pub until: Option<Timestamp>,
     /// Bytes every tick carries ([`ReminderTick::payload`]), at most
-    /// [`MAX_REMINDER_PAYLOAD`](rollcall_membership_core::MAX_REMINDER_PAYLOAD).
+    /// [`MAX_REMINDER_PAYLOAD`](rollcall_core::MAX_REMINDER_PAYLOAD).
     pub payload: Option<Vec<u8>>,
     /// How a failed tick is retried, then dropped; `None`: retried with backoff
     /// until the next occurrence is due.
@@ -376,7 +376,7 @@ pub enum ReminderError {
     #[error("invalid schedule: {0}")]
     InvalidSchedule(String),
     /// A payload over
-    /// [`MAX_REMINDER_PAYLOAD`](rollcall_membership_core::MAX_REMINDER_PAYLOAD)
+    /// [`MAX_REMINDER_PAYLOAD`](rollcall_core::MAX_REMINDER_PAYLOAD)
     /// bytes.
     #[error("reminder payload of {len} bytes is over the {max}-byte limit")]
     PayloadTooLarge {

@@ -41,7 +41,7 @@ pub use api::{
 pub use machine::{
     LOAD_PIECE_ROWS, MAX_DELIVERIES, MAX_LOADS, MAX_NOTICE_READS, MAX_WRITES, NOTICE_BATCH, NOTICE_QUEUE,
 };
-pub use rollcall_membership_core::{
+pub use rollcall_core::{
     MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, RetryPolicy, MAX_REMINDER_PAYLOAD,
 };
 pub use schedule::{Calendar, ScheduleError};

@@ -45,8 +45,8 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::Rng;
-use rollcall_membership_core::lease::{LeaseException, LeaseStatus, ShardLease};
-use rollcall_membership_core::{
+use rollcall_core::lease::{LeaseException, LeaseStatus, ShardLease};
+use rollcall_core::{
     actor_shard, hash_shard, Etag, MembershipSnapshot, MissedTickPolicy, ReminderEntry, ReminderOptions,
     SiloAddress, Timestamp,
 };
@@ -93,7 +93,7 @@ pub const LOAD_GRACE: Duration = Duration::from_secs(1);
 /// down) are planned by the missed-tick policy: 60 s.
 pub const MAX_CATCH_UP: Duration = Duration::from_secs(60);
 /// Most exceptions one release records (a lease row stays under
-/// [`MAX_LEASE_BYTES`](rollcall_membership_core::lease::MAX_LEASE_BYTES)); past it
+/// [`MAX_LEASE_BYTES`](rollcall_core::lease::MAX_LEASE_BYTES)); past it
 /// the rest are logged and lost.
 pub const MAX_EXCEPTIONS: usize = 1024;
 /// How long a silo that is not Active (or has not confirmed its row lately)
@@ -195,7 +195,7 @@ pub fn release_topic(service_id: &str) -> String {
 /// The wait before retry number `attempt` (1 for the first): exponential backoff
 /// with full jitter from 1 s, capped at [`MAX_BACKOFF`].
 pub fn backoff(attempt: u32, rng: &mut StdRng) -> Duration {
-    rollcall_membership_core::protocol::backoff_delay(
+    rollcall_core::protocol::backoff_delay(
         attempt.saturating_sub(1),
         Duration::from_secs(1),
         MAX_BACKOFF,
@@ -252,7 +252,7 @@ pub enum Write {
         etag: Etag,
     },
     /// `upsert_row(row)` into the service's parked table
-    /// ([`parked_service_id`](rollcall_membership_core::parked_service_id)):
+    /// ([`parked_service_id`](rollcall_core::parked_service_id)):
     /// an occurrence whose retry policy is spent and says park. Idempotent (the
     /// row's name holds the occurrence), so a write that may have landed is
     /// simply written again.
@@ -1505,7 +1505,7 @@ impl ReminderMachine {
             let etag = slot.etag.clone();
             if park && self.parks.len() < MAX_PARKED {
                 let mut row = ReminderEntry::new(
-                    rollcall_membership_core::parked_service_id(&self.service),
+                    rollcall_core::parked_service_id(&self.service),
                     key.actor(),
                     format!("{}@{}", key.name(), scheduled.as_millis()),
                     scheduled,

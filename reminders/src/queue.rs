@@ -11,7 +11,7 @@ use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rollcall_membership_core::{duration_millis, MissedTickPolicy, ReminderEntry, RetryPolicy, Timestamp};
+use rollcall_core::{duration_millis, MissedTickPolicy, ReminderEntry, RetryPolicy, Timestamp};
 use slab::Slab;
 use smol_str::SmolStr;
 
@@ -359,7 +359,7 @@ mod tests {
         );
         entry.last_fired = Some(Timestamp::from_millis(7));
         entry.missed_tick_policy = MissedTickPolicy::FireOnce;
-        entry.etag = rollcall_membership_core::Etag::new("42");
+        entry.etag = rollcall_core::Etag::new("42");
         let mut q = Queue::default();
         q.set(&entry, &Timing::of(&entry).unwrap(), at(9), 3);
         let slot = q.get(&key_of(&entry)).unwrap();

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use rollcall_membership_core::{hash_in_range, MembershipSnapshot, SiloAddress, SiloStatus};
+use rollcall_core::{hash_in_range, MembershipSnapshot, SiloAddress, SiloStatus};
 
 /// A ring range `(begin, end]` of 32-bit hashes, wrapping when `begin >= end`
 /// (`(x, x)` is the whole ring), as [`hash_in_range`] defines it and

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rollcall_membership_core::{duration_millis, MissedTickPolicy, ReminderEntry, Timestamp};
+use rollcall_core::{duration_millis, MissedTickPolicy, ReminderEntry, Timestamp};
 
 /// A cron expression in a time zone, parsed: the calendar of a reminder.
 ///

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use rollcall_membership_core::{ReminderTable, SiloAddress, SiloHandle};
+use rollcall_core::{ReminderTable, SiloAddress, SiloHandle};
 
-use rollcall_membership_core::{Notice, NoticeReceiver, NoticesDropped};
+use rollcall_core::{Notice, NoticeReceiver, NoticesDropped};
 
 use crate::agent::{NoticesReceived, ReminderAgent};
 use crate::api::ReminderError;
@@ -14,9 +14,9 @@ use crate::machine::{release_topic, ReleaseHint, Write, NOTICE_BATCH};
 /// Runs `call` bounded by `timeout`.
 pub(crate) async fn bounded<T>(
     timeout: Duration,
-    call: impl std::future::Future<Output = rollcall_membership_core::Result<T>>,
+    call: impl std::future::Future<Output = rollcall_core::Result<T>>,
 ) -> Result<T, ReminderError> {
-    rollcall_membership_core::bounded(
+    rollcall_core::bounded(
         timeout,
         async { call.await.map_err(ReminderError::from) },
         ReminderError::Timeout,
@@ -29,7 +29,7 @@ pub(crate) async fn apply_write(
     table: &dyn ReminderTable,
     parked: Option<&dyn ReminderTable>,
     write: &Write,
-) -> rollcall_membership_core::Result<()> {
+) -> rollcall_core::Result<()> {
     match write {
         Write::Park { row } => match parked {
             Some(parked) => parked.upsert_row(row).await.map(drop),

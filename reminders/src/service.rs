@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use actix::{Actor, Addr};
 use rand::SeedableRng;
-use rollcall_membership_core::{
+use rollcall_core::{
     Clock, ReminderEntry, ReminderOptions, ReminderTable, ShardLeases, SiloAddress, SiloHandle, SystemClock,
     SystemStore, Timestamp, MAX_REMINDER_PAYLOAD,
 };
@@ -66,18 +66,18 @@ impl RemindersBuilder {
     }
 
     /// The wall clock (default [`SystemClock`]; simulations use the silo's
-    /// [`TokioClock`](rollcall_membership_core::TokioClock)).
+    /// [`TokioClock`](rollcall_core::TokioClock)).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
     }
 
     /// The service's shard count S (default
-    /// [`DEFAULT_SHARDS`](rollcall_membership_core::DEFAULT_SHARDS), 1,024): the
+    /// [`DEFAULT_SHARDS`](rollcall_core::DEFAULT_SHARDS), 1,024): the
     /// first silo to start the service records it in the store, and a silo that
     /// starts it with another count is refused (see [`start`](Self::start)). An
     /// actor's reminders and its state are placed by
-    /// [`actor_shard`](rollcall_membership_core::actor_shard)`(actor, S)`.
+    /// [`actor_shard`](rollcall_core::actor_shard)`(actor, S)`.
     pub fn shards(mut self, shards: u32) -> Self {
         self.shards = shards;
         self
@@ -99,7 +99,7 @@ impl RemindersBuilder {
     /// # Errors
     /// [`ReminderError::Table`] for invalid options or service id, a shard count
     /// other than the one the service was first started with
-    /// ([`Error::InvalidConfig`](rollcall_membership_core::Error::InvalidConfig)
+    /// ([`Error::InvalidConfig`](rollcall_core::Error::InvalidConfig)
     /// naming both), or a table that stays unreachable for
     /// `initialization_timeout`; [`ReminderError::Stopped`] if the silo stopped.
     pub async fn start(self) -> Result<Reminders, ReminderError> {
@@ -107,10 +107,10 @@ impl RemindersBuilder {
         let service_id = self
             .service_id
             .unwrap_or_else(|| self.silo.cluster_id().to_owned());
-        rollcall_membership_core::validate_id("service_id", &service_id)?;
+        rollcall_core::validate_id("service_id", &service_id)?;
         let table = self.store.reminder_table(&service_id)?;
-        let parked_id = rollcall_membership_core::parked_service_id(&service_id);
-        let parked = rollcall_membership_core::validate_id("service_id", &parked_id)
+        let parked_id = rollcall_core::parked_service_id(&service_id);
+        let parked = rollcall_core::validate_id("service_id", &parked_id)
             .and_then(|()| self.store.reminder_table(&parked_id))
             .ok();
         let options = Arc::new(self.options);
@@ -120,28 +120,27 @@ impl RemindersBuilder {
         // other; a table that places rows by shard (Redis) reads it on init.
         let lease_table = self.store.lease_table(&service_id)?;
         let shards = self.shards;
-        let leases = rollcall_membership_core::retry_transient(&what, options.initialization_timeout, || {
+        let leases = rollcall_core::retry_transient(&what, options.initialization_timeout, || {
             let lease_table = lease_table.clone();
             async move {
                 bounded(op_timeout, ShardLeases::open(lease_table, shards))
                     .await
                     .map_err(|e| match e {
                         ReminderError::Table(e) => e,
-                        other => rollcall_membership_core::Error::backend(other.to_string()),
+                        other => rollcall_core::Error::backend(other.to_string()),
                     })
             }
         })
         .await?;
-        let membership = self.store.membership_table(
-            self.silo.cluster_id(),
-            rollcall_membership_core::ProtocolMode::default(),
-        )?;
+        let membership = self
+            .store
+            .membership_table(self.silo.cluster_id(), rollcall_core::ProtocolMode::default())?;
 
         for t in std::iter::once(&table).chain(parked.as_ref()) {
-            rollcall_membership_core::retry_transient(&what, options.initialization_timeout, || async {
+            rollcall_core::retry_transient(&what, options.initialization_timeout, || async {
                 bounded(op_timeout, t.init()).await.map_err(|e| match e {
                     ReminderError::Table(e) => e,
-                    other => rollcall_membership_core::Error::backend(other.to_string()),
+                    other => rollcall_core::Error::backend(other.to_string()),
                 })
             })
             .await?;
@@ -241,7 +240,7 @@ pub const NOTICE_DRAIN: Duration = Duration::from_secs(5);
 struct Inner {
     silo: SiloHandle,
     /// The silo's membership view, and the ring of its Active silos.
-    view: tokio::sync::watch::Receiver<std::sync::Arc<rollcall_membership_core::MembershipSnapshot>>,
+    view: tokio::sync::watch::Receiver<std::sync::Arc<rollcall_core::MembershipSnapshot>>,
     ring: std::sync::Mutex<Ring>,
     table: Arc<dyn ReminderTable>,
     /// Where notices go: the holder a shard's lease names.
@@ -255,8 +254,8 @@ struct Inner {
     service_id: String,
     shards: u32,
     _agent: Addr<ReminderAgent>,
-    _subscription: rollcall_membership_core::Subscription,
-    _leave_hook: rollcall_membership_core::LeaveHookGuard,
+    _subscription: rollcall_core::Subscription,
+    _leave_hook: rollcall_core::LeaveHookGuard,
 }
 
 /// A silo's reminder service: registers, lists and removes durable reminders, and
@@ -267,8 +266,8 @@ struct Inner {
 /// call); the notice to the owning silo is sent in the background.
 ///
 /// ```no_run
-/// # async fn run(silo: rollcall_membership_core::SiloHandle,
-/// #     store: std::sync::Arc<dyn rollcall_membership_core::SystemStore>,
+/// # async fn run(silo: rollcall_core::SiloHandle,
+/// #     store: std::sync::Arc<dyn rollcall_core::SystemStore>,
 /// #     cart: actix::Recipient<rollcall_reminders::ReminderTick>) -> Result<(), rollcall_reminders::ReminderError> {
 /// use std::time::Duration;
 /// use rollcall_reminders::{ActorId, Reminders};
@@ -342,7 +341,7 @@ impl Reminders {
             options: ReminderOptions::default(),
             clock: Arc::new(SystemClock),
             seed: None,
-            shards: rollcall_membership_core::DEFAULT_SHARDS,
+            shards: rollcall_core::DEFAULT_SHARDS,
         }
     }
 
@@ -531,7 +530,7 @@ impl Reminders {
             let Ok(body) = serde_json::to_vec(retry.notice()) else {
                 return;
             };
-            let shard = rollcall_membership_core::actor_shard(&retry.notice().actor, inner.shards);
+            let shard = rollcall_core::actor_shard(&retry.notice().actor, inner.shards);
             loop {
                 let taken = match bounded(inner.options.table_operation_timeout, inner.leases.read(shard))
                     .await

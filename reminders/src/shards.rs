@@ -2,10 +2,10 @@
 //! sans-io state machine ([`ShardMachine`]: events and the time in, actions
 //! out). It decides which shards of a reminder service this silo holds and
 //! when it may deliver their ticks; the store's compare-and-set on each shard's
-//! lease row ([`rollcall_membership_core::lease`]) decides between silos.
+//! lease row ([`rollcall_core::lease`]) decides between silos.
 //!
 //! # The rules
-//! 1. **Assignment.** Shard `k` (the actors [`actor_shard`](rollcall_membership_core::actor_shard) maps to `k`: the
+//! 1. **Assignment.** Shard `k` (the actors [`actor_shard`](rollcall_core::actor_shard) maps to `k`: the
 //!    hash range [`shard_range`]) is assigned to the owner on the ring of the
 //!    Active silos of the first hash of its range. A silo wants the shards
 //!    assigned to it while it is Active and not leaving.
@@ -61,14 +61,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rollcall_membership_core::lease::{LeaseException, LeaseStatus, ShardLease};
-use rollcall_membership_core::{Etag, MembershipSnapshot, SiloAddress, SiloStatus, Timestamp};
+use rollcall_core::lease::{LeaseException, LeaseStatus, ShardLease};
+use rollcall_core::{Etag, MembershipSnapshot, SiloAddress, SiloStatus, Timestamp};
 
 use crate::ring::{Ring, RingRange};
 
 /// The hash range of shard `k` of `shards` (1 or more): exactly the hashes
 /// `h` with `(h * shards) >> 32 == k`, the actors
-/// [`actor_shard`](rollcall_membership_core::actor_shard) maps to `k`.
+/// [`actor_shard`](rollcall_core::actor_shard) maps to `k`.
 pub fn shard_range(k: u32, shards: u32) -> RingRange {
     let s = u64::from(shards.max(1));
     let first = (u64::from(k) << 32).div_ceil(s);
@@ -87,7 +87,7 @@ fn shard_start(k: u32, shards: u32) -> u32 {
 /// The silo `ring` assigns `actor_id`'s shard to (of `shards`): where its
 /// registration notices go.
 pub fn shard_owner(ring: &Ring, actor_id: &str, shards: u32) -> Option<SiloAddress> {
-    let k = rollcall_membership_core::actor_shard(actor_id, shards);
+    let k = rollcall_core::actor_shard(actor_id, shards);
     ring.owner_of(shard_start(k, shards))
 }
 
@@ -95,7 +95,7 @@ pub fn shard_owner(ring: &Ring, actor_id: &str, shards: u32) -> Option<SiloAddre
 #[derive(Clone, Debug)]
 pub struct ShardOptions {
     /// The service's shard count (recorded in the store: see
-    /// [`ShardLeases::open`](rollcall_membership_core::ShardLeases::open)).
+    /// [`ShardLeases::open`](rollcall_core::ShardLeases::open)).
     pub shards: u32,
     /// Points per silo on the ring ([`Ring`]).
     pub ring_points_per_silo: u32,

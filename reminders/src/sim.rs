@@ -2,7 +2,7 @@
 //! silos that join, leave gracefully or crash, a scripted membership whose views
 //! reach each silo after its own delay, the real in-memory reminder table (with
 //! outages), messages with latency, and handlers that can fail. Built on the
-//! membership's `Scheduler` (`rollcall_membership_core::sim`); every
+//! membership's `Scheduler` (`rollcall_core::sim`); every
 //! random choice comes from the seed, so a failing schedule replays exactly.
 //!
 //! The world executes the machines' actions as the agent does (table calls on the
@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rollcall_membership_core::sim::{now_or_fail, Scheduler};
-use rollcall_membership_core::{
+use rollcall_core::sim::{now_or_fail, Scheduler};
+use rollcall_core::{
     Etag, MembershipEntry, MembershipSnapshot, ReminderEntry, ReminderOptions, ReminderTable, SiloAddress,
     SiloStatus, SystemStore, TableVersion, Timestamp,
 };
@@ -32,7 +32,7 @@ use crate::machine::{Action, Event, Inbound, NoticeRetry, ReminderMachine, Timer
 use crate::ring::Ring;
 use crate::shards::{shard_owner, ShardEvent};
 use crate::ReminderError;
-use rollcall_membership_core::ShardLeases;
+use rollcall_core::ShardLeases;
 
 /// The service id of the world's reminders.
 pub const SERVICE: &str = "sim";
@@ -235,7 +235,7 @@ impl World {
         let table = store.reminder_table(SERVICE).expect("the service id is valid");
         now_or_fail(table.init()).expect("the memory table initialises");
         let parked = store
-            .reminder_table(&rollcall_membership_core::parked_service_id(SERVICE))
+            .reminder_table(&rollcall_core::parked_service_id(SERVICE))
             .expect("the parked service id is valid");
         let leases = store.lease_table(SERVICE).expect("the memory store has leases");
         let leases = now_or_fail(ShardLeases::open(leases, cfg.shards)).expect("a valid shard count");
@@ -387,7 +387,7 @@ impl World {
             .filter(|(actor, _)| {
                 shard_owner(&own_view, actor, shards) == Some(me)
                     || shard_owner(&ring, actor, shards) == Some(me)
-                    || leased.contains(&rollcall_membership_core::actor_shard(actor, shards))
+                    || leased.contains(&rollcall_core::actor_shard(actor, shards))
             })
             .cloned()
             .collect();
@@ -416,9 +416,8 @@ impl World {
     fn leased_by(&self, silo: SiloAddress) -> std::collections::BTreeSet<u32> {
         (0..self.cfg.shards)
             .filter(|k| {
-                now_or_fail(self.leases.read(*k)).is_ok_and(|l| {
-                    l.owner == Some(silo) && l.status == rollcall_membership_core::LeaseStatus::Owned
-                })
+                now_or_fail(self.leases.read(*k))
+                    .is_ok_and(|l| l.owner == Some(silo) && l.status == rollcall_core::LeaseStatus::Owned)
             })
             .collect()
     }
@@ -462,11 +461,11 @@ impl World {
         let points = self.cfg.options.ring_points_per_silo;
         let view_ring = Ring::of_active(&self.nodes[via].view, points);
         let shards = self.cfg.shards;
-        let shard = rollcall_membership_core::actor_shard(actor, shards);
+        let shard = rollcall_core::actor_shard(actor, shards);
         let lease = now_or_fail(self.leases.read(shard)).ok();
         let holder = lease
             .as_ref()
-            .filter(|l| l.status == rollcall_membership_core::LeaseStatus::Owned)
+            .filter(|l| l.status == rollcall_core::LeaseStatus::Owned)
             .and_then(|l| l.owner);
         // Taken over from the victim, its takeover time still to come: the
         // first ticks before it are the crash's.
@@ -526,7 +525,7 @@ impl World {
         if self.nodes[via].machine.is_none() && self.nodes[via].life != Life::Left {
             return;
         }
-        let shard = rollcall_membership_core::actor_shard(&retry.notice().actor, self.cfg.shards);
+        let shard = rollcall_core::actor_shard(&retry.notice().actor, self.cfg.shards);
         let lease = if self.out() {
             None
         } else {
@@ -555,7 +554,7 @@ impl World {
     fn message(&mut self, from: SiloAddress, to: SiloAddress, body: Vec<u8>, release: bool) -> bool {
         let lat = 1 + self.rand(self.cfg.message_jitter);
         // The transport refuses a body over its limit, as the real one does.
-        if body.len() > rollcall_membership_core::transport::MAX_NOTICE_BODY {
+        if body.len() > rollcall_core::transport::MAX_NOTICE_BODY {
             self.oversized += 1;
             return false;
         }
@@ -744,7 +743,7 @@ impl World {
     fn table_call<T>(
         &mut self,
         i: usize,
-        call: impl std::future::Future<Output = rollcall_membership_core::Result<T>>,
+        call: impl std::future::Future<Output = rollcall_core::Result<T>>,
     ) -> (u64, Result<T, ReminderError>) {
         let timeout = self.cfg.options.table_operation_timeout;
         if self.out() || self.now() < self.nodes[i].cut_until {
@@ -865,9 +864,7 @@ impl World {
                 self.tokens += 1;
                 let token = self.tokens;
                 self.nodes[i].timers.insert(timer, token);
-                let at_ms = at
-                    .as_millis()
-                    .saturating_sub(rollcall_membership_core::sim::T0_MS);
+                let at_ms = at.as_millis().saturating_sub(rollcall_core::sim::T0_MS);
                 self.sched.push_at(at_ms, i, Ev::Timer(timer, token));
             }
             Action::CancelTimer(timer) => {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
-use rollcall_membership_core::Timestamp;
+use rollcall_core::Timestamp;
 use rollcall_reminders::machine::{NOTICE_ATTEMPTS, NOTICE_RETRY};
 use rollcall_reminders::sim::{Config, World};
 use rollcall_reminders::{MAX_DELIVERIES, MAX_NOTICE_READS, MAX_WRITES};
@@ -292,7 +292,7 @@ fn assert_explained(w: &World, cfg: &Config, end: u64, what: &str) -> Result<(),
         .missed(end + 30_000 - TAIL, SLACK)
         .into_iter()
         .filter(|(r, t)| {
-            let ms = t.as_millis() - rollcall_membership_core::sim::T0_MS;
+            let ms = t.as_millis() - rollcall_core::sim::T0_MS;
             let period = w.reminders[r].period.as_millis() as u64;
             // An occurrence handed over to the crashed silo is delivered once
             // its view shows the handoff (up to a view's spread later): a crash
@@ -1258,7 +1258,7 @@ fn a_mass_due_time_is_delivered_once_each_under_the_delivery_cap() {
     let at_due: Vec<_> = w.ticks.iter().filter(|t| t.scheduled == due).collect();
     assert_eq!(at_due.len(), 300);
     assert_eq!(w.max_in_flight.0, 4, "the cap binds and holds");
-    let due_ms = due.as_millis() - rollcall_membership_core::sim::T0_MS;
+    let due_ms = due.as_millis() - rollcall_core::sim::T0_MS;
     let latest = at_due.iter().map(|t| t.at - due_ms).max().unwrap();
     assert!(latest > 100, "the backlog waited: {latest} ms");
 }

@@ -13,8 +13,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rollcall_membership_core::lease::{LeaseStatus, ShardLease};
-use rollcall_membership_core::{
+use rollcall_core::lease::{LeaseStatus, ShardLease};
+use rollcall_core::{
     actor_hash, actor_shard, Etag, MembershipEntry, MembershipSnapshot, SiloAddress, SiloStatus, Timestamp,
 };
 use rollcall_reminders::shards::{shard_range, ShardAction, ShardEvent, ShardMachine, ShardOptions};

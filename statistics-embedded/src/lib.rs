@@ -26,11 +26,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
-use rollcall_membership_core::statistics::{
+use rollcall_core::statistics::{
     bucket_start, AggLevel, Aggregate, StatFilter, StatPoint, StatRecord, StatisticsOptions, StatisticsStore,
     StringCache, StringKind,
 };
-use rollcall_membership_core::{Error, Result, Timestamp};
+use rollcall_core::{Error, Result, Timestamp};
 
 const METRICS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("metrics");
 const STRINGS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("strings");
@@ -383,7 +383,7 @@ impl EmbeddedStatistics {
     /// As [`open`](Self::open).
     pub fn open_in(db: Database, cluster_id: &str, options: StatisticsOptions) -> Result<Self> {
         options.validate()?;
-        rollcall_membership_core::validate_id("cluster_id", cluster_id)?;
+        rollcall_core::validate_id("cluster_id", cluster_id)?;
         let mut inner = Inner {
             db,
             cluster_id: cluster_id.to_owned(),

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rollcall_membership_core::lease::{LeaseTable, LeaseWrite};
-use rollcall_membership_core::{
+use rollcall_core::lease::{LeaseTable, LeaseWrite};
+use rollcall_core::{
     Etag, Expected, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipSnapshot,
     MembershipTable, ProtocolMode, ReminderEntry, ReminderTable, Result, SiloAddress, SystemStore,
     TableVersion, Timestamp, WriteMode, WriteOrigin,

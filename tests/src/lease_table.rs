@@ -1,12 +1,10 @@
 //! Shard lease conformance scenarios: the contract of `LeaseTable`
-//! (membership-core `lease.rs`), one scenario per rule.
+//! (core `lease.rs`), one scenario per rule.
 
 use std::sync::Arc;
 
-use rollcall_membership_core::lease::{
-    LeaseException, LeaseStatus, LeaseTable, LeaseWrite, ShardLease, ShardLeases,
-};
-use rollcall_membership_core::{Error, Expected, SiloAddress, Timestamp};
+use rollcall_core::lease::{LeaseException, LeaseStatus, LeaseTable, LeaseWrite, ShardLease, ShardLeases};
+use rollcall_core::{Error, Expected, SiloAddress, Timestamp};
 use tokio::sync::Barrier;
 
 use crate::{unique_id, Store};
@@ -182,7 +180,7 @@ pub async fn lease_release_by_a_stale_epoch_fails(store: Store) {
 pub async fn lease_shard_count_is_recorded_once(store: Store) {
     let service = unique_id("shards");
     let table = store.lease_table(&service).unwrap();
-    for bad in [0, rollcall_membership_core::lease::MAX_SHARDS + 1] {
+    for bad in [0, rollcall_core::lease::MAX_SHARDS + 1] {
         assert!(matches!(
             ShardLeases::open(table.clone(), bad).await,
             Err(Error::InvalidConfig { .. })

@@ -34,7 +34,7 @@ pub use redis;
 use std::sync::Arc;
 
 use rand::Rng;
-use rollcall_membership_core::SystemStore;
+use rollcall_core::SystemStore;
 
 /// The store under test, as the scenarios take it.
 pub type Store = Arc<dyn SystemStore>;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rollcall_membership_core::{
+use rollcall_core::{
     Error, Etag, HistoryQuery, MembershipEntry, MembershipEvent, MembershipRow, MembershipTable,
     ProtocolMode, SiloAddress, SiloStatus, SuspectVote, TableVersion, Timestamp, WriteKind, WriteMode,
     WriteOrigin,
@@ -896,7 +896,7 @@ pub async fn read_delta_returns_the_rows_written_after_a_version(store: Store) {
     let all = table.read_all().await.expect("read_all");
     assert_eq!(all.version.version, 4);
     versions.push(all.version.clone());
-    let check = |since: u64, expected: &[u32], d: rollcall_membership_core::MembershipDelta| {
+    let check = |since: u64, expected: &[u32], d: rollcall_core::MembershipDelta| {
         assert_eq!(
             d.version, all.version,
             "read_delta({since}) reports the version row"

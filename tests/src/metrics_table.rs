@@ -1,8 +1,6 @@
 //! Metrics table conformance scenarios (the silo and client metrics tables).
 
-use rollcall_membership_core::{
-    Error, MetricsRole, MetricsRow, MetricsTable, ProtocolMode, SiloStatus, Timestamp,
-};
+use rollcall_core::{Error, MetricsRole, MetricsRow, MetricsTable, ProtocolMode, SiloStatus, Timestamp};
 use std::sync::Arc;
 
 use crate::membership_table::{fresh_table, full_entry, insert};

@@ -1,11 +1,11 @@
-//! Reminder table conformance scenarios: the contract of `ReminderTable` (membership-core `table.rs`), one scenario per rule.
+//! Reminder table conformance scenarios: the contract of `ReminderTable` (core `table.rs`), one scenario per rule.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
-use rollcall_membership_core::{hash_in_range, Error, Etag, ReminderEntry, ReminderTable, Timestamp};
+use rollcall_core::{hash_in_range, Error, Etag, ReminderEntry, ReminderTable, Timestamp};
 use tokio::sync::Barrier;
 
 use crate::{unique_id, Store};
@@ -46,14 +46,14 @@ fn keys(rows: &[ReminderEntry]) -> BTreeSet<(String, String)> {
 /// by key, by actor and by range; a payload one byte over is refused with a
 /// typed error and writes nothing.
 pub async fn calendar_end_and_payload_round_trip(store: Store) {
-    use rollcall_membership_core::MAX_REMINDER_PAYLOAD;
+    use rollcall_core::MAX_REMINDER_PAYLOAD;
     let table = fresh_table(&store).await;
     let mut e = reminder(&*table, "cart/cron", "daily", None);
     e.cron = Some("30 2 * * MON-FRI".into());
     e.zone = Some("Europe/Stockholm".into());
     e.end_at = Some(Timestamp::from_millis(1_800_000_000_000));
     e.payload = Some((0..=255u8).cycle().take(MAX_REMINDER_PAYLOAD).collect());
-    e.retry = Some(rollcall_membership_core::RetryPolicy {
+    e.retry = Some(rollcall_core::RetryPolicy {
         max_retries: 5,
         first_delay: Duration::from_millis(1500),
         max_delay: Duration::from_secs(60),
@@ -87,7 +87,7 @@ pub async fn calendar_end_and_payload_round_trip(store: Store) {
     assert!(
         matches!(
             table.upsert_row(&big).await,
-            Err(rollcall_membership_core::Error::InvalidConfig { .. })
+            Err(rollcall_core::Error::InvalidConfig { .. })
         ),
         "an oversized payload is an invalid-input error"
     );

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::{Actor, Context, Handler};
-use rollcall_membership_core::{ReminderOptions, SiloAddress, SiloError, SiloHandle, SystemStore, Timestamp};
+use rollcall_core::{ReminderOptions, SiloAddress, SiloError, SiloHandle, SystemStore, Timestamp};
 use rollcall_reminders::{ActorId, ReminderTick, Reminders};
 
 use crate::sim::SimCluster;
@@ -63,7 +63,7 @@ pub async fn start_service(
     silo: &SiloHandle,
     store: Arc<dyn SystemStore>,
     options: ReminderOptions,
-    clock: Arc<dyn rollcall_membership_core::Clock>,
+    clock: Arc<dyn rollcall_core::Clock>,
     log: &Log,
 ) -> Result<Reminders, rollcall_reminders::ReminderError> {
     let recorder = Recorder {
@@ -98,7 +98,7 @@ impl ReminderCluster {
     /// A cluster with membership defaults (seed 7) and these reminder options.
     pub fn new(options: ReminderOptions) -> Self {
         ReminderCluster {
-            sim: SimCluster::new(rollcall_membership_core::ClusterMembershipOptions::default()),
+            sim: SimCluster::new(rollcall_core::ClusterMembershipOptions::default()),
             options,
             services: Vec::new(),
             log: Log::default(),
@@ -158,7 +158,7 @@ impl ReminderCluster {
                 .map(|s| {
                     s.snapshot()
                         .rows()
-                        .filter(|e| e.status == rollcall_membership_core::SiloStatus::Active)
+                        .filter(|e| e.status == rollcall_core::SiloStatus::Active)
                         .map(|e| e.silo)
                         .collect()
                 })

@@ -494,7 +494,7 @@ pub struct CounterReport {
     /// Increments `update()` acknowledged.
     pub acked: Vec<u64>,
     /// Increments whose `update()` failed other than by a conflict: applied or
-    /// not (an [`OutcomeUnknown`](rollcall_membership_core::Error::OutcomeUnknown)
+    /// not (an [`OutcomeUnknown`](rollcall_core::Error::OutcomeUnknown)
     /// or a transient error).
     pub ambiguous: Vec<u64>,
     /// The value read back at the end.
@@ -586,7 +586,7 @@ pub async fn count_through(
                     Ok(()) => {
                         acked[i].fetch_add(1, Ordering::Relaxed);
                     }
-                    Err(rollcall_membership_core::Error::InconsistentState { .. }) => {}
+                    Err(rollcall_core::Error::InconsistentState { .. }) => {}
                     Err(_) => {
                         ambiguous[i].fetch_add(1, Ordering::Relaxed);
                         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rollcall_membership_core::transport::sim::SimNetwork;
-use rollcall_membership_core::{
+use rollcall_core::transport::sim::SimNetwork;
+use rollcall_core::{
     Clock, ClusterMembershipOptions, MembershipSnapshot, MembershipTable, OnDeclaredDead, Silo, SiloAddress,
     SiloError, SiloHandle, SiloStatus, SystemStore, Timestamp, TokioClock,
 };
@@ -124,7 +124,7 @@ impl SimCluster {
         &self,
         i: usize,
         limit: Duration,
-    ) -> (rollcall_membership_core::MembershipEntry, Duration) {
+    ) -> (rollcall_core::MembershipEntry, Duration) {
         let victim = self.silos[i].clone();
         victim.kill();
         let survivors: Vec<SiloHandle> = self

@@ -1,5 +1,5 @@
 //! Grain-state table conformance scenarios: the contract of `StateTable` and
-//! `StateStorage` (membership-core `state.rs`), one scenario per rule, run by
+//! `StateStorage` (core `state/`), one scenario per rule, run by
 //! [`state_conformance_tests!`](crate::state_conformance_tests) on every provider
 //! that has a state table.
 
@@ -8,10 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rollcall_membership_core::state::{
-    layout, Commit, HeaderWrite, Layout, StateHeader, StateLimits, StateTable,
-};
-use rollcall_membership_core::{ClearMode, Codec, Error, Etag, Expected, StateKey, StateStorage, Timestamp};
+use rollcall_core::state::{layout, Commit, HeaderWrite, Layout, StateHeader, StateLimits, StateTable};
+use rollcall_core::{ClearMode, Codec, Error, Etag, Expected, StateKey, StateStorage, Timestamp};
 
 use crate::{unique_id, Store};
 
@@ -404,7 +402,7 @@ impl StateTable for Faulty {
     fn limits(&self) -> StateLimits {
         self.inner.limits()
     }
-    async fn read_header(&self, key: &StateKey) -> rollcall_membership_core::Result<Option<(Vec<u8>, Etag)>> {
+    async fn read_header(&self, key: &StateKey) -> rollcall_core::Result<Option<(Vec<u8>, Etag)>> {
         if self.fault == Fault::AppliedThenUnreadable
             && self.committed.load(std::sync::atomic::Ordering::SeqCst)
         {
@@ -424,7 +422,7 @@ impl StateTable for Faulty {
         key: &StateKey,
         generation: &str,
         count: u32,
-    ) -> rollcall_membership_core::Result<Vec<Option<Vec<u8>>>> {
+    ) -> rollcall_core::Result<Vec<Option<Vec<u8>>>> {
         self.inner.read_chunks(key, generation, count).await
     }
     async fn put_chunks(
@@ -434,12 +432,12 @@ impl StateTable for Faulty {
         first: u32,
         chunks: &[&[u8]],
         expires_at: Option<Timestamp>,
-    ) -> rollcall_membership_core::Result<()> {
+    ) -> rollcall_core::Result<()> {
         self.inner
             .put_chunks(key, generation, first, chunks, expires_at)
             .await
     }
-    async fn commit(&self, writes: &[HeaderWrite<'_>]) -> rollcall_membership_core::Result<Commit> {
+    async fn commit(&self, writes: &[HeaderWrite<'_>]) -> rollcall_core::Result<Commit> {
         match self.fault {
             Fault::KilledBeforeCommit => Err(Error::backend("killed between the chunks and the header")),
             Fault::LostBeforeSent => Err(Error::backend("injected: the commit was never sent")),
@@ -461,14 +459,10 @@ impl StateTable for Faulty {
             }
         }
     }
-    async fn generations(&self, key: &StateKey) -> rollcall_membership_core::Result<Vec<String>> {
+    async fn generations(&self, key: &StateKey) -> rollcall_core::Result<Vec<String>> {
         self.inner.generations(key).await
     }
-    async fn delete_generation(
-        &self,
-        key: &StateKey,
-        generation: &str,
-    ) -> rollcall_membership_core::Result<()> {
+    async fn delete_generation(&self, key: &StateKey, generation: &str) -> rollcall_core::Result<()> {
         if self.fault == Fault::KilledBeforeCommit {
             return Err(Error::backend("killed"));
         }
@@ -479,7 +473,7 @@ impl StateTable for Faulty {
         kind: &str,
         after: Option<&StateKey>,
         limit: usize,
-    ) -> rollcall_membership_core::Result<Vec<StateKey>> {
+    ) -> rollcall_core::Result<Vec<StateKey>> {
         self.inner.list(kind, after, limit).await
     }
 }
@@ -588,7 +582,7 @@ pub async fn state_an_unknown_outcome_deletes_nothing_and_is_learned_later(store
             Expected::Etag(e1),
             Codec::Raw,
             &data,
-            rollcall_membership_core::state::WriteOptions {
+            rollcall_core::state::WriteOptions {
                 generation: Some(&generation),
                 ..Default::default()
             },
@@ -766,7 +760,7 @@ pub async fn state_a_write_over_an_expired_state_deletes_its_chunks(store: Store
 /// header) and a tombstone are deleted and no longer listed (the Redis index
 /// kept them for ever before), a live state is kept whole.
 pub async fn state_the_sweep_drops_expired_states_and_tombstones(store: Store) {
-    use rollcall_membership_core::state_sweep::SweepMachine;
+    use rollcall_core::state::sweep::SweepMachine;
     let s = fresh_storage(&store);
     let limits = s.table().limits();
     let (expired, cleared, live) = (

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rollcall_membership_core::statistics::{bucket_expired, bucket_start, Aggregate};
-use rollcall_membership_core::{
+use rollcall_core::statistics::{bucket_expired, bucket_start, Aggregate};
+use rollcall_core::{
     AggLevel, Error, StatFilter, StatPoint, StatRecord, StatisticsOptions, StatisticsStore, Timestamp,
 };
 

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use rollcall_membership_core::{Clock, SystemClock, Timestamp};
+use rollcall_core::{Clock, SystemClock, Timestamp};
 use rollcall_tests::fixtures::free_port;
 use rollcall_tests::reminders::{churn_report, ChurnReport, Occurrence};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -256,12 +256,12 @@ where
 async fn declared_dead(store: &str, cluster: &str) -> Vec<String> {
     let store = rollcall::connect(store).await.expect("connect");
     let table = store
-        .membership_table(cluster, rollcall_membership_core::ProtocolMode::Extended)
+        .membership_table(cluster, rollcall_core::ProtocolMode::Extended)
         .expect("membership table");
     let snapshot = table.read_all().await.expect("read the membership table");
     snapshot
         .rows()
-        .filter(|e| e.status == rollcall_membership_core::SiloStatus::Dead && !e.suspect_votes.is_empty())
+        .filter(|e| e.status == rollcall_core::SiloStatus::Dead && !e.suspect_votes.is_empty())
         .map(|e| e.silo.to_string())
         .collect()
 }

@@ -4,13 +4,13 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rollcall_membership_core::transport::{ProbeHandler, ProbeRequest, ProbeResponse, Transport};
-use rollcall_membership_core::{
+use rollcall_core::transport::{ProbeHandler, ProbeRequest, ProbeResponse, Transport};
+use rollcall_core::{
     ClusterMembershipOptions, MembershipEntry, MembershipRow, SiloAddress, SiloStatus, SystemStore,
 };
 use rollcall_tests::sim::{all_see_dead, endpoint, run_virtual, wait_for, SimCluster};
 
-fn dead_rows(snap: &rollcall_membership_core::MembershipSnapshot) -> Vec<SiloAddress> {
+fn dead_rows(snap: &rollcall_core::MembershipSnapshot) -> Vec<SiloAddress> {
     snap.rows()
         .filter(|e| e.status == SiloStatus::Dead)
         .map(|e| e.silo)
@@ -340,22 +340,19 @@ fn fast_options() -> ClusterMembershipOptions {
     }
 }
 
-async fn tcp_silo(store: &Arc<dyn SystemStore>) -> rollcall_membership_core::SiloHandle {
-    rollcall_membership_core::Silo::builder(store.clone(), "tcp")
+async fn tcp_silo(store: &Arc<dyn SystemStore>) -> rollcall_core::SiloHandle {
+    rollcall_core::Silo::builder(store.clone(), "tcp")
         .listen("127.0.0.1:0".parse().unwrap())
         .options(fast_options())
-        .on_declared_dead(rollcall_membership_core::OnDeclaredDead::StopSilo)
+        .on_declared_dead(rollcall_core::OnDeclaredDead::StopSilo)
         .start()
         .await
         .expect("tcp silo joins")
 }
 
 /// A fresh memory store and its "tcp" cluster table.
-fn tcp_store() -> (
-    Arc<dyn SystemStore>,
-    Arc<dyn rollcall_membership_core::MembershipTable>,
-) {
-    use rollcall_membership_core::ProtocolMode;
+fn tcp_store() -> (Arc<dyn SystemStore>, Arc<dyn rollcall_core::MembershipTable>) {
+    use rollcall_core::ProtocolMode;
     let store: Arc<dyn SystemStore> = Arc::new(rollcall_provider_memory::MemoryStore::new());
     let table = store.membership_table("tcp", ProtocolMode::Extended).unwrap();
     (store, table)
@@ -417,7 +414,7 @@ async fn t11_garbage_and_oversized_frames_do_not_stop_the_probe_server() {
         s.write_all(f).await.unwrap();
         conns.push(s);
     }
-    let transport = rollcall_membership_core::transport::tcp::TcpTransport::new();
+    let transport = rollcall_core::transport::tcp::TcpTransport::new();
     let me: SiloAddress = "127.0.0.1:1@1".parse().unwrap();
     for _ in 0..3 {
         let r = transport
@@ -565,7 +562,7 @@ fn t14_unreachable_active_silo_makes_join_fail_with_a_typed_error() {
         let row = MembershipEntry::new(ghost, SiloStatus::Active, c.now());
         assert!(c.table.insert_row(&row, &snap.version.next()).await.unwrap());
         match c.start(1, 1).await {
-            Err(rollcall_membership_core::SiloError::JoinTimeout { unreachable, waited }) => {
+            Err(rollcall_core::SiloError::JoinTimeout { unreachable, waited }) => {
                 assert_eq!(unreachable, vec![ghost]);
                 assert!(waited >= Duration::from_secs(30));
             }
@@ -582,7 +579,7 @@ fn t14_unreachable_active_silo_makes_join_fail_with_a_typed_error() {
 
 #[test]
 fn t15_declared_dead_stops_the_actix_system_with_an_error_code() {
-    use rollcall_membership_core::{OnDeclaredDead, ProtocolMode, Silo};
+    use rollcall_core::{OnDeclaredDead, ProtocolMode, Silo};
     let store = rollcall_provider_memory::MemoryStore::new();
     let table = store.membership_table("sys", ProtocolMode::Extended).unwrap();
     let system = actix::System::new();
@@ -627,9 +624,9 @@ impl actix::Actor for VersionRecorder {
     }
 }
 
-impl actix::Handler<rollcall_membership_core::MembershipChanged> for VersionRecorder {
+impl actix::Handler<rollcall_core::MembershipChanged> for VersionRecorder {
     type Result = ();
-    fn handle(&mut self, msg: rollcall_membership_core::MembershipChanged, _: &mut actix::Context<Self>) {
+    fn handle(&mut self, msg: rollcall_core::MembershipChanged, _: &mut actix::Context<Self>) {
         self.seen.lock().unwrap().push(msg.0.version.version);
     }
 }
@@ -836,9 +833,7 @@ fn t20_actor_subscription_keeps_the_latest_and_ends_with_its_guard() {
 /// pending), so the flood costs a handful; with a shared secret, none.
 #[actix::test]
 async fn t21_forged_gossip_floods_cost_a_handful_of_reads_and_none_with_a_secret() {
-    use rollcall_membership_core::transport::{
-        decode, encode, seal, unseal, Frame, ResponseBody, SharedSecret,
-    };
+    use rollcall_core::transport::{decode, encode, seal, unseal, Frame, ResponseBody, SharedSecret};
     use rollcall_tests::counting::CountingStore;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -848,9 +843,9 @@ async fn t21_forged_gossip_floods_cost_a_handful_of_reads_and_none_with_a_secret
     ] {
         let store = CountingStore::new(Arc::new(rollcall_provider_memory::MemoryStore::new()));
         let counts = store.counts.clone();
-        let mut builder = rollcall_membership_core::Silo::builder(Arc::new(store), "tcp")
+        let mut builder = rollcall_core::Silo::builder(Arc::new(store), "tcp")
             .options(fast_options())
-            .on_declared_dead(rollcall_membership_core::OnDeclaredDead::StopSilo);
+            .on_declared_dead(rollcall_core::OnDeclaredDead::StopSilo);
         if let Some(s) = &secret {
             builder = builder.shared_secret(s.clone());
         }
@@ -939,7 +934,7 @@ fn t22_notices_reach_the_subscribed_topic_only_and_are_bounded() {
             .expect("other topic"));
         assert_eq!(
             rx.recv().await,
-            Some(Err(rollcall_membership_core::NoticesDropped(1))),
+            Some(Err(rollcall_core::NoticesDropped(1))),
             "the receiver learns that the third was dropped"
         );
         let first = rx.recv().await.expect("notice").expect("a notice");
@@ -953,9 +948,9 @@ fn t22_notices_reach_the_subscribed_topic_only_and_are_bounded() {
         );
         assert!(rx.try_recv().is_none(), "the third was dropped, not queued");
         // Oversized input is a typed error, nothing is sent.
-        let long_topic = "x".repeat(rollcall_membership_core::transport::MAX_NOTICE_TOPIC + 1);
+        let long_topic = "x".repeat(rollcall_core::transport::MAX_NOTICE_TOPIC + 1);
         assert!(a.send_notice(b.address(), &long_topic, vec![]).await.is_err());
-        let big = vec![0; rollcall_membership_core::transport::MAX_NOTICE_BODY + 1];
+        let big = vec![0; rollcall_core::transport::MAX_NOTICE_BODY + 1];
         assert!(a.send_notice(b.address(), "t", big).await.is_err());
         // A silo that is gone: a transport error within probe_timeout.
         b.kill();
@@ -1030,7 +1025,7 @@ fn t23_an_intermediary_retries_before_reporting_a_suspect_silent() {
 #[test]
 fn t24_metrics_rows_count_what_the_silos_did() {
     use rollcall::metrics_table::MetricsPublisher;
-    use rollcall_membership_core::MetricsReport;
+    use rollcall_core::MetricsReport;
 
     run_virtual(|| async {
         let mut c = SimCluster::new(ClusterMembershipOptions::default());
@@ -1097,7 +1092,7 @@ fn t24_metrics_rows_count_what_the_silos_did() {
         );
         // The statistics: every 10 s each silo appended its figures; the 1-minute
         // buckets of table_writes hold them, the newest totals matching the rows.
-        use rollcall_membership_core::{AggLevel, StatFilter};
+        use rollcall_core::{AggLevel, StatFilter};
         let filter = StatFilter {
             names: Some(["table_writes".to_owned()].into()),
             ..StatFilter::all(AggLevel::Raw)
@@ -1128,15 +1123,15 @@ fn t24_metrics_rows_count_what_the_silos_did() {
 }
 
 /// A condition on the metrics table and the membership table version.
-type MetricsCondition = Box<dyn Fn(&rollcall_membership_core::MetricsReport, u64) -> bool>;
+type MetricsCondition = Box<dyn Fn(&rollcall_core::MetricsReport, u64) -> bool>;
 
 /// Polls `metrics` (virtual time) until `cond(report, table version)` holds.
 async fn metrics_until(
-    metrics: Arc<dyn rollcall_membership_core::MetricsTable>,
-    table: Arc<dyn rollcall_membership_core::MembershipTable>,
+    metrics: Arc<dyn rollcall_core::MetricsTable>,
+    table: Arc<dyn rollcall_core::MembershipTable>,
     limit: Duration,
     cond: MetricsCondition,
-) -> rollcall_membership_core::MetricsReport {
+) -> rollcall_core::MetricsReport {
     let start = tokio::time::Instant::now();
     loop {
         let report = metrics.read_all().await.expect("read metrics");

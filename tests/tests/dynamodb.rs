@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use aws_sdk_dynamodb::types::AttributeValue;
-use rollcall_membership_core::{
+use rollcall_core::{
     hash_in_range, Error, Etag, MembershipEntry, MembershipRow, ProtocolMode, ReminderEntry, TableVersion,
     Timestamp,
 };
@@ -512,10 +512,7 @@ async fn history_items_stay_out_of_row_reads_and_a_corrupt_one_is_named() {
         .send()
         .await
         .unwrap();
-    match table
-        .read_history(&rollcall_membership_core::HistoryQuery::default())
-        .await
-    {
+    match table.read_history(&rollcall_core::HistoryQuery::default()).await {
         Err(Error::Corrupt { key, .. }) => assert_eq!(key, format!("rollcall-test/{cluster}/{sk}")),
         other => panic!("expected Corrupt, got {other:?}"),
     }
@@ -527,7 +524,7 @@ async fn history_items_stay_out_of_row_reads_and_a_corrupt_one_is_named() {
 /// writes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn statistics_items_are_typed_and_a_corrupt_bucket_is_named() {
-    use rollcall_membership_core::{actor_hash, AggLevel, StatFilter, StatPoint, StatisticsOptions};
+    use rollcall_core::{actor_hash, AggLevel, StatFilter, StatPoint, StatisticsOptions};
     let Some(b) = fixtures::dynamodb().await else {
         return;
     };
@@ -596,7 +593,7 @@ async fn statistics_items_are_typed_and_a_corrupt_bucket_is_named() {
 #[tokio::test]
 async fn a_state_name_too_long_for_the_sort_key_is_invalid_input() {
     use rollcall::dynamodb::DYNAMODB_MAX_STATE_NAME_BYTES;
-    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage};
+    use rollcall_core::{Codec, Expected, StateKey, StateStorage};
     let Some((store, _b)) = dynamodb().await else {
         return;
     };
@@ -621,7 +618,7 @@ async fn a_state_name_too_long_for_the_sort_key_is_invalid_input() {
 /// with TTL on, so DynamoDB removes expired headers and chunks by itself.
 #[tokio::test]
 async fn the_state_table_has_its_kind_index_and_ttl() {
-    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage};
+    use rollcall_core::{Codec, Expected, StateKey, StateStorage};
     let Some((store, b)) = dynamodb().await else {
         return;
     };

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rollcall_membership_core::{
+use rollcall_core::{
     Error, Etag, MembershipEntry, MembershipRow, ProtocolMode, ReminderEntry, SuspectVote, TableVersion,
     Timestamp,
 };
@@ -218,7 +218,7 @@ async fn values_are_json_under_the_documented_keys() {
         alive.value_str().unwrap(),
         full_entry(1).i_am_alive_time.to_string()
     );
-    let hash = rollcall_membership_core::actor_hash("user/7");
+    let hash = rollcall_core::actor_hash("user/7");
     let (rem, kv) = get(format!("rollcall/{cluster}/reminder/{hash:08x}/user%2F7/daily")).await;
     assert_eq!(rem.unwrap()["name"], "daily");
     assert_eq!(etag, Etag::new(kv.mod_revision().to_string()));
@@ -528,7 +528,7 @@ async fn range_reads_page_through_thousands_of_reminders() {
     let inside = table.read_rows_in_range(begin, end).await.unwrap();
     let want = entries
         .iter()
-        .filter(|e| rollcall_membership_core::hash_in_range(e.hash, begin, end))
+        .filter(|e| rollcall_core::hash_in_range(e.hash, begin, end))
         .count();
     assert_eq!(inside.len(), want);
     assert!(inside.windows(2).all(|w| w[0].hash <= w[1].hash), "hash order");
@@ -741,10 +741,7 @@ async fn history_events_are_json_keys_and_a_corrupt_one_is_named() {
     assert_eq!(event["version"], 1);
     assert_eq!(event["silo"], full_entry(1).silo.to_string());
     client.put(key.as_str(), "{garbage", None).await.unwrap();
-    match table
-        .read_history(&rollcall_membership_core::HistoryQuery::default())
-        .await
-    {
+    match table.read_history(&rollcall_core::HistoryQuery::default()).await {
         Err(Error::Corrupt { key: k, .. }) => assert_eq!(k, key),
         other => panic!("expected Corrupt, got {other:?}"),
     }
@@ -787,7 +784,7 @@ async fn state_a_commit_cut_after_it_was_sent_lands_once() {
 /// was ever revoked: leases piled up for as long as their TTL.)
 #[tokio::test]
 async fn state_writes_with_an_expiry_leave_one_live_lease_per_state() {
-    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage, Timestamp};
+    use rollcall_core::{Codec, Expected, StateKey, StateStorage, Timestamp};
     let Some((store, b)) = etcd().await else { return };
     let mut client = raw(&b.endpoint).await;
     let service = unique_id("leases");
@@ -844,7 +841,7 @@ async fn state_writes_with_an_expiry_leave_one_live_lease_per_state() {
 /// end a listing: it goes on past them.
 #[tokio::test]
 async fn a_listing_pages_past_keys_that_are_not_states() {
-    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage};
+    use rollcall_core::{Codec, Expected, StateKey, StateStorage};
     let Some((store, b)) = etcd().await else { return };
     let service = unique_id("garbage");
     let s = StateStorage::new(store.state_table(&service).unwrap());

@@ -153,8 +153,8 @@ mod lost_writes {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use rollcall_membership_core::lease::LeaseWrite;
-    use rollcall_membership_core::{
+    use rollcall_core::lease::LeaseWrite;
+    use rollcall_core::{
         ClusterMembershipOptions, Expected, MembershipTable, OnDeclaredDead, Silo, SiloAddress, SiloHandle,
         SiloStatus, SystemStore,
     };
@@ -271,7 +271,7 @@ mod lost_writes {
         );
         fail_over_to(&b, &pattern, &before).await;
         let table = store
-            .membership_table(&cluster, rollcall_membership_core::ProtocolMode::Extended)
+            .membership_table(&cluster, rollcall_core::ProtocolMode::Extended)
             .unwrap();
         let row = read_all(&table).await.entry(&victim.address()).cloned().unwrap();
         assert_eq!(
@@ -296,7 +296,7 @@ mod lost_writes {
 
     /// `read_all`, asked again while the connections the failover cut are made
     /// again (the first calls after it fail).
-    async fn read_all(table: &Arc<dyn MembershipTable>) -> rollcall_membership_core::MembershipSnapshot {
+    async fn read_all(table: &Arc<dyn MembershipTable>) -> rollcall_core::MembershipSnapshot {
         let mut last = None;
         for _ in 0..50 {
             match table.read_all().await {
@@ -348,7 +348,7 @@ mod lost_writes {
         .is_some());
         let before = copy(&b, &pattern).await;
         let table = store
-            .membership_table(&cluster, rollcall_membership_core::ProtocolMode::Extended)
+            .membership_table(&cluster, rollcall_core::ProtocolMode::Extended)
             .unwrap();
         let old_version = table.read_all().await.unwrap().version.version;
         silos.push(silo(&store, &cluster).await);

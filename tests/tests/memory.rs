@@ -21,9 +21,7 @@ mod via_connect {
 
 #[tokio::test]
 async fn unavailable_store_errors_instead_of_answering_false() {
-    use rollcall_membership_core::{
-        Error, MembershipEntry, ProtocolMode, SiloStatus, SystemStore, Timestamp,
-    };
+    use rollcall_core::{Error, MembershipEntry, ProtocolMode, SiloStatus, SystemStore, Timestamp};
     let store = MemoryStore::new();
     let table = store.membership_table("c", ProtocolMode::Extended).unwrap();
     let v = table.read_all().await.unwrap().version;

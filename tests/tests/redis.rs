@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rollcall_membership_core::{
+use rollcall_core::{
     Error, Etag, MembershipEntry, MembershipRow, ProtocolMode, SiloStatus, TableVersion, Timestamp,
 };
 use rollcall_tests::fixtures::{self, Backend};
@@ -60,7 +60,7 @@ async fn table_with(
     store: &Store,
     what: &str,
     rows: &[u32],
-) -> (String, Arc<dyn rollcall_membership_core::MembershipTable>) {
+) -> (String, Arc<dyn rollcall_core::MembershipTable>) {
     let cluster = unique_id(what);
     let table = store.membership_table(&cluster, ProtocolMode::Extended).unwrap();
     table.init(true).await.unwrap();
@@ -619,10 +619,7 @@ async fn a_corrupt_history_event_is_named_and_blocks_nothing_else() {
         .query_async(&mut con)
         .await
         .unwrap();
-    match table
-        .read_history(&rollcall_membership_core::HistoryQuery::default())
-        .await
-    {
+    match table.read_history(&rollcall_core::HistoryQuery::default()).await {
         Err(Error::Corrupt { key: k, .. }) => assert_eq!(k, format!("{key} @ 1")),
         other => panic!("expected Corrupt, got {other:?}"),
     }
@@ -635,7 +632,7 @@ async fn a_corrupt_history_event_is_named_and_blocks_nothing_else() {
 /// even the other points of its batch), and other buckets still scan.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_statistics_bucket_is_named_and_overwrites_nothing() {
-    use rollcall_membership_core::{AggLevel, StatFilter, StatPoint, StatisticsOptions};
+    use rollcall_core::{AggLevel, StatFilter, StatPoint, StatisticsOptions};
     let Some(b) = fixtures::redis().await else { return };
     let store = store_on(&b).await;
     let cluster = unique_id("stats");
@@ -918,7 +915,7 @@ async fn a_paused_redis_container_declares_no_silo_dead_and_every_call_answers_i
 /// header keys of this service on each master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn states_of_one_service_spread_over_every_master_of_a_cluster() {
-    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage};
+    use rollcall_core::{Codec, Expected, StateKey, StateStorage};
     const STATES: usize = 100_000;
     const WRITERS: usize = 50;
     let Some((store, b)) = redis_cluster().await else {
@@ -976,7 +973,7 @@ async fn state_a_commit_cut_after_it_was_sent_lands_once() {
 /// before, and the states after the garbage were never listed).
 #[tokio::test]
 async fn a_listing_pages_past_index_members_that_are_not_keys() {
-    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage};
+    use rollcall_core::{Codec, Expected, StateKey, StateStorage};
     let Some((store, b)) = redis().await else { return };
     let service = unique_id("garbage");
     let s = StateStorage::new(store.state_table(&service).unwrap());
@@ -1004,7 +1001,7 @@ async fn a_listing_pages_past_index_members_that_are_not_keys() {
 /// and the chunks it published are deleted.
 #[tokio::test]
 async fn a_header_without_its_published_field_is_replaced_and_its_chunks_deleted() {
-    use rollcall_membership_core::{Codec, Expected, StateKey, StateStorage};
+    use rollcall_core::{Codec, Expected, StateKey, StateStorage};
     let Some((store, b)) = redis().await else { return };
     let service = unique_id("oldhead");
     let s = StateStorage::new(store.state_table(&service).unwrap());
@@ -1042,7 +1039,7 @@ async fn a_header_without_its_published_field_is_replaced_and_its_chunks_deleted
 /// a row already in its shard (written later) is not overwritten.
 #[tokio::test]
 async fn reminders_of_the_first_layout_move_into_their_shards() {
-    use rollcall_membership_core::{actor_shard, ReminderEntry, Timestamp, DEFAULT_SHARDS};
+    use rollcall_core::{actor_shard, ReminderEntry, Timestamp, DEFAULT_SHARDS};
     let Some((store, b)) = redis().await else { return };
     let service = unique_id("legacy");
     let mut con = raw(&b).await;
@@ -1056,7 +1053,7 @@ async fn reminders_of_the_first_layout_move_into_their_shards() {
             Timestamp::from_millis(1_795_000_000_000),
             None,
         );
-        e.etag = rollcall_membership_core::Etag::new(format!("legacy-{i}"));
+        e.etag = rollcall_core::Etag::new(format!("legacy-{i}"));
         let member = format!("cart%2F{i}/tick");
         let _: () = redis::pipe()
             .set(format!("{base}:rem:{member}"), serde_json::to_string(&e).unwrap())
@@ -1072,7 +1069,7 @@ async fn reminders_of_the_first_layout_move_into_their_shards() {
     let newer = {
         let k = actor_shard("cart/0", DEFAULT_SHARDS);
         let mut e = rows[0].clone();
-        e.etag = rollcall_membership_core::Etag::new("newer");
+        e.etag = rollcall_core::Etag::new("newer");
         let _: () = redis::pipe()
             .set(
                 format!("rollcall:{{r:{service}:{k}}}:rem:cart%2F0/tick"),
@@ -1118,7 +1115,7 @@ async fn reminders_of_the_first_layout_move_into_their_shards() {
 /// Counted by the row keys on each master.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reminders_of_one_service_spread_over_every_master_of_a_cluster() {
-    use rollcall_membership_core::{ReminderEntry, Timestamp};
+    use rollcall_core::{ReminderEntry, Timestamp};
     let reminders: usize = std::env::var("ROLLCALL_SPREAD_REMINDERS")
         .ok()
         .and_then(|v| v.parse().ok())

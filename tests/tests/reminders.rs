@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use rollcall_membership_core::{ReminderOptions, Timestamp};
+use rollcall_core::{ReminderOptions, Timestamp};
 use rollcall_reminders::schedule::Timing;
 use rollcall_tests::reminders::{actor, ReminderCluster};
 use rollcall_tests::sim::run_virtual;
@@ -18,7 +18,7 @@ fn occurrences(start: Timestamp, period: Duration, from: Timestamp, to: Timestam
     let mut t = if from <= start {
         start
     } else {
-        let row = rollcall_membership_core::ReminderEntry::new("svc", "a/1", "r", start, Some(period));
+        let row = rollcall_core::ReminderEntry::new("svc", "a/1", "r", start, Some(period));
         let timing = Timing::of(&row).expect("a periodic schedule");
         timing
             .after(from.saturating_sub(Duration::from_millis(1)))
@@ -83,14 +83,14 @@ fn r01_three_silos_300_reminders_tick_exactly_once_per_period_for_30_minutes() {
 /// Detection bound of the default options (as in the cluster scenarios): missed
 /// probes, two table writes and a gossip round.
 fn detection_bound() -> Duration {
-    let o = rollcall_membership_core::ClusterMembershipOptions::default();
+    let o = rollcall_core::ClusterMembershipOptions::default();
     o.probe_timeout * o.num_missed_probes_limit + Duration::from_secs(3)
 }
 
 /// Actors `cart/<i>` whose reminders `owner` owns in `svc`'s view, `n` of them.
 fn actors_owned_by(
     svc: &rollcall_reminders::Reminders,
-    owner: rollcall_membership_core::SiloAddress,
+    owner: rollcall_core::SiloAddress,
     n: usize,
 ) -> Vec<rollcall_reminders::ActorId> {
     (0..)
@@ -222,10 +222,9 @@ fn r04_a_lost_registration_notice_is_covered_by_the_next_refresh() {
         let mut c = ReminderCluster::new(options);
         c.start_many(2).await;
         // Written straight to the table: no notice at all, as if it were lost.
-        let table =
-            rollcall_membership_core::SystemStore::reminder_table(&c.sim.store, "svc").expect("table");
+        let table = rollcall_core::SystemStore::reminder_table(&c.sim.store, "svc").expect("table");
         let written_at = c.now();
-        let entry = rollcall_membership_core::ReminderEntry::new(
+        let entry = rollcall_core::ReminderEntry::new(
             "svc",
             actor(1).to_string(),
             "silent",
@@ -249,9 +248,9 @@ fn r04_a_lost_registration_notice_is_covered_by_the_next_refresh() {
 async fn register_half_fire_once(c: &ReminderCluster, step: u64) {
     for i in 0..100 {
         let policy = if i % 2 == 0 {
-            rollcall_membership_core::MissedTickPolicy::FireOnce
+            rollcall_core::MissedTickPolicy::FireOnce
         } else {
-            rollcall_membership_core::MissedTickPolicy::Skip
+            rollcall_core::MissedTickPolicy::Skip
         };
         let spec = rollcall_reminders::ReminderSpec::every(
             Duration::from_millis((i as u64 * step) % 60_000),
@@ -341,8 +340,7 @@ fn r06_one_shot_reminders_fire_once_and_their_rows_are_removed() {
                 .await
                 .expect("register");
         }
-        let table =
-            rollcall_membership_core::SystemStore::reminder_table(&c.sim.store, "svc").expect("table");
+        let table = rollcall_core::SystemStore::reminder_table(&c.sim.store, "svc").expect("table");
         assert_eq!(table.read_rows_in_range(0, 0).await.unwrap().len(), 50);
         let done = rollcall_tests::sim::wait_for(3 * MINUTE, || c.ticks().len() >= 50).await;
         assert!(done.is_some(), "all 50 fired: {}", c.ticks().len());
@@ -488,12 +486,11 @@ fn r08_table_outage_loses_no_tick_duplicates_none_and_bounds_work() {
             );
         }
         // After the outage the FireOnce reminders' last_fired times are recorded.
-        let table =
-            rollcall_membership_core::SystemStore::reminder_table(&c.sim.store, "svc").expect("table");
+        let table = rollcall_core::SystemStore::reminder_table(&c.sim.store, "svc").expect("table");
         let rows = table.read_rows_in_range(0, 0).await.unwrap();
         for r in rows
             .iter()
-            .filter(|r| r.missed_tick_policy == rollcall_membership_core::MissedTickPolicy::FireOnce)
+            .filter(|r| r.missed_tick_policy == rollcall_core::MissedTickPolicy::FireOnce)
         {
             let last = r.last_fired.expect("recorded");
             assert!(
@@ -508,7 +505,7 @@ fn r08_table_outage_loses_no_tick_duplicates_none_and_bounds_work() {
 /// Scenario 1 in real time on real TCP against `store`: 3 silos, 30 reminders with
 /// 1-s periods for 6 s; every occurrence is delivered exactly once, on its owner.
 async fn real_time_exactly_once(store: rollcall_tests::Store) {
-    use rollcall_membership_core::{ClusterMembershipOptions, OnDeclaredDead, Silo};
+    use rollcall_core::{ClusterMembershipOptions, OnDeclaredDead, Silo};
     let cluster = rollcall_tests::unique_id("rt");
     let service = rollcall_tests::unique_id("rt-svc");
     let membership = ClusterMembershipOptions {
@@ -873,7 +870,7 @@ fn r14_random_churn_schedules_never_repeat_a_tick() {
             };
             let mut c = ReminderCluster::new(options);
             c.sim = rollcall_tests::sim::SimCluster::with_seed(
-                rollcall_membership_core::ClusterMembershipOptions::default(),
+                rollcall_core::ClusterMembershipOptions::default(),
                 seed,
             );
             c.start_many(3).await;
@@ -1016,7 +1013,7 @@ async fn a_service_started_with_another_shard_count_is_refused_on_redis() {
 }
 
 async fn another_shard_count_is_refused(store: rollcall_tests::Store) {
-    use rollcall_membership_core::{Error, Silo};
+    use rollcall_core::{Error, Silo};
     use rollcall_reminders::{ReminderError, Reminders};
     let silo = Silo::builder(store.clone(), rollcall_tests::unique_id("shards"))
         .listen("127.0.0.1:0".parse().unwrap())
@@ -1107,7 +1104,7 @@ fn r15_cron_reminders_in_a_zone_cross_daylight_saving_changes_once() {
                 loading_window: Duration::from_secs(3600),
                 ..ReminderOptions::default()
             });
-            c.sim.clock = std::sync::Arc::new(rollcall_membership_core::TokioClock::starting_at(utc(start)));
+            c.sim.clock = std::sync::Arc::new(rollcall_core::TokioClock::starting_at(utc(start)));
             c.start_many(1).await;
             let svc = c.services[0].clone();
             let nightly = ReminderSpec::cron("30 2 * * *")
@@ -1185,7 +1182,7 @@ fn r15_cron_reminders_in_a_zone_cross_daylight_saving_changes_once() {
 /// each ticks on its calendar with its payload and distinct occurrence ids, and
 /// each row is removed after its last tick.
 async fn calendar_reminders_end_to_end(store: rollcall_tests::Store) {
-    use rollcall_membership_core::Silo;
+    use rollcall_core::Silo;
     use rollcall_reminders::ReminderSpec;
     let cluster = rollcall_tests::unique_id("cal");
     let silo = Silo::builder(store.clone(), cluster)
@@ -1323,7 +1320,7 @@ fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
             .service_id("retry")
             .clock(sim.clock.clone())
             .target(move |a: &rollcall_reminders::ActorId| {
-                use rollcall_membership_core::Clock as _;
+                use rollcall_core::Clock as _;
                 n.fetch_add(1, Ordering::SeqCst);
                 log.lock().unwrap().push((a.to_string(), clock.now()));
                 None
@@ -1433,10 +1430,10 @@ fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
         // occurrence in the parked table, with the payload; nobody delivers it.
         assert_eq!(of(5).len(), 4, "1 retry for each of 2 occurrences");
         assert_eq!(stats.ticks_parked, 2, "every parked occurrence is counted");
-        use rollcall_membership_core::SystemStore as _;
+        use rollcall_core::SystemStore as _;
         let parked = sim
             .store
-            .reminder_table(&rollcall_membership_core::parked_service_id("retry"))
+            .reminder_table(&rollcall_core::parked_service_id("retry"))
             .expect("parked table");
         let mut waited = Duration::ZERO;
         let rows = loop {
@@ -1467,7 +1464,7 @@ fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
         let recorder =
             actix::Actor::start(rollcall_tests::reminders::Recorder::new(silo.address(), &log)).recipient();
         let replay = rollcall_reminders::Reminders::builder(&silo, std::sync::Arc::new(sim.store.clone()))
-            .service_id(rollcall_membership_core::parked_service_id("retry"))
+            .service_id(rollcall_core::parked_service_id("retry"))
             .clock(sim.clock.clone())
             .target(move |_: &rollcall_reminders::ActorId| Some(recorder.clone()))
             .start()

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use rollcall::state::{Codec, Expected, PersistentState, StateKey, StateStorage};
 use rollcall::Error;
-use rollcall_membership_core::SystemStore;
+use rollcall_core::SystemStore;
 use rollcall_provider_memory::MemoryStore;
 use rollcall_tests::state_table::{Fault, Faulty};
 use serde::{Deserialize, Serialize};
@@ -342,7 +342,7 @@ fn reentrant_use_panics_instead_of_deadlocking() {
 #[tokio::test]
 async fn the_sweeper_removes_orphans_expired_states_and_old_tombstones() {
     use rollcall::state::{ClearMode, StateLimits, StateSweeper, SweepOptions, SweepReport};
-    use rollcall_membership_core::{ManualClock, Timestamp};
+    use rollcall_core::{ManualClock, Timestamp};
     use std::time::Duration;
     let store = MemoryStore::new();
     let limits = StateLimits {
@@ -509,7 +509,7 @@ async fn a_record_names_its_version_and_an_older_build_does_not_overwrite_a_newe
 #[actix_rt::test]
 async fn a_silos_sweeper_sweeps_its_ring_ranges_only_while_active() {
     use rollcall::state::{StateSweeper, SweepOptions};
-    use rollcall_membership_core::{Silo, SystemStore, Timestamp};
+    use rollcall_core::{Silo, SystemStore, Timestamp};
     let store = MemoryStore::new();
     let system: std::sync::Arc<dyn SystemStore> = std::sync::Arc::new(store.clone());
     let silo = Silo::builder(system, "sweep")

@@ -5,9 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use proptest::prelude::*;
-use rollcall_membership_core::{
-    AggLevel, StatFilter, StatPoint, StatisticsOptions, StatisticsStore, Timestamp,
-};
+use rollcall_core::{AggLevel, StatFilter, StatPoint, StatisticsOptions, StatisticsStore, Timestamp};
 use rollcall_provider_memory::MemoryStatistics;
 use rollcall_statistics_embedded::EmbeddedStatistics;
 use rollcall_tests::statistics_store::{

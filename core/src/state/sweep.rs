@@ -25,7 +25,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::state::{Expected, StateHeader, StateKey, SWEEP_GRACE};
+use super::{generation_time, Expected, StateHeader, StateKey, SWEEP_GRACE};
 use crate::{Etag, Timestamp};
 
 /// How long a tombstone is kept by default before a sweep removes it: 1 hour.
@@ -170,10 +170,27 @@ impl SweepMachine {
     }
 }
 
+/// The generations of a key that a sweep removes: not `published`, and made
+/// before `now - grace` (a write still staging is younger).
+pub fn sweepable(
+    generations: &[String],
+    published: Option<&str>,
+    now: Timestamp,
+    grace: Duration,
+) -> Vec<String> {
+    let before = now.as_millis().saturating_sub(grace.as_millis() as u64);
+    generations
+        .iter()
+        .filter(|g| Some(g.as_str()) != published)
+        .filter(|g| generation_time(g).is_none_or(|t| t < before))
+        .cloned()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Codec;
+    use crate::state::{new_generation, Codec};
 
     fn key() -> StateKey {
         StateKey::new("cart/1", "s").unwrap()
@@ -276,5 +293,17 @@ mod tests {
             2,
             "the two remembered go"
         );
+    }
+
+    #[test]
+    fn sweep_spares_the_published_and_the_young() {
+        let now = Timestamp::from_millis(1_000_000);
+        let gens = vec![
+            new_generation(Timestamp::from_millis(1_000)),
+            new_generation(Timestamp::from_millis(2_000)),
+            new_generation(Timestamp::from_millis(999_000)),
+        ];
+        let gone = sweepable(&gens, Some(&gens[1]), now, Duration::from_secs(10));
+        assert_eq!(gone, vec![gens[0].clone()]);
     }
 }

@@ -73,7 +73,7 @@ pub fn state_corrupt(service: &str) {
     metrics::counter!(STATE_CORRUPT_RECORDS, "service" => service.to_owned()).increment(1);
 }
 
-/// The state sweep of `service` deleted one `what` (a [`crate::state_sweep::Swept`] label).
+/// The state sweep of `service` deleted one `what` (a [`crate::state::sweep::Swept`] label).
 pub fn state_swept(service: &str, what: &'static str) {
     metrics::counter!(STATE_SWEPT, "service" => service.to_owned(), "what" => what).increment(1);
 }

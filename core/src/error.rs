@@ -129,7 +129,7 @@ impl Error {
 /// returned unchanged.
 ///
 /// ```
-/// use rollcall_membership_core::redact_password;
+/// use rollcall_core::redact_password;
 /// assert_eq!(redact_password("etcd://root:pw@a:1,b:2"), "etcd://root:***@a:1,b:2");
 /// assert_eq!(redact_password("redis://h:6379"), "redis://h:6379");
 /// ```
@@ -162,7 +162,7 @@ fn cause_chain(source: Option<&(dyn StdError + Send + Sync + 'static)>) -> Strin
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// use std::time::Duration;
-/// use rollcall_membership_core::{bounded, Error};
+/// use rollcall_core::{bounded, Error};
 /// let slow = async {
 ///     tokio::time::sleep(Duration::from_secs(60)).await;
 ///     Ok::<u32, Error>(1)

@@ -5,9 +5,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use rollcall_membership_core::protocol::targets::select_probe_targets;
-use rollcall_membership_core::protocol::votes::{decide_vote, fresh_votes, required_votes, VoteDecision};
-use rollcall_membership_core::{
+use rollcall_core::protocol::targets::select_probe_targets;
+use rollcall_core::protocol::votes::{decide_vote, fresh_votes, required_votes, VoteDecision};
+use rollcall_core::{
     hash_in_range, ClusterMembershipOptions, Etag, MembershipEntry, MembershipSnapshot, SiloAddress,
     SiloStatus, SuspectVote, Timestamp,
 };

@@ -1,7 +1,7 @@
 //! The membership protocol as state machines only: no actix, no tokio, no sockets.
 //!
 //! A small deterministic driver (on the shared virtual-time
-//! [`Scheduler`](rollcall_membership_core::sim::Scheduler)) feeds [`SiloMachine`]s their events in time order,
+//! [`Scheduler`](rollcall_core::sim::Scheduler)) feeds [`SiloMachine`]s their events in time order,
 //! executes their table actions on the real in-memory provider (whose futures
 //! complete at once) and delivers every result after a latency drawn from a seeded
 //! RNG; pings are answered by the target's liveness. Property tests vary the
@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use rand::Rng;
-use rollcall_membership_core::protocol::{Action, Event, IndirectOutcome, PingOutcome, SiloMachine, Timer};
-use rollcall_membership_core::sim::{now_or_fail, Scheduler};
-use rollcall_membership_core::{
+use rollcall_core::protocol::{Action, Event, IndirectOutcome, PingOutcome, SiloMachine, Timer};
+use rollcall_core::sim::{now_or_fail, Scheduler};
+use rollcall_core::{
     ClusterMembershipOptions, MembershipEntry, MembershipSnapshot, MembershipTable, SiloAddress, SiloStatus,
     SystemStore, Timestamp,
 };
@@ -572,7 +572,7 @@ fn write_row(w: &World, entry: &MembershipEntry) -> u64 {
 /// the storm, so with N.
 #[test]
 fn gossip_reads_thin_out_during_a_join_storm_and_not_for_a_death() {
-    use rollcall_membership_core::protocol::{gossip_refresh_interval, gossip_refresh_interval_cap};
+    use rollcall_core::protocol::{gossip_refresh_interval, gossip_refresh_interval_cap};
     let mut w = cluster(3, 21, 5, 0.0);
     w.run_for(30_000);
     let o = ClusterMembershipOptions::default();
@@ -681,7 +681,7 @@ fn the_version_spreads_with_the_probes_without_gossip() {
 /// on a join within a few probe periods.
 #[test]
 fn gossip_goes_to_a_bounded_fan_out_and_the_cluster_still_converges() {
-    use rollcall_membership_core::protocol::gossip_fan_out;
+    use rollcall_core::protocol::gossip_fan_out;
     let o = ClusterMembershipOptions::default();
     assert_eq!(gossip_fan_out(&o, 1), 3);
     assert_eq!(gossip_fan_out(&o, 39), 9);
@@ -723,7 +723,7 @@ fn gossip_goes_to_a_bounded_fan_out_and_the_cluster_still_converges() {
 /// silos (`3 + ceil(log2 N)`), not on all of them as Orleans does.
 #[test]
 fn join_validation_pings_a_bounded_sample() {
-    use rollcall_membership_core::protocol::{Action, Event};
+    use rollcall_core::protocol::{Action, Event};
     let mut w = cluster(30, 17, 5, 0.0);
     w.run_for(30_000);
     let me: SiloAddress = "10.0.1.1:11111@1".parse().unwrap();

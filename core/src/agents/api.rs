@@ -1,9 +1,9 @@
 //! The public silo API: [`Silo::builder`], [`SiloBuilder`], [`SiloHandle`].
 //!
 //! ```no_run
-//! # async fn run() -> Result<(), rollcall_membership_core::SiloError> {
+//! # async fn run() -> Result<(), rollcall_core::SiloError> {
 //! use std::sync::Arc;
-//! use rollcall_membership_core::{Silo, SystemStore};
+//! use rollcall_core::{Silo, SystemStore};
 //! # let store: Arc<dyn SystemStore> = unimplemented!();
 //! let silo = Silo::builder(store, "orders")
 //!     .listen("0.0.0.0:11111".parse().unwrap())

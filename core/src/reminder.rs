@@ -14,7 +14,7 @@ use crate::{Error, Etag, MissedTickPolicy, Result, Timestamp};
 /// owns it, so it must never change; the test vectors below pin it.
 ///
 /// ```
-/// use rollcall_membership_core::actor_hash;
+/// use rollcall_core::actor_hash;
 /// assert_eq!(actor_hash(""), 0x02CC_5D05);
 /// assert_eq!(actor_hash("abc"), 0x32D1_53FF);
 /// ```
@@ -37,7 +37,7 @@ pub const DEFAULT_SHARDS: u32 = 1024;
 /// and, with the reminder shard leases, its reminders.
 ///
 /// ```
-/// use rollcall_membership_core::{actor_hash, actor_shard};
+/// use rollcall_core::{actor_hash, actor_shard};
 /// assert_eq!(actor_shard("cart/1", 1), 0);
 /// let k = actor_shard("cart/1", 1024);
 /// assert_eq!(k, (u64::from(actor_hash("cart/1")) * 1024 >> 32) as u32);

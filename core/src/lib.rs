@@ -1,17 +1,33 @@
-//! # rollcall-membership-core
+//! # rollcall-core
 //!
-//! The data model, storage contracts and options shared by every part of rollcall:
+//! The data model, the storage contracts, the options and the sans-io protocol
+//! shared by every part of rollcall. Every contract below is a trait a provider
+//! implements once; the shared conformance suite (`rollcall-tests`) checks each
+//! against a real server.
 //!
+//! | contract | trait | module |
+//! |---|---|---|
+//! | membership table (silo rows, version row, etags) | [`MembershipTable`] | `table.rs`, `membership.rs` |
+//! | membership history (one event per write, same transaction) | [`MembershipTable::read_history`] | [`history`] |
+//! | reminder table | [`ReminderTable`] | `table.rs`, `reminder.rs` |
+//! | reminder shard leases (fenced owners of reminder shards) | [`LeaseTable`] | [`lease`] |
+//! | actor state (Orleans' grain-state table) | [`StateTable`] | [`state`] |
+//! | silo and client metrics tables | [`MetricsTable`] | [`metrics_table`] |
+//! | statistics (points, rollups, retention) | [`StatisticsStore`] | [`statistics`] |
+//! | a store holding all of them | [`SystemStore`] | `table.rs` |
+//!
+//! And beside the contracts:
 //! - **Model**: [`SiloAddress`] (`ip:port@generation`), [`SiloStatus`],
 //!   [`MembershipEntry`] (the Orleans silo-instance columns), [`TableVersion`],
-//!   [`Etag`], [`MembershipSnapshot`], [`ReminderEntry`] and its ring hash
-//!   [`actor_hash`], wall-clock [`Timestamp`]s and the [`Clock`] abstraction.
-//! - **Contracts**: [`MembershipTable`], [`ReminderTable`] and [`SystemStore`], which
-//!   every provider implements and the shared conformance suite checks; the
-//!   membership [`history`] ([`MembershipEvent`]) each write appends in its own
-//!   transaction.
+//!   [`Etag`], [`MembershipSnapshot`], [`ReminderEntry`] and its shard
+//!   [`actor_shard`], wall-clock [`Timestamp`]s and the [`Clock`] abstraction.
+//! - **The protocol** ([`protocol`]): one silo's membership rules as a sans-io
+//!   state machine, [`protocol::SiloMachine`] (events and the time in, actions out).
 //! - **Options**: [`ClusterMembershipOptions`] and [`ReminderOptions`] with Orleans'
 //!   defaults and `validate()`.
+//! - With the default `runtime` feature: the actix agents that carry the
+//!   protocol out (`Silo`), the probe transport, telemetry and `TokioClock`.
+//!   Without it the crate builds with no async runtime, no actix and no sockets.
 //!
 //! Reference semantics: the Orleans cluster membership protocol ("Cluster Management
 //! in Orleans") and the Orleans runtime tables.
@@ -32,7 +48,6 @@ mod silo;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod state;
-pub mod state_sweep;
 pub mod statistics;
 mod table;
 #[cfg(feature = "runtime")]
