@@ -6,19 +6,20 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::{
     Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, Message, SpawnHandle, WrapFuture,
 };
 use rollcall_core::{
     Clock, MembershipChanged, MembershipTable, Notice, NoticeReceiver, NoticesDropped, ReminderTable,
-    ShardLeases, SiloHandle, SiloStatus,
+    ShardLeases, SiloAddress, SiloHandle, SiloStatus,
 };
 use tokio::sync::oneshot;
 
-use crate::api::ReminderTarget;
+use crate::api::{ReminderError, ReminderTarget};
+use crate::machine::{apply_write, release_topic, ReleaseHint, NOTICE_BATCH};
 use crate::machine::{Action, Event, Inbound, ReminderMachine, Timer, NOTICE_QUEUE};
-use crate::send::{apply_write, bounded, forward, send_hints};
 use crate::shards::ShardEvent;
 
 pub(crate) struct ReminderAgent {
@@ -171,12 +172,16 @@ impl ReminderAgent {
         let (table, leases) = (self.table.clone(), self.leases.clone());
         let text = |e: crate::ReminderError| e.to_string();
         match action {
-            Action::ReadRow { gen, key } => {
+            Action::ReadRow { lease_epoch, key } => {
                 let k = key.clone();
                 let call = async move { bounded(timeout, table.read_row(k.actor(), k.name())).await };
-                self.answer(ctx, call, move |result| Event::RowRead { gen, key, result });
+                self.answer(ctx, call, move |result| Event::RowRead {
+                    lease_epoch,
+                    key,
+                    result,
+                });
             }
-            Action::ReadPiece { epoch, piece, width } => {
+            Action::ReadPiece { load, piece, width } => {
                 let call = async move {
                     // Let other tasks run between pieces even when the table answers
                     // without waiting (the memory table): a load never holds the thread.
@@ -184,7 +189,7 @@ impl ReminderAgent {
                     bounded(timeout, table.read_rows_in_range(piece.begin, piece.end)).await
                 };
                 self.answer(ctx, call, move |result| Event::PieceRead {
-                    epoch,
+                    load,
                     piece,
                     width,
                     result,
@@ -322,4 +327,58 @@ impl ReminderAgent {
     fn metric_labels(&self) -> (String, String) {
         (self.table.service_id().to_owned(), self.machine.me().to_string())
     }
+}
+
+/// Runs `call` bounded by `timeout`.
+pub(crate) async fn bounded<T>(
+    timeout: Duration,
+    call: impl std::future::Future<Output = rollcall_core::Result<T>>,
+) -> Result<T, ReminderError> {
+    rollcall_core::bounded(
+        timeout,
+        async { call.await.map_err(ReminderError::from) },
+        ReminderError::Timeout,
+    )
+    .await
+}
+
+/// Sends release hints in a background task (each bounded by the silo's
+/// `probe_timeout`). Best effort: a lost hint costs its receiver a lease poll.
+pub(crate) fn send_hints(silo: &SiloHandle, service_id: &str, hints: Vec<(SiloAddress, ReleaseHint)>) {
+    if hints.is_empty() {
+        return;
+    }
+    let (silo, topic) = (silo.clone(), release_topic(service_id));
+    tokio::spawn(async move {
+        for (to, hint) in hints {
+            let Ok(body) = serde_json::to_vec(&hint) else {
+                continue;
+            };
+            if let Err(e) = silo.send_notice(to, &topic, body).await {
+                tracing::debug!(%to, error = %e, "release hint not sent; its receiver polls the lease");
+            }
+        }
+    });
+}
+
+/// Forwards what `rx` receives to the agent in batches of up to [`NOTICE_BATCH`].
+pub(crate) fn forward(
+    mut rx: NoticeReceiver,
+    addr: actix::Addr<ReminderAgent>,
+    wrap: fn(Vec<Result<Notice, NoticesDropped>>) -> NoticesReceived,
+) {
+    actix::spawn(async move {
+        while let Some(first) = rx.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < NOTICE_BATCH {
+                match rx.try_recv() {
+                    Some(n) => batch.push(n),
+                    None => break,
+                }
+            }
+            if addr.send(wrap(batch)).await.is_err() {
+                return;
+            }
+        }
+    });
 }

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{Message, Recipient};
+#[cfg(feature = "runtime")]
+use actix::Recipient;
 use rollcall_core::{Error, Etag, MissedTickPolicy, ReminderEntry, RetryPolicy, Timestamp};
 
 /// Longest actor id (`kind/key`) accepted, in bytes.
@@ -81,11 +82,11 @@ impl fmt::Display for ActorId {
     }
 }
 
-/// One tick of a reminder, sent to the actor's [`Recipient`]. The handler's
+/// One tick of a reminder, sent to the actor's recipient (an actix message
+/// with the `runtime` feature). The handler's
 /// completion is the delivery: the service waits for it (up to the options'
 /// `delivery_timeout`) before it schedules the next tick.
-#[derive(Message, Clone, Debug, PartialEq, Eq)]
-#[rtype(result = "()")]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReminderTick {
     /// The actor.
     pub actor: ActorId,
@@ -105,6 +106,11 @@ pub struct ReminderTick {
     /// The bytes the registration carries
     /// ([`ReminderSpec::with_payload`]), shared by every tick.
     pub payload: Option<Arc<[u8]>>,
+}
+
+#[cfg(feature = "runtime")]
+impl actix::Message for ReminderTick {
+    type Result = ();
 }
 
 impl ReminderTick {
@@ -131,11 +137,14 @@ impl ReminderTick {
 /// take ticks now: the delivery counts as failed and is retried.
 ///
 /// Closures `Fn(&ActorId) -> Option<Recipient<ReminderTick>>` implement it.
+#[cfg(feature = "runtime")]
+#[cfg_attr(docsrs, doc(cfg(feature = "runtime")))]
 pub trait ReminderTarget: Send + Sync + 'static {
     /// The recipient for `actor`'s ticks.
     fn resolve(&self, actor: &ActorId) -> Option<Recipient<ReminderTick>>;
 }
 
+#[cfg(feature = "runtime")]
 impl<F> ReminderTarget for F
 where
     F: Fn(&ActorId) -> Option<Recipient<ReminderTick>> + Send + Sync + 'static,
@@ -395,18 +404,22 @@ pub enum ReminderError {
 pub const LATE_TICK: Duration = Duration::from_secs(1);
 
 /// `metrics` counter (labels `service`, `silo`): ticks delivered to actors.
+#[cfg(feature = "runtime")]
 pub const TICKS_METRIC: &str = "rollcall_reminder_ticks_total";
 /// `metrics` histogram (labels `service`, `silo`): seconds from a tick's occurrence
 /// to the end of its delivery.
+#[cfg(feature = "runtime")]
 pub const TICK_LATENESS_METRIC: &str = "rollcall_reminder_tick_lateness_seconds";
 /// `metrics` counter (labels `service`, `silo`): ticks dropped once their
 /// reminder's [`RetryPolicy`] was spent.
 pub const TICKS_DROPPED_METRIC: &str = "rollcall_reminder_ticks_dropped_total";
 /// `metrics` counter (labels `service`, `silo`): ticks parked once their
 /// reminder's [`RetryPolicy`] was spent (see [`RetryPolicy::park`]).
+#[cfg(feature = "runtime")]
 pub const TICKS_PARKED_METRIC: &str = "rollcall_reminder_ticks_parked_total";
 /// `metrics` gauge (labels `service`, `silo`): reminders in the ranges this silo
 /// owns, as of its last load.
+#[cfg(feature = "runtime")]
 pub const OWNED_METRIC: &str = "rollcall_reminders_owned";
 
 /// Counters of one silo's reminder service (monotonic unless noted).

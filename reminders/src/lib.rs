@@ -22,21 +22,25 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 
+#[cfg(feature = "runtime")]
 mod agent;
 mod api;
+pub mod handoff;
 pub mod machine;
 mod queue;
 pub mod ring;
 pub mod schedule;
-mod send;
+#[cfg(feature = "runtime")]
 mod service;
 pub mod shards;
 #[cfg(feature = "sim")]
 pub mod sim;
 
+#[cfg(feature = "runtime")]
+pub use api::ReminderTarget;
 pub use api::{
-    ActorId, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, ReminderTick,
-    LATE_TICK, MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT, TICKS_DROPPED_METRIC,
+    ActorId, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTick, LATE_TICK,
+    MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT, TICKS_DROPPED_METRIC,
 };
 pub use machine::{
     LOAD_PIECE_ROWS, MAX_DELIVERIES, MAX_LOADS, MAX_NOTICE_READS, MAX_WRITES, NOTICE_BATCH, NOTICE_QUEUE,
@@ -45,4 +49,5 @@ pub use rollcall_core::{
     MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, RetryPolicy, MAX_REMINDER_PAYLOAD,
 };
 pub use schedule::{Calendar, ScheduleError};
+#[cfg(feature = "runtime")]
 pub use service::{Reminders, RemindersBuilder};

@@ -12,6 +12,7 @@ use rollcall_core::{
 };
 use tokio::sync::oneshot;
 
+use crate::agent::bounded;
 use crate::agent::{Leave, ReminderAgent, WhenLoaded};
 use crate::api::{
     ActorId, Counters, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, MAX_NAME,
@@ -20,7 +21,6 @@ use crate::api::{
 use crate::machine::{notice_target, release_topic, topic, NoticeRetry, ReminderMachine, NOTICE_QUEUE};
 use crate::ring::Ring;
 use crate::schedule::{Calendar, Timing};
-use crate::send::bounded;
 
 /// Configures and starts a silo's reminder service. See [`Reminders::builder`].
 pub struct RemindersBuilder {

@@ -26,7 +26,6 @@ use rollcall_core::{
     Etag, MembershipEntry, MembershipSnapshot, ReminderEntry, ReminderOptions, ReminderTable, SiloAddress,
     SiloStatus, SystemStore, TableVersion, Timestamp,
 };
-use rollcall_provider_memory::MemoryStore;
 
 use crate::machine::{Action, Event, Inbound, NoticeRetry, ReminderMachine, Timer};
 use crate::ring::Ring;
@@ -193,7 +192,7 @@ pub struct World {
     version: u64,
     latest: Arc<MembershipSnapshot>,
     tokens: u64,
-    _store: MemoryStore,
+    _store: Arc<dyn SystemStore>,
     table: Arc<dyn ReminderTable>,
     /// The service's parked table (occurrences parked by a retry policy).
     pub parked: Arc<dyn ReminderTable>,
@@ -229,9 +228,15 @@ pub struct World {
 }
 
 impl World {
-    /// An empty world seeded with `seed`.
-    pub fn new(cfg: Config, seed: u64) -> World {
-        let store = MemoryStore::new();
+    /// An empty world seeded with `seed`, on the tables of `store`.
+    ///
+    /// `store` must answer without waiting (the in-memory store,
+    /// `rollcall_provider_memory::MemoryStore`): the world runs every table
+    /// call to completion at once ([`now_or_fail`]).
+    ///
+    /// # Panics
+    /// When the store does not answer at once, or its tables cannot be opened.
+    pub fn new(cfg: Config, seed: u64, store: Arc<dyn SystemStore>) -> World {
         let table = store.reminder_table(SERVICE).expect("the service id is valid");
         now_or_fail(table.init()).expect("the memory table initialises");
         let parked = store
@@ -554,7 +559,7 @@ impl World {
     fn message(&mut self, from: SiloAddress, to: SiloAddress, body: Vec<u8>, release: bool) -> bool {
         let lat = 1 + self.rand(self.cfg.message_jitter);
         // The transport refuses a body over its limit, as the real one does.
-        if body.len() > rollcall_core::transport::MAX_NOTICE_BODY {
+        if body.len() > rollcall_core::protocol::MAX_NOTICE_BODY {
             self.oversized += 1;
             return false;
         }
@@ -757,17 +762,24 @@ impl World {
     fn execute(&mut self, i: usize, action: Action) {
         let me = self.nodes[i].addr;
         match action {
-            Action::ReadRow { gen, key } => {
+            Action::ReadRow { lease_epoch, key } => {
                 let table = self.table.clone();
                 let (lat, result) = self.table_call(i, table.read_row(key.actor(), key.name()));
-                self.sched
-                    .push(lat, i, Ev::Machine(Box::new(Event::RowRead { gen, key, result })));
+                self.sched.push(
+                    lat,
+                    i,
+                    Ev::Machine(Box::new(Event::RowRead {
+                        lease_epoch,
+                        key,
+                        result,
+                    })),
+                );
             }
-            Action::ReadPiece { epoch, piece, width } => {
+            Action::ReadPiece { load, piece, width } => {
                 let table = self.table.clone();
                 let (lat, result) = self.table_call(i, table.read_rows_in_range(piece.begin, piece.end));
                 let event = Event::PieceRead {
-                    epoch,
+                    load,
                     piece,
                     width,
                     result,
@@ -812,7 +824,7 @@ impl World {
                 let table = self.table.clone();
                 let parked = self.parked.clone();
                 let (lat, result) =
-                    self.table_call(i, crate::send::apply_write(&*table, Some(&*parked), &write));
+                    self.table_call(i, crate::machine::apply_write(&*table, Some(&*parked), &write));
                 self.sched
                     .push(lat, i, Ev::Machine(Box::new(Event::Written { write, result })));
             }

@@ -5,11 +5,13 @@
 //! churn none is lost; after a crash or during an outage only the occurrences
 //! inside its window are lost; the machine's bounds hold.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::RngSeed;
 use rollcall_core::Timestamp;
+use rollcall_provider_memory::MemoryStore;
 use rollcall_reminders::machine::{NOTICE_ATTEMPTS, NOTICE_RETRY};
 use rollcall_reminders::sim::{Config, World};
 use rollcall_reminders::{MAX_DELIVERIES, MAX_NOTICE_READS, MAX_WRITES};
@@ -130,7 +132,7 @@ fn run_with(seed: u64, cfg: Config, ops: &[(u64, Op)], silos: usize) -> (World, 
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let mut w = World::new(cfg, seed);
+    let mut w = World::new(cfg, seed, Arc::new(MemoryStore::new()));
     for _ in 0..silos {
         w.join();
         w.run_for(500);
@@ -1244,7 +1246,7 @@ fn a_reregistration_around_a_failover_loses_nothing_after_it() {
 fn a_mass_due_time_is_delivered_once_each_under_the_delivery_cap() {
     let mut cfg = Config::default();
     cfg.options.max_deliveries = 4;
-    let mut w = World::new(cfg, 7);
+    let mut w = World::new(cfg, 7, Arc::new(MemoryStore::new()));
     for _ in 0..3 {
         w.join();
         w.run_for(500);

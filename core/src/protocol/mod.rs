@@ -38,6 +38,13 @@ use std::time::Duration;
 
 use crate::{ClusterMembershipOptions, MembershipEntry, Timestamp};
 
+/// Longest topic of a notice between silos (a probe-port message a service
+/// sends to a peer: reminder notices, release hints), in bytes: 64.
+pub const MAX_NOTICE_TOPIC: usize = 64;
+/// Longest body of a notice between silos, in bytes: 4096. A larger one is
+/// refused by the sender.
+pub const MAX_NOTICE_BODY: usize = 4096;
+
 /// Whether `entry`'s IAmAlive is stale at `now`: older than
 /// `i_am_alive_publish_period * num_missed_table_i_am_alive_limit` (Orleans
 /// `NumMissedTableIAmAliveLimit`).

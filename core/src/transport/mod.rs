@@ -69,10 +69,7 @@ pub enum ProbeRequest {
     },
 }
 
-/// Longest [`ProbeRequest::Notice`] topic, in bytes.
-pub const MAX_NOTICE_TOPIC: usize = 64;
-/// Longest [`ProbeRequest::Notice`] body, in bytes.
-pub const MAX_NOTICE_BODY: usize = 4096;
+pub use crate::protocol::{MAX_NOTICE_BODY, MAX_NOTICE_TOPIC};
 
 /// A probe server's answer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

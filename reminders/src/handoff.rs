@@ -1,0 +1,370 @@
+//! The rules of a shard handoff inside the silo that holds the shard (sans-io,
+//! pure): where each reminder of a newly acquired shard starts, what a release
+//! owes, which notices a shard takes, and what a silo owes after a pause.
+//! [`crate::shards`] decides *which* shards a silo holds; this module decides
+//! *what* the holder delivers of them, from the lease it acquired.
+//!
+//! # The rules
+//! 1. **Start after an acquire** ([`HeldShard::start`]), until the acquire
+//!    load ends: a reminder named in the lease's exceptions starts at its
+//!    exception; after a takeover (the holder died) every reminder is planned
+//!    by its missed-tick policy from the takeover time; otherwise from its
+//!    first occurrence after the watermark `W`. An owed occurrence older than
+//!    [`MAX_CATCH_UP`] at the acquire is planned by the policy instead (a shard
+//!    nobody held for long). A one-shot whose only occurrence is at or before
+//!    `W` was delivered by an earlier holder: it is not planned, and a
+//!    schedule whose last occurrence is at or before `W` is removed.
+//! 2. **Owed on release** ([`HeldShard::owed`]): the first occurrence of a row
+//!    not delivered or started here, if it is at or before the release's
+//!    watermark (the stop time, or the floor when later: a `FireOnce`
+//!    catch-up planned at a takeover time is owed too). A delivery running at
+//!    the stop counts as started. A row never seen here owes its first
+//!    occurrence after the floor.
+//! 3. **Notices** ([`HeldShard::takes_notices`]): a shard that is stopping
+//!    takes no notice (its release reads the row, or the row's first tick
+//!    comes after the release's watermark); an answer to a read is applied only
+//!    for the lease epoch it was asked under.
+//! 4. **Pause and resume** ([`Pause`]): a silo that is not Active, or (fencing)
+//!    has not confirmed its own row lately, delivers nothing and looks again
+//!    after [`INACTIVE_RECHECK`]. When it delivers again, what waited through
+//!    the pause is still owed here (taking its shards needs its row Dead, and
+//!    Dead is final): delivered in turn, as a catch-up.
+//!
+//! Together with the lease rules of [`crate::shards`] these are the whole
+//! safety argument: each epoch starts where the lease says the last one
+//! stopped (rule 1) and records exactly what it did not deliver (rule 2).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rollcall_core::lease::LeaseException;
+use rollcall_core::{ReminderEntry, Timestamp};
+
+use crate::queue::Key;
+use crate::schedule::Timing;
+
+/// Occurrences owed by a handoff are delivered in turn when at most this old at
+/// the acquire; older ones (a shard nobody held for long: the whole cluster was
+/// down) are planned by the missed-tick policy: 60 s.
+pub const MAX_CATCH_UP: Duration = Duration::from_secs(60);
+
+/// How long a silo that is not Active (or has not confirmed its row lately)
+/// waits before it looks at its due ticks again: 1 s.
+pub const INACTIVE_RECHECK: Duration = Duration::from_secs(1);
+
+/// A shard this silo holds (loading, delivering or stopping), as its lease
+/// said when acquired.
+#[derive(Clone, Debug, Default)]
+pub struct HeldShard {
+    /// The lease epoch it is held under (echoed by notice reads).
+    pub lease_epoch: u64,
+    /// Occurrences at or before it were delivered by earlier holders (the
+    /// lease's watermark when acquired; the takeover time less 1 ms after a
+    /// crash).
+    pub floor: Option<Timestamp>,
+    /// The previous holder died: plan by the missed-tick policy from this time
+    /// (the fence's end: nothing is due before it).
+    pub takeover: Option<Timestamp>,
+    /// The lease's exceptions, until the acquire load ends.
+    pub exceptions: HashMap<Key, Timestamp>,
+    /// Keys planned while loading (out of the due index until the shard may
+    /// deliver).
+    pub waiting: Vec<Key>,
+    /// When delivery stopped (the release's watermark).
+    pub stopped_at: Timestamp,
+    /// The acquire load ended.
+    pub loaded: bool,
+    /// Delivery stopped; the release load runs.
+    pub stopping: bool,
+    /// Rows the last load read.
+    pub rows: u64,
+    /// A notice for this shard was not read while its acquire load ran (the
+    /// notice reads were all taken, or notices were dropped): the load may have
+    /// read its rows before that registration, so it is read again once loaded.
+    pub reread: bool,
+}
+
+/// Where a reminder of a held shard starts ([`HeldShard::start`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// Deliver this owed occurrence first, in turn (a catch-up when it is
+    /// before now).
+    Owed(Timestamp),
+    /// Plan by the reminder's schedule and missed-tick policy from this time.
+    Plan(Timestamp),
+    /// Nothing is left to deliver here: every occurrence is at or before the
+    /// floor.
+    Delivered,
+}
+
+/// What a row's slot in this silo's queue says, for [`HeldShard::owed`]: the
+/// occurrence it waits for and whether it is being delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seen {
+    /// The occurrence the slot holds.
+    pub scheduled: Timestamp,
+    /// Its delivery started.
+    pub delivering: bool,
+}
+
+impl HeldShard {
+    /// A shard acquired under `lease_epoch` with the lease's watermark
+    /// `floor`, its `exceptions`, and the `takeover` time if its holder died.
+    pub fn acquired(
+        lease_epoch: u64,
+        floor: Option<Timestamp>,
+        takeover: Option<Timestamp>,
+        exceptions: HashMap<Key, Timestamp>,
+    ) -> HeldShard {
+        HeldShard {
+            lease_epoch,
+            floor,
+            takeover,
+            exceptions,
+            stopped_at: Timestamp::EPOCH,
+            ..HeldShard::default()
+        }
+    }
+
+    /// Rule 1: where reminder `key` with `timing` starts at `now`.
+    pub fn start(&self, key: &Key, timing: &Timing, now: Timestamp) -> Start {
+        // After a crash nothing is planned before the takeover time.
+        let from = self.takeover.map_or(now, |t| t.max(now));
+        let owed = if self.loaded {
+            None
+        } else if let Some(at) = self.exceptions.get(key) {
+            Some(*at)
+        } else if self.takeover.is_some() {
+            None
+        } else {
+            match self.floor {
+                Some(f) => match timing.after(f) {
+                    Some(t) => Some(t),
+                    None => return Start::Delivered,
+                },
+                None => Some(timing.start_at),
+            }
+        };
+        match owed {
+            Some(at) if now.saturating_duration_since(at) <= MAX_CATCH_UP => Start::Owed(at),
+            _ => Start::Plan(from),
+        }
+    }
+
+    /// Rule 2: what the release of this stopped shard owes for `row`, which
+    /// this silo's queue holds as `seen` (none: never seen here, or under
+    /// another etag).
+    pub fn owed(&self, row: &ReminderEntry, seen: Option<Seen>) -> Option<LeaseException> {
+        let watermark = self.stopped_at.max(self.floor.unwrap_or(Timestamp::EPOCH));
+        // A row whose schedule cannot be read is never delivered: nothing owed.
+        let timing = Timing::of(row).ok()?;
+        let next = match seen {
+            // Started: the one after it is owed.
+            Some(Seen {
+                scheduled,
+                delivering: true,
+            }) => timing.after(scheduled)?,
+            Some(Seen { scheduled, .. }) => scheduled,
+            None => match self.floor {
+                Some(floor) => timing.after(floor)?,
+                None => timing.start_at,
+            },
+        };
+        (next <= watermark).then(|| LeaseException {
+            actor_id: row.actor_id.clone(),
+            name: row.name.clone(),
+            next,
+        })
+    }
+
+    /// Rule 3: whether a notice for this shard is read (held, not stopping).
+    pub fn takes_notices(held: Option<&HeldShard>) -> bool {
+        held.is_some_and(|h| !h.stopping)
+    }
+
+    /// Rule 3: whether the answer to a read asked under `lease_epoch` applies.
+    pub fn takes_answer(held: Option<&HeldShard>, lease_epoch: u64) -> bool {
+        held.is_some_and(|h| h.lease_epoch == lease_epoch && !h.stopping)
+    }
+}
+
+/// Rule 4: whether the silo delivers, and what waited through a pause.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pause {
+    active: bool,
+    paused: bool,
+    until: Timestamp,
+    resumed_at: Timestamp,
+}
+
+impl Default for Pause {
+    fn default() -> Self {
+        Pause {
+            active: false,
+            paused: false,
+            until: Timestamp::EPOCH,
+            resumed_at: Timestamp::EPOCH,
+        }
+    }
+}
+
+impl Pause {
+    /// Before this time the silo does not look at its due ticks.
+    pub fn until(&self) -> Timestamp {
+        self.until
+    }
+
+    /// The silo's own status is Active (`true`) or not, as last seen.
+    pub fn set_active(&mut self, active: bool) {
+        self.active = active;
+    }
+
+    /// Whether the silo delivers at `now`: it is Active and its own row is
+    /// `confirmed`. A `false` pauses it for [`INACTIVE_RECHECK`].
+    pub fn check(&mut self, now: Timestamp, confirmed: bool) -> bool {
+        if now < self.until {
+            return false;
+        }
+        if !self.active || !confirmed {
+            self.until = now.saturating_add(INACTIVE_RECHECK);
+            self.paused = true;
+            return false;
+        }
+        if std::mem::take(&mut self.paused) {
+            self.resumed_at = now;
+        }
+        true
+    }
+
+    /// The catch-up bound of an occurrence `scheduled`: the resume time when it
+    /// waited through a pause, else none.
+    pub fn catch_up_to(&self, scheduled: Timestamp) -> Option<Timestamp> {
+        (scheduled < self.resumed_at).then_some(self.resumed_at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(ms: u64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
+
+    fn row(start: u64, period_ms: Option<u64>) -> ReminderEntry {
+        ReminderEntry::new("svc", "k/a", "r", t(start), period_ms.map(Duration::from_millis))
+    }
+
+    fn key() -> Key {
+        Key::new("k/a", "r")
+    }
+
+    #[test]
+    fn an_acquire_starts_after_the_watermark_or_at_an_exception() {
+        let every_10s = Timing::of(&row(0, Some(10_000))).unwrap();
+        let after_w = HeldShard::acquired(1, Some(t(25_000)), None, HashMap::new());
+        assert_eq!(
+            after_w.start(&key(), &every_10s, t(31_000)),
+            Start::Owed(t(30_000))
+        );
+        let exception = HeldShard::acquired(1, Some(t(25_000)), None, HashMap::from([(key(), t(20_000))]));
+        assert_eq!(
+            exception.start(&key(), &every_10s, t(31_000)),
+            Start::Owed(t(20_000))
+        );
+        let fresh = HeldShard::acquired(1, None, None, HashMap::new());
+        assert_eq!(fresh.start(&key(), &every_10s, t(5_000)), Start::Owed(t(0)));
+    }
+
+    #[test]
+    fn owed_occurrences_older_than_the_cut_off_are_planned_by_policy() {
+        let every_10s = Timing::of(&row(0, Some(10_000))).unwrap();
+        let h = HeldShard::acquired(1, Some(t(5_000)), None, HashMap::new());
+        let now = t(10_000).saturating_add(MAX_CATCH_UP);
+        assert_eq!(h.start(&key(), &every_10s, now), Start::Owed(t(10_000)));
+        let later = now.saturating_add(Duration::from_millis(1));
+        assert_eq!(h.start(&key(), &every_10s, later), Start::Plan(later));
+    }
+
+    #[test]
+    fn a_takeover_plans_from_the_takeover_time_and_a_loaded_shard_from_now() {
+        let every_10s = Timing::of(&row(0, Some(10_000))).unwrap();
+        let h = HeldShard::acquired(2, Some(t(1_000)), Some(t(50_000)), HashMap::new());
+        assert_eq!(h.start(&key(), &every_10s, t(40_000)), Start::Plan(t(50_000)));
+        let mut loaded = HeldShard::acquired(2, Some(t(1_000)), None, HashMap::new());
+        loaded.loaded = true;
+        assert_eq!(
+            loaded.start(&key(), &every_10s, t(40_000)),
+            Start::Plan(t(40_000))
+        );
+    }
+
+    #[test]
+    fn a_one_shot_at_or_before_the_watermark_was_delivered() {
+        let once = Timing::of(&row(10_000, None)).unwrap();
+        let h = HeldShard::acquired(1, Some(t(10_000)), None, HashMap::new());
+        assert_eq!(h.start(&key(), &once, t(11_000)), Start::Delivered);
+        let before = HeldShard::acquired(1, Some(t(9_999)), None, HashMap::new());
+        assert_eq!(before.start(&key(), &once, t(11_000)), Start::Owed(t(10_000)));
+    }
+
+    #[test]
+    fn a_release_owes_the_first_occurrence_not_started() {
+        let r = row(0, Some(10_000));
+        let mut h = HeldShard::acquired(1, Some(t(5_000)), None, HashMap::new());
+        h.stopping = true;
+        h.stopped_at = t(32_000);
+        let waiting = Seen {
+            scheduled: t(30_000),
+            delivering: false,
+        };
+        assert_eq!(h.owed(&r, Some(waiting)).map(|e| e.next), Some(t(30_000)));
+        let running = Seen {
+            scheduled: t(30_000),
+            delivering: true,
+        };
+        assert_eq!(h.owed(&r, Some(running)), None, "40 s is after the stop");
+        assert_eq!(h.owed(&r, None).map(|e| e.next), Some(t(10_000)));
+    }
+
+    #[test]
+    fn the_floor_raises_the_release_watermark() {
+        let r = row(0, Some(10_000));
+        let mut h = HeldShard::acquired(1, Some(t(40_000)), Some(t(40_001)), HashMap::new());
+        h.stopping = true;
+        h.stopped_at = t(35_000);
+        let seen = Seen {
+            scheduled: t(40_000),
+            delivering: false,
+        };
+        assert_eq!(h.owed(&r, Some(seen)).map(|e| e.next), Some(t(40_000)));
+    }
+
+    #[test]
+    fn a_stopping_shard_takes_no_notice_and_no_stale_answer() {
+        let mut h = HeldShard::acquired(7, None, None, HashMap::new());
+        assert!(HeldShard::takes_notices(Some(&h)));
+        assert!(HeldShard::takes_answer(Some(&h), 7));
+        assert!(!HeldShard::takes_answer(Some(&h), 6));
+        h.stopping = true;
+        assert!(!HeldShard::takes_notices(Some(&h)));
+        assert!(!HeldShard::takes_answer(Some(&h), 7));
+        assert!(!HeldShard::takes_notices(None));
+    }
+
+    #[test]
+    fn what_waited_through_a_pause_is_a_catch_up() {
+        let mut p = Pause::default();
+        p.set_active(true);
+        assert!(p.check(t(1_000), true));
+        assert_eq!(p.catch_up_to(t(500)), None, "nothing waited");
+        p.set_active(false);
+        assert!(!p.check(t(2_000), true));
+        p.set_active(true);
+        assert!(!p.check(t(2_500), true), "rechecks only after INACTIVE_RECHECK");
+        assert!(p.check(t(3_000), true));
+        assert_eq!(p.catch_up_to(t(2_200)), Some(t(3_000)));
+        assert_eq!(p.catch_up_to(t(3_000)), None);
+        assert!(!p.check(t(4_000), false), "an unconfirmed row pauses too");
+    }
+}

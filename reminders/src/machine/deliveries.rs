@@ -1,0 +1,319 @@
+//! Planning and delivering ticks: where a row starts ([`HeldShard::start`]),
+//! the due timer, deliveries while the shard and the silo may deliver, and what
+//! follows each delivery (the next occurrence, a retry, a park or a drop).
+
+use std::time::Duration;
+
+use rand::Rng;
+use rollcall_core::{hash_shard, Etag, MissedTickPolicy, ReminderEntry, Timestamp};
+use smol_str::SmolStr;
+
+use super::{backoff, Action, Key, ReminderMachine, Timer};
+use crate::api::{ActorId, Counters, ReminderTick};
+use crate::handoff::Start;
+use crate::queue::key_of;
+use crate::schedule::{after_attempt, plan, AfterAttempt, Learned, Planned, Timing};
+
+/// The default of `ReminderOptions::max_deliveries`: deliveries running at
+/// once per silo.
+pub const MAX_DELIVERIES: usize = 1024;
+/// How long an overdue tick found by a load outside a handoff waits before
+/// delivery (a registration rewritten meanwhile is read first): 1 s.
+pub const LOAD_GRACE: Duration = Duration::from_secs(1);
+/// How long a due tick of a shard that may not deliver yet (its load runs)
+/// waits before it is looked at again: 100 ms.
+const SHARD_RECHECK: Duration = Duration::from_millis(100);
+
+impl ReminderMachine {
+    /// Plans `row` of held shard `k`: where it starts is [`HeldShard::start`]'s
+    /// (the handoff rules); a late tick found by a load waits [`LOAD_GRACE`].
+    ///
+    /// [`HeldShard::start`]: crate::handoff::HeldShard::start
+    pub(super) fn schedule_row(&mut self, k: u32, mut row: ReminderEntry, learned: Learned) {
+        let now = self.now;
+        let key = key_of(&row);
+        if let Some(at) = self.writes.fired_at(&key, &row.etag) {
+            row.last_fired = row.last_fired.max(Some(at));
+        }
+        let Some(held) = self.held.get(&k) else {
+            return;
+        };
+        let timing = match Timing::of(&row) {
+            Ok(timing) => timing,
+            Err(e) => {
+                // A malformed row (written by another tool or version): it is
+                // skipped, never delivered, and stays for an operator to fix.
+                tracing::error!(actor = %row.actor_id, name = %row.name, error = %e, "reminder row with an unreadable schedule skipped");
+                self.queue.remove(&key);
+                return;
+            }
+        };
+        let (loaded, takeover) = (held.loaded, held.takeover.is_some());
+        let mut catch_up = false;
+        let next = match held.start(&key, &timing, now) {
+            Start::Delivered => {
+                self.queue.remove(&key);
+                if timing.end_at.is_some() {
+                    self.writes.remove(&key, row.etag);
+                }
+                return;
+            }
+            Start::Owed(at) => {
+                catch_up = at < now;
+                Planned {
+                    scheduled: at,
+                    due: at.max(now),
+                }
+            }
+            Start::Plan(from) => {
+                let Some(mut next) = plan(&timing, from, learned) else {
+                    // Past its end: nothing is left to deliver, and the row goes.
+                    self.queue.remove(&key);
+                    if timing.end_at.is_some() {
+                        self.writes.remove(&key, row.etag);
+                    }
+                    return;
+                };
+                if learned == Learned::Load && next.is_overdue(from) {
+                    // A late or catch-up tick found by a load outside a handoff:
+                    // wait the load grace; after a takeover spread these ticks
+                    // over the start-up jitter (restart storms).
+                    let spread = if takeover && !self.options.startup_jitter.is_zero() {
+                        self.rng
+                            .random_range(0..=self.options.startup_jitter.as_millis() as u64)
+                    } else {
+                        0
+                    };
+                    next.due = from.saturating_add(LOAD_GRACE + Duration::from_millis(spread));
+                }
+                next
+            }
+        };
+        self.queue.set(&row, &timing, next, self.notices.changes());
+        if catch_up {
+            if let Some(slot) = self.queue.get_mut(&key) {
+                slot.catch_up_to = now;
+            }
+        }
+        if !loaded {
+            self.queue.hold(&key);
+            if let Some(h) = self.held.get_mut(&k) {
+                h.waiting.push(key);
+            }
+        }
+    }
+
+    /// Keeps [`Timer::Due`] at the earliest due time; none while every delivery
+    /// slot is taken or the silo is leaving.
+    pub(super) fn arm_timer(&mut self) {
+        let next = match self.queue.next_due() {
+            Some(next) if self.deliveries < self.options.max_deliveries && !self.leaving => {
+                next.max(self.pause.until())
+            }
+            _ => {
+                if self.armed.due.take().is_some() {
+                    self.out.push(Action::CancelTimer(Timer::Due));
+                }
+                return;
+            }
+        };
+        if self.armed.due.is_some_and(|at| at <= next) {
+            return;
+        }
+        self.armed.due = Some(next);
+        self.out.push(Action::SetTimer(Timer::Due, next));
+    }
+
+    pub(super) fn deliver_due(&mut self) {
+        let now = self.now;
+        if self.leaving || !self.pause.check(now, self.shards.confirmed(now)) {
+            return;
+        }
+        let room = self.options.max_deliveries.saturating_sub(self.deliveries);
+        for key in self.queue.take_due(now, room) {
+            let Some(slot) = self.queue.get_mut(&key) else {
+                continue;
+            };
+            let (k, etag, scheduled) = (
+                hash_shard(slot.hash, self.count),
+                slot.etag.clone(),
+                slot.next.scheduled,
+            );
+            if !self.shards.may_deliver(k, now) {
+                // Its shard is stopping (its release reads the slot) or loading.
+                if self.held.get(&k).is_some_and(|h| h.stopping) {
+                    slot.delivering = false;
+                    self.queue.hold(&key);
+                } else {
+                    let due = now.saturating_add(SHARD_RECHECK);
+                    self.queue.requeue(&key, Planned { scheduled, due });
+                }
+                continue;
+            }
+            if let Some(resumed) = self.pause.catch_up_to(scheduled) {
+                // Waited through a pause: delivered in turn, as a catch-up.
+                slot.catch_up_to = slot.catch_up_to.max(resumed);
+            }
+            let tick = ActorId::parse(key.actor())
+                .map(|actor| ReminderTick {
+                    actor,
+                    name: key.name().to_owned(),
+                    first_tick: slot.start_at,
+                    period: slot.period(),
+                    scheduled,
+                    now,
+                    etag: Etag::new(slot.etag.as_str()),
+                    payload: slot.payload(),
+                })
+                .map_err(|e| e.to_string());
+            self.deliveries += 1;
+            self.out.push(Action::Deliver {
+                key,
+                etag,
+                scheduled,
+                tick,
+            });
+        }
+    }
+
+    pub(super) fn delivered(
+        &mut self,
+        key: Key,
+        etag: SmolStr,
+        scheduled: Timestamp,
+        res: Result<(), String>,
+    ) {
+        self.deliveries = self.deliveries.saturating_sub(1);
+        let now = self.now;
+        let current = self
+            .queue
+            .get(&key)
+            .is_some_and(|s| s.delivering && s.etag == etag && s.next.scheduled == scheduled);
+        match res {
+            Ok(()) => {
+                Counters::bump(&self.counters.ticks_delivered);
+                let lateness = now.saturating_duration_since(scheduled);
+                if lateness > crate::api::LATE_TICK {
+                    Counters::bump(&self.counters.ticks_late);
+                }
+                self.out.push(Action::TickDelivered { lateness });
+                if current {
+                    self.advance(&key, &etag, scheduled);
+                    self.pump_writes();
+                }
+            }
+            Err(why) => {
+                Counters::bump(&self.counters.delivery_failures);
+                if current {
+                    self.retry(&key, scheduled, &why);
+                }
+            }
+        }
+        self.publish_gauges();
+        if self.queue.next_due().is_some_and(|d| d <= now) {
+            self.deliver_due();
+        }
+    }
+
+    /// After a delivery of the slot's current occurrence: the next one, the
+    /// `last_fired` write of a `FireOnce` reminder, a one-shot's removal.
+    fn advance(&mut self, key: &Key, etag: &SmolStr, scheduled: Timestamp) {
+        let now = self.now;
+        let Some(slot) = self.queue.get_mut(key) else {
+            return;
+        };
+        slot.attempts = 0;
+        let etag = Etag::new(etag.as_str());
+        if slot.policy == MissedTickPolicy::FireOnce {
+            slot.last_fired = now;
+            self.writes.fired(key, etag.clone(), now);
+        }
+        // Every slot of a held shard stays in memory: a release reads what it
+        // owes from them.
+        match after_attempt(&slot.timing(), scheduled, now, true, slot.catch_up_to, now) {
+            AfterAttempt::Remove => {
+                self.queue.remove(key);
+                self.writes.unfire(key);
+                self.writes.remove(key, etag);
+            }
+            AfterAttempt::Next(next) => self.queue.requeue(key, next),
+            AfterAttempt::Retry(_) | AfterAttempt::GiveUp(_) => {}
+        }
+    }
+
+    /// After a failed delivery: the same occurrence again after a backoff, or
+    /// the next one if that comes first.
+    fn retry(&mut self, key: &Key, scheduled: Timestamp, why: &str) {
+        let now = self.now;
+        let Some(slot) = self.queue.get_mut(key) else {
+            return;
+        };
+        slot.attempts = slot.attempts.saturating_add(1);
+        let delay = match slot.retry() {
+            None => Some(backoff(u32::from(slot.attempts), &mut self.rng)),
+            Some(policy) => policy.delay(u32::from(slot.attempts), self.rng.random()),
+        };
+        let Some(delay) = delay else {
+            // The reminder's retry policy is spent: this occurrence is parked
+            // or dropped, and the reminder goes on as after a delivery.
+            let (park, payload, attempts) = (
+                slot.retry().is_some_and(|p| p.park),
+                slot.payload(),
+                slot.attempts,
+            );
+            let etag = slot.etag.clone();
+            let parked = park.then(|| {
+                let mut row = ReminderEntry::new(
+                    rollcall_core::parked_service_id(&self.service),
+                    key.actor(),
+                    format!("{}@{}", key.name(), scheduled.as_millis()),
+                    scheduled,
+                    None,
+                );
+                row.payload = payload.map(|p| p.to_vec());
+                let name = row.name.clone();
+                (name, self.writes.park(row))
+            });
+            match parked {
+                Some((parked_as, true)) => {
+                    Counters::bump(&self.counters.ticks_parked);
+                    self.out.push(Action::TickParked);
+                    tracing::warn!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,
+                        attempts, parked_as = %parked_as, "reminder tick parked: its retry policy is spent");
+                }
+                Some((_, false)) => {
+                    Counters::bump(&self.counters.ticks_dropped);
+                    self.out.push(Action::TickDropped);
+                    tracing::error!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,
+                        waiting = self.writes.parks_waiting(), "reminder tick dropped: it should be parked, but too many parked ticks wait for the store");
+                }
+                None => {
+                    Counters::bump(&self.counters.ticks_dropped);
+                    self.out.push(Action::TickDropped);
+                    tracing::warn!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,
+                        attempts, "reminder tick dropped: its retry policy is spent");
+                }
+            }
+            self.advance(key, &etag, scheduled);
+            self.pump_writes();
+            return;
+        };
+        let retry = now.saturating_add(delay);
+        match after_attempt(&slot.timing(), scheduled, now, false, slot.catch_up_to, retry) {
+            AfterAttempt::GiveUp(next) => {
+                Counters::bump(&self.counters.ticks_given_up);
+                tracing::error!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,
+                    attempts = slot.attempts, "reminder tick not delivered before the next one was due; moving on");
+                slot.attempts = 0;
+                self.queue.requeue(key, next);
+            }
+            plan => {
+                tracing::warn!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,
+                    attempt = slot.attempts, "reminder tick delivery failed; retrying");
+                if let AfterAttempt::Retry(retry) = plan {
+                    self.queue.requeue(key, retry);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! The reminder service's rules as a sans-io state machine, built like the
+//! membership's `SiloMachine`: [`ReminderMachine::handle`] takes the time and one
+//! [`Event`] (a membership view, notices and hints from other silos, the result of
+//! a table or lease call or of a delivery, a timer) and returns the [`Action`]s to
+//! carry out. It does no I/O, reads no clock and spawns nothing; the agent (one
+//! actix actor per silo) only carries its actions out and feeds the results back,
+//! and the virtual-time world of `crate::sim` drives many of them against the
+//! real in-memory tables.
+//!
+//! Which shards this silo holds is decided by the shard leases in the store
+//! ([`crate::shards`]: the [`ShardMachine`] inside); what the holder delivers
+//! of a shard, from the lease it acquired, by [`crate::handoff`]. This machine
+//! wires them to the loads, the deliveries, the notices and the writes:
+//! - **Loads** (`loads.rs`): an acquire load reads the shard's rows and plans
+//!   each by [`HeldShard::start`]; a refresh load every
+//!   `refresh_reminder_list_period` reconciles; a final load before a release
+//!   collects what [`HeldShard::owed`] says the release records.
+//! - **Deliveries** (`deliveries.rs`): only while the shard machine says so
+//!   ([`ShardMachine::may_deliver`]) and the silo delivers ([`Pause`]).
+//! - **Notices** (`notices.rs`): "re-read this row" from registering silos,
+//!   and release hints.
+//! - **Writes** (`writes.rs`): `last_fired` writes, one-shot removals and parked
+//!   occurrences.
+//!
+//! Bounded work (under any fault):
+//!
+//! | work | bound |
+//! |---|---|
+//! | shard loads | [`MAX_LOADS`] running, the rest queued (one per shard and kind); each reads in pieces of about [`LOAD_PIECE_ROWS`] rows |
+//! | deliveries in flight | `max_deliveries` of the options (default [`MAX_DELIVERIES`]; the rest wait in the queue, in due order) |
+//! | notice reads in flight | [`MAX_NOTICE_READS`] (beyond: a refresh of the shard) |
+//! | queued notices | [`NOTICE_QUEUE`] (beyond: dropped; the refresh covers them), taken [`NOTICE_BATCH`] per event |
+//! | pending `last_fired` writes and one-shot removals | one per reminder, [`MAX_WRITES`] in flight |
+//! | lease calls | [`MAX_LEASE_CALLS`] in flight, the rest queued in order; at most one per shard ([`crate::shards`], rule 6) |
+//! | retries | backoff timers (full jitter, at most [`MAX_BACKOFF`]; loads at most [`MAX_LOAD_BACKOFF`]), never a loop |
+
+mod deliveries;
+mod io;
+mod lease_calls;
+mod loads;
+mod notices;
+mod wire;
+mod writes;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use rollcall_core::lease::ShardLease;
+use rollcall_core::{ReminderOptions, SiloAddress, Timestamp};
+
+use crate::api::Counters;
+pub use crate::handoff::{HeldShard, Pause, INACTIVE_RECHECK, MAX_CATCH_UP};
+pub use crate::queue::Key;
+use crate::queue::Queue;
+use crate::shards::{shard_range, ShardAction, ShardEvent, ShardMachine, ShardOptions};
+pub use deliveries::{LOAD_GRACE, MAX_DELIVERIES};
+pub use io::{Action, Event, Inbound, Timer};
+use lease_calls::LeaseCalls;
+pub use lease_calls::MAX_LEASE_CALLS;
+pub use loads::{LoadId, LOAD_PIECE_ROWS, MAX_EXCEPTIONS, MAX_LOADS, MAX_LOAD_BACKOFF};
+use loads::{LoadKind, Loads};
+use notices::NoticeReads;
+pub use notices::{MAX_NOTICE_READS, NOTICE_BATCH, NOTICE_QUEUE};
+pub use wire::{
+    notice_target, release_topic, topic, ChangedNotice, NoticeRetry, ReleaseHint, NOTICE_ATTEMPTS,
+    NOTICE_RETRY,
+};
+#[cfg(any(feature = "runtime", feature = "sim"))]
+pub(crate) use writes::apply_write;
+use writes::WriteQueue;
+pub use writes::{Write, MAX_PARKED, MAX_WRITES};
+
+/// Longest wait between retries of deliveries and writes: 60 s.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// The wait before retry number `attempt` (1 for the first): exponential backoff
+/// with full jitter from 1 s, capped at [`MAX_BACKOFF`].
+pub fn backoff(attempt: u32, rng: &mut StdRng) -> Duration {
+    rollcall_core::protocol::backoff_delay(
+        attempt.saturating_sub(1),
+        Duration::from_secs(1),
+        MAX_BACKOFF,
+        rng.random(),
+    )
+}
+
+/// The timers armed, with their times.
+#[derive(Debug, Default)]
+struct Armed {
+    due: Option<Timestamp>,
+    shards: Option<Timestamp>,
+}
+
+/// One silo's reminder service as a state machine (see the module docs).
+pub struct ReminderMachine {
+    me: SiloAddress,
+    service: String,
+    options: Arc<ReminderOptions>,
+    counters: Arc<Counters>,
+    rng: StdRng,
+    now: Timestamp,
+    out: Vec<Action>,
+    shards: ShardMachine,
+    /// The service's shard count (at least 1).
+    count: u32,
+    held: BTreeMap<u32, HeldShard>,
+    queue: Queue,
+    loads: Loads,
+    notices: NoticeReads,
+    writes: WriteQueue,
+    lease_calls: LeaseCalls<Action>,
+    /// Deliveries in flight.
+    deliveries: usize,
+    /// Whether the silo delivers (Active and confirmed), and the resume rule.
+    pause: Pause,
+    armed: Armed,
+    leaving: bool,
+}
+
+impl ReminderMachine {
+    /// The machine of silo `me` for service `service` with `shards` shards, its
+    /// random choices (backoff jitter, start-up spread) drawn from `rng`.
+    pub fn new(
+        me: SiloAddress,
+        service: &str,
+        options: Arc<ReminderOptions>,
+        shards: u32,
+        rng: StdRng,
+    ) -> Self {
+        let shard_options = ShardOptions {
+            shards,
+            ring_points_per_silo: options.ring_points_per_silo,
+            lease_period: options.lease_period,
+            fencing: options.lease_fencing,
+            poll: options.lease_poll,
+        };
+        ReminderMachine {
+            me,
+            service: service.to_owned(),
+            counters: Arc::default(),
+            rng,
+            now: Timestamp::from_millis(0),
+            out: Vec::new(),
+            shards: ShardMachine::new(me, shard_options),
+            count: shards.max(1),
+            held: BTreeMap::new(),
+            queue: Queue::default(),
+            loads: Loads::default(),
+            notices: NoticeReads::default(),
+            writes: WriteQueue::default(),
+            lease_calls: LeaseCalls::default(),
+            deliveries: 0,
+            pause: Pause::default(),
+            armed: Armed::default(),
+            leaving: false,
+            options,
+        }
+    }
+
+    /// This silo.
+    pub fn me(&self) -> SiloAddress {
+        self.me
+    }
+
+    /// This silo's counters (see [`ReminderStats`](crate::ReminderStats)).
+    pub fn stats(&self) -> crate::ReminderStats {
+        self.counters.read()
+    }
+
+    /// The counters, shared with the service handle.
+    #[cfg(feature = "runtime")]
+    pub(crate) fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
+    }
+
+    /// Whether the first loads of the assigned shards finished.
+    pub fn loaded_once(&self) -> bool {
+        self.loads.loaded_once()
+    }
+
+    /// Deliveries in flight.
+    pub fn deliveries(&self) -> usize {
+        self.deliveries
+    }
+
+    /// Table writes in flight.
+    pub fn writes_in_flight(&self) -> usize {
+        self.writes.in_flight()
+    }
+
+    /// Notice reads in flight.
+    pub fn notice_reads(&self) -> usize {
+        self.notices.in_flight()
+    }
+
+    /// Handles `event` at `now`; returns what to do.
+    pub fn handle(&mut self, now: Timestamp, event: Event) -> Vec<Action> {
+        self.now = now;
+        match event {
+            Event::Start => {
+                let at = now.saturating_add(self.options.refresh_reminder_list_period);
+                self.out.push(Action::SetTimer(Timer::Refresh, at));
+            }
+            Event::View(view) => self.feed_shards(ShardEvent::View(view)),
+            Event::Notices(batch) => self.notices(batch),
+            Event::Releases(batch) => self.hints(batch),
+            Event::Leave => {
+                if self.leaving {
+                    self.out.push(Action::LeaveDone);
+                } else {
+                    self.leaving = true;
+                    self.feed_shards(ShardEvent::Leave);
+                }
+            }
+            Event::Due { active } => {
+                self.pause.set_active(active);
+                self.timer(Timer::Due);
+            }
+            Event::Timer(t) => self.timer(t),
+            Event::RowRead {
+                lease_epoch,
+                key,
+                result,
+            } => self.row_read(lease_epoch, key, result),
+            Event::PieceRead {
+                load,
+                piece,
+                width,
+                result,
+            } => self.piece_read(load, piece, width, result),
+            Event::Delivered {
+                key,
+                etag,
+                scheduled,
+                result,
+            } => self.delivered(key, etag, scheduled, result),
+            Event::Written { write, result } => self.written(write, result),
+            Event::Shard(answer) => {
+                if matches!(answer, ShardEvent::Read { .. } | ShardEvent::Written { .. }) {
+                    self.lease_calls.answered();
+                }
+                self.feed_shards(answer)
+            }
+        }
+        if self.loads.first_done(self.shards.settled()) {
+            Counters::bump(&self.counters.loads);
+            self.out.push(Action::Loaded);
+        }
+        self.arm_timer();
+        std::mem::take(&mut self.out)
+    }
+
+    fn timer(&mut self, t: Timer) {
+        match t {
+            Timer::Due => {
+                self.armed.due = None;
+                self.deliver_due();
+            }
+            Timer::LoadRetry => {
+                for load in self.loads.retry() {
+                    self.next_piece(load);
+                }
+                self.start_loads();
+            }
+            Timer::WriteRetry => {
+                self.writes.retry();
+                self.pump_writes();
+            }
+            Timer::Refresh => {
+                let at = self.now.saturating_add(self.options.refresh_reminder_list_period);
+                self.out.push(Action::SetTimer(Timer::Refresh, at));
+                self.refresh_now();
+            }
+            Timer::Shards => {
+                self.armed.shards = None;
+                self.feed_shards(ShardEvent::Tick);
+            }
+        }
+    }
+
+    /// Feeds the shard machine and carries out what it asks within this machine.
+    fn feed_shards(&mut self, event: ShardEvent) {
+        let mut actions = self.shards.handle(self.now, event);
+        let mut stops = Vec::new();
+        while !actions.is_empty() {
+            let mut next = Vec::new();
+            for a in actions {
+                match a {
+                    ShardAction::Read(k) => self.lease_calls.push(Action::ReadLease(k)),
+                    ShardAction::Write(lease) => self.lease_calls.push(Action::WriteLease(lease)),
+                    ShardAction::ReadSilo(s) => self.out.push(Action::ReadSilo(s)),
+                    ShardAction::ConfirmSelf => self.out.push(Action::ConfirmSelf),
+                    ShardAction::Hint { shard, to } => {
+                        let hint = ReleaseHint {
+                            service: self.service.clone(),
+                            shard,
+                        };
+                        self.out.push(Action::SendHints(vec![(to, hint)]));
+                    }
+                    ShardAction::SetTimer(at) => {
+                        if self.armed.shards != Some(at) {
+                            self.armed.shards = Some(at);
+                            self.out.push(Action::SetTimer(Timer::Shards, at));
+                        }
+                    }
+                    ShardAction::Left => self.out.push(Action::FinishLeave),
+                    ShardAction::Load { lease, takeover } => self.acquired(lease, takeover),
+                    ShardAction::Drop(k) => self.drop_shard(k),
+                    ShardAction::Stop(k) => stops.push(k),
+                }
+            }
+            // A final load with nothing left to read answers at once.
+            for k in std::mem::take(&mut stops) {
+                if let Some(event) = self.stop(k) {
+                    next.extend(self.shards.handle(self.now, event));
+                }
+            }
+            actions = next;
+        }
+        self.out.extend(self.lease_calls.send());
+    }
+
+    /// Shards rule 3: the shard's rows load and are planned from `lease`.
+    fn acquired(&mut self, lease: ShardLease, takeover: Option<Timestamp>) {
+        let k = lease.shard;
+        self.drop_shard(k);
+        let exceptions = lease
+            .exceptions
+            .iter()
+            .map(|e| (Key::new(&e.actor_id, &e.name), e.next))
+            .collect();
+        let held = HeldShard::acquired(lease.epoch, lease.watermark, takeover, exceptions);
+        self.held.insert(k, held);
+        self.loads.queue(k, LoadKind::Acquire);
+        self.start_loads();
+    }
+
+    /// Forgets shard `k` (another epoch holds it, or it is taken again).
+    fn drop_shard(&mut self, k: u32) {
+        if self.held.remove(&k).is_none() {
+            return;
+        }
+        self.loads.cancel(k);
+        self.queue.retain_hashes(self.hashes(k), |_| false);
+        self.publish_gauges();
+        self.start_loads();
+    }
+
+    /// Shards rule 4's first half: delivery in `k` stops, its rows are read
+    /// once more. Returns the answer at once when there is nothing to read.
+    fn stop(&mut self, k: u32) -> Option<ShardEvent> {
+        let Some(held) = self.held.get_mut(&k) else {
+            // Nothing held here (cannot happen: a held shard is loaded first).
+            return Some(ShardEvent::Stopped {
+                shard: k,
+                started_through: None,
+                exceptions: Vec::new(),
+            });
+        };
+        held.stopping = true;
+        held.stopped_at = self.now;
+        self.loads.cancel(k);
+        self.loads.queue_final(k);
+        self.start_loads();
+        None
+    }
+
+    /// The hashes of shard `k`.
+    fn hashes(&self, k: u32) -> std::ops::RangeInclusive<u32> {
+        let r = shard_range(k, self.count);
+        r.begin.wrapping_add(1)..=r.end
+    }
+
+    fn publish_gauges(&self) {
+        use std::sync::atomic::Ordering;
+        self.counters
+            .scheduled
+            .store(self.queue.len() as u64, Ordering::Relaxed);
+    }
+}
