@@ -38,6 +38,7 @@
 pub mod agents;
 mod error;
 pub mod history;
+pub mod key_escape;
 pub mod lease;
 mod membership;
 pub mod metrics_table;

@@ -79,6 +79,26 @@ impl Conn {
         })
     }
 
+    /// The outcome of a conditional call `sent` (`what` on `table`): `Some` of its
+    /// output when it applied, `None` when its condition failed (nothing was
+    /// written), else the error of [`error`](Self::error).
+    pub(crate) fn conditional<O, E, R>(
+        &self,
+        what: &str,
+        table: &str,
+        sent: Result<O, SdkError<E, R>>,
+    ) -> Result<Option<O>>
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+        R: std::fmt::Debug + Send + Sync + 'static,
+    {
+        match sent {
+            Ok(out) => Ok(Some(out)),
+            Err(e) if is_condition_failed(&e) => Ok(None),
+            Err(e) => Err(self.error(what, table, e)),
+        }
+    }
+
     /// An [`Error::Backend`] for a failed SDK call: what was done, on which table
     /// and endpoint, the AWS error code (`ThrottlingException`,
     /// `ResourceNotFoundException`, ...) or the transport failure, and the SDK's

@@ -633,11 +633,10 @@ impl MembershipTable for DynamoDbMembershipTable {
             .expression_attribute_values(":t", s(time.to_string()))
             .send()
             .await;
-        match sent {
-            Ok(_) => Ok(()),
-            Err(e) if is_condition_failed(&e) => Ok(()),
-            Err(e) => Err(self.conn.error("update_i_am_alive", self.table(), e)),
-        }
+        // A row that is gone (cleaned up) is not written again.
+        self.conn
+            .conditional("update_i_am_alive", self.table(), sent)
+            .map(drop)
     }
 
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {

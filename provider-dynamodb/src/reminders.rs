@@ -13,7 +13,7 @@ use rollcall_core::{
     actor_hash, Error, Etag, MissedTickPolicy, ReminderEntry, ReminderTable, Result, Timestamp,
 };
 
-use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
+use crate::conn::{n, new_etag, s, Attrs, Conn, Item};
 use crate::schema::{self, SHARD_KEY, SORT_KEY};
 
 const SERVICE_ID: &str = "ServiceId";
@@ -325,11 +325,10 @@ impl ReminderTable for DynamoDbReminderTable {
             .expression_attribute_values(":e", s(etag.as_str()))
             .send()
             .await;
-        match sent {
-            Ok(_) => Ok(true),
-            Err(e) if is_condition_failed(&e) => Ok(false),
-            Err(e) => Err(self.conn.error("remove_row", self.table_name(), e)),
-        }
+        Ok(self
+            .conn
+            .conditional("remove_row", self.table_name(), sent)?
+            .is_some())
     }
 
     async fn update_last_fired(
@@ -356,11 +355,10 @@ impl ReminderTable for DynamoDbReminderTable {
             .expression_attribute_values(":e", s(etag.as_str()))
             .send()
             .await;
-        match sent {
-            Ok(_) => Ok(true),
-            Err(e) if is_condition_failed(&e) => Ok(false),
-            Err(e) => Err(self.conn.error("update_last_fired", self.table_name(), e)),
-        }
+        Ok(self
+            .conn
+            .conditional("update_last_fired", self.table_name(), sent)?
+            .is_some())
     }
 
     async fn clear(&self) -> Result<()> {

@@ -25,7 +25,7 @@ use rollcall_core::state::{replaced_generation, Commit, HeaderWrite, StateLimits
 use rollcall_core::{Error, Etag, Expected, Result, StateKey, Timestamp};
 use tokio::sync::OnceCell;
 
-use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
+use crate::conn::{n, new_etag, s, Attrs, Conn, Item};
 use crate::schema::{self, KIND, KIND_INDEX, MEMBER, SHARD_KEY, SORT_KEY, TTL};
 
 const BODY: &str = "Body";
@@ -180,10 +180,9 @@ impl DynamoDbStateTable {
                     .return_values(ReturnValue::AllOld)
                     .send()
                     .await;
-                match sent {
-                    Ok(out) => (Some(etag), out.attributes),
-                    Err(e) if is_condition_failed(&e) => return self.conflict(w).await,
-                    Err(e) => return Err(self.conn.error("PutItem", self.table_name(), e)),
+                match self.conn.conditional("PutItem", self.table_name(), sent)? {
+                    Some(out) => (Some(etag), out.attributes),
+                    None => return self.conflict(w).await,
                 }
             }
             None => {
@@ -199,10 +198,9 @@ impl DynamoDbStateTable {
                     .return_values(ReturnValue::AllOld)
                     .send()
                     .await;
-                match sent {
-                    Ok(out) => (None, out.attributes),
-                    Err(e) if is_condition_failed(&e) => return self.conflict(w).await,
-                    Err(e) => return Err(self.conn.error("DeleteItem", self.table_name(), e)),
+                match self.conn.conditional("DeleteItem", self.table_name(), sent)? {
+                    Some(out) => (None, out.attributes),
+                    None => return self.conflict(w).await,
                 }
             }
         };

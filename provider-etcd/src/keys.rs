@@ -13,39 +13,13 @@
 //! fixed-width lowercase hex, so key order is hash order and a ring range is a key
 //! range.
 
-/// Escapes `%`, `/` and control characters as `%XX`.
+/// Escapes `%`, `/` and control characters as `%XX`
+/// ([`rollcall_core::key_escape`]).
 pub(crate) fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '%' | '/') || c.is_control() {
-            let mut buf = [0u8; 4];
-            for b in c.encode_utf8(&mut buf).bytes() {
-                out.push_str(&format!("%{b:02X}"));
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    rollcall_core::key_escape::escape(s, &['/'])
 }
 
-/// Reverses [`escape`]; `None` for a malformed escape.
-pub(crate) fn unescape(s: &str) -> Option<String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
+pub(crate) use rollcall_core::key_escape::unescape;
 
 /// The key just above every key that starts with `prefix` (etcd's range end for
 /// a prefix): the prefix with its last byte incremented.

@@ -18,38 +18,13 @@
 //! characters as `%XX`) so that no id can break the hash tag or collide with
 //! another key.
 
-/// Escapes `%`, `{`, `}`, `/`, `:` and control characters as `%XX`.
+/// Escapes `%`, `{`, `}`, `/`, `:` and control characters as `%XX`
+/// ([`rollcall_core::key_escape`]).
 pub(crate) fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '%' | '{' | '}' | '/' | ':') || c.is_control() {
-            let mut buf = [0u8; 4];
-            for b in c.encode_utf8(&mut buf).bytes() {
-                out.push_str(&format!("%{b:02X}"));
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    rollcall_core::key_escape::escape(s, &['{', '}', '/', ':'])
 }
 
-/// Reverses [`escape`]; `None` for a malformed escape.
-pub(crate) fn unescape(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            out.push(u8::from_str_radix(s.get(i + 1..i + 3)?, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
+pub(crate) use rollcall_core::key_escape::unescape;
 
 /// Keys of one cluster's membership table, formatted once (every row write names
 /// five of them).

@@ -407,16 +407,10 @@ impl RedisMembershipTable {
     async fn read(&self, only: Option<&SiloAddress>) -> Result<MembershipSnapshot> {
         let keys = &self.keys;
         let (what, source, script_keys, args) = match only {
-            None => (
-                "read_all",
-                &READ_ALL,
-                vec![
-                    keys.version().to_owned(),
-                    keys.index().to_owned(),
-                    keys.alive().to_owned(),
-                ],
-                vec![keys.row_prefix().to_owned()],
-            ),
+            None => {
+                let (script_keys, args) = self.read_all_call();
+                ("read_all", &READ_ALL, script_keys, args)
+            }
             Some(silo) => {
                 let id = silo.to_string();
                 (
@@ -428,6 +422,13 @@ impl RedisMembershipTable {
             }
         };
         Ok(self.read_script(what, source, script_keys, args).await?.0)
+    }
+
+    /// The keys and arguments of [`READ_ALL`].
+    fn read_all_call(&self) -> (Vec<String>, Vec<String>) {
+        let keys = &self.keys;
+        let script_keys = [keys.version(), keys.index(), keys.alive()].map(str::to_owned);
+        (script_keys.to_vec(), vec![keys.row_prefix().to_owned()])
     }
 
     /// Runs a read script of the [`READ_ALL`] reply shape; returns the snapshot and
@@ -448,18 +449,8 @@ impl RedisMembershipTable {
     /// [`RedisStore::read_all_reply_rows`](crate::RedisStore::read_all_reply_rows)).
     pub(crate) async fn read_all_reply_rows(&self) -> Result<usize> {
         let keys = &self.keys;
-        let reply = self
-            .invoke(
-                "read_all",
-                &READ_ALL,
-                vec![
-                    keys.version().to_owned(),
-                    keys.index().to_owned(),
-                    keys.alive().to_owned(),
-                ],
-                vec![keys.row_prefix().to_owned()],
-            )
-            .await?;
+        let (script_keys, args) = self.read_all_call();
+        let reply = self.invoke("read_all", &READ_ALL, script_keys, args).await?;
         match reply {
             Value::Array(parts) => match parts.get(2) {
                 Some(Value::Array(rows)) => Ok(rows.len()),
@@ -598,25 +589,11 @@ impl MembershipTable for RedisMembershipTable {
     async fn init(&self, _try_create: bool) -> Result<()> {
         let key = self.keys.version();
         let (json, _) = encode_version(0)?;
+        let set = redis::cmd("SET").arg(key).arg(&json).arg("NX").clone();
         self.router
-            .run(&self.keys.tag, |node: Arc<Node>| {
-                let (key, json) = (key, json.clone());
-                async move {
-                    node.timed("init", async {
-                        let mut con = node.shared().await?;
-                        redis::cmd("SET")
-                            .arg(key)
-                            .arg(&json)
-                            .arg("NX")
-                            .query_async::<Option<String>>(&mut con)
-                            .await
-                            .map(|_| ())
-                            .map_err(|e| backend("init", e))
-                    })
-                    .await
-                }
-            })
+            .query::<Option<String>>(&self.keys.tag, "init", &set)
             .await
+            .map(drop)
     }
 
     async fn read_row(&self, silo: &SiloAddress) -> Result<MembershipSnapshot> {
@@ -708,26 +685,16 @@ impl MembershipTable for RedisMembershipTable {
             None => i64::try_from(query.limit).unwrap_or(i64::MAX),
             Some(_) => -1,
         };
-        let raw: Vec<(String, u64)> = self
-            .router
-            .run(&self.keys.tag, |node: Arc<Node>| async move {
-                node.timed("read_history", async {
-                    let mut con = node.shared().await?;
-                    redis::cmd("ZRANGEBYSCORE")
-                        .arg(key)
-                        .arg(from)
-                        .arg("+inf")
-                        .arg("WITHSCORES")
-                        .arg("LIMIT")
-                        .arg(0)
-                        .arg(limit)
-                        .query_async(&mut con)
-                        .await
-                        .map_err(|e| backend("read_history", e))
-                })
-                .await
-            })
-            .await?;
+        let range = redis::cmd("ZRANGEBYSCORE")
+            .arg(key)
+            .arg(from)
+            .arg("+inf")
+            .arg("WITHSCORES")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .clone();
+        let raw: Vec<(String, u64)> = self.router.query(&self.keys.tag, "read_history", &range).await?;
         let mut events = Vec::with_capacity(raw.len());
         for (json, version) in raw {
             let event: MembershipEvent =
@@ -738,32 +705,12 @@ impl MembershipTable for RedisMembershipTable {
     }
 
     async fn update_i_am_alive(&self, silo: &SiloAddress, time: Timestamp) -> Result<()> {
-        let (index, alive, id, t) = (
-            self.keys.index(),
-            self.keys.alive(),
-            silo.to_string(),
-            time.to_string(),
-        );
+        let keys = [self.keys.index().to_owned(), self.keys.alive().to_owned()];
+        let args = [silo.to_string(), time.to_string()];
         self.router
-            .run(&self.keys.tag, |node: Arc<Node>| {
-                let (index, alive, id, t) = (index, alive, id.clone(), t.clone());
-                async move {
-                    node.timed("update_i_am_alive", async {
-                        let mut con = node.shared().await?;
-                        I_AM_ALIVE
-                            .key(index)
-                            .key(alive)
-                            .arg(id)
-                            .arg(t)
-                            .invoke_async::<i64>(&mut con)
-                            .await
-                            .map(|_| ())
-                            .map_err(|e| backend("update_i_am_alive", e))
-                    })
-                    .await
-                }
-            })
+            .invoke::<i64, _>(&self.keys.tag, "update_i_am_alive", &I_AM_ALIVE, &keys, &args)
             .await
+            .map(drop)
     }
 
     async fn cleanup_defunct(&self, before: Timestamp) -> Result<usize> {
@@ -777,62 +724,39 @@ impl MembershipTable for RedisMembershipTable {
         if ids.is_empty() {
             return Ok(0);
         }
-        let keys = self.keys.clone();
-        let ids_ref = &ids;
+        let keys = &self.keys;
+        let mut tx = redis::pipe();
+        tx.atomic();
+        for id in &ids {
+            tx.del(keys.row(id))
+                .ignore()
+                .srem(keys.index(), id)
+                .ignore()
+                .zrem(keys.changes(), id)
+                .ignore()
+                .hdel(keys.alive(), id)
+                .ignore();
+        }
         self.router
-            .run(&keys.tag, |node: Arc<Node>| {
-                let keys = keys.clone();
-                async move {
-                    node.timed("cleanup_defunct", async {
-                        let mut con = node.shared().await?;
-                        let mut tx = redis::pipe();
-                        tx.atomic();
-                        for id in ids_ref {
-                            tx.del(keys.row(id))
-                                .ignore()
-                                .srem(keys.index(), id)
-                                .ignore()
-                                .zrem(keys.changes(), id)
-                                .ignore()
-                                .hdel(keys.alive(), id)
-                                .ignore();
-                        }
-                        tx.query_async::<()>(&mut con)
-                            .await
-                            .map_err(|e| backend("cleanup_defunct", e))
-                    })
-                    .await
-                }
-            })
+            .pipeline::<()>(&keys.tag, "cleanup_defunct", &tx)
             .await?;
         Ok(ids.len())
     }
 
     async fn delete_all(&self) -> Result<()> {
-        let keys = self.keys.clone();
+        // One script: a racing write commits wholly before (and is deleted) or
+        // wholly after (and is complete) the delete.
+        let k = &self.keys;
+        let keys = [k.index(), k.alive(), k.version(), k.changes(), k.history()].map(str::to_owned);
         self.router
-            .run(&keys.tag, |node: Arc<Node>| {
-                let keys = keys.clone();
-                async move {
-                    node.timed("delete_cluster", async {
-                        // One script: a racing write commits wholly before (and is
-                        // deleted) or wholly after (and is complete) the delete.
-                        let mut con = node.shared().await?;
-                        DELETE_CLUSTER
-                            .key(keys.index())
-                            .key(keys.alive())
-                            .key(keys.version())
-                            .key(keys.changes())
-                            .key(keys.history())
-                            .arg(keys.row_prefix())
-                            .invoke_async::<i64>(&mut con)
-                            .await
-                            .map(|_| ())
-                            .map_err(|e| backend("delete_cluster", e))
-                    })
-                    .await
-                }
-            })
+            .invoke::<i64, _>(
+                &k.tag,
+                "delete_cluster",
+                &DELETE_CLUSTER,
+                &keys,
+                &[k.row_prefix()],
+            )
             .await
+            .map(drop)
     }
 }

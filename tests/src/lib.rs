@@ -216,6 +216,35 @@ macro_rules! conformance_tests {
     };
 }
 
+/// Expands to the whole suite for one provider topology: the conformance
+/// scenarios ([`conformance_tests!`]) and, in modules `lease` and `state`, the
+/// shard lease ([`lease_conformance_tests!`]) and grain-state
+/// ([`state_conformance_tests!`]) scenarios. `$store` is the path from the
+/// crate root of an `async fn() -> Option<(Store, G)>` (see
+/// [`conformance_tests!`]), so it resolves in the nested modules too.
+///
+/// ```ignore
+/// mod cluster {
+///     rollcall_tests::provider_conformance_tests!(crate::redis_cluster);
+/// }
+/// ```
+#[macro_export]
+macro_rules! provider_conformance_tests {
+    ($store:path) => {
+        $crate::conformance_tests!($store().await);
+
+        /// The shard lease scenarios.
+        mod lease {
+            $crate::lease_conformance_tests!($store().await);
+        }
+
+        /// The grain-state scenarios.
+        mod state {
+            $crate::state_conformance_tests!($store().await);
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     /// The scenario list cannot drift from the scenario functions: every

@@ -28,18 +28,9 @@ async fn dynamodb() -> Option<(Store, Backend)> {
     Some((store_at(&fixtures::dynamodb_url(&b.endpoint)).await, b))
 }
 
+/// The whole suite on DynamoDB (moto).
 mod conformance {
-    rollcall_tests::conformance_tests!(super::dynamodb().await);
-}
-
-/// The shard lease scenarios on DynamoDB (moto).
-mod lease {
-    rollcall_tests::lease_conformance_tests!(super::dynamodb().await);
-}
-
-/// The grain-state scenarios on DynamoDB.
-mod state {
-    rollcall_tests::state_conformance_tests!(super::dynamodb().await);
+    rollcall_tests::provider_conformance_tests!(crate::dynamodb);
 }
 
 /// A raw SDK client on the same server, in this process's region.

@@ -33,30 +33,14 @@ async fn etcd_cluster() -> Option<(Store, Backend)> {
     Some((store_on(&b.endpoint).await, b))
 }
 
+/// The whole suite on one etcd member.
 mod single {
-    rollcall_tests::conformance_tests!(super::etcd().await);
+    rollcall_tests::provider_conformance_tests!(crate::etcd);
 }
 
+/// The whole suite on a 3-member etcd cluster.
 mod three_members {
-    rollcall_tests::conformance_tests!(super::etcd_cluster().await);
-}
-
-/// The shard lease scenarios on one etcd member and on three.
-mod lease {
-    rollcall_tests::lease_conformance_tests!(super::etcd().await);
-
-    mod three_members {
-        rollcall_tests::lease_conformance_tests!(super::super::etcd_cluster().await);
-    }
-}
-
-/// The grain-state scenarios on one etcd member and on three.
-mod state {
-    rollcall_tests::state_conformance_tests!(super::etcd().await);
-
-    mod three_members {
-        rollcall_tests::state_conformance_tests!(super::super::etcd_cluster().await);
-    }
+    rollcall_tests::provider_conformance_tests!(crate::etcd_cluster);
 }
 
 async fn raw(endpoints: &str) -> etcd_client::Client {

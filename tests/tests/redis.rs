@@ -29,29 +29,14 @@ async fn redis_cluster() -> Option<(Store, Backend)> {
     Some((store_on(&b).await, b))
 }
 
+/// The whole suite on one redis-server.
 mod standalone {
-    rollcall_tests::conformance_tests!(super::redis().await);
+    rollcall_tests::provider_conformance_tests!(crate::redis);
 }
 
+/// The whole suite on a 3-master Redis Cluster.
 mod cluster {
-    rollcall_tests::conformance_tests!(super::redis_cluster().await);
-}
-
-/// The shard lease scenarios on a redis-server and on the Redis Cluster.
-mod lease {
-    rollcall_tests::lease_conformance_tests!(super::redis().await);
-    mod cluster {
-        rollcall_tests::lease_conformance_tests!(super::super::redis_cluster().await);
-    }
-}
-
-/// The grain-state scenarios on a redis-server and on the Redis Cluster.
-mod state {
-    rollcall_tests::state_conformance_tests!(super::redis().await);
-
-    mod cluster {
-        rollcall_tests::state_conformance_tests!(super::super::redis_cluster().await);
-    }
+    rollcall_tests::provider_conformance_tests!(crate::redis_cluster);
 }
 
 /// A new extended-mode table of a fresh cluster on `store`, initialised, holding

@@ -1,0 +1,113 @@
+//! The reminder table of one service.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use rollcall_core::{actor_hash, Etag, ReminderEntry, ReminderTable, Result, Timestamp};
+
+use crate::MemoryStore;
+
+/// Reminders of one service, keyed by (hash, actor id, name) so that hash-range reads
+/// are ordered range scans.
+pub(crate) type Service = BTreeMap<(u32, String, String), ReminderEntry>;
+
+/// The reminder table of one service in a [`MemoryStore`].
+#[derive(Clone, Debug)]
+pub struct MemoryReminderTable {
+    pub(crate) store: MemoryStore,
+    pub(crate) service_id: String,
+}
+
+fn key_of(actor_id: &str, name: &str) -> (u32, String, String) {
+    (actor_hash(actor_id), actor_id.to_owned(), name.to_owned())
+}
+
+#[async_trait]
+impl ReminderTable for MemoryReminderTable {
+    fn service_id(&self) -> &str {
+        &self.service_id
+    }
+
+    async fn init(&self) -> Result<()> {
+        self.store.with_service(&self.service_id, |_| ())
+    }
+
+    async fn read_rows_for(&self, actor_id: &str) -> Result<Vec<ReminderEntry>> {
+        let h = actor_hash(actor_id);
+        self.store.with_service(&self.service_id, |s| {
+            s.range((h, String::new(), String::new())..)
+                .take_while(|((hash, _, _), _)| *hash == h)
+                .filter(|((_, actor, _), _)| actor == actor_id)
+                .map(|(_, e)| e.clone())
+                .collect()
+        })
+    }
+
+    async fn read_rows_in_range(&self, begin: u32, end: u32) -> Result<Vec<ReminderEntry>> {
+        // Rows with hash > b, in hash order.
+        fn above(s: &Service, b: u32) -> impl Iterator<Item = &ReminderEntry> {
+            let first = b.checked_add(1);
+            first
+                .into_iter()
+                .flat_map(move |f| s.range((f, String::new(), String::new())..).map(|(_, e)| e))
+        }
+        self.store.with_service(&self.service_id, |s| {
+            if begin < end {
+                above(s, begin).take_while(|e| e.hash <= end).cloned().collect()
+            } else {
+                // Wrapping: (begin, MAX] then [0, end].
+                let low = s.values().take_while(|e| e.hash <= end);
+                above(s, begin).chain(low).cloned().collect()
+            }
+        })
+    }
+
+    async fn read_row(&self, actor_id: &str, name: &str) -> Result<Option<ReminderEntry>> {
+        self.store
+            .with_service(&self.service_id, |s| s.get(&key_of(actor_id, name)).cloned())
+    }
+
+    async fn upsert_row(&self, entry: &ReminderEntry) -> Result<Etag> {
+        entry.validate_for(&self.service_id)?;
+        let etag = self.store.new_etag();
+        let mut stored = entry.clone();
+        stored.etag = etag.clone();
+        self.store.with_service(&self.service_id, |s| {
+            s.insert(key_of(&entry.actor_id, &entry.name), stored);
+        })?;
+        Ok(etag)
+    }
+
+    async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
+        self.store.with_service(&self.service_id, |s| {
+            let key = key_of(actor_id, name);
+            if s.get(&key).is_some_and(|e| &e.etag == etag) {
+                s.remove(&key);
+                true
+            } else {
+                false
+            }
+        })
+    }
+
+    async fn update_last_fired(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        fired_at: Timestamp,
+    ) -> Result<bool> {
+        self.store
+            .with_service(&self.service_id, |s| match s.get_mut(&key_of(actor_id, name)) {
+                Some(e) if &e.etag == etag => {
+                    e.last_fired = Some(fired_at);
+                    true
+                }
+                _ => false,
+            })
+    }
+
+    async fn clear(&self) -> Result<()> {
+        self.store.with_service(&self.service_id, |s| s.clear())
+    }
+}
