@@ -1,22 +1,41 @@
-//! Key layout.
+//! Key layout: every key rollcall writes to Redis, in one table.
 //!
-//! Every key of one cluster (or one reminder service) shares a hash tag, so all of
-//! them live in one Redis Cluster slot and multi-key transactions work there too:
+//! Each family of keys shares a hash tag (`{...}`), so in a Redis Cluster it lives
+//! in one slot and its multi-key transactions and scripts work as on one server.
+//! `<prefix>` is `rollcall` unless the store URL says otherwise.
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<prefix>:{m:<cluster>}:version` | string | `{"version":N,"etag":"..."}` |
+//! | **membership table** (tag `m:<cluster>`) | | |
+//! | `<prefix>:{m:<cluster>}:version` | string | the version row: `{"version":N,"etag":"..."}` |
 //! | `<prefix>:{m:<cluster>}:silos` | set | silo addresses with a row (the index; no `KEYS` scans) |
 //! | `<prefix>:{m:<cluster>}:silo:<ip:port@gen>` | string | the row as JSON, with its `etag` |
 //! | `<prefix>:{m:<cluster>}:alive` | hash | silo address -> IAmAlive time (RFC 3339) |
 //! | `<prefix>:{m:<cluster>}:changes` | sorted set | silo addresses scored by the table version their row was last written at (delta reads) |
-//! | `<prefix>:{r:<service>}:ring` | sorted set | `<actor>/<name>` scored by the 32-bit actor hash |
-//! | `<prefix>:{r:<service>}:rem:<actor>/<name>` | string | the reminder as JSON, with its `etag` |
-//! | `<prefix>:{s:<cluster>}:...` | | the statistics store (see `statistics.rs`) |
+//! | `<prefix>:{m:<cluster>}:history` | sorted set | membership events as JSON, scored by the table version they wrote (extended mode; bounded by `history`) |
+//! | `<prefix>:{m:<cluster>}:metrics` | hash | `<role>/<id>` -> the silo or client metrics row as JSON |
+//! | **reminders and shard leases** (tag `r:<service>:<shard>`, shard count under `r:<service>`) | | |
+//! | `<prefix>:{r:<service>}:shards` | string | the service's shard count (`SET NX`) |
+//! | `<prefix>:{r:<service>:<shard>}:ring` | sorted set | `<actor>/<name>` scored by the 32-bit actor hash |
+//! | `<prefix>:{r:<service>:<shard>}:rem:<actor>/<name>` | string | the reminder as JSON, with its `etag` |
+//! | `<prefix>:{r:<service>:<shard>}:lease` | hash | the shard's lease: `etag`, `row` (JSON) |
+//! | `<prefix>:{r:<service>}:ring`, `...:rem:<actor>/<name>` | | the first layout (one slot per service), read once to move its reminders |
+//! | **actor state** (tag `s:<service>:<shard>`, the actor's shard of 256) | | |
+//! | `<prefix>:{s:<service>:<shard>}:h:<actor>/<name>` | hash | the header: `etag`, `body` (frame and JSON header), `data` (a small state's bytes) |
+//! | `<prefix>:{s:<service>:<shard>}:c:<actor>/<name>:<generation>` | hash | `<index>` -> chunk bytes, one key per generation |
+//! | `<prefix>:{s:<service>:<shard>}:gs:<actor>/<name>` | set | the generations with chunks |
+//! | `<prefix>:{g:<service>}:index` | sorted set | `<actor>/<name>`, score 0 (listed by `ZRANGEBYLEX`) |
+//! | **statistics** (tag `s:<cluster>`) | | |
+//! | `<prefix>:{s:<cluster>}:ids` | hash | `n:<name>` / `s:<silo>` -> interned id; `#next` the id counter |
+//! | `<prefix>:{s:<cluster>}:strings` | hash | id -> `n:<name>` / `s:<silo>` |
+//! | `<prefix>:{s:<cluster>}:<level>:index` | sorted set | members `<time: 16 hex><name id: 8 hex><silo id: 8 hex>`, score 0 |
+//! | `<prefix>:{s:<cluster>}:<level>:values` | hash | member -> `<count> <sum> <min> <max> <is_delta 0/1>` |
 //!
-//! Ids, actor ids and names are escaped (`%`, `{`, `}`, `/`, `:` and control
-//! characters as `%XX`) so that no id can break the hash tag or collide with
-//! another key.
+//! Cluster and service ids, actor ids and names are escaped (`%`, `{`, `}`, `/`,
+//! `:` and control characters as `%XX`), so no id can break a hash tag or reach
+//! into another's keys. `<level>` is a statistics level's code (0 raw, 1, 10, 60).
+//! How each family is read and written is in its module: `membership.rs`,
+//! `reminders.rs`, `lease.rs`, `state.rs`, `statistics.rs`, `metrics_table.rs`.
 
 /// Escapes `%`, `{`, `}`, `/`, `:` and control characters as `%XX`
 /// ([`rollcall_core::key_escape`]).

@@ -1,9 +1,6 @@
-//! Reminder shard leases on Redis.
-//!
-//! | key | type | holds |
-//! |---|---|---|
-//! | `<prefix>:{r:<service>}:shards` | string | the service's shard count (`SET NX`), which the reminder table reads too |
-//! | `<prefix>:{r:<service>:<shard>}:lease` | hash | `etag`, `row` |
+//! Reminder shard leases on Redis (keys: the [key layout](crate::keys)): the
+//! shard count, `SET NX`, which the reminder table reads too, and one hash per
+//! shard's lease.
 //!
 //! Each shard has a hash tag of its own, shared with its reminder rows (see
 //! the reminder table), so a service's leases spread over every master of a

@@ -25,22 +25,9 @@
 //!   again after such a failure and checked every second.
 //! - **`wait_replicas`**: conditional writes acknowledged only once that many
 //!   replicas have them (`WAIT`); see [`RedisConfig::wait_replicas`].
-//! - Values are JSON, readable with `redis-cli`; see [`keys`](crate#key-layout) below.
-//!
-//! ## Key layout
-//!
-//! | key | type | holds |
-//! |---|---|---|
-//! | `<prefix>:{m:<cluster>}:version` | string | `{"version":N,"etag":"..."}` |
-//! | `<prefix>:{m:<cluster>}:silos` | set | silo addresses with a row (the index) |
-//! | `<prefix>:{m:<cluster>}:silo:<ip:port@gen>` | string | the row as JSON, with its `etag` |
-//! | `<prefix>:{m:<cluster>}:alive` | hash | silo -> IAmAlive time (RFC 3339) |
-//! | `<prefix>:{r:<service>}:ring` | sorted set | `<actor>/<name>` scored by the actor hash |
-//! | `<prefix>:{r:<service>}:rem:<actor>/<name>` | string | the reminder as JSON, with its `etag` |
-//! | `<prefix>:{s:<cluster>}:...` | | the statistics store: see [`RedisStatistics`] |
-//!
-//! Ids are escaped (`%`, `{`, `}`, `/`, `:` and control characters as `%XX`).
-//! The default prefix is `rollcall`.
+//! - Values are JSON, readable with `redis-cli`. Every key family (membership,
+//!   history, metrics, reminders, shard leases, actor state, statistics) is in
+//!   one table, the [key layout](keys); the default prefix is `rollcall`.
 //!
 //! ```no_run
 //! # async fn run() -> rollcall_core::Result<()> {
@@ -54,7 +41,7 @@
 
 mod config;
 mod conn;
-mod keys;
+pub mod keys;
 mod lease;
 mod membership;
 mod metrics_table;

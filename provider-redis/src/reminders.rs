@@ -2,11 +2,9 @@
 //! set of members scored by the 32-bit actor hash (exact in a double) for
 //! ring-range reads.
 //!
-//! | key | type | holds |
-//! |---|---|---|
-//! | `<prefix>:{r:<service>}:shards` | string | the service's shard count S (recorded on first use; [`DEFAULT_SHARDS`] unless the shard leases recorded another) |
-//! | `<prefix>:{r:<service>:<k>}:ring` | sorted set | the members of shard `k`, scored by actor hash |
-//! | `<prefix>:{r:<service>:<k>}:rem:<actor>/<name>` | string | one reminder as JSON |
+//! The keys (the shard count S, per shard a ring and one key per reminder) are
+//! in the [key layout](crate::keys); S is [`DEFAULT_SHARDS`] unless the shard
+//! leases recorded another.
 //!
 //! Shard `k` = [`actor_shard`]`(actor id, S)`, the function that places actor
 //! state too: a service's reminders spread over every master of a Redis Cluster

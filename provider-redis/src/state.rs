@@ -3,12 +3,8 @@
 //! states share a Redis Cluster slot (so a write of several of them is one
 //! script), and a service's states spread over every master of a cluster.
 //!
-//! | key | type | holds |
-//! |---|---|---|
-//! | `<prefix>:{s:<service>:<shard>}:h:<actor>/<name>` | hash | `etag`, `body` (the header row's head: its frame and JSON header), `data` (a small state's bytes, kept apart so that a commit reads back only the head it replaces) |
-//! | `<prefix>:{s:<service>:<shard>}:c:<actor>/<name>:<generation>` | hash | `<index>` -> chunk bytes, one key per generation |
-//! | `<prefix>:{s:<service>:<shard>}:gs:<actor>/<name>` | set | the generations with chunks |
-//! | `<prefix>:{g:<service>}:index` | sorted set | `<actor>/<name>` (score 0, listed by `ZRANGEBYLEX`) |
+//! The keys (headers, chunk hashes, generation sets, the index) are in the
+//! [key layout](crate::keys).
 //!
 //! A commit is one Lua script (one round trip) over the headers it compares and
 //! the chunks it writes inline: every compare first, then every write, or

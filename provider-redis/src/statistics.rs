@@ -3,12 +3,8 @@
 //! Every key of one cluster's statistics shares the hash tag `{s:<cluster>}` (a slot
 //! of its own, apart from the membership table's):
 //!
-//! | key | type | holds |
-//! |---|---|---|
-//! | `<prefix>:{s:<cluster>}:ids` | hash | `n:<name>` / `s:<silo>` -> interned id; `#next` the id counter |
-//! | `<prefix>:{s:<cluster>}:strings` | hash | id -> `n:<name>` / `s:<silo>` |
-//! | `<prefix>:{s:<cluster>}:<level>:index` | sorted set, all scores 0 | members `<time: 16 hex><name id: 8 hex><silo id: 8 hex>` |
-//! | `<prefix>:{s:<cluster>}:<level>:values` | hash | member -> `<count> <sum> <min> <max> <is_delta 0/1>` |
+//! The keys (interned ids and strings, per level an index and values) are in the
+//! [key layout](crate::keys).
 //!
 //! `<level>` is the level's code (0 raw, 1, 10, 60). Members are fixed-width hex, so
 //! the index orders them by time and a time range is one `ZRANGEBYLEX` (exact for

@@ -56,13 +56,13 @@ impl Actor for ReminderAgent {
                     ctx.stop();
                 }),
         );
-        // Notices and releases: forwarded in batches; the bounded queues behind
+        // Notices and release hints: handed on in batches; the bounded queues behind
         // them drop what the agent cannot take.
         if let Some(rx) = self.notices.take() {
-            forward(rx, ctx.address(), |b| NoticesReceived(b, false));
+            in_batches(rx, ctx.address(), |b| NoticesReceived(b, false));
         }
         if let Some(rx) = self.releases.take() {
-            forward(rx, ctx.address(), |b| NoticesReceived(b, true));
+            in_batches(rx, ctx.address(), |b| NoticesReceived(b, true));
         }
         self.run(Event::Start, ctx);
     }
@@ -361,8 +361,8 @@ pub(crate) fn send_hints(silo: &SiloHandle, service_id: &str, hints: Vec<(SiloAd
     });
 }
 
-/// Forwards what `rx` receives to the agent in batches of up to [`NOTICE_BATCH`].
-pub(crate) fn forward(
+/// Hands what `rx` receives to the agent in batches of up to [`NOTICE_BATCH`].
+pub(crate) fn in_batches(
     mut rx: NoticeReceiver,
     addr: actix::Addr<ReminderAgent>,
     wrap: fn(Vec<Result<Notice, NoticesDropped>>) -> NoticesReceived,

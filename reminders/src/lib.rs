@@ -2,23 +2,26 @@
 //!
 //! Durable reminders for actix applications, after Orleans' reminder service:
 //! periodic, calendar (cron in a time zone) or one-shot ticks, optionally with a
-//! payload and an end, stored in a reminder table, owned by silos through
-//! a consistent-hash ring over the Active silos of the membership, delivered to
-//! actix actors, and taken over by a live silo when their owner dies.
+//! payload and an end, stored in a reminder table, split into shards whose
+//! fenced leases in the store say which silo delivers them, delivered to actix
+//! actors, and taken over by a live silo when their holder dies.
 //!
-//! - [`Reminders::builder`] starts a silo's service; [`Reminders`] registers, lists
-//!   and removes reminders.
-//! - [`ring`]: which silo owns which hash range (pure, property-tested).
-//! - [`schedule`]: when a reminder ticks next (pure).
-//! - [`shards`]: which silo delivers which shard of a service, decided by
-//!   fenced leases in the store (pure rules, [`shards::ShardMachine`]).
-//! - [`machine`]: the service's rules as a sans-io state machine
-//!   ([`machine::ReminderMachine`]): it loads each shard it acquires, plans its
-//!   reminders from the shard's lease, keeps them in memory ordered by due
-//!   time, delivers ticks to the [`ReminderTarget`]'s recipients while the silo
-//!   is Active and holds the shard, and records on release what it did not
-//!   deliver. One actix actor per silo (the agent) carries its actions out and
-//!   decides nothing.
+//! The rules (pure, no actix, tokio or sockets: they build without the default
+//! `runtime` feature):
+//! - [`ring`]: which Active silo a shard is assigned to (property-tested).
+//! - [`shards`]: which shards this silo holds, decided by compare-and-set on
+//!   their lease rows ([`shards::ShardMachine`]).
+//! - [`handoff`]: what the holder of a shard delivers from the lease it
+//!   acquired, and what its release records.
+//! - [`schedule`]: when a reminder ticks next.
+//! - [`machine`]: the service as a sans-io state machine
+//!   ([`machine::ReminderMachine`]): loads, deliveries, notices and writes,
+//!   with every queue bounded.
+//!
+//! The service (feature `runtime`, on by default): `Reminders::builder` starts
+//! a silo's service, `Reminders` registers, lists and removes reminders, and one
+//! actix actor per silo (the agent) carries the machine's actions out and
+//! decides nothing. Ticks go to the recipients a `ReminderTarget` resolves.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs)]
 

@@ -1,5 +1,5 @@
-//! The materialised schedule of one silo: the reminders it owns that are due within
-//! the loading window, ordered by due time. Pure: the agent feeds it times.
+//! The materialised schedule of one silo: the reminders of the shards it holds,
+//! ordered by due time. Pure: the agent feeds it times.
 //!
 //! Laid out for a million reminders per silo (R1 measures the bytes per reminder):
 //! slots live in a [`Slab`] and hold only what scheduling and delivery need (no
@@ -81,8 +81,9 @@ pub(crate) struct Slot {
     /// Its shard is loading or stopping: out of the due index until
     /// [`Queue::requeue`]d.
     pub held: bool,
-    /// Freed by a handoff at this time with occurrences already due: each of them
-    /// up to this time is delivered in turn (none is skipped for lateness).
+    /// Acquired (or resumed after a pause) at this time with occurrences already
+    /// due: each of them up to this time is delivered in turn (none is skipped
+    /// for lateness; [`crate::handoff`]).
     pub catch_up_to: Timestamp,
     /// What few reminders have (a calendar, an end, a payload): one pointer in
     /// the slot, `None` for the rest.

@@ -91,7 +91,7 @@ impl RemindersBuilder {
 
     /// Starts the service on the silo: opens the reminder table (a store that fails
     /// transiently is retried), subscribes to the silo's membership and notices,
-    /// and waits until the ranges this silo owns are loaded, at most the options'
+    /// and waits until the shards this silo acquires are loaded, at most the options'
     /// `initialization_timeout` (past it, a warning is logged, loading goes on in
     /// the background and the service starts anyway, like Orleans). Must run
     /// inside the silo's actix `System`.
@@ -209,7 +209,7 @@ impl RemindersBuilder {
             Err(_) => tracing::warn!(
                 silo = %self.silo.address(),
                 timeout = ?options.initialization_timeout,
-                "reminder ranges not loaded within initialization_timeout; loading continues in the background"
+                "reminder shards not loaded within initialization_timeout; loading continues in the background"
             ),
         }
         Ok(Reminders {

@@ -9,8 +9,7 @@
 //!   Staleness is measured against the **newest IAmAlive in the table** (capped at
 //!   `now`), not against `now` alone: during a table outage nobody can heartbeat, and
 //!   measuring against `now` would make every silo stale at once and let a single
-//!   vote declare death right after the outage (found by the table-outage scenario
-//!   test; Orleans measures against `now`);
+//!   vote declare death right after the outage (Orleans measures against `now`);
 //! - each voter counts once (its newest vote), even if a stored row holds more;
 //! - a voter adds its own vote (replacing an older one of its own) and, after a
 //!   failed indirect probe, the intermediary's; stale votes are dropped; if the fresh
@@ -154,6 +153,9 @@ mod tests {
         assert_eq!(required_votes(0, &o), 1);
     }
 
+    /// Regression: measured against `now`, every silo was stale right after a
+    /// table outage, and the table-outage scenario saw one vote declare a live
+    /// silo Dead.
     #[test]
     fn a_table_outage_does_not_shrink_the_quorum() {
         use crate::Etag;

@@ -38,7 +38,7 @@ pub enum Timer {
     WriteRetry,
     /// The periodic reload (`refresh_reminder_list_period`).
     Refresh,
-    /// The shard machine's timer ([`ShardAction::SetTimer`]).
+    /// The shard machine's timer ([`ShardAction::SetTimer`](crate::shards::ShardAction::SetTimer)).
     Shards,
 }
 /// What happens to a reminder machine.
@@ -48,9 +48,10 @@ pub enum Event {
     Start,
     /// The silo's membership view changed (or was published again).
     View(Arc<MembershipSnapshot>),
-    /// Messages on the notice topic ([`ChangedNotice`]), at most [`NOTICE_BATCH`].
+    /// Messages on the notice topic ([`ChangedNotice`](super::ChangedNotice)), at most
+    /// [`NOTICE_BATCH`](super::NOTICE_BATCH).
     Notices(Vec<Inbound>),
-    /// Messages on the release topic ([`ReleaseHint`]).
+    /// Messages on the release topic ([`ReleaseHint`](super::ReleaseHint)).
     Releases(Vec<Inbound>),
     /// The silo leaves gracefully: release every shard. Answered by
     /// [`Action::FinishLeave`] (or [`Action::LeaveDone`] if it was leaving already).

@@ -455,6 +455,10 @@ mod tests {
         l.start(|_| true, |_| whole(), 0, Timestamp::EPOCH)
     }
 
+    /// Regression: benchmark R5 (a registration burst on silo processes) found
+    /// a refresh asked for while one of the same shard ran folded into it; the
+    /// running load could have read past the new row, which then waited for
+    /// the next periodic refresh, 5 minutes later.
     #[test]
     fn one_load_per_shard_and_kind_and_a_running_one_runs_again() {
         let mut l = Loads::default();

@@ -25,7 +25,7 @@ pub struct ChangedNotice {
     pub name: String,
 }
 
-/// "I released this shard" ([`ShardEvent::Hint`]), sent best effort to the
+/// "I released this shard" ([`ShardEvent::Hint`](crate::shards::ShardEvent::Hint)), sent best effort to the
 /// shard's owner in the releasing silo's view.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct ReleaseHint {
