@@ -245,7 +245,8 @@ impl ReminderMachine {
                 self.feed_shards(answer)
             }
         }
-        if self.loads.first_done(self.shards.settled()) {
+        let shards = &self.shards;
+        if self.loads.first_done(|| shards.settled()) {
             Counters::bump(&self.counters.loads);
             self.out.push(Action::Loaded);
         }
