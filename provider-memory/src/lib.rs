@@ -116,6 +116,9 @@ impl MemoryStore {
         self.inner.unavailable.store(unavailable, Ordering::SeqCst);
     }
 
+    // The table files call these on every operation: #[inline] lets them inline
+    // across modules (codegen units), as they did when the tables lived here.
+    #[inline]
     fn check_available(&self) -> Result<()> {
         if self.inner.unavailable.load(Ordering::SeqCst) {
             Err(Error::backend("memory store is marked unavailable"))
@@ -124,6 +127,7 @@ impl MemoryStore {
         }
     }
 
+    #[inline]
     fn new_etag(&self) -> Etag {
         Etag::new(format!(
             "{}",
