@@ -14,6 +14,8 @@
 //! without waiting for its exit (so handoffs overlap), until every process was
 //! replaced.
 
+#![cfg(any(feature = "redis", feature = "etcd"))]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;

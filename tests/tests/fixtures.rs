@@ -1,12 +1,11 @@
 //! The backend fixtures find (or start) a real server that answers its protocol.
 //! Under `CI` / `ROLLCALL_REQUIRE_BACKENDS=1` a missing server fails these tests.
-
-use std::time::Duration;
+//! Each runs with the feature of its backend, so the default features (the memory
+//! provider) need no server.
 
 use rollcall_tests::fixtures;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 fn host_port(endpoint: &str) -> String {
     let no_scheme = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
     let first = no_scheme.split(',').next().unwrap_or_default();
@@ -16,7 +15,11 @@ fn host_port(endpoint: &str) -> String {
 
 /// Sends `request`; reads one chunk, or everything until the server closes when
 /// `until_eof`.
+#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 async fn exchange(endpoint: &str, request: &[u8], until_eof: bool) -> String {
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
     let addr = host_port(endpoint);
     let mut s = tokio::time::timeout(Duration::from_secs(10), TcpStream::connect(&addr))
         .await
@@ -41,6 +44,7 @@ async fn exchange(endpoint: &str, request: &[u8], until_eof: bool) -> String {
     String::from_utf8_lossy(&buf).into_owned()
 }
 
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn redis_fixture_answers_ping() {
     let Some(b) = fixtures::redis().await else { return };
@@ -53,6 +57,7 @@ async fn redis_fixture_answers_ping() {
     );
 }
 
+#[cfg(feature = "etcd")]
 #[tokio::test]
 async fn etcd_fixture_answers_version() {
     let Some(b) = fixtures::etcd().await else { return };
@@ -70,6 +75,7 @@ async fn etcd_fixture_answers_version() {
     );
 }
 
+#[cfg(feature = "dynamodb")]
 #[tokio::test]
 async fn dynamodb_fixture_answers_http() {
     let Some(b) = fixtures::dynamodb().await else {
@@ -101,6 +107,7 @@ async fn dynamodb_fixture_answers_http() {
 /// with `ROLLCALL_BACKEND_SOURCE` set, every backend must come from there (CI's
 /// container pass sets `docker`: a fixture that fell back to a local process
 /// fails it).
+#[cfg(all(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 #[tokio::test]
 async fn every_backend_reports_its_source() {
     let required = std::env::var("ROLLCALL_BACKEND_SOURCE")
@@ -128,6 +135,7 @@ async fn every_backend_reports_its_source() {
 /// It needs a local `redis-server`. Without one it skips (Docker alone, `CI` set
 /// or not), unless the test command started local servers (`ROLLCALL_REDIS_URL`
 /// set, as `scripts/test.sh` does), where a missing binary is an error.
+#[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_server_whose_port_is_taken_is_reported_as_exited() {
     if fixtures::find_binary("redis-server").is_none() {

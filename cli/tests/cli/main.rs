@@ -4,11 +4,11 @@
 mod basics;
 #[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
 mod faults;
-#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
+#[cfg(feature = "redis")]
 mod observability;
 #[cfg(all(feature = "redis", target_os = "linux"))]
 mod partitions;
-#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
+#[cfg(feature = "redis")]
 mod reminders;
 
 use std::process::Command;
@@ -48,7 +48,7 @@ fn log_path(cluster: &str, port: u16) -> std::path::PathBuf {
 /// Starts `n` `rollcall silo --fast` processes of `cluster` on `store` (stderr to
 /// [`log_path`]) and waits until `rollcall status` shows them all Active; returns
 /// them, their ports and the table version then.
-#[cfg(any(feature = "redis", feature = "etcd", feature = "dynamodb"))]
+#[cfg(feature = "redis")]
 fn start_silos(store: &str, cluster: &str, n: usize) -> (Procs, Vec<u16>, u64) {
     start_silos_with(store, cluster, n, &[])
 }
