@@ -589,7 +589,8 @@ impl MembershipTable for RedisMembershipTable {
     async fn init(&self, _try_create: bool) -> Result<()> {
         let key = self.keys.version();
         let (json, _) = encode_version(0)?;
-        let set = redis::cmd("SET").arg(key).arg(&json).arg("NX").clone();
+        let mut set = redis::cmd("SET");
+        set.arg(key).arg(&json).arg("NX");
         self.router
             .query::<Option<String>>(&self.keys.tag, "init", &set)
             .await
@@ -685,15 +686,15 @@ impl MembershipTable for RedisMembershipTable {
             None => i64::try_from(query.limit).unwrap_or(i64::MAX),
             Some(_) => -1,
         };
-        let range = redis::cmd("ZRANGEBYSCORE")
+        let mut range = redis::cmd("ZRANGEBYSCORE");
+        range
             .arg(key)
             .arg(from)
             .arg("+inf")
             .arg("WITHSCORES")
             .arg("LIMIT")
             .arg(0)
-            .arg(limit)
-            .clone();
+            .arg(limit);
         let raw: Vec<(String, u64)> = self.router.query(&self.keys.tag, "read_history", &range).await?;
         let mut events = Vec::with_capacity(raw.len());
         for (json, version) in raw {

@@ -50,30 +50,16 @@ impl ReminderMachine {
         };
         let (loaded, takeover) = (held.loaded, held.takeover.is_some());
         let mut catch_up = false;
-        let next = match held.start(&key, &timing, now) {
-            Start::Delivered => {
-                self.queue.remove(&key);
-                if timing.end_at.is_some() {
-                    self.writes.remove(&key, row.etag);
-                }
-                return;
-            }
+        let planned = match held.start(&key, &timing, now) {
+            Start::Delivered => None,
             Start::Owed(at) => {
                 catch_up = at < now;
-                Planned {
+                Some(Planned {
                     scheduled: at,
                     due: at.max(now),
-                }
+                })
             }
-            Start::Plan(from) => {
-                let Some(mut next) = plan(&timing, from, learned) else {
-                    // Past its end: nothing is left to deliver, and the row goes.
-                    self.queue.remove(&key);
-                    if timing.end_at.is_some() {
-                        self.writes.remove(&key, row.etag);
-                    }
-                    return;
-                };
+            Start::Plan(from) => plan(&timing, from, learned).map(|mut next| {
                 if learned == Learned::Load && next.is_overdue(from) {
                     // A late or catch-up tick found by a load outside a handoff:
                     // wait the load grace; after a takeover spread these ticks
@@ -87,7 +73,17 @@ impl ReminderMachine {
                     next.due = from.saturating_add(LOAD_GRACE + Duration::from_millis(spread));
                 }
                 next
+            }),
+        };
+        let Some(next) = planned else {
+            // Nothing is left to deliver: every occurrence is at or before the
+            // floor, or the schedule ended. A row with an end goes (in case its
+            // deliverer could not remove it).
+            self.queue.remove(&key);
+            if timing.end_at.is_some() {
+                self.writes.remove(&key, row.etag);
             }
+            return;
         };
         self.queue.set(&row, &timing, next, self.notices.changes());
         if catch_up {
