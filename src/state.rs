@@ -813,10 +813,10 @@ impl StateSweeper {
 fn encode<T: Serialize>(key: &StateKey, codec: Codec, value: &T) -> Result<Vec<u8>> {
     match codec {
         Codec::Json => serde_json::to_vec(value)
-            .map_err(|e| Error::invalid_config("state", format!("{key}: does not serialize: {e}"))),
+            .map_err(|e| Error::invalid_input("state", format!("{key}: does not serialize: {e}"))),
         #[cfg(feature = "postcard")]
         Codec::Postcard => postcard::to_allocvec(value)
-            .map_err(|e| Error::invalid_config("state", format!("{key}: does not serialize: {e}"))),
+            .map_err(|e| Error::invalid_input("state", format!("{key}: does not serialize: {e}"))),
         other => Err(Error::Unsupported(format!("writing the {other:?} codec"))),
     }
 }

@@ -319,8 +319,8 @@ fn main() -> anyhow::Result<()> {
                 Some(path) => std::fs::read_to_string(&path)?,
                 None => std::io::read_to_string(std::io::stdin())?,
             };
-            let rows = transfer::parse(&text, &service)?;
             let store = rollcall::connect(&store).await?;
+            let rows = transfer::parse(&text, &service, &store.key_limits())?;
             let table = store.reminder_table(&service)?;
             for (i, row) in rows.iter().enumerate() {
                 if let Err(e) = table.upsert_row(row).await {

@@ -35,8 +35,13 @@ pub(crate) fn export(rows: &[ReminderEntry]) -> String {
 /// # Errors
 /// [`ImportError`] naming the first bad line: not JSON of a reminder row, a
 /// duplicate (actor, name), or a row the table would refuse (an empty actor id
-/// or name, an oversized payload, an invalid retry policy).
-pub(crate) fn parse(text: &str, service: &str) -> Result<Vec<ReminderEntry>, ImportError> {
+/// or name, keys longer than the store's `limits`, an oversized payload, an
+/// invalid retry policy).
+pub(crate) fn parse(
+    text: &str,
+    service: &str,
+    limits: &rollcall::KeyLimits,
+) -> Result<Vec<ReminderEntry>, ImportError> {
     let mut rows = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     for (i, line) in text.lines().enumerate() {
@@ -52,7 +57,8 @@ pub(crate) fn parse(text: &str, service: &str) -> Result<Vec<ReminderEntry>, Imp
         row.service_id = service.to_owned();
         row.hash = rollcall::actor_hash(&row.actor_id);
         row.etag = rollcall::Etag::default();
-        row.validate_for(service).map_err(|e| bad(e.to_string()))?;
+        row.validate_for(service, limits)
+            .map_err(|e| bad(e.to_string()))?;
         if !seen.insert((row.actor_id.clone(), row.name.clone())) {
             return Err(bad(format!(
                 "reminder `{}` of `{}` appears twice",
@@ -96,7 +102,7 @@ mod tests {
         let rows = vec![row("cart/1", "a"), row("cart/ü", "b")];
         let text = export(&rows);
         assert_eq!(text.lines().count(), 2);
-        let back = parse(&format!("{text}\n\n"), "to").expect("parse");
+        let back = parse(&format!("{text}\n\n"), "to", &rollcall::KeyLimits::CORE).expect("parse");
         for (a, b) in rows.iter().zip(&back) {
             let expected = ReminderEntry {
                 service_id: "to".into(),
@@ -116,13 +122,13 @@ mod tests {
             (good.trim(), "appears twice"),
         ] {
             let text = format!("{good}{bad}\n");
-            let e = parse(&text, "to").expect_err(bad);
+            let e = parse(&text, "to", &rollcall::KeyLimits::CORE).expect_err(bad);
             assert_eq!(e.line, 2, "{e}");
             assert!(e.reason.contains(why), "{e}");
         }
         let mut empty = row("cart/1", "a");
         empty.name = String::new();
-        let e = parse(&export(&[empty]), "to").expect_err("empty name");
+        let e = parse(&export(&[empty]), "to", &rollcall::KeyLimits::CORE).expect_err("empty name");
         assert!(e.reason.contains("name"), "{e}");
     }
 }

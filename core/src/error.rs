@@ -43,6 +43,20 @@ pub enum Error {
         /// Why it is invalid.
         reason: String,
     },
+    /// A value passed to one call cannot be stored or breaks a rule of the table:
+    /// a key longer than the provider stores (see [`crate::KeyLimits`]), an empty
+    /// name, control characters, a row over its size bound. Detected before
+    /// anything is sent, so nothing was written. Not transient: the same call fails
+    /// the same way, so it is never worth retrying (unlike [`Error::Backend`]), and
+    /// it is not [`Error::InvalidConfig`], which is about options and store URLs.
+    #[error("invalid input: `{what}`: {why}")]
+    InvalidInput {
+        /// The offending argument or field (e.g. `actor_id`, `name`, `metrics.id`).
+        what: String,
+        /// Why it cannot be stored, with the bound (e.g. `1,009 bytes; the
+        /// dynamodb provider stores at most 1,008`).
+        why: String,
+    },
     /// The operation or store is not available in this build or provider (e.g. a
     /// store URL whose provider feature is compiled out).
     #[error("unsupported: {0}")]
@@ -113,6 +127,14 @@ impl Error {
         Error::InvalidConfig {
             field: field.into(),
             reason: reason.into(),
+        }
+    }
+
+    /// A [`Error::InvalidInput`] naming `what`.
+    pub fn invalid_input(what: impl Into<String>, why: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            what: what.into(),
+            why: why.into(),
         }
     }
 

@@ -45,6 +45,31 @@ pub const MAX_SHARDS: u32 = 65_536;
 /// DynamoDB's item limit is 400 KB).
 pub const MAX_LEASE_BYTES: usize = 256 * 1024;
 
+/// Checks a lease row before it is written: the shard below [`MAX_SHARDS`] and
+/// the row at most [`MAX_LEASE_BYTES`]. Every provider's
+/// [`LeaseTable::write_lease`] calls it before it sends anything.
+///
+/// # Errors
+/// [`Error::InvalidInput`] naming `shard` or `lease`.
+pub fn check_row(shard: u32, row: &[u8]) -> Result<()> {
+    if shard >= MAX_SHARDS {
+        return Err(Error::invalid_input(
+            "shard",
+            format!("{shard} is not below {MAX_SHARDS}"),
+        ));
+    }
+    if row.len() > MAX_LEASE_BYTES {
+        return Err(Error::invalid_input(
+            "lease",
+            format!(
+                "the row of shard {shard} is {} bytes, over {MAX_LEASE_BYTES}",
+                row.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Whether a shard's lease is held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum LeaseStatus {
@@ -112,21 +137,12 @@ impl ShardLease {
     /// The row's bytes (JSON).
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] (`lease`) when the row would exceed
+    /// [`Error::InvalidInput`] (`lease`) when the row would exceed
     /// [`MAX_LEASE_BYTES`] (too many exceptions).
     pub fn encode(&self) -> Result<Vec<u8>> {
         let bytes = serde_json::to_vec(self)
-            .map_err(|e| Error::invalid_config("lease", format!("does not serialize: {e}")))?;
-        if bytes.len() > MAX_LEASE_BYTES {
-            return Err(Error::invalid_config(
-                "lease",
-                format!(
-                    "shard {} encodes to {} bytes, over {MAX_LEASE_BYTES}",
-                    self.shard,
-                    bytes.len()
-                ),
-            ));
-        }
+            .map_err(|e| Error::invalid_input("lease", format!("does not serialize: {e}")))?;
+        check_row(self.shard, &bytes)?;
         Ok(bytes)
     }
 
@@ -232,7 +248,7 @@ impl ShardLeases {
 
     fn check(&self, shard: u32) -> Result<()> {
         if shard >= self.shards {
-            return Err(Error::invalid_config(
+            return Err(Error::invalid_input(
                 "shard",
                 format!("{shard} is not below the shard count {}", self.shards),
             ));
@@ -244,7 +260,7 @@ impl ShardLeases {
     /// row.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a shard out of range; [`Error::Corrupt`]
+    /// [`Error::InvalidInput`] for a shard out of range; [`Error::Corrupt`]
     /// for a row that does not decode; a backend error.
     pub async fn read(&self, shard: u32) -> Result<ShardLease> {
         self.check(shard)?;
@@ -259,7 +275,7 @@ impl ShardLeases {
     /// another write came first.
     ///
     /// # Errors
-    /// As [`read`](Self::read); [`Error::InvalidConfig`] for a row too large.
+    /// As [`read`](Self::read); [`Error::InvalidInput`] for a row too large.
     pub async fn write(&self, lease: &ShardLease) -> Result<std::result::Result<Etag, Option<Etag>>> {
         self.check(lease.shard)?;
         let bytes = lease.encode()?;

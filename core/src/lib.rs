@@ -40,6 +40,7 @@ mod error;
 pub mod history;
 pub mod key_escape;
 pub mod lease;
+mod limits;
 mod membership;
 pub mod metrics_table;
 mod options;
@@ -67,6 +68,7 @@ pub use error::{bounded, retry_transient};
 pub use error::{redact_password, BoxError, Error, Result, SiloError, TransportError};
 pub use history::{HistoryQuery, MembershipEvent, WriteKind, WriteOrigin, DEFAULT_HISTORY_CAPACITY};
 pub use lease::{LeaseStatus, LeaseTable, ShardLease, ShardLeases};
+pub use limits::KeyLimits;
 pub use membership::{
     CorruptRow, Etag, IntoRows, MembershipDelta, MembershipEntry, MembershipRow, MembershipRows,
     MembershipSnapshot, RowChange, SuspectVote, TableVersion,

@@ -156,6 +156,28 @@ impl MembershipEntry {
         }
     }
 
+    /// Checks what a caller may put in a row before a table writes it: the host,
+    /// silo and role names, empty or labels within
+    /// [`KeyLimits::label`](crate::KeyLimits::label) (256 bytes on every
+    /// provider) without control characters. The row key, [`SiloAddress`], is
+    /// bounded by its type.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) naming `host_name`,
+    /// `silo_name` or `role_name`.
+    pub fn validate(&self) -> crate::Result<()> {
+        for (what, v) in [
+            ("host_name", &self.host_name),
+            ("silo_name", &self.silo_name),
+            ("role_name", &self.role_name),
+        ] {
+            if !v.is_empty() {
+                crate::KeyLimits::CORE.check_label(what, v)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The later of the IAmAlive and the start time: the last sign of life the table
     /// holds for this silo.
     pub fn last_alive(&self) -> Timestamp {

@@ -140,13 +140,13 @@ impl MetricsRow {
         }
     }
 
-    /// Checks the key: a non-empty id of at most 256 bytes without control
-    /// characters.
+    /// Checks the key: a non-empty id of at most 256 bytes
+    /// ([`KeyLimits::label`](crate::KeyLimits::label)) without control characters.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) naming `metrics.id`.
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) naming `metrics.id`.
     pub fn validate(&self) -> Result<()> {
-        crate::validate_id("metrics.id", &self.id)
+        crate::KeyLimits::CORE.check_label("metrics.id", &self.id)
     }
 }
 

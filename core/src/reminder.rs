@@ -203,17 +203,17 @@ impl RetryPolicy {
     /// Checks the policy.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] (`retry`) for retries with a zero first delay or
+    /// [`Error::InvalidInput`] (`retry`) for retries with a zero first delay or
     /// a `max_delay` below `first_delay`.
     pub fn validate(&self) -> Result<()> {
         if self.max_retries > 0 && self.first_delay.is_zero() {
-            return Err(Error::invalid_config(
+            return Err(Error::invalid_input(
                 "retry",
                 "retries need a first_delay above 0",
             ));
         }
         if self.max_retries > 0 && self.max_delay < self.first_delay {
-            return Err(Error::invalid_config("retry", "max_delay is below first_delay"));
+            return Err(Error::invalid_input("retry", "max_delay is below first_delay"));
         }
         Ok(())
     }
@@ -281,15 +281,18 @@ impl ReminderEntry {
         }
     }
 
-    /// Checks that this entry may be written to the reminder table of `service_id`:
-    /// same service, non-empty actor id and name, and `hash == actor_hash(actor_id)`.
+    /// Checks that this entry may be written to the reminder table of `service_id`
+    /// on a provider that stores keys up to `limits`: same service, an actor id
+    /// and name within `limits` ([`KeyLimits::check_key`](crate::KeyLimits::check_key)),
+    /// a payload within [`MAX_REMINDER_PAYLOAD`], a valid retry policy and
+    /// `hash == actor_hash(actor_id)`.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] naming the offending field (`service_id`, `actor_id`,
-    /// `name`, `payload` (over [`MAX_REMINDER_PAYLOAD`]), `retry` or `hash`).
-    pub fn validate_for(&self, service_id: &str) -> Result<()> {
+    /// [`Error::InvalidInput`] naming the offending field (`service_id`,
+    /// `actor_id`, `name`, `actor_id+name`, `payload`, `retry` or `hash`).
+    pub fn validate_for(&self, service_id: &str, limits: &crate::KeyLimits) -> Result<()> {
         if self.service_id != service_id {
-            return Err(Error::invalid_config(
+            return Err(Error::invalid_input(
                 "service_id",
                 format!(
                     "entry of service `{}` written to the table of `{service_id}`",
@@ -297,18 +300,13 @@ impl ReminderEntry {
                 ),
             ));
         }
-        if self.actor_id.is_empty() {
-            return Err(Error::invalid_config("actor_id", "must not be empty"));
-        }
-        if self.name.is_empty() {
-            return Err(Error::invalid_config("name", "must not be empty"));
-        }
+        limits.check_key(&self.actor_id, &self.name)?;
         if self
             .payload
             .as_ref()
             .is_some_and(|p| p.len() > MAX_REMINDER_PAYLOAD)
         {
-            return Err(Error::invalid_config(
+            return Err(Error::invalid_input(
                 "payload",
                 format!("longer than {MAX_REMINDER_PAYLOAD} bytes"),
             ));
@@ -318,7 +316,7 @@ impl ReminderEntry {
         }
         let expected = actor_hash(&self.actor_id);
         if self.hash != expected {
-            return Err(Error::invalid_config(
+            return Err(Error::invalid_input(
                 "hash",
                 format!(
                     "{:#010x} is not actor_hash(actor_id) = {expected:#010x}",

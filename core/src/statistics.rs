@@ -161,15 +161,17 @@ pub struct StatPoint {
 }
 
 impl StatPoint {
-    /// Checks the names and that the value is finite.
+    /// Checks the names (labels: non-empty, at most 256 bytes,
+    /// [`KeyLimits::label`](crate::KeyLimits::label), no control characters) and
+    /// that the value is finite.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] naming the field.
+    /// [`Error::InvalidInput`] naming the field.
     pub fn validate(&self) -> Result<()> {
-        crate::validate_id("statistics.silo", &self.silo)?;
-        crate::validate_id("statistics.name", &self.name)?;
+        crate::KeyLimits::CORE.check_label("statistics.silo", &self.silo)?;
+        crate::KeyLimits::CORE.check_label("statistics.name", &self.name)?;
         if !self.value.is_finite() {
-            return Err(Error::invalid_config("statistics.value", "must be finite"));
+            return Err(Error::invalid_input("statistics.value", "must be finite"));
         }
         Ok(())
     }
@@ -346,7 +348,7 @@ pub fn parse_record_key(key: &str) -> Option<(u64, u32, u32)> {
 /// is stored; `Ok(false)` for an empty batch (nothing to do).
 ///
 /// # Errors
-/// The first invalid point's [`Error::InvalidConfig`].
+/// The first invalid point's [`Error::InvalidInput`].
 pub fn validate_batch(points: &[StatPoint]) -> Result<bool> {
     for p in points {
         p.validate()?;

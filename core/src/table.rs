@@ -314,6 +314,15 @@ pub trait SystemStore: Send + Sync + std::fmt::Debug {
     /// A short name of the provider (`"memory"`, `"redis"`, ...).
     fn provider(&self) -> &'static str;
 
+    /// The longest actor ids, names and labels this provider stores, bytes
+    /// ([`KeyLimits::CORE`](crate::KeyLimits::CORE) unless it says otherwise).
+    /// Every table of the provider answers a longer one with
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) before it sends
+    /// anything.
+    fn key_limits(&self) -> crate::KeyLimits {
+        crate::KeyLimits::CORE
+    }
+
     /// The membership table of `cluster_id`.
     ///
     /// # Errors

@@ -158,6 +158,7 @@ impl LeaseTable for DynamoDbLeaseTable {
     }
 
     async fn write_lease(&self, shard: u32, expected: &Expected, row: &[u8]) -> Result<LeaseWrite> {
+        rollcall_core::lease::check_row(shard, row)?;
         self.ready().await?;
         let etag = new_etag();
         let mut item = self.lease_key(shard);

@@ -87,7 +87,7 @@ use rollcall_core::{
     validate_id, MembershipTable, MetricsTable, ProtocolMode, ReminderTable, Result, StatisticsOptions,
     StatisticsStore, SystemStore,
 };
-pub use state::{DynamoDbStateTable, DYNAMODB_MAX_STATE_NAME_BYTES, DYNAMODB_STATE_LIMITS};
+pub use state::{DynamoDbStateTable, DYNAMODB_KEY_LIMITS, DYNAMODB_STATE_LIMITS};
 pub use statistics::DynamoDbStatistics;
 
 /// The DynamoDB [`SystemStore`]. Cheap to clone (one SDK client with its
@@ -142,6 +142,10 @@ impl DynamoDbStore {
 impl SystemStore for DynamoDbStore {
     fn provider(&self) -> &'static str {
         "dynamodb"
+    }
+
+    fn key_limits(&self) -> rollcall_core::KeyLimits {
+        DYNAMODB_KEY_LIMITS
     }
 
     fn membership_table(&self, cluster_id: &str, mode: ProtocolMode) -> Result<Arc<dyn MembershipTable>> {

@@ -534,6 +534,7 @@ impl MembershipTable for DynamoDbMembershipTable {
         next: &TableVersion,
         origin: &WriteOrigin,
     ) -> Result<bool> {
+        entry.validate()?;
         let (what, kind, expected) = (mode.method(), mode.kind(), mode.expected_etag());
         if expected.is_some_and(|e| e.is_empty()) {
             return Ok(false);

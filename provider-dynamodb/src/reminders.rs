@@ -37,6 +37,9 @@ const PAYLOAD: &str = "Payload";
 /// The retry policy as JSON (absent: the service's default).
 const RETRY: &str = "Retry";
 
+/// The keys this table stores (every call checks them before it sends anything).
+const LIMITS: rollcall_core::KeyLimits = crate::DYNAMODB_KEY_LIMITS;
+
 /// The reminder table of one service on DynamoDB.
 #[derive(Debug, Clone)]
 pub struct DynamoDbReminderTable {
@@ -250,6 +253,7 @@ impl ReminderTable for DynamoDbReminderTable {
     }
 
     async fn read_rows_for(&self, actor_id: &str) -> Result<Vec<ReminderEntry>> {
+        LIMITS.check_actor_id(actor_id)?;
         let hash = actor_hash(actor_id);
         let q = self
             .conn
@@ -280,6 +284,7 @@ impl ReminderTable for DynamoDbReminderTable {
     }
 
     async fn read_row(&self, actor_id: &str, name: &str) -> Result<Option<ReminderEntry>> {
+        LIMITS.check_key(actor_id, name)?;
         let out = self
             .conn
             .client
@@ -297,7 +302,7 @@ impl ReminderTable for DynamoDbReminderTable {
     }
 
     async fn upsert_row(&self, entry: &ReminderEntry) -> Result<Etag> {
-        entry.validate_for(&self.service_id)?;
+        entry.validate_for(&self.service_id, &LIMITS)?;
         let etag = new_etag();
         self.conn
             .client
@@ -311,6 +316,7 @@ impl ReminderTable for DynamoDbReminderTable {
     }
 
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
+        LIMITS.check_key(actor_id, name)?;
         if etag.is_empty() {
             return Ok(false);
         }
@@ -338,6 +344,7 @@ impl ReminderTable for DynamoDbReminderTable {
         etag: &Etag,
         fired_at: Timestamp,
     ) -> Result<bool> {
+        LIMITS.check_key(actor_id, name)?;
         if etag.is_empty() {
             return Ok(false);
         }

@@ -22,7 +22,7 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, ReturnValue, TransactWriteItem};
 use rollcall_core::state::{replaced_generation, Commit, HeaderWrite, StateLimits, StateTable};
-use rollcall_core::{Error, Etag, Expected, Result, StateKey, Timestamp};
+use rollcall_core::{Error, Etag, Expected, KeyLimits, Result, StateKey, Timestamp};
 use tokio::sync::OnceCell;
 
 use crate::conn::{n, new_etag, s, Attrs, Conn, Item};
@@ -33,24 +33,31 @@ const ETAG: &str = "ETag";
 const EXPIRES_AT: &str = "ExpiresAt";
 const DATA: &str = "Data";
 
-/// The longest state name DynamoDB stores, bytes: its sort key holds at most
-/// 1,024 bytes, and a chunk's sort key adds 40 to the name (`c#<len>#<name>#`,
-/// the generation and the chunk index). A longer name is
-/// `Error::InvalidConfig` before any request (it was a transient backend error).
-pub const DYNAMODB_MAX_STATE_NAME_BYTES: usize = 1024 - 40;
+/// The longest actor ids and names DynamoDB stores, bytes, and why:
+///
+/// - a state's chunk rows have the sort key `c#<name length>#<name>#<generation>#<index>`,
+///   40 bytes besides the name, and a sort key holds at most 1,024 bytes: names
+///   up to 984 bytes;
+/// - a reminder's sort key is `<hash, 8 hex>#<actor id length>#<actor id>#<name>`,
+///   at most 15 bytes besides the actor id and the name: the two together up to
+///   1,009 bytes (the kind index's `<actor id>\u{1}<name>` needs 1,023), so an
+///   actor id has at most 1,008 bytes;
+/// - labels (metrics ids, statistic names) are attributes or short keys: 256
+///   bytes, as everywhere.
+///
+/// Every table checks them before it sends a request:
+/// [`Error::InvalidInput`], nothing written (DynamoDB itself would answer a
+/// `ValidationException`).
+pub const DYNAMODB_KEY_LIMITS: KeyLimits = KeyLimits {
+    actor_id: 1008,
+    name: 1024 - 40,
+    actor_id_and_name: 1009,
+    label: 256,
+};
 
-/// The state name of `key` fits DynamoDB's sort key.
-fn check_name(key: &StateKey) -> Result<()> {
-    if key.name().len() > DYNAMODB_MAX_STATE_NAME_BYTES {
-        return Err(Error::invalid_config(
-            "name",
-            format!(
-                "state name of {} bytes: DynamoDB stores names up to {DYNAMODB_MAX_STATE_NAME_BYTES} bytes",
-                key.name().len()
-            ),
-        ));
-    }
-    Ok(())
+/// `key` fits DynamoDB's keys ([`DYNAMODB_KEY_LIMITS`]).
+fn check_key(key: &StateKey) -> Result<()> {
+    DYNAMODB_KEY_LIMITS.check_key(key.actor_id(), key.name())
 }
 
 /// DynamoDB's limits for states.
@@ -288,7 +295,7 @@ impl StateTable for DynamoDbStateTable {
     }
 
     async fn read_header(&self, key: &StateKey) -> Result<Option<(Vec<u8>, Etag)>> {
-        check_name(key)?;
+        check_key(key)?;
         self.ready().await?;
         let item = self.header_item(key).await?;
         let Some(etag) = self.live_etag(key, item.as_ref(), Timestamp::now().as_millis())? else {
@@ -309,6 +316,7 @@ impl StateTable for DynamoDbStateTable {
         generation: &str,
         count: u32,
     ) -> Result<Vec<Option<Vec<u8>>>> {
+        check_key(key)?;
         self.ready().await?;
         let keys: Vec<Item> = (0..count)
             .map(|i| self.key(key, Self::chunk_sort(key, generation, i)))
@@ -337,7 +345,7 @@ impl StateTable for DynamoDbStateTable {
         chunks: &[&[u8]],
         expires_at: Option<Timestamp>,
     ) -> Result<()> {
-        check_name(key)?;
+        check_key(key)?;
         self.ready().await?;
         if chunks.is_empty() {
             return Ok(());
@@ -362,7 +370,7 @@ impl StateTable for DynamoDbStateTable {
 
     async fn commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Commit> {
         for w in writes {
-            check_name(w.key)?;
+            check_key(w.key)?;
         }
         self.ready().await?;
         match writes {
@@ -442,6 +450,7 @@ impl StateTable for DynamoDbStateTable {
     }
 
     async fn generations(&self, key: &StateKey) -> Result<Vec<String>> {
+        check_key(key)?;
         self.ready().await?;
         let prefix = Self::chunks_sort_prefix(key);
         let mut gens: Vec<String> = self
@@ -460,6 +469,7 @@ impl StateTable for DynamoDbStateTable {
     }
 
     async fn delete_generation(&self, key: &StateKey, generation: &str) -> Result<()> {
+        check_key(key)?;
         self.ready().await?;
         let sorts = self
             .chunk_sorts(key, format!("{}{generation}#", Self::chunks_sort_prefix(key)))
@@ -469,6 +479,10 @@ impl StateTable for DynamoDbStateTable {
     }
 
     async fn list(&self, kind: &str, after: Option<&StateKey>, limit: usize) -> Result<Vec<StateKey>> {
+        DYNAMODB_KEY_LIMITS.check_kind(kind)?;
+        if let Some(k) = after {
+            check_key(k)?;
+        }
         self.ready().await?;
         let prefix = format!("{}#{}#", self.service_id.len(), self.service_id);
         let mut from = after.map(member);

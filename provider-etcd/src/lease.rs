@@ -80,6 +80,7 @@ impl LeaseTable for EtcdLeaseTable {
     }
 
     async fn write_lease(&self, shard: u32, expected: &Expected, row: &[u8]) -> Result<LeaseWrite> {
+        rollcall_core::lease::check_row(shard, row)?;
         let key = self.lease_key(shard);
         let when = match expected {
             Expected::Absent => vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)],

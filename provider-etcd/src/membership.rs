@@ -378,6 +378,7 @@ impl MembershipTable for EtcdMembershipTable {
         next: &TableVersion,
         origin: &WriteOrigin,
     ) -> Result<bool> {
+        entry.validate()?;
         let (what, kind, expected) = (mode.method(), mode.kind(), mode.expected_etag());
         let id = entry.silo.to_string();
         let (row_key, version_key) = (self.keys.silo(&id), self.keys.version());

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
+use rollcall_core::KeyLimits;
 use rollcall_core::{actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result, Timestamp};
 use serde::{Deserialize, Serialize};
 
@@ -126,6 +127,7 @@ impl ReminderTable for EtcdReminderTable {
     }
 
     async fn read_rows_for(&self, actor_id: &str) -> Result<Vec<ReminderEntry>> {
+        KeyLimits::CORE.check_actor_id(actor_id)?;
         let prefix = self.keys.actor(actor_hash(actor_id), actor_id);
         let end = crate::keys::prefix_end(&prefix);
         self.scan(prefix.into_bytes(), end).await
@@ -151,6 +153,7 @@ impl ReminderTable for EtcdReminderTable {
     }
 
     async fn read_row(&self, actor_id: &str, name: &str) -> Result<Option<ReminderEntry>> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
         let key = self.keys.row(actor_hash(actor_id), actor_id, name);
         // Row and fired key in one Txn: one revision.
         let txn = Txn::new().and_then(vec![
@@ -171,7 +174,7 @@ impl ReminderTable for EtcdReminderTable {
     }
 
     async fn upsert_row(&self, entry: &ReminderEntry) -> Result<Etag> {
-        entry.validate_for(&self.service_id)?;
+        entry.validate_for(&self.service_id, &KeyLimits::CORE)?;
         let stored = ReminderEntry {
             etag: Etag::default(),
             ..entry.clone()
@@ -195,6 +198,7 @@ impl ReminderTable for EtcdReminderTable {
     }
 
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
         let Some(rev) = revision(etag).filter(|r| *r > 0) else {
             return Ok(false);
         };
@@ -215,6 +219,7 @@ impl ReminderTable for EtcdReminderTable {
         etag: &Etag,
         fired_at: Timestamp,
     ) -> Result<bool> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
         let Some(rev) = revision(etag).filter(|r| *r > 0) else {
             return Ok(false);
         };

@@ -322,6 +322,7 @@ impl StateTable for EtcdStateTable {
     }
 
     async fn list(&self, kind: &str, after: Option<&StateKey>, limit: usize) -> Result<Vec<StateKey>> {
+        rollcall_core::KeyLimits::CORE.check_kind(kind)?;
         let prefix = format!("{}/h/{}%2F", self.base, escape(kind));
         let start = match after {
             Some(k) => {

@@ -46,6 +46,7 @@ impl LeaseTable for MemoryLeaseTable {
     }
 
     async fn write_lease(&self, shard: u32, expected: &Expected, row: &[u8]) -> Result<LeaseWrite> {
+        rollcall_core::lease::check_row(shard, row)?;
         let etag = self.store.new_etag();
         self.with(|l| {
             let current = l.rows.get(&shard).map(|(_, e)| e.clone());

@@ -113,6 +113,7 @@ impl MembershipTable for MemoryMembershipTable {
         next_version: &TableVersion,
         origin: &WriteOrigin,
     ) -> Result<bool> {
+        entry.validate()?;
         self.store.with_cluster(&self.cluster_id, |c| {
             let row_ok = match (mode, c.rows.get(&entry.silo)) {
                 (WriteMode::Insert, row) => row.is_none(),

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
+use rollcall_core::KeyLimits;
 use rollcall_core::{actor_hash, Etag, ReminderEntry, ReminderTable, Result, Timestamp};
 
 use crate::MemoryStore;
@@ -33,6 +34,7 @@ impl ReminderTable for MemoryReminderTable {
     }
 
     async fn read_rows_for(&self, actor_id: &str) -> Result<Vec<ReminderEntry>> {
+        KeyLimits::CORE.check_actor_id(actor_id)?;
         let h = actor_hash(actor_id);
         self.store.with_service(&self.service_id, |s| {
             s.range((h, String::new(), String::new())..)
@@ -63,12 +65,13 @@ impl ReminderTable for MemoryReminderTable {
     }
 
     async fn read_row(&self, actor_id: &str, name: &str) -> Result<Option<ReminderEntry>> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
         self.store
             .with_service(&self.service_id, |s| s.get(&key_of(actor_id, name)).cloned())
     }
 
     async fn upsert_row(&self, entry: &ReminderEntry) -> Result<Etag> {
-        entry.validate_for(&self.service_id)?;
+        entry.validate_for(&self.service_id, &KeyLimits::CORE)?;
         let etag = self.store.new_etag();
         let mut stored = entry.clone();
         stored.etag = etag.clone();
@@ -79,6 +82,7 @@ impl ReminderTable for MemoryReminderTable {
     }
 
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
         self.store.with_service(&self.service_id, |s| {
             let key = key_of(actor_id, name);
             if s.get(&key).is_some_and(|e| &e.etag == etag) {
@@ -97,6 +101,7 @@ impl ReminderTable for MemoryReminderTable {
         etag: &Etag,
         fired_at: Timestamp,
     ) -> Result<bool> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
         self.store
             .with_service(&self.service_id, |s| match s.get_mut(&key_of(actor_id, name)) {
                 Some(e) if &e.etag == etag => {

@@ -187,6 +187,7 @@ impl StateTable for MemoryStateTable {
     }
 
     async fn list(&self, kind: &str, after: Option<&StateKey>, limit: usize) -> Result<Vec<StateKey>> {
+        rollcall_core::KeyLimits::CORE.check_kind(kind)?;
         let prefix = format!("{kind}/");
         self.with(|s| {
             s.headers

@@ -122,6 +122,7 @@ impl LeaseTable for RedisLeaseTable {
     }
 
     async fn write_lease(&self, shard: u32, expected: &Expected, row: &[u8]) -> Result<LeaseWrite> {
+        rollcall_core::lease::check_row(shard, row)?;
         let (mode, want) = crate::state::precondition(expected);
         let etag = new_etag();
         let args: [&[u8]; 4] = [mode.as_bytes(), want.as_bytes(), etag.as_bytes(), row];

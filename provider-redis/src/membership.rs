@@ -638,6 +638,7 @@ impl MembershipTable for RedisMembershipTable {
         next: &TableVersion,
         origin: &WriteOrigin,
     ) -> Result<bool> {
+        entry.validate()?;
         let (what, kind, expected) = (mode.method(), mode.kind(), mode.expected_etag());
         let row_json = encode_row(entry, &new_etag())?;
         let event_json = if self.mode == ProtocolMode::Extended && self.history_capacity > 0 {

@@ -17,6 +17,7 @@
 use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
+use rollcall_core::KeyLimits;
 use rollcall_core::{
     actor_hash, hash_shard, Error, Etag, ReminderEntry, ReminderTable, Result, Timestamp, DEFAULT_SHARDS,
 };
@@ -273,6 +274,7 @@ impl ReminderTable for RedisReminderTable {
     }
 
     async fn read_rows_for(&self, actor_id: &str) -> Result<Vec<ReminderEntry>> {
+        KeyLimits::CORE.check_actor_id(actor_id)?;
         let h = actor_hash(actor_id);
         let prefix = format!("{}/", escape(actor_id));
         let members: Vec<(u32, String)> = self
@@ -299,6 +301,7 @@ impl ReminderTable for RedisReminderTable {
     }
 
     async fn read_row(&self, actor_id: &str, name: &str) -> Result<Option<ReminderEntry>> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
         let k = hash_shard(actor_hash(actor_id), self.shards().await?);
         let key = self.keys.row(k, &ReminderKeys::member(actor_id, name));
         let cmd = redis::cmd("GET").arg(&key).clone();
@@ -310,7 +313,7 @@ impl ReminderTable for RedisReminderTable {
     }
 
     async fn upsert_row(&self, entry: &ReminderEntry) -> Result<Etag> {
-        entry.validate_for(&self.service_id)?;
+        entry.validate_for(&self.service_id, &KeyLimits::CORE)?;
         let k = hash_shard(entry.hash, self.shards().await?);
         let etag = Etag::new(new_etag());
         let stored = ReminderEntry {
@@ -334,6 +337,7 @@ impl ReminderTable for RedisReminderTable {
     }
 
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
         let k = hash_shard(actor_hash(actor_id), self.shards().await?);
         let member = ReminderKeys::member(actor_id, name);
         let ring = self.keys.ring(k);
@@ -352,6 +356,7 @@ impl ReminderTable for RedisReminderTable {
         etag: &Etag,
         fired_at: Timestamp,
     ) -> Result<bool> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
         let k = hash_shard(actor_hash(actor_id), self.shards().await?);
         let member = ReminderKeys::member(actor_id, name);
         self.when_etag_matches("update_last_fired", k, &member, etag, |mut row, row_key| {

@@ -348,7 +348,7 @@ impl StateTable for RedisStateTable {
         };
         // One actor, one tag (the tag is the actor's shard).
         if writes.iter().any(|w| w.key.actor_id() != first.key.actor_id()) {
-            return Err(Error::invalid_config(
+            return Err(Error::invalid_input(
                 "states",
                 "a commit writes the states of one actor",
             ));
@@ -547,6 +547,7 @@ impl StateTable for RedisStateTable {
     }
 
     async fn list(&self, kind: &str, after: Option<&StateKey>, limit: usize) -> Result<Vec<StateKey>> {
+        rollcall_core::KeyLimits::CORE.check_kind(kind)?;
         let prefix = format!("{}%2F", escape(kind));
         let mut min = match after {
             Some(k) if member(k) >= prefix => format!("({}", member(k)),

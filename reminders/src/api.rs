@@ -10,9 +10,15 @@ use std::time::Duration;
 use actix::Recipient;
 use rollcall_core::{Error, Etag, MissedTickPolicy, ReminderEntry, RetryPolicy, Timestamp};
 
-/// Longest actor id (`kind/key`) accepted, in bytes.
+/// Longest actor id (`kind/key`) accepted, in bytes (the core limit,
+/// [`KeyLimits::CORE`](rollcall_core::KeyLimits::CORE)). A provider may store
+/// less ([`SystemStore::key_limits`](rollcall_core::SystemStore::key_limits):
+/// DynamoDB's are 1,008 bytes); its table then refuses a longer id with
+/// [`Error::InvalidInput`](rollcall_core::Error::InvalidInput) before anything
+/// is written.
 pub const MAX_ACTOR_ID: usize = 1024;
-/// Longest reminder name accepted, in bytes.
+/// Longest reminder name accepted, in bytes; a provider may store less, as for
+/// [`MAX_ACTOR_ID`].
 pub const MAX_NAME: usize = 1024;
 
 /// The actor a reminder belongs to: an actor kind (its type, e.g. `"cart"`) and a

@@ -391,7 +391,11 @@ impl Reminders {
     /// [`ReminderError::InvalidName`] for an empty name or one over [`MAX_NAME`]
     /// bytes; [`ReminderError::PeriodTooShort`] for a zero period or one below
     /// `minimum_period` (unless `allow_period_below_minimum`, which logs a
-    /// warning instead); [`ReminderError::Table`] or [`ReminderError::Timeout`]
+    /// warning instead); [`ReminderError::Table`] with
+    /// [`Error::InvalidInput`](rollcall_core::Error::InvalidInput) for an actor id
+    /// and name longer than the provider stores
+    /// ([`SystemStore::key_limits`](rollcall_core::SystemStore::key_limits)),
+    /// nothing written; [`ReminderError::Table`] or [`ReminderError::Timeout`]
     /// (after `table_operation_timeout`) if the write failed, in which case the
     /// previous registration, if any, may or may not have been replaced.
     pub async fn register(

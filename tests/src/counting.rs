@@ -166,6 +166,10 @@ impl SystemStore for CountingStore {
         self.inner.provider()
     }
 
+    fn key_limits(&self) -> rollcall_core::KeyLimits {
+        self.inner.key_limits()
+    }
+
     fn membership_table(&self, cluster_id: &str, mode: ProtocolMode) -> Result<Arc<dyn MembershipTable>> {
         Ok(Arc::new(CountingTable {
             inner: self.inner.membership_table(cluster_id, mode)?,

@@ -197,7 +197,7 @@ pub async fn lease_shard_count_is_recorded_once(store: Store) {
         other => panic!("another shard count must be refused: {other:?}"),
     }
     ShardLeases::open(other, 64).await.expect("the same count opens");
-    assert!(matches!(leases.read(64).await, Err(Error::InvalidConfig { .. })));
+    assert!(matches!(leases.read(64).await, Err(Error::InvalidInput { .. })));
 
     // Concurrent first openers with different counts: all but the recorded one fail.
     let service = unique_id("shards");

@@ -16,6 +16,7 @@
 pub mod counting;
 pub mod cut;
 pub mod fixtures;
+pub mod key_limits;
 pub mod lease_table;
 pub mod membership_table;
 pub mod metrics_table;
@@ -84,6 +85,7 @@ macro_rules! state_conformance_tests {
             state_table::state_enumeration_pages,
             state_table::state_atomic_write_of_several_states,
             state_table::state_services_are_isolated,
+            key_limits::state_keys_at_and_past_the_limit,
         }
     };
     (@names_out $($module:ident :: $scenario:ident),+ $(,)?) => {
@@ -117,6 +119,7 @@ macro_rules! lease_conformance_tests {
             lease_table::lease_shard_count_is_recorded_once,
             lease_table::lease_services_are_isolated,
             lease_table::lease_a_garbage_row_is_a_typed_error,
+            key_limits::lease_rows_at_and_past_the_limit,
         }
     };
     (@names_out $($module:ident :: $scenario:ident),+ $(,)?) => {
@@ -194,6 +197,10 @@ macro_rules! conformance_tests {
                 reminder_table::clear_racing_upserts_leaves_no_half_row,
                 reminder_table::ids_with_separators_never_collide,
                 reminder_table::last_fired_keeps_the_etag,
+                key_limits::keys_membership_names_at_and_past_the_limit,
+                key_limits::keys_reminders_at_and_past_the_limit,
+                key_limits::keys_metrics_ids_at_and_past_the_limit,
+                key_limits::keys_statistics_names_at_and_past_the_limit,
         }
     };
     (@names_out $($module:ident :: $scenario:ident),+ $(,)?) => {
@@ -259,6 +266,7 @@ mod tests {
             ("statistics_store", include_str!("statistics_store.rs")),
             ("state_table", include_str!("state_table.rs")),
             ("lease_table", include_str!("lease_table.rs")),
+            ("key_limits", include_str!("key_limits.rs")),
         ] {
             for line in source.lines() {
                 if let Some(rest) = line.strip_prefix("pub async fn ") {

@@ -93,13 +93,13 @@ pub async fn metrics_upsert_replaces_in_place(store: Store) {
     let mut bad = full_row(MetricsRole::Silo, 3);
     bad.id = String::new();
     match table.upsert(&bad).await {
-        Err(Error::InvalidConfig { field, .. }) => assert_eq!(field, "metrics.id"),
+        Err(Error::InvalidInput { what, .. }) => assert_eq!(what, "metrics.id"),
         other => panic!("empty id: {other:?}"),
     }
     bad.id = "line\nbreak".into();
     assert!(matches!(
         table.upsert(&bad).await,
-        Err(Error::InvalidConfig { .. })
+        Err(Error::InvalidInput { .. })
     ));
     assert_eq!(table.read_all().await.expect("read_all").rows.len(), 2);
     table.clear().await.expect("clear");

@@ -87,7 +87,7 @@ pub async fn calendar_end_and_payload_round_trip(store: Store) {
     assert!(
         matches!(
             table.upsert_row(&big).await,
-            Err(rollcall_core::Error::InvalidConfig { .. })
+            Err(rollcall_core::Error::InvalidInput { .. })
         ),
         "an oversized payload is an invalid-input error"
     );
@@ -440,7 +440,7 @@ pub async fn services_are_isolated(store: Store) {
 }
 
 /// An entry of another service or with a wrong hash is refused with
-/// `Error::InvalidConfig` and writes nothing.
+/// `Error::InvalidInput` and writes nothing.
 pub async fn invalid_entries_are_rejected(store: Store) {
     let table = fresh_table(&store).await;
     let mut foreign = reminder(&*table, "a", "r", None);
@@ -449,8 +449,8 @@ pub async fn invalid_entries_are_rejected(store: Store) {
     bad_hash.hash = bad_hash.hash.wrapping_add(1);
     for (e, field) in [(foreign, "service_id"), (bad_hash, "hash")] {
         match table.upsert_row(&e).await {
-            Err(Error::InvalidConfig { field: f, .. }) => assert_eq!(f, field),
-            other => panic!("expected InvalidConfig({field}), got {other:?}"),
+            Err(Error::InvalidInput { what, .. }) => assert_eq!(what, field),
+            other => panic!("expected InvalidInput({field}), got {other:?}"),
         }
     }
     assert!(table.read_rows_in_range(0, 0).await.expect("range").is_empty());

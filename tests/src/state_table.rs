@@ -903,7 +903,7 @@ pub async fn state_atomic_write_of_several_states(store: Store) {
         ])
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
     assert_eq!(s.read(&b).await.expect("read").data, b"b1");
     let err = s
         .write_many(&[
@@ -913,7 +913,7 @@ pub async fn state_atomic_write_of_several_states(store: Store) {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, Error::InvalidConfig { .. }),
+        matches!(err, Error::InvalidInput { .. }),
         "the same state twice: {err}"
     );
     assert_eq!(s.read(&a).await.expect("read").data, b"a1", "nothing written");
@@ -925,7 +925,7 @@ pub async fn state_atomic_write_of_several_states(store: Store) {
         ])
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
 }
 
 /// Tables of different services never see each other's states.

@@ -287,7 +287,7 @@ pub async fn check_invalid_points_and_retries(stats: &dyn StatisticsStore) {
         ),
     ] {
         match stats.append(&[good.clone(), bad]).await {
-            Err(Error::InvalidConfig { field: f, .. }) => assert_eq!(f, field),
+            Err(Error::InvalidInput { what, .. }) => assert_eq!(what, field),
             other => panic!("an invalid {field} was accepted: {other:?}"),
         }
     }

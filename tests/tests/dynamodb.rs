@@ -583,24 +583,24 @@ async fn statistics_items_are_typed_and_a_corrupt_bucket_is_named() {
 /// longest allowed name is stored, chunks included.
 #[tokio::test]
 async fn a_state_name_too_long_for_the_sort_key_is_invalid_input() {
-    use rollcall::dynamodb::DYNAMODB_MAX_STATE_NAME_BYTES;
+    use rollcall::dynamodb::DYNAMODB_KEY_LIMITS;
     use rollcall_core::{Codec, Expected, StateKey, StateStorage};
     let Some((store, _b)) = dynamodb().await else {
         return;
     };
     let s = StateStorage::new(store.state_table(&unique_id("names")).unwrap());
     let staged = vec![7u8; s.table().limits().txn_bytes + 1];
-    let longest = StateKey::new("cart/1", "n".repeat(DYNAMODB_MAX_STATE_NAME_BYTES)).unwrap();
+    let longest = StateKey::new("cart/1", "n".repeat(DYNAMODB_KEY_LIMITS.name)).unwrap();
     s.write(&longest, Expected::Absent, Codec::Raw, &staged, None)
         .await
         .expect("the longest name, staged chunks and all");
     assert!(s.read(&longest).await.unwrap().data == staged);
-    let over = StateKey::new("cart/1", "n".repeat(DYNAMODB_MAX_STATE_NAME_BYTES + 1)).unwrap();
+    let over = StateKey::new("cart/1", "n".repeat(DYNAMODB_KEY_LIMITS.name + 1)).unwrap();
     let err = s
         .write(&over, Expected::Absent, Codec::Raw, b"x", None)
         .await
         .unwrap_err();
-    assert!(matches!(err, Error::InvalidConfig { .. }), "{err}");
+    assert!(matches!(err, Error::InvalidInput { .. }), "{err}");
     assert!(!err.is_transient());
 }
 

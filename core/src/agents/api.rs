@@ -534,7 +534,7 @@ impl SiloHandle {
     /// there, or its queue was full).
     ///
     /// # Errors
-    /// [`SiloError::Table`] with [`InvalidConfig`](crate::Error::InvalidConfig) for a
+    /// [`SiloError::Table`] with [`InvalidInput`](crate::Error::InvalidInput) for a
     /// topic over [`MAX_NOTICE_TOPIC`](crate::transport::MAX_NOTICE_TOPIC) or a body
     /// over [`MAX_NOTICE_BODY`](crate::transport::MAX_NOTICE_BODY) bytes;
     /// [`SiloError::Transport`] if `to` did not answer in time or refused;
@@ -542,7 +542,7 @@ impl SiloHandle {
     pub async fn send_notice(&self, to: SiloAddress, topic: &str, body: Vec<u8>) -> Result<bool, SiloError> {
         use crate::transport::{ProbeRequest, ProbeResponse, MAX_NOTICE_BODY, MAX_NOTICE_TOPIC};
         if topic.len() > MAX_NOTICE_TOPIC {
-            return Err(crate::Error::invalid_config(
+            return Err(crate::Error::invalid_input(
                 "topic",
                 format!("longer than {MAX_NOTICE_TOPIC} bytes"),
             )
@@ -550,7 +550,7 @@ impl SiloHandle {
         }
         if body.len() > MAX_NOTICE_BODY {
             return Err(
-                crate::Error::invalid_config("body", format!("longer than {MAX_NOTICE_BODY} bytes")).into(),
+                crate::Error::invalid_input("body", format!("longer than {MAX_NOTICE_BODY} bytes")).into(),
             );
         }
         if self.is_stopped() {

@@ -112,6 +112,11 @@ impl SiloBuilder {
             .unwrap_or_else(|| gethostname::gethostname().to_string_lossy().into_owned());
         own_row.silo_name = self.silo_name.unwrap_or_else(|| me.to_string());
         own_row.role_name = self.role_name;
+        // The names are options here: a bad one is a configuration error.
+        own_row.validate().map_err(|e| match e {
+            Error::InvalidInput { what, why } => Error::invalid_config(what, why),
+            other => other,
+        })?;
         own_row.proxy_port = self.proxy_port;
         own_row.update_zone = self.update_zone;
         own_row.fault_zone = self.fault_zone;

@@ -92,25 +92,28 @@ impl StateKey {
     /// service's actor ids).
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] naming `actor_id` or `name`: empty, longer than
-    /// 1,024 bytes, with control characters, or an actor id without a non-empty
-    /// kind and key around its first `/`.
+    /// [`Error::InvalidInput`] naming `actor_id` or `name`: empty, longer than
+    /// 1,024 bytes ([`KeyLimits::CORE`](crate::KeyLimits::CORE)), with control
+    /// characters, or an actor id without a non-empty kind and key around its
+    /// first `/`. A provider may store less: its
+    /// [`key_limits`](crate::SystemStore::key_limits) (DynamoDB's are tighter),
+    /// checked by its table before it sends anything.
     pub fn new(actor_id: impl Into<String>, name: impl Into<String>) -> Result<StateKey> {
         let (actor_id, name) = (actor_id.into(), name.into());
         for (field, v) in [("actor_id", &actor_id), ("name", &name)] {
             if v.is_empty() {
-                return Err(Error::invalid_config(field, "must not be empty"));
+                return Err(Error::invalid_input(field, "must not be empty"));
             }
             if v.len() > 1024 {
-                return Err(Error::invalid_config(field, "longer than 1024 bytes"));
+                return Err(Error::invalid_input(field, "longer than 1024 bytes"));
             }
             if v.chars().any(char::is_control) {
-                return Err(Error::invalid_config(field, "contains control characters"));
+                return Err(Error::invalid_input(field, "contains control characters"));
             }
         }
         match actor_id.split_once('/') {
             Some((kind, key)) if !kind.is_empty() && !key.is_empty() => {}
-            _ => return Err(Error::invalid_config("actor_id", "must be `kind/key`")),
+            _ => return Err(Error::invalid_input("actor_id", "must be `kind/key`")),
         }
         Ok(StateKey { actor_id, name })
     }
@@ -339,7 +342,7 @@ pub(crate) mod tests {
             ("cart/\n", "s"),
         ] {
             assert!(
-                matches!(StateKey::new(a, n), Err(Error::InvalidConfig { .. })),
+                matches!(StateKey::new(a, n), Err(Error::InvalidInput { .. })),
                 "{a:?} {n:?}"
             );
         }

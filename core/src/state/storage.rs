@@ -284,7 +284,7 @@ impl StateStorage {
     /// Writes several states of one actor atomically: all or none.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] when the states do not fit one transaction of
+    /// [`Error::InvalidInput`] when the states do not fit one transaction of
     /// this provider (or belong to different actors); otherwise as
     /// [`write`](Self::write) ([`Error::InconsistentState`] names the first state
     /// whose precondition failed).
@@ -292,7 +292,7 @@ impl StateStorage {
         let limits = self.table.limits();
         if let Some((first, ..)) = states.first() {
             if states.iter().any(|(k, ..)| k.actor_id() != first.actor_id()) {
-                return Err(Error::invalid_config(
+                return Err(Error::invalid_input(
                     "states",
                     "all states must belong to one actor",
                 ));
@@ -300,7 +300,7 @@ impl StateStorage {
         }
         let mut seen = std::collections::BTreeSet::new();
         if let Some((k, ..)) = states.iter().find(|(k, ..)| !seen.insert(k)) {
-            return Err(Error::invalid_config(
+            return Err(Error::invalid_input(
                 "states",
                 format!("state {k} is written twice in one write_many"),
             ));
@@ -316,7 +316,7 @@ impl StateStorage {
             planned.push((m.layout(), m.chunk_ranges().to_vec()));
         }
         if rows > limits.txn_rows || bytes > limits.txn_bytes {
-            return Err(Error::invalid_config(
+            return Err(Error::invalid_input(
                 "states",
                 format!(
                     "{rows} rows and {bytes} bytes do not fit one transaction of this provider ({} rows, {} bytes)",
