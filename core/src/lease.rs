@@ -29,6 +29,18 @@
 //! - [`shard_count`](LeaseTable::shard_count) records the service's shard count
 //!   once (the first caller's) and always returns the recorded one.
 //! - Services never see each other's rows or shard counts.
+//! - **Pages.** A release may owe more exceptions than one row holds
+//!   ([`MAX_LEASE_BYTES`]): [`ShardLeases::write`] then stores them in pages
+//!   beside the row, written before it ([`write_pages`](LeaseTable::write_pages),
+//!   blind puts keyed by the shard and a page set), and the row names the set
+//!   and its page count. A page set is named after the row's epoch and status
+//!   (`<epoch>-owned`, `<epoch>-released`): every writer of one set writes the
+//!   same exceptions (the acquirers of one epoch copy one released row; only the
+//!   holder of an epoch releases it), so a set is never read half old, half new.
+//!   [`read_pages`](LeaseTable::read_pages) answers a missing page with `None`;
+//!   [`delete_pages`](LeaseTable::delete_pages) removes every set of a shard but
+//!   the one its row names, after that row was written. There is no cap on the
+//!   exceptions a row owes: what does not fit the row goes to pages.
 //!
 //! A write that fails with a transient error may have landed: read the row to
 //! learn its outcome ([`ShardLeases::read`]) before acting on the error.
@@ -134,11 +146,12 @@ impl ShardLease {
         }
     }
 
-    /// The row's bytes (JSON).
+    /// The row's bytes (JSON), exceptions included.
     ///
     /// # Errors
     /// [`Error::InvalidInput`] (`lease`) when the row would exceed
-    /// [`MAX_LEASE_BYTES`] (too many exceptions).
+    /// [`MAX_LEASE_BYTES`] (too many exceptions: [`ShardLeases::write`] puts
+    /// them in pages instead).
     pub fn encode(&self) -> Result<Vec<u8>> {
         let bytes = serde_json::to_vec(self)
             .map_err(|e| Error::invalid_input("lease", format!("does not serialize: {e}")))?;
@@ -146,17 +159,23 @@ impl ShardLease {
         Ok(bytes)
     }
 
-    /// The row of `shard` from its stored `bytes` and `etag`.
+    /// The row of `shard` from its stored `bytes` and `etag`. A row whose
+    /// exceptions are in pages decodes without them: [`ShardLeases::read`]
+    /// reads the pages too.
     ///
     /// # Errors
     /// [`Error::Corrupt`] naming the shard when the bytes are not a lease row or
     /// are the row of another shard.
     pub fn decode(service_id: &str, shard: u32, bytes: &[u8], etag: Etag) -> Result<ShardLease> {
         let what = || format!("lease {service_id}/{shard}");
-        let mut lease: ShardLease = serde_json::from_slice(bytes).map_err(|e| Error::corrupt(what(), e))?;
+        let lease: ShardLease = serde_json::from_slice(bytes).map_err(|e| Error::corrupt(what(), e))?;
+        ShardLease::decode_checked(service_id, shard, lease, etag)
+    }
+
+    fn decode_checked(service_id: &str, shard: u32, mut lease: ShardLease, etag: Etag) -> Result<ShardLease> {
         if lease.shard != shard {
             return Err(Error::corrupt(
-                what(),
+                format!("lease {service_id}/{shard}"),
                 format!("holds the row of shard {}", lease.shard),
             ));
         }
@@ -194,8 +213,78 @@ pub trait LeaseTable: Send + Sync + std::fmt::Debug {
     /// compare-and-set; [`Expected::Any`] writes unconditionally).
     async fn write_lease(&self, shard: u32, expected: &Expected, row: &[u8]) -> Result<LeaseWrite>;
 
-    /// Deletes every row and the shard count of this service (tests, tooling).
+    /// Writes `pages` as pages `0..pages.len()` of page set `set` of `shard`
+    /// (blind puts, each page at most [`MAX_LEASE_BYTES`]; a set written again
+    /// is overwritten page by page).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] for a page over [`MAX_LEASE_BYTES`] or a shard
+    /// past [`MAX_SHARDS`] ([`check_row`]), before anything is sent; a backend
+    /// error (some pages may have been written).
+    async fn write_pages(&self, shard: u32, set: &str, pages: &[Vec<u8>]) -> Result<()>;
+
+    /// Pages `0..count` of page set `set` of `shard`, `None` for a missing one.
+    async fn read_pages(&self, shard: u32, set: &str, count: u32) -> Result<Vec<Option<Vec<u8>>>>;
+
+    /// Deletes every page of `shard` but those of set `keep` (`None`: every
+    /// page).
+    async fn delete_pages(&self, shard: u32, keep: Option<&str>) -> Result<()>;
+
+    /// Deletes every row, page and the shard count of this service (tests,
+    /// tooling).
     async fn clear(&self) -> Result<()>;
+}
+
+/// The page set of a row of `epoch` and `status`: `<epoch, 20 digits>-owned` or
+/// `-released` (sorted by epoch as text).
+pub fn page_set(epoch: u64, status: LeaseStatus) -> String {
+    match status {
+        LeaseStatus::Owned => format!("{epoch:020}-owned"),
+        LeaseStatus::Released => format!("{epoch:020}-released"),
+    }
+}
+
+/// A row as stored: the lease, and the count of pages that hold its exceptions
+/// when they did not fit the row.
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    #[serde(flatten)]
+    lease: ShardLease,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pages: Option<u32>,
+}
+
+/// `exceptions` as JSON arrays of at most [`MAX_LEASE_BYTES`] each.
+fn paginate(shard: u32, exceptions: &[LeaseException]) -> Result<Vec<Vec<u8>>> {
+    let mut pages = Vec::new();
+    let mut page: Vec<u8> = b"[".to_vec();
+    for e in exceptions {
+        let one = serde_json::to_vec(e)
+            .map_err(|err| Error::invalid_input("lease", format!("does not serialize: {err}")))?;
+        // `,` and `]`: two more bytes.
+        if page.len() > 1 && page.len() + one.len() + 2 > MAX_LEASE_BYTES {
+            page.push(b']');
+            pages.push(std::mem::replace(&mut page, b"[".to_vec()));
+        }
+        if page.len() > 1 {
+            page.push(b',');
+        }
+        page.extend_from_slice(&one);
+        if page.len() + 1 > MAX_LEASE_BYTES {
+            return Err(Error::invalid_input(
+                "lease",
+                format!(
+                    "an exception of shard {shard} (`{}` `{}`) is {} bytes, over {MAX_LEASE_BYTES}",
+                    e.actor_id,
+                    e.name,
+                    one.len()
+                ),
+            ));
+        }
+    }
+    page.push(b']');
+    pages.push(page);
+    Ok(pages)
 }
 
 /// Typed access to a service's leases: rows decoded, checked, and the shard
@@ -204,6 +293,9 @@ pub trait LeaseTable: Send + Sync + std::fmt::Debug {
 pub struct ShardLeases {
     table: std::sync::Arc<dyn LeaseTable>,
     shards: u32,
+    /// Shards whose row, as last read or written here, had pages: the next
+    /// write removes the pages it no longer names.
+    paged: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>,
 }
 
 impl ShardLeases {
@@ -233,7 +325,11 @@ impl ShardLeases {
                 ),
             ));
         }
-        Ok(ShardLeases { table, shards })
+        Ok(ShardLeases {
+            table,
+            shards,
+            paged: Default::default(),
+        })
     }
 
     /// The shard count.
@@ -256,39 +352,123 @@ impl ShardLeases {
         Ok(())
     }
 
+    fn set_paged(&self, shard: u32, paged: bool) -> bool {
+        let mut set = self
+            .paged
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if paged {
+            !set.insert(shard)
+        } else {
+            set.remove(&shard)
+        }
+    }
+
     /// The lease of `shard`, [`ShardLease::vacant`] (empty etag) when it has no
-    /// row.
+    /// row; its exceptions read from its pages when it has them. A page found
+    /// missing means the row was replaced meanwhile: the row is read again (up
+    /// to 3 times).
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a shard out of range; [`Error::Corrupt`]
-    /// for a row that does not decode; a backend error.
+    /// for a row or page that does not decode, or a row whose pages are
+    /// missing while it stays; a backend error.
     pub async fn read(&self, shard: u32) -> Result<ShardLease> {
         self.check(shard)?;
-        match self.table.read_lease(shard).await? {
-            Some((bytes, etag)) => ShardLease::decode(self.table.service_id(), shard, &bytes, etag),
-            None => Ok(ShardLease::vacant(shard)),
+        let service = self.table.service_id();
+        let what = || format!("lease {service}/{shard}");
+        let mut last_etag = None;
+        for _ in 0..3 {
+            let Some((bytes, etag)) = self.table.read_lease(shard).await? else {
+                return Ok(ShardLease::vacant(shard));
+            };
+            let stored: Stored = serde_json::from_slice(&bytes).map_err(|e| Error::corrupt(what(), e))?;
+            let mut lease = ShardLease::decode_checked(service, shard, stored.lease, etag.clone())?;
+            let Some(count) = stored.pages else {
+                return Ok(lease);
+            };
+            self.set_paged(shard, true);
+            let set = page_set(lease.epoch, lease.status);
+            let pages = self.table.read_pages(shard, &set, count).await?;
+            if pages.iter().any(Option::is_none) {
+                if last_etag.as_ref() == Some(&etag) {
+                    return Err(Error::corrupt(
+                        what(),
+                        format!("page set {set} of {count} pages is incomplete"),
+                    ));
+                }
+                last_etag = Some(etag);
+                continue;
+            }
+            for (i, page) in pages.into_iter().flatten().enumerate() {
+                let mut more: Vec<LeaseException> = serde_json::from_slice(&page)
+                    .map_err(|e| Error::corrupt(format!("{} page {set}/{i}", what()), e))?;
+                lease.exceptions.append(&mut more);
+            }
+            return Ok(lease);
         }
+        Err(Error::backend(format!(
+            "{}: the row changed three times while its pages were read",
+            what()
+        )))
     }
 
     /// Writes `lease` over the row it was read from (its etag; an empty etag:
     /// no row). `Ok(Ok(new etag))` when written, `Ok(Err(current etag))` when
-    /// another write came first.
+    /// another write came first. Exceptions that do not fit the row go to pages
+    /// first (see the module docs), however many; after the row is written,
+    /// pages it no longer names are deleted (best effort: a failure is logged,
+    /// and a later paged write of the shard deletes them).
     ///
     /// # Errors
-    /// As [`read`](Self::read); [`Error::InvalidInput`] for a row too large.
+    /// As [`read`](Self::read); [`Error::InvalidInput`] for one exception over
+    /// [`MAX_LEASE_BYTES`] alone (cannot happen with keys within
+    /// [`KeyLimits`](crate::KeyLimits)), before anything is sent.
     pub async fn write(&self, lease: &ShardLease) -> Result<std::result::Result<Etag, Option<Etag>>> {
         self.check(lease.shard)?;
-        let bytes = lease.encode()?;
+        let shard = lease.shard;
+        let (row, pages) = match lease.encode() {
+            Ok(row) => (row, Vec::new()),
+            Err(Error::InvalidInput { .. }) => {
+                let pages = paginate(shard, &lease.exceptions)?;
+                let stored = Stored {
+                    lease: ShardLease {
+                        exceptions: Vec::new(),
+                        ..lease.clone()
+                    },
+                    pages: Some(pages.len() as u32),
+                };
+                let row = serde_json::to_vec(&stored)
+                    .map_err(|e| Error::invalid_input("lease", format!("does not serialize: {e}")))?;
+                (row, pages)
+            }
+            Err(e) => return Err(e),
+        };
+        let set = page_set(lease.epoch, lease.status);
+        if !pages.is_empty() {
+            self.table.write_pages(shard, &set, &pages).await?;
+        }
         let expected = if lease.etag.is_empty() {
             Expected::Absent
         } else {
             Expected::Etag(lease.etag.clone())
         };
-        Ok(
-            match self.table.write_lease(lease.shard, &expected, &bytes).await? {
-                LeaseWrite::Written(e) => Ok(e),
-                LeaseWrite::Conflict(c) => Err(c),
-            },
-        )
+        match self.table.write_lease(shard, &expected, &row).await? {
+            LeaseWrite::Written(e) => {
+                let paged = !pages.is_empty();
+                let was = self.set_paged(shard, paged);
+                if paged || was {
+                    let keep = paged.then_some(set.as_str());
+                    if let Err(err) = self.table.delete_pages(shard, keep).await {
+                        tracing::warn!(service = %self.table.service_id(), shard, error = %err,
+                            "lease pages the row no longer names were not deleted; a later paged write deletes them");
+                    }
+                }
+                Ok(Ok(e))
+            }
+            // Another write came first: our pages may be the winner's too (the
+            // acquirers of one epoch write the same set), so they stay.
+            LeaseWrite::Conflict(c) => Ok(Err(c)),
+        }
     }
 }

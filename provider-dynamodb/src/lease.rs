@@ -4,6 +4,7 @@
 //! | `ShardKey` | `SortKey` | attributes |
 //! |---|---|---|
 //! | `<service length>#<service>#<shard>#lease` | `lease` | `Row` (the lease, bytes), `ETag` |
+//! | `<service length>#<service>#<shard>#lease` | `page#<page set>#<index as 8 digits>` | `Page` (a page of the lease's exceptions, bytes; one item each, under the 400 KB item limit) |
 //! | `<service length>#<service>#shards` | `shards` | `Shards` (the shard count) |
 //!
 //! A reminder partition ends in `#` and two hex digits; these end in `#lease`
@@ -26,6 +27,7 @@ use crate::schema::{self, SHARD_KEY, SORT_KEY};
 const ROW: &str = "Row";
 const ETAG: &str = "ETag";
 const SHARDS: &str = "Shards";
+const PAGE: &str = "Page";
 
 /// The shard lease rows of one reminder service on DynamoDB.
 #[derive(Debug)]
@@ -69,9 +71,36 @@ impl DynamoDbLeaseTable {
 
     fn lease_key(&self, shard: u32) -> Item {
         Item::from([
-            (SHARD_KEY.to_owned(), s(format!("{}#{shard}#lease", self.base()))),
+            (SHARD_KEY.to_owned(), s(self.shard_partition(shard))),
             (SORT_KEY.to_owned(), s("lease")),
         ])
+    }
+
+    fn shard_partition(&self, shard: u32) -> String {
+        format!("{}#{shard}#lease", self.base())
+    }
+
+    fn page_key(&self, shard: u32, set: &str, index: u32) -> Item {
+        Item::from([
+            (SHARD_KEY.to_owned(), s(self.shard_partition(shard))),
+            (SORT_KEY.to_owned(), s(format!("page#{set}#{index:08}"))),
+        ])
+    }
+
+    /// The keys of every page of `shard`.
+    async fn page_keys(&self, shard: u32) -> Result<Vec<Item>> {
+        let q = self
+            .conn
+            .client
+            .query()
+            .consistent_read(true)
+            .key_condition_expression("#p = :p AND begins_with(#s, :page)")
+            .expression_attribute_names("#p", SHARD_KEY)
+            .expression_attribute_names("#s", SORT_KEY)
+            .expression_attribute_values(":p", s(self.shard_partition(shard)))
+            .expression_attribute_values(":page", s("page#"))
+            .projection_expression("#p, #s");
+        self.conn.query_all(self.table_name(), q).await
     }
 
     fn count_key(&self) -> Item {
@@ -198,6 +227,63 @@ impl LeaseTable for DynamoDbLeaseTable {
         }
     }
 
+    async fn write_pages(&self, shard: u32, set: &str, pages: &[Vec<u8>]) -> Result<()> {
+        for page in pages {
+            rollcall_core::lease::check_row(shard, page)?;
+        }
+        self.ready().await?;
+        for (i, page) in pages.iter().enumerate() {
+            let mut item = self.page_key(shard, set, i as u32);
+            item.insert(PAGE.to_owned(), AttributeValue::B(Blob::new(page.clone())));
+            self.conn
+                .client
+                .put_item()
+                .table_name(self.table_name())
+                .set_item(Some(item))
+                .send()
+                .await
+                .map_err(|e| self.conn.error("PutItem", self.table_name(), e))?;
+        }
+        Ok(())
+    }
+
+    async fn read_pages(&self, shard: u32, set: &str, count: u32) -> Result<Vec<Option<Vec<u8>>>> {
+        self.ready().await?;
+        let keys = (0..count).map(|i| self.page_key(shard, set, i)).collect();
+        let items = self.conn.batch_get(self.table_name(), keys).await?;
+        let mut out = vec![None; count as usize];
+        let prefix = format!("page#{set}#");
+        for item in &items {
+            let attrs = Attrs(item);
+            let index = attrs
+                .s(SORT_KEY)
+                .ok()
+                .and_then(|sk| sk.strip_prefix(&prefix))
+                .and_then(|i| i.parse::<usize>().ok());
+            if let (Some(slot), Some(AttributeValue::B(b))) =
+                (index.and_then(|i| out.get_mut(i)), item.get(PAGE))
+            {
+                *slot = Some(b.as_ref().to_vec());
+            }
+        }
+        Ok(out)
+    }
+
+    async fn delete_pages(&self, shard: u32, keep: Option<&str>) -> Result<()> {
+        self.ready().await?;
+        let kept = keep.map(|set| format!("page#{set}#"));
+        let stale: Vec<Item> = self
+            .page_keys(shard)
+            .await?
+            .into_iter()
+            .filter(|item| {
+                let sk = Attrs(item).s(SORT_KEY).unwrap_or_default().to_owned();
+                kept.as_ref().is_none_or(|k| !sk.starts_with(k.as_str()))
+            })
+            .collect();
+        self.conn.batch_delete(self.table_name(), stale).await
+    }
+
     async fn clear(&self) -> Result<()> {
         self.ready().await?;
         let Some(count) = self.get(self.count_key()).await? else {
@@ -206,6 +292,9 @@ impl LeaseTable for DynamoDbLeaseTable {
         let shards: u32 = Attrs(&count)
             .n(SHARDS)
             .map_err(|e| Error::corrupt(format!("shard count of {}", self.service_id), e))?;
+        for k in 0..shards {
+            self.delete_pages(k, None).await?;
+        }
         let mut keys: Vec<Item> = (0..shards).map(|k| self.lease_key(k)).collect();
         keys.push(self.count_key());
         self.conn.batch_delete(self.table_name(), keys).await

@@ -243,6 +243,16 @@ impl Conn {
         }
     }
 
+    /// Deletes the keys in `[from, to)`.
+    pub(crate) async fn delete_range(&self, what: &str, from: &str, to: &str) -> Result<()> {
+        self.bounded(what, || {
+            let (mut kv, from, to) = (self.kv.clone(), from.to_owned(), to.to_owned());
+            async move { kv.delete(from, Some(DeleteOptions::new().with_range(to))).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
     pub(crate) async fn delete_prefix(&self, what: &str, prefix: &str) -> Result<()> {
         self.bounded(what, || {
             let (mut kv, prefix) = (self.kv.clone(), prefix.to_owned());

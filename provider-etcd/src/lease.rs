@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `<prefix>/<service>/lease/shards` | the service's shard count (decimal), put only when absent |
 //! | `<prefix>/<service>/lease/shard/<shard as 5 digits>` | one lease row; its etag is the key's `mod_revision` |
+//! | `<prefix>/<service>/lease/pages/<shard as 5 digits>/<page set>/<index as 8 digits>` | a page of a lease's exceptions (each read and written alone: a request stays far below etcd's 1.5 MiB) |
 //!
 //! A write is one `Txn`: compare the key's `mod_revision` (0: no key), put,
 //! or on a failed compare read the key to name its current etag.
@@ -41,6 +42,15 @@ impl EtcdLeaseTable {
 
     fn lease_key(&self, shard: u32) -> String {
         format!("{}shard/{shard:05}", self.base)
+    }
+
+    /// The prefix of shard `shard`'s pages (ends in `/`).
+    fn pages_prefix(&self, shard: u32) -> String {
+        format!("{}pages/{shard:05}/", self.base)
+    }
+
+    fn page_key(&self, shard: u32, set: &str, index: u32) -> String {
+        format!("{}{set}/{index:08}", self.pages_prefix(shard))
     }
 }
 
@@ -109,6 +119,53 @@ impl LeaseTable for EtcdLeaseTable {
         Ok(LeaseWrite::Conflict(
             got(&resp).map(|kv| Etag::new(kv.mod_revision().to_string())),
         ))
+    }
+
+    async fn write_pages(&self, shard: u32, set: &str, pages: &[Vec<u8>]) -> Result<()> {
+        for page in pages {
+            rollcall_core::lease::check_row(shard, page)?;
+        }
+        for (i, page) in pages.iter().enumerate() {
+            let txn = Txn::new().and_then(vec![TxnOp::put(
+                self.page_key(shard, set, i as u32),
+                page.clone(),
+                None,
+            )]);
+            self.conn.txn("write lease page", txn).await?;
+        }
+        Ok(())
+    }
+
+    async fn read_pages(&self, shard: u32, set: &str, count: u32) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut out = Vec::with_capacity(count as usize);
+        for i in 0..count {
+            let mut resp = self
+                .conn
+                .get("read lease page", self.page_key(shard, set, i), None)
+                .await?;
+            out.push(resp.take_kvs().into_iter().next().map(|kv| kv.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    async fn delete_pages(&self, shard: u32, keep: Option<&str>) -> Result<()> {
+        let prefix = self.pages_prefix(shard);
+        // Past every key of the prefix: its last byte, `/`, plus one.
+        let end = format!("{}0", &prefix[..prefix.len() - 1]);
+        match keep {
+            None => self.conn.delete_range("delete lease pages", &prefix, &end).await,
+            Some(set) => {
+                // The keys before the kept set's, then those after it.
+                let kept = format!("{prefix}{set}/");
+                let after_kept = format!("{prefix}{set}0");
+                self.conn
+                    .delete_range("delete lease pages", &prefix, &kept)
+                    .await?;
+                self.conn
+                    .delete_range("delete lease pages", &after_kept, &end)
+                    .await
+            }
+        }
     }
 
     async fn clear(&self) -> Result<()> {

@@ -14,6 +14,8 @@ use crate::{lock, MemoryStore};
 pub(crate) struct Leases {
     shards: Option<u32>,
     rows: BTreeMap<u32, (Vec<u8>, Etag)>,
+    /// Pages by (shard, set, index).
+    pages: BTreeMap<(u32, String, u32), Vec<u8>>,
 }
 
 /// The shard lease rows of one reminder service in a [`MemoryStore`].
@@ -60,6 +62,32 @@ impl LeaseTable for MemoryLeaseTable {
             }
             l.rows.insert(shard, (row.to_vec(), etag.clone()));
             LeaseWrite::Written(etag)
+        })
+    }
+
+    async fn write_pages(&self, shard: u32, set: &str, pages: &[Vec<u8>]) -> Result<()> {
+        for page in pages {
+            rollcall_core::lease::check_row(shard, page)?;
+        }
+        self.with(|l| {
+            for (i, page) in pages.iter().enumerate() {
+                l.pages.insert((shard, set.to_owned(), i as u32), page.clone());
+            }
+        })
+    }
+
+    async fn read_pages(&self, shard: u32, set: &str, count: u32) -> Result<Vec<Option<Vec<u8>>>> {
+        self.with(|l| {
+            (0..count)
+                .map(|i| l.pages.get(&(shard, set.to_owned(), i)).cloned())
+                .collect()
+        })
+    }
+
+    async fn delete_pages(&self, shard: u32, keep: Option<&str>) -> Result<()> {
+        self.with(|l| {
+            l.pages
+                .retain(|(k, set, _), _| *k != shard || Some(set.as_str()) == keep);
         })
     }
 

@@ -19,6 +19,7 @@
 //! | `<prefix>:{r:<service>:<shard>}:ring` | sorted set | `<actor>/<name>` scored by the 32-bit actor hash |
 //! | `<prefix>:{r:<service>:<shard>}:rem:<actor>/<name>` | string | the reminder as JSON, with its `etag` |
 //! | `<prefix>:{r:<service>:<shard>}:lease` | hash | the shard's lease: `etag`, `row` (JSON) |
+//! | `<prefix>:{r:<service>:<shard>}:pages` | hash | `<page set>/<index>` -> a page of the lease's exceptions (JSON) |
 //! | `<prefix>:{r:<service>}:ring`, `...:rem:<actor>/<name>` | | the first layout (one slot per service), read once to move its reminders |
 //! | **actor state** (tag `s:<service>:<shard>`, the actor's shard of 256) | | |
 //! | `<prefix>:{s:<service>:<shard>}:h:<actor>/<name>` | hash | the header: `etag`, `body` (frame and JSON header), `data` (a small state's bytes) |
@@ -157,6 +158,10 @@ impl ReminderKeys {
     /// The lease of shard `k`.
     pub(crate) fn lease(&self, k: u32) -> String {
         format!("{}:lease", self.shard_base(k))
+    }
+    /// The lease pages of shard `k`: a hash of `<set>/<index>` -> page.
+    pub(crate) fn lease_pages(&self, k: u32) -> String {
+        format!("{}:pages", self.shard_base(k))
     }
     /// The ring of the first layout (every reminder of the service in one slot).
     pub(crate) fn legacy_ring(&self) -> String {

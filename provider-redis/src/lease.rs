@@ -153,10 +153,69 @@ impl LeaseTable for RedisLeaseTable {
         }
     }
 
+    async fn write_pages(&self, shard: u32, set: &str, pages: &[Vec<u8>]) -> Result<()> {
+        for page in pages {
+            rollcall_core::lease::check_row(shard, page)?;
+        }
+        if pages.is_empty() {
+            return Ok(());
+        }
+        let mut hset = redis::cmd("HSET");
+        hset.arg(self.keys.lease_pages(shard));
+        for (i, page) in pages.iter().enumerate() {
+            hset.arg(format!("{set}/{i}")).arg(page.as_slice());
+        }
+        let mut pipe = redis::pipe();
+        pipe.add_command(hset).ignore();
+        let () = self
+            .router
+            .pipeline_write(&self.keys.shard_tag(shard), "write lease pages", &pipe)
+            .await?;
+        Ok(())
+    }
+
+    async fn read_pages(&self, shard: u32, set: &str, count: u32) -> Result<Vec<Option<Vec<u8>>>> {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(self.keys.lease_pages(shard));
+        for i in 0..count {
+            cmd.arg(format!("{set}/{i}"));
+        }
+        self.router
+            .query(&self.keys.shard_tag(shard), "read lease pages", &cmd)
+            .await
+    }
+
+    async fn delete_pages(&self, shard: u32, keep: Option<&str>) -> Result<()> {
+        let key = self.keys.lease_pages(shard);
+        let tag = self.keys.shard_tag(shard);
+        let Some(keep) = keep else {
+            let cmd = redis::cmd("DEL").arg(&key).clone();
+            return self.router.query(&tag, "delete lease pages", &cmd).await;
+        };
+        let fields: Vec<String> = self
+            .router
+            .query(&tag, "list lease pages", redis::cmd("HKEYS").arg(&key))
+            .await?;
+        let prefix = format!("{keep}/");
+        let stale: Vec<&String> = fields.iter().filter(|f| !f.starts_with(&prefix)).collect();
+        if stale.is_empty() {
+            return Ok(());
+        }
+        let cmd = redis::cmd("HDEL").arg(&key).arg(stale).clone();
+        let _: i64 = self.router.query(&tag, "delete lease pages", &cmd).await?;
+        Ok(())
+    }
+
     async fn clear(&self) -> Result<()> {
         if let Some(n) = self.recorded_count().await? {
             for shard in 0..n {
-                let cmd = redis::cmd("DEL").arg(self.keys.lease(shard)).clone();
+                let cmd = redis::cmd("DEL")
+                    .arg(self.keys.lease(shard))
+                    .arg(self.keys.lease_pages(shard))
+                    .clone();
                 let () = self
                     .router
                     .query(&self.keys.shard_tag(shard), "clear shard lease", &cmd)

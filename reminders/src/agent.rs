@@ -233,7 +233,11 @@ impl ReminderAgent {
             }
             Action::WriteLease(lease) => {
                 let shard = lease.shard;
-                let call = async move { bounded(timeout, leases.write(&lease)).await.map_err(text) };
+                let call = async move {
+                    bounded(timeout, leases.write(&lease))
+                        .await
+                        .map_err(|e| crate::shards::WriteFailed::of(&e))
+                };
                 self.answer(ctx, call, move |result| {
                     Event::Shard(ShardEvent::Written { shard, result })
                 });

@@ -7,18 +7,21 @@
 //! # The rules
 //! 1. **Start after an acquire** ([`HeldShard::start`]), until the acquire
 //!    load ends: a reminder named in the lease's exceptions starts at its
-//!    exception; after a takeover (the holder died) every reminder is planned
-//!    by its missed-tick policy from the takeover time; otherwise from its
-//!    first occurrence after the watermark `W`. An owed occurrence older than
-//!    [`MAX_CATCH_UP`] at the acquire is planned by the policy instead (a shard
-//!    nobody held for long). A one-shot whose only occurrence is at or before
+//!    exception, however old (a release's backlog is owed, not missed);
+//!    after a takeover (the holder died) every reminder is planned by its
+//!    missed-tick policy from the takeover time; otherwise from its first
+//!    occurrence after the watermark `W`. That first occurrence, when older
+//!    than [`MAX_CATCH_UP`] at the acquire, is planned by the policy instead (a
+//!    shard nobody held for long). A one-shot whose only occurrence is at or before
 //!    `W` was delivered by an earlier holder: it is not planned, and a
 //!    schedule whose last occurrence is at or before `W` is removed.
 //! 2. **Owed on release** ([`HeldShard::owed`]): the first occurrence of a row
-//!    not delivered or started here, if it is at or before the release's
-//!    watermark (the stop time, or the floor when later: a `FireOnce`
-//!    catch-up planned at a takeover time is owed too). A delivery running at
-//!    the stop counts as started. A row never seen here owes its first
+//!    not delivered here, if it is at or before the release's watermark (the
+//!    stop time, or the floor when later: a `FireOnce` catch-up planned at a
+//!    takeover time is owed too). Deliveries running at the stop are waited
+//!    for first, up to [`MAX_DRAIN`]: one that finished is delivered, one that
+//!    failed is owed, and one still running then is owed too (at least once:
+//!    its handler may finish after all). A row never seen here owes its first
 //!    occurrence after the floor.
 //! 3. **Notices** ([`HeldShard::takes_notices`]): a shard that is stopping
 //!    takes no notice (its release reads the row, or the row's first tick
@@ -43,10 +46,18 @@ use rollcall_core::{ReminderEntry, Timestamp};
 use crate::queue::Key;
 use crate::schedule::Timing;
 
-/// Occurrences owed by a handoff are delivered in turn when at most this old at
-/// the acquire; older ones (a shard nobody held for long: the whole cluster was
-/// down) are planned by the missed-tick policy: 60 s.
+/// The first occurrence after a lease's watermark is delivered in turn when at
+/// most this old at the acquire; an older one (a shard nobody held for long:
+/// the whole cluster was down) is planned by the missed-tick policy: 60 s.
+/// Exceptions, which a release owes, have no such bound.
 pub const MAX_CATCH_UP: Duration = Duration::from_secs(60);
+
+/// How long a shard that stops waits for the deliveries it has in flight
+/// before its release reads what it owes (at most the options'
+/// `delivery_timeout`): 5 s, half of a silo's default `shutdown_timeout`, so a
+/// graceful leave still writes its releases. A delivery still running then is
+/// owed by the release (its handler may yet finish: that tick can come twice).
+pub const MAX_DRAIN: Duration = Duration::from_secs(5);
 
 /// How long a silo that is not Active (or has not confirmed its row lately)
 /// waits before it looks at its due ticks again: 1 s.
@@ -74,8 +85,11 @@ pub struct HeldShard {
     pub stopped_at: Timestamp,
     /// The acquire load ended.
     pub loaded: bool,
-    /// Delivery stopped; the release load runs.
+    /// Delivery stopped; the release load runs (or waits for the drain).
     pub stopping: bool,
+    /// Delivery stopped with deliveries in flight: the release load waits
+    /// for them until this time ([`MAX_DRAIN`]).
+    pub draining_until: Option<Timestamp>,
     /// Rows the last load read.
     pub rows: u64,
     /// A notice for this shard was not read while its acquire load ran (the
@@ -130,11 +144,15 @@ impl HeldShard {
     pub fn start(&self, key: &Key, timing: &Timing, now: Timestamp) -> Start {
         // After a crash nothing is planned before the takeover time.
         let from = self.takeover.map_or(now, |t| t.max(now));
-        let owed = if self.loaded {
-            None
-        } else if let Some(at) = self.exceptions.get(key) {
-            Some(*at)
-        } else if self.takeover.is_some() {
+        if !self.loaded {
+            if let Some(at) = self.exceptions.get(key) {
+                // Owed by a graceful release: honoured whatever its age (a
+                // backlog at the release); the missed-tick policy is for
+                // crashes and outages.
+                return Start::Owed(*at);
+            }
+        }
+        let owed = if self.loaded || self.takeover.is_some() {
             None
         } else {
             match self.floor {
@@ -159,11 +177,8 @@ impl HeldShard {
         // A row whose schedule cannot be read is never delivered: nothing owed.
         let timing = Timing::of(row).ok()?;
         let next = match seen {
-            // Started: the one after it is owed.
-            Some(Seen {
-                scheduled,
-                delivering: true,
-            }) => timing.after(scheduled)?,
+            // Still being delivered after the drain: owed, not delivered (its
+            // handler may yet finish, so that tick may come twice).
             Some(Seen { scheduled, .. }) => scheduled,
             None => match self.floor {
                 Some(floor) => timing.after(floor)?,
@@ -286,6 +301,16 @@ mod tests {
         assert_eq!(h.start(&key(), &every_10s, later), Start::Plan(later));
     }
 
+    /// A release's backlog is owed, not missed: an exception an hour old
+    /// still starts at its own occurrence (it fell to the policy past 60 s).
+    #[test]
+    fn exceptions_are_owed_whatever_their_age() {
+        let every_10s = Timing::of(&row(0, Some(10_000))).unwrap();
+        let h = HeldShard::acquired(1, Some(t(25_000)), None, HashMap::from([(key(), t(20_000))]));
+        let hour_later = t(20_000).saturating_add(Duration::from_secs(3_600));
+        assert_eq!(h.start(&key(), &every_10s, hour_later), Start::Owed(t(20_000)));
+    }
+
     #[test]
     fn a_takeover_plans_from_the_takeover_time_and_a_loaded_shard_from_now() {
         let every_10s = Timing::of(&row(0, Some(10_000))).unwrap();
@@ -309,7 +334,7 @@ mod tests {
     }
 
     #[test]
-    fn a_release_owes_the_first_occurrence_not_started() {
+    fn a_release_owes_the_first_occurrence_not_delivered() {
         let r = row(0, Some(10_000));
         let mut h = HeldShard::acquired(1, Some(t(5_000)), None, HashMap::new());
         h.stopping = true;
@@ -323,7 +348,11 @@ mod tests {
             scheduled: t(30_000),
             delivering: true,
         };
-        assert_eq!(h.owed(&r, Some(running)), None, "40 s is after the stop");
+        assert_eq!(
+            h.owed(&r, Some(running)).map(|e| e.next),
+            Some(t(30_000)),
+            "still running after the drain: owed, not delivered"
+        );
         assert_eq!(h.owed(&r, None).map(|e| e.next), Some(t(10_000)));
     }
 

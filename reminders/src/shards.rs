@@ -49,9 +49,19 @@
 //! what the row says was delivered (`W`, the exceptions) and releases exactly
 //! what it did not deliver; watermarks never move back. So on graceful churn no
 //! occurrence is delivered twice or lost, whatever the views say and however
-//! late messages arrive. After a crash the successor starts at its takeover
-//! time, after the Dead holder stopped (rule 5): nothing twice; what the crash
-//! window owes is the missed-tick policy's.
+//! late messages arrive; a release owes however many reminders are owed (the
+//! lease row's pages hold what the row does not) and waits for the
+//! deliveries in flight first (`handoff`, rule 2).
+//! After a crash the successor starts at its takeover time, after the Dead
+//! holder stopped (rule 5), and what fell due in the crash window follows the
+//! missed-tick policy. **What repeats after a crash:** a one-shot or a
+//! `FireOnce` catch-up the Dead holder delivered whose removal or `last_fired`
+//! write had not landed yet (normally those of its last moments; during a
+//! store outage, every such write still queued) is delivered again; no
+//! periodic or cron occurrence is. Every delivery of one occurrence carries
+//! the same `ReminderTick::occurrence_id()`: a handler that records the ids it
+//! handled drops the repeat. Delivery is at least once after a crash, exactly
+//! once on graceful churn.
 //!
 //! Modelled on Temporal's history shards (a range id bumped on every acquire,
 //! ack levels in the shard row) and Kafka's consumer groups (commit on revoke,
@@ -109,6 +119,31 @@ pub struct ShardOptions {
     pub poll: Duration,
 }
 
+/// Why a lease write failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteFailed {
+    /// It may have landed (a timeout, a lost connection, a server error): the
+    /// row is read to learn its outcome (rule 6).
+    Unknown(String),
+    /// It was refused before anything was sent and would be refused again (a
+    /// row the store cannot take, `Error::InvalidInput`; a corrupt answer):
+    /// never read back as if it might have landed, and tried again only
+    /// after a poll, with an error logged each time.
+    Refused(String),
+}
+
+impl WriteFailed {
+    /// From the call's error: [`Refused`](Self::Refused) for a store error
+    /// that is not transient, else [`Unknown`](Self::Unknown) (a timeout
+    /// included).
+    pub fn of(e: &crate::api::ReminderError) -> WriteFailed {
+        match e {
+            crate::api::ReminderError::Table(t) if !t.is_transient() => WriteFailed::Refused(e.to_string()),
+            _ => WriteFailed::Unknown(e.to_string()),
+        }
+    }
+}
+
 /// What the machine is told.
 #[derive(Clone, Debug)]
 pub enum ShardEvent {
@@ -123,12 +158,13 @@ pub enum ShardEvent {
         result: Result<ShardLease, String>,
     },
     /// The answer of [`ShardAction::Write`]: `Ok(Ok(etag))` written,
-    /// `Ok(Err(current))` another write came first, `Err` outcome unknown.
+    /// `Ok(Err(current))` another write came first, `Err` failed (see
+    /// [`WriteFailed`]).
     Written {
         /// The shard.
         shard: u32,
         /// The outcome.
-        result: Result<Result<Etag, Option<Etag>>, String>,
+        result: Result<Result<Etag, Option<Etag>>, WriteFailed>,
     },
     /// The shard's rows are loaded and scheduled ([`ShardAction::Load`]).
     Loaded {
@@ -360,7 +396,7 @@ impl ShardMachine {
         match event {
             ShardEvent::View(v) => self.view(now, v, &mut out),
             ShardEvent::Read { shard, result } => self.read(now, shard, result, &mut out),
-            ShardEvent::Written { shard, result } => self.written(shard, result, &mut out),
+            ShardEvent::Written { shard, result } => self.written(now, shard, result, &mut out),
             ShardEvent::Loaded { shard, read_from } => {
                 if let Some(Slot::Loading { lease }) = self.slots.get(&shard) {
                     self.taken_from.remove(&shard);
@@ -673,14 +709,28 @@ impl ShardMachine {
 
     fn written(
         &mut self,
+        now: Timestamp,
         k: u32,
-        result: Result<Result<Etag, Option<Etag>>, String>,
+        result: Result<Result<Etag, Option<Etag>>, WriteFailed>,
         out: &mut Vec<ShardAction>,
     ) {
         let Some(slot) = self.slots.get(&k).cloned() else {
             return;
         };
         match (slot, result) {
+            // Refused: nothing landed, and trying at once would be refused
+            // again. The row is read (and the write made again if it still
+            // stands) after a poll, as for an unknown outcome whose read failed.
+            (Slot::Acquiring { lease, takeover }, Err(WriteFailed::Refused(why))) => {
+                tracing::error!(shard = k, error = %why, "a shard lease acquire was refused; trying again after a poll");
+                self.slots.insert(k, Slot::AcquireUnknown { lease, takeover });
+                self.retry_at.insert(k, after(now, self.options.poll));
+            }
+            (Slot::Releasing { lease }, Err(WriteFailed::Refused(why))) => {
+                tracing::error!(shard = k, error = %why, "a shard lease release was refused; trying again after a poll");
+                self.slots.insert(k, Slot::ReleaseUnknown { lease });
+                self.retry_at.insert(k, after(now, self.options.poll));
+            }
             (Slot::Acquiring { mut lease, takeover }, Ok(Ok(etag))) => {
                 lease.etag = etag;
                 self.acquired(k, lease, takeover, out);

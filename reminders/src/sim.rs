@@ -848,7 +848,7 @@ impl World {
                 let leases = self.leases.clone();
                 let shard = lease.shard;
                 let (lat, result) = self.table_call(i, leases.write(&lease));
-                let result = result.map_err(|e| e.to_string());
+                let result = result.map_err(|e| crate::shards::WriteFailed::of(&e));
                 self.sched.push(
                     lat,
                     i,

@@ -17,7 +17,9 @@ use rollcall_core::lease::{LeaseStatus, ShardLease};
 use rollcall_core::{
     actor_hash, actor_shard, Etag, MembershipEntry, MembershipSnapshot, SiloAddress, SiloStatus, Timestamp,
 };
-use rollcall_reminders::shards::{shard_range, ShardAction, ShardEvent, ShardMachine, ShardOptions};
+use rollcall_reminders::shards::{
+    shard_range, ShardAction, ShardEvent, ShardMachine, ShardOptions, WriteFailed,
+};
 
 const SHARDS: u32 = 12;
 const L: Duration = Duration::from_millis(40);
@@ -289,12 +291,17 @@ impl World {
                 let result = if landed {
                     let r = self.apply_write(&lease);
                     if self.lossy && self.rng.random_bool(0.1) {
-                        Err("timed out after the write landed".to_owned())
+                        Err(WriteFailed::Unknown(
+                            "timed out after the write landed".to_owned(),
+                        ))
                     } else {
                         Ok(r)
                     }
+                } else if self.rng.random_bool(0.5) {
+                    Err(WriteFailed::Unknown("connection refused".to_owned()))
                 } else {
-                    Err("connection refused".to_owned())
+                    // Refused before anything was sent: it did not land.
+                    Err(WriteFailed::Refused("the row is too large".to_owned()))
                 };
                 let at = self.delay();
                 self.ops.push((

@@ -272,6 +272,15 @@ impl LeaseTable for CountingLeases {
         bump(&self.counts.lease_reads);
         self.inner.read_lease(shard).await
     }
+    async fn write_pages(&self, shard: u32, set: &str, pages: &[Vec<u8>]) -> Result<()> {
+        self.inner.write_pages(shard, set, pages).await
+    }
+    async fn read_pages(&self, shard: u32, set: &str, count: u32) -> Result<Vec<Option<Vec<u8>>>> {
+        self.inner.read_pages(shard, set, count).await
+    }
+    async fn delete_pages(&self, shard: u32, keep: Option<&str>) -> Result<()> {
+        self.inner.delete_pages(shard, keep).await
+    }
     async fn write_lease(&self, shard: u32, expected: &Expected, row: &[u8]) -> Result<LeaseWrite> {
         bump(&self.counts.lease_writes);
         self.inner.write_lease(shard, expected, row).await

@@ -275,3 +275,134 @@ pub async fn lease_a_garbage_row_is_a_typed_error(store: Store) {
     let e = leases.write(&fixed).await.unwrap().unwrap();
     assert_eq!(leases.read(6).await.unwrap(), ShardLease { etag: e, ..fixed });
 }
+
+/// `n` exceptions of `id_bytes`-byte actor ids, due one ms apart.
+fn many_exceptions(n: usize, id_bytes: usize) -> Vec<LeaseException> {
+    (0..n)
+        .map(|i| {
+            let head = format!("cart/{i}-");
+            LeaseException {
+                actor_id: format!("{head}{}", "é".repeat(id_bytes.saturating_sub(head.len()) / 2)),
+                name: format!("n{i}"),
+                next: Timestamp::from_millis(1_795_000_000_000 + i as u64),
+            }
+        })
+        .collect()
+}
+
+/// A lease that owes more exceptions than one row holds is written whole (its
+/// exceptions in pages) and reads back whole; the next write, paged or not,
+/// leaves only the pages its row names; a paged row whose pages are gone is
+/// Corrupt, not a lease without exceptions; the page calls keep their
+/// contract (a missing page is `None`, an oversized one `InvalidInput`).
+pub async fn lease_exceptions_past_one_row_go_to_pages(store: Store) {
+    let leases = fresh_leases(&store, 8).await;
+    let table: Arc<dyn LeaseTable> = leases.table().clone();
+    let owner = silo(11111, 1_795_000_000_000);
+
+    // 3,000 exceptions of 300-byte ids: over 900 KB, several pages.
+    let mut lease = acquired(&ShardLease::vacant(2), owner);
+    lease.exceptions = many_exceptions(3_000, 300);
+    let etag = leases.write(&lease).await.unwrap().expect("first write");
+    let back = leases.read(2).await.unwrap();
+    assert_eq!(back.exceptions.len(), 3_000);
+    assert_eq!(
+        back,
+        ShardLease {
+            etag: etag.clone(),
+            ..lease.clone()
+        }
+    );
+    let (row, _) = table.read_lease(2).await.unwrap().expect("the row");
+    assert!(
+        row.len() <= rollcall_core::lease::MAX_LEASE_BYTES,
+        "the row itself stays small"
+    );
+    let owned_set = rollcall_core::lease::page_set(lease.epoch, LeaseStatus::Owned);
+    let owned_pages = table.read_pages(2, &owned_set, 64).await.unwrap();
+    let count = owned_pages.iter().take_while(|p| p.is_some()).count();
+    assert!(count >= 3, "{count} pages");
+
+    // The release owes other exceptions: its own page set; the acquire's goes.
+    let release = ShardLease {
+        status: LeaseStatus::Released,
+        exceptions: many_exceptions(2_500, 400),
+        watermark: Some(Timestamp::from_millis(1_795_000_009_000)),
+        etag,
+        ..lease.clone()
+    };
+    let etag = leases.write(&release).await.unwrap().expect("release");
+    assert_eq!(
+        leases.read(2).await.unwrap(),
+        ShardLease {
+            etag: etag.clone(),
+            ..release.clone()
+        }
+    );
+    assert!(
+        table
+            .read_pages(2, &owned_set, count as u32)
+            .await
+            .unwrap()
+            .iter()
+            .all(Option::is_none),
+        "the pages the row no longer names are deleted"
+    );
+
+    // A small row: no pages at all any more.
+    let next = ShardLease {
+        exceptions: Vec::new(),
+        etag,
+        ..acquired(&release, silo(22222, 1_795_000_000_000))
+    };
+    let etag = leases.write(&next).await.unwrap().expect("acquire");
+    assert_eq!(leases.read(2).await.unwrap(), ShardLease { etag, ..next });
+    let released_set = rollcall_core::lease::page_set(release.epoch, LeaseStatus::Released);
+    assert!(table
+        .read_pages(2, &released_set, 8)
+        .await
+        .unwrap()
+        .iter()
+        .all(Option::is_none));
+
+    // A paged row whose pages vanished is Corrupt (never read as owing nothing).
+    let mut other = acquired(&ShardLease::vacant(3), owner);
+    other.exceptions = many_exceptions(1_500, 300);
+    leases.write(&other).await.unwrap().expect("paged write");
+    table.delete_pages(3, None).await.unwrap();
+    assert!(matches!(leases.read(3).await, Err(Error::Corrupt { .. })));
+
+    // The page calls themselves.
+    table
+        .write_pages(4, "s1", &[b"a".to_vec(), b"b".to_vec()])
+        .await
+        .unwrap();
+    table.write_pages(4, "s2", &[b"c".to_vec()]).await.unwrap();
+    assert_eq!(
+        table.read_pages(4, "s1", 3).await.unwrap(),
+        vec![Some(b"a".to_vec()), Some(b"b".to_vec()), None]
+    );
+    table.delete_pages(4, Some("s2")).await.unwrap();
+    assert_eq!(table.read_pages(4, "s1", 2).await.unwrap(), vec![None, None]);
+    assert_eq!(
+        table.read_pages(4, "s2", 1).await.unwrap(),
+        vec![Some(b"c".to_vec())]
+    );
+    assert!(matches!(
+        table
+            .write_pages(4, "s3", &[vec![b'x'; rollcall_core::lease::MAX_LEASE_BYTES + 1]])
+            .await,
+        Err(Error::InvalidInput { .. })
+    ));
+    assert_eq!(
+        table.read_pages(4, "s3", 1).await.unwrap(),
+        vec![None],
+        "nothing written"
+    );
+    table.clear().await.unwrap();
+    assert_eq!(
+        table.read_pages(4, "s2", 1).await.unwrap(),
+        vec![None],
+        "clear removes pages"
+    );
+}

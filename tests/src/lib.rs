@@ -120,6 +120,7 @@ macro_rules! lease_conformance_tests {
             lease_table::lease_services_are_isolated,
             lease_table::lease_a_garbage_row_is_a_typed_error,
             key_limits::lease_rows_at_and_past_the_limit,
+            lease_table::lease_exceptions_past_one_row_go_to_pages,
         }
     };
     (@names_out $($module:ident :: $scenario:ident),+ $(,)?) => {

@@ -163,6 +163,7 @@ impl ReminderMachine {
                 })
                 .map_err(|e| e.to_string());
             self.deliveries += 1;
+            *self.in_flight.entry(k).or_default() += 1;
             self.out.push(Action::Deliver {
                 key,
                 etag,
@@ -180,6 +181,14 @@ impl ReminderMachine {
         res: Result<(), String>,
     ) {
         self.deliveries = self.deliveries.saturating_sub(1);
+        let k = rollcall_core::actor_shard(key.actor(), self.count);
+        let left = self.in_flight.get_mut(&k).map(|n| {
+            *n = n.saturating_sub(1);
+            *n
+        });
+        if left == Some(0) {
+            self.in_flight.remove(&k);
+        }
         let now = self.now;
         let current = self
             .queue
@@ -206,6 +215,11 @@ impl ReminderMachine {
             }
         }
         self.publish_gauges();
+        if left == Some(0) && self.held.get(&k).is_some_and(|h| h.draining_until.is_some()) {
+            // The last delivery the stopping shard waited for: its release
+            // load reads the outcome (delivered, or owed when it failed).
+            self.drained(k);
+        }
         if self.queue.next_due().is_some_and(|d| d <= now) {
             self.deliver_due();
         }

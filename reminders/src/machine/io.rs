@@ -40,6 +40,8 @@ pub enum Timer {
     Refresh,
     /// The shard machine's timer ([`ShardAction::SetTimer`](crate::shards::ShardAction::SetTimer)).
     Shards,
+    /// A stopping shard's drain ends ([`MAX_DRAIN`](crate::handoff::MAX_DRAIN)).
+    Drain,
 }
 /// What happens to a reminder machine.
 #[derive(Debug)]

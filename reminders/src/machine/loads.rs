@@ -256,11 +256,6 @@ impl Loads {
     }
 }
 
-/// Most exceptions one release records (a lease row stays under
-/// [`MAX_LEASE_BYTES`](rollcall_core::lease::MAX_LEASE_BYTES)); past it
-/// the rest are logged and lost.
-pub const MAX_EXCEPTIONS: usize = 1024;
-
 impl ReminderMachine {
     /// Starts the loads that wait, while there is room.
     pub(super) fn start_loads(&mut self) {
@@ -360,17 +355,9 @@ impl ReminderMachine {
         };
         match run.kind {
             LoadKind::Final => {
-                let mut exceptions = run.exceptions;
-                if exceptions.len() > MAX_EXCEPTIONS {
-                    exceptions.sort_by_key(|e| e.next);
-                    tracing::error!(
-                        shard = k,
-                        owed = exceptions.len(),
-                        kept = MAX_EXCEPTIONS,
-                        "a release owes more reminders than a lease row holds; the rest are lost"
-                    );
-                    exceptions.truncate(MAX_EXCEPTIONS);
-                }
+                // Every owed reminder, however many: what does not fit the
+                // lease row goes to its pages (`ShardLeases::write`).
+                let exceptions = run.exceptions;
                 let stopped_at = held.stopped_at;
                 self.drop_shard(k);
                 let event = ShardEvent::Stopped {

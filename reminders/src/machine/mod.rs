@@ -60,7 +60,7 @@ pub use deliveries::{LOAD_GRACE, MAX_DELIVERIES};
 pub use io::{Action, Event, Inbound, Timer};
 use lease_calls::LeaseCalls;
 pub use lease_calls::MAX_LEASE_CALLS;
-pub use loads::{LoadId, LOAD_PIECE_ROWS, MAX_EXCEPTIONS, MAX_LOADS, MAX_LOAD_BACKOFF};
+pub use loads::{LoadId, LOAD_PIECE_ROWS, MAX_LOADS, MAX_LOAD_BACKOFF};
 use loads::{LoadKind, Loads};
 use notices::NoticeReads;
 pub use notices::{MAX_NOTICE_READS, NOTICE_BATCH, NOTICE_QUEUE};
@@ -114,6 +114,8 @@ pub struct ReminderMachine {
     lease_calls: LeaseCalls<Action>,
     /// Deliveries in flight.
     deliveries: usize,
+    /// Deliveries in flight per shard (a stopping shard waits for its own).
+    in_flight: BTreeMap<u32, usize>,
     /// Whether the silo delivers (Active and confirmed), and the resume rule.
     pause: Pause,
     armed: Armed,
@@ -153,6 +155,7 @@ impl ReminderMachine {
             writes: WriteQueue::default(),
             lease_calls: LeaseCalls::default(),
             deliveries: 0,
+            in_flight: BTreeMap::new(),
             pause: Pause::default(),
             armed: Armed::default(),
             leaving: false,
@@ -275,6 +278,23 @@ impl ReminderMachine {
                 self.out.push(Action::SetTimer(Timer::Refresh, at));
                 self.refresh_now();
             }
+            Timer::Drain => {
+                let now = self.now;
+                let over: Vec<u32> = self
+                    .held
+                    .iter()
+                    .filter(|(_, h)| h.draining_until.is_some_and(|t| t <= now))
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in over {
+                    tracing::warn!(
+                        shard = k,
+                        in_flight = self.in_flight.get(&k).copied().unwrap_or(0),
+                        "deliveries still running when the drain ended are owed by the release"
+                    );
+                    self.drained(k);
+                }
+            }
             Timer::Shards => {
                 self.armed.shards = None;
                 self.feed_shards(ShardEvent::Tick);
@@ -364,9 +384,29 @@ impl ReminderMachine {
         held.stopping = true;
         held.stopped_at = self.now;
         self.loads.cancel(k);
+        if self.in_flight.get(&k).is_some_and(|n| *n > 0) {
+            // Wait for the deliveries in flight (rule 2 of `handoff`).
+            let drain = self.options.delivery_timeout.min(crate::handoff::MAX_DRAIN);
+            let until = self.now.saturating_add(drain);
+            held.draining_until = Some(until);
+            self.out.push(Action::SetTimer(Timer::Drain, until));
+            return None;
+        }
         self.loads.queue_final(k);
         self.start_loads();
         None
+    }
+
+    /// The drain of stopping shard `k` is over: its release load runs.
+    pub(super) fn drained(&mut self, k: u32) {
+        let Some(held) = self.held.get_mut(&k) else {
+            return;
+        };
+        if held.draining_until.take().is_none() {
+            return;
+        }
+        self.loads.queue_final(k);
+        self.start_loads();
     }
 
     /// The hashes of shard `k`.

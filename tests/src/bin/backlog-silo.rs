@@ -1,0 +1,202 @@
+//! A silo process for the handoff-under-load tests (`tests/tests/handoff_load.rs`):
+//! a silo with the fast membership profile and a reminder service of few shards,
+//! whose handlers take a while, and which appends every tick to a log file when
+//! its handler has run (not when the delivery was decided), one line per tick:
+//! `actor name scheduled_ms done_ms silo`.
+//!
+//! ```text
+//! backlog-silo CLUSTER STORE_URL LISTEN_ADDR LOG_FILE [COUNT ID_BYTES DUE_MS SPREAD_MS]
+//! ```
+//!
+//! `CLUSTER` is the cluster id and the reminder service id. With `COUNT`, it
+//! registers `COUNT` one-shots (reminder `once`) of actors that all map to
+//! shard 0, each actor id `ID_BYTES` long (`cart/<i>-xxx...`), due `DUE_MS`
+//! after registering began, spread over `SPREAD_MS`, 64 registrations at a
+//! time (one registered after its due time is due at once). It prints `ready`
+//! once registered. SIGTERM shuts the silo down gracefully and exits 0.
+//!
+//! Environment: `BACKLOG_SHARDS` (the service's shard count, default 8; the
+//! same in every process), `BACKLOG_HANDLER_MS` (how long a handler takes,
+//! default 0), `BACKLOG_MAX_DELIVERIES` (ticks delivered at once, default the
+//! options' default).
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::{Actor, Context, Handler, ResponseFuture};
+use futures_util::StreamExt;
+use rollcall::{ClusterMembershipOptions, ReminderOptions, Silo, SystemClock};
+use rollcall_core::Clock;
+use rollcall_reminders::{ActorId, ReminderSpec, ReminderTick, Reminders};
+
+struct Logger {
+    silo: String,
+    handler: Duration,
+    out: Arc<Mutex<std::fs::File>>,
+}
+
+impl Actor for Logger {
+    type Context = Context<Self>;
+}
+
+impl Handler<ReminderTick> for Logger {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, t: ReminderTick, _: &mut Context<Self>) -> Self::Result {
+        let (silo, out, handler) = (self.silo.clone(), self.out.clone(), self.handler);
+        Box::pin(async move {
+            if !handler.is_zero() {
+                tokio::time::sleep(handler).await;
+            }
+            let line = format!(
+                "{} {} {} {} {}\n",
+                t.actor,
+                t.name,
+                t.scheduled.as_millis(),
+                SystemClock.now().as_millis(),
+                silo
+            );
+            let mut out = out.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Err(e) = out.write_all(line.as_bytes()) {
+                eprintln!("tick log: {e}");
+            }
+        })
+    }
+}
+
+fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The actor ids of shard 0 of `shards`, `id_bytes` long each: `cart/<i>-xx...`
+/// for the `i` whose id maps there.
+pub fn shard_zero_actors(count: usize, id_bytes: usize, shards: u32) -> Vec<String> {
+    let mut out = Vec::with_capacity(count);
+    let mut i = 0u64;
+    while out.len() < count {
+        let head = format!("cart/{i}-");
+        let id = format!("{head}{}", "x".repeat(id_bytes.saturating_sub(head.len())));
+        if rollcall_core::actor_shard(&id, shards) == 0 {
+            out.push(id);
+        }
+        i += 1;
+    }
+    out
+}
+
+fn main() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() != 4 && args.len() != 8 {
+        eprintln!(
+            "usage: backlog-silo CLUSTER STORE_URL LISTEN_ADDR LOG_FILE [COUNT ID_BYTES DUE_MS SPREAD_MS]"
+        );
+        std::process::exit(2);
+    }
+    if let Err(e) = run(&args) {
+        eprintln!("backlog-silo: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+    let cluster = args[0].clone();
+    let listen: std::net::SocketAddr = args[2].parse()?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&args[3])?;
+    let out = Arc::new(Mutex::new(log));
+    let shards: u32 = env_or("BACKLOG_SHARDS", 8);
+    let handler = Duration::from_millis(env_or("BACKLOG_HANDLER_MS", 0));
+    let max_deliveries = env_or(
+        "BACKLOG_MAX_DELIVERIES",
+        ReminderOptions::default().max_deliveries,
+    );
+    let system = actix::System::new();
+    let started = system.block_on(async {
+        let options = ClusterMembershipOptions::fast();
+        let store = rollcall::connect_retrying(&args[1], options.max_join_attempt_time).await?;
+        let silo = Silo::builder(store.clone(), cluster.clone())
+            .listen(listen)
+            .options(options)
+            .start()
+            .await?;
+        let logger = Logger {
+            silo: silo.address().to_string(),
+            handler,
+            out,
+        }
+        .start()
+        .recipient();
+        let reminders = Reminders::builder(&silo, store)
+            .service_id(cluster.clone())
+            .shards(shards)
+            .options(ReminderOptions {
+                minimum_period: Duration::from_secs(1),
+                max_deliveries,
+                ..ReminderOptions::default()
+            })
+            .target(move |_: &ActorId| Some(logger.clone()))
+            .start()
+            .await?;
+        if args.len() == 8 {
+            let count: usize = args[4].parse()?;
+            let id_bytes: usize = args[5].parse()?;
+            let due: u64 = args[6].parse()?;
+            let spread: u64 = args[7].parse()?;
+            let actors = shard_zero_actors(count, id_bytes, shards);
+            // Due times from when registering began, so a slow registration
+            // does not stretch the burst.
+            let base = SystemClock.now().as_millis();
+            let registered = futures_util::stream::iter(actors.into_iter().enumerate())
+                .map(|(i, id)| {
+                    let reminders = &reminders;
+                    async move {
+                        let actor = ActorId::parse(&id)?;
+                        let at = base + due + i as u64 * spread / count.max(1) as u64;
+                        let wait = at.saturating_sub(SystemClock.now().as_millis());
+                        reminders
+                            .register(&actor, "once", ReminderSpec::once(Duration::from_millis(wait)))
+                            .await?;
+                        Ok::<_, Box<dyn std::error::Error>>(())
+                    }
+                })
+                .buffer_unordered(64)
+                .collect::<Vec<_>>()
+                .await;
+            for r in registered {
+                r?;
+            }
+        }
+        println!("ready {}", silo.address());
+        Ok::<_, Box<dyn std::error::Error>>((silo, reminders))
+    })?;
+    let (silo, reminders) = started;
+    system.block_on(async move {
+        actix::spawn(async move {
+            let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            else {
+                return;
+            };
+            term.recv().await;
+            if let Err(e) = silo.shutdown().await {
+                eprintln!("graceful shutdown: {e}");
+            }
+            drop(reminders);
+            actix::System::current().stop();
+        });
+    });
+    system.run()?;
+    Ok(())
+}

@@ -1,0 +1,319 @@
+//! Graceful handoffs under load, across silo processes (`backlog-silo`) on one
+//! real store: a shard whose holder leaves (SIGTERM) while it has a backlog of
+//! owed ticks must hand every owed tick to its successor, however many and
+//! however large their keys, and promptly. A tick counts when its handler has
+//! run (the processes log it then), so a tick whose delivery started but whose
+//! handler never ran is a lost tick here.
+
+#![cfg(any(feature = "redis", feature = "etcd"))]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use rollcall_core::lease::{LeaseStatus, ShardLeases};
+use rollcall_tests::fixtures::free_port;
+use rollcall_tests::unique_id;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// The shard count of the test services (`BACKLOG_SHARDS`).
+const SHARDS: u32 = 8;
+
+/// One `backlog-silo` process and its tick log.
+struct Proc {
+    child: Child,
+    address: String,
+    log: PathBuf,
+}
+
+/// What a burst registers (one-shots of shard 0's actors), how the handlers
+/// run, and when the holder gets its SIGTERM.
+struct Burst {
+    count: usize,
+    id_bytes: usize,
+    due: Duration,
+    spread: Duration,
+    /// How long a handler takes, ms.
+    handler_ms: u64,
+    /// Ticks delivered at once per silo (`None`: the default).
+    max_deliveries: Option<usize>,
+    /// The SIGTERM comes once this many ticks were delivered.
+    sigterm_after: usize,
+}
+
+/// Starts a `backlog-silo` with `env` and waits (at most 60 s, plus the
+/// burst's due time: it registers the burst first) until it prints `ready`.
+async fn start(
+    cluster: &str,
+    store: &str,
+    dir: &Path,
+    name: &str,
+    env: &[(&str, String)],
+    burst: Option<&Burst>,
+) -> Proc {
+    let listen = format!("127.0.0.1:{}", free_port().expect("free port"));
+    let log = dir.join(format!("ticks-{name}.log"));
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_backlog-silo"));
+    cmd.arg(cluster)
+        .arg(store)
+        .arg(&listen)
+        .arg(&log)
+        .env("BACKLOG_SHARDS", SHARDS.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    if let Some(b) = burst {
+        cmd.arg(b.count.to_string())
+            .arg(b.id_bytes.to_string())
+            .arg(b.due.as_millis().to_string())
+            .arg(b.spread.as_millis().to_string());
+    }
+    let mut child = cmd.spawn().expect("spawn backlog-silo");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    // Registering a burst takes a while; it is due after that.
+    let ready_within = Duration::from_secs(60) + burst.map_or(Duration::ZERO, |b| b.due);
+    let address = tokio::time::timeout(ready_within, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(a) = line.strip_prefix("ready ") {
+                return Some(a.to_owned());
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+    .unwrap_or_else(|| panic!("backlog-silo {name} did not get ready"));
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Proc { child, address, log }
+}
+
+fn sigterm(p: &Proc) {
+    let pid = p.child.id().expect("running");
+    let status = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status()
+        .expect("kill -TERM");
+    assert!(status.success());
+}
+
+async fn exits(p: &mut Proc, within: Duration) {
+    let status = tokio::time::timeout(within, p.child.wait())
+        .await
+        .unwrap_or_else(|_| panic!("{} did not exit within {within:?} of SIGTERM", p.address))
+        .expect("wait");
+    assert!(status.success(), "{} exited with {status}", p.address);
+}
+
+/// Every tick line of the logs: (actor, name, scheduled) to the silos that ran it.
+fn ticks(logs: &[&Path]) -> BTreeMap<(String, String, u64), Vec<String>> {
+    let mut out: BTreeMap<_, Vec<String>> = BTreeMap::new();
+    for log in logs {
+        for line in std::fs::read_to_string(log).unwrap_or_default().lines() {
+            let f: Vec<&str> = line.split(' ').collect();
+            // A line being written as we read has fewer fields: the next read has it.
+            if f.len() == 5 {
+                if let Ok(s) = f[2].parse() {
+                    out.entry((f[0].to_owned(), f[1].to_owned(), s))
+                        .or_default()
+                        .push(f[4].to_owned());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn lines(log: &Path) -> usize {
+    std::fs::read_to_string(log).map_or(0, |t| t.lines().count())
+}
+
+/// Waits (polling every 50 ms, at most `within`) until `f` holds.
+async fn until(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A shard with a backlog of `burst` one-shots is released by its holder's
+/// graceful leave in the middle of the burst: the lease leaves the holder
+/// within 10 s of the SIGTERM, and the successor delivers every owed
+/// one-shot, each exactly once over both processes.
+async fn a_release_during_a_backlog_hands_over_every_owed_tick(store: &str, burst: Burst) {
+    let cluster = unique_id("backlog");
+    let dir = std::env::temp_dir().join(&cluster);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let mut env = vec![("BACKLOG_HANDLER_MS", burst.handler_ms.to_string())];
+    if let Some(n) = burst.max_deliveries {
+        env.push(("BACKLOG_MAX_DELIVERIES", n.to_string()));
+    }
+    let mut a = start(&cluster, store, &dir, "a", &env, None).await;
+    let mut b = start(&cluster, store, &dir, "b", &env, Some(&burst)).await;
+    // The holder of shard 0 is the process whose log fills.
+    until(burst.due + Duration::from_secs(60), "the burst starts", || {
+        lines(&a.log) + lines(&b.log) >= burst.sigterm_after
+    })
+    .await;
+    let logs = [a.log.clone(), b.log.clone()];
+    let paths: Vec<&Path> = logs.iter().map(PathBuf::as_path).collect();
+    let (holder, successor) = if lines(&a.log) >= lines(&b.log) {
+        (&mut a, &mut b)
+    } else {
+        (&mut b, &mut a)
+    };
+    let delivered_before = lines(&holder.log);
+    assert!(
+        delivered_before < burst.count * 3 / 4,
+        "the SIGTERM comes in the middle of the burst ({delivered_before} of {})",
+        burst.count
+    );
+    let sent = Instant::now();
+    sigterm(holder);
+
+    // The lease leaves the holder promptly.
+    let conn = rollcall::connect(store).await.expect("connect");
+    let leases = ShardLeases::open(conn.lease_table(&cluster).expect("lease table"), SHARDS)
+        .await
+        .expect("leases");
+    let holder_address = holder.address.clone();
+    loop {
+        let moved = match leases.read(0).await {
+            Ok(lease) => {
+                lease.status == LeaseStatus::Released
+                    || lease.owner.map(|o| o.to_string()) != Some(holder_address.clone())
+            }
+            Err(e) => panic!("reading the lease of shard 0: {e}"),
+        };
+        if moved {
+            break;
+        }
+        assert!(
+            sent.elapsed() < Duration::from_secs(10),
+            "the lease of shard 0 still names {holder_address} 10 s after its SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let released_in = sent.elapsed();
+    exits(holder, Duration::from_secs(30)).await;
+
+    // The successor delivers the rest; then it leaves too, so the logs are final.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let seen = ticks(&paths).len();
+        if seen >= burst.count {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{seen} of {} one-shots delivered 120 s after the SIGTERM",
+            burst.count
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let successor_address = successor.address.clone();
+    sigterm(successor);
+    exits(successor, Duration::from_secs(30)).await;
+    let all = ticks(&paths);
+    let twice: Vec<_> = all.iter().filter(|(_, by)| by.len() > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{} one-shots delivered more than once, e.g. {:?}",
+        twice.len(),
+        twice.first()
+    );
+    assert_eq!(all.len(), burst.count, "every one-shot, once");
+    let by_successor = all.values().filter(|by| by[0] == successor_address).count();
+    println!(
+        "{} one-shots of {}-byte ids: the lease moved {released_in:?} after the SIGTERM; \
+         {delivered_before} delivered before it, {by_successor} by the successor",
+        burst.count, burst.id_bytes
+    );
+    assert!(by_successor > 0, "the successor delivered the owed ones");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// (c): 2,000 one-shots of 900-byte actor ids with 100-ms handlers, 16 at
+/// once: a backlog of 12 s, whose release owes far more than one lease row
+/// holds (256 KiB).
+fn long_ids() -> Burst {
+    Burst {
+        count: 2_000,
+        id_bytes: 900,
+        due: Duration::from_secs(2),
+        spread: Duration::from_millis(500),
+        handler_ms: 100,
+        max_deliveries: Some(16),
+        sigterm_after: 100,
+    }
+}
+
+/// (a): one-shots of one shard due together, instant handlers, the SIGTERM
+/// a tenth into the burst: 100,000 due within 5 s with
+/// `ROLLCALL_HANDOFF_FULL=1` (as in the issue; registering them takes a
+/// while), 20,000 due at one instant otherwise (CI), so that most of them are
+/// due and waiting when the release is written.
+fn mass_due() -> Burst {
+    let full = std::env::var("ROLLCALL_HANDOFF_FULL").is_ok_and(|v| v == "1");
+    let count = if full { 100_000 } else { 20_000 };
+    Burst {
+        count,
+        id_bytes: 24,
+        due: Duration::from_secs(if full { 240 } else { 15 }),
+        spread: Duration::from_secs(if full { 5 } else { 0 }),
+        handler_ms: 0,
+        max_deliveries: None,
+        sigterm_after: count / 10,
+    }
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_of_2000_long_ids_during_a_backlog_on_redis_loses_and_repeats_nothing() {
+        let Some(backend) = rollcall_tests::fixtures::redis().await else {
+            return;
+        };
+        a_release_during_a_backlog_hands_over_every_owed_tick(&backend.endpoint, long_ids()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_in_the_middle_of_a_mass_due_time_on_redis_loses_and_repeats_nothing() {
+        let Some(backend) = rollcall_tests::fixtures::redis().await else {
+            return;
+        };
+        a_release_during_a_backlog_hands_over_every_owed_tick(&backend.endpoint, mass_due()).await;
+    }
+}
+
+#[cfg(feature = "etcd")]
+mod etcd {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_of_2000_long_ids_during_a_backlog_on_etcd_loses_and_repeats_nothing() {
+        let Some(backend) = rollcall_tests::fixtures::etcd().await else {
+            return;
+        };
+        let url = format!("etcd://{}", backend.endpoint);
+        a_release_during_a_backlog_hands_over_every_owed_tick(&url, long_ids()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_in_the_middle_of_a_mass_due_time_on_etcd_loses_and_repeats_nothing() {
+        let Some(backend) = rollcall_tests::fixtures::etcd().await else {
+            return;
+        };
+        let url = format!("etcd://{}", backend.endpoint);
+        a_release_during_a_backlog_hands_over_every_owed_tick(&url, mass_due()).await;
+    }
+}
