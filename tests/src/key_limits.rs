@@ -10,7 +10,7 @@ use rollcall_core::lease::{MAX_LEASE_BYTES, MAX_SHARDS};
 use rollcall_core::statistics::StatFilter;
 use rollcall_core::{
     AggLevel, ClearMode, Codec, Error, Expected, KeyLimits, MetricsRole, StatPoint, StateKey,
-    StatisticsOptions, Timestamp,
+    StatisticsOptions, StatisticsStore, Timestamp,
 };
 
 use crate::{
@@ -202,6 +202,12 @@ pub async fn keys_statistics_names_at_and_past_the_limit(store: Store) {
     let Some(stats) = statistics_store::fresh_statistics(&store, &StatisticsOptions::default()) else {
         return;
     };
+    check_statistics_labels(stats.as_ref(), label).await;
+}
+
+/// The body of K4 on an empty statistics store whose labels hold `label` bytes
+/// (also run on the embedded store).
+pub async fn check_statistics_labels(stats: &dyn StatisticsStore, label: usize) {
     let good = StatPoint {
         time: Timestamp::from_millis(statistics_store::BASE),
         silo: text("s", label),

@@ -122,6 +122,9 @@ fn the_embedded_store_passes_the_conformance_checks() {
         check_retention(&store).await;
         let (_dir, store) = embedded(&StatisticsOptions::default());
         check_invalid_points_and_retries(&store).await;
+        let (_dir, store) = embedded(&StatisticsOptions::default());
+        rollcall_tests::key_limits::check_statistics_labels(&store, rollcall_core::KeyLimits::CORE.label)
+            .await;
     });
 }
 
