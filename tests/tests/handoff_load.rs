@@ -41,6 +41,9 @@ struct Burst {
     max_deliveries: Option<usize>,
     /// The SIGTERM comes once this many ticks were delivered.
     sigterm_after: usize,
+    /// Periodic reminders of this period instead of one-shots (only their
+    /// first occurrence, about the same for all, is checked).
+    period: Option<Duration>,
 }
 
 /// Starts a `backlog-silo` with `env` and waits (at most 60 s, plus the
@@ -155,10 +158,13 @@ async fn a_release_during_a_backlog_hands_over_every_owed_tick(store: &str, burs
     if let Some(n) = burst.max_deliveries {
         env.push(("BACKLOG_MAX_DELIVERIES", n.to_string()));
     }
+    if let Some(p) = burst.period {
+        env.push(("BACKLOG_PERIOD_MS", p.as_millis().to_string()));
+    }
     let mut a = start(&cluster, store, &dir, "a", &env, None).await;
     let mut b = start(&cluster, store, &dir, "b", &env, Some(&burst)).await;
     // The holder of shard 0 is the process whose log fills.
-    until(burst.due + Duration::from_secs(60), "the burst starts", || {
+    until(burst.due + Duration::from_secs(120), "the burst starts", || {
         lines(&a.log) + lines(&b.log) >= burst.sigterm_after
     })
     .await;
@@ -205,18 +211,34 @@ async fn a_release_during_a_backlog_hands_over_every_owed_tick(store: &str, burs
     exits(holder, Duration::from_secs(30)).await;
 
     // The successor delivers the rest; then it leaves too, so the logs are final.
-    let deadline = Instant::now() + Duration::from_secs(120);
+    // What must be delivered once each: every one-shot, or every periodic
+    // reminder's first occurrence (the earliest scheduled time: all share it).
+    let owed = |all: &BTreeMap<(String, String, u64), Vec<String>>| -> usize {
+        match burst.period {
+            None => all.len(),
+            Some(period) => {
+                // The first occurrences share their time to within the few ms
+                // registering takes (each is `due` after its own registration).
+                let Some(first) = all.keys().map(|(_, _, s)| *s).min() else {
+                    return 0;
+                };
+                let window = first + period.as_millis() as u64 / 2;
+                all.keys().filter(|(_, _, s)| *s < window).count()
+            }
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(180);
     loop {
-        let seen = ticks(&paths).len();
+        let seen = owed(&ticks(&paths));
         if seen >= burst.count {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "{seen} of {} one-shots delivered 120 s after the SIGTERM",
+            "{seen} of {} owed ticks delivered 180 s after the SIGTERM",
             burst.count
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let successor_address = successor.address.clone();
     sigterm(successor);
@@ -225,16 +247,22 @@ async fn a_release_during_a_backlog_hands_over_every_owed_tick(store: &str, burs
     let twice: Vec<_> = all.iter().filter(|(_, by)| by.len() > 1).collect();
     assert!(
         twice.is_empty(),
-        "{} one-shots delivered more than once, e.g. {:?}",
+        "{} ticks delivered more than once, e.g. {:?}",
         twice.len(),
         twice.first()
     );
-    assert_eq!(all.len(), burst.count, "every one-shot, once");
+    assert_eq!(owed(&all), burst.count, "every owed tick, once");
     let by_successor = all.values().filter(|by| by[0] == successor_address).count();
     println!(
-        "{} one-shots of {}-byte ids: the lease moved {released_in:?} after the SIGTERM; \
-         {delivered_before} delivered before it, {by_successor} by the successor",
-        burst.count, burst.id_bytes
+        "{} {} of {}-byte ids: the lease moved {released_in:?} after the SIGTERM; \
+         {delivered_before} ticks delivered before it, {by_successor} by the successor",
+        burst.count,
+        if burst.period.is_some() {
+            "periodic reminders"
+        } else {
+            "one-shots"
+        },
+        burst.id_bytes
     );
     assert!(by_successor > 0, "the successor delivered the owed ones");
     let _ = std::fs::remove_dir_all(&dir);
@@ -252,6 +280,7 @@ fn long_ids() -> Burst {
         handler_ms: 100,
         max_deliveries: Some(16),
         sigterm_after: 100,
+        period: None,
     }
 }
 
@@ -271,6 +300,25 @@ fn mass_due() -> Burst {
         handler_ms: 0,
         max_deliveries: None,
         sigterm_after: count / 10,
+        period: None,
+    }
+}
+
+/// (b): 5,000 every-minute reminders with 100-ms handlers, 4 at once (40 a
+/// second: their first occurrence takes 125 s), the SIGTERM 70 s into the
+/// backlog: the owed occurrences are over a minute old at the handoff, and
+/// still each delivered once (they fell to the missed-tick policy, `Skip`,
+/// past 60 s).
+fn minute_backlog() -> Burst {
+    Burst {
+        count: 5_000,
+        id_bytes: 24,
+        due: Duration::from_secs(5),
+        spread: Duration::ZERO,
+        handler_ms: 100,
+        max_deliveries: Some(4),
+        sigterm_after: 70 * 40,
+        period: Some(Duration::from_secs(60)),
     }
 }
 
@@ -292,6 +340,14 @@ mod redis {
             return;
         };
         a_release_during_a_backlog_hands_over_every_owed_tick(&backend.endpoint, mass_due()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_70_s_into_a_backlog_of_minute_reminders_on_redis_owes_them_all() {
+        let Some(backend) = rollcall_tests::fixtures::redis().await else {
+            return;
+        };
+        a_release_during_a_backlog_hands_over_every_owed_tick(&backend.endpoint, minute_backlog()).await;
     }
 }
 
@@ -315,5 +371,14 @@ mod etcd {
         };
         let url = format!("etcd://{}", backend.endpoint);
         a_release_during_a_backlog_hands_over_every_owed_tick(&url, mass_due()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_70_s_into_a_backlog_of_minute_reminders_on_etcd_owes_them_all() {
+        let Some(backend) = rollcall_tests::fixtures::etcd().await else {
+            return;
+        };
+        let url = format!("etcd://{}", backend.endpoint);
+        a_release_during_a_backlog_hands_over_every_owed_tick(&url, minute_backlog()).await;
     }
 }

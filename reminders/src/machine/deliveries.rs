@@ -54,9 +54,12 @@ impl ReminderMachine {
             Start::Delivered => None,
             Start::Owed(at) => {
                 catch_up = at < now;
+                // Due at its own time: an owed occurrence goes before the
+                // later ones that also fell due meanwhile (the due queue is
+                // in due order, and everything due at or before now is taken).
                 Some(Planned {
                     scheduled: at,
-                    due: at.max(now),
+                    due: at,
                 })
             }
             Start::Plan(from) => plan(&timing, from, learned).map(|mut next| {

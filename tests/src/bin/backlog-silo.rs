@@ -18,7 +18,8 @@
 //! Environment: `BACKLOG_SHARDS` (the service's shard count, default 8; the
 //! same in every process), `BACKLOG_HANDLER_MS` (how long a handler takes,
 //! default 0), `BACKLOG_MAX_DELIVERIES` (ticks delivered at once, default the
-//! options' default).
+//! options' default), `BACKLOG_PERIOD_MS` (register periodic reminders named
+//! `every` with this period instead of one-shots).
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -119,6 +120,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let out = Arc::new(Mutex::new(log));
     let shards: u32 = env_or("BACKLOG_SHARDS", 8);
     let handler = Duration::from_millis(env_or("BACKLOG_HANDLER_MS", 0));
+    let period = Duration::from_millis(env_or("BACKLOG_PERIOD_MS", 0));
     let max_deliveries = env_or(
         "BACKLOG_MAX_DELIVERIES",
         ReminderOptions::default().max_deliveries,
@@ -166,9 +168,16 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
                         let actor = ActorId::parse(&id)?;
                         let at = base + due + i as u64 * spread / count.max(1) as u64;
                         let wait = at.saturating_sub(SystemClock.now().as_millis());
-                        reminders
-                            .register(&actor, "once", ReminderSpec::once(Duration::from_millis(wait)))
-                            .await?;
+                        let due = Duration::from_millis(wait);
+                        if period.is_zero() {
+                            reminders
+                                .register(&actor, "once", ReminderSpec::once(due))
+                                .await?;
+                        } else {
+                            reminders
+                                .register(&actor, "every", ReminderSpec::every(due, period))
+                                .await?;
+                        }
                         Ok::<_, Box<dyn std::error::Error>>(())
                     }
                 })
