@@ -24,6 +24,7 @@ pub mod reminder_table;
 pub mod reminders;
 #[cfg(feature = "redis")]
 pub mod replicated;
+pub mod silo_process;
 pub mod sim;
 pub mod state_table;
 pub mod statistics_store;

@@ -90,13 +90,7 @@ pub fn shard_zero_actors(count: usize, id_bytes: usize, shards: u32) -> Vec<Stri
 }
 
 fn main() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    rollcall_tests::silo_process::log_warnings();
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() != 4 && args.len() != 8 {
         eprintln!(
@@ -192,20 +186,6 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         Ok::<_, Box<dyn std::error::Error>>((silo, reminders))
     })?;
     let (silo, reminders) = started;
-    system.block_on(async move {
-        actix::spawn(async move {
-            let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            else {
-                return;
-            };
-            term.recv().await;
-            if let Err(e) = silo.shutdown().await {
-                eprintln!("graceful shutdown: {e}");
-            }
-            drop(reminders);
-            actix::System::current().stop();
-        });
-    });
-    system.run()?;
+    rollcall_tests::silo_process::run_until_sigterm(system, silo, Box::new(reminders))?;
     Ok(())
 }
