@@ -101,6 +101,11 @@ pub struct LeaseException {
     pub name: String,
     /// Its first occurrence not delivered yet (UTC ms).
     pub next: Timestamp,
+    /// The etag of the registration that owes it (`None` in rows written
+    /// before it was recorded): a reminder registered again since then owes
+    /// nothing of the old registration and starts at its own first tick.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etag: Option<Etag>,
 }
 
 /// One shard's lease row.

@@ -7,7 +7,9 @@
 //! # The rules
 //! 1. **Start after an acquire** ([`HeldShard::start`]), until the acquire
 //!    load ends: a reminder named in the lease's exceptions starts at its
-//!    exception, however old (a release's backlog is owed, not missed);
+//!    exception, however old (a release's backlog is owed, not missed),
+//!    unless it was registered again since (another etag: it starts at its
+//!    own first tick);
 //!    after a takeover (the holder died) every reminder is planned by its
 //!    missed-tick policy from the takeover time; otherwise from its first
 //!    occurrence after the watermark `W`. That first occurrence, when older
@@ -78,6 +80,9 @@ pub struct HeldShard {
     pub takeover: Option<Timestamp>,
     /// The lease's exceptions, until the acquire load ends.
     pub exceptions: HashMap<Key, Timestamp>,
+    /// The registration (etag) each exception was owed under, where the
+    /// lease says.
+    pub exception_etags: HashMap<Key, rollcall_core::Etag>,
     /// Keys planned while loading (out of the due index until the shard may
     /// deliver).
     pub waiting: Vec<Key>,
@@ -169,6 +174,22 @@ impl HeldShard {
         }
     }
 
+    /// Rule 1, for a registration that changed during the handoff: forgets
+    /// the exception of `key` when it was owed under another etag than the
+    /// row's (`etag`), so the new registration starts at its own first tick,
+    /// not at the old one's owed occurrence. Whether one was forgotten.
+    pub fn forget_stale_exception(&mut self, key: &Key, etag: &str) -> bool {
+        let stale = self
+            .exception_etags
+            .get(key)
+            .is_some_and(|owed| owed.as_str() != etag);
+        if stale {
+            self.exceptions.remove(key);
+            self.exception_etags.remove(key);
+        }
+        stale
+    }
+
     /// Rule 2: what the release of this stopped shard owes for `row`, which
     /// this silo's queue holds as `seen` (none: never seen here, or under
     /// another etag).
@@ -189,6 +210,7 @@ impl HeldShard {
             actor_id: row.actor_id.clone(),
             name: row.name.clone(),
             next,
+            etag: Some(row.etag.clone()),
         })
     }
 
@@ -299,6 +321,23 @@ mod tests {
         assert_eq!(h.start(&key(), &every_10s, now), Start::Owed(t(10_000)));
         let later = now.saturating_add(Duration::from_millis(1));
         assert_eq!(h.start(&key(), &every_10s, later), Start::Plan(later));
+    }
+
+    /// A reminder registered again during the handoff (a new etag) owes
+    /// nothing of the old registration: its exception is forgotten, and it
+    /// starts at its own first tick.
+    #[test]
+    fn an_exception_of_another_registration_is_forgotten() {
+        let every_10s = Timing::of(&row(40_000, Some(10_000))).unwrap();
+        let mut h = HeldShard::acquired(1, Some(t(25_000)), None, HashMap::from([(key(), t(20_000))]));
+        h.exception_etags.insert(key(), rollcall_core::Etag::new("old"));
+        assert!(
+            !h.forget_stale_exception(&key(), "old"),
+            "the same registration keeps it"
+        );
+        assert_eq!(h.start(&key(), &every_10s, t(31_000)), Start::Owed(t(20_000)));
+        assert!(h.forget_stale_exception(&key(), "new"));
+        assert_eq!(h.start(&key(), &every_10s, t(31_000)), Start::Owed(t(40_000)));
     }
 
     /// A release's backlog is owed, not missed: an exception an hour old

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use rollcall_core::lease::{LeaseException, LeaseStatus, LeaseTable, LeaseWrite, ShardLease, ShardLeases};
-use rollcall_core::{Error, Expected, SiloAddress, Timestamp};
+use rollcall_core::{Error, Etag, Expected, SiloAddress, Timestamp};
 use tokio::sync::Barrier;
 
 use crate::{unique_id, Store};
@@ -44,6 +44,7 @@ pub async fn lease_absent_rows_are_vacant_and_rows_round_trip(store: Store) {
         actor_id: "cart/ä:{x}/\"y\"".into(),
         name: "n\\%/z".into(),
         next: Timestamp::from_millis(1_795_000_000_050),
+        etag: Some(Etag::new("e-1")),
     }];
     let etag = leases.write(&lease).await.unwrap().expect("first write");
     assert!(!etag.is_empty());
@@ -285,6 +286,7 @@ fn many_exceptions(n: usize, id_bytes: usize) -> Vec<LeaseException> {
                 actor_id: format!("{head}{}", "é".repeat(id_bytes.saturating_sub(head.len()) / 2)),
                 name: format!("n{i}"),
                 next: Timestamp::from_millis(1_795_000_000_000 + i as u64),
+                etag: (i % 2 == 0).then(|| Etag::new(format!("e{i}"))),
             }
         })
         .collect()

@@ -35,9 +35,13 @@ impl ReminderMachine {
         if let Some(at) = self.writes.fired_at(&key, &row.etag) {
             row.last_fired = row.last_fired.max(Some(at));
         }
-        let Some(held) = self.held.get(&k) else {
+        let Some(held) = self.held.get_mut(&k) else {
             return;
         };
+        // Registered again during the handoff: the old registration's owed
+        // occurrence is not this one's.
+        held.forget_stale_exception(&key, row.etag.as_str());
+        let held = &*held;
         let timing = match Timing::of(&row) {
             Ok(timing) => timing,
             Err(e) => {

@@ -353,7 +353,12 @@ impl ReminderMachine {
             .iter()
             .map(|e| (Key::new(&e.actor_id, &e.name), e.next))
             .collect();
-        let held = HeldShard::acquired(lease.epoch, lease.watermark, takeover, exceptions);
+        let mut held = HeldShard::acquired(lease.epoch, lease.watermark, takeover, exceptions);
+        held.exception_etags = lease
+            .exceptions
+            .iter()
+            .filter_map(|e| Some((Key::new(&e.actor_id, &e.name), e.etag.clone()?)))
+            .collect();
         self.held.insert(k, held);
         self.loads.queue(k, LoadKind::Acquire);
         self.start_loads();
