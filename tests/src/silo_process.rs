@@ -16,6 +16,27 @@ pub fn log_warnings() {
         .try_init();
 }
 
+/// Connects to `store_url` (retrying while the store is unreachable) and
+/// starts a silo of `cluster` listening on `listen`, with the fast membership
+/// profile: the store and the silo. Must run inside an actix `System`.
+///
+/// # Errors
+/// The connection's or the join's error.
+pub async fn start_silo(
+    store_url: &str,
+    cluster: &str,
+    listen: std::net::SocketAddr,
+) -> Result<(std::sync::Arc<dyn rollcall::SystemStore>, rollcall::SiloHandle), Box<dyn std::error::Error>> {
+    let options = rollcall::ClusterMembershipOptions::fast();
+    let store = rollcall::connect_retrying(store_url, options.max_join_attempt_time).await?;
+    let silo = rollcall::Silo::builder(store.clone(), cluster)
+        .listen(listen)
+        .options(options)
+        .start()
+        .await?;
+    Ok((store, silo))
+}
+
 /// Runs `system` until SIGTERM, then shuts `silo` down gracefully (its leave
 /// hooks first: the reminder service hands its shards over), drops `keep`
 /// (the services the silo ran) and stops.

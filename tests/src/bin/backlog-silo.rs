@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use actix::{Actor, Context, Handler, ResponseFuture};
 use futures_util::StreamExt;
-use rollcall::{ClusterMembershipOptions, ReminderOptions, Silo, SystemClock};
+use rollcall::{ReminderOptions, SystemClock};
 use rollcall_core::Clock;
 use rollcall_reminders::{ActorId, ReminderSpec, ReminderTick, Reminders};
 
@@ -121,13 +121,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     );
     let system = actix::System::new();
     let started = system.block_on(async {
-        let options = ClusterMembershipOptions::fast();
-        let store = rollcall::connect_retrying(&args[1], options.max_join_attempt_time).await?;
-        let silo = Silo::builder(store.clone(), cluster.clone())
-            .listen(listen)
-            .options(options)
-            .start()
-            .await?;
+        let (store, silo) = rollcall_tests::silo_process::start_silo(&args[1], &cluster, listen).await?;
         let logger = Logger {
             silo: silo.address().to_string(),
             handler,

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::{Actor, Context, Handler};
-use rollcall::{ClusterMembershipOptions, ReminderOptions, Silo};
+use rollcall::ReminderOptions;
 use rollcall_reminders::{ActorId, ReminderSpec, ReminderTick, Reminders};
 
 struct Logger {
@@ -77,13 +77,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let out = Arc::new(Mutex::new(log));
     let system = actix::System::new();
     let silo = system.block_on(async {
-        let options = ClusterMembershipOptions::fast();
-        let store = rollcall::connect_retrying(&args[0], options.max_join_attempt_time).await?;
-        let silo = Silo::builder(store.clone(), cluster.clone())
-            .listen(listen)
-            .options(options)
-            .start()
-            .await?;
+        let (store, silo) = rollcall_tests::silo_process::start_silo(&args[0], &cluster, listen).await?;
         let logger = Logger {
             silo: silo.address().to_string(),
             out,
