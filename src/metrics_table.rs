@@ -258,6 +258,8 @@ impl Publishing {
             // actix does not expose mailbox lengths.
             mailbox_backlog: None,
             load_shedding: self.silo.health_score() > 0,
+            clock_offset_ms: self.silo.clock().offset_ms,
+            clock_within_bound: Some(self.silo.clock().within_bound),
             ..MetricsRow::new(MetricsRole::Silo, self.silo.address().to_string(), now)
         }
     }

@@ -215,6 +215,13 @@ fn main() -> anyhow::Result<()> {
             }
             let snap = table.read_all().await?;
             print!("{}", view::table(&cluster, &snap, rollcall::Timestamp::now()));
+            // The clocks the silos report in their metrics rows (best effort:
+            // a store without them, or silos that publish none, add nothing).
+            if let Ok(metrics) = store.metrics_table(&cluster) {
+                if let Ok(report) = metrics.read_all().await {
+                    print!("{}", view::clocks(&snap, &report));
+                }
+            }
             Ok(())
         }),
         Command::History {

@@ -358,6 +358,30 @@ pub(crate) fn history(cluster: &str, events: &[MembershipEvent], silo: Option<&S
     out
 }
 
+/// What `rollcall status` adds about clocks: one line per silo of the view,
+/// not Dead, whose metrics row says its clock is beyond the cluster's bound
+/// (its reminder shards wait until it is back); nothing when none is.
+pub(crate) fn clocks(snap: &MembershipSnapshot, report: &rollcall::MetricsReport) -> String {
+    let mut out = String::new();
+    for m in &report.rows {
+        let live =
+            m.id.parse::<rollcall::SiloAddress>()
+                .ok()
+                .and_then(|s| snap.status_of(&s))
+                .is_some_and(|s| s != SiloStatus::Dead);
+        if live && m.clock_within_bound == Some(false) {
+            let offset = m.clock_offset_ms.map_or("?".to_owned(), |ms| format!("{ms:+}"));
+            let _ = writeln!(
+                out,
+                "clock: {} is {offset} ms from its peers' median, beyond max_clock_offset: \
+                 it delivers no reminder until its clock is back",
+                m.id
+            );
+        }
+    }
+    out
+}
+
 /// The metrics table as `rollcall metrics` prints it: a header line, a column
 /// header, one aligned line per row (role, id, age of the row, CPU %, RSS MiB,
 /// probe RTT p50/p99 ms, suspicions, votes, table reads/writes/conflicts, reminders
@@ -683,6 +707,45 @@ mod tests {
         assert_eq!(
             lines[4],
             "CORRUPT rollcall:{m:c}:silo:10.0.0.9:1@1: expected value at line 1 column 1"
+        );
+    }
+
+    /// `rollcall status` names a live silo whose clock is beyond the bound,
+    /// with its offset, and nothing else.
+    #[test]
+    fn status_names_the_silos_whose_clock_is_beyond_the_bound() {
+        let (a, b, c): (
+            rollcall::SiloAddress,
+            rollcall::SiloAddress,
+            rollcall::SiloAddress,
+        ) = (
+            "10.0.0.1:1@1".parse().unwrap(),
+            "10.0.0.2:1@1".parse().unwrap(),
+            "10.0.0.3:1@1".parse().unwrap(),
+        );
+        let mut snap = MembershipSnapshot::default();
+        for (s, status) in [
+            (a, SiloStatus::Active),
+            (b, SiloStatus::Active),
+            (c, SiloStatus::Dead),
+        ] {
+            snap.insert(MembershipEntry::new(s, status, Timestamp::EPOCH), Etag::new("e"));
+        }
+        let row = |s: rollcall::SiloAddress, offset: i64, within: bool| rollcall::MetricsRow {
+            clock_offset_ms: Some(offset),
+            clock_within_bound: Some(within),
+            ..rollcall::MetricsRow::new(rollcall::MetricsRole::Silo, s.to_string(), Timestamp::EPOCH)
+        };
+        let report = rollcall::MetricsReport {
+            rows: vec![row(a, 3, true), row(b, 2_503, false), row(c, 9_000, false)],
+            corrupt: Vec::new(),
+        };
+        let text = super::clocks(&snap, &report);
+        assert_eq!(
+            text,
+            "clock: 10.0.0.2:1@1 is +2503 ms from its peers' median, beyond max_clock_offset: \
+             it delivers no reminder until its clock is back\n",
+            "only the live silo beyond the bound"
         );
     }
 }

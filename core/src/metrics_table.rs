@@ -107,6 +107,15 @@ pub struct MetricsRow {
     /// Whether the process is shedding load (its local health score is above 0).
     #[serde(default)]
     pub load_shedding: bool,
+    /// How far the silo's wall clock is ahead of the median of its peers'
+    /// (negative: behind), in ms, as it measured it from its probes; `None`
+    /// before it measured any, and for clients.
+    #[serde(default)]
+    pub clock_offset_ms: Option<i64>,
+    /// Whether that offset is within the cluster's bound (half of
+    /// `max_clock_offset`); `None` for clients and older silos.
+    #[serde(default)]
+    pub clock_within_bound: Option<bool>,
     /// Gateways (silo addresses) a client is connected to; empty for silos.
     #[serde(default)]
     pub gateways: Vec<String>,
@@ -136,6 +145,8 @@ impl MetricsRow {
             ticks_late: 0,
             mailbox_backlog: None,
             load_shedding: false,
+            clock_offset_ms: None,
+            clock_within_bound: None,
             gateways: Vec::new(),
         }
     }

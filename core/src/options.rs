@@ -113,6 +113,17 @@ pub struct ClusterMembershipOptions {
     /// before the silo stops anyway (logging it). Default 10 s.
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// The largest difference between two silos' wall clocks that the cluster
+    /// tolerates (CockroachDB's `max-offset`, 500 ms there too). Each silo
+    /// measures its offset from its peers from the probes' timestamps (see
+    /// [`clock`](crate::protocol::clock)) and reports it
+    /// ([`SiloHandle::clock`](crate::SiloHandle::clock), the
+    /// `rollcall_clock_offset_seconds` gauge, `rollcall status`); a silo more
+    /// than half of it away from the median of its peers is beyond the bound,
+    /// and the reminder service stops delivering there until it is back. The
+    /// reminder fence waits this much longer before a takeover. Default 500 ms.
+    #[serde(with = "humantime_serde")]
+    pub max_clock_offset: Duration,
 }
 
 impl Default for ClusterMembershipOptions {
@@ -142,6 +153,7 @@ impl Default for ClusterMembershipOptions {
             use_version_row: true,
             table_operation_timeout: Duration::from_secs(5),
             shutdown_timeout: Duration::from_secs(10),
+            max_clock_offset: Duration::from_millis(500),
         }
     }
 }
@@ -285,6 +297,16 @@ impl ClusterMembershipOptions {
         require_positive("defunct_silo_cleanup_period", self.defunct_silo_cleanup_period)?;
         require_positive("table_operation_timeout", self.table_operation_timeout)?;
         require_positive("shutdown_timeout", self.shutdown_timeout)?;
+        require_positive("max_clock_offset", self.max_clock_offset)?;
+        if self.max_clock_offset > Duration::from_secs(60) {
+            return Err(Error::invalid_config(
+                "max_clock_offset",
+                format!(
+                    "{:?} is over a minute: fix the clocks (NTP) instead",
+                    self.max_clock_offset
+                ),
+            ));
+        }
         Ok(())
     }
 }

@@ -16,6 +16,8 @@
 //! | [`SUSPICIONS`] | counter | | votes this silo wrote into another silo's row (a suspicion or a declaration) |
 //! | [`TABLE_OPERATIONS`] | counter | `op`, `outcome` (`ok`, `conflict`, `error`) | membership table calls; `conflict` is a conditional write that lost |
 //! | [`TABLE_OPERATION_SECONDS`] | histogram | `op` | their duration, seconds (bounded by `table_operation_timeout`) |
+//! | [`CLOCK_OFFSET`] | gauge | | how far this silo's clock is ahead of the median of its peers' (negative: behind), seconds |
+//! | [`CLOCK_WITHIN_BOUND`] | gauge | | 1 while that is within half of `max_clock_offset`, else 0 |
 //!
 //! Actor state (labels `service`, the state table's service id) adds:
 //!
@@ -49,6 +51,11 @@ pub const SUSPICIONS: &str = "rollcall_suspicions_total";
 pub const TABLE_OPERATIONS: &str = "rollcall_table_operations_total";
 /// Histogram by `op`: membership table call durations, in seconds.
 pub const TABLE_OPERATION_SECONDS: &str = "rollcall_table_operation_seconds";
+
+/// Gauge: this silo's clock ahead of the median of its peers', in seconds.
+pub const CLOCK_OFFSET: &str = "rollcall_clock_offset_seconds";
+/// Gauge: 1 while the clock offset is within the bound, else 0.
+pub const CLOCK_WITHIN_BOUND: &str = "rollcall_clock_within_bound";
 
 /// Counter by `outcome`: `PersistentState` writes and clears.
 pub const STATE_WRITES: &str = "rollcall_state_writes_total";
@@ -167,6 +174,20 @@ impl SiloLabels {
         if let Some(rtt) = rtt {
             metrics::histogram!(PROBE_RTT, "cluster" => c, "silo" => s).record(rtt.as_secs_f64());
         }
+    }
+
+    /// The clock offset is now `report` (see [`crate::protocol::clock`]).
+    pub fn clock(&self, report: &crate::protocol::ClockReport) {
+        let (c, s) = self.base();
+        if let Some(ms) = report.offset_ms {
+            metrics::gauge!(CLOCK_OFFSET, "cluster" => c.clone(), "silo" => s.clone())
+                .set(ms as f64 / 1000.0);
+        }
+        metrics::gauge!(CLOCK_WITHIN_BOUND, "cluster" => c, "silo" => s).set(if report.within_bound {
+            1.0
+        } else {
+            0.0
+        });
     }
 
     /// The silo wrote a vote into another silo's row.

@@ -288,6 +288,8 @@ impl ProbeHandler for StuckJoiner {
                 responder: self.0,
                 health: 0,
                 version: 0,
+                received_ms: 0,
+                sent_ms: 0,
             },
             ProbeRequest::IndirectPing { .. } => ProbeResponse::IndirectResult {
                 target_answered: true,
@@ -425,6 +427,7 @@ async fn t11_garbage_and_oversized_frames_do_not_stop_the_probe_server() {
                     from: me,
                     target: silo.address(),
                     version: 0,
+                    sent_ms: 0,
                 },
                 Duration::from_secs(2),
             )
@@ -445,6 +448,7 @@ async fn t11_garbage_and_oversized_frames_do_not_stop_the_probe_server() {
                 from: me,
                 target: other,
                 version: 0,
+                sent_ms: 0,
             },
             Duration::from_secs(2),
         )
@@ -878,6 +882,7 @@ async fn t21_forged_gossip_floods_cost_a_handful_of_reads_and_none_with_a_secret
                 from: "127.0.0.1:1@1".parse().unwrap(),
                 target: silo.address(),
                 version: 0,
+                sent_ms: 0,
             },
         })
         .unwrap();

@@ -226,6 +226,7 @@ pub struct SiloHandle {
     pub(super) snapshot: watch::Receiver<Arc<MembershipSnapshot>>,
     pub(super) latest: watch::Receiver<Arc<MembershipSnapshot>>,
     pub(super) status: watch::Receiver<SiloStatus>,
+    pub(super) clock: watch::Receiver<crate::protocol::ClockReport>,
     pub(super) stop: Arc<watch::Sender<bool>>,
     pub(super) transport: Arc<dyn Transport>,
     pub(super) notices: Arc<super::NoticeSinks>,
@@ -349,6 +350,19 @@ impl SiloHandle {
     /// shared (`Arc`): the silo publishes a view without copying its rows.
     pub fn subscribe(&self) -> watch::Receiver<Arc<MembershipSnapshot>> {
         self.snapshot.clone()
+    }
+
+    /// How far this silo's wall clock is from its peers' and whether that is
+    /// within the options' `max_clock_offset` (see
+    /// [`clock`](crate::protocol::clock): measured from the probes, updated
+    /// after every probe, and at once when the local clock steps). Never waits.
+    pub fn clock(&self) -> crate::protocol::ClockReport {
+        *self.clock.borrow()
+    }
+
+    /// A watch of [`clock`](Self::clock): it changes when the report does.
+    pub fn subscribe_clock(&self) -> watch::Receiver<crate::protocol::ClockReport> {
+        self.clock.clone()
     }
 
     /// A watch of this silo's own status; it ends at Dead.

@@ -22,7 +22,9 @@ use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler,
 use tokio::sync::{oneshot, watch};
 
 use crate::metrics_table::CounterCells;
-use crate::protocol::{Action, Event, PingOutcome, SiloMachine, StopReason, Timer};
+use crate::protocol::{
+    Action, ClockOffsets, ClockReport, ClockSample, Event, PingOutcome, SiloMachine, StopReason, Timer,
+};
 use crate::telemetry::{outcome, Outcome, SiloLabels};
 use crate::transport::{Listener, ProbeRequest, ProbeResponse, Transport};
 use crate::{Clock, Error, MembershipSnapshot, MembershipTable, SiloAddress, SiloError, SiloStatus};
@@ -49,6 +51,8 @@ pub(crate) struct Outputs {
     pub(crate) snapshot: watch::Sender<Arc<MembershipSnapshot>>,
     pub(crate) status: watch::Sender<SiloStatus>,
     pub(crate) stop: Arc<watch::Sender<bool>>,
+    /// The clock offset from the peers, after every ping.
+    pub(crate) clock: watch::Sender<ClockReport>,
 }
 
 pub(crate) struct MembershipAgent {
@@ -75,6 +79,10 @@ pub(crate) struct MembershipAgent {
     pub(crate) vote_write: Option<u64>,
     /// The labels of this silo's `metrics` series.
     pub(crate) labels: SiloLabels,
+    /// The clock offsets measured from the pings' timestamps.
+    pub(crate) clock_offsets: ClockOffsets,
+    /// The origin of the monotonic times given to `clock_offsets`.
+    pub(crate) monotonic_origin: tokio::time::Instant,
 }
 
 /// A handle call waiting for the machine's answer.
@@ -204,25 +212,35 @@ impl MembershipAgent {
             }),
             Action::Ping { target, seq, timeout } => {
                 let (transport, cluster, me) = (self.transport.clone(), self.cluster.clone(), self.me);
+                let (clock, origin) = (self.clock.clone(), self.monotonic_origin);
                 let version = self.machine.view_version();
-                self.spawn_event(ctx, async move {
+                let ping = async move {
                     let started = tokio::time::Instant::now();
+                    let sent = clock.now();
                     let request = ProbeRequest::Ping {
                         from: me,
                         target,
                         version,
+                        sent_ms: sent.as_millis(),
                     };
                     let response = transport
                         .request(target.endpoint(), &cluster, request, timeout)
                         .await;
                     let outcome = ProbeResponse::ping_outcome(&target, &response, started.elapsed());
-                    Event::PingResult {
+                    let sample =
+                        ProbeResponse::clock_sample(&target, &response, sent, clock.now(), origin.elapsed());
+                    let event = Event::PingResult {
                         target,
                         seq,
                         outcome,
                         peer_version: ProbeResponse::peer_version(&response),
-                    }
-                })
+                    };
+                    (event, sample)
+                };
+                ctx.spawn(ping.into_actor(self).map(|(event, sample), act, ctx| {
+                    act.clock_sample(sample);
+                    act.feed(event, ctx);
+                }));
             }
             Action::IndirectPing {
                 via,
@@ -271,6 +289,8 @@ impl MembershipAgent {
                     self.outputs.snapshot.send_replace(snapshot.clone());
                 }
                 self.labels.view(&snapshot);
+                self.clock_offsets
+                    .retain(|p| snapshot.status_of(p).is_some_and(|s| !s.is_terminating()));
                 self.outputs.latest.send_replace(snapshot);
             }
             Action::SetStatus(status) => {
@@ -313,6 +333,32 @@ impl MembershipAgent {
                 }
                 ctx.stop();
             }
+        }
+    }
+
+    /// Records a ping's clock sample (if it got a pong) and publishes the
+    /// report, which also moves with a step of the local clock, sample or not.
+    /// A change across the bound is logged.
+    fn clock_sample(&mut self, sample: Option<ClockSample>) {
+        if let Some(s) = &sample {
+            self.clock_offsets.sample(s);
+        }
+        let report = self
+            .clock_offsets
+            .report(self.clock.now(), self.monotonic_origin.elapsed());
+        let was = *self.outputs.clock.borrow();
+        if was.within_bound && !report.within_bound {
+            tracing::error!(
+                cluster = %self.cluster, silo = %self.me, offset = %report,
+                "this silo's clock is beyond max_clock_offset from its peers': services that \
+                 need the bound (reminders) stop delivering here until it is back"
+            );
+        } else if !was.within_bound && report.within_bound {
+            tracing::warn!(cluster = %self.cluster, silo = %self.me, offset = %report, "this silo's clock is back within max_clock_offset");
+        }
+        self.labels.clock(&report);
+        if report != was {
+            self.outputs.clock.send_replace(report);
         }
     }
 

@@ -85,6 +85,7 @@ impl SiloBuilder {
             transport: transport.clone(),
             agent: agent_cell.clone(),
             max_indirect_timeout: options.effective_max_probe_timeout(),
+            clock: self.clock.clone(),
         };
         let listener = transport
             .serve(self.listen, &self.cluster_id, Arc::new(server))
@@ -126,6 +127,8 @@ impl SiloBuilder {
         let (latest_tx, latest_rx) = watch::channel(Arc::new(MembershipSnapshot::default()));
         let (snapshot_tx, snapshot_rx) = watch::channel(Arc::new(MembershipSnapshot::default()));
         let (status_tx, status_rx) = watch::channel(SiloStatus::Created);
+        let (clock_tx, clock_rx) =
+            watch::channel(crate::protocol::ClockReport::unmeasured(options.max_clock_offset));
         let stop_tx = Arc::new(watch::channel(false).0);
         let (joined_tx, joined_rx) = oneshot::channel();
         let ctx: Context<MembershipAgent> = Context::new();
@@ -146,7 +149,10 @@ impl SiloBuilder {
                 snapshot: snapshot_tx,
                 status: status_tx,
                 stop: stop_tx.clone(),
+                clock: clock_tx,
             },
+            clock_offsets: crate::protocol::ClockOffsets::new(options.max_clock_offset),
+            monotonic_origin: tokio::time::Instant::now(),
             joined: Some(joined_tx),
             calls: HashMap::new(),
             next_call: 0,
@@ -165,6 +171,7 @@ impl SiloBuilder {
             snapshot: snapshot_rx,
             latest: latest_rx,
             status: status_rx,
+            clock: clock_rx,
             stop: stop_tx.clone(),
             transport,
             notices,

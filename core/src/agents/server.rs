@@ -30,6 +30,9 @@ pub(crate) struct ProbeServer {
     pub(crate) max_indirect_timeout: Duration,
     /// Receivers of application notices.
     pub(crate) notices: Arc<super::NoticeSinks>,
+    /// The silo's wall clock: pongs carry its times (see
+    /// [`clock`](crate::protocol::clock)).
+    pub(crate) clock: Arc<dyn crate::Clock>,
 }
 
 impl ProbeServer {
@@ -52,6 +55,7 @@ impl ProbeServer {
                 from: me,
                 target,
                 version: known,
+                sent_ms: self.clock.now().as_millis(),
             };
             let response = self
                 .transport
@@ -98,6 +102,7 @@ impl ProbeHandler for ProbeServer {
         let known = self.health.view_version.load(Ordering::Relaxed);
         match request {
             ProbeRequest::Ping { target, version, .. } => {
+                let received_ms = self.clock.now().as_millis();
                 if !answers_ping(&me, &target) {
                     return ProbeResponse::WrongSilo { responder: me };
                 }
@@ -113,6 +118,8 @@ impl ProbeHandler for ProbeServer {
                     responder: me,
                     health,
                     version: known,
+                    received_ms,
+                    sent_ms: self.clock.now().as_millis(),
                 }
             }
             ProbeRequest::IndirectPing {

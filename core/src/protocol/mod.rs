@@ -14,9 +14,12 @@
 //! - [`cleanup`]: the defunct-row cutoff;
 //! - [`health`]: the Lifeguard-style local health score;
 //! - [`reach`]: whether this silo reaches a majority, which a vote on probe
-//!   evidence needs (network partitions).
+//!   evidence needs (network partitions);
+//! - [`clock`]: this silo's clock offset from its peers, from the probes'
+//!   timestamps, against the cluster's `max_clock_offset`.
 
 pub mod cleanup;
+pub mod clock;
 pub mod health;
 pub mod join;
 pub mod machine;
@@ -28,6 +31,7 @@ pub mod targets;
 pub mod votes;
 
 pub use cleanup::lost_row_grace;
+pub use clock::{ClockOffsets, ClockReport, ClockSample};
 pub use machine::{
     gossip_fan_out, gossip_refresh_interval, gossip_refresh_interval_cap, Action, Event, RowWrite,
     SiloMachine, StopReason, Timer,

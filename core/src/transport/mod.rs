@@ -36,6 +36,9 @@ pub enum ProbeRequest {
         /// The prober's membership table version: a target that knows an older one
         /// refreshes (the version spreads with the probes, not only by gossip).
         version: u64,
+        /// When the prober sent it, on its wall clock, in ms since the UNIX epoch
+        /// (NTP's `T1`: see [`clock`](crate::protocol::clock)).
+        sent_ms: u64,
     },
     /// "Please ping `target` for me and tell me whether it answered" (indirect
     /// probe through an intermediary).
@@ -83,6 +86,11 @@ pub enum ProbeResponse {
         /// The responder's membership table version (a prober that knows an older
         /// one refreshes).
         version: u64,
+        /// When the responder received the ping, on its wall clock, in ms since
+        /// the UNIX epoch (NTP's `T2`).
+        received_ms: u64,
+        /// When it answered, likewise (NTP's `T3`).
+        sent_ms: u64,
     },
     /// Answer to a ping addressed to another generation than the responder's.
     WrongSilo {
@@ -127,6 +135,33 @@ impl ProbeResponse {
     ) -> crate::protocol::PingOutcome {
         let responder = response.as_ref().ok().and_then(ProbeResponse::responder);
         crate::protocol::PingOutcome::classify(target, responder, rtt)
+    }
+
+    /// The clock sample of a ping sent at `sent` whose answer `response` came
+    /// back at `received` (monotonic time `monotonic`): `Some` for a `Pong`.
+    pub fn clock_sample(
+        target: &SiloAddress,
+        response: &Result<ProbeResponse, TransportError>,
+        sent: crate::Timestamp,
+        received: crate::Timestamp,
+        monotonic: Duration,
+    ) -> Option<crate::protocol::ClockSample> {
+        match response {
+            Ok(ProbeResponse::Pong {
+                responder,
+                received_ms,
+                sent_ms,
+                ..
+            }) if responder == target => Some(crate::protocol::ClockSample {
+                peer: *target,
+                sent,
+                peer_received: crate::Timestamp::from_millis(*received_ms),
+                peer_sent: crate::Timestamp::from_millis(*sent_ms),
+                received,
+                monotonic,
+            }),
+            _ => None,
+        }
     }
 
     /// The table version a ping's answer carries (`Pong`), if any.
@@ -220,8 +255,9 @@ pub trait Transport: Send + Sync + std::fmt::Debug + 'static {
 }
 
 /// Frame format version (first byte of every frame). 4: pings and pongs carry the
-/// sender's table version.
-pub const FRAME_VERSION: u8 = 4;
+/// sender's table version; 6 (5 marks a sealed frame): and their wall-clock
+/// timestamps.
+pub const FRAME_VERSION: u8 = 6;
 /// First byte of a frame sealed with a [`SharedSecret`]: the version-2 payload
 /// followed by a 32-byte HMAC-SHA256 tag over everything before it.
 pub const FRAME_VERSION_SEALED: u8 = 5;

@@ -39,6 +39,8 @@ impl ProbeHandler for Echo {
                     responder: target,
                     health: 0,
                     version: 0,
+                    received_ms: 0,
+                    sent_ms: 0,
                 }
             }
             ProbeRequest::IndirectPing { .. } => ProbeResponse::IndirectResult {
@@ -60,6 +62,7 @@ fn ping(port: u16) -> ProbeRequest {
         from: silo(1),
         target: silo(port),
         version: 0,
+        sent_ms: 0,
     }
 }
 
@@ -74,6 +77,8 @@ pub(crate) async fn round_trip(net: &dyn Net) {
             responder: silo(10),
             health: 0,
             version: 0,
+            received_ms: 0,
+            sent_ms: 0,
         }
     );
     let r = net
@@ -135,6 +140,8 @@ pub(crate) async fn a_late_reply_never_answers_the_next_request(net: &dyn Net) {
                 responder: silo(12),
                 health: 0,
                 version: 0,
+                received_ms: 0,
+                sent_ms: 0,
             }
         );
     }

@@ -524,6 +524,8 @@ mod tests {
                     responder: target,
                     health: 0,
                     version: 0,
+                    received_ms: 0,
+                    sent_ms: 0,
                 },
                 ProbeRequest::IndirectPing { .. } => ProbeResponse::IndirectResult {
                     target_answered: true,
@@ -553,6 +555,7 @@ mod tests {
             from: silo(1),
             target: silo(to.port()),
             version: 0,
+            sent_ms: 0,
         };
         client.request(to, "c", req, Duration::from_secs(2)).await
     }
