@@ -64,7 +64,60 @@ impl Actor for ReminderAgent {
         if let Some(rx) = self.releases.take() {
             in_batches(rx, ctx.address(), |b| NoticesReceived(b, true));
         }
+        // The clock report: beyond the bound, the shards go (rule 9).
+        let mut clock = self.silo.subscribe_clock();
+        let report = *clock.borrow_and_update();
+        self.run(
+            Event::Clock {
+                within_bound: report.within_bound,
+                max_offset: report.max_offset,
+            },
+            ctx,
+        );
+        let me = ctx.address();
+        actix::spawn(async move {
+            // Only a change across the bound matters to the shards.
+            let mut within = report.within_bound;
+            while clock.changed().await.is_ok() {
+                let report = *clock.borrow_and_update();
+                if report.within_bound != within {
+                    within = report.within_bound;
+                    if me.send(ClockChanged(report)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
         self.run(Event::Start, ctx);
+    }
+}
+
+/// The silo's clock report changed.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct ClockChanged(pub rollcall_core::protocol::ClockReport);
+
+impl Handler<ClockChanged> for ReminderAgent {
+    type Result = ();
+
+    fn handle(&mut self, msg: ClockChanged, ctx: &mut Context<Self>) {
+        let report = msg.0;
+        if report.within_bound {
+            tracing::warn!(silo = %self.machine.me(), clock = %report, "reminder service: the clock is back within max_clock_offset; taking shards again");
+        } else {
+            tracing::warn!(
+                silo = %self.machine.me(), clock = %report,
+                "reminder service: this silo's clock is beyond max_clock_offset; \
+                 its shards are released and none is taken until it is back"
+            );
+        }
+        self.run(
+            Event::Clock {
+                within_bound: report.within_bound,
+                max_offset: report.max_offset,
+            },
+            ctx,
+        );
     }
 }
 

@@ -209,6 +209,17 @@ pub enum ShardEvent {
         /// The shard.
         shard: u32,
     },
+    /// This silo's clock report changed (see
+    /// [`rollcall_core::protocol::clock`]): beyond the bound, the silo wants no
+    /// shard (it releases the ones it holds, rule 9); `max_offset` lengthens the
+    /// takeover fence (rule 3).
+    Clock {
+        /// Whether the silo's clock is within half of `max_offset` from the
+        /// median of its peers'.
+        within_bound: bool,
+        /// The cluster's `max_clock_offset`.
+        max_offset: Duration,
+    },
     /// The timer of [`ShardAction::SetTimer`] fired (or any time passed).
     Tick,
     /// The silo leaves: release everything.
@@ -297,6 +308,10 @@ pub struct ShardMachine {
     ring: Ring,
     leaving: bool,
     left: bool,
+    /// Whether this silo's clock is within the bound (rule 9).
+    clock_within: bool,
+    /// The cluster's `max_clock_offset` (rule 3's fence).
+    max_clock_offset: Duration,
     /// When a read issued at this time last found this silo Active.
     confirmed_at: Option<Timestamp>,
     /// When the last confirmation read was asked for.
@@ -326,6 +341,8 @@ impl ShardMachine {
             ring: Ring::default(),
             leaving: false,
             left: false,
+            clock_within: true,
+            max_clock_offset: Duration::ZERO,
             confirmed_at: None,
             confirm_asked: None,
             dead_since: HashMap::new(),
@@ -382,6 +399,7 @@ impl ShardMachine {
     /// Whether `shard` is assigned to this silo and wanted.
     fn wanted(&self, shard: u32) -> bool {
         !self.leaving
+            && self.clock_within
             && self
                 .view
                 .as_ref()
@@ -466,6 +484,17 @@ impl ShardMachine {
                     out.push(ShardAction::Read(shard));
                 }
             }
+            ShardEvent::Clock {
+                within_bound,
+                max_offset,
+            } => {
+                self.max_clock_offset = max_offset;
+                if within_bound != self.clock_within {
+                    self.clock_within = within_bound;
+                    self.let_go_of_unwanted(&mut out);
+                    self.want_more(&mut out);
+                }
+            }
             ShardEvent::Tick => {}
             ShardEvent::Leave => {
                 self.leaving = true;
@@ -492,6 +521,11 @@ impl ShardMachine {
         self.ring = std::mem::take(&mut self.ring).follow(&v, self.options.ring_points_per_silo);
         self.view = Some(v);
         self.let_go_of_unwanted(out);
+        self.want_more(out);
+    }
+
+    /// Starts reading every wanted shard that has no slot.
+    fn want_more(&mut self, out: &mut Vec<ShardAction>) {
         for k in 0..self.options.shards {
             if !self.slots.contains_key(&k) && self.wanted(k) {
                 self.slots.insert(k, Slot::Reading);
@@ -661,7 +695,7 @@ impl ShardMachine {
             // (what the load plans from) is `L` after this silo saw it Dead.
             let since = dead_since.unwrap_or(now);
             let fence = if self.options.fencing {
-                after(since, self.options.lease_period)
+                after(since, self.options.lease_period + self.max_clock_offset)
             } else {
                 since
             };

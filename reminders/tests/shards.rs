@@ -727,3 +727,119 @@ fn an_unanswered_holder_read_is_asked_again_after_a_poll() {
     let a = m.handle(ts(116), ShardEvent::Tick);
     assert!(a.contains(&ShardAction::ReadSilo(stranger)), "asked again: {a:?}");
 }
+
+/// Rule 3 with the clock bound: the takeover fence is `L + max_clock_offset`
+/// after the holder was seen Dead, so a Dead holder whose clock ran up to
+/// that much ahead stopped before its successor starts.
+#[test]
+fn the_takeover_fence_includes_the_clock_bound() {
+    let (mut m, view) = one_shard(true, Duration::from_millis(15), SiloStatus::Dead);
+    m.handle(
+        ts(90),
+        ShardEvent::Clock {
+            within_bound: true,
+            max_offset: Duration::from_millis(25),
+        },
+    );
+    m.handle(ts(100), ShardEvent::View(view));
+    let held = ShardLease {
+        epoch: 4,
+        owner: Some(silo(1)),
+        status: LeaseStatus::Owned,
+        etag: Etag::new("7"),
+        ..ShardLease::vacant(0)
+    };
+    let a = m.handle(
+        ts(110),
+        ShardEvent::Read {
+            shard: 0,
+            result: Ok(held),
+        },
+    );
+    let Some(ShardAction::Write(w)) = a.iter().find(|x| matches!(x, ShardAction::Write(_))) else {
+        panic!("acquires at once: {a:?}");
+    };
+    assert_eq!(
+        w.watermark,
+        Some(ts(164)),
+        "L (40 ms) and the clock bound (25 ms) after the death was seen (100 ms)"
+    );
+}
+
+/// Rule 9: a silo whose clock goes beyond the bound stops and releases the
+/// shards it holds (a graceful handoff: its successor owes nothing to the
+/// clock), takes none while beyond, and takes its shards again once back.
+#[test]
+fn a_silo_beyond_the_clock_bound_releases_its_shards_and_takes_them_again() {
+    // Silo 1 is Dead: the ring gives the shard to silo 0.
+    let (mut m, view) = one_shard(true, Duration::from_millis(15), SiloStatus::Dead);
+    let a = m.handle(ts(100), ShardEvent::View(view));
+    assert!(a.contains(&ShardAction::Read(0)), "{a:?}");
+    m.handle(
+        ts(101),
+        ShardEvent::Read {
+            shard: 0,
+            result: Ok(ShardLease::vacant(0)),
+        },
+    );
+    m.handle(
+        ts(102),
+        ShardEvent::Written {
+            shard: 0,
+            result: Ok(Ok(Etag::new("1"))),
+        },
+    );
+    m.handle(
+        ts(103),
+        ShardEvent::Loaded {
+            shard: 0,
+            read_from: ts(102),
+        },
+    );
+    assert_eq!(m.owned(), vec![0]);
+    let beyond = ShardEvent::Clock {
+        within_bound: false,
+        max_offset: Duration::from_millis(500),
+    };
+    let a = m.handle(ts(110), beyond);
+    assert!(
+        a.contains(&ShardAction::Stop(0)),
+        "stops delivering at once: {a:?}"
+    );
+    let a = m.handle(
+        ts(111),
+        ShardEvent::Stopped {
+            shard: 0,
+            started_through: Some(ts(110)),
+            exceptions: Vec::new(),
+        },
+    );
+    let Some(ShardAction::Write(w)) = a.iter().find(|x| matches!(x, ShardAction::Write(_))) else {
+        panic!("releases: {a:?}");
+    };
+    assert_eq!((w.status, w.watermark), (LeaseStatus::Released, Some(ts(110))));
+    m.handle(
+        ts(112),
+        ShardEvent::Written {
+            shard: 0,
+            result: Ok(Ok(Etag::new("2"))),
+        },
+    );
+    let a = m.handle(ts(200), ShardEvent::Tick);
+    assert!(
+        !a.contains(&ShardAction::Read(0)),
+        "takes nothing while beyond: {a:?}"
+    );
+    assert!(m.owned().is_empty());
+    let a = m.handle(
+        ts(300),
+        ShardEvent::Clock {
+            within_bound: true,
+            max_offset: Duration::from_millis(500),
+        },
+    );
+    assert!(
+        a.contains(&ShardAction::Read(0)),
+        "takes it again once back: {a:?}"
+    );
+}

@@ -50,6 +50,15 @@ pub enum Event {
     Start,
     /// The silo's membership view changed (or was published again).
     View(Arc<MembershipSnapshot>),
+    /// The silo's clock report changed ([`SiloHandle::clock`](rollcall_core::SiloHandle::clock)
+    /// with the `runtime` feature): beyond the bound, this silo releases its
+    /// shards and takes none until it is back (see [`crate::shards`], rule 9).
+    Clock {
+        /// Whether the clock is within the bound.
+        within_bound: bool,
+        /// The cluster's `max_clock_offset`.
+        max_offset: std::time::Duration,
+    },
     /// Messages on the notice topic ([`ChangedNotice`](super::ChangedNotice)), at most
     /// [`NOTICE_BATCH`](super::NOTICE_BATCH).
     Notices(Vec<Inbound>),

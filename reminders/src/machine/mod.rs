@@ -208,6 +208,13 @@ impl ReminderMachine {
                 self.out.push(Action::SetTimer(Timer::Refresh, at));
             }
             Event::View(view) => self.feed_shards(ShardEvent::View(view)),
+            Event::Clock {
+                within_bound,
+                max_offset,
+            } => self.feed_shards(ShardEvent::Clock {
+                within_bound,
+                max_offset,
+            }),
             Event::Notices(batch) => self.notices(batch),
             Event::Releases(batch) => self.hints(batch),
             Event::Leave => {
