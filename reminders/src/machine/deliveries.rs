@@ -53,11 +53,19 @@ impl ReminderMachine {
             }
         };
         let (loaded, takeover) = (held.loaded, held.takeover.is_some());
+        // A release owes every occurrence up to its watermark, which the
+        // releasing silo's clock set: one ahead of this silo's sets it past
+        // now, and those occurrences are owed all the same.
+        let owed_through = if takeover {
+            now
+        } else {
+            now.max(held.floor.unwrap_or(now))
+        };
         let mut catch_up = false;
         let planned = match held.start(&key, &timing, now) {
             Start::Delivered => None,
             Start::Owed(at) => {
-                catch_up = at < now;
+                catch_up = at < owed_through;
                 // Due at its own time: an owed occurrence goes before the
                 // later ones that also fell due meanwhile (the due queue is
                 // in due order, and everything due at or before now is taken).
@@ -95,7 +103,7 @@ impl ReminderMachine {
         self.queue.set(&row, &timing, next, self.notices.changes());
         if catch_up {
             if let Some(slot) = self.queue.get_mut(&key) {
-                slot.catch_up_to = now;
+                slot.catch_up_to = owed_through;
             }
         }
         if !loaded {
