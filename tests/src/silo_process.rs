@@ -26,15 +26,41 @@ pub async fn start_silo(
     store_url: &str,
     cluster: &str,
     listen: std::net::SocketAddr,
+    faults: Option<&Faults>,
 ) -> Result<(std::sync::Arc<dyn rollcall::SystemStore>, rollcall::SiloHandle), Box<dyn std::error::Error>> {
     let options = rollcall::ClusterMembershipOptions::fast();
     let store = rollcall::connect_retrying(store_url, options.max_join_attempt_time).await?;
-    let silo = rollcall::Silo::builder(store.clone(), cluster)
+    let mut builder = rollcall::Silo::builder(store.clone(), cluster)
         .listen(listen)
-        .options(options)
-        .start()
-        .await?;
+        .options(options);
+    if let Some(f) = faults {
+        builder = builder
+            .clock(std::sync::Arc::new(f.clock.clone()))
+            .transport(std::sync::Arc::new(f.transport.clone()));
+    }
+    let silo = builder.start().await?;
     Ok((store, silo))
+}
+
+/// The faults a test silo process can be given while it runs: its clock set
+/// ahead, its probes cut from every peer.
+#[derive(Clone, Debug)]
+pub struct Faults {
+    /// The silo's (and its services') wall clock.
+    pub clock: OffsetClock,
+    /// The silo's probe transport (TCP underneath).
+    pub transport: CuttableTransport,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Faults {
+            clock: OffsetClock::default(),
+            transport: CuttableTransport::new(std::sync::Arc::new(
+                rollcall::transport::tcp::TcpTransport::new(),
+            )),
+        }
+    }
 }
 
 /// Runs `system` until SIGTERM, then shuts `silo` down gracefully (its leave
@@ -63,4 +89,108 @@ pub fn run_until_sigterm(
         });
     });
     system.run()
+}
+
+/// A wall clock that runs a settable offset ahead of the system clock: a VM
+/// resumed from a pause, or a broken NTP set-up, in one process.
+#[derive(Clone, Debug, Default)]
+pub struct OffsetClock(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl OffsetClock {
+    /// From now on the clock reads the system time plus `ahead`.
+    pub fn set_ahead(&self, ahead: std::time::Duration) {
+        let ms = u64::try_from(ahead.as_millis()).unwrap_or(u64::MAX);
+        self.0.store(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl rollcall::Clock for OffsetClock {
+    fn now(&self) -> rollcall::Timestamp {
+        let ahead = self.0.load(std::sync::atomic::Ordering::SeqCst);
+        rollcall::Timestamp::from_millis(rollcall::Timestamp::now().as_millis().saturating_add(ahead))
+    }
+}
+
+/// A probe transport that can be cut from every peer for a while, both ways,
+/// as a blackhole route does it (the store stays reachable): while cut, a
+/// request waits out its timeout and fails, and a request arriving is never
+/// answered.
+#[derive(Clone, Debug)]
+pub struct CuttableTransport {
+    inner: std::sync::Arc<dyn rollcall::transport::Transport>,
+    cut_until: std::sync::Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
+}
+
+impl CuttableTransport {
+    /// Around `inner`, not cut.
+    pub fn new(inner: std::sync::Arc<dyn rollcall::transport::Transport>) -> Self {
+        CuttableTransport {
+            inner,
+            cut_until: std::sync::Arc::default(),
+        }
+    }
+
+    /// Cuts every probe for `d` from now.
+    pub fn cut_for(&self, d: std::time::Duration) {
+        *self
+            .cut_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(tokio::time::Instant::now() + d);
+    }
+
+    /// When the cut ends, if one is in force now.
+    fn cut(&self) -> Option<tokio::time::Instant> {
+        let until = *self
+            .cut_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        until.filter(|u| *u > tokio::time::Instant::now())
+    }
+}
+
+#[async_trait::async_trait]
+impl rollcall::transport::Transport for CuttableTransport {
+    async fn request(
+        &self,
+        to: std::net::SocketAddr,
+        cluster: &str,
+        request: rollcall::transport::ProbeRequest,
+        timeout: std::time::Duration,
+    ) -> Result<rollcall::transport::ProbeResponse, rollcall::transport::TransportError> {
+        if self.cut().is_some() {
+            tokio::time::sleep(timeout).await;
+            return Err(rollcall::transport::TransportError::Timeout(timeout));
+        }
+        self.inner.request(to, cluster, request, timeout).await
+    }
+
+    async fn serve(
+        &self,
+        listen: std::net::SocketAddr,
+        cluster: &str,
+        handler: std::sync::Arc<dyn rollcall::transport::ProbeHandler>,
+    ) -> Result<rollcall::transport::Listener, rollcall::transport::TransportError> {
+        let cut = CutHandler {
+            inner: handler,
+            transport: self.clone(),
+        };
+        self.inner.serve(listen, cluster, std::sync::Arc::new(cut)).await
+    }
+}
+
+/// The serving half of a [`CuttableTransport`].
+struct CutHandler {
+    inner: std::sync::Arc<dyn rollcall::transport::ProbeHandler>,
+    transport: CuttableTransport,
+}
+
+#[async_trait::async_trait]
+impl rollcall::transport::ProbeHandler for CutHandler {
+    async fn handle(&self, request: rollcall::transport::ProbeRequest) -> rollcall::transport::ProbeResponse {
+        if let Some(until) = self.transport.cut() {
+            // Answered only after the cut, when the prober gave up long ago.
+            tokio::time::sleep_until(until).await;
+        }
+        self.inner.handle(request).await
+    }
 }

@@ -21,11 +21,12 @@ use tokio::process::{Child, Command};
 /// The shard count of the test services (`BACKLOG_SHARDS`).
 const SHARDS: u32 = 8;
 
-/// One `backlog-silo` process and its tick log.
+/// One `backlog-silo` process, its tick log and what it printed after `ready`.
 struct Proc {
     child: Child,
     address: String,
     log: PathBuf,
+    stdout: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 /// What a burst registers (one-shots of shard 0's actors), how the handlers
@@ -92,17 +93,34 @@ async fn start(
     .ok()
     .flatten()
     .unwrap_or_else(|| panic!("backlog-silo {name} did not get ready"));
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Proc { child, address, log }
+    let stdout = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = stdout.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            keep.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(line);
+        }
+    });
+    Proc {
+        child,
+        address,
+        log,
+        stdout,
+    }
 }
 
 fn sigterm(p: &Proc) {
+    signal(p, "-TERM");
+}
+
+fn signal(p: &Proc, which: &str) {
     let pid = p.child.id().expect("running");
     let status = std::process::Command::new("kill")
-        .arg("-TERM")
+        .arg(which)
         .arg(pid.to_string())
         .status()
-        .expect("kill -TERM");
+        .unwrap_or_else(|e| panic!("kill {which}: {e}"));
     assert!(status.success());
 }
 
@@ -324,6 +342,131 @@ fn minute_backlog() -> Burst {
     }
 }
 
+/// (d): five silos deliver 200 every-second reminders spread over every
+/// shard; one of them that holds shards has its clock jump 2.5 s ahead (a VM
+/// resumed, a broken NTP step) and is cut from its peers, not from the store,
+/// for 12 s, so the others declare it Dead and take its shards over while it
+/// runs. No tick is delivered twice, none due meanwhile is lost, and the
+/// silo reports its offset beyond the bound.
+async fn a_clock_ahead_and_cut_from_its_peers_delivers_nothing_twice(store: &str) {
+    const JUMP_MS: u64 = 2_500;
+    const CUT: Duration = Duration::from_secs(12);
+    let cluster = unique_id("clock");
+    let dir = std::env::temp_dir().join(&cluster);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let env = vec![
+        ("BACKLOG_PERIOD_MS", "1000".to_owned()),
+        ("BACKLOG_ANY_SHARD", "1".to_owned()),
+        ("BACKLOG_FAULT_CLOCK_MS", JUMP_MS.to_string()),
+        ("BACKLOG_FAULT_CUT_MS", CUT.as_millis().to_string()),
+    ];
+    let reminders = Burst {
+        count: 200,
+        id_bytes: 0,
+        due: Duration::from_secs(2),
+        spread: Duration::from_secs(1),
+        handler_ms: 0,
+        max_deliveries: None,
+        sigterm_after: 0,
+        period: Some(Duration::from_secs(1)),
+    };
+    let mut procs = Vec::new();
+    for name in ["a", "b", "c", "d"] {
+        procs.push(start(&cluster, store, &dir, name, &env, None).await);
+    }
+    procs.push(start(&cluster, store, &dir, "e", &env, Some(&reminders)).await);
+    let logs: Vec<PathBuf> = procs.iter().map(|p| p.log.clone()).collect();
+    let paths: Vec<&Path> = logs.iter().map(PathBuf::as_path).collect();
+    // The five settled: the ticks of 5 s (a silo may hold no shard: 8 shards
+    // on a ring of 5). The fault goes to the silo that delivers the most.
+    until(Duration::from_secs(60), "the silos deliver ticks", || {
+        logs.iter().map(|l| lines(l)).sum::<usize>() >= 5 * reminders.count
+    })
+    .await;
+    let victim = (0..procs.len()).max_by_key(|i| lines(&logs[*i])).expect("five");
+    let last = procs.len() - 1;
+    procs.swap(victim, last);
+    let victim = last;
+    let faulted_at = rollcall::Timestamp::now();
+    signal(&procs[victim], "-USR1");
+    // The others declare it Dead during the cut; it reads itself Dead (the
+    // store stays reachable) and stops with the declared-dead exit code.
+    let status = tokio::time::timeout(CUT + Duration::from_secs(30), procs[victim].child.wait())
+        .await
+        .expect("the faulted silo stops once it reads itself Dead")
+        .expect("wait");
+    // (`backlog-silo` exits 1 when its system stops with the declared-dead code.)
+    assert!(!status.success(), "it stopped because it was declared Dead");
+    let stopped_at = rollcall::Timestamp::now();
+    // The survivors tick on for 5 s past the cut.
+    let horizon = faulted_at.as_millis() + CUT.as_millis() as u64 + 5_000;
+    until(Duration::from_secs(60), "the survivors tick past the cut", || {
+        ticks(&paths).keys().any(|(_, _, s)| *s > horizon + 2_000)
+    })
+    .await;
+    for p in &procs[..victim] {
+        sigterm(p);
+    }
+    for p in &mut procs[..victim] {
+        exits(p, Duration::from_secs(30)).await;
+    }
+    let all = ticks(&paths);
+    let twice: Vec<_> = all.iter().filter(|(_, by)| by.len() > 1).collect();
+    // Every second of every reminder from 2 s before the fault to the horizon.
+    let mut per_actor: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for (actor, _, s) in all.keys() {
+        per_actor.entry(actor.as_str()).or_default().push(*s);
+    }
+    let from = faulted_at.as_millis() - 2_000;
+    let mut lost = Vec::new();
+    for (actor, times) in &per_actor {
+        let Some(&first) = times.first() else { continue };
+        let mut t = first;
+        while t <= horizon {
+            if t >= from && times.binary_search(&t).is_err() {
+                lost.push((*actor, t as i64 - faulted_at.as_millis() as i64));
+            }
+            t += 1_000;
+        }
+    }
+    let (lost, lost_examples) = (lost.len(), lost.iter().take(8).collect::<Vec<_>>());
+    let printed = procs[victim]
+        .stdout
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    println!(
+        "clock +{JUMP_MS} ms, cut {CUT:?}: {} ticks, {} twice, {lost} lost; the faulted silo stopped \
+         {} ms after the fault and printed {printed:?}",
+        all.len(),
+        twice.len(),
+        stopped_at.as_millis() - faulted_at.as_millis(),
+    );
+    assert!(
+        twice.is_empty(),
+        "{} ticks delivered more than once, e.g. {:?}",
+        twice.len(),
+        twice.first()
+    );
+    assert_eq!(per_actor.len(), reminders.count, "every reminder ticked");
+    assert_eq!(
+        lost, 0,
+        "no occurrence due around the fault is lost (actor, ms after the fault): {lost_examples:?}"
+    );
+    let beyond = printed.iter().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() == 3 && f[0] == "clock" && f[2] == "beyond")
+            .then(|| f[1].parse::<i64>().ok())
+            .flatten()
+    });
+    let offset = beyond.expect("the faulted silo reports its clock beyond the bound");
+    assert!(
+        (2_000..=3_000).contains(&offset),
+        "it reports its offset (+{JUMP_MS} ms): {offset} ms"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[cfg(feature = "redis")]
 mod redis {
     use super::*;
@@ -350,6 +493,14 @@ mod redis {
             return;
         };
         a_release_during_a_backlog_hands_over_every_owed_tick(&backend.endpoint, minute_backlog()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_clock_ahead_and_cut_from_its_peers_on_redis_delivers_nothing_twice() {
+        let Some(backend) = rollcall_tests::fixtures::redis().await else {
+            return;
+        };
+        a_clock_ahead_and_cut_from_its_peers_delivers_nothing_twice(&backend.endpoint).await;
     }
 }
 
@@ -382,5 +533,14 @@ mod etcd {
         };
         let url = format!("etcd://{}", backend.endpoint);
         a_release_during_a_backlog_hands_over_every_owed_tick(&url, minute_backlog()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_clock_ahead_and_cut_from_its_peers_on_etcd_delivers_nothing_twice() {
+        let Some(backend) = rollcall_tests::fixtures::etcd().await else {
+            return;
+        };
+        let url = format!("etcd://{}", backend.endpoint);
+        a_clock_ahead_and_cut_from_its_peers_delivers_nothing_twice(&url).await;
     }
 }

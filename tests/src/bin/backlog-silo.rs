@@ -19,7 +19,12 @@
 //! same in every process), `BACKLOG_HANDLER_MS` (how long a handler takes,
 //! default 0), `BACKLOG_MAX_DELIVERIES` (ticks delivered at once, default the
 //! options' default), `BACKLOG_PERIOD_MS` (register periodic reminders named
-//! `every` with this period instead of one-shots).
+//! `every` with this period instead of one-shots), `BACKLOG_ANY_SHARD` (set:
+//! the actors spread over every shard, `cart/<i>`, instead of shard 0's),
+//! `BACKLOG_FAULT_CLOCK_MS` and `BACKLOG_FAULT_CUT_MS` (on SIGUSR1 the
+//! silo's clock jumps this far ahead and its probes are cut from every peer
+//! for this long; the store stays reachable). It prints
+//! `clock OFFSET_MS within|beyond` whenever its clock report changes.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -121,7 +126,41 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     );
     let system = actix::System::new();
     let started = system.block_on(async {
-        let (store, silo) = rollcall_tests::silo_process::start_silo(&args[1], &cluster, listen).await?;
+        let faults = rollcall_tests::silo_process::Faults::default();
+        let (store, silo) =
+            rollcall_tests::silo_process::start_silo(&args[1], &cluster, listen, Some(&faults)).await?;
+        let (jump, cut) = (
+            env_or("BACKLOG_FAULT_CLOCK_MS", 0u64),
+            env_or("BACKLOG_FAULT_CUT_MS", 0u64),
+        );
+        // Every crossing of the clock bound, on stdout.
+        let mut clock = silo.subscribe_clock();
+        actix::spawn(async move {
+            let mut within = true;
+            while clock.changed().await.is_ok() {
+                let report = *clock.borrow_and_update();
+                if report.within_bound != within {
+                    within = report.within_bound;
+                    let word = if within { "within" } else { "beyond" };
+                    println!("clock {} {word}", report.offset_ms.unwrap_or(0));
+                }
+            }
+        });
+        if jump > 0 || cut > 0 {
+            let faults = faults.clone();
+            actix::spawn(async move {
+                let Ok(mut usr1) =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+                else {
+                    return;
+                };
+                while usr1.recv().await.is_some() {
+                    faults.clock.set_ahead(Duration::from_millis(jump));
+                    faults.transport.cut_for(Duration::from_millis(cut));
+                    println!("faulted clock +{jump} ms, cut {cut} ms");
+                }
+            });
+        }
         let logger = Logger {
             silo: silo.address().to_string(),
             handler,
@@ -130,6 +169,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         .start()
         .recipient();
         let reminders = Reminders::builder(&silo, store)
+            .clock(Arc::new(faults.clock.clone()))
             .service_id(cluster.clone())
             .shards(shards)
             .options(ReminderOptions {
@@ -145,7 +185,11 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             let id_bytes: usize = args[5].parse()?;
             let due: u64 = args[6].parse()?;
             let spread: u64 = args[7].parse()?;
-            let actors = shard_zero_actors(count, id_bytes, shards);
+            let actors = if std::env::var_os("BACKLOG_ANY_SHARD").is_some() {
+                (0..count).map(|i| format!("cart/{i}")).collect()
+            } else {
+                shard_zero_actors(count, id_bytes, shards)
+            };
             // Due times from when registering began, so a slow registration
             // does not stretch the burst.
             let base = SystemClock.now().as_millis();

@@ -77,7 +77,8 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let out = Arc::new(Mutex::new(log));
     let system = actix::System::new();
     let silo = system.block_on(async {
-        let (store, silo) = rollcall_tests::silo_process::start_silo(&args[0], &cluster, listen).await?;
+        let (store, silo) =
+            rollcall_tests::silo_process::start_silo(&args[0], &cluster, listen, None).await?;
         let logger = Logger {
             silo: silo.address().to_string(),
             out,
