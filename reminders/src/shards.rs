@@ -17,9 +17,9 @@
 //!    the lease: after its watermark `W` (its exceptions from their own
 //!    occurrence) when the row was released, from the takeover time when its
 //!    owner died (`Skip` / `FireOnce` decide what the crash window owes). With
-//!    fencing on, the takeover time is a lease period `L` after this silo
-//!    first saw the owner Dead: the load runs during that wait, and nothing
-//!    is planned before its end.
+//!    fencing on, the takeover time is a lease period `L` plus the cluster's
+//!    `max_clock_offset` after this silo first saw the owner Dead: the load
+//!    runs during that wait, and nothing is planned before its end.
 //! 4. **Release** a shard that is no longer wanted: stop delivering, then
 //!    compare-and-set `W = max(W, started through)` with the exceptions and
 //!    `Released`. A shard given up before its load finished is written back
@@ -43,6 +43,12 @@
 //!    in this silo's view; a silo waiting for that shard reads its row at once
 //!    instead of at its next poll. The store decides: a lost or stale hint costs
 //!    a poll, never a tick.
+//! 9. **Clocks.** The fence compares wall clocks and assumes two silos' clocks
+//!    differ by at most `max_clock_offset` (rule 3 waits that much longer).
+//!    A silo whose clock report ([`ShardEvent::Clock`], measured by the
+//!    membership agent from its probes) is beyond the bound wants no shard: it
+//!    releases the ones it holds (rule 4, which compares no clocks) and takes
+//!    none until it is back; its shards wait for it, nothing lost.
 //!
 //! # Safety, in short
 //! One holder per epoch (compare-and-set on one row); each epoch starts after
