@@ -37,7 +37,9 @@ pub enum ProbeRequest {
         /// refreshes (the version spreads with the probes, not only by gossip).
         version: u64,
         /// When the prober sent it, on its wall clock, in ms since the UNIX epoch
-        /// (NTP's `T1`: see [`clock`](crate::protocol::clock)).
+        /// (NTP's `T1`: see [`clock`](crate::protocol::clock)); 0 when unknown.
+        /// It travels in the frame's trailer ([`Timestamps`]).
+        #[serde(skip)]
         sent_ms: u64,
     },
     /// "Please ping `target` for me and tell me whether it answered" (indirect
@@ -87,9 +89,12 @@ pub enum ProbeResponse {
         /// one refreshes).
         version: u64,
         /// When the responder received the ping, on its wall clock, in ms since
-        /// the UNIX epoch (NTP's `T2`).
+        /// the UNIX epoch (NTP's `T2`); 0 when unknown (a silo built before the
+        /// timestamps answered). In the frame's trailer ([`Timestamps`]).
+        #[serde(skip)]
         received_ms: u64,
         /// When it answered, likewise (NTP's `T3`).
+        #[serde(skip)]
         sent_ms: u64,
     },
     /// Answer to a ping addressed to another generation than the responder's.
@@ -152,14 +157,16 @@ impl ProbeResponse {
                 received_ms,
                 sent_ms,
                 ..
-            }) if responder == target => Some(crate::protocol::ClockSample {
-                peer: *target,
-                sent,
-                peer_received: crate::Timestamp::from_millis(*received_ms),
-                peer_sent: crate::Timestamp::from_millis(*sent_ms),
-                received,
-                monotonic,
-            }),
+            }) if responder == target && *received_ms > 0 && *sent_ms > 0 && sent.as_millis() > 0 => {
+                Some(crate::protocol::ClockSample {
+                    peer: *target,
+                    sent,
+                    peer_received: crate::Timestamp::from_millis(*received_ms),
+                    peer_sent: crate::Timestamp::from_millis(*sent_ms),
+                    received,
+                    monotonic,
+                })
+            }
             _ => None,
         }
     }
@@ -255,9 +262,9 @@ pub trait Transport: Send + Sync + std::fmt::Debug + 'static {
 }
 
 /// Frame format version (first byte of every frame). 4: pings and pongs carry the
-/// sender's table version; 6 (5 marks a sealed frame): and their wall-clock
-/// timestamps.
-pub const FRAME_VERSION: u8 = 6;
+/// sender's table version. A frame may end with a trailer after its postcard
+/// body ([`Timestamps`]), which silos built before it ignore: the version stays.
+pub const FRAME_VERSION: u8 = 4;
 /// First byte of a frame sealed with a [`SharedSecret`]: the version-2 payload
 /// followed by a 32-byte HMAC-SHA256 tag over everything before it.
 pub const FRAME_VERSION_SEALED: u8 = 5;
@@ -380,23 +387,112 @@ pub struct Frame<T> {
 /// the request (a frame of another cluster).
 pub type ResponseBody = Result<ProbeResponse, String>;
 
-/// Encodes a message as a frame payload: the version byte, then postcard.
-pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, TransportError> {
+/// The wall-clock timestamps a message carries in its frame's trailer, after
+/// the postcard body: a ping's send time, a pong's receive and send times (ms
+/// since the UNIX epoch; see [`clock`](crate::protocol::clock)). postcard
+/// ignores bytes after a body, so silos built before the trailer existed read
+/// these frames as before, and a frame without one leaves the times at 0.
+pub trait Timestamps {
+    /// The times to send (none for most messages).
+    fn times(&self) -> Vec<u64> {
+        Vec::new()
+    }
+
+    /// Takes the times received (as many as this message has, in order).
+    fn set_times(&mut self, _times: &[u64]) {}
+}
+
+impl Timestamps for ProbeRequest {
+    fn times(&self) -> Vec<u64> {
+        match self {
+            ProbeRequest::Ping { sent_ms, .. } => vec![*sent_ms],
+            _ => Vec::new(),
+        }
+    }
+
+    fn set_times(&mut self, times: &[u64]) {
+        if let (ProbeRequest::Ping { sent_ms, .. }, [t, ..]) = (self, times) {
+            *sent_ms = *t;
+        }
+    }
+}
+
+impl Timestamps for ProbeResponse {
+    fn times(&self) -> Vec<u64> {
+        match self {
+            ProbeResponse::Pong {
+                received_ms, sent_ms, ..
+            } => vec![*received_ms, *sent_ms],
+            _ => Vec::new(),
+        }
+    }
+
+    fn set_times(&mut self, times: &[u64]) {
+        if let (
+            ProbeResponse::Pong {
+                received_ms, sent_ms, ..
+            },
+            [r, s, ..],
+        ) = (self, times)
+        {
+            (*received_ms, *sent_ms) = (*r, *s);
+        }
+    }
+}
+
+impl Timestamps for ResponseBody {
+    fn times(&self) -> Vec<u64> {
+        self.as_ref().map(Timestamps::times).unwrap_or_default()
+    }
+
+    fn set_times(&mut self, times: &[u64]) {
+        if let Ok(r) = self {
+            r.set_times(times);
+        }
+    }
+}
+
+impl<T: Timestamps> Timestamps for Frame<T> {
+    fn times(&self) -> Vec<u64> {
+        self.body.times()
+    }
+
+    fn set_times(&mut self, times: &[u64]) {
+        self.body.set_times(times);
+    }
+}
+
+/// Encodes a message as a frame payload: the version byte, postcard, then the
+/// [`Timestamps`] trailer when the message has times.
+pub fn encode<T: Serialize + Timestamps>(msg: &T) -> Result<Vec<u8>, TransportError> {
+    let codec = |e: postcard::Error| TransportError::Codec(e.to_string());
     let mut out = vec![FRAME_VERSION];
-    out.extend(postcard::to_stdvec(msg).map_err(|e| TransportError::Codec(e.to_string()))?);
+    out.extend(postcard::to_stdvec(msg).map_err(codec)?);
+    let times = msg.times();
+    if !times.is_empty() {
+        out.extend(postcard::to_stdvec(&times).map_err(codec)?);
+    }
     Ok(out)
 }
 
-/// Decodes a frame payload made by [`encode`].
+/// Decodes a frame payload made by [`encode`]. A trailer that does not decode
+/// is ignored (a later format's): the times stay 0.
 ///
 /// # Errors
 /// [`TransportError::Codec`] for an empty frame, an unknown version byte or a
-/// payload that does not decode.
-pub fn decode<T: for<'de> Deserialize<'de>>(frame: &[u8]) -> Result<T, TransportError> {
+/// body that does not decode.
+pub fn decode<T: for<'de> Deserialize<'de> + Timestamps>(frame: &[u8]) -> Result<T, TransportError> {
     match frame.split_first() {
         None => Err(TransportError::Codec("empty frame".into())),
         Some((&FRAME_VERSION, payload)) => {
-            postcard::from_bytes(payload).map_err(|e| TransportError::Codec(e.to_string()))
+            let (mut msg, rest): (T, &[u8]) =
+                postcard::take_from_bytes(payload).map_err(|e| TransportError::Codec(e.to_string()))?;
+            if !rest.is_empty() {
+                if let Ok(times) = postcard::from_bytes::<Vec<u64>>(rest) {
+                    msg.set_times(&times);
+                }
+            }
+            Ok(msg)
         }
         Some((v, _)) => Err(TransportError::Codec(format!("unknown frame version {v}"))),
     }
@@ -540,6 +636,59 @@ mod tests {
         let mut rng_bytes = vec![FRAME_VERSION];
         rng_bytes.extend((0..200u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8));
         let _ = decode::<ProbeRequest>(&rng_bytes); // must not panic
+    }
+
+    /// The timestamps travel in a trailer: they round-trip, a reader of the
+    /// body alone (a silo built before them) decodes the same message, and a
+    /// frame without a trailer leaves them 0.
+    #[test]
+    fn timestamps_travel_in_a_trailer_older_readers_skip() {
+        let from: SiloAddress = "127.0.0.1:1@1".parse().unwrap();
+        let ping = Frame {
+            id: 3,
+            cluster: "c".to_owned(),
+            body: ProbeRequest::Ping {
+                from,
+                target: from,
+                version: 9,
+                sent_ms: 1_795_000_000_123,
+            },
+        };
+        let bytes = encode(&ping).unwrap();
+        assert_eq!(decode::<Frame<ProbeRequest>>(&bytes).unwrap(), ping);
+        let body_only: Frame<ProbeRequest> = postcard::from_bytes(&bytes[1..]).unwrap();
+        assert!(matches!(
+            body_only.body,
+            ProbeRequest::Ping {
+                version: 9,
+                sent_ms: 0,
+                ..
+            }
+        ));
+        let pong: ResponseBody = Ok(ProbeResponse::Pong {
+            responder: from,
+            health: 0,
+            version: 9,
+            received_ms: 5,
+            sent_ms: 6,
+        });
+        assert_eq!(decode::<ResponseBody>(&encode(&pong).unwrap()).unwrap(), pong);
+        let mut untrailed = vec![FRAME_VERSION];
+        untrailed.extend(postcard::to_stdvec(&pong).unwrap());
+        assert!(matches!(
+            decode::<ResponseBody>(&untrailed).unwrap(),
+            Ok(ProbeResponse::Pong {
+                received_ms: 0,
+                sent_ms: 0,
+                ..
+            })
+        ));
+        let mut garbage_trailer = untrailed.clone();
+        garbage_trailer.extend([0xff, 0xff]);
+        assert!(
+            decode::<ResponseBody>(&garbage_trailer).is_ok(),
+            "an unreadable trailer is ignored"
+        );
     }
 
     #[test]
