@@ -86,8 +86,13 @@ pub struct HeldShard {
     /// Keys planned while loading (out of the due index until the shard may
     /// deliver).
     pub waiting: Vec<Key>,
-    /// When delivery stopped (the release's watermark).
+    /// When delivery stopped: the release owes every occurrence at or
+    /// before it that was not started.
     pub stopped_at: Timestamp,
+    /// The latest occurrence started in this shard (the release's watermark):
+    /// a row written after the release's final read, whose ticks this silo
+    /// never saw, is owed from its first occurrence after it.
+    pub started_through: Option<Timestamp>,
     /// The acquire load ended.
     pub loaded: bool,
     /// Delivery stopped; the release load runs (or waits for the drain).
@@ -141,6 +146,7 @@ impl HeldShard {
             takeover,
             exceptions,
             stopped_at: Timestamp::EPOCH,
+            started_through: None,
             ..HeldShard::default()
         }
     }

@@ -179,6 +179,9 @@ impl ReminderMachine {
                 .map_err(|e| e.to_string());
             self.deliveries += 1;
             *self.in_flight.entry(k).or_default() += 1;
+            if let Some(h) = self.held.get_mut(&k) {
+                h.started_through = h.started_through.max(Some(scheduled));
+            }
             self.out.push(Action::Deliver {
                 key,
                 etag,

@@ -318,6 +318,9 @@ impl ReminderMachine {
             if self.notices.deleted_since(&key, since) {
                 continue; // deleted after this load started
             }
+            if self.notices.removed_since(&key, &row.etag, since) {
+                continue; // a one-shot delivered here, removed after this load started
+            }
             if kind == LoadKind::Final {
                 let seen = self
                     .queue
@@ -358,11 +361,16 @@ impl ReminderMachine {
                 // Every owed reminder, however many: what does not fit the
                 // lease row goes to its pages (`ShardLeases::write`).
                 let exceptions = run.exceptions;
-                let stopped_at = held.stopped_at;
+                // The watermark is the latest occurrence started, not the
+                // stop: a row registered after the final read whose first
+                // tick is before the stop was never seen here, and the next
+                // holder plans it from the watermark (the rows seen owe
+                // their own exceptions up to the stop).
+                let started_through = held.started_through;
                 self.drop_shard(k);
                 let event = ShardEvent::Stopped {
                     shard: k,
-                    started_through: Some(stopped_at),
+                    started_through,
                     exceptions,
                 };
                 self.feed_shards(event);

@@ -40,6 +40,10 @@ pub(crate) struct NoticeReads {
     /// Rows a notice read found deleted, with `changes` then (at most
     /// [`MAX_DELETED`]).
     deleted: BTreeMap<Key, u64>,
+    /// One-shots this silo removed after delivering them, with their etag and
+    /// `changes` when the removal landed (at most [`MAX_DELETED`]): a load
+    /// whose read of the row came before the removal must not plan it again.
+    removed: BTreeMap<Key, (rollcall_core::Etag, u64)>,
     /// Rows a read is in flight for, each with whether another notice named it
     /// meanwhile. One read per row at a time: two reads of a row can answer
     /// out of order, and the older answer would undo the newer.
@@ -95,10 +99,29 @@ impl NoticeReads {
         self.deleted.get(key).is_some_and(|c| *c > since)
     }
 
+    /// This silo's removal of the delivered one-shot `key` (under `etag`)
+    /// landed: counted as a change and remembered.
+    pub(crate) fn removed(&mut self, key: Key, etag: rollcall_core::Etag) {
+        let at = self.change();
+        if self.removed.len() >= MAX_DELETED {
+            self.removed.pop_first();
+        }
+        self.removed.insert(key, (etag, at));
+    }
+
+    /// Whether row `key` under `etag` is a one-shot this silo removed after
+    /// change `since` (a load that started then may have read it before).
+    pub(crate) fn removed_since(&self, key: &Key, etag: &rollcall_core::Etag, since: u64) -> bool {
+        self.removed
+            .get(key)
+            .is_some_and(|(e, c)| e == etag && *c > since)
+    }
+
     /// A load that started at change `since` ended: deletions before it are
     /// what that load saw.
     pub(crate) fn loaded(&mut self, since: u64) {
         self.deleted.retain(|_, c| *c > since);
+        self.removed.retain(|_, (_, c)| *c > since);
     }
 }
 

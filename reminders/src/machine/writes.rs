@@ -206,6 +206,11 @@ impl ReminderMachine {
 
     pub(super) fn written(&mut self, write: Write, result: Result<(), ReminderError>) {
         let Err(err) = result else {
+            if let (Write::Remove { key, etag }, false) = (&write, self.loads.idle()) {
+                // A load that read the row before this landed skips it (with
+                // no load running, none can have).
+                self.notices.removed(key.clone(), etag.clone());
+            }
             self.writes.written(write, true);
             self.pump_writes();
             return;
