@@ -64,13 +64,21 @@ pub struct Config {
     pub message_loss: f64,
     /// The service's shard count.
     pub shards: u32,
+    /// The cluster's `max_clock_offset`, ms: each silo's clock is off the
+    /// world's by a random amount within half of it (so any two differ by at
+    /// most it), and the machines are told the bound (their takeover fence).
+    pub max_clock_offset: u64,
+    /// The bound the machines are told, when not `max_clock_offset` (a test
+    /// tells them less, to show that the fence needs it).
+    pub clock_bound_told: Option<u64>,
 }
 
 impl Default for Config {
     /// Options as deployed except `refresh_reminder_list_period` 30 s,
     /// `table_operation_timeout` 2 s and `startup_jitter` 2 s; messages 1-31 ms,
     /// table calls 1-21 ms, views up to 1.5 s late, crashes declared after 3-10 s,
-    /// handlers up to 20 ms, no delivery failure, 64 shards.
+    /// handlers up to 20 ms, no delivery failure, 64 shards, every clock the
+    /// world's.
     fn default() -> Self {
         let options = ReminderOptions {
             refresh_reminder_list_period: Duration::from_secs(30),
@@ -89,6 +97,8 @@ impl Default for Config {
             delivery_failure: 0.0,
             message_loss: 0.0,
             shards: 64,
+            max_clock_offset: 0,
+            clock_bound_told: None,
         }
     }
 }
@@ -100,7 +110,8 @@ pub struct Tick {
     pub reminder: (String, String),
     /// The occurrence.
     pub scheduled: Timestamp,
-    /// When the handler ran (virtual ms).
+    /// When the handler finished (virtual ms): a handler that a crash cut
+    /// short is no tick.
     pub at: u64,
     /// The silo (index) that delivered it.
     pub silo: usize,
@@ -121,6 +132,8 @@ pub struct Lifetime {
     pub etag: Etag,
     /// The silo it was registered through (which sends its notice).
     pub via: usize,
+    /// Its schedule (a calendar, an end), as registered.
+    pub timing: crate::schedule::Timing,
 }
 
 /// A crash: the victim, when it crashed and when it was declared Dead (virtual
@@ -169,6 +182,8 @@ struct Node {
     timers: HashMap<Timer, u64>,
     /// Cut off from the store and every other silo until this time (virtual ms).
     cut_until: u64,
+    /// How far its clock is ahead of the world's, ms (negative: behind).
+    offset: i64,
 }
 
 enum Ev {
@@ -181,6 +196,9 @@ enum Ev {
     Stop,
     /// A registering silo sends its notice again (the owner did not take it).
     Notify(NoticeRetry),
+    /// A handler finished: its tick counts (if it succeeded) and the machine
+    /// hears of it, unless the silo crashed meanwhile.
+    Handled(Option<Tick>, Box<Event>),
 }
 
 /// The world (see the module docs).
@@ -323,6 +341,12 @@ impl World {
             self.cfg.shards,
             rng,
         );
+        let half = i64::try_from(self.cfg.max_clock_offset / 2).unwrap_or(i64::MAX);
+        let offset = if half > 0 {
+            self.sched.rng().random_range(-half..=half)
+        } else {
+            0
+        };
         self.nodes.push(Node {
             addr,
             machine: Some(machine),
@@ -330,10 +354,16 @@ impl World {
             view: Arc::default(),
             timers: HashMap::new(),
             cut_until: 0,
+            offset,
         });
         let now = self.sched.time();
         self.members.insert(addr, (SiloStatus::Active, now));
         self.joins.push((i, self.sched.now_ms()));
+        let clock = Event::Clock {
+            within_bound: true,
+            max_offset: Duration::from_millis(self.cfg.clock_bound_told.unwrap_or(self.cfg.max_clock_offset)),
+        };
+        self.sched.push(0, i, Ev::Machine(Box::new(clock)));
         self.sched.push(0, i, Ev::Machine(Box::new(Event::Start)));
         self.publish(Some(i));
         i
@@ -427,6 +457,15 @@ impl World {
             .collect()
     }
 
+    /// The silo (index) whose lease of `shard` is Owned now, if any.
+    pub fn holder_of(&self, shard: u32) -> Option<usize> {
+        let lease = now_or_fail(self.leases.read(shard)).ok()?;
+        let owner = lease
+            .owner
+            .filter(|_| lease.status == rollcall_core::LeaseStatus::Owned)?;
+        self.index_of(owner)
+    }
+
     /// The table is unreachable for `ms`: every call fails after
     /// `table_operation_timeout`.
     pub fn outage(&mut self, ms: u64) {
@@ -440,24 +479,36 @@ impl World {
     /// then notifies the owner in that silo's view. `false` (nothing registered) if
     /// the table is out or no silo is Active.
     pub fn register(&mut self, actor: &str, name: &str, start_at: Timestamp, period: Duration) -> bool {
+        self.register_row(ReminderEntry::new(SERVICE, actor, name, start_at, Some(period)))
+    }
+
+    /// Registers `entry` (any kind: a one-shot, a calendar in a zone, an end, a
+    /// payload, a policy) as [`register`](Self::register) does.
+    ///
+    /// # Panics
+    /// If `entry`'s schedule cannot be read (a test's mistake).
+    pub fn register_row(&mut self, entry: ReminderEntry) -> bool {
         let active = self.active();
         if self.out() || active.is_empty() {
             return false;
         }
+        let (actor, name) = (entry.actor_id.clone(), entry.name.clone());
+        let (actor, name) = (actor.as_str(), name.as_str());
+        let timing = crate::schedule::Timing::of(&entry).expect("a readable schedule");
         let via = active[self.sched.rng().random_range(0..active.len())];
-        let entry = ReminderEntry::new(SERVICE, actor, name, start_at, Some(period));
         let Ok(etag) = now_or_fail(self.table.upsert_row(&entry)) else {
             return false;
         };
         self.reminders.insert(
             (actor.to_owned(), name.to_owned()),
             Lifetime {
-                start_at,
-                period,
+                start_at: entry.start_at,
+                period: entry.period.unwrap_or_default(),
                 registered: self.now(),
                 removed: None,
                 etag,
                 via,
+                timing,
             },
         );
         // Registered while a crashed silo that owns it is not yet declared Dead,
@@ -691,6 +742,16 @@ impl World {
                 self.notify(i, retry);
                 return;
             }
+            Ev::Handled(tick, event) => {
+                if self.nodes[i].machine.is_none() {
+                    return; // crashed while the handler ran
+                }
+                if let Some(mut tick) = tick {
+                    tick.at = self.now();
+                    self.ticks.push(tick);
+                }
+                *event
+            }
             Ev::Declared => {
                 let now = self.now();
                 if let Some(c) = self.crashes.iter_mut().rev().find(|c| c.silo == i) {
@@ -718,8 +779,14 @@ impl World {
         self.publish(None);
     }
 
+    /// Silo `i`'s clock now.
+    fn clock_of(&self, i: usize) -> Timestamp {
+        let t = self.sched.time().as_millis();
+        Timestamp::from_millis(t.saturating_add_signed(self.nodes[i].offset))
+    }
+
     fn feed(&mut self, i: usize, event: Event) {
-        let now = self.sched.time();
+        let now = self.clock_of(i);
         let Some(machine) = self.nodes[i].machine.as_mut() else {
             return;
         };
@@ -802,15 +869,16 @@ impl World {
                             .insert(((tick.actor.to_string(), tick.name), scheduled));
                         Err("the handler failed".to_owned())
                     }
-                    Ok(tick) => {
-                        self.ticks.push(Tick {
-                            reminder: (tick.actor.to_string(), tick.name),
-                            scheduled,
-                            at: self.now(),
-                            silo: i,
-                        });
-                        Ok(())
-                    }
+                    Ok(tick) => Ok(Tick {
+                        reminder: (tick.actor.to_string(), tick.name),
+                        scheduled,
+                        at: 0,
+                        silo: i,
+                    }),
+                };
+                let (tick, result) = match result {
+                    Ok(tick) => (Some(tick), Ok(())),
+                    Err(e) => (None, Err(e)),
                 };
                 let event = Event::Delivered {
                     key,
@@ -818,7 +886,7 @@ impl World {
                     scheduled,
                     result,
                 };
-                self.sched.push(lat, i, Ev::Machine(Box::new(event)));
+                self.sched.push(lat, i, Ev::Handled(tick, Box::new(event)));
             }
             Action::Write(write) => {
                 let table = self.table.clone();
@@ -876,7 +944,11 @@ impl World {
                 self.tokens += 1;
                 let token = self.tokens;
                 self.nodes[i].timers.insert(timer, token);
-                let at_ms = at.as_millis().saturating_sub(rollcall_core::sim::T0_MS);
+                // `at` is on the silo's clock.
+                let at_ms = at
+                    .as_millis()
+                    .saturating_add_signed(-self.nodes[i].offset)
+                    .saturating_sub(rollcall_core::sim::T0_MS);
                 self.sched.push_at(at_ms, i, Ev::Timer(timer, token));
             }
             Action::CancelTimer(timer) => {
@@ -920,8 +992,9 @@ impl World {
             .collect()
     }
 
-    /// Occurrences never delivered: for each reminder, every occurrence from its
-    /// first one up to `until` (virtual ms) and, if it was removed, up to `slack`
+    /// Occurrences never delivered: for each reminder, every occurrence of its
+    /// schedule (a period, a calendar, one for a one-shot, none past its end)
+    /// from its first one up to `until` (virtual ms) and, if it was removed, up to `slack`
     /// ms before its removal (a tick due just before its removal may still be on
     /// its way when the owner reads the removal).
     pub fn missed(&self, until: u64, slack: u64) -> Vec<((String, String), Timestamp)> {
@@ -934,12 +1007,12 @@ impl World {
                 .map_or(u64::MAX, |r| r.saturating_sub(slack))
                 .min(until);
             let end = World::time_at(end);
-            let mut t = life.start_at;
-            while t < end {
+            let mut next = Some(life.start_at).filter(|t| life.timing.end_at.is_none_or(|e| *t <= e));
+            while let Some(t) = next.filter(|t| *t < end) {
                 if !delivered.contains(&(key, t)) {
                     missed.push((key.clone(), t));
                 }
-                t = t.saturating_add(life.period);
+                next = life.timing.after(t);
             }
         }
         missed

@@ -60,6 +60,58 @@ enum Op {
     /// Two Active silos (k-th and l-th) cannot reach each other for this many
     /// ms; both still reach the store.
     Partition(usize, usize, u64),
+    /// Reminder `name` of `actor` of kind `kind` (see [`row_of_kind`]), first
+    /// tick `delay` ms after 2 s.
+    RegisterKind {
+        actor: u8,
+        name: u8,
+        kind: u8,
+        delay: u64,
+    },
+    /// The k-th Active silo leaves (if another one stays) and, `after` ms
+    /// later, a reminder of kind `kind` is registered whose first tick is due
+    /// `delay` ms from then: a registration racing a release.
+    Handoff {
+        k: usize,
+        after: u64,
+        actor: u8,
+        kind: u8,
+        delay: u64,
+    },
+}
+
+/// The kinds a schedule registers: every second (`Skip`), every 2 s with
+/// `FireOnce`, a one-shot, a calendar every second in Asia/Kolkata, every
+/// second repeated 5 times, every second until 7 s after its start, and every
+/// second with a 1 KiB payload.
+const KINDS: u8 = 7;
+
+/// Reminder `name` of `actor`, of kind `kind` (mod [`KINDS`]), first tick at
+/// `start`.
+fn row_of_kind(actor: &str, name: &str, kind: u8, start: Timestamp) -> rollcall_core::ReminderEntry {
+    use rollcall_core::{MissedTickPolicy, ReminderEntry};
+    let service = rollcall_reminders::sim::SERVICE;
+    let second = Some(Duration::from_secs(1));
+    let mut row = ReminderEntry::new(service, actor, name, start, second);
+    match kind % KINDS {
+        0 => {}
+        1 => {
+            row.period = Some(Duration::from_secs(2));
+            row.missed_tick_policy = MissedTickPolicy::FireOnce;
+        }
+        2 => row.period = None,
+        3 => {
+            // On a whole second: the calendar's first occurrence is `start_at`.
+            row.start_at = Timestamp::from_millis(start.as_millis().div_ceil(1000) * 1000);
+            row.period = None;
+            row.cron = Some("* * * * * *".to_owned());
+            row.zone = Some("Asia/Kolkata".to_owned());
+        }
+        4 => row.end_at = Some(start.saturating_add(Duration::from_secs(4))),
+        5 => row.end_at = Some(start.saturating_add(Duration::from_secs(7))),
+        _ => row.payload = Some(vec![7; 1024]),
+    }
+    row
 }
 
 /// `Op::Register` in one line: actor, name, delay (ms), period (s).
@@ -176,6 +228,29 @@ fn run_with(seed: u64, cfg: Config, ops: &[(u64, Op)], silos: usize) -> (World, 
                 w.unregister(&actor(*a), &format!("r{name}"));
             }
             Op::Outage(ms) => w.outage(*ms),
+            Op::RegisterKind {
+                actor: a,
+                name,
+                kind,
+                delay,
+            } => {
+                let start = World::time_at(w.now() + 2000 + delay);
+                w.register_row(row_of_kind(&actor(*a), &format!("r{name}"), *kind, start));
+            }
+            Op::Handoff {
+                k,
+                after,
+                actor: a,
+                kind,
+                delay,
+            } => {
+                if active.len() > 1 {
+                    w.leave(active[k % active.len()]);
+                }
+                w.run_for(*after);
+                let start = World::time_at(w.now() + delay);
+                w.register_row(row_of_kind(&actor(*a), "h", *kind, start));
+            }
         }
     }
     let end = w.now();
@@ -418,6 +493,67 @@ proptest! {
         let dup = w.duplicates();
         prop_assert!(dup.is_empty(), "duplicates: {:?}\nseed {seed} ops {ops:?}", &dup[..dup.len().min(8)]);
         assert_explained(&w, &cfg, end, &format!("seed {seed} ops {ops:?}"))?;
+        check_bounds(&w);
+    }
+}
+
+/// Steps of the every-kind property: registrations of every kind, removals,
+/// joins, leaves, and registrations racing a leave.
+fn kind_op() -> impl Strategy<Value = Op> {
+    let register =
+        (0u8..12, 0u8..2, 0..KINDS, 0u64..3000).prop_map(|(actor, name, kind, delay)| Op::RegisterKind {
+            actor,
+            name,
+            kind,
+            delay,
+        });
+    let handoff = (any::<usize>(), 0u64..300, 12u8..24, 0..KINDS, 0u64..1500).prop_map(
+        |(k, after, actor, kind, delay)| Op::Handoff {
+            k,
+            after,
+            actor,
+            kind,
+            delay,
+        },
+    );
+    prop_oneof![
+        3 => register,
+        1 => (0u8..12, 0u8..2).prop_map(|(a, n)| unreg(a, n)),
+        2 => Just(Op::Join),
+        2 => any::<usize>().prop_map(Op::Leave),
+        2 => handoff,
+    ]
+}
+
+/// The configuration of the every-kind property: clocks up to 250 ms off the
+/// world's (any two within the 500-ms bound), handlers of up to 100 ms.
+fn with_clocks() -> Config {
+    Config {
+        max_clock_offset: 500,
+        handler: 100,
+        ..Config::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config(64))]
+
+    /// Every kind of reminder (periodic, `FireOnce`, one-shot, a calendar in a
+    /// zone, a repeat count, an end, a payload) on 5 to 20 silos whose clocks
+    /// are up to 250 ms apart from the world's, through joins, leaves and
+    /// registrations racing a leave, ticks counted when their handler has run:
+    /// no occurrence delivered twice, none lost.
+    #[test]
+    fn every_kind_on_offset_clocks_through_graceful_churn_neither_repeats_nor_loses(
+        seed in any::<u64>(),
+        silos in 5usize..=20,
+        ops in prop::collection::vec((0u64..4000, kind_op()), 4..16),
+    ) {
+        let (w, end) = run_with(seed, with_clocks(), &ops, silos);
+        let dup = w.duplicates();
+        prop_assert!(dup.is_empty(), "duplicates: {:?}\nseed {seed} silos {silos} ops {ops:?}", &dup[..dup.len().min(8)]);
+        let missed = w.missed(end + 30_000 - TAIL, SLACK);
+        prop_assert!(missed.is_empty(), "missed: {:?}\nseed {seed} silos {silos} ops {ops:?}", &missed[..missed.len().min(8)]);
         check_bounds(&w);
     }
 }
@@ -943,11 +1079,12 @@ fn a_registration_between_quick_leaves_keeps_its_first_tick() {
 proptest! {
     #![proptest_config(config(32))]
 
-    /// 10 to 20 silos, false deaths (a silo declared Dead while it runs on,
-    /// cut off from the store and the other silos), partitions between silos
-    /// that both still reach the store, 5% of the messages between live silos
-    /// lost, crashes, and concurrent acquires: no occurrence delivered twice;
-    /// losses only inside the windows of crashes and false deaths.
+    /// 10 to 20 silos whose clocks are up to 250 ms off the world's, false
+    /// deaths (a silo declared Dead while it runs on, cut off from the store
+    /// and the other silos), partitions between silos that both still reach
+    /// the store, 5% of the messages between live silos lost, crashes, and
+    /// concurrent acquires: no occurrence delivered twice; losses only inside
+    /// the windows of crashes and false deaths.
     #[test]
     fn false_deaths_partitions_and_lost_messages_repeat_nothing(
         seed in any::<u64>(),
@@ -957,6 +1094,7 @@ proptest! {
     ) {
         let cfg = with_lease_period(Config {
             message_loss: 0.05,
+            max_clock_offset: 500,
             ..Config::default()
         }, lease_s);
         let (w, end) = run_with(seed, cfg.clone(), &ops, silos);
@@ -987,6 +1125,38 @@ fn without_fencing_a_false_death_delivers_twice() {
         assert!(w.duplicates().is_empty(), "seed {seed}: {:?}", w.duplicates());
     }
     assert!(repeated > 0, "no schedule repeated a tick without fencing");
+}
+
+/// The clock bound carries weight: silos whose clocks are up to 4 s apart
+/// repeat ticks after false deaths when their fence does not know it, and
+/// none when it does.
+#[test]
+fn a_fence_that_ignores_the_clock_bound_delivers_twice() {
+    let ops = vec![
+        (3000, Op::FalseDeath(0)),
+        (4000, Op::Join),
+        (3000, Op::FalseDeath(1)),
+        (3000, Op::FalseDeath(2)),
+    ];
+    // Detected within 0.5-1.5 s (as the fast membership profile does), so
+    // a zombie's clock ahead by more than that outruns a fence of `L` alone.
+    let skewed = |told| Config {
+        max_clock_offset: 4_000,
+        clock_bound_told: told,
+        detection: (500, 1_500),
+        ..Config::default()
+    };
+    let mut repeated = 0;
+    for seed in 0..24 {
+        let (w, _) = run_with(seed, skewed(Some(0)), &ops, 6);
+        repeated += w.duplicates().len();
+        let (w, _) = run_with(seed, skewed(None), &ops, 6);
+        assert!(w.duplicates().is_empty(), "seed {seed}: {:?}", w.duplicates());
+    }
+    assert!(
+        repeated > 0,
+        "no schedule repeated a tick with the bound left out of the fence"
+    );
 }
 
 /// Found by the false-death property (5% of messages lost, 19 silos): a
@@ -1193,4 +1363,126 @@ fn a_mass_due_time_is_delivered_once_each_under_the_delivery_cap() {
     let due_ms = due.as_millis() - rollcall_core::sim::T0_MS;
     let latest = at_due.iter().map(|t| t.at - due_ms).max().unwrap();
     assert!(latest > 100, "the backlog waited: {latest} ms");
+}
+
+/// Found by the every-kind property: a reminder registered as its shard's
+/// holder leaves, with its first tick due at once.
+#[test]
+fn a_registration_racing_a_release_keeps_its_first_tick() {
+    let ops = vec![
+        (0, Op::Leave(10_729_439_368_030_043_084)),
+        (0, Op::Join),
+        (0, Op::Leave(188_569_812_741_789_815)),
+        (0, Op::Leave(960_263_620_043_225_406)),
+        (0, Op::Join),
+        (
+            0,
+            Op::Handoff {
+                k: 3_797_131_379_234_860_885,
+                after: 0,
+                actor: 18,
+                kind: 0,
+                delay: 0,
+            },
+        ),
+    ];
+    let (w, end) = run_with(5_923_932_359_647_257_516, with_clocks(), &ops, 7);
+    let missed = w.missed(end + 30_000 - TAIL, SLACK);
+    assert!(missed.is_empty(), "missed: {missed:?}");
+    assert!(w.duplicates().is_empty());
+}
+
+proptest! {
+    #![proptest_config(config(8))]
+
+    /// Backlogs over a release's old cap (1,024) and over a minute: 1,100 to
+    /// 1,500 one-shots of one shard due at one instant on 5 to 20 silos with
+    /// clocks up to 250 ms apart, one delivery at a time per silo with
+    /// handlers of up to 200 ms (about 2 minutes of backlog); the holder
+    /// leaves 5 to 90 s into it, and others join and leave meanwhile: every
+    /// one-shot delivered once, counted when its handler has run.
+    #[test]
+    fn a_backlog_released_at_any_point_delivers_every_one_shot_once(
+        seed in any::<u64>(),
+        silos in 5usize..=20,
+        count in 1_100usize..1_500,
+        leave_after in 5_000u64..90_000,
+        churn in prop::collection::vec((0u64..20_000, prop_oneof![Just(Op::Join), any::<usize>().prop_map(Op::Leave)]), 0..4),
+    ) {
+        backlog_released(seed, silos, count, leave_after, &churn)?;
+    }
+}
+
+/// The backlog property's schedule (see there).
+fn backlog_released(
+    seed: u64,
+    silos: usize,
+    count: usize,
+    leave_after: u64,
+    churn: &[(u64, Op)],
+) -> Result<(), TestCaseError> {
+    let mut cfg = with_clocks();
+    cfg.handler = 200;
+    cfg.shards = 8;
+    cfg.options.max_deliveries = 1;
+    let mut w = World::new(cfg, seed, Arc::new(MemoryStore::new()));
+    for _ in 0..silos {
+        w.join();
+        w.run_for(300);
+    }
+    w.run_for(3_000);
+    let due = World::time_at(w.now() + 2_000);
+    let mut actors = Vec::new();
+    let mut i = 0u32;
+    while actors.len() < count {
+        let a = format!("sim/b{i}");
+        if rollcall_core::actor_shard(&a, 8) == 0 {
+            actors.push(a);
+        }
+        i += 1;
+    }
+    for a in &actors {
+        let mut once = rollcall_core::ReminderEntry::new(rollcall_reminders::sim::SERVICE, a, "b", due, None);
+        once.payload = Some(vec![1; 16]);
+        prop_assert!(w.register_row(once));
+    }
+    w.run_for(2_000 + leave_after);
+    let holder = w.holder_of(0);
+    prop_assert!(holder.is_some(), "shard 0 is held");
+    if let Some(h) = holder.filter(|_| w.active().len() > 1) {
+        w.leave(h);
+    }
+    for (gap, op) in churn {
+        w.run_for(*gap);
+        let active = w.active();
+        match op {
+            Op::Join => {
+                w.join();
+            }
+            Op::Leave(k) if active.len() > 1 => w.leave(active[k % active.len()]),
+            _ => {}
+        }
+    }
+    w.run_for(400_000);
+    let dup = w.duplicates();
+    prop_assert!(dup.is_empty(), "duplicates: {:?}", &dup[..dup.len().min(8)]);
+    let burst: Vec<_> = w.ticks.iter().filter(|t| t.scheduled == due).collect();
+    prop_assert_eq!(burst.len(), count, "every one-shot once");
+    let due_ms = due.as_millis() - rollcall_core::sim::T0_MS;
+    let backlog = burst
+        .iter()
+        .map(|t| t.at.saturating_sub(due_ms))
+        .max()
+        .unwrap_or(0);
+    prop_assert!(backlog > 60_000, "a backlog over a minute: {} ms", backlog);
+    check_bounds(&w);
+    Ok(())
+}
+
+/// Found by the backlog property: the holder of a shard with a backlog of
+/// 1,319 one-shots leaves 81.5 s into it, two silos join meanwhile.
+#[test]
+fn a_backlog_released_late_with_joins_delivers_every_one_shot_once() {
+    let churn = [(19_117, Op::Join), (7_543, Op::Join)];
+    backlog_released(3_736_273_193_400_452_046, 19, 1_319, 81_508, &churn).unwrap();
 }
