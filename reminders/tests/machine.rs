@@ -584,7 +584,7 @@ fn with_clocks() -> Config {
 }
 
 proptest! {
-    #![proptest_config(config(64))]
+    #![proptest_config(config(256))]
 
     /// Every kind of reminder (periodic, `FireOnce`, one-shot, a calendar in a
     /// zone, a repeat count, an end, a payload) on 5 to 20 silos whose clocks
@@ -1441,7 +1441,7 @@ fn a_registration_racing_a_release_keeps_its_first_tick() {
 }
 
 proptest! {
-    #![proptest_config(config(8))]
+    #![proptest_config(config(16))]
 
     /// Backlogs over a release's old cap (1,024) and over a minute: 1,100 to
     /// 1,500 one-shots of one shard due at one instant on 5 to 20 silos with
