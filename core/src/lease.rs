@@ -7,10 +7,11 @@
 //! lease row ([`ShardLease`]), written only by conditional writes on its etag:
 //! its `epoch` (the fencing token, one more on every acquire), its `owner`,
 //! whether it is [`LeaseStatus::Owned`] or [`LeaseStatus::Released`], the
-//! watermark `W` (every occurrence at or before `W` of every reminder of the
-//! shard was delivered or started; none after it was started), the exceptions
-//! (reminders whose first undelivered occurrence is at or before `W`), and the
-//! registrations the holder knew of.
+//! watermark `W` (the latest occurrence started: every occurrence at or before
+//! `W` of every reminder of the shard the holder knew of was delivered or
+//! started; none after it was started), the exceptions (reminders whose first
+//! undelivered occurrence is at or before the release's stop, which may be
+//! after `W`), and the registrations the holder knew of.
 //!
 //! The same idea as Temporal's history shards (a RangeID bumped on every
 //! acquire, timer ack levels in the shard row, every write conditional on it)
@@ -123,7 +124,8 @@ pub struct ShardLease {
     /// the shard was delivered or started, except [`exceptions`](Self::exceptions);
     /// none after it was started. `None`: nothing delivered yet.
     pub watermark: Option<Timestamp>,
-    /// Reminders whose first undelivered occurrence is at or before the watermark.
+    /// Reminders whose first undelivered occurrence is at or before the
+    /// release's stop (which may be after the watermark): each starts there.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exceptions: Vec<LeaseException>,
     /// When the holder's last full read of the shard's reminder rows started
