@@ -163,6 +163,16 @@ impl HeldShard {
                 return Start::Owed(*at);
             }
         }
+        if self.loaded
+            && self.takeover.is_none()
+            && timing.is_one_shot()
+            && self.floor.is_some_and(|f| timing.start_at <= f)
+        {
+            // A one-shot an earlier holder delivered whose removal never
+            // landed (it left during a store outage), found by a later load:
+            // not again.
+            return Start::Delivered;
+        }
         let owed = if self.loaded || self.takeover.is_some() {
             None
         } else {

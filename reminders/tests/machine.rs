@@ -1538,3 +1538,30 @@ fn a_backlog_released_late_with_joins_delivers_every_one_shot_once() {
     let churn = [(19_117, Op::Join), (7_543, Op::Join)];
     backlog_released(3_736_273_193_400_452_046, 19, 1_319, 81_508, &churn).unwrap();
 }
+
+/// Found by sweep seed 46 of the fault property: a one-shot delivered just
+/// before a table outage, whose holder then left before its removal could
+/// land, was delivered again by the successor's next refresh.
+#[test]
+fn a_one_shot_whose_removal_a_leaver_never_wrote_is_not_delivered_again() {
+    let ops = vec![
+        (608, reg(0, 0, 0, 1)),
+        (200, reg(0, 0, 0, 1)),
+        (
+            200,
+            Op::RegisterKind {
+                actor: 17,
+                name: 0,
+                kind: 2,
+                delay: 0,
+            },
+        ),
+        (200, Op::Join),
+        (456, Op::Outage(4331)),
+        (1344, Op::Leave(9_311_136_669_415_777_397)),
+    ];
+    let cfg = with_lease_period(with_faults(), 2);
+    let (w, _) = run(7_161_460_376_358_197_205, cfg.clone(), &ops);
+    let dup = unexplained_repeats(&w, &cfg);
+    assert!(dup.is_empty(), "duplicates: {dup:?}");
+}

@@ -92,10 +92,10 @@ impl ReminderMachine {
         };
         let Some(next) = planned else {
             // Nothing is left to deliver: every occurrence is at or before the
-            // floor, or the schedule ended. A row with an end goes (in case its
-            // deliverer could not remove it).
+            // floor, or the schedule ended. A row with an end, or a one-shot,
+            // goes (in case its deliverer could not remove it).
             self.queue.remove(&key);
-            if timing.end_at.is_some() {
+            if timing.end_at.is_some() || timing.is_one_shot() {
                 self.writes.remove(&key, row.etag);
             }
             return;
