@@ -603,10 +603,15 @@ proptest! {
         silos in 5usize..=20,
         ops in prop::collection::vec((0u64..4000, kind_op()), 4..16),
     ) {
-        let (w, end) = run_with(seed, with_clocks(), &ops, silos);
+        let cfg = with_clocks();
+        let (w, end) = run_with(seed, cfg.clone(), &ops, silos);
         let dup = w.duplicates();
         prop_assert!(dup.is_empty(), "duplicates: {:?}\nseed {seed} silos {silos} ops {ops:?}", &dup[..dup.len().min(8)]);
-        let missed = w.missed(end + 30_000 - TAIL, SLACK);
+        // A tick due shortly before its reminder's removal, whose shard was
+        // changing hands (a view up to `view_spread` late, then a load), may
+        // still be on its way when the removal is read (sweep seed 164: three
+        // leaves, then a removal 2,001 ms after the tick).
+        let missed = w.missed(end + 30_000 - TAIL, SLACK + cfg.view_spread);
         prop_assert!(missed.is_empty(), "missed: {:?}\nseed {seed} silos {silos} ops {ops:?}", &missed[..missed.len().min(8)]);
         check_bounds(&w);
     }
