@@ -1599,3 +1599,45 @@ fn a_one_shot_whose_removal_waited_out_an_outage_may_repeat_after_a_crash() {
     let dup = unexplained_repeats(&w, &cfg);
     assert!(dup.is_empty(), "explained by the crash rule: {dup:?}");
 }
+
+/// Open (issue 57), found by sweep seed 258 of the fault property: a one-shot
+/// delivered during a table outage, whose holder left gracefully with the
+/// removal still queued (the leave drops it), is delivered again after the
+/// next holder crashes: the crash's successor plans the lingering row as a
+/// late first tick. Ignored until a leave waits for its queued writes or a
+/// takeover keeps the row's earlier watermark:
+/// `cargo nextest run -p rollcall-reminders --all-features --run-ignored only
+/// -E 'test(seed_258)'`.
+#[test]
+#[ignore]
+fn seed_258_a_one_shot_a_leaver_left_queued_repeats_after_a_crash() {
+    let ops = vec![
+        (
+            5076,
+            Op::RegisterKind {
+                actor: 15,
+                name: 0,
+                kind: 2,
+                delay: 0,
+            },
+        ),
+        (362, Op::Outage(4122)),
+        (1662, Op::Leave(1_747_218_686_787_412_712)),
+        (3562, Op::Crash(156_684_468_930_210_416)),
+        (2760, unreg(0, 1)),
+        (5435, reg(0, 0, 1318, 1)),
+        (
+            3315,
+            Op::RegisterKind {
+                actor: 15,
+                name: 0,
+                kind: 3,
+                delay: 0,
+            },
+        ),
+    ];
+    let cfg = with_lease_period(with_faults(), 5);
+    let (w, _) = run(5_343_859_835_674_098_866, cfg.clone(), &ops);
+    let dup = unexplained_repeats(&w, &cfg);
+    assert!(dup.is_empty(), "duplicates: {dup:?}");
+}
