@@ -581,18 +581,12 @@ fn one_shard(fencing: bool, poll: Duration, other: SiloStatus) -> (ShardMachine,
     (m, Arc::new(view))
 }
 
-/// A row held by a Dead silo is acquired at once (its load overlaps the fence),
-/// with its takeover time a lease period after the holder was seen Dead: the
-/// watermark says so, and nothing is delivered before it, with fencing on.
-#[test]
-fn a_dead_holders_shard_is_delivered_a_lease_period_after_it_was_seen_dead() {
-    let (me, other) = (silo(0), silo(1));
-    let (mut m, view) = one_shard(true, Duration::from_millis(15), SiloStatus::Dead);
-    let a = m.handle(ts(100), ShardEvent::View(view));
-    assert!(a.contains(&ShardAction::Read(0)), "{a:?}");
+/// `m` reads shard 0's row, held at epoch 4 by silo 1 (Dead in its view), at
+/// 110 ms; the write of its acquire, asked at once.
+fn acquire_from_dead_holder(m: &mut ShardMachine) -> ShardLease {
     let held = ShardLease {
         epoch: 4,
-        owner: Some(other),
+        owner: Some(silo(1)),
         status: LeaseStatus::Owned,
         etag: Etag::new("7"),
         ..ShardLease::vacant(0)
@@ -604,9 +598,22 @@ fn a_dead_holders_shard_is_delivered_a_lease_period_after_it_was_seen_dead() {
             result: Ok(held),
         },
     );
-    let Some(ShardAction::Write(w)) = a.iter().find(|x| matches!(x, ShardAction::Write(_))) else {
-        panic!("acquires at once: {a:?}");
-    };
+    match a.into_iter().find(|x| matches!(x, ShardAction::Write(_))) {
+        Some(ShardAction::Write(w)) => w,
+        a => panic!("acquires at once: {a:?}"),
+    }
+}
+
+/// A row held by a Dead silo is acquired at once (its load overlaps the fence),
+/// with its takeover time a lease period after the holder was seen Dead: the
+/// watermark says so, and nothing is delivered before it, with fencing on.
+#[test]
+fn a_dead_holders_shard_is_delivered_a_lease_period_after_it_was_seen_dead() {
+    let me = silo(0);
+    let (mut m, view) = one_shard(true, Duration::from_millis(15), SiloStatus::Dead);
+    let a = m.handle(ts(100), ShardEvent::View(view));
+    assert!(a.contains(&ShardAction::Read(0)), "{a:?}");
+    let w = acquire_from_dead_holder(&mut m);
     assert_eq!((w.epoch, w.owner, w.status), (5, Some(me), LeaseStatus::Owned));
     assert_eq!(
         w.watermark,
@@ -742,23 +749,7 @@ fn the_takeover_fence_includes_the_clock_bound() {
         },
     );
     m.handle(ts(100), ShardEvent::View(view));
-    let held = ShardLease {
-        epoch: 4,
-        owner: Some(silo(1)),
-        status: LeaseStatus::Owned,
-        etag: Etag::new("7"),
-        ..ShardLease::vacant(0)
-    };
-    let a = m.handle(
-        ts(110),
-        ShardEvent::Read {
-            shard: 0,
-            result: Ok(held),
-        },
-    );
-    let Some(ShardAction::Write(w)) = a.iter().find(|x| matches!(x, ShardAction::Write(_))) else {
-        panic!("acquires at once: {a:?}");
-    };
+    let w = acquire_from_dead_holder(&mut m);
     assert_eq!(
         w.watermark,
         Some(ts(164)),
