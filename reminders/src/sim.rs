@@ -115,6 +115,8 @@ pub struct Tick {
     pub at: u64,
     /// The silo (index) that delivered it.
     pub silo: usize,
+    /// The etag of the registration it was planned from.
+    pub etag: Etag,
 }
 
 /// A reminder's life in the world.
@@ -222,8 +224,10 @@ pub struct World {
     pub partitioned: Vec<(u64, u64)>,
     /// Every delivered tick, in order.
     pub ticks: Vec<Tick>,
-    /// Every reminder registered, by (actor, name).
+    /// Every reminder registered, by (actor, name): its latest registration.
     pub reminders: BTreeMap<(String, String), Lifetime>,
+    /// Registrations a later one of the same (actor, name) replaced, in order.
+    pub replaced: Vec<((String, String), Lifetime)>,
     /// Crashes, in order.
     pub crashes: Vec<Crash>,
     /// Table outages: (from, to), virtual ms.
@@ -279,6 +283,7 @@ impl World {
             partitioned: Vec::new(),
             ticks: Vec::new(),
             reminders: BTreeMap::new(),
+            replaced: Vec::new(),
             crashes: Vec::new(),
             outages: Vec::new(),
             leaves: Vec::new(),
@@ -499,7 +504,7 @@ impl World {
         let Ok(etag) = now_or_fail(self.table.upsert_row(&entry)) else {
             return false;
         };
-        self.reminders.insert(
+        let replaced = self.reminders.insert(
             (actor.to_owned(), name.to_owned()),
             Lifetime {
                 start_at: entry.start_at,
@@ -511,6 +516,9 @@ impl World {
                 timing,
             },
         );
+        if let Some(old) = replaced {
+            self.replaced.push(((actor.to_owned(), name.to_owned()), old));
+        }
         // Registered while a crashed silo that owns it is not yet declared Dead,
         // or while the registering silo's view still shows it Active (its notice
         // goes to the crashed silo): it waits for the failover too.
@@ -874,6 +882,7 @@ impl World {
                         scheduled,
                         at: 0,
                         silo: i,
+                        etag: tick.etag,
                     }),
                 };
                 let (tick, result) = match result {
@@ -978,6 +987,20 @@ impl World {
         }
         let ring = Ring::of_active(&view, self.cfg.options.ring_points_per_silo);
         shard_owner(&ring, actor, self.cfg.shards).and_then(|a| self.index_of(a))
+    }
+
+    /// The registration of `reminder` whose etag is `etag`: the latest one or
+    /// one a later registration replaced.
+    pub fn registration(&self, reminder: &(String, String), etag: &Etag) -> Option<&Lifetime> {
+        self.reminders
+            .get(reminder)
+            .filter(|l| &l.etag == etag)
+            .or_else(|| {
+                self.replaced
+                    .iter()
+                    .find(|(r, l)| r == reminder && &l.etag == etag)
+                    .map(|(_, l)| l)
+            })
     }
 
     /// Occurrences delivered more than once: ((actor, name), occurrence).
