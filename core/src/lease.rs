@@ -11,7 +11,10 @@
 //! `W` of every reminder of the shard the holder knew of was delivered or
 //! started; none after it was started), the exceptions (reminders whose first
 //! undelivered occurrence is at or before the release's stop, which may be
-//! after `W`), and the registrations the holder knew of.
+//! after `W`), and `listed_from` (`W` less the cluster's clock bound): every
+//! row the releasing holder knew of whose first occurrence is at or after it
+//! is named in the exceptions, so an unnamed one there was registered after
+//! the release's read.
 //!
 //! The same idea as Temporal's history shards (a RangeID bumped on every
 //! acquire, timer ack levels in the shard row, every write conditional on it)
@@ -107,6 +110,14 @@ pub struct LeaseException {
     /// nothing of the old registration and starts at its own first tick.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etag: Option<Etag>,
+    /// Every occurrence of this registration was delivered, and its row's
+    /// removal had not landed at the release (a one-shot, or a schedule past
+    /// its end): the next holder delivers nothing of it and removes the row.
+    /// Named only for a row at or after the lease's
+    /// [`listed_from`](ShardLease::listed_from), where an unnamed row starts
+    /// at its first occurrence.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub done: bool,
 }
 
 /// One shard's lease row.
@@ -133,6 +144,18 @@ pub struct ShardLease {
     /// first tick.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub read_from: Option<Timestamp>,
+    /// Set by a release: every reminder row the releasing holder knew of whose
+    /// first occurrence is at or after this time (UTC ms) is named in the
+    /// exceptions (where it starts, or [`done`](LeaseException::done)). An
+    /// unnamed row whose first occurrence is at or after it was registered
+    /// after the holder's final read, so it starts at its first occurrence
+    /// even when that is at or before the watermark. It is the watermark less
+    /// the cluster's `max_clock_offset`: the watermark is the releasing
+    /// silo's clock, and the clock that set the row's first occurrence may be
+    /// up to that much behind it. `None`: rows written before it existed, or
+    /// a row no release wrote.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listed_from: Option<Timestamp>,
     /// The etag as last read or written (not stored in the row).
     #[serde(skip)]
     pub etag: Etag,
@@ -149,6 +172,7 @@ impl ShardLease {
             watermark: None,
             exceptions: Vec::new(),
             read_from: None,
+            listed_from: None,
             etag: Etag::default(),
         }
     }

@@ -16,7 +16,12 @@
 //!    than [`MAX_CATCH_UP`] at the acquire, is planned by the policy instead (a
 //!    shard nobody held for long). A one-shot whose only occurrence is at or before
 //!    `W` was delivered by an earlier holder: it is not planned, and a
-//!    schedule whose last occurrence is at or before `W` is removed.
+//!    schedule whose last occurrence is at or before `W` is removed. Except
+//!    a row the release does not name whose first occurrence is at or after
+//!    the lease's `listed_from` (`W` less `max_clock_offset`): it was
+//!    registered after the release's final read by a clock behind the
+//!    releasing one, and starts at its first occurrence. A row the release
+//!    names done is removed, never delivered.
 //! 2. **Owed on release** ([`HeldShard::owed`]): the first occurrence of a row
 //!    not delivered here, if it is at or before the release's watermark (the
 //!    stop time, or the floor when later: a `FireOnce` catch-up planned at a
@@ -24,7 +29,10 @@
 //!    for first, up to [`MAX_DRAIN`]: one that finished is delivered, one that
 //!    failed is owed, and one still running then is owed too (at least once:
 //!    its handler may finish after all). A row never seen here owes its first
-//!    occurrence after the floor.
+//!    occurrence after the floor. Every row whose first occurrence is at or
+//!    after `listed_from` is named too, owed or not (where it starts), and a
+//!    row delivered to its end here whose removal is pending is named done:
+//!    the next holder starts an unnamed one at its first occurrence.
 //! 3. **Notices** ([`HeldShard::takes_notices`]): a shard that is stopping
 //!    takes no notice (its release reads the row, or the row's first tick
 //!    comes after the release's watermark); an answer to a read is applied only
@@ -83,6 +91,14 @@ pub struct HeldShard {
     /// The registration (etag) each exception was owed under, where the
     /// lease says.
     pub exception_etags: HashMap<Key, rollcall_core::Etag>,
+    /// The lease's [`listed_from`](rollcall_core::lease::ShardLease::listed_from)
+    /// when acquired from a release: a row the release does not name whose
+    /// first occurrence is at or after it starts there.
+    pub listed_from: Option<Timestamp>,
+    /// Registrations the release named [`done`](LeaseException::done): their
+    /// rows (under these etags) are removed, never delivered. Kept after the
+    /// acquire load (a later load may find a row whose removal is pending).
+    pub done: HashMap<Key, rollcall_core::Etag>,
     /// Keys planned while loading (out of the due index until the shard may
     /// deliver).
     pub waiting: Vec<Key>,
@@ -163,10 +179,12 @@ impl HeldShard {
                 return Start::Owed(*at);
             }
         }
+        let unlisted = self.takeover.is_none() && self.listed_from.is_some_and(|l| timing.start_at >= l);
         if self.loaded
             && self.takeover.is_none()
             && timing.is_one_shot()
             && self.floor.is_some_and(|f| timing.start_at <= f)
+            && !unlisted
         {
             // A one-shot an earlier holder delivered whose removal never
             // landed (it left during a store outage), found by a later load:
@@ -177,6 +195,17 @@ impl HeldShard {
             None
         } else {
             match self.floor {
+                // Not named by a release that names every row it knew of from
+                // `listed_from` on: registered after its final read, so its
+                // first occurrence is owed, though a clock ahead of the
+                // registering one set the watermark past it.
+                Some(_) if unlisted => {
+                    let before = Timestamp::from_millis(timing.start_at.as_millis().saturating_sub(1));
+                    match timing.after(before) {
+                        Some(t) => Some(t),
+                        None => return Start::Delivered,
+                    }
+                }
                 Some(f) => match timing.after(f) {
                     Some(t) => Some(t),
                     None => return Start::Delivered,
@@ -206,28 +235,70 @@ impl HeldShard {
         stale
     }
 
+    /// Rule 1: whether the release named registration `etag` of `key` done
+    /// (every occurrence delivered; its row is removed).
+    pub fn is_done(&self, key: &Key, etag: &str) -> bool {
+        self.done.get(key).is_some_and(|e| e.as_str() == etag)
+    }
+
+    /// Rule 2: the release's `listed_from`, from which it names every row it
+    /// knows of: its watermark (the floor, or the latest occurrence started
+    /// when later) less `max_clock_offset`. `None` without a watermark.
+    pub fn listing_from(&self, max_clock_offset: Duration) -> Option<Timestamp> {
+        self.floor
+            .max(self.started_through)
+            .map(|w| w.saturating_sub(max_clock_offset))
+    }
+
     /// Rule 2: what the release of this stopped shard owes for `row`, which
     /// this silo's queue holds as `seen` (none: never seen here, or under
-    /// another etag).
-    pub fn owed(&self, row: &ReminderEntry, seen: Option<Seen>) -> Option<LeaseException> {
+    /// another etag); `listed_from` is [`listing_from`](Self::listing_from)'s.
+    pub fn owed(
+        &self,
+        row: &ReminderEntry,
+        seen: Option<Seen>,
+        listed_from: Option<Timestamp>,
+    ) -> Option<LeaseException> {
         let watermark = self.stopped_at.max(self.floor.unwrap_or(Timestamp::EPOCH));
         // A row whose schedule cannot be read is never delivered: nothing owed.
         let timing = Timing::of(row).ok()?;
+        let listed = listed_from.is_some_and(|l| timing.start_at >= l);
         let next = match seen {
             // Still being delivered after the drain: owed, not delivered (its
             // handler may yet finish, so that tick may come twice).
-            Some(Seen { scheduled, .. }) => scheduled,
+            Some(Seen { scheduled, .. }) => Some(scheduled),
             None => match self.floor {
-                Some(floor) => timing.after(floor)?,
-                None => timing.start_at,
+                Some(floor) => timing.after(floor),
+                None => Some(timing.start_at),
             },
         };
-        (next <= watermark).then(|| LeaseException {
+        let exception = |next, done| LeaseException {
             actor_id: row.actor_id.clone(),
             name: row.name.clone(),
             next,
             etag: Some(row.etag.clone()),
-        })
+            done,
+        };
+        match next {
+            Some(next) if next <= watermark || listed => Some(exception(next, false)),
+            None if listed => Some(exception(timing.start_at, true)),
+            _ => None,
+        }
+    }
+
+    /// Rule 2 for `row`, delivered to its end here with its removal pending:
+    /// named done when at or after `listed_from` (unnamed, the next holder
+    /// would take it for a registration it never saw).
+    pub fn delivered(row: &ReminderEntry, listed_from: Option<Timestamp>) -> Option<LeaseException> {
+        listed_from
+            .is_some_and(|l| row.start_at >= l)
+            .then(|| LeaseException {
+                actor_id: row.actor_id.clone(),
+                name: row.name.clone(),
+                next: row.start_at,
+                etag: Some(row.etag.clone()),
+                done: true,
+            })
     }
 
     /// Rule 3: whether a notice for this shard is read (held, not stopping).
@@ -398,17 +469,17 @@ mod tests {
             scheduled: t(30_000),
             delivering: false,
         };
-        assert_eq!(h.owed(&r, Some(waiting)).map(|e| e.next), Some(t(30_000)));
+        assert_eq!(h.owed(&r, Some(waiting), None).map(|e| e.next), Some(t(30_000)));
         let running = Seen {
             scheduled: t(30_000),
             delivering: true,
         };
         assert_eq!(
-            h.owed(&r, Some(running)).map(|e| e.next),
+            h.owed(&r, Some(running), None).map(|e| e.next),
             Some(t(30_000)),
             "still running after the drain: owed, not delivered"
         );
-        assert_eq!(h.owed(&r, None).map(|e| e.next), Some(t(10_000)));
+        assert_eq!(h.owed(&r, None, None).map(|e| e.next), Some(t(10_000)));
     }
 
     #[test]
@@ -421,7 +492,7 @@ mod tests {
             scheduled: t(40_000),
             delivering: false,
         };
-        assert_eq!(h.owed(&r, Some(seen)).map(|e| e.next), Some(t(40_000)));
+        assert_eq!(h.owed(&r, Some(seen), None).map(|e| e.next), Some(t(40_000)));
     }
 
     #[test]

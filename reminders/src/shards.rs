@@ -189,8 +189,12 @@ pub enum ShardEvent {
         /// See above; `None` when nothing was started (the watermark stays).
         started_through: Option<Timestamp>,
         /// Reminders whose first undelivered occurrence is at or before
-        /// `started_through`.
+        /// `started_through`, and every reminder whose first occurrence is at
+        /// or after `listed_from`.
         exceptions: Vec<LeaseException>,
+        /// The release's [`ShardLease::listed_from`]: its watermark less the
+        /// cluster's `max_clock_offset` (`None` when it has no watermark).
+        listed_from: Option<Timestamp>,
     },
     /// The answer of [`ShardAction::ConfirmSelf`]: this silo's own status as
     /// read by a read issued at `at` (`None`: no row), or the error's text.
@@ -438,12 +442,14 @@ impl ShardMachine {
                 shard,
                 started_through,
                 exceptions,
+                listed_from,
             } => {
                 if let Some(Slot::Stopping { lease }) = self.slots.get(&shard) {
                     let release = ShardLease {
                         status: LeaseStatus::Released,
                         watermark: lease.watermark.max(started_through),
                         exceptions,
+                        listed_from,
                         ..lease.clone()
                     };
                     out.push(ShardAction::Write(release.clone()));
@@ -733,6 +739,7 @@ impl ShardMachine {
             let before = Timestamp::from_millis(t.as_millis().saturating_sub(1));
             next.watermark = next.watermark.max(Some(before));
             next.exceptions.clear();
+            next.listed_from = None;
             if let Some(dead) = lease.owner {
                 self.taken_from.insert(k, dead);
             }

@@ -787,6 +787,12 @@ impl World {
         self.publish(None);
     }
 
+    /// Sets silo `i`'s clock to run `ms` ahead of the world's (behind when
+    /// negative), as a test that needs a given skew does.
+    pub fn set_clock_offset(&mut self, i: usize, ms: i64) {
+        self.nodes[i].offset = ms;
+    }
+
     /// Silo `i`'s clock now.
     fn clock_of(&self, i: usize) -> Timestamp {
         let t = self.sched.time().as_millis();

@@ -199,6 +199,7 @@ impl World {
                             shard,
                             started_through: next.checked_sub(1).map(ts),
                             exceptions: Vec::new(),
+                            listed_from: None,
                         },
                     },
                 ));
@@ -803,6 +804,7 @@ fn a_silo_beyond_the_clock_bound_releases_its_shards_and_takes_them_again() {
             shard: 0,
             started_through: Some(ts(110)),
             exceptions: Vec::new(),
+            listed_from: None,
         },
     );
     let Some(ShardAction::Write(w)) = a.iter().find(|x| matches!(x, ShardAction::Write(_))) else {

@@ -40,12 +40,23 @@ pub async fn lease_absent_rows_are_vacant_and_rows_round_trip(store: Store) {
     let mut lease = acquired(&vacant, silo(11111, 1_795_000_000_000));
     lease.watermark = Some(Timestamp::from_millis(1_795_000_000_123));
     lease.read_from = Some(Timestamp::from_millis(1_795_000_000_100));
-    lease.exceptions = vec![LeaseException {
-        actor_id: "cart/ä:{x}/\"y\"".into(),
-        name: "n\\%/z".into(),
-        next: Timestamp::from_millis(1_795_000_000_050),
-        etag: Some(Etag::new("e-1")),
-    }];
+    lease.listed_from = Some(Timestamp::from_millis(1_795_000_000_000));
+    lease.exceptions = vec![
+        LeaseException {
+            actor_id: "cart/ä:{x}/\"y\"".into(),
+            name: "n\\%/z".into(),
+            next: Timestamp::from_millis(1_795_000_000_050),
+            etag: Some(Etag::new("e-1")),
+            done: false,
+        },
+        LeaseException {
+            actor_id: "cart/1".into(),
+            name: "once".into(),
+            next: Timestamp::from_millis(1_795_000_000_010),
+            etag: Some(Etag::new("e-2")),
+            done: true,
+        },
+    ];
     let etag = leases.write(&lease).await.unwrap().expect("first write");
     assert!(!etag.is_empty());
     let back = leases.read(3).await.unwrap();
@@ -287,6 +298,7 @@ fn many_exceptions(n: usize, id_bytes: usize) -> Vec<LeaseException> {
                 name: format!("n{i}"),
                 next: Timestamp::from_millis(1_795_000_000_000 + i as u64),
                 etag: (i % 2 == 0).then(|| Etag::new(format!("e{i}"))),
+                done: i % 3 == 0,
             }
         })
         .collect()

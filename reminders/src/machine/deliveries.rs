@@ -62,7 +62,12 @@ impl ReminderMachine {
             now.max(held.floor.unwrap_or(now))
         };
         let mut catch_up = false;
-        let planned = match held.start(&key, &timing, now) {
+        let start = if held.is_done(&key, row.etag.as_str()) {
+            Start::Delivered
+        } else {
+            held.start(&key, &timing, now)
+        };
+        let planned = match start {
             Start::Delivered => None,
             Start::Owed(at) => {
                 catch_up = at < owed_through;

@@ -14,7 +14,7 @@ use rollcall_core::{ReminderEntry, Timestamp};
 
 use super::{Action, ReminderMachine, Timer};
 use crate::api::{Counters, ReminderError};
-use crate::handoff::Seen;
+use crate::handoff::{HeldShard, Seen};
 use crate::queue::key_of;
 use crate::ring::RingRange;
 use crate::schedule::Learned;
@@ -313,7 +313,20 @@ impl ReminderMachine {
         for row in rows {
             let key = key_of(&row);
             if self.writes.removing(&key, &row.etag) {
-                continue; // a delivered one-shot whose removal is pending
+                // Delivered to its end here, its removal pending: a release
+                // names it done where an unnamed row would start over.
+                if kind == LoadKind::Final {
+                    let listed_from = self
+                        .held
+                        .get(&k)
+                        .and_then(|h| h.listing_from(self.max_clock_offset));
+                    if let Some(e) = HeldShard::delivered(&row, listed_from) {
+                        if let Some(run) = self.loads.running(load) {
+                            run.exceptions.push(e);
+                        }
+                    }
+                }
+                continue;
             }
             if self.notices.deleted_since(&key, since) {
                 continue; // deleted after this load started
@@ -330,7 +343,11 @@ impl ReminderMachine {
                         scheduled: slot.next.scheduled,
                         delivering: slot.delivering,
                     });
-                if let Some(e) = self.held.get(&k).and_then(|h| h.owed(&row, seen)) {
+                let owed = self.held.get(&k).and_then(|h| {
+                    let listed_from = h.listing_from(self.max_clock_offset);
+                    h.owed(&row, seen, listed_from)
+                });
+                if let Some(e) = owed {
                     if let Some(run) = self.loads.running(load) {
                         run.exceptions.push(e);
                     }
@@ -367,11 +384,13 @@ impl ReminderMachine {
                 // holder plans it from the watermark (the rows seen owe
                 // their own exceptions up to the stop).
                 let started_through = held.started_through;
+                let listed_from = held.listing_from(self.max_clock_offset);
                 self.drop_shard(k);
                 let event = ShardEvent::Stopped {
                     shard: k,
                     started_through,
                     exceptions,
+                    listed_from,
                 };
                 self.feed_shards(event);
             }

@@ -120,6 +120,9 @@ pub struct ReminderMachine {
     pause: Pause,
     armed: Armed,
     leaving: bool,
+    /// The cluster's `max_clock_offset`, as the last [`Event::Clock`] said:
+    /// how far before its watermark a release names every row it knows of.
+    max_clock_offset: Duration,
 }
 
 impl ReminderMachine {
@@ -159,6 +162,7 @@ impl ReminderMachine {
             pause: Pause::default(),
             armed: Armed::default(),
             leaving: false,
+            max_clock_offset: Duration::ZERO,
             options,
         }
     }
@@ -211,10 +215,13 @@ impl ReminderMachine {
             Event::Clock {
                 within_bound,
                 max_offset,
-            } => self.feed_shards(ShardEvent::Clock {
-                within_bound,
-                max_offset,
-            }),
+            } => {
+                self.max_clock_offset = max_offset;
+                self.feed_shards(ShardEvent::Clock {
+                    within_bound,
+                    max_offset,
+                });
+            }
             Event::Notices(batch) => self.notices(batch),
             Event::Releases(batch) => self.hints(batch),
             Event::Leave => {
@@ -355,17 +362,23 @@ impl ReminderMachine {
     fn acquired(&mut self, lease: ShardLease, takeover: Option<Timestamp>) {
         let k = lease.shard;
         self.drop_shard(k);
-        let exceptions = lease
-            .exceptions
+        let (done, owed): (Vec<_>, Vec<_>) = lease.exceptions.iter().partition(|e| e.done);
+        let exceptions = owed
             .iter()
             .map(|e| (Key::new(&e.actor_id, &e.name), e.next))
             .collect();
         let mut held = HeldShard::acquired(lease.epoch, lease.watermark, takeover, exceptions);
-        held.exception_etags = lease
-            .exceptions
+        held.exception_etags = owed
             .iter()
             .filter_map(|e| Some((Key::new(&e.actor_id, &e.name), e.etag.clone()?)))
             .collect();
+        if takeover.is_none() {
+            held.listed_from = lease.listed_from;
+            held.done = done
+                .iter()
+                .filter_map(|e| Some((Key::new(&e.actor_id, &e.name), e.etag.clone()?)))
+                .collect();
+        }
         self.held.insert(k, held);
         self.loads.queue(k, LoadKind::Acquire);
         self.start_loads();
@@ -391,6 +404,7 @@ impl ReminderMachine {
                 shard: k,
                 started_through: None,
                 exceptions: Vec::new(),
+                listed_from: None,
             });
         };
         held.stopping = true;
