@@ -1704,3 +1704,106 @@ fn a_one_shot_repeated_after_a_crash_is_judged_by_its_own_registration() {
     let dup = unexplained_repeats(&w, &cfg);
     assert!(dup.is_empty(), "duplicates: {dup:?}");
 }
+
+/// Found by sweep seed 390 of the every-kind property once handoff
+/// registrations could be due at once: a refresh load of a held shard read a
+/// row 50 ms after its first tick and before the row's notice was read, and
+/// planned it as a load plans (a `Skip` reminder's past first tick dropped).
+/// A row a refresh finds that this silo has no slot for was registered while
+/// this silo held the shard: its first tick is due late, as a notice's.
+#[test]
+fn a_refresh_that_reads_a_new_row_before_its_notice_delivers_its_first_tick() {
+    let ops = vec![
+        (3658, Op::Unregister { actor: 0, name: 0 }),
+        (
+            425,
+            Op::RegisterKind {
+                actor: 1,
+                name: 0,
+                kind: 5,
+                delay: 0,
+            },
+        ),
+        (
+            682,
+            Op::RegisterKind {
+                actor: 5,
+                name: 0,
+                kind: 0,
+                delay: 299,
+            },
+        ),
+        (1537, Op::Unregister { actor: 0, name: 0 }),
+        (
+            2097,
+            Op::RegisterKind {
+                actor: 3,
+                name: 0,
+                kind: 0,
+                delay: 2413,
+            },
+        ),
+        (
+            1987,
+            Op::Handoff {
+                k: 274769565886441325,
+                after: 75,
+                actor: 14,
+                kind: 3,
+                delay: 540,
+            },
+        ),
+        (
+            3036,
+            Op::RegisterKind {
+                actor: 0,
+                name: 0,
+                kind: 5,
+                delay: 2381,
+            },
+        ),
+        (
+            3191,
+            Op::Handoff {
+                k: 11048658330873572863,
+                after: 118,
+                actor: 12,
+                kind: 0,
+                delay: 258,
+            },
+        ),
+        (
+            1685,
+            Op::RegisterKind {
+                actor: 2,
+                name: 1,
+                kind: 0,
+                delay: 2321,
+            },
+        ),
+        (
+            1923,
+            Op::RegisterKind {
+                actor: 7,
+                name: 0,
+                kind: 0,
+                delay: 743,
+            },
+        ),
+        (
+            2466,
+            Op::Handoff {
+                k: 9046079159961008686,
+                after: 76,
+                actor: 22,
+                kind: 4,
+                delay: 0,
+            },
+        ),
+    ];
+    let cfg = with_clocks();
+    let (w, end) = run_with(10_313_921_371_394_055_603, cfg.clone(), &ops, 16);
+    assert!(w.duplicates().is_empty(), "{:?}", w.duplicates());
+    let missed = w.missed(end + 30_000 - TAIL, SLACK + cfg.view_spread);
+    assert!(missed.is_empty(), "missed: {missed:?}");
+}

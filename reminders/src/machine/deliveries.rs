@@ -79,21 +79,34 @@ impl ReminderMachine {
                     due: at,
                 })
             }
-            Start::Plan(from) => plan(&timing, from, learned).map(|mut next| {
-                if learned == Learned::Load && next.is_overdue(from) {
-                    // A late or catch-up tick found by a load outside a handoff:
-                    // wait the load grace; after a takeover spread these ticks
-                    // over the start-up jitter (restart storms).
-                    let spread = if takeover && !self.options.startup_jitter.is_zero() {
-                        self.rng
-                            .random_range(0..=self.options.startup_jitter.as_millis() as u64)
-                    } else {
-                        0
-                    };
-                    next.due = from.saturating_add(LOAD_GRACE + Duration::from_millis(spread));
-                }
-                next
-            }),
+            Start::Plan(from) => {
+                // A refresh of a shard held here finds a row this silo has no
+                // slot for: it was registered (or registered again) while this
+                // silo held the shard, so none of its ticks was delivered,
+                // and its notice is late or lost: its first tick is due late,
+                // as a notice's would be (sweep seed 390: the refresh read it
+                // 50 ms after its first tick, before its notice's read).
+                let as_learned = if learned == Learned::Load && loaded {
+                    Learned::Notice
+                } else {
+                    learned
+                };
+                plan(&timing, from, as_learned).map(|mut next| {
+                    if as_learned == Learned::Load && next.is_overdue(from) {
+                        // A late or catch-up tick found by a load outside a handoff:
+                        // wait the load grace; after a takeover spread these ticks
+                        // over the start-up jitter (restart storms).
+                        let spread = if takeover && !self.options.startup_jitter.is_zero() {
+                            self.rng
+                                .random_range(0..=self.options.startup_jitter.as_millis() as u64)
+                        } else {
+                            0
+                        };
+                        next.due = from.saturating_add(LOAD_GRACE + Duration::from_millis(spread));
+                    }
+                    next
+                })
+            }
         };
         let Some(next) = planned else {
             // Nothing is left to deliver: every occurrence is at or before the
