@@ -1010,15 +1010,48 @@ impl World {
     }
 
     /// Occurrences delivered more than once: ((actor, name), occurrence).
+    /// An occurrence is one of a registration (its etag), as
+    /// `ReminderTick::occurrence_id` says: a reminder registered again whose
+    /// first tick falls on the old registration's next one delivers both.
     pub fn duplicates(&self) -> Vec<((String, String), Timestamp)> {
-        let mut seen: BTreeMap<(&(String, String), Timestamp), usize> = BTreeMap::new();
+        let mut seen: BTreeMap<(&(String, String), &Etag, Timestamp), usize> = BTreeMap::new();
         for t in &self.ticks {
-            *seen.entry((&t.reminder, t.scheduled)).or_default() += 1;
+            *seen.entry((&t.reminder, &t.etag, t.scheduled)).or_default() += 1;
         }
         seen.into_iter()
             .filter(|(_, n)| *n > 1)
-            .map(|((r, s), _)| (r.clone(), s))
+            .map(|((r, _, s), _)| (r.clone(), s))
             .collect()
+    }
+
+    /// Ticks their own registration does not explain: a time that is not one
+    /// of its occurrences, or an occurrence due more than `slack` ms after a
+    /// later registration of the same reminder replaced it (the holder kept
+    /// the old schedule). ((actor, name), occurrence).
+    pub fn foreign_ticks(&self, slack: u64) -> Vec<((String, String), Timestamp)> {
+        let mut foreign = Vec::new();
+        for t in &self.ticks {
+            let Some(life) = self.registration(&t.reminder, &t.etag) else {
+                foreign.push((t.reminder.clone(), t.scheduled));
+                continue;
+            };
+            let timing = &life.timing;
+            let in_schedule =
+                t.scheduled >= timing.start_at && timing.at_or_before(t.scheduled) == Some(t.scheduled);
+            let replaced_at = self
+                .replaced
+                .iter()
+                .map(|(r, l)| (r, l))
+                .chain(self.reminders.get(&t.reminder).map(|l| (&t.reminder, l)))
+                .filter(|(r, l)| *r == &t.reminder && l.registered > life.registered)
+                .map(|(_, l)| l.registered)
+                .min();
+            let stale = replaced_at.is_some_and(|at| t.scheduled > World::time_at(at + slack));
+            if !in_schedule || stale {
+                foreign.push((t.reminder.clone(), t.scheduled));
+            }
+        }
+        foreign
     }
 
     /// Occurrences never delivered: for each reminder, every occurrence of its

@@ -617,6 +617,8 @@ proptest! {
         // leaves, then a removal 2,001 ms after the tick).
         let missed = w.missed(end + 30_000 - TAIL, SLACK + cfg.view_spread);
         prop_assert!(missed.is_empty(), "missed: {:?}\nseed {seed} silos {silos} ops {ops:?}", &missed[..missed.len().min(8)]);
+        let foreign = w.foreign_ticks(SLACK + cfg.view_spread);
+        prop_assert!(foreign.is_empty(), "foreign: {:?}\nseed {seed} silos {silos} ops {ops:?}", &foreign[..foreign.len().min(8)]);
         check_bounds(&w);
     }
 }
@@ -1804,6 +1806,74 @@ fn a_refresh_that_reads_a_new_row_before_its_notice_delivers_its_first_tick() {
     let cfg = with_clocks();
     let (w, end) = run_with(10_313_921_371_394_055_603, cfg.clone(), &ops, 16);
     assert!(w.duplicates().is_empty(), "{:?}", w.duplicates());
+    let missed = w.missed(end + 30_000 - TAIL, SLACK + cfg.view_spread);
+    assert!(missed.is_empty(), "missed: {missed:?}");
+}
+
+/// Found by sweep seed 1018 of the every-kind property: a calendar reminder
+/// registered again with its first tick on the old registration's next one
+/// (the whole second after `now`), its notice read answered in the same
+/// millisecond the old tick fell due. Both are delivered: two registrations,
+/// two occurrences (`occurrence_id` differs by etag), neither out of its own
+/// schedule. The property once counted them as one occurrence twice.
+#[test]
+fn a_registration_replaced_on_its_next_tick_delivers_each_occurrence_once() {
+    let ops = vec![
+        (
+            2295,
+            Op::RegisterKind {
+                actor: 0,
+                name: 0,
+                kind: 0,
+                delay: 0,
+            },
+        ),
+        (
+            1353,
+            Op::Handoff {
+                k: 1_154_144_223_036_976_569,
+                after: 293,
+                actor: 12,
+                kind: 0,
+                delay: 0,
+            },
+        ),
+        (
+            3316,
+            Op::RegisterKind {
+                actor: 0,
+                name: 0,
+                kind: 0,
+                delay: 0,
+            },
+        ),
+        (
+            454,
+            Op::Handoff {
+                k: 25_926_931_672_762_302,
+                after: 184,
+                actor: 20,
+                kind: 3,
+                delay: 0,
+            },
+        ),
+        (2603, Op::Leave(173_938_247_687_633_275)),
+        (
+            2663,
+            Op::Handoff {
+                k: 7_325_229_902_526_398_671,
+                after: 55,
+                actor: 20,
+                kind: 3,
+                delay: 0,
+            },
+        ),
+    ];
+    let cfg = with_clocks();
+    let (w, end) = run_with(384_172_996_700_801_820, cfg.clone(), &ops, 9);
+    assert!(w.duplicates().is_empty(), "{:?}", w.duplicates());
+    let foreign = w.foreign_ticks(SLACK + cfg.view_spread);
+    assert!(foreign.is_empty(), "foreign: {foreign:?}");
     let missed = w.missed(end + 30_000 - TAIL, SLACK + cfg.view_spread);
     assert!(missed.is_empty(), "missed: {missed:?}");
 }
