@@ -413,40 +413,67 @@ impl ShardLeases {
     /// missing while it stays; a backend error.
     pub async fn read(&self, shard: u32) -> Result<ShardLease> {
         self.check(shard)?;
+        let Some((bytes, etag)) = self.table.read_lease(shard).await? else {
+            return Ok(ShardLease::vacant(shard));
+        };
+        match self.decode_row(shard, &bytes, etag)? {
+            (lease, None) => Ok(lease),
+            // Rare (a release that owed more than a row holds): boxed, so the
+            // future of every other read (one per registration's notice)
+            // stays small.
+            (lease, Some(count)) => Box::pin(self.read_paged(shard, lease, count)).await,
+        }
+    }
+
+    /// A stored row and the count of its pages, if it has them.
+    fn decode_row(&self, shard: u32, bytes: &[u8], etag: Etag) -> Result<(ShardLease, Option<u32>)> {
         let service = self.table.service_id();
         let what = || format!("lease {service}/{shard}");
-        let mut last_etag = None;
+        // Not through `Stored`: serde's `flatten` buffers the whole row
+        // first, and this read is on every registration's path (R1 lost
+        // 40% of its memory registrations/s to it). The lease ignores the
+        // `pages` field; only a row that has one is read for it again.
+        let lease: ShardLease = serde_json::from_slice(bytes).map_err(|e| Error::corrupt(what(), e))?;
+        let lease = ShardLease::decode_checked(service, shard, lease, etag)?;
+        let pages = if bytes.windows(8).any(|w| w == b"\"pages\":") {
+            serde_json::from_slice::<PageCount>(bytes)
+                .map_err(|e| Error::corrupt(what(), e))?
+                .pages
+        } else {
+            None
+        };
+        Ok((lease, pages))
+    }
+
+    /// [`read`](Self::read) of a row (`lease`, first read) whose exceptions
+    /// are in `count` pages.
+    async fn read_paged(&self, shard: u32, mut lease: ShardLease, mut count: u32) -> Result<ShardLease> {
+        let service = self.table.service_id();
+        let what = || format!("lease {service}/{shard}");
+        let mut last_etag: Option<Etag> = None;
         for _ in 0..3 {
-            let Some((bytes, etag)) = self.table.read_lease(shard).await? else {
-                return Ok(ShardLease::vacant(shard));
-            };
-            // Not through `Stored`: serde's `flatten` buffers the whole row
-            // first, and this read is on every registration's path (R1 lost
-            // 40% of its memory registrations/s to it). The lease ignores the
-            // `pages` field; only a row that has one is read for it again.
-            let lease: ShardLease = serde_json::from_slice(&bytes).map_err(|e| Error::corrupt(what(), e))?;
-            let mut lease = ShardLease::decode_checked(service, shard, lease, etag.clone())?;
-            let pages = if bytes.windows(8).any(|w| w == b"\"pages\":") {
-                serde_json::from_slice::<PageCount>(&bytes)
-                    .map_err(|e| Error::corrupt(what(), e))?
-                    .pages
-            } else {
-                None
-            };
-            let Some(count) = pages else {
-                return Ok(lease);
-            };
             self.set_paged(shard, true);
             let set = page_set(lease.epoch, lease.status);
             let pages = self.table.read_pages(shard, &set, count).await?;
             if pages.iter().any(Option::is_none) {
-                if last_etag.as_ref() == Some(&etag) {
+                if last_etag.as_ref() == Some(&lease.etag) {
                     return Err(Error::corrupt(
                         what(),
                         format!("page set {set} of {count} pages is incomplete"),
                     ));
                 }
-                last_etag = Some(etag);
+                last_etag = Some(lease.etag.clone());
+                // The row was replaced meanwhile: read it again.
+                let Some((bytes, etag)) = self.table.read_lease(shard).await? else {
+                    return Ok(ShardLease::vacant(shard));
+                };
+                match self.decode_row(shard, &bytes, etag)? {
+                    (again, None) => return Ok(again),
+                    (again, Some(n)) => {
+                        lease = again;
+                        count = n;
+                    }
+                }
                 continue;
             }
             for (i, page) in pages.into_iter().flatten().enumerate() {
