@@ -1877,3 +1877,74 @@ fn a_registration_replaced_on_its_next_tick_delivers_each_occurrence_once() {
     let missed = w.missed(end + 30_000 - TAIL, SLACK + cfg.view_spread);
     assert!(missed.is_empty(), "missed: {missed:?}");
 }
+
+/// Found by sweep seed 1087 of the every-kind property: a refresh round
+/// started three loads; a one-shot delivered meanwhile was removed while
+/// they ran; a load that started after the removal ended first and forgot
+/// it, and an earlier load, whose read came before the removal, planned the
+/// one-shot again: delivered twice. A removal is forgotten only once no
+/// running load started before it.
+#[test]
+fn a_removal_is_remembered_until_every_load_older_than_it_ends() {
+    let ops = vec![
+        (
+            902,
+            Op::Handoff {
+                k: 10_928_088_203_288_329_100,
+                after: 118,
+                actor: 12,
+                kind: 2,
+                delay: 0,
+            },
+        ),
+        (
+            3261,
+            Op::RegisterKind {
+                actor: 0,
+                name: 1,
+                kind: 4,
+                delay: 0,
+            },
+        ),
+        (1799, unreg(1, 0)),
+        (
+            2564,
+            Op::Handoff {
+                k: 2_389_351_061_398_340_152,
+                after: 123,
+                actor: 17,
+                kind: 6,
+                delay: 172,
+            },
+        ),
+        (3946, Op::Leave(6_525_713_021_565_012_025)),
+        (
+            2861,
+            Op::RegisterKind {
+                actor: 2,
+                name: 0,
+                kind: 5,
+                delay: 2420,
+            },
+        ),
+        (175, Op::Leave(5_885_247_941_142_270_091)),
+        (2013, Op::Join),
+        (2853, Op::Leave(4_852_198_025_905_406_066)),
+        (
+            3853,
+            Op::RegisterKind {
+                actor: 3,
+                name: 1,
+                kind: 2,
+                delay: 444,
+            },
+        ),
+    ];
+    let cfg = with_clocks();
+    let (w, end) = run_with(1_384_347_637_196_056_337, cfg.clone(), &ops, 6);
+    assert!(w.duplicates().is_empty(), "{:?}", w.duplicates());
+    let missed = w.missed(end + 30_000 - TAIL, SLACK + cfg.view_spread);
+    assert!(missed.is_empty(), "missed: {missed:?}");
+    let foreign = w.foreign_ticks(SLACK + cfg.view_spread);
+    assert!(foreign.is_empty(), "foreign: {foreign:?}");
+}

@@ -235,6 +235,12 @@ impl Loads {
     }
 
     /// Whether no load waits or runs.
+    /// The earliest `since` of the loads running (`None`: none runs): a
+    /// deletion or removal recorded after it may still be read by one.
+    pub(crate) fn oldest_since(&self) -> Option<u64> {
+        self.running.values().map(|r| r.since).min()
+    }
+
     pub(crate) fn idle(&self) -> bool {
         self.running.is_empty() && self.pending.is_empty()
     }
@@ -404,7 +410,11 @@ impl ReminderMachine {
                 let hashes = self.hashes(k);
                 self.queue
                     .retain_hashes(hashes, |s| s.seen == id.0 || s.touched > since);
-                self.notices.loaded(since);
+                // Forget what no running load can have read past: a load that
+                // started before this one may still be running (sweep seed
+                // 1087: a later load's end forgot a removal an earlier load,
+                // still reading, needed, and the one-shot went out twice).
+                self.notices.loaded(self.loads.oldest_since().unwrap_or(u64::MAX));
                 if run.kind == LoadKind::Acquire {
                     let held = self.held.get_mut(&k).expect("present");
                     held.loaded = true;

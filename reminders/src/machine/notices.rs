@@ -117,11 +117,12 @@ impl NoticeReads {
             .is_some_and(|(e, c)| e == etag && *c > since)
     }
 
-    /// A load that started at change `since` ended: deletions before it are
-    /// what that load saw.
-    pub(crate) fn loaded(&mut self, since: u64) {
-        self.deleted.retain(|_, c| *c > since);
-        self.removed.retain(|_, (_, c)| *c > since);
+    /// A load ended, and the earliest of those still running started at
+    /// change `oldest` (`u64::MAX`: none runs): deletions and removals at or
+    /// before it no running load can have read past.
+    pub(crate) fn loaded(&mut self, oldest: u64) {
+        self.deleted.retain(|_, c| *c > oldest);
+        self.removed.retain(|_, (_, c)| *c > oldest);
     }
 }
 
