@@ -416,13 +416,16 @@ impl ShardLeases {
         let Some((bytes, etag)) = self.table.read_lease(shard).await? else {
             return Ok(ShardLease::vacant(shard));
         };
-        match self.decode_row(shard, &bytes, etag)? {
-            (lease, None) => Ok(lease),
-            // Rare (a release that owed more than a row holds): boxed, so the
-            // future of every other read (one per registration's notice)
-            // stays small.
-            (lease, Some(count)) => Box::pin(self.read_paged(shard, lease, count)).await,
-        }
+        let (lease, pages) = self.decode_row(shard, &bytes, etag)?;
+        drop(bytes);
+        let Some(count) = pages else {
+            return Ok(lease);
+        };
+        // Rare (a release that owed more than a row holds): boxed, and
+        // nothing but the box held across its await, so the future of every
+        // other read (one per registration's notice) stays small.
+        let paged = Box::pin(self.read_paged(shard, lease, count));
+        paged.await
     }
 
     /// A stored row and the count of its pages, if it has them.
