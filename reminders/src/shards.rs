@@ -21,8 +21,10 @@
 //!    `max_clock_offset` after this silo first saw the owner Dead: the load
 //!    runs during that wait, and nothing is planned before its end.
 //! 4. **Release** a shard that is no longer wanted: stop delivering, then
-//!    compare-and-set `W = max(W, started through)` with the exceptions and
-//!    `Released`. A shard given up before its load finished is written back
+//!    compare-and-set `W = max(W, started through)` with the exceptions,
+//!    `listed_from` (`W` less `max_clock_offset`: every row whose first
+//!    occurrence is at or after it is named, so an unnamed one there is a
+//!    registration the release never saw) and `Released`. A shard given up before its load finished is written back
 //!    as acquired (it delivered nothing): Released, or after a takeover Owned
 //!    by the Dead holder again, so the next holder takes it over in turn.
 //! 5. **Fence.** A failed compare-and-set on a held shard means another epoch
@@ -48,7 +50,10 @@
 //!    A silo whose clock report ([`ShardEvent::Clock`], measured by the
 //!    membership agent from its probes) is beyond the bound wants no shard: it
 //!    releases the ones it holds (rule 4, which compares no clocks) and takes
-//!    none until it is back; its shards wait for it, nothing lost.
+//!    none until it is back; its shards wait for it: what the release owed
+//!    is kept, and what falls due meanwhile is delivered late once it takes
+//!    them back, or follows the missed-tick policy when they waited over a
+//!    minute (`handoff::MAX_CATCH_UP`: an outage of those shards).
 //!
 //! # Safety, in short
 //! One holder per epoch (compare-and-set on one row); each epoch starts after
