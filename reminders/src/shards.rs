@@ -68,7 +68,9 @@
 //! missed-tick policy. **What repeats after a crash:** a one-shot or a
 //! `FireOnce` catch-up the Dead holder delivered whose removal or `last_fired`
 //! write had not landed yet (normally those of its last moments; during a
-//! store outage, every such write still queued) is delivered again; no
+//! store outage, every such write still queued) is delivered again, and so
+//! is a one-shot whose removal it had taken over from a holder that left
+//! during a store outage (a leave does not wait for its queued writes); no
 //! periodic or cron occurrence is. Every delivery of one occurrence carries
 //! the same `ReminderTick::occurrence_id()`: a handler that records the ids it
 //! handled drops the repeat. Delivery is at least once after a crash, exactly
