@@ -491,9 +491,10 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(config(96))]
+    #![proptest_config(config(256))]
 
-    /// The same with crashes, table outages and 2% failing handlers: no occurrence
+    /// The same with crashes, table outages and 2% failing handlers, on clocks
+    /// up to 250 ms off the world's (any two within the 500-ms bound): no occurrence
     /// delivered twice; an occurrence is lost only inside a window that explains
     /// it: a crash of its owner (from a period and a view's spread before the
     /// crash until the failover: declared Dead, every silo's view, the lease
@@ -506,7 +507,10 @@ proptest! {
         lease_s in 1u64..6,
         ops in prop::collection::vec((200u64..6000, op(true)), 4..14),
     ) {
-        let cfg = with_lease_period(with_faults(), lease_s);
+        let cfg = Config {
+            max_clock_offset: 500,
+            ..with_lease_period(with_faults(), lease_s)
+        };
         let (w, end) = run(seed, cfg.clone(), &ops);
         let dup = unexplained_repeats(&w, &cfg);
         prop_assert!(dup.is_empty(), "duplicates: {:?}\nseed {seed} ops {ops:?}", &dup[..dup.len().min(8)]);
@@ -546,7 +550,19 @@ fn unexplained_repeats(w: &World, cfg: &Config) -> Vec<((String, String), Timest
                             *to + write_window >= first.at && *from <= c.at && c.at <= to + after_outage
                         }))
             });
-            !(at_least_once && died_after)
+            // The stated case of a removal a holder inherits: the first
+            // deliverer left gracefully while a table outage kept its removal
+            // queued (a leave does not wait for it), and a later holder
+            // crashed before its own removal of the row landed.
+            let inherited = w.leaves.iter().any(|(s, _, left)| {
+                *s == first.silo
+                    && left.is_some_and(|l| {
+                        w.outages
+                            .iter()
+                            .any(|(from, to)| *to + write_window >= first.at && *from <= l)
+                    })
+            }) && w.crashes.iter().any(|c| c.at >= first.at);
+            !(at_least_once && (died_after || inherited))
         })
         .collect()
 }
@@ -1947,4 +1963,71 @@ fn a_removal_is_remembered_until_every_load_older_than_it_ends() {
     assert!(missed.is_empty(), "missed: {missed:?}");
     let foreign = w.foreign_ticks(SLACK + cfg.view_spread);
     assert!(foreign.is_empty(), "foreign: {foreign:?}");
+}
+
+/// Found by sweep seed 1921 of the fault property with clocks: a one-shot
+/// delivered during a table outage by a silo that then left (its removal
+/// still queued, the release naming it done); the next holder crashed as it
+/// acquired, and the takeover, which cannot tell the row was delivered,
+/// delivered it again. The crash rule states this case; the check allows it.
+#[test]
+fn a_removal_inherited_from_a_leaver_may_repeat_after_a_crash() {
+    let ops = vec![
+        (3721, Op::Outage(5436)),
+        (3572, reg(0, 0, 0, 1)),
+        (
+            3577,
+            Op::RegisterKind {
+                actor: 13,
+                name: 0,
+                kind: 2,
+                delay: 0,
+            },
+        ),
+        (1027, Op::Outage(3588)),
+        (1595, Op::Leave(5_249_619_455_794_179_234)),
+        (2655, Op::Crash(2_840_025_578_602_250_694)),
+    ];
+    let cfg = Config {
+        max_clock_offset: 500,
+        ..with_lease_period(with_faults(), 2)
+    };
+    let (w, _) = run(4_439_710_034_309_740_007, cfg.clone(), &ops);
+    let dup = unexplained_repeats(&w, &cfg);
+    assert!(dup.is_empty(), "duplicates: {dup:?}");
+}
+
+/// Found by sweep seed 1981 of the fault property with clocks: a late
+/// notice's row read, asked before a one-shot's delivery and answered
+/// between the delivery and its removal, planned the one-shot again:
+/// delivered twice with no crash. An answer naming a registration this silo
+/// delivered to its end (removal pending or landed since) is dropped.
+#[test]
+fn a_notice_read_answered_after_the_delivery_does_not_repeat_it() {
+    let ops = vec![
+        (2659, Op::Outage(6166)),
+        (2792, reg(0, 0, 0, 1)),
+        (3524, Op::Outage(848)),
+        (3853, Op::Crash(1_681_648_044_335_474_760)),
+        (5029, Op::Outage(3184)),
+        (1681, reg(0, 0, 0, 1)),
+        (4336, Op::Crash(12_238_776_228_795_226_633)),
+        (3855, reg(2, 0, 0, 1)),
+        (
+            212,
+            Op::RegisterKind {
+                actor: 16,
+                name: 0,
+                kind: 2,
+                delay: 651,
+            },
+        ),
+    ];
+    let cfg = Config {
+        max_clock_offset: 500,
+        ..with_lease_period(with_faults(), 2)
+    };
+    let (w, _) = run(2_691_892_677_824_917_624, cfg.clone(), &ops);
+    let dup = unexplained_repeats(&w, &cfg);
+    assert!(dup.is_empty(), "duplicates: {dup:?}");
 }

@@ -414,7 +414,10 @@ impl ReminderMachine {
                 // started before this one may still be running (sweep seed
                 // 1087: a later load's end forgot a removal an earlier load,
                 // still reading, needed, and the one-shot went out twice).
-                self.notices.loaded(self.loads.oldest_since().unwrap_or(u64::MAX));
+                // A notice read in flight may have read past any of them.
+                let none_running = if self.notices.in_flight() > 0 { 0 } else { u64::MAX };
+                self.notices
+                    .loaded(self.loads.oldest_since().unwrap_or(none_running));
                 if run.kind == LoadKind::Acquire {
                     let held = self.held.get_mut(&k).expect("present");
                     held.loaded = true;

@@ -239,6 +239,13 @@ impl ReminderMachine {
                 if self.queue.get(&key).is_some_and(|s| s.etag == row.etag.as_str()) {
                     return;
                 }
+                // Delivered to its end here, its removal pending or landed
+                // after this read was asked (sweep seed 1981 with clocks: the
+                // answer came between the delivery and the removal, and the
+                // one-shot went out twice).
+                if self.writes.removing(&key, &row.etag) || self.notices.removed_since(&key, &row.etag, 0) {
+                    return;
+                }
                 self.notices.change();
                 self.schedule_row(k, row, Learned::Notice);
             }

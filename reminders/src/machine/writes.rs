@@ -206,9 +206,10 @@ impl ReminderMachine {
 
     pub(super) fn written(&mut self, write: Write, result: Result<(), ReminderError>) {
         let Err(err) = result else {
-            if let (Write::Remove { key, etag }, false) = (&write, self.loads.idle()) {
-                // A load that read the row before this landed skips it (with
-                // no load running, none can have).
+            let quiet = self.loads.idle() && self.notices.in_flight() == 0;
+            if let (Write::Remove { key, etag }, false) = (&write, quiet) {
+                // A load or a notice read that read the row before this
+                // landed skips it (with none running, none can have).
                 self.notices.removed(key.clone(), etag.clone());
             }
             self.writes.written(write, true);
