@@ -1041,10 +1041,11 @@ impl World {
             let replaced_at = self
                 .replaced
                 .iter()
-                .map(|(r, l)| (r, l))
-                .chain(self.reminders.get(&t.reminder).map(|l| (&t.reminder, l)))
-                .filter(|(r, l)| *r == &t.reminder && l.registered > life.registered)
-                .map(|(_, l)| l.registered)
+                .filter(|(r, _)| r == &t.reminder)
+                .map(|(_, l)| l)
+                .chain(self.reminders.get(&t.reminder))
+                .filter(|l| l.registered > life.registered)
+                .map(|l| l.registered)
                 .min();
             let stale = replaced_at.is_some_and(|at| t.scheduled > World::time_at(at + slack));
             if !in_schedule || stale {

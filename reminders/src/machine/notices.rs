@@ -117,6 +117,12 @@ impl NoticeReads {
             .is_some_and(|(e, c)| e == etag && *c > since)
     }
 
+    /// Whether row `key` under `etag` is a one-shot this silo removed while a
+    /// load or a notice read ran (and is still remembered).
+    pub(crate) fn was_removed(&self, key: &Key, etag: &rollcall_core::Etag) -> bool {
+        self.removed.get(key).is_some_and(|(e, _)| e == etag)
+    }
+
     /// A load ended, and the earliest of those still running started at
     /// change `oldest` (`u64::MAX`: none runs): deletions and removals at or
     /// before it no running load can have read past.
@@ -243,7 +249,7 @@ impl ReminderMachine {
                 // after this read was asked (sweep seed 1981 with clocks: the
                 // answer came between the delivery and the removal, and the
                 // one-shot went out twice).
-                if self.writes.removing(&key, &row.etag) || self.notices.removed_since(&key, &row.etag, 0) {
+                if self.writes.removing(&key, &row.etag) || self.notices.was_removed(&key, &row.etag) {
                     return;
                 }
                 self.notices.change();
