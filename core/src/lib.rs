@@ -44,6 +44,7 @@ mod limits;
 mod membership;
 pub mod metrics_table;
 mod options;
+pub mod paging;
 pub mod protocol;
 mod reminder;
 mod silo;
@@ -75,6 +76,7 @@ pub use membership::{
 };
 pub use metrics_table::{MembershipCounters, MetricsReport, MetricsRole, MetricsRow, MetricsTable};
 pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};
+pub use paging::{PageToken, ReminderPage, Removed};
 pub use reminder::{
     actor_hash, actor_shard, hash_in_range, hash_shard, parked_service_id, ReminderEntry, RetryPolicy,
     DEFAULT_SHARDS, MAX_REMINDER_PAYLOAD,

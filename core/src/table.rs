@@ -305,6 +305,25 @@ pub trait ReminderTable: Send + Sync + std::fmt::Debug {
 
     /// Deletes every reminder of this service (for tests and tooling).
     async fn clear(&self) -> Result<()>;
+
+    /// One page of the rows whose actor id starts with `prefix` (an actor kind
+    /// and its slash, `"cart/"`, or any id prefix; `""`: every row), in ring
+    /// order, after `after` (`None`: the first page), at most `size` rows
+    /// (1..=10,000). By default [`paging::read_page`](crate::paging::read_page)
+    /// over [`read_rows_in_range`](Self::read_rows_in_range): a few reads of at
+    /// most 50,000 rows in all, so a page may come back short with a token.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a size outside
+    /// 1..=10,000; the errors of `read_rows_in_range`.
+    async fn read_page(
+        &self,
+        prefix: &str,
+        after: Option<&crate::PageToken>,
+        size: usize,
+    ) -> Result<crate::ReminderPage> {
+        crate::paging::read_page(self, prefix, after, size).await
+    }
 }
 
 /// A storage backend that opens membership tables per cluster and reminder tables

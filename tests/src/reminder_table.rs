@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use rand::{Rng, SeedableRng};
-use rollcall_core::{hash_in_range, Error, Etag, ReminderEntry, ReminderTable, Timestamp};
+use rollcall_core::{hash_in_range, Error, Etag, PageToken, ReminderEntry, ReminderTable, Timestamp};
 use tokio::sync::Barrier;
 
 use crate::{unique_id, Store};
@@ -598,4 +598,278 @@ pub async fn ids_with_separators_never_collide(store: Store) {
     for t in &tables {
         t.clear().await.expect("cleanup");
     }
+}
+
+/// Writes `rows` 16 at a time.
+async fn upsert_all(table: &Arc<dyn ReminderTable>, rows: &[ReminderEntry]) {
+    futures_util::stream::iter(rows)
+        .map(|e| async move { table.upsert_row(e).await.expect("upsert") })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+}
+
+/// Rows of kinds `cart`, `carton` (a kind the prefix `cart` alone would
+/// catch) and `user`, and one `cart` actor with 12 reminders (one hash, more
+/// rows than a page).
+fn kinds_fixture(table: &dyn ReminderTable) -> Vec<ReminderEntry> {
+    let mut rows = Vec::new();
+    for i in 0..90 {
+        rows.push(reminder(table, &format!("cart/{i}"), "r", None));
+        if i % 3 == 0 {
+            rows.push(reminder(table, &format!("cart/{i}"), "s", None));
+        }
+    }
+    for i in 0..30 {
+        rows.push(reminder(table, &format!("carton/{i}"), "r", None));
+        rows.push(reminder(table, &format!("user/{i}"), "r", None));
+    }
+    for n in 0..12 {
+        rows.push(reminder(table, "cart/hot", &format!("n{n}"), None));
+    }
+    rows
+}
+
+/// Paging by actor-id prefix: pages of 5 rows of kind `cart` (`"cart/"`)
+/// return every such row exactly once, no `carton` or `user` row, in ring order,
+/// the 12 rows of one actor split across pages; `""` pages the whole table.
+/// Rows removed and written while the pages are read: every row present
+/// throughout is returned once. A token survives its text form; a garbage token
+/// and a page size of 0 are typed errors.
+pub async fn pages_by_prefix_return_each_row_once(store: Store) {
+    let table = fresh_table(&store).await;
+    let all = kinds_fixture(&*table);
+    upsert_all(&table, &all).await;
+    let read_all = |prefix: &'static str, size: usize| {
+        let table = table.clone();
+        async move {
+            let (mut out, mut after, mut pages) = (Vec::new(), None::<PageToken>, 0);
+            loop {
+                let page = table.read_page(prefix, after.as_ref(), size).await.expect("page");
+                assert!(
+                    page.rows.len() <= size,
+                    "a page of {} rows, asked {size}",
+                    page.rows.len()
+                );
+                pages += 1;
+                assert!(pages < 10_000, "paging does not end");
+                out.extend(page.rows);
+                match page.next {
+                    // Through its text form, as a CLI or URL carries it.
+                    Some(t) => after = Some(PageToken::parse(&t.encode()).expect("token")),
+                    None => return (out, pages),
+                }
+            }
+        }
+    };
+    let (carts, pages) = read_all("cart/", 5).await;
+    let expect: BTreeSet<_> = all
+        .iter()
+        .filter(|r| r.actor_id.starts_with("cart/"))
+        .map(|r| (r.actor_id.clone(), r.name.clone()))
+        .collect();
+    assert_eq!(carts.len(), expect.len(), "each `cart` row once");
+    assert_eq!(keys(&carts), expect);
+    assert!(pages >= expect.len() / 5, "pages of at most 5: {pages}");
+    let order: Vec<_> = carts.iter().map(|r| (r.hash, &r.actor_id, &r.name)).collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "ring order");
+    let (everything, _) = read_all("", 64).await;
+    assert_eq!(everything.len(), all.len());
+    assert_eq!(keys(&everything), keys(&all));
+
+    // Writes while paging: remove rows, add rows, re-register rows.
+    let mut after = None::<PageToken>;
+    let mut seen = Vec::new();
+    let (mut removed, mut added) = (BTreeSet::new(), BTreeSet::new());
+    for round in 0.. {
+        let page = table.read_page("user/", after.as_ref(), 4).await.expect("page");
+        seen.extend(page.rows.iter().map(|r| (r.actor_id.clone(), r.name.clone())));
+        let i = round * 3;
+        let gone = format!("user/{}", (i + 7) % 30);
+        if table
+            .remove_row(
+                &gone,
+                "r",
+                &table
+                    .read_row(&gone, "r")
+                    .await
+                    .expect("read")
+                    .map_or_else(Etag::default, |r| r.etag),
+            )
+            .await
+            .expect("remove")
+        {
+            removed.insert((gone, "r".to_owned()));
+        }
+        let new = reminder(&*table, &format!("user/new-{round}"), "r", None);
+        table.upsert_row(&new).await.expect("upsert");
+        added.insert((new.actor_id.clone(), new.name.clone()));
+        let again = reminder(&*table, &format!("user/{}", (i + 1) % 30), "r", None);
+        table.upsert_row(&again).await.expect("re-register");
+        match page.next {
+            Some(t) => after = Some(t),
+            None => break,
+        }
+    }
+    let seen_set: BTreeSet<_> = seen.iter().cloned().collect();
+    assert_eq!(seen.len(), seen_set.len(), "no row twice while rows change");
+    for r in all.iter().filter(|r| r.actor_id.starts_with("user/")) {
+        let key = (r.actor_id.clone(), r.name.clone());
+        if !removed.contains(&key) {
+            assert!(seen_set.contains(&key), "{key:?} stayed and was not returned");
+        }
+    }
+    assert!(seen_set.iter().all(|k| k.0.starts_with("user/")));
+    assert!(seen_set.is_subset(&keys(&all).union(&added).cloned().collect()));
+
+    assert!(matches!(
+        PageToken::parse("not a token"),
+        Err(Error::InvalidInput { .. })
+    ));
+    assert!(matches!(
+        table.read_page("", None, 0).await,
+        Err(Error::InvalidInput { .. })
+    ));
+    table.clear().await.expect("cleanup");
+}
+
+/// A [`ReminderTable`] over a real one that, on its first `remove_row`,
+/// re-registers `victim` (a writer racing the bulk delete), and fails every
+/// `remove_row` after `fail_after` of them (a crash part-way).
+#[derive(Debug)]
+struct Racing {
+    inner: Arc<dyn ReminderTable>,
+    victim: Option<ReminderEntry>,
+    removes: std::sync::atomic::AtomicUsize,
+    fail_after: usize,
+}
+
+#[async_trait::async_trait]
+impl ReminderTable for Racing {
+    fn service_id(&self) -> &str {
+        self.inner.service_id()
+    }
+    async fn init(&self) -> rollcall_core::Result<()> {
+        self.inner.init().await
+    }
+    async fn read_rows_for(&self, actor_id: &str) -> rollcall_core::Result<Vec<ReminderEntry>> {
+        self.inner.read_rows_for(actor_id).await
+    }
+    async fn read_rows_in_range(&self, begin: u32, end: u32) -> rollcall_core::Result<Vec<ReminderEntry>> {
+        self.inner.read_rows_in_range(begin, end).await
+    }
+    async fn read_row(&self, actor_id: &str, name: &str) -> rollcall_core::Result<Option<ReminderEntry>> {
+        self.inner.read_row(actor_id, name).await
+    }
+    async fn upsert_row(&self, entry: &ReminderEntry) -> rollcall_core::Result<Etag> {
+        self.inner.upsert_row(entry).await
+    }
+    async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> rollcall_core::Result<bool> {
+        let n = self.removes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if let (0, Some(victim)) = (n, &self.victim) {
+            self.inner.upsert_row(victim).await?;
+        }
+        if n >= self.fail_after {
+            return Err(Error::backend("the deleting process crashed"));
+        }
+        self.inner.remove_row(actor_id, name, etag).await
+    }
+    async fn update_last_fired(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        fired_at: Timestamp,
+    ) -> rollcall_core::Result<bool> {
+        self.inner.update_last_fired(actor_id, name, etag, fired_at).await
+    }
+    async fn clear(&self) -> rollcall_core::Result<()> {
+        self.inner.clear().await
+    }
+}
+
+/// A bulk delete by prefix removes exactly the rows of kind `cart` (not
+/// `carton`, not `user`), one conditional remove per row: a row re-registered
+/// while the delete runs stays (counted as changed); a delete that fails
+/// part-way (a crash) leaves rows that a second run removes; a third run finds
+/// nothing. Every removed row is reported once.
+pub async fn remove_prefix_is_exact_and_safe_to_run_again(store: Store) {
+    let table = fresh_table(&store).await;
+    let all = kinds_fixture(&*table);
+    upsert_all(&table, &all).await;
+    let carts: BTreeSet<_> = all
+        .iter()
+        .filter(|r| r.actor_id.starts_with("cart/"))
+        .map(|r| (r.actor_id.clone(), r.name.clone()))
+        .collect();
+    let crashing = Racing {
+        inner: table.clone(),
+        victim: None,
+        removes: Default::default(),
+        fail_after: 40,
+    };
+    let t = Duration::from_secs(10);
+    let mut reported = Vec::new();
+    let first = rollcall_core::paging::remove_prefix(&crashing, "cart/", 500, 8, t, &mut |r| {
+        reported.push((r.actor_id.clone(), r.name.clone()));
+    })
+    .await;
+    assert!(
+        matches!(first, Err(Error::Backend { .. })),
+        "the crash is reported: {first:?}"
+    );
+    let after_crash = table.read_page("cart/", None, 1000).await.expect("page").rows;
+    assert!(!after_crash.is_empty() && after_crash.len() < carts.len());
+    // One at a time, so that the first remove is of the first row in ring
+    // order: the victim, re-registered just before its remove.
+    let victim = after_crash[0].clone();
+    let racing = Racing {
+        inner: table.clone(),
+        victim: Some(victim.clone()),
+        removes: Default::default(),
+        fail_after: usize::MAX,
+    };
+    let second = rollcall_core::paging::remove_prefix(&racing, "cart/", 7, 1, t, &mut |r| {
+        reported.push((r.actor_id.clone(), r.name.clone()));
+    })
+    .await
+    .expect("second run");
+    assert_eq!(second.changed, 1, "the re-registered row is counted as changed");
+    assert!(second.removed > 0);
+    let left = table.read_rows_in_range(0, 0).await.expect("range");
+    let victim_key = (victim.actor_id.clone(), victim.name.clone());
+    let expect_left: BTreeSet<_> = keys(&all)
+        .difference(&carts)
+        .cloned()
+        .chain([victim_key.clone()])
+        .collect();
+    assert_eq!(
+        keys(&left),
+        expect_left,
+        "exactly the carts went; the re-registered one stayed"
+    );
+    let reported_set: BTreeSet<_> = reported.iter().cloned().collect();
+    assert_eq!(reported.len(), reported_set.len(), "each removal reported once");
+    assert_eq!(
+        reported_set,
+        carts.iter().filter(|k| **k != victim_key).cloned().collect()
+    );
+    // Run again: the registration the last run kept is the one left to remove.
+    let third = rollcall_core::paging::remove_prefix(&*table, "cart/", 7, 8, t, &mut |_| {})
+        .await
+        .expect("third run");
+    assert_eq!((third.removed, third.changed), (1, 0), "the kept registration");
+    let fourth = rollcall_core::paging::remove_prefix(&*table, "cart/", 7, 8, t, &mut |_| {})
+        .await
+        .expect("fourth run");
+    assert_eq!(
+        (fourth.removed, fourth.changed, fourth.pages),
+        (0, 0, 1),
+        "nothing left"
+    );
+    assert_eq!(
+        keys(&table.read_rows_in_range(0, 0).await.expect("range")),
+        keys(&all).difference(&carts).cloned().collect()
+    );
+    table.clear().await.expect("cleanup");
 }
