@@ -21,6 +21,17 @@ pub const MAX_ACTOR_ID: usize = 1024;
 /// [`MAX_ACTOR_ID`].
 pub const MAX_NAME: usize = 1024;
 
+/// One page of reminders ([`Reminders::list_kind`](crate::Reminders::list_kind)):
+/// at most the size asked for, in ring order, and the token of the next page.
+#[derive(Clone, Debug)]
+pub struct ReminderList {
+    /// The reminders of this page.
+    pub reminders: Vec<ReminderHandle>,
+    /// The next page's token (pass it back as `after`); `None`: this was the
+    /// last page.
+    pub next: Option<rollcall_core::PageToken>,
+}
+
 /// The actor a reminder belongs to: an actor kind (its type, e.g. `"cart"`) and a
 /// key within the kind (e.g. `"42"`). Stored in the reminder table as `kind/key`,
 /// which is also the text the ring hash ([`actor_hash`](rollcall_core::actor_hash))

@@ -42,14 +42,15 @@ pub mod sim;
 #[cfg(feature = "runtime")]
 pub use api::ReminderTarget;
 pub use api::{
-    ActorId, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTick, LATE_TICK,
-    MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT, TICKS_DROPPED_METRIC,
+    ActorId, ReminderError, ReminderHandle, ReminderList, ReminderSpec, ReminderStats, ReminderTick,
+    LATE_TICK, MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT, TICKS_DROPPED_METRIC,
 };
 pub use machine::{
     LOAD_PIECE_ROWS, MAX_DELIVERIES, MAX_LOADS, MAX_NOTICE_READS, MAX_WRITES, NOTICE_BATCH, NOTICE_QUEUE,
 };
 pub use rollcall_core::{
-    MissedTickPolicy, ReminderEntry, ReminderOptions, ReminderTable, RetryPolicy, MAX_REMINDER_PAYLOAD,
+    MissedTickPolicy, PageToken, ReminderEntry, ReminderOptions, ReminderTable, Removed, RetryPolicy,
+    MAX_REMINDER_PAYLOAD,
 };
 pub use schedule::{Calendar, ScheduleError};
 #[cfg(feature = "runtime")]

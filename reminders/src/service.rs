@@ -7,18 +7,20 @@ use std::time::Duration;
 use actix::{Actor, Addr};
 use rand::SeedableRng;
 use rollcall_core::{
-    Clock, ReminderEntry, ReminderOptions, ReminderTable, ShardLeases, SiloAddress, SiloHandle, SystemClock,
-    SystemStore, Timestamp, MAX_REMINDER_PAYLOAD,
+    Clock, PageToken, ReminderEntry, ReminderOptions, ReminderTable, Removed, ShardLeases, SiloAddress,
+    SiloHandle, SystemClock, SystemStore, Timestamp, MAX_REMINDER_PAYLOAD,
 };
 use tokio::sync::oneshot;
 
 use crate::agent::bounded;
 use crate::agent::{Leave, ReminderAgent, WhenLoaded};
 use crate::api::{
-    ActorId, Counters, ReminderError, ReminderHandle, ReminderSpec, ReminderStats, ReminderTarget, MAX_NAME,
-    MAX_REPEAT,
+    ActorId, Counters, ReminderError, ReminderHandle, ReminderList, ReminderSpec, ReminderStats,
+    ReminderTarget, MAX_NAME, MAX_REPEAT,
 };
-use crate::machine::{notice_target, release_topic, topic, NoticeRetry, ReminderMachine, NOTICE_QUEUE};
+use crate::machine::{
+    notice_target, release_topic, topic, NoticeRetry, ReminderMachine, ShardNotice, NOTICE_QUEUE,
+};
 use crate::ring::Ring;
 use crate::schedule::{Calendar, Timing};
 
@@ -521,57 +523,179 @@ impl Reminders {
         self.inner.counters.read()
     }
 
+    /// One page of the reminders of actor kind `kind` (`"cart"`), in ring
+    /// order, after `after` (`None`: the first page), at most `size`
+    /// (1..=10,000). The next page's token is in the answer; only an answer
+    /// without one is the last. A page reads the table in a few pieces (at
+    /// most 50,000 rows, matching or not, so a page of a rare kind may be
+    /// short), every rule in [`rollcall_core::paging`].
+    ///
+    /// Answers within 4 x `table_operation_timeout`.
+    ///
+    /// # Errors
+    /// [`ReminderError::InvalidActor`] for an empty kind or one with `/` or
+    /// control characters; [`ReminderError::Table`] with
+    /// [`Error::InvalidInput`](rollcall_core::Error::InvalidInput) for a size
+    /// outside 1..=10,000; [`ReminderError::Table`] or
+    /// [`ReminderError::Timeout`].
+    pub async fn list_kind(
+        &self,
+        kind: &str,
+        after: Option<&PageToken>,
+        size: usize,
+    ) -> Result<ReminderList, ReminderError> {
+        self.list_prefix(&kind_prefix(kind)?, after, size).await
+    }
+
+    /// As [`list_kind`](Self::list_kind), for the reminders whose actor id
+    /// (`kind/key`) starts with `prefix` (`"cart/eu-"`; `""`: all of them).
+    ///
+    /// # Errors
+    /// As [`list_kind`](Self::list_kind), without the kind check.
+    pub async fn list_prefix(
+        &self,
+        prefix: &str,
+        after: Option<&PageToken>,
+        size: usize,
+    ) -> Result<ReminderList, ReminderError> {
+        let t = self.inner.options.table_operation_timeout.saturating_mul(4);
+        let page = bounded(t, self.inner.table.read_page(prefix, after, size)).await?;
+        Ok(ReminderList {
+            reminders: page
+                .rows
+                .into_iter()
+                .map(ReminderHandle::from_entry)
+                .collect::<Result<_, _>>()?,
+            next: page.next,
+        })
+    }
+
+    /// Removes every reminder of actor kind `kind`. See
+    /// [`delete_prefix`](Self::delete_prefix).
+    ///
+    /// # Errors
+    /// [`ReminderError::InvalidActor`] for a kind as [`list_kind`](Self::list_kind)
+    /// refuses; otherwise as [`delete_prefix`](Self::delete_prefix).
+    pub async fn delete_kind(&self, kind: &str) -> Result<Removed, ReminderError> {
+        self.delete_prefix(&kind_prefix(kind)?).await
+    }
+
+    /// Removes every reminder whose actor id starts with `prefix`, page by page
+    /// (1,000 rows), one conditional remove per row on the etag its page read,
+    /// 32 at a time ([`rollcall_core::paging::remove_prefix`]): no transaction
+    /// spans two rows, so it is safe to run again after a crash or an error, and
+    /// a reminder re-registered meanwhile stays (counted in
+    /// [`Removed::changed`]). Then tells the holder of each shard it changed to
+    /// read the shard again (in the background, as a registration's notice), so
+    /// the removed reminders stop ticking without waiting for a refresh.
+    ///
+    /// Takes about one store round trip per 32 rows; each store call is
+    /// bounded by `table_operation_timeout`, the whole delete is not.
+    ///
+    /// # Errors
+    /// [`ReminderError::Table`] for the first failed store call (a timed-out
+    /// one included; it may have been applied): the rows removed so far stay
+    /// removed and their holders are told; running it again finishes the work.
+    pub async fn delete_prefix(&self, prefix: &str) -> Result<Removed, ReminderError> {
+        let shards = self.inner.shards;
+        let mut changed = std::collections::BTreeSet::new();
+        let result = rollcall_core::paging::remove_prefix(
+            &*self.inner.table,
+            prefix,
+            BULK_PAGE,
+            BULK_CONCURRENCY,
+            self.inner.options.table_operation_timeout,
+            &mut |row| {
+                changed.insert(rollcall_core::hash_shard(row.hash, shards));
+            },
+        )
+        .await;
+        for shard in changed {
+            let body = serde_json::to_vec(&ShardNotice {
+                service: self.inner.service_id.clone(),
+                shard,
+            });
+            if let Ok(body) = body {
+                send_to_holder(&self.inner, shard, body);
+            }
+        }
+        Ok(result?)
+    }
+
     /// Sends "re-read this reminder" in the background where
     /// [`notice_target`] says, by the rule of [`NoticeRetry`] (the lease read
     /// again before each send). A graceful leave waits for it ([`NOTICE_DRAIN`]).
     fn notify_owner(&self, actor_id: &str, name: &str) {
-        let inner = self.inner.clone();
-        let mut retry = NoticeRetry::new(&self.inner.service_id, actor_id, name);
-        let sending = self.inner.notices_sending.clone().try_read_owned().ok();
-        tokio::spawn(async move {
-            let _sending = sending;
-            let topic = topic(&inner.service_id);
-            let Ok(body) = serde_json::to_vec(retry.notice()) else {
-                return;
-            };
-            let shard = rollcall_core::actor_shard(&retry.notice().actor, inner.shards);
-            loop {
-                let taken = match bounded(inner.options.table_operation_timeout, inner.leases.read(shard))
-                    .await
-                {
-                    Ok(lease) => match notice_target(&lease) {
-                        Some(holder) => match inner.silo.send_notice(holder, &topic, body.clone()).await {
-                            Ok(taken) => taken,
-                            Err(e) => {
-                                tracing::debug!(%holder, error = %e, "reminder notice not sent");
-                                false
-                            }
-                        },
-                        // Nobody holds the shard: its next acquire loads the row.
-                        None => {
-                            tracing::debug!(actor = %retry.notice().actor, shard, lease = ?lease, "no holder for a notice");
-                            return;
+        let retry = NoticeRetry::new(&self.inner.service_id, actor_id, name);
+        let Ok(body) = serde_json::to_vec(retry.notice()) else {
+            return;
+        };
+        let shard = rollcall_core::actor_shard(actor_id, self.inner.shards);
+        send_to_holder(&self.inner, shard, body);
+    }
+}
+
+/// Rows a bulk delete reads per page.
+const BULK_PAGE: usize = 1000;
+/// Removes a bulk delete has in flight.
+const BULK_CONCURRENCY: usize = 32;
+
+/// The actor-id prefix of kind `kind`: `kind/`.
+fn kind_prefix(kind: &str) -> Result<String, ReminderError> {
+    if kind.is_empty() || kind.contains('/') || kind.chars().any(char::is_control) {
+        return Err(ReminderError::InvalidActor(
+            kind.to_owned(),
+            "a kind is not empty and has no `/` or control characters".into(),
+        ));
+    }
+    Ok(format!("{kind}/"))
+}
+
+/// Sends `body` on the notice topic in the background to the holder the lease
+/// of `shard` names, by the rule of [`NoticeRetry`] (the lease read again
+/// before each send, [`NOTICE_ATTEMPTS`](crate::machine::NOTICE_ATTEMPTS)
+/// sends at most). A graceful leave waits for it ([`NOTICE_DRAIN`]).
+fn send_to_holder(inner: &Arc<Inner>, shard: u32, body: Vec<u8>) {
+    let inner = inner.clone();
+    let mut retry = NoticeRetry::new(&inner.service_id, "", "");
+    let sending = inner.notices_sending.clone().try_read_owned().ok();
+    tokio::spawn(async move {
+        let _sending = sending;
+        let topic = topic(&inner.service_id);
+        loop {
+            let taken = match bounded(inner.options.table_operation_timeout, inner.leases.read(shard)).await {
+                Ok(lease) => match notice_target(&lease) {
+                    Some(holder) => match inner.silo.send_notice(holder, &topic, body.clone()).await {
+                        Ok(taken) => taken,
+                        Err(e) => {
+                            tracing::debug!(%holder, error = %e, "reminder notice not sent");
+                            false
                         }
                     },
-                    Err(e) => {
-                        tracing::debug!(shard, error = %e, "reading a shard's lease for a notice failed");
-                        false
-                    }
-                };
-                if !taken {
-                    tracing::debug!(actor = %retry.notice().actor, shard, "reminder notice not taken");
-                }
-                match retry.after_send(taken) {
-                    Some(wait) => tokio::time::sleep(wait).await,
-                    None if taken => return,
+                    // Nobody holds the shard: its next acquire loads the rows.
                     None => {
-                        tracing::debug!("reminder notice never taken; the holder's refresh covers it");
+                        tracing::debug!(shard, lease = ?lease, "no holder for a notice");
                         return;
                     }
+                },
+                Err(e) => {
+                    tracing::debug!(shard, error = %e, "reading a shard's lease for a notice failed");
+                    false
+                }
+            };
+            if !taken {
+                tracing::debug!(shard, "reminder notice not taken");
+            }
+            match retry.after_send(taken) {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None if taken => return,
+                None => {
+                    tracing::debug!("reminder notice never taken; the holder's refresh covers it");
+                    return;
                 }
             }
-        });
-    }
+        }
+    });
 }
 
 /// The owner of `actor_id` in the silo's current view. The ring is rebuilt only

@@ -1495,3 +1495,86 @@ fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
         assert_eq!(row.retry, Some(policy), "the policy is in the row");
     });
 }
+
+/// Issue 58 item 3 on a running cluster: `list_kind` pages one kind, and
+/// `delete_kind` removes it and tells the holders, so the kind's ticks stop
+/// at once (no wait for the 5-minute refresh) while another kind's go on.
+#[test]
+fn r18_list_and_delete_by_kind_stop_that_kind_at_once() {
+    run_virtual(|| async {
+        let mut c = ReminderCluster::new(ReminderOptions::default());
+        c.start_many(3).await;
+        let svc = c.services[0].clone();
+        let user = |i: usize| rollcall_reminders::ActorId::new("user", i.to_string()).expect("actor id");
+        for i in 0..40 {
+            svc.register_or_update(&actor(i), "r", Duration::from_secs(5), MINUTE)
+                .await
+                .expect("register");
+        }
+        for i in 0..20 {
+            svc.register_or_update(&user(i), "r", Duration::from_secs(5), MINUTE)
+                .await
+                .expect("register");
+        }
+        tokio::time::sleep(3 * MINUTE).await;
+        let (mut listed, mut after, mut pages) = (Vec::new(), None, 0);
+        loop {
+            let page = c.services[1]
+                .list_kind("cart", after.as_ref(), 7)
+                .await
+                .expect("page");
+            assert!(page.reminders.len() <= 7);
+            pages += 1;
+            listed.extend(page.reminders);
+            match page.next {
+                Some(t) => after = Some(t),
+                None => break,
+            }
+        }
+        assert_eq!(listed.len(), 40, "every cart reminder once");
+        assert!(pages >= 6, "pages of at most 7: {pages}");
+        assert!(listed.iter().all(|h| h.actor.kind() == "cart"));
+        assert!(matches!(
+            svc.list_kind("cart/", None, 7).await,
+            Err(rollcall_reminders::ReminderError::InvalidActor(..))
+        ));
+
+        let carts_before = c.ticks().iter().filter(|d| d.tick.actor.kind() == "cart").count();
+        assert!(carts_before >= 80, "the carts ticked: {carts_before}");
+        let deleted_at = c.now();
+        let removed = c.services[2].delete_kind("cart").await.expect("delete");
+        assert_eq!((removed.removed, removed.changed), (40, 0));
+        tokio::time::sleep(3 * MINUTE).await;
+        let late: Vec<_> = c
+            .ticks()
+            .into_iter()
+            .filter(|d| {
+                d.tick.actor.kind() == "cart"
+                    && d.tick.now > deleted_at.saturating_add(Duration::from_secs(1))
+            })
+            .collect();
+        assert!(
+            late.is_empty(),
+            "{} cart ticks after the delete, the first: {:?}",
+            late.len(),
+            late.first()
+        );
+        let users_after = c
+            .ticks()
+            .iter()
+            .filter(|d| d.tick.actor.kind() == "user" && d.tick.now > deleted_at)
+            .count();
+        assert!(users_after >= 40, "the other kind goes on: {users_after}");
+        assert!(svc
+            .list_kind("cart", None, 100)
+            .await
+            .expect("page")
+            .reminders
+            .is_empty());
+        assert_eq!(
+            svc.delete_kind("cart").await.expect("again").removed,
+            0,
+            "safe to run again"
+        );
+    });
+}

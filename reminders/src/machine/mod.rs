@@ -65,8 +65,8 @@ use loads::{LoadKind, Loads};
 use notices::NoticeReads;
 pub use notices::{MAX_NOTICE_READS, NOTICE_BATCH, NOTICE_QUEUE};
 pub use wire::{
-    notice_target, release_topic, topic, ChangedNotice, NoticeRetry, ReleaseHint, NOTICE_ATTEMPTS,
-    NOTICE_RETRY,
+    notice_target, release_topic, topic, ChangedNotice, NoticeRetry, ReleaseHint, ShardNotice,
+    NOTICE_ATTEMPTS, NOTICE_RETRY,
 };
 #[cfg(any(feature = "runtime", feature = "sim"))]
 pub(crate) use writes::apply_write;

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use rollcall_core::{actor_shard, ReminderEntry, SiloAddress};
 
-use super::{Action, ChangedNotice, Inbound, LoadKind, ReleaseHint, ReminderMachine};
+use super::{Action, ChangedNotice, Inbound, LoadKind, ReleaseHint, ReminderMachine, ShardNotice};
 use crate::api::{Counters, ReminderError};
 use crate::handoff::HeldShard;
 use crate::queue::Key;
@@ -173,7 +173,11 @@ impl ReminderMachine {
     /// this silo has yet to run, reads the row.
     fn notice(&mut self, from: SiloAddress, body: &[u8]) {
         let Ok(n) = serde_json::from_slice::<ChangedNotice>(body) else {
-            tracing::debug!(%from, "undecodable reminder notice dropped");
+            match serde_json::from_slice::<ShardNotice>(body) {
+                Ok(n) if n.service == self.service && n.shard < self.count => self.reread_shard(n.shard),
+                Ok(_) => {}
+                Err(_) => tracing::debug!(%from, "undecodable reminder notice dropped"),
+            }
             return;
         };
         if n.service != self.service {
@@ -189,6 +193,21 @@ impl ReminderMachine {
         }
         if HeldShard::takes_notices(held) {
             self.read_row(k, Key::new(&n.actor, &n.name));
+        }
+    }
+
+    /// A [`ShardNotice`]: held shard `k` is read again by a refresh load (at
+    /// once when it is loaded, after its load otherwise).
+    fn reread_shard(&mut self, k: u32) {
+        Counters::bump(&self.counters.notices);
+        let Some(held) = self.held.get_mut(&k).filter(|h| !h.stopping) else {
+            return; // not held here: its next acquire reads the shard
+        };
+        if held.loaded {
+            self.loads.queue(k, LoadKind::Refresh);
+            self.start_loads();
+        } else {
+            held.reread = true;
         }
     }
 

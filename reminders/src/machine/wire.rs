@@ -25,6 +25,18 @@ pub struct ChangedNotice {
     pub name: String,
 }
 
+/// The notice a bulk change (a delete by kind or prefix) sends to the holder
+/// of each shard it changed: "re-read this shard" (a refresh of it, which
+/// drops the rows that are gone), in place of one [`ChangedNotice`] per row.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ShardNotice {
+    /// The reminder's service id.
+    pub service: String,
+    /// The shard to read again.
+    pub shard: u32,
+}
+
 /// "I released this shard" ([`ShardEvent::Hint`](crate::shards::ShardEvent::Hint)), sent best effort to the
 /// shard's owner in the releasing silo's view.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
