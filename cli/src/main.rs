@@ -128,12 +128,17 @@ enum Command {
     },
     /// List the reminders of a service: owner (in the cluster's current membership),
     /// next ticks (`--next`), schedule (period, cron and zone, end), missed-tick and retry policy, etag.
+    /// With `--kind` or `--prefix` (or `--after`), one page of `--limit` reminders of
+    /// that actor kind or id prefix, and the `--after` token of the next page.
+    /// `reminders delete --kind K` (or `--prefix P`) removes them all, row by row
+    /// (safe to run again); running silos stop their ticks at their next refresh
+    /// (`Reminders::delete_kind` from a silo tells them at once).
     /// `reminders export` prints its rows as JSON lines; `reminders import` writes
     /// JSON lines (from `--file` or stdin) into the service, all lines checked
     /// before any is written. Running silos load imported rows at their next
     /// refresh (`refresh_reminder_list_period`).
     Reminders {
-        /// `list` (the default), `export` or `import`.
+        /// `list` (the default), `export`, `import` or `delete`.
         #[arg(value_enum, default_value = "list")]
         action: RemindersAction,
         /// `import`: read the JSON lines from this file instead of stdin;
@@ -153,9 +158,19 @@ enum Command {
         /// Ring points per silo (`ring_points_per_silo` of the services).
         #[arg(long, default_value_t = 30)]
         points: u32,
-        /// Print at most this many reminders.
+        /// Print at most this many reminders (with `--kind`, `--prefix` or
+        /// `--after`: the page size, at most 10,000).
         #[arg(long, default_value_t = 1000)]
         limit: usize,
+        /// Only the reminders of this actor kind (`cart`: actor ids `cart/...`).
+        #[arg(long, conflicts_with = "prefix")]
+        kind: Option<String>,
+        /// Only the reminders whose actor id starts with this (`cart/eu-`).
+        #[arg(long)]
+        prefix: Option<String>,
+        /// The page after this token (printed under the previous page).
+        #[arg(long)]
+        after: Option<String>,
         /// Next occurrences shown per reminder (1 to 20).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u8).range(1..=20))]
         next: u8,
@@ -171,6 +186,19 @@ enum RemindersAction {
     Export,
     /// Write JSON lines into the service.
     Import,
+    /// Remove every reminder of `--kind` or `--prefix`.
+    Delete,
+}
+
+/// The actor-id prefix of `--kind` or `--prefix`.
+fn kind_or_prefix(kind: Option<&str>, prefix: Option<&str>) -> anyhow::Result<Option<String>> {
+    match (kind, prefix) {
+        (Some(k), _) if k.is_empty() || k.contains('/') || k.chars().any(char::is_control) => {
+            anyhow::bail!("--kind `{k}`: a kind is not empty and has no `/` or control characters")
+        }
+        (Some(k), _) => Ok(Some(format!("{k}/"))),
+        (None, p) => Ok(p.map(str::to_owned)),
+    }
 }
 
 /// `raw`, `1m`, `10m` or `60m` as a level.
@@ -343,6 +371,39 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }),
         Command::Reminders {
+            action: RemindersAction::Delete,
+            store,
+            service,
+            kind,
+            prefix,
+            ..
+        } => actix::System::new().block_on(async move {
+            let Some(prefix) = kind_or_prefix(kind.as_deref(), prefix.as_deref())? else {
+                anyhow::bail!("`reminders delete` needs --kind or --prefix (--prefix '' is every reminder)");
+            };
+            let store = rollcall::connect(&store).await?;
+            let table = store.reminder_table(&service)?;
+            let started = std::time::Instant::now();
+            let done = rollcall::paging::remove_prefix(
+                &*table,
+                &prefix,
+                1000,
+                32,
+                std::time::Duration::from_secs(10),
+                &mut |_| {},
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("{e} (the rows removed so far stay removed; run it again to finish)"))?;
+            println!(
+                "removed {} reminders of `{prefix}*` from service {service} in {:.1} s ({} changed meanwhile and kept, {} pages)",
+                done.removed,
+                started.elapsed().as_secs_f64(),
+                done.changed,
+                done.pages
+            );
+            Ok(())
+        }),
+        Command::Reminders {
             action: RemindersAction::List,
             store,
             service,
@@ -350,8 +411,13 @@ fn main() -> anyhow::Result<()> {
             points,
             limit,
             next,
+            kind,
+            prefix,
+            after,
             ..
         } => actix::System::new().block_on(async move {
+            let filter = kind_or_prefix(kind.as_deref(), prefix.as_deref())?;
+            let after = after.as_deref().map(rollcall::PageToken::parse).transpose()?;
             let store = rollcall::connect(&store).await?;
             let cluster = cluster.unwrap_or_else(|| service.clone());
             let membership = store
@@ -359,7 +425,28 @@ fn main() -> anyhow::Result<()> {
                 .read_all()
                 .await?;
             let ring = rollcall::reminders::ring::Ring::of_active(&membership, points);
-            let mut rows = store.reminder_table(&service)?.read_rows_in_range(0, 0).await?;
+            let table = store.reminder_table(&service)?;
+            if filter.is_some() || after.is_some() {
+                let prefix = filter.unwrap_or_default();
+                let page = table.read_page(&prefix, after.as_ref(), limit).await?;
+                print!(
+                    "{}",
+                    view::reminders(
+                        &service,
+                        &page.rows,
+                        &ring,
+                        rollcall::Timestamp::now(),
+                        limit,
+                        usize::from(next)
+                    )
+                );
+                match page.next {
+                    Some(token) => println!("next page: --after {token}"),
+                    None => println!("last page"),
+                }
+                return Ok(());
+            }
+            let mut rows = table.read_rows_in_range(0, 0).await?;
             rows.sort_by(|a, b| (a.hash, &a.actor_id, &a.name).cmp(&(b.hash, &b.actor_id, &b.name)));
             print!(
                 "{}",
