@@ -285,16 +285,6 @@ pub trait ReminderTable: Send + Sync + std::fmt::Debug {
     /// service.
     async fn upsert_row(&self, entry: &ReminderEntry) -> Result<Etag>;
 
-    /// Replaces the reminder `(entry.actor_id, entry.name)` with `entry`, as
-    /// [`upsert_row`](Self::upsert_row) does, if it exists with etag `etag`,
-    /// and returns its new etag; `Ok(None)` (nothing written) if it is missing
-    /// or its etag is stale. The read-modify-write of an operator's change
-    /// (pause, resume) that must not undo a registration made meanwhile.
-    ///
-    /// # Errors
-    /// As [`upsert_row`](Self::upsert_row).
-    async fn replace_row(&self, entry: &ReminderEntry, etag: &Etag) -> Result<Option<Etag>>;
-
     /// Deletes the reminder if its etag is `etag`. `Ok(false)` if it is missing or the
     /// etag is stale.
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool>;

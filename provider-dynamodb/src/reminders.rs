@@ -315,29 +315,6 @@ impl ReminderTable for DynamoDbReminderTable {
         Ok(etag)
     }
 
-    async fn replace_row(&self, entry: &ReminderEntry, etag: &Etag) -> Result<Option<Etag>> {
-        entry.validate_for(&self.service_id, &LIMITS)?;
-        if etag.is_empty() {
-            return Ok(None);
-        }
-        let new = new_etag();
-        let sent = self
-            .conn
-            .client
-            .put_item()
-            .table_name(self.table_name())
-            .set_item(Some(self.encode(entry, &new)))
-            .condition_expression("#e = :e")
-            .expression_attribute_names("#e", ETAG)
-            .expression_attribute_values(":e", s(etag.as_str()))
-            .send()
-            .await;
-        Ok(self
-            .conn
-            .conditional("replace_row", self.table_name(), sent)?
-            .map(|_| new))
-    }
-
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
         LIMITS.check_key(actor_id, name)?;
         if etag.is_empty() {

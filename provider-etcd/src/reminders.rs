@@ -197,37 +197,6 @@ impl ReminderTable for EtcdReminderTable {
         Ok(Etag::new(revision.to_string()))
     }
 
-    async fn replace_row(&self, entry: &ReminderEntry, etag: &Etag) -> Result<Option<Etag>> {
-        entry.validate_for(&self.service_id, &KeyLimits::CORE)?;
-        let Some(rev) = revision(etag).filter(|r| *r > 0) else {
-            return Ok(None);
-        };
-        let stored = ReminderEntry {
-            etag: Etag::default(),
-            ..entry.clone()
-        };
-        let json =
-            serde_json::to_string(&stored).map_err(|e| Error::backend(format!("encode reminder: {e}")))?;
-        let key = self.keys.row(entry.hash, &entry.actor_id, &entry.name);
-        let fired = ReminderKeys::fired(&key);
-        let fired_op = match entry.last_fired {
-            Some(t) => TxnOp::put(fired, fired_json(t)?, None),
-            None => TxnOp::delete(fired, None),
-        };
-        let txn = Txn::new()
-            .when(vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
-            .and_then(vec![TxnOp::put(key, json, None), fired_op]);
-        let resp = self.conn.txn("reminder replace_row", txn).await?;
-        if !resp.succeeded() {
-            return Ok(None);
-        }
-        let revision = resp
-            .header()
-            .map(|h| h.revision())
-            .ok_or_else(|| Error::backend("etcd put answered without a response header"))?;
-        Ok(Some(Etag::new(revision.to_string())))
-    }
-
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
         KeyLimits::CORE.check_key(actor_id, name)?;
         let Some(rev) = revision(etag).filter(|r| *r > 0) else {

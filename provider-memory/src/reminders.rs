@@ -81,22 +81,6 @@ impl ReminderTable for MemoryReminderTable {
         Ok(etag)
     }
 
-    async fn replace_row(&self, entry: &ReminderEntry, etag: &Etag) -> Result<Option<Etag>> {
-        entry.validate_for(&self.service_id, &KeyLimits::CORE)?;
-        let new = self.store.new_etag();
-        let mut stored = entry.clone();
-        stored.etag = new.clone();
-        self.store.with_service(&self.service_id, |s| {
-            match s.get_mut(&key_of(&entry.actor_id, &entry.name)) {
-                Some(e) if &e.etag == etag => {
-                    *e = stored;
-                    Some(new)
-                }
-                _ => None,
-            }
-        })
-    }
-
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
         KeyLimits::CORE.check_key(actor_id, name)?;
         self.store.with_service(&self.service_id, |s| {

@@ -336,29 +336,6 @@ impl ReminderTable for RedisReminderTable {
         Ok(etag)
     }
 
-    async fn replace_row(&self, entry: &ReminderEntry, etag: &Etag) -> Result<Option<Etag>> {
-        entry.validate_for(&self.service_id, &KeyLimits::CORE)?;
-        let k = hash_shard(entry.hash, self.shards().await?);
-        let new = Etag::new(new_etag());
-        let stored = ReminderEntry {
-            etag: new.clone(),
-            ..entry.clone()
-        };
-        let json =
-            serde_json::to_string(&stored).map_err(|e| Error::backend(format!("encode reminder: {e}")))?;
-        let member = ReminderKeys::member(&entry.actor_id, &entry.name);
-        let replaced = self
-            .when_etag_matches("replace_row", k, &member, etag, |_, row_key| {
-                let mut p = redis::pipe();
-                // Same member and hash: the ring entry stays. EXISTS is the
-                // one reply kept: a committed EXEC is a non-empty array.
-                p.atomic().set(row_key, &json).ignore().exists(row_key);
-                Ok(p)
-            })
-            .await?;
-        Ok(replaced.then_some(new))
-    }
-
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
         KeyLimits::CORE.check_key(actor_id, name)?;
         let k = hash_shard(actor_hash(actor_id), self.shards().await?);

@@ -235,10 +235,6 @@ impl ReminderTable for CountingReminders {
         bump(&self.counts.row_writes);
         self.inner.upsert_row(entry).await
     }
-    async fn replace_row(&self, entry: &ReminderEntry, etag: &Etag) -> Result<Option<Etag>> {
-        bump(&self.counts.row_writes);
-        self.inner.replace_row(entry, etag).await
-    }
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
         bump(&self.counts.row_writes);
         self.inner.remove_row(actor_id, name, etag).await

@@ -764,9 +764,6 @@ impl ReminderTable for Racing {
     async fn upsert_row(&self, entry: &ReminderEntry) -> rollcall_core::Result<Etag> {
         self.inner.upsert_row(entry).await
     }
-    async fn replace_row(&self, entry: &ReminderEntry, etag: &Etag) -> rollcall_core::Result<Option<Etag>> {
-        self.inner.replace_row(entry, etag).await
-    }
     async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> rollcall_core::Result<bool> {
         let n = self.removes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if let (0, Some(victim)) = (n, &self.victim) {
@@ -874,59 +871,5 @@ pub async fn remove_prefix_is_exact_and_safe_to_run_again(store: Store) {
         keys(&table.read_rows_in_range(0, 0).await.expect("range")),
         keys(&all).difference(&carts).cloned().collect()
     );
-    table.clear().await.expect("cleanup");
-}
-
-/// `replace_row` writes only over the etag it names: the current etag
-/// replaces the row (a new etag, the new columns read back, by key and by
-/// range); a stale etag, or a missing row, writes nothing (no row is
-/// created); of 8 concurrent replaces with one etag exactly one wins.
-pub async fn replace_row_preconditions(store: Store) {
-    let table = fresh_table(&store).await;
-    let mut row = reminder(&*table, "cart/1", "r", Some(Duration::from_secs(60)));
-    let e1 = table.upsert_row(&row).await.expect("upsert");
-    row.payload = Some(b"paused".to_vec());
-    let e2 = table
-        .replace_row(&row, &e1)
-        .await
-        .expect("replace")
-        .expect("current etag");
-    assert_ne!(e1, e2);
-    let read = table.read_row("cart/1", "r").await.expect("read").expect("row");
-    assert_eq!(
-        (read.etag.clone(), read.payload.clone()),
-        (e2.clone(), row.payload.clone())
-    );
-    let ranged = table.read_rows_in_range(0, 0).await.expect("range");
-    assert_eq!(ranged.len(), 1);
-    assert_eq!(ranged[0].etag, e2);
-
-    row.payload = Some(b"stale".to_vec());
-    assert_eq!(
-        table.replace_row(&row, &e1).await.expect("replace"),
-        None,
-        "stale etag"
-    );
-    let read = table.read_row("cart/1", "r").await.expect("read").expect("row");
-    assert_eq!(read.payload.as_deref(), Some(&b"paused"[..]), "nothing written");
-    let ghost = reminder(&*table, "cart/2", "r", None);
-    assert_eq!(table.replace_row(&ghost, &e2).await.expect("replace"), None);
-    assert!(
-        table.read_row("cart/2", "r").await.expect("read").is_none(),
-        "no row created"
-    );
-
-    let wins = futures_util::future::join_all((0..8u8).map(|i| {
-        let (table, mut row, e2) = (table.clone(), row.clone(), e2.clone());
-        async move {
-            row.payload = Some(vec![i]);
-            table.replace_row(&row, &e2).await.expect("replace")
-        }
-    }))
-    .await;
-    let won: Vec<_> = wins.iter().flatten().collect();
-    assert_eq!(won.len(), 1, "one winner: {wins:?}");
-    let read = table.read_row("cart/1", "r").await.expect("read").expect("row");
-    assert_eq!(&read.etag, won[0]);
     table.clear().await.expect("cleanup");
 }
