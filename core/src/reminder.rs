@@ -94,6 +94,13 @@ pub struct ReminderEntry {
     /// which leaves the etag unchanged. `None` until then.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_fired: Option<Timestamp>,
+    /// Since when the reminder is paused (UTC, ms): no silo delivers its ticks
+    /// and its schedule stays; `None` (not written): it ticks. Set and cleared
+    /// by [`ReminderTable::update_paused`](crate::ReminderTable::update_paused),
+    /// which leaves the etag unchanged, so a pause is not a new registration:
+    /// handles and occurrence ids stay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<Timestamp>,
     /// What the service does with ticks missed while no silo delivered them.
     /// Default [`MissedTickPolicy::Skip`] (Orleans), not written when it is the default.
     #[serde(default, skip_serializing_if = "is_skip")]
@@ -272,6 +279,7 @@ impl ReminderEntry {
             period,
             etag: Etag::default(),
             last_fired: None,
+            paused: None,
             missed_tick_policy: MissedTickPolicy::Skip,
             cron: None,
             zone: None,

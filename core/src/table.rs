@@ -303,6 +303,20 @@ pub trait ReminderTable: Send + Sync + std::fmt::Debug {
         fired_at: Timestamp,
     ) -> Result<bool>;
 
+    /// Sets the reminder's [`paused`](ReminderEntry::paused) column to `paused`
+    /// (`Some(since)`: paused, `None`: ticking) if the row exists with etag
+    /// `etag`, **without changing the etag**, as
+    /// [`update_last_fired`](Self::update_last_fired) does: a pause is not a
+    /// new registration. `Ok(false)` if the row is missing or the etag is
+    /// stale, and nothing is written.
+    async fn update_paused(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        paused: Option<Timestamp>,
+    ) -> Result<bool>;
+
     /// Deletes every reminder of this service (for tests and tooling).
     async fn clear(&self) -> Result<()>;
 

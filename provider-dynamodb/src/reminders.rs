@@ -36,6 +36,8 @@ const END_TIME: &str = "EndTime";
 const PAYLOAD: &str = "Payload";
 /// The retry policy as JSON (absent: the service's default).
 const RETRY: &str = "Retry";
+/// Since when the reminder is paused (absent: it ticks).
+const PAUSED: &str = "Paused";
 
 /// The keys this table stores (every call checks them before it sends anything).
 const LIMITS: rollcall_core::KeyLimits = crate::DYNAMODB_KEY_LIMITS;
@@ -138,6 +140,9 @@ impl DynamoDbReminderTable {
                 item.insert(RETRY.into(), s(json));
             }
         }
+        if let Some(t) = e.paused {
+            item.insert(PAUSED.into(), s(t.to_string()));
+        }
         item
     }
 
@@ -178,6 +183,11 @@ impl DynamoDbReminderTable {
                     .map(str::parse)
                     .transpose()
                     .map_err(|e| format!("attribute LastFired: {e}"))?,
+                paused: a
+                    .opt_s(PAUSED)?
+                    .map(str::parse)
+                    .transpose()
+                    .map_err(|e| format!("attribute Paused: {e}"))?,
                 missed_tick_policy: policy,
                 cron: a.opt_s(CRON)?.map(str::to_owned),
                 zone: a.opt_s(ZONE)?.map(str::to_owned),
@@ -365,6 +375,40 @@ impl ReminderTable for DynamoDbReminderTable {
         Ok(self
             .conn
             .conditional("update_last_fired", self.table_name(), sent)?
+            .is_some())
+    }
+
+    async fn update_paused(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        paused: Option<Timestamp>,
+    ) -> Result<bool> {
+        LIMITS.check_key(actor_id, name)?;
+        if etag.is_empty() {
+            return Ok(false);
+        }
+        let update = self
+            .conn
+            .client
+            .update_item()
+            .table_name(self.table_name())
+            .set_key(Some(self.key(actor_hash(actor_id), actor_id, name)))
+            .condition_expression("#e = :e")
+            .expression_attribute_names("#e", ETAG)
+            .expression_attribute_names("#p", PAUSED)
+            .expression_attribute_values(":e", s(etag.as_str()));
+        let update = match paused {
+            Some(t) => update
+                .update_expression("SET #p = :p")
+                .expression_attribute_values(":p", s(t.to_string())),
+            None => update.update_expression("REMOVE #p"),
+        };
+        let sent = update.send().await;
+        Ok(self
+            .conn
+            .conditional("update_paused", self.table_name(), sent)?
             .is_some())
     }
 

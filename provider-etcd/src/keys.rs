@@ -113,9 +113,21 @@ impl ReminderKeys {
     }
     /// For a key under [`all`](Self::all): `Some(row key)` if it is a fired key.
     pub(crate) fn fired_row<'k>(&self, key: &'k str) -> Option<&'k str> {
+        self.side_row(key, "/fired")
+    }
+    /// The key of a reminder's paused column: its row key plus `/paused`, four
+    /// segments like a fired key.
+    pub(crate) fn paused(row_key: &str) -> String {
+        format!("{row_key}/paused")
+    }
+    /// For a key under [`all`](Self::all): `Some(row key)` if it is a paused key.
+    pub(crate) fn paused_row<'k>(&self, key: &'k str) -> Option<&'k str> {
+        self.side_row(key, "/paused")
+    }
+    fn side_row<'k>(&self, key: &'k str, suffix: &str) -> Option<&'k str> {
         let rest = key.strip_prefix(self.base.as_str())?;
         (rest.matches('/').count() == 3)
-            .then(|| key.strip_suffix("/fired"))
+            .then(|| key.strip_suffix(suffix))
             .flatten()
     }
     /// `(start, end)` of the keys whose hash lies in `lo..=hi` (`lo <= hi`).
@@ -146,6 +158,12 @@ mod tests {
         assert_eq!(k.fired_row(&named_fired), None);
         let fired = ReminderKeys::fired(&named_fired);
         assert_eq!(k.fired_row(&fired), Some(named_fired.as_str()));
+        assert_eq!(k.paused_row(&fired), None);
+        let named_paused = k.row(0xAB, "a", "paused");
+        assert_eq!(k.paused_row(&named_paused), None);
+        let paused = ReminderKeys::paused(&named_paused);
+        assert_eq!(k.paused_row(&paused), Some(named_paused.as_str()));
+        assert_eq!(k.fired_row(&paused), None);
         assert_ne!(k.row(1, "a/b", "c"), k.row(1, "a", "b/c"));
         assert_eq!(unescape("%zz"), None);
         assert_eq!(unescape("%4"), None);

@@ -2,6 +2,8 @@
 //! a ring range is a key range. A reminder's last-fired time lives in a second key
 //! (`<row key>/fired`, JSON `{"last_fired":ms}`) because any put changes a key's
 //! `mod_revision`, which is the etag: recording a tick must not invalidate handles.
+//! The paused column lives in a third key (`<row key>/paused`, JSON
+//! `{"paused":ms}`, absent when the reminder ticks) for the same reason.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -23,6 +25,13 @@ const PAGE: i64 = 1000;
 #[serde(deny_unknown_fields)]
 struct Fired {
     last_fired: Timestamp,
+}
+
+/// The value of a paused key.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Paused {
+    paused: Timestamp,
 }
 
 /// The reminder table of one service on etcd.
@@ -64,11 +73,15 @@ impl EtcdReminderTable {
     fn decode_all<'a>(&self, kvs: impl IntoIterator<Item = &'a KeyValue>) -> Result<Vec<ReminderEntry>> {
         let mut rows = Vec::new();
         let mut fired = HashMap::new();
+        let mut paused = HashMap::new();
         for kv in kvs {
             let key = String::from_utf8_lossy(kv.key());
             if let Some(row_key) = self.keys.fired_row(&key) {
                 let f: Fired = serde_json::from_slice(kv.value()).map_err(|e| Error::corrupt(&*key, e))?;
                 fired.insert(row_key.to_owned(), f.last_fired);
+            } else if let Some(row_key) = self.keys.paused_row(&key) {
+                let p: Paused = serde_json::from_slice(kv.value()).map_err(|e| Error::corrupt(&*key, e))?;
+                paused.insert(row_key.to_owned(), p.paused);
             } else {
                 rows.push((key.into_owned(), self.decode(kv)?));
             }
@@ -77,6 +90,7 @@ impl EtcdReminderTable {
             .into_iter()
             .map(|(key, mut e)| {
                 e.last_fired = fired.get(&key).copied();
+                e.paused = paused.get(&key).copied();
                 e
             })
             .collect())
@@ -155,10 +169,11 @@ impl ReminderTable for EtcdReminderTable {
     async fn read_row(&self, actor_id: &str, name: &str) -> Result<Option<ReminderEntry>> {
         KeyLimits::CORE.check_key(actor_id, name)?;
         let key = self.keys.row(actor_hash(actor_id), actor_id, name);
-        // Row and fired key in one Txn: one revision.
+        // Row, fired and paused keys in one Txn: one revision.
         let txn = Txn::new().and_then(vec![
             TxnOp::get(key.clone(), None),
             TxnOp::get(ReminderKeys::fired(&key), None),
+            TxnOp::get(ReminderKeys::paused(&key), None),
         ]);
         let resp = self.conn.txn("reminder read_row", txn).await?;
         let ops = resp.op_responses();
@@ -187,7 +202,8 @@ impl ReminderTable for EtcdReminderTable {
             Some(t) => TxnOp::put(fired, fired_json(t)?, None),
             None => TxnOp::delete(fired, None),
         };
-        let txn = Txn::new().and_then(vec![TxnOp::put(key, json, None), fired_op]);
+        let paused_op = paused_op(&key, entry.paused)?;
+        let txn = Txn::new().and_then(vec![TxnOp::put(key, json, None), fired_op, paused_op]);
         let resp = self.conn.txn("reminder upsert_row", txn).await?;
         // The Txn's revision is the row key's new mod_revision: the etag.
         let revision = resp
@@ -207,6 +223,7 @@ impl ReminderTable for EtcdReminderTable {
             .when(vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
             .and_then(vec![
                 TxnOp::delete(ReminderKeys::fired(&key), None),
+                TxnOp::delete(ReminderKeys::paused(&key), None),
                 TxnOp::delete(key, None),
             ]);
         Ok(self.conn.txn("reminder remove_row", txn).await?.succeeded())
@@ -240,10 +257,43 @@ impl ReminderTable for EtcdReminderTable {
             .succeeded())
     }
 
+    async fn update_paused(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        paused: Option<Timestamp>,
+    ) -> Result<bool> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
+        let Some(rev) = revision(etag).filter(|r| *r > 0) else {
+            return Ok(false);
+        };
+        let key = self.keys.row(actor_hash(actor_id), actor_id, name);
+        // As update_last_fired: the row key is untouched, so the etag stays.
+        let txn = Txn::new()
+            .when(vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
+            .and_then(vec![paused_op(&key, paused)?]);
+        Ok(self.conn.txn("reminder update_paused", txn).await?.succeeded())
+    }
+
     async fn clear(&self) -> Result<()> {
         // One prefix delete: atomic, so a racing upsert lands wholly before or after.
         self.conn.delete_prefix("reminder clear", self.keys.all()).await
     }
+}
+
+/// The put (or delete) of row `key`'s paused key for `paused`.
+fn paused_op(key: &str, paused: Option<Timestamp>) -> Result<TxnOp> {
+    let paused_key = ReminderKeys::paused(key);
+    Ok(match paused {
+        Some(t) => TxnOp::put(
+            paused_key,
+            serde_json::to_string(&Paused { paused: t })
+                .map_err(|e| Error::backend(format!("encode paused: {e}")))?,
+            None,
+        ),
+        None => TxnOp::delete(paused_key, None),
+    })
 }
 
 fn fired_json(t: Timestamp) -> Result<String> {

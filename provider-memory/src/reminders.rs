@@ -112,6 +112,24 @@ impl ReminderTable for MemoryReminderTable {
             })
     }
 
+    async fn update_paused(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        paused: Option<Timestamp>,
+    ) -> Result<bool> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
+        self.store
+            .with_service(&self.service_id, |s| match s.get_mut(&key_of(actor_id, name)) {
+                Some(e) if &e.etag == etag => {
+                    e.paused = paused;
+                    true
+                }
+                _ => false,
+            })
+    }
+
     async fn clear(&self) -> Result<()> {
         self.store.with_service(&self.service_id, |s| s.clear())
     }

@@ -372,6 +372,28 @@ impl ReminderTable for RedisReminderTable {
         .await
     }
 
+    async fn update_paused(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        paused: Option<Timestamp>,
+    ) -> Result<bool> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
+        let k = hash_shard(actor_hash(actor_id), self.shards().await?);
+        let member = ReminderKeys::member(actor_id, name);
+        self.when_etag_matches("update_paused", k, &member, etag, |mut row, row_key| {
+            // Same JSON with the same etag, as update_last_fired.
+            row.paused = paused;
+            let json =
+                serde_json::to_string(&row).map_err(|e| Error::backend(format!("encode reminder: {e}")))?;
+            let mut p = redis::pipe();
+            p.atomic().set(row_key, json).ignore().exists(row_key);
+            Ok(p)
+        })
+        .await
+    }
+
     async fn clear(&self) -> Result<()> {
         // One script per shard, so a racing upsert lands wholly before or wholly
         // after the clear of its shard.

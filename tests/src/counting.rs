@@ -239,6 +239,16 @@ impl ReminderTable for CountingReminders {
         bump(&self.counts.row_writes);
         self.inner.remove_row(actor_id, name, etag).await
     }
+    async fn update_paused(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        paused: Option<Timestamp>,
+    ) -> Result<bool> {
+        bump(&self.counts.row_writes);
+        self.inner.update_paused(actor_id, name, etag, paused).await
+    }
     async fn update_last_fired(
         &self,
         actor_id: &str,

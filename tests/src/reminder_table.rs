@@ -783,6 +783,15 @@ impl ReminderTable for Racing {
     ) -> rollcall_core::Result<bool> {
         self.inner.update_last_fired(actor_id, name, etag, fired_at).await
     }
+    async fn update_paused(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        paused: Option<Timestamp>,
+    ) -> rollcall_core::Result<bool> {
+        self.inner.update_paused(actor_id, name, etag, paused).await
+    }
     async fn clear(&self) -> rollcall_core::Result<()> {
         self.inner.clear().await
     }
@@ -870,6 +879,102 @@ pub async fn remove_prefix_is_exact_and_safe_to_run_again(store: Store) {
     assert_eq!(
         keys(&table.read_rows_in_range(0, 0).await.expect("range")),
         keys(&all).difference(&carts).cloned().collect()
+    );
+    table.clear().await.expect("cleanup");
+}
+
+/// `update_paused` sets and clears the paused column under the current etag
+/// and keeps the etag (a pause is not a registration): read back by key, by
+/// actor and by range, next to `last_fired`; a stale etag or a missing row
+/// writes nothing; a registration (upsert) writes its own column (unpaused);
+/// a removed row leaves no paused column behind for the next registration.
+pub async fn paused_keeps_the_etag(store: Store) {
+    let table = fresh_table(&store).await;
+    let row = reminder(&*table, "cart/1", "r", Some(Duration::from_secs(60)));
+    let e1 = table.upsert_row(&row).await.expect("upsert");
+    let since = Timestamp::from_millis(1_795_000_100_000);
+    assert!(table
+        .update_paused("cart/1", "r", &e1, Some(since))
+        .await
+        .expect("pause"));
+    let fired = Timestamp::from_millis(1_795_000_060_321);
+    assert!(table
+        .update_last_fired("cart/1", "r", &e1, fired)
+        .await
+        .expect("fired"));
+    let by_key = table.read_row("cart/1", "r").await.expect("read").expect("row");
+    assert_eq!(
+        (by_key.etag.clone(), by_key.paused, by_key.last_fired),
+        (e1.clone(), Some(since), Some(fired))
+    );
+    let by_actor = table.read_rows_for("cart/1").await.expect("read");
+    assert_eq!(by_actor[0].paused, Some(since));
+    let by_range = table.read_rows_in_range(0, 0).await.expect("range");
+    assert_eq!((by_range.len(), by_range[0].paused), (1, Some(since)));
+
+    let stale = Etag::new(format!("{}0", e1.as_str()));
+    assert!(!table
+        .update_paused("cart/1", "r", &stale, None)
+        .await
+        .expect("stale"));
+    assert!(!table
+        .update_paused("cart/2", "r", &e1, Some(since))
+        .await
+        .expect("missing"));
+    assert!(
+        table.read_row("cart/2", "r").await.expect("read").is_none(),
+        "no row created"
+    );
+    assert_eq!(
+        table
+            .read_row("cart/1", "r")
+            .await
+            .expect("read")
+            .expect("row")
+            .paused,
+        Some(since)
+    );
+
+    assert!(table
+        .update_paused("cart/1", "r", &e1, None)
+        .await
+        .expect("resume"));
+    let resumed = table.read_row("cart/1", "r").await.expect("read").expect("row");
+    assert_eq!(
+        (resumed.etag.clone(), resumed.paused, resumed.last_fired),
+        (e1.clone(), None, Some(fired))
+    );
+
+    assert!(table
+        .update_paused("cart/1", "r", &e1, Some(since))
+        .await
+        .expect("pause"));
+    let e2 = table.upsert_row(&row).await.expect("register again");
+    let again = table.read_row("cart/1", "r").await.expect("read").expect("row");
+    assert_eq!(
+        (again.etag.clone(), again.paused),
+        (e2.clone(), None),
+        "a registration is unpaused"
+    );
+    assert!(!table
+        .update_paused("cart/1", "r", &e1, Some(since))
+        .await
+        .expect("old etag"));
+
+    assert!(table
+        .update_paused("cart/1", "r", &e2, Some(since))
+        .await
+        .expect("pause"));
+    assert!(table.remove_row("cart/1", "r", &e2).await.expect("remove"));
+    table.upsert_row(&row).await.expect("register after removal");
+    assert_eq!(
+        table
+            .read_row("cart/1", "r")
+            .await
+            .expect("read")
+            .expect("row")
+            .paused,
+        None
     );
     table.clear().await.expect("cleanup");
 }
