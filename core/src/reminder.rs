@@ -101,6 +101,12 @@ pub struct ReminderEntry {
     /// handles and occurrence ids stay.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<Timestamp>,
+    /// Set on the one-shot row an operator's "trigger now" writes
+    /// (`Reminders::trigger`): the name of the reminder it triggered, which its
+    /// tick carries as its name (the row's own name, unique, keeps triggers
+    /// apart). `None` (not written) for every other row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger_of: Option<String>,
     /// What the service does with ticks missed while no silo delivered them.
     /// Default [`MissedTickPolicy::Skip`] (Orleans), not written when it is the default.
     #[serde(default, skip_serializing_if = "is_skip")]
@@ -280,6 +286,7 @@ impl ReminderEntry {
             etag: Etag::default(),
             last_fired: None,
             paused: None,
+            trigger_of: None,
             missed_tick_policy: MissedTickPolicy::Skip,
             cron: None,
             zone: None,

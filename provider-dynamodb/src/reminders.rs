@@ -38,6 +38,8 @@ const PAYLOAD: &str = "Payload";
 const RETRY: &str = "Retry";
 /// Since when the reminder is paused (absent: it ticks).
 const PAUSED: &str = "Paused";
+/// The reminder a trigger row triggered (absent: not a trigger).
+const TRIGGER_OF: &str = "TriggerOf";
 
 /// The keys this table stores (every call checks them before it sends anything).
 const LIMITS: rollcall_core::KeyLimits = crate::DYNAMODB_KEY_LIMITS;
@@ -143,6 +145,9 @@ impl DynamoDbReminderTable {
         if let Some(t) = e.paused {
             item.insert(PAUSED.into(), s(t.to_string()));
         }
+        if let Some(of) = &e.trigger_of {
+            item.insert(TRIGGER_OF.into(), s(of));
+        }
         item
     }
 
@@ -188,6 +193,7 @@ impl DynamoDbReminderTable {
                     .map(str::parse)
                     .transpose()
                     .map_err(|e| format!("attribute Paused: {e}"))?,
+                trigger_of: a.opt_s(TRIGGER_OF)?.map(str::to_owned),
                 missed_tick_policy: policy,
                 cron: a.opt_s(CRON)?.map(str::to_owned),
                 zone: a.opt_s(ZONE)?.map(str::to_owned),

@@ -333,6 +333,13 @@ pub struct ReminderHandle {
     pub retry: Option<RetryPolicy>,
     /// When a tick was last delivered, if recorded (`FireOnce` reminders only).
     pub last_fired: Option<Timestamp>,
+    /// Since when it is paused ([`Reminders::pause`](crate::Reminders::pause));
+    /// `None`: it ticks.
+    pub paused: Option<Timestamp>,
+    /// For the one-shot a [`Reminders::trigger`](crate::Reminders::trigger)
+    /// wrote: the name of the reminder it triggered (its tick carries that
+    /// name). `None` for every other reminder.
+    pub trigger_of: Option<String>,
     /// The registration's etag.
     pub etag: Etag,
 }
@@ -355,6 +362,8 @@ impl ReminderHandle {
             payload: e.payload,
             retry: e.retry,
             last_fired: e.last_fired,
+            paused: e.paused,
+            trigger_of: e.trigger_of,
             etag: e.etag,
         })
     }
@@ -410,6 +419,14 @@ pub enum ReminderError {
         len: usize,
         /// The limit.
         max: usize,
+    },
+    /// No reminder of that name: it was never registered, or it was removed.
+    #[error("no reminder `{name}` of {actor}")]
+    NotFound {
+        /// The actor.
+        actor: ActorId,
+        /// The name.
+        name: String,
     },
     /// The reminder service (or its silo) stopped.
     #[error("the reminder service stopped")]

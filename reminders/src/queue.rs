@@ -97,6 +97,8 @@ pub(crate) struct Extra {
     pub end_at: Option<Timestamp>,
     pub payload: Option<Arc<[u8]>>,
     pub retry: Option<RetryPolicy>,
+    /// The reminder a trigger row stands for: its ticks carry this name.
+    pub trigger_of: Option<SmolStr>,
 }
 
 impl Slot {
@@ -108,6 +110,15 @@ impl Slot {
     /// The reminder's retry policy.
     pub(crate) fn retry(&self) -> Option<RetryPolicy> {
         self.extra.as_ref().and_then(|x| x.retry)
+    }
+
+    /// The name its ticks carry: the triggered reminder's for a trigger row,
+    /// else the row's.
+    pub(crate) fn tick_name(&self) -> &str {
+        self.extra
+            .as_ref()
+            .and_then(|x| x.trigger_of.as_deref())
+            .unwrap_or(self.key.name())
     }
 
     /// The tick payload.
@@ -159,13 +170,15 @@ impl Queue {
         let rare = timing.calendar.is_some()
             || entry.end_at.is_some()
             || entry.payload.is_some()
-            || entry.retry.is_some();
+            || entry.retry.is_some()
+            || entry.trigger_of.is_some();
         let extra = rare.then(|| {
             Box::new(Extra {
                 calendar: timing.calendar.clone(),
                 end_at: entry.end_at,
                 payload: entry.payload.as_deref().map(Arc::from),
                 retry: entry.retry,
+                trigger_of: entry.trigger_of.as_deref().map(SmolStr::new),
             })
         });
         let slot = Slot {

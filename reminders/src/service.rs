@@ -487,6 +487,125 @@ impl Reminders {
         }
     }
 
+    /// Pauses the reminder `name` of `actor`: no silo delivers its ticks (a
+    /// tick already being delivered finishes) until [`resume`](Self::resume),
+    /// and it keeps its schedule. Stored in its row
+    /// ([`ReminderTable::update_paused`]) under its etag, which stays: the
+    /// registration, its handles and its ticks' occurrence ids are unchanged.
+    /// The holder of its shard is told at once (as after a registration), and
+    /// every other silo, and the next holder after a handoff or a crash,
+    /// reads the column with the row. Pausing a paused reminder changes
+    /// nothing.
+    ///
+    /// Answers within 2 x `table_operation_timeout` per attempt, 3 attempts
+    /// at most (a registration racing the pause costs one).
+    ///
+    /// # Errors
+    /// [`ReminderError::NotFound`]; [`ReminderError::StaleHandle`] if it was
+    /// re-registered during each of 3 attempts; [`ReminderError::Table`] or
+    /// [`ReminderError::Timeout`] (a timed-out write is read back first: if it
+    /// landed, the pause answers `Ok`).
+    pub async fn pause(&self, actor: &ActorId, name: &str) -> Result<ReminderHandle, ReminderError> {
+        let now = self.inner.clock.now();
+        self.set_paused(actor, name, Some(now)).await
+    }
+
+    /// Resumes a paused reminder: its holder plans it again from now under
+    /// its missed-tick policy (`Skip`: the next occurrence after now;
+    /// `FireOnce`: one tick now if any occurrence fell in the pause; a
+    /// one-shot whose time passed: now). Resuming a ticking reminder changes
+    /// nothing. A parked occurrence ([`RetryPolicy::park`]) is a paused
+    /// one-shot of the `<service>.parked` service and resumes the same way.
+    ///
+    /// # Errors
+    /// As [`pause`](Self::pause).
+    pub async fn resume(&self, actor: &ActorId, name: &str) -> Result<ReminderHandle, ReminderError> {
+        self.set_paused(actor, name, None).await
+    }
+
+    async fn set_paused(
+        &self,
+        actor: &ActorId,
+        name: &str,
+        paused: Option<Timestamp>,
+    ) -> Result<ReminderHandle, ReminderError> {
+        let t = self.inner.options.table_operation_timeout;
+        let (actor_id, table) = (actor.to_string(), &self.inner.table);
+        let not_found = || ReminderError::NotFound {
+            actor: actor.clone(),
+            name: name.to_owned(),
+        };
+        for _ in 0..3 {
+            let Some(mut row) = bounded(t, table.read_row(&actor_id, name)).await? else {
+                return Err(not_found());
+            };
+            if row.paused.is_some() == paused.is_some() {
+                return ReminderHandle::from_entry(row);
+            }
+            let written = match bounded(t, table.update_paused(&actor_id, name, &row.etag, paused)).await {
+                Ok(written) => written,
+                Err(e) => {
+                    // It may have landed: read to learn.
+                    match bounded(t, table.read_row(&actor_id, name)).await {
+                        Ok(Some(now)) if now.etag == row.etag && now.paused.is_some() == paused.is_some() => {
+                            true
+                        }
+                        _ => return Err(e),
+                    }
+                }
+            };
+            if written {
+                row.paused = paused;
+                self.notify_owner(&actor_id, name);
+                return ReminderHandle::from_entry(row);
+            }
+        }
+        Err(ReminderError::StaleHandle {
+            actor: actor.clone(),
+            name: name.to_owned(),
+        })
+    }
+
+    /// Triggers the reminder `name` of `actor` now: one extra tick, at once,
+    /// besides its schedule (which is unchanged), paused or not. Written as a
+    /// one-shot row named `<name>#trigger-<ms>-<random>` that carries the
+    /// reminder's payload and retry policy and whose tick carries `name` (see
+    /// [`ReminderEntry::trigger_of`]); its own etag gives the tick its own
+    /// occurrence id. So it has a one-shot's guarantees: delivered exactly
+    /// once through graceful handoffs, at least once through a crash. Returns
+    /// the trigger row's handle (unregister it to cancel the trigger before
+    /// it is delivered).
+    ///
+    /// # Errors
+    /// [`ReminderError::NotFound`]; [`ReminderError::InvalidName`] when `name`
+    /// with the suffix is over [`MAX_NAME`] bytes; [`ReminderError::Table`] or
+    /// [`ReminderError::Timeout`] (within 2 x `table_operation_timeout`).
+    pub async fn trigger(&self, actor: &ActorId, name: &str) -> Result<ReminderHandle, ReminderError> {
+        let t = self.inner.options.table_operation_timeout;
+        let actor_id = actor.to_string();
+        let Some(of) = bounded(t, self.inner.table.read_row(&actor_id, name)).await? else {
+            return Err(ReminderError::NotFound {
+                actor: actor.clone(),
+                name: name.to_owned(),
+            });
+        };
+        let now = self.inner.clock.now();
+        let salt: u16 = rand::random();
+        let trigger_name = format!("{name}#trigger-{}-{salt:04x}", now.as_millis());
+        if trigger_name.len() > MAX_NAME {
+            return Err(ReminderError::InvalidName(format!(
+                "`{name}` is too long to trigger: `{trigger_name}` is over {MAX_NAME} bytes"
+            )));
+        }
+        let mut entry = ReminderEntry::new(&self.inner.service_id, &actor_id, &trigger_name, now, None);
+        entry.payload = of.payload;
+        entry.retry = of.retry;
+        entry.trigger_of = Some(name.to_owned());
+        entry.etag = bounded(t, self.inner.table.upsert_row(&entry)).await?;
+        self.notify_owner(&actor_id, &trigger_name);
+        ReminderHandle::from_entry(entry)
+    }
+
     /// The reminder `name` of `actor`, or `None`.
     ///
     /// # Errors

@@ -1457,9 +1457,10 @@ fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
                 "a one-shot at the occurrence"
             );
             assert_eq!(p.payload.as_deref(), Some(&b"dead letter"[..]));
+            assert!(p.paused.is_some(), "a parked occurrence shows as paused");
         }
-        // A reminder service of the parked id delivers each parked row once,
-        // then removes it.
+        // A reminder service of the parked id delivers each parked row once
+        // it is resumed, then removes it.
         let log: rollcall_tests::reminders::Log = Default::default();
         let recorder =
             actix::Actor::start(rollcall_tests::reminders::Recorder::new(silo.address(), &log)).recipient();
@@ -1470,6 +1471,15 @@ fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
             .start()
             .await
             .expect("the parked service starts");
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert!(
+            log.lock().unwrap().is_empty(),
+            "paused: nothing delivered before the resume"
+        );
+        for p in &rows {
+            let resumed = replay.resume(&actor(5), &p.name).await.expect("resume");
+            assert_eq!(resumed.paused, None);
+        }
         let mut waited = Duration::ZERO;
         while !parked
             .read_rows_for(&actor(5).to_string())
@@ -1576,5 +1586,153 @@ fn r18_list_and_delete_by_kind_stop_that_kind_at_once() {
             0,
             "safe to run again"
         );
+    });
+}
+
+/// Issue 58 item 1 on a cluster in virtual time: pause, resume and trigger
+/// through a graceful leave, a join and a crash. A paused reminder delivers
+/// nothing on any silo (its etag, so its handles, stay); each trigger sent
+/// around the graceful leave is delivered exactly once, each sent just before
+/// the crash at least once, with the reminder's name and payload and its own
+/// occurrence id; resumed reminders tick again from the resume, Skip policy
+/// (no catch-up for the paused time); no periodic occurrence twice.
+#[test]
+fn r19_pause_resume_and_trigger_hold_through_a_leave_a_join_and_a_crash() {
+    use std::collections::BTreeMap;
+    run_virtual(|| async {
+        let mut c = ReminderCluster::new(ReminderOptions::default());
+        c.start_many(4).await;
+        let mut handles = Vec::new();
+        for i in 0..40 {
+            let spec = rollcall_reminders::ReminderSpec::every(Duration::from_secs(5), MINUTE)
+                .with_payload(format!("p{i}").into_bytes());
+            handles.push(
+                c.services[0]
+                    .register(&actor(i), "r", spec)
+                    .await
+                    .expect("register"),
+            );
+        }
+        tokio::time::sleep(3 * MINUTE).await;
+        let paused_at = c.now();
+        for i in (0..40).step_by(2) {
+            let h = c.services[1].pause(&actor(i), "r").await.expect("pause");
+            assert_eq!(
+                (h.paused, &h.etag),
+                (Some(paused_at), &handles[i].etag),
+                "same registration"
+            );
+            assert_eq!(
+                c.services[1].pause(&actor(i), "r").await.expect("again").paused,
+                Some(paused_at)
+            );
+        }
+        assert!(matches!(
+            c.services[1].pause(&actor(99), "r").await,
+            Err(rollcall_reminders::ReminderError::NotFound { .. })
+        ));
+        // Triggers of paused and ticking reminders around a graceful leave.
+        let mut graceful_triggers = Vec::new();
+        for i in 0..10 {
+            graceful_triggers.push(c.services[2].trigger(&actor(i), "r").await.expect("trigger"));
+        }
+        let leaving = c.sim.silos[0].clone();
+        let svc = c.services[3].clone();
+        let during = actix::spawn(async move {
+            let mut t = Vec::new();
+            for i in 10..20 {
+                t.push(svc.trigger(&actor(i), "r").await.expect("trigger"));
+            }
+            t
+        });
+        leaving.shutdown().await.expect("graceful leave");
+        graceful_triggers.extend(during.await.expect("triggers"));
+        tokio::time::sleep(2 * MINUTE).await;
+        c.start(5, 1).await.expect("joins");
+        tokio::time::sleep(2 * MINUTE).await;
+        let mut crash_triggers = Vec::new();
+        for i in 20..30 {
+            crash_triggers.push(c.services[3].trigger(&actor(i), "r").await.expect("trigger"));
+        }
+        c.sim.kill_and_await_dead(1, 2 * detection_bound()).await;
+        tokio::time::sleep(3 * MINUTE).await;
+        let resumed_at = c.now();
+        for i in (0..40).step_by(2) {
+            let h = c.services[2].resume(&actor(i), "r").await.expect("resume");
+            assert_eq!((h.paused, &h.etag), (None, &handles[i].etag));
+        }
+        tokio::time::sleep(3 * MINUTE).await;
+
+        let trigger_etags: BTreeMap<String, &rollcall_reminders::ReminderHandle> = graceful_triggers
+            .iter()
+            .chain(&crash_triggers)
+            .map(|h| (h.etag.as_str().to_owned(), h))
+            .collect();
+        let ticks = c.ticks();
+        let mut deliveries: BTreeMap<&str, usize> = BTreeMap::new();
+        for d in &ticks {
+            if let Some(h) = trigger_etags.get(d.tick.etag.as_str()) {
+                *deliveries.entry(h.etag.as_str()).or_default() += 1;
+                assert_eq!(d.tick.name, "r", "a trigger's tick carries the reminder's name");
+                assert_eq!(h.trigger_of.as_deref(), Some("r"));
+                let i: usize = d.tick.actor.key().parse().expect("key");
+                assert_eq!(d.tick.payload.as_deref(), Some(format!("p{i}").as_bytes()));
+                continue;
+            }
+            let i: usize = d.tick.actor.key().parse().expect("key");
+            if i % 2 == 0 {
+                let paused =
+                    d.tick.now > paused_at.saturating_add(Duration::from_secs(1)) && d.tick.now < resumed_at;
+                assert!(!paused, "a paused reminder ticked: {d:?}");
+                assert!(
+                    d.tick.scheduled <= paused_at || d.tick.scheduled > resumed_at,
+                    "Skip: no occurrence of the paused time is caught up: {d:?}"
+                );
+            }
+        }
+        for h in &graceful_triggers {
+            assert_eq!(
+                deliveries.get(h.etag.as_str()),
+                Some(&1),
+                "exactly once: {}",
+                h.name
+            );
+        }
+        for h in &crash_triggers {
+            assert!(
+                deliveries.get(h.etag.as_str()).is_some_and(|n| *n >= 1),
+                "at least once: {}",
+                h.name
+            );
+        }
+        for i in (0..40).step_by(2) {
+            assert!(
+                ticks
+                    .iter()
+                    .any(|d| d.tick.actor == actor(i) && d.tick.now > resumed_at),
+                "cart/{i} ticks again after the resume"
+            );
+        }
+        let periodic_twice: Vec<_> = c
+            .duplicates()
+            .into_iter()
+            .filter(|(_, t)| {
+                !ticks
+                    .iter()
+                    .any(|d| d.tick.scheduled == *t && trigger_etags.contains_key(d.tick.etag.as_str()))
+            })
+            .collect();
+        assert!(periodic_twice.is_empty(), "{periodic_twice:?}");
+        // Every trigger row is gone once delivered.
+        for i in 0..30 {
+            let left: Vec<_> = c.services[2]
+                .list(&actor(i))
+                .await
+                .expect("list")
+                .into_iter()
+                .filter(|h| h.trigger_of.is_some())
+                .collect();
+            assert!(left.is_empty(), "{left:?}");
+        }
     });
 }

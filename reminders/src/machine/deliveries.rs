@@ -52,6 +52,12 @@ impl ReminderMachine {
                 return;
             }
         };
+        if row.paused.is_some() {
+            // Paused: nothing is delivered and the row stays; a resume (the
+            // same etag, unpaused) plans it again from then.
+            self.queue.remove(&key);
+            return;
+        }
         let (loaded, takeover) = (held.loaded, held.takeover.is_some());
         // A release owes every occurrence up to its watermark, which the
         // releasing silo's clock set: one ahead of this silo's sets it past
@@ -186,7 +192,7 @@ impl ReminderMachine {
             let tick = ActorId::parse(key.actor())
                 .map(|actor| ReminderTick {
                     actor,
-                    name: key.name().to_owned(),
+                    name: slot.tick_name().to_owned(),
                     first_tick: slot.start_at,
                     period: slot.period(),
                     scheduled,
@@ -317,6 +323,8 @@ impl ReminderMachine {
                     None,
                 );
                 row.payload = payload.map(|p| p.to_vec());
+                // Parked rows are paused: listed as such, delivered once resumed.
+                row.paused = Some(self.now);
                 let name = row.name.clone();
                 (name, self.writes.park(row))
             });

@@ -361,7 +361,11 @@ impl ReminderMachine {
                 continue;
             }
             match self.queue.get_mut(&key) {
-                Some(slot) if slot.etag == row.etag.as_str() || slot.touched > since => slot.seen = load.0,
+                Some(slot)
+                    if (slot.etag == row.etag.as_str() && row.paused.is_none()) || slot.touched > since =>
+                {
+                    slot.seen = load.0;
+                }
                 _ => {
                     self.schedule_row(k, row, Learned::Load);
                     if let Some(slot) = self.queue.get_mut(&key) {

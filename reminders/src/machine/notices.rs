@@ -261,7 +261,9 @@ impl ReminderMachine {
                 self.notices.deleted(key);
             }
             Ok(Some(row)) => {
-                if self.queue.get(&key).is_some_and(|s| s.etag == row.etag.as_str()) {
+                // The same registration, still ticking: nothing changed. (A
+                // pause keeps the etag, and is planned below.)
+                if row.paused.is_none() && self.queue.get(&key).is_some_and(|s| s.etag == row.etag.as_str()) {
                     return;
                 }
                 // Delivered to its end here, its removal pending or landed
