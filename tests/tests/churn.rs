@@ -76,12 +76,29 @@ fn failover_window() -> Duration {
 
 /// Starts a `churn-silo` and waits (at most 60 s) until it prints `ready`.
 async fn start(cluster: &str, store: &str, dir: &Path, n: usize, register: Option<usize>) -> Child {
+    let (child, mut lines) = spawn_silo(cluster, store, dir, n, register).await;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    child
+}
+
+type Lines = tokio::io::Lines<BufReader<tokio::process::ChildStdout>>;
+
+/// Starts a `churn-silo` (stdin piped, for its commands) and waits (at most
+/// 60 s) until it prints `ready`; the rest of its stdout.
+async fn spawn_silo(
+    cluster: &str,
+    store: &str,
+    dir: &Path,
+    n: usize,
+    register: Option<usize>,
+) -> (Child, Lines) {
     let listen = format!("127.0.0.1:{}", free_port().expect("free port"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_churn-silo"));
     cmd.arg(cluster)
         .arg(store)
         .arg(&listen)
         .arg(dir.join(format!("ticks-{n}.log")))
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true);
@@ -100,8 +117,7 @@ async fn start(cluster: &str, store: &str, dir: &Path, n: usize, register: Optio
     })
     .await;
     assert!(matches!(ready, Ok(true)), "churn-silo {n} did not get ready");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    child
+    (child, lines)
 }
 
 /// Stops a silo process: SIGTERM and wait for its exit (graceful), or SIGKILL.
@@ -292,6 +308,184 @@ async fn crashes_repeat_nothing_and_lose_only_in_the_failover_window(store: &str
     }
 }
 
+/// A `churn-silo` that takes commands (`pause`, `resume`, `trigger`).
+struct Controlled {
+    child: Child,
+    stdin: tokio::process::ChildStdin,
+    lines: Lines,
+}
+
+impl Controlled {
+    async fn start(cluster: &str, store: &str, dir: &Path, n: usize, register: Option<usize>) -> Controlled {
+        let (mut child, lines) = spawn_silo(cluster, store, dir, n, register).await;
+        let stdin = child.stdin.take().expect("stdin");
+        Controlled { child, stdin, lines }
+    }
+
+    /// Sends `verb actor name` and returns the etag of its `ok` answer.
+    async fn command(&mut self, verb: &str, actor: &str, name: &str) -> String {
+        use tokio::io::AsyncWriteExt;
+        let line = format!("{verb} {actor} {name}\n");
+        self.stdin.write_all(line.as_bytes()).await.expect("command sent");
+        let answer = tokio::time::timeout(Duration::from_secs(20), async {
+            while let Ok(Some(l)) = self.lines.next_line().await {
+                if l.starts_with("ok ") || l.starts_with("err ") {
+                    return l;
+                }
+            }
+            String::from("(stdout closed)")
+        })
+        .await
+        .expect("a command answers within 20 s");
+        let words: Vec<&str> = answer.split(' ').collect();
+        assert_eq!(
+            words[..4.min(words.len())],
+            ["ok", verb, actor, name],
+            "`{}` answered `{answer}`",
+            line.trim()
+        );
+        words[4].to_owned()
+    }
+}
+
+/// Every tick logged in `dir` by silos `0..n`: `(actor, scheduled, sent, etag)`.
+fn logged_ticks(dir: &Path, n: usize) -> Vec<(String, Timestamp, Timestamp, String)> {
+    (0..n)
+        .flat_map(|i| read_lines(&dir.join(format!("ticks-{i}.log"))))
+        .filter(|l| l.len() >= 6)
+        .map(|l| (l[0].clone(), ms(&l[2]), ms(&l[3]), l[5].clone()))
+        .collect()
+}
+
+/// Issue 58 item 1 across silo processes on a real store: 40 one-second
+/// reminders on 3 silos; the even ones paused; 20 triggers sent while a silo
+/// leaves gracefully (SIGTERM), a silo joins, 10 triggers sent just before a
+/// silo is killed (SIGKILL), then the paused ones resumed. A paused reminder
+/// delivers nothing on any silo (1 s of slack after its pause answered, for
+/// the notice); each trigger sent around the graceful leave is delivered
+/// exactly once, each sent before the kill at least once; every resumed
+/// reminder ticks again; no periodic occurrence is delivered twice.
+async fn pause_resume_and_trigger_through_a_leave_and_a_crash(store: &str) {
+    static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let cluster = format!(
+        "pause-{}-{}-{}",
+        store.split(':').next().unwrap_or("store"),
+        std::process::id(),
+        RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let dir: PathBuf = std::env::temp_dir().join(&cluster);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let clock = SystemClock;
+    let mut silos = Vec::new();
+    for n in 0..3 {
+        silos.push(Controlled::start(&cluster, store, &dir, n, (n == 2).then_some(40)).await);
+    }
+    let actors: Vec<String> = (0..40).map(|i| format!("cart/{i}")).collect();
+    let all_ticked = |since: Timestamp, which: &[String]| {
+        let ticks = logged_ticks(&dir, 4);
+        which
+            .iter()
+            .all(|a| ticks.iter().any(|t| &t.0 == a && t.2 > since))
+    };
+    let waited =
+        rollcall_tests::sim::wait_for(Duration::from_secs(20), || all_ticked(Timestamp::EPOCH, &actors));
+    assert!(waited.await.is_some(), "every reminder ticks");
+
+    let even: Vec<String> = actors.iter().step_by(2).cloned().collect();
+    let mut paused_ok = BTreeMap::new();
+    for a in &even {
+        silos[2].command("pause", a, "tick").await;
+        paused_ok.insert(a.clone(), clock.now());
+    }
+    // Triggers beside a graceful leave.
+    let (mut leaving, mut sender) = (silos.remove(0), silos.remove(0));
+    let triggers = async {
+        let mut etags = Vec::new();
+        for a in &actors[..20] {
+            etags.push(sender.command("trigger", a, "tick").await);
+        }
+        etags
+    };
+    let ((), graceful_triggers) = tokio::join!(stop(&mut leaving.child, true), triggers);
+    silos.insert(0, sender);
+    silos.push(Controlled::start(&cluster, store, &dir, 3, None).await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Triggers just before a kill.
+    let mut crash_triggers = Vec::new();
+    for a in &actors[20..30] {
+        crash_triggers.push(silos[2].command("trigger", a, "tick").await);
+    }
+    let mut victim = silos.remove(0);
+    stop(&mut victim.child, false).await;
+    tokio::time::sleep(failover_window()).await;
+    let mut resume_sent = BTreeMap::new();
+    for a in &even {
+        resume_sent.insert(a.clone(), clock.now());
+        silos[1].command("resume", a, "tick").await;
+    }
+    let resumed_at = clock.now();
+    // A trigger the victim held is delivered by its successor as a catch-up,
+    // spread over `startup_jitter` (10 s) after the takeover's load.
+    let every_trigger_delivered = || {
+        let ticks = logged_ticks(&dir, 4);
+        graceful_triggers
+            .iter()
+            .chain(&crash_triggers)
+            .all(|e| ticks.iter().any(|t| &t.3 == e))
+    };
+    let waited = rollcall_tests::sim::wait_for(Duration::from_secs(30), || {
+        all_ticked(resumed_at, &even) && every_trigger_delivered()
+    });
+    let every_resumed_ticks = waited.await.is_some() || all_ticked(resumed_at, &even);
+    for mut s in silos {
+        stop(&mut s.child, true).await;
+    }
+    let ticks = logged_ticks(&dir, 4);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(every_resumed_ticks, "every resumed reminder ticks again");
+
+    let mut per_trigger: BTreeMap<&str, usize> = BTreeMap::new();
+    let triggered: std::collections::BTreeSet<&str> = graceful_triggers
+        .iter()
+        .chain(&crash_triggers)
+        .map(String::as_str)
+        .collect();
+    let mut periodic: BTreeMap<(&str, Timestamp), usize> = BTreeMap::new();
+    for (actor, scheduled, sent, etag) in &ticks {
+        if triggered.contains(etag.as_str()) {
+            *per_trigger.entry(etag).or_default() += 1;
+            continue;
+        }
+        *periodic.entry((actor, *scheduled)).or_default() += 1;
+        if let (Some(p), Some(r)) = (paused_ok.get(actor), resume_sent.get(actor)) {
+            assert!(
+                *sent <= p.saturating_add(Duration::from_secs(1)) || sent >= r,
+                "{actor} paused at {p} ticked at {sent} (resumed at {r})"
+            );
+        }
+    }
+    for e in &graceful_triggers {
+        assert_eq!(per_trigger.get(e.as_str()), Some(&1), "trigger {e}: exactly once");
+    }
+    for e in &crash_triggers {
+        assert!(
+            per_trigger.get(e.as_str()).is_some_and(|n| *n >= 1),
+            "trigger {e}: at least once"
+        );
+    }
+    let twice: Vec<_> = periodic.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "periodic occurrences delivered twice: {twice:?}"
+    );
+    println!(
+        "pause/resume/trigger on {store}: {} ticks, {} triggers delivered",
+        ticks.len(),
+        per_trigger.values().sum::<usize>()
+    );
+}
+
 #[cfg(feature = "redis")]
 mod redis {
     use super::*;
@@ -316,6 +510,14 @@ mod redis {
             return;
         };
         crashes_repeat_nothing_and_lose_only_in_the_failover_window(&url).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pause_resume_and_trigger_on_redis_hold_through_a_leave_and_a_crash() {
+        let Some((_backend, url)) = store().await else {
+            return;
+        };
+        pause_resume_and_trigger_through_a_leave_and_a_crash(&url).await;
     }
 }
 
@@ -343,6 +545,14 @@ mod etcd {
             return;
         };
         crashes_repeat_nothing_and_lose_only_in_the_failover_window(&url).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn pause_resume_and_trigger_on_etcd_hold_through_a_leave_and_a_crash() {
+        let Some((_backend, url)) = store().await else {
+            return;
+        };
+        pause_resume_and_trigger_through_a_leave_and_a_crash(&url).await;
     }
 }
 

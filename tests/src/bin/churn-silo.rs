@@ -1,7 +1,7 @@
 //! A silo process for the reminder churn tests (`tests/tests/churn.rs`): a silo with
 //! the fast membership profile and a reminder service on one store, which appends
 //! every tick it delivers to a log file, one line per tick:
-//! `actor name scheduled_ms sent_ms silo`.
+//! `actor name scheduled_ms sent_ms silo etag`.
 //!
 //! ```text
 //! churn-silo CLUSTER STORE_URL LISTEN_ADDR LOG_FILE [REGISTER_COUNT STARTS_FILE]
@@ -16,6 +16,11 @@
 //! `STARTS_FILE`. It prints `ready` once its reminder service
 //! has loaded its ranges. SIGTERM shuts the silo down gracefully (the reminder
 //! service hands its ranges over first) and exits 0.
+//!
+//! It takes commands on stdin, one per line, carried out by its reminder
+//! service, each answered on stdout: `pause ACTOR NAME`, `resume ACTOR NAME`
+//! and `trigger ACTOR NAME`, answered `ok VERB ACTOR NAME ETAG` (the trigger
+//! row's etag for a trigger) or `err VERB ACTOR NAME WHY`.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -39,12 +44,13 @@ impl Handler<ReminderTick> for Logger {
 
     fn handle(&mut self, t: ReminderTick, _: &mut Context<Self>) {
         let line = format!(
-            "{} {} {} {} {}\n",
+            "{} {} {} {} {} {}\n",
             t.actor,
             t.name,
             t.scheduled.as_millis(),
             t.now.as_millis(),
-            self.silo
+            self.silo,
+            t.etag.as_str()
         );
         let mut out = self.out.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Err(e) = out.write_all(line.as_bytes()) {
@@ -112,10 +118,49 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             }
             std::fs::write(&args[4], starts)?;
         }
+        control(reminders.clone());
         println!("ready {}", silo.address());
         Ok::<_, Box<dyn std::error::Error>>((silo, reminders))
     })?;
     let (silo, reminders) = silo;
     rollcall_tests::silo_process::run_until_sigterm(system, silo, Box::new(reminders))?;
     Ok(())
+}
+
+/// Carries out the commands read from stdin (see the module docs).
+fn control(reminders: Reminders) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(64);
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { return };
+            if tx.blocking_send(line).is_err() {
+                return;
+            }
+        }
+    });
+    actix::spawn(async move {
+        while let Some(line) = rx.recv().await {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let [verb, actor, name] = words[..] else {
+                println!("err {line} expected VERB ACTOR NAME");
+                continue;
+            };
+            let answer = match ActorId::parse(actor) {
+                Err(e) => Err(e),
+                Ok(a) => match verb {
+                    "pause" => reminders.pause(&a, name).await,
+                    "resume" => reminders.resume(&a, name).await,
+                    "trigger" => reminders.trigger(&a, name).await,
+                    other => {
+                        println!("err {other} {actor} {name} unknown verb");
+                        continue;
+                    }
+                },
+            };
+            match answer {
+                Ok(h) => println!("ok {verb} {actor} {name} {}", h.etag.as_str()),
+                Err(e) => println!("err {verb} {actor} {name} {e}"),
+            }
+        }
+    });
 }
