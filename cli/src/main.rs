@@ -130,6 +130,8 @@ enum Command {
     /// next ticks (`--next`), schedule (period, cron and zone, end), missed-tick and retry policy, etag.
     /// With `--kind` or `--prefix` (or `--after`), one page of `--limit` reminders of
     /// that actor kind or id prefix, and the `--after` token of the next page.
+    /// `reminders pause|resume|trigger ACTOR NAME` operates one reminder in the
+    /// store and tells the silo holding its shard (as a silo's `Reminders` would).
     /// `reminders delete --kind K` (or `--prefix P`) removes them all, row by row
     /// (safe to run again); running silos stop their ticks at their next refresh
     /// (`Reminders::delete_kind` from a silo tells them at once).
@@ -138,9 +140,18 @@ enum Command {
     /// before any is written. Running silos load imported rows at their next
     /// refresh (`refresh_reminder_list_period`).
     Reminders {
-        /// `list` (the default), `export`, `import` or `delete`.
+        /// `list` (the default), `export`, `import`, `delete`, `pause`, `resume`
+        /// or `trigger`.
         #[arg(value_enum, default_value = "list")]
         action: RemindersAction,
+        /// `pause`, `resume`, `trigger`: the actor (`kind/key`).
+        actor: Option<String>,
+        /// `pause`, `resume`, `trigger`: the reminder's name.
+        reminder: Option<String>,
+        /// `pause`, `resume`, `trigger`: the file of the cluster's shared secret,
+        /// if its silos use one (to reach the holder of the reminder's shard).
+        #[arg(long)]
+        shared_secret_file: Option<std::path::PathBuf>,
         /// `import`: read the JSON lines from this file instead of stdin;
         /// `export`: write them to it instead of stdout.
         #[arg(long)]
@@ -188,6 +199,12 @@ enum RemindersAction {
     Import,
     /// Remove every reminder of `--kind` or `--prefix`.
     Delete,
+    /// Pause one reminder: no silo delivers it until `resume`.
+    Pause,
+    /// Resume a paused (or parked) reminder, from now under its missed-tick policy.
+    Resume,
+    /// Deliver one extra tick of a reminder now.
+    Trigger,
 }
 
 /// The actor-id prefix of `--kind` or `--prefix`.
@@ -368,6 +385,84 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             println!("imported {} reminders into service {service}", rows.len());
+            Ok(())
+        }),
+        Command::Reminders {
+            action: action @ (RemindersAction::Pause | RemindersAction::Resume | RemindersAction::Trigger),
+            store,
+            service,
+            cluster,
+            actor,
+            reminder,
+            shared_secret_file,
+            ..
+        } => actix::System::new().block_on(async move {
+            let (Some(actor), Some(name)) = (actor, reminder) else {
+                anyhow::bail!("`reminders {action:?}` needs ACTOR and NAME, e.g. `cart/42 expire`");
+            };
+            rollcall::reminders::ActorId::parse(&actor)?;
+            let secret = match &shared_secret_file {
+                None => None,
+                Some(path) => {
+                    let bytes = std::fs::read(path)
+                        .map_err(|e| anyhow::anyhow!("--shared-secret-file {}: {e}", path.display()))?;
+                    Some(rollcall::transport::SharedSecret::new(bytes.trim_ascii())?)
+                }
+            };
+            let store = rollcall::connect(&store).await?;
+            let table = store.reminder_table(&service)?;
+            let Some(row) = table.read_row(&actor, &name).await? else {
+                anyhow::bail!("no reminder `{name}` of {actor} in service {service}");
+            };
+            let now = rollcall::Timestamp::now();
+            let (done, told_name) = match action {
+                RemindersAction::Trigger => {
+                    // Two triggers in one millisecond get different names.
+                    let nanos = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.subsec_nanos());
+                    let salt = (nanos ^ std::process::id()) as u16;
+                    let mut entry = rollcall::reminders::trigger_row(&row, now, salt)?;
+                    entry.etag = table.upsert_row(&entry).await?;
+                    (format!("triggered {actor} {name} as `{}`", entry.name), entry.name)
+                }
+                _ => {
+                    let paused = (action == RemindersAction::Pause).then_some(now);
+                    if row.paused.is_some() == paused.is_some() {
+                        println!("{actor} {name} was already {}", if paused.is_some() { "paused" } else { "ticking" });
+                        return Ok(());
+                    }
+                    if !table.update_paused(&actor, &name, &row.etag, paused).await? {
+                        anyhow::bail!("{actor} {name} changed meanwhile (re-registered or removed): run it again");
+                    }
+                    let verb = if paused.is_some() { "paused" } else { "resumed" };
+                    (format!("{verb} {actor} {name}"), name.clone())
+                }
+            };
+            let transport = rollcall::transport::tcp::TcpTransport::with_config(rollcall::transport::tcp::TcpConfig {
+                shared_secret: secret,
+                ..Default::default()
+            });
+            let cluster = cluster.unwrap_or_else(|| service.clone());
+            let told = rollcall::reminders::tell_holder(
+                &*store,
+                &transport,
+                &cluster,
+                &service,
+                &actor,
+                &told_name,
+                std::time::Duration::from_secs(5),
+            )
+            .await;
+            let how = match told {
+                Ok(rollcall::reminders::Told::Taken(h)) => format!("silo {h} applies it now"),
+                Ok(rollcall::reminders::Told::NotTaken(h)) => {
+                    format!("silo {h} did not take the notice: its next refresh applies it")
+                }
+                Ok(rollcall::reminders::Told::NoHolder) => "no silo holds its shard: the next to take it applies it".into(),
+                Err(e) => format!("the holder was not told ({e}): its next refresh applies it"),
+            };
+            println!("{done}; {how}");
             Ok(())
         }),
         Command::Reminders {

@@ -54,4 +54,4 @@ pub use rollcall_core::{
 };
 pub use schedule::{Calendar, ScheduleError};
 #[cfg(feature = "runtime")]
-pub use service::{Reminders, RemindersBuilder};
+pub use service::{tell_holder, trigger_row, Reminders, RemindersBuilder, Told};

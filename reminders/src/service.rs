@@ -589,20 +589,9 @@ impl Reminders {
                 name: name.to_owned(),
             });
         };
-        let now = self.inner.clock.now();
-        let salt: u16 = rand::random();
-        let trigger_name = format!("{name}#trigger-{}-{salt:04x}", now.as_millis());
-        if trigger_name.len() > MAX_NAME {
-            return Err(ReminderError::InvalidName(format!(
-                "`{name}` is too long to trigger: `{trigger_name}` is over {MAX_NAME} bytes"
-            )));
-        }
-        let mut entry = ReminderEntry::new(&self.inner.service_id, &actor_id, &trigger_name, now, None);
-        entry.payload = of.payload;
-        entry.retry = of.retry;
-        entry.trigger_of = Some(name.to_owned());
+        let mut entry = trigger_row(&of, self.inner.clock.now(), rand::random())?;
         entry.etag = bounded(t, self.inner.table.upsert_row(&entry)).await?;
-        self.notify_owner(&actor_id, &trigger_name);
+        self.notify_owner(&actor_id, &entry.name);
         ReminderHandle::from_entry(entry)
     }
 
@@ -751,6 +740,93 @@ impl Reminders {
         };
         let shard = rollcall_core::actor_shard(actor_id, self.inner.shards);
         send_to_holder(&self.inner, shard, body);
+    }
+}
+
+/// The one-shot row that triggers reminder `of` at `now`: named
+/// `<name>#trigger-<ms>-<salt>`, with its payload and retry policy, and
+/// [`trigger_of`](ReminderEntry::trigger_of) set to its name.
+///
+/// # Errors
+/// [`ReminderError::InvalidName`] when that name is over [`MAX_NAME`] bytes.
+pub fn trigger_row(of: &ReminderEntry, now: Timestamp, salt: u16) -> Result<ReminderEntry, ReminderError> {
+    let name = format!("{}#trigger-{}-{salt:04x}", of.name, now.as_millis());
+    if name.len() > MAX_NAME {
+        return Err(ReminderError::InvalidName(format!(
+            "`{}` is too long to trigger: `{name}` is over {MAX_NAME} bytes",
+            of.name
+        )));
+    }
+    let mut entry = ReminderEntry::new(&of.service_id, &of.actor_id, name, now, None);
+    entry.payload.clone_from(&of.payload);
+    entry.retry = of.retry;
+    entry.trigger_of = Some(of.name.clone());
+    Ok(entry)
+}
+
+/// What [`tell_holder`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Told {
+    /// The holder took the notice: it reads the row now.
+    Taken(SiloAddress),
+    /// The holder was reached and did not take it (its shard is moving, or
+    /// its notice queue is full): its next load or refresh reads the row.
+    NotTaken(SiloAddress),
+    /// Nobody holds the shard: its next acquire loads the row.
+    NoHolder,
+}
+
+/// Tells the holder of `actor_id`'s shard of reminder service `service_id`
+/// to read reminder `name` again, from a process that is not a silo of the
+/// cluster (the `rollcall` CLI after it paused, resumed or triggered a
+/// reminder in the store): the shard's lease is read from `store`, and the
+/// notice sent once over `transport` as a probe-port request of cluster
+/// `cluster` (with the cluster's shared secret when its silos use one: give
+/// `transport` the same). Without it the holder learns at its next refresh
+/// (`refresh_reminder_list_period`). Reading the shard count records the
+/// default (1,024) for a service that has none yet.
+///
+/// Answers within 2 x `timeout` (the lease read, the send).
+///
+/// # Errors
+/// [`ReminderError::Table`] (the lease table), [`ReminderError::Timeout`]; a
+/// holder that cannot be reached is [`ReminderError::Table`] with
+/// [`Error::Backend`](rollcall_core::Error::Backend).
+pub async fn tell_holder(
+    store: &dyn SystemStore,
+    transport: &dyn rollcall_core::transport::Transport,
+    cluster: &str,
+    service_id: &str,
+    actor_id: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<Told, ReminderError> {
+    let table = store.lease_table(service_id)?;
+    let leases = bounded(timeout, async {
+        let shards = table.shard_count(rollcall_core::DEFAULT_SHARDS).await?;
+        ShardLeases::open(table, shards).await
+    })
+    .await?;
+    let shard = rollcall_core::actor_shard(actor_id, leases.shards());
+    let lease = bounded(timeout, leases.read(shard)).await?;
+    let Some(holder) = notice_target(&lease) else {
+        return Ok(Told::NoHolder);
+    };
+    let body = serde_json::to_vec(NoticeRetry::new(service_id, actor_id, name).notice())
+        .map_err(|e| rollcall_core::Error::backend(format!("encode notice: {e}")))?;
+    let request = rollcall_core::transport::ProbeRequest::Notice {
+        // Not a silo: an address no silo has (the holder only logs it).
+        from: SiloAddress::new(std::net::SocketAddr::from(([0, 0, 0, 0], 0)), 0),
+        topic: topic(service_id),
+        body,
+    };
+    match transport
+        .request(holder.endpoint(), cluster, request, timeout)
+        .await
+    {
+        Ok(rollcall_core::transport::ProbeResponse::NoticeAck { accepted: true }) => Ok(Told::Taken(holder)),
+        Ok(_) => Ok(Told::NotTaken(holder)),
+        Err(e) => Err(rollcall_core::Error::backend(format!("notice to {holder}: {e}")).into()),
     }
 }
 

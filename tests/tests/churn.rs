@@ -394,8 +394,37 @@ async fn pause_resume_and_trigger_through_a_leave_and_a_crash(store: &str) {
 
     let even: Vec<String> = actors.iter().step_by(2).cloned().collect();
     let mut paused_ok = BTreeMap::new();
-    for a in &even {
-        silos[2].command("pause", a, "tick").await;
+    // Half through a silo's `Reminders::pause`, half as the CLI does it from
+    // outside the cluster: the column written in the store, then the
+    // holder told over its probe port (`tell_holder`).
+    let outside = rollcall::connect(store).await.expect("connect");
+    let table = outside.reminder_table(&cluster).expect("table");
+    let transport = rollcall::transport::tcp::TcpTransport::new();
+    for (i, a) in even.iter().enumerate() {
+        if i % 2 == 0 {
+            silos[2].command("pause", a, "tick").await;
+        } else {
+            let row = table.read_row(a, "tick").await.expect("read").expect("row");
+            assert!(table
+                .update_paused(a, "tick", &row.etag, Some(clock.now()))
+                .await
+                .expect("pause"));
+            let told = rollcall_reminders::tell_holder(
+                &*outside,
+                &transport,
+                &cluster,
+                &cluster,
+                a,
+                "tick",
+                Duration::from_secs(5),
+            )
+            .await
+            .expect("told");
+            assert!(
+                matches!(told, rollcall_reminders::Told::Taken(_)),
+                "{a}: {told:?}"
+            );
+        }
         paused_ok.insert(a.clone(), clock.now());
     }
     // Triggers beside a graceful leave.

@@ -383,3 +383,79 @@ fn redis_reminders_page_and_delete_by_kind() {
     let (ok, _, err) = run(&["list", "--after", "garbage!"]);
     assert!(!ok && err.contains("page token"), "{err}");
 }
+
+/// `rollcall reminders pause|resume|trigger ACTOR NAME` writes the paused
+/// column (the etag stays) or a trigger row in the store and says whom it
+/// told (no silo runs here: nobody holds the shard); again is a no-op; a
+/// missing reminder or a bad actor is refused.
+#[cfg(feature = "redis")]
+#[test]
+fn redis_reminders_pause_resume_and_trigger_one_reminder() {
+    use rollcall::{ReminderEntry, Timestamp};
+    let Some((rt, backend)) = redis_fixture() else {
+        return;
+    };
+    let service = rollcall_tests::unique_id("cli-pause");
+    let store = rt.block_on(rollcall::connect(&backend.endpoint)).unwrap();
+    let table = store.reminder_table(&service).unwrap();
+    let mut row = ReminderEntry::new(
+        &service,
+        "cart/1",
+        "expire",
+        Timestamp::from_millis(1_795_000_000_000),
+        Some(std::time::Duration::from_secs(90)),
+    );
+    row.payload = Some(b"p".to_vec());
+    let etag = rt.block_on(table.upsert_row(&row)).unwrap();
+    let run = |args: &[&str]| {
+        let mut all = vec!["reminders"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--store", &backend.endpoint, "--service", &service]);
+        let out = rollcall().args(&all).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let read = || rt.block_on(table.read_row("cart/1", "expire")).unwrap().unwrap();
+
+    let (ok, out, err) = run(&["pause", "cart/1", "expire"]);
+    assert!(ok, "{out}{err}");
+    assert!(
+        out.starts_with("paused cart/1 expire; no silo holds its shard"),
+        "{out}"
+    );
+    let paused = read();
+    assert!(paused.paused.is_some());
+    assert_eq!(paused.etag, etag, "a pause keeps the registration");
+    let (ok, out, _) = run(&["pause", "cart/1", "expire"]);
+    assert!(ok && out.contains("already paused"), "{out}");
+
+    let (ok, out, err) = run(&["trigger", "cart/1", "expire"]);
+    assert!(
+        ok && out.starts_with("triggered cart/1 expire as `expire#trigger-"),
+        "{out}{err}"
+    );
+    let rows = rt.block_on(table.read_rows_for("cart/1")).unwrap();
+    let trigger = rows
+        .iter()
+        .find(|r| r.trigger_of.is_some())
+        .expect("a trigger row");
+    assert_eq!(trigger.trigger_of.as_deref(), Some("expire"));
+    assert_eq!(
+        (trigger.period, trigger.payload.as_deref()),
+        (None, Some(&b"p"[..]))
+    );
+
+    let (ok, out, err) = run(&["resume", "cart/1", "expire"]);
+    assert!(ok && out.starts_with("resumed cart/1 expire"), "{out}{err}");
+    assert_eq!((read().paused, read().etag), (None, etag));
+
+    let (ok, _, err) = run(&["pause", "cart/2", "expire"]);
+    assert!(!ok && err.contains("no reminder `expire` of cart/2"), "{err}");
+    let (ok, _, err) = run(&["pause", "nokind", "expire"]);
+    assert!(!ok && err.contains("nokind"), "{err}");
+    let (ok, _, err) = run(&["pause"]);
+    assert!(!ok && err.contains("needs ACTOR and NAME"), "{err}");
+}
