@@ -139,6 +139,77 @@ pub struct ReminderEntry {
     pub retry: Option<RetryPolicy>,
 }
 
+/// One occurrence of a reminder in its run history
+/// ([`ReminderTable::append_run`](crate::ReminderTable::append_run)): what
+/// became of it, where and when.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The occurrence (`ReminderTick::scheduled`, UTC ms).
+    pub scheduled: Timestamp,
+    /// When it ended (UTC ms): delivered, given up, dropped or parked; for
+    /// [`RunOutcome::Skipped`], when the service moved past it.
+    pub at: Timestamp,
+    /// Delivery attempts made (0 for a skipped occurrence).
+    pub attempts: u32,
+    /// What became of it.
+    pub outcome: RunOutcome,
+    /// The silo that handled it (`ip:port@generation`).
+    pub silo: String,
+    /// The triggered reminder's tick ([`ReminderEntry::trigger_of`]): an
+    /// extra occurrence, not one of the schedule. Not written when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub triggered: bool,
+}
+
+/// What became of one occurrence ([`RunRecord::outcome`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunOutcome {
+    /// Delivered: the handler completed.
+    Ok,
+    /// Its retry policy was spent and it was dropped.
+    Failed,
+    /// Retried until the next occurrence was due, then left (no retry policy).
+    GivenUp,
+    /// Its retry policy was spent and it was parked ([`RetryPolicy::park`]).
+    Parked,
+    /// Not delivered by the missed-tick policy: a handler overran it.
+    Skipped,
+}
+
+impl RunOutcome {
+    /// The outcome's name as stored and printed (`ok`, `failed`, `given_up`,
+    /// `parked`, `skipped`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunOutcome::Ok => "ok",
+            RunOutcome::Failed => "failed",
+            RunOutcome::GivenUp => "given_up",
+            RunOutcome::Parked => "parked",
+            RunOutcome::Skipped => "skipped",
+        }
+    }
+}
+
+/// The most records a reminder's run history keeps
+/// ([`ReminderTable::append_run`](crate::ReminderTable::append_run)'s `keep`):
+/// 1,000.
+pub const MAX_RUN_HISTORY: usize = 1000;
+
+/// Checks the `keep` of [`ReminderTable::append_run`](crate::ReminderTable::append_run).
+///
+/// # Errors
+/// [`Error::InvalidInput`] (`keep`) outside 1..=[`MAX_RUN_HISTORY`].
+pub fn check_run_keep(keep: usize) -> Result<()> {
+    if keep == 0 || keep > MAX_RUN_HISTORY {
+        return Err(Error::invalid_input(
+            "keep",
+            format!("{keep} is outside 1..={MAX_RUN_HISTORY}"),
+        ));
+    }
+    Ok(())
+}
+
 /// How a reminder's failed tick is retried: up to `max_retries` more attempts
 /// after the first, the `k`-th (from 1) after
 /// `min(first_delay x 2^(k-1), max_delay)` less up to 20% jitter; then the

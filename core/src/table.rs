@@ -317,7 +317,29 @@ pub trait ReminderTable: Send + Sync + std::fmt::Debug {
         paused: Option<Timestamp>,
     ) -> Result<bool>;
 
-    /// Deletes every reminder of this service (for tests and tooling).
+    /// Appends `run` to the run history of reminder `(actor_id, name)`, keeping
+    /// the newest `keep` (1..=[`MAX_RUN_HISTORY`](crate::MAX_RUN_HISTORY))
+    /// records. The history is apart from the row: it needs no row, survives
+    /// the row's re-registration, and is removed only by
+    /// [`remove_runs`](Self::remove_runs) or [`clear`](Self::clear). Concurrent
+    /// appends to one history all land (none overwrites another). Stored
+    /// where the row is (on Redis in the shard's slot).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a key past the
+    /// limits or `keep` outside 1..=1,000; the backend's errors.
+    async fn append_run(&self, actor_id: &str, name: &str, run: &crate::RunRecord, keep: usize)
+        -> Result<()>;
+
+    /// The run history of reminder `(actor_id, name)`, newest first (empty if
+    /// none).
+    async fn read_runs(&self, actor_id: &str, name: &str) -> Result<Vec<crate::RunRecord>>;
+
+    /// Removes the run history of reminder `(actor_id, name)`. Idempotent.
+    async fn remove_runs(&self, actor_id: &str, name: &str) -> Result<()>;
+
+    /// Deletes every reminder of this service, and every run history (for
+    /// tests and tooling).
     async fn clear(&self) -> Result<()>;
 
     /// One page of the rows whose actor id starts with `prefix` (an actor kind

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 use rollcall_core::{
-    actor_hash, Error, Etag, MissedTickPolicy, ReminderEntry, ReminderTable, Result, Timestamp,
+    actor_hash, Error, Etag, MissedTickPolicy, ReminderEntry, ReminderTable, Result, RunRecord, Timestamp,
 };
 
 use crate::conn::{n, new_etag, s, Attrs, Conn, Item};
@@ -56,6 +56,18 @@ pub struct DynamoDbReminderTable {
 fn sort_key(hash: u32, actor: &str, name: &str) -> String {
     format!("{hash:08x}#{}#{actor}#{name}", actor.len())
 }
+
+/// The sort key of a reminder's run history, in the partition of its row:
+/// `runs#` and the row's sort key. `r` sorts after every hex digit, so no read
+/// of rows (hex sort keys) meets one.
+fn runs_sort_key(hash: u32, actor: &str, name: &str) -> String {
+    format!("runs#{}", sort_key(hash, actor, name))
+}
+
+/// A run history's records (JSON, newest first).
+const RUNS: &str = "Runs";
+/// A run history's version, bumped by every write (the append's condition).
+const RUNS_VERSION: &str = "RunsVersion";
 
 impl DynamoDbReminderTable {
     pub(crate) fn new(conn: Arc<Conn>, service_id: &str) -> Self {
@@ -235,6 +247,38 @@ impl DynamoDbReminderTable {
             q = q.projection_expression("#p, #s");
         }
         self.conn.query_all(self.table_name(), q).await
+    }
+
+    /// The key of the run history of `(actor, name)`.
+    fn runs_key(&self, actor: &str, name: &str) -> Item {
+        let hash = actor_hash(actor);
+        Item::from([
+            (SHARD_KEY.into(), s(self.shard_key(self.shard_of(hash)))),
+            (SORT_KEY.into(), s(runs_sort_key(hash, actor, name))),
+        ])
+    }
+
+    /// The run history at `key` and its version (0: none).
+    async fn runs_at(&self, key: &Item) -> Result<(Vec<RunRecord>, u64)> {
+        let out = self
+            .conn
+            .client
+            .get_item()
+            .table_name(self.table_name())
+            .consistent_read(true)
+            .set_key(Some(key.clone()))
+            .send()
+            .await
+            .map_err(|e| self.conn.error("GetItem", self.table_name(), e))?;
+        let Some(item) = out.item.filter(|i| !i.is_empty()) else {
+            return Ok((Vec::new(), 0));
+        };
+        let a = Attrs(&item);
+        let decoded = (|| -> std::result::Result<(Vec<RunRecord>, u64), String> {
+            let runs = serde_json::from_str(a.s(RUNS)?).map_err(|e| format!("attribute Runs: {e}"))?;
+            Ok((runs, a.n(RUNS_VERSION)?))
+        })();
+        decoded.map_err(|why| Error::corrupt(self.item_name(&item), why))
     }
 
     /// The reminders with a hash in `[lo, hi]`: one Query per shard overlapping it.
@@ -418,12 +462,80 @@ impl ReminderTable for DynamoDbReminderTable {
             .is_some())
     }
 
+    async fn append_run(&self, actor_id: &str, name: &str, run: &RunRecord, keep: usize) -> Result<()> {
+        LIMITS.check_key(actor_id, name)?;
+        rollcall_core::check_run_keep(keep)?;
+        let key = self.runs_key(actor_id, name);
+        // Read, prepend, write if unchanged; again on a race. A write that
+        // timed out but landed shows as `run` at the front on the next read.
+        for _ in 0..16 {
+            let (mut runs, version) = self.runs_at(&key).await?;
+            if runs.first() == Some(run) {
+                return Ok(());
+            }
+            runs.insert(0, run.clone());
+            runs.truncate(keep);
+            let json =
+                serde_json::to_string(&runs).map_err(|e| Error::backend(format!("encode runs: {e}")))?;
+            let mut item = key.clone();
+            item.insert(RUNS.into(), s(json));
+            item.insert(RUNS_VERSION.into(), AttributeValue::N((version + 1).to_string()));
+            let put = self
+                .conn
+                .client
+                .put_item()
+                .table_name(self.table_name())
+                .set_item(Some(item));
+            let put = if version == 0 {
+                put.condition_expression("attribute_not_exists(#v)")
+                    .expression_attribute_names("#v", RUNS_VERSION)
+            } else {
+                put.condition_expression("#v = :v")
+                    .expression_attribute_names("#v", RUNS_VERSION)
+                    .expression_attribute_values(":v", AttributeValue::N(version.to_string()))
+            };
+            let sent = put.send().await;
+            if self
+                .conn
+                .conditional("append_run", self.table_name(), sent)?
+                .is_some()
+            {
+                return Ok(());
+            }
+        }
+        Err(Error::backend(format!(
+            "{}: 16 appends lost the race in a row",
+            self.item_name(&key)
+        )))
+    }
+
+    async fn read_runs(&self, actor_id: &str, name: &str) -> Result<Vec<RunRecord>> {
+        LIMITS.check_key(actor_id, name)?;
+        Ok(self.runs_at(&self.runs_key(actor_id, name)).await?.0)
+    }
+
+    async fn remove_runs(&self, actor_id: &str, name: &str) -> Result<()> {
+        LIMITS.check_key(actor_id, name)?;
+        self.conn
+            .client
+            .delete_item()
+            .table_name(self.table_name())
+            .set_key(Some(self.runs_key(actor_id, name)))
+            .send()
+            .await
+            .map_err(|e| self.conn.error("remove_runs", self.table_name(), e))?;
+        Ok(())
+    }
+
     async fn clear(&self) -> Result<()> {
         // Shard by shard, 25 keys per BatchWriteItem. A reminder is one item, so a
-        // racing upsert is either deleted whole or kept whole.
+        // racing upsert is either deleted whole or kept whole. Then the run
+        // histories (sort keys `runs#...`).
         for shard in 0..self.conn.config.reminder_shards {
             let keys = self.query(shard, "0", "g", true).await?;
             self.conn.batch_delete(self.table_name(), keys).await?;
+            let runs = self.query(shard, "runs#", "runs$", true).await?;
+            self.conn.batch_delete(self.table_name(), runs).await?;
         }
         Ok(())
     }

@@ -82,13 +82,24 @@ impl MembershipKeys {
 #[derive(Clone, Debug)]
 pub(crate) struct ReminderKeys {
     base: String,
+    runs: String,
 }
 
 impl ReminderKeys {
     pub(crate) fn new(prefix: &str, service: &str) -> Self {
         ReminderKeys {
             base: format!("{prefix}/{}/reminder/", escape(service)),
+            runs: format!("{prefix}/{}/reminder-runs/", escape(service)),
         }
+    }
+    /// Every run-history key of the service starts with this: beside the
+    /// rows, not under them, so that a range read of rows never meets one.
+    pub(crate) fn all_runs(&self) -> &str {
+        &self.runs
+    }
+    /// The run history of a reminder (a JSON array, newest first).
+    pub(crate) fn runs(&self, hash: u32, actor: &str, name: &str) -> String {
+        format!("{}{hash:08x}/{}/{}", self.runs, escape(actor), escape(name))
     }
     /// Every reminder key of the service starts with this.
     pub(crate) fn all(&self) -> &str {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 use rollcall_core::KeyLimits;
-use rollcall_core::{actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result, Timestamp};
+use rollcall_core::{actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result, RunRecord, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use crate::conn::{revision, Conn};
@@ -276,9 +276,77 @@ impl ReminderTable for EtcdReminderTable {
         Ok(self.conn.txn("reminder update_paused", txn).await?.succeeded())
     }
 
+    async fn append_run(&self, actor_id: &str, name: &str, run: &RunRecord, keep: usize) -> Result<()> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
+        rollcall_core::check_run_keep(keep)?;
+        let key = self.keys.runs(actor_hash(actor_id), actor_id, name);
+        // Read, prepend, write if unchanged; again on a race (a handoff's
+        // two holders). A write that timed out but landed shows as `run` at
+        // the front on the next read: nothing is appended twice.
+        for _ in 0..16 {
+            let (mut runs, rev) = self.runs_at(&key).await?;
+            if runs.first() == Some(run) {
+                return Ok(());
+            }
+            runs.insert(0, run.clone());
+            runs.truncate(keep);
+            let json =
+                serde_json::to_string(&runs).map_err(|e| Error::backend(format!("encode runs: {e}")))?;
+            let guard = if rev == 0 {
+                Compare::version(key.clone(), CompareOp::Equal, 0)
+            } else {
+                Compare::mod_revision(key.clone(), CompareOp::Equal, rev)
+            };
+            let txn = Txn::new()
+                .when(vec![guard])
+                .and_then(vec![TxnOp::put(key.clone(), json, None)]);
+            if self.conn.txn("reminder append_run", txn).await?.succeeded() {
+                return Ok(());
+            }
+        }
+        Err(Error::backend(format!(
+            "{key}: 16 appends lost the race in a row"
+        )))
+    }
+
+    async fn read_runs(&self, actor_id: &str, name: &str) -> Result<Vec<RunRecord>> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
+        let key = self.keys.runs(actor_hash(actor_id), actor_id, name);
+        Ok(self.runs_at(&key).await?.0)
+    }
+
+    async fn remove_runs(&self, actor_id: &str, name: &str) -> Result<()> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
+        let key = self.keys.runs(actor_hash(actor_id), actor_id, name);
+        self.conn
+            .txn(
+                "reminder remove_runs",
+                Txn::new().and_then(vec![TxnOp::delete(key, None)]),
+            )
+            .await
+            .map(|_| ())
+    }
+
     async fn clear(&self) -> Result<()> {
+        self.conn
+            .delete_prefix("reminder clear runs", self.keys.all_runs())
+            .await?;
         // One prefix delete: atomic, so a racing upsert lands wholly before or after.
         self.conn.delete_prefix("reminder clear", self.keys.all()).await
+    }
+}
+
+impl EtcdReminderTable {
+    /// The run history at `key` and its `mod_revision` (0: none).
+    async fn runs_at(&self, key: &str) -> Result<(Vec<RunRecord>, i64)> {
+        let resp = self.conn.get("reminder read_runs", key, None).await?;
+        match resp.kvs().first() {
+            None => Ok((Vec::new(), 0)),
+            Some(kv) => Ok((
+                serde_json::from_slice(kv.value()).map_err(|e| Error::corrupt(key, e))?,
+                kv.mod_revision(),
+            )),
+        }
     }
 }
 

@@ -48,6 +48,8 @@ use rollcall_core::{
 struct Inner {
     clusters: Mutex<HashMap<String, Cluster>>,
     services: Mutex<HashMap<String, Service>>,
+    /// Reminder run histories per (service, actor, name), newest first.
+    runs: Mutex<HashMap<(String, String, String), std::collections::VecDeque<rollcall_core::RunRecord>>>,
     /// Metrics rows per cluster, keyed by (role, id).
     metrics: Mutex<HashMap<String, MetricsRows>>,
     /// Statistics per cluster.
@@ -66,6 +68,7 @@ impl Default for Inner {
         Inner {
             clusters: Mutex::default(),
             services: Mutex::default(),
+            runs: Mutex::default(),
             metrics: Mutex::default(),
             statistics: Mutex::default(),
             states: Mutex::default(),
@@ -149,6 +152,16 @@ impl MemoryStore {
             history: VecDeque::new(),
         });
         Ok(f(cluster))
+    }
+
+    fn with_runs<R>(
+        &self,
+        f: impl FnOnce(
+            &mut HashMap<(String, String, String), std::collections::VecDeque<rollcall_core::RunRecord>>,
+        ) -> R,
+    ) -> Result<R> {
+        self.check_available()?;
+        Ok(f(&mut lock(&self.inner.runs)))
     }
 
     fn with_service<R>(&self, service_id: &str, f: impl FnOnce(&mut Service) -> R) -> Result<R> {

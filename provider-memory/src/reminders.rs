@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use rollcall_core::KeyLimits;
-use rollcall_core::{actor_hash, Etag, ReminderEntry, ReminderTable, Result, Timestamp};
+use rollcall_core::{actor_hash, Etag, ReminderEntry, ReminderTable, Result, RunRecord, Timestamp};
 
 use crate::MemoryStore;
 
@@ -130,7 +130,42 @@ impl ReminderTable for MemoryReminderTable {
             })
     }
 
+    async fn append_run(&self, actor_id: &str, name: &str, run: &RunRecord, keep: usize) -> Result<()> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
+        rollcall_core::check_run_keep(keep)?;
+        let key = (self.service_id.clone(), actor_id.to_owned(), name.to_owned());
+        self.store.with_runs(|runs| {
+            let h = runs.entry(key).or_default();
+            // A retried append of the newest record adds nothing (as on
+            // every provider).
+            if h.front() != Some(run) {
+                h.push_front(run.clone());
+            }
+            h.truncate(keep);
+        })
+    }
+
+    async fn read_runs(&self, actor_id: &str, name: &str) -> Result<Vec<RunRecord>> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
+        let key = (self.service_id.clone(), actor_id.to_owned(), name.to_owned());
+        self.store.with_runs(|runs| {
+            runs.get(&key)
+                .map(|h| h.iter().cloned().collect())
+                .unwrap_or_default()
+        })
+    }
+
+    async fn remove_runs(&self, actor_id: &str, name: &str) -> Result<()> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
+        let key = (self.service_id.clone(), actor_id.to_owned(), name.to_owned());
+        self.store.with_runs(|runs| {
+            runs.remove(&key);
+        })
+    }
+
     async fn clear(&self) -> Result<()> {
+        self.store
+            .with_runs(|runs| runs.retain(|(service, _, _), _| *service != self.service_id))?;
         self.store.with_service(&self.service_id, |s| s.clear())
     }
 }

@@ -155,6 +155,18 @@ impl ReminderKeys {
     pub(crate) fn row(&self, k: u32, member: &str) -> String {
         format!("{}{member}", self.row_prefix(k))
     }
+    /// The run history of a reminder of shard `k`: a list, newest first.
+    pub(crate) fn runs(&self, k: u32, member: &str) -> String {
+        format!("{}{member}", self.runs_prefix(k))
+    }
+    pub(crate) fn runs_prefix(&self, k: u32) -> String {
+        format!("{}:runs:", self.shard_base(k))
+    }
+    /// The members of shard `k` that have a run history (a set), so that
+    /// `clear` finds them.
+    pub(crate) fn runs_index(&self, k: u32) -> String {
+        format!("{}:runs", self.shard_base(k))
+    }
     /// The lease of shard `k`.
     pub(crate) fn lease(&self, k: u32) -> String {
         format!("{}:lease", self.shard_base(k))

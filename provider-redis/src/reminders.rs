@@ -19,7 +19,8 @@ use std::sync::{Arc, LazyLock};
 use async_trait::async_trait;
 use rollcall_core::KeyLimits;
 use rollcall_core::{
-    actor_hash, hash_shard, Error, Etag, ReminderEntry, ReminderTable, Result, Timestamp, DEFAULT_SHARDS,
+    actor_hash, hash_shard, Error, Etag, ReminderEntry, ReminderTable, Result, RunRecord, Timestamp,
+    DEFAULT_SHARDS,
 };
 use tokio::sync::OnceCell;
 
@@ -35,7 +36,25 @@ static CLEAR: LazyLock<redis::Script> = LazyLock::new(|| {
 local members = redis.call('ZRANGE', KEYS[1], 0, -1)
 for _, m in ipairs(members) do redis.call('DEL', ARGV[1] .. m) end
 redis.call('DEL', KEYS[1])
+local runs = redis.call('SMEMBERS', KEYS[2])
+for _, m in ipairs(runs) do redis.call('DEL', ARGV[2] .. m) end
+redis.call('DEL', KEYS[2])
 return #members
+",
+    )
+});
+
+/// Appends ARGV[1] to the run history KEYS[1] unless it is already its newest
+/// record (a retried append that landed), keeps the newest ARGV[2], and
+/// indexes ARGV[3] in KEYS[2].
+static APPEND_RUN: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+if redis.call('LINDEX', KEYS[1], 0) == ARGV[1] then return 0 end
+redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+redis.call('SADD', KEYS[2], ARGV[3])
+return 1
 ",
     )
 });
@@ -394,6 +413,66 @@ impl ReminderTable for RedisReminderTable {
         .await
     }
 
+    async fn append_run(&self, actor_id: &str, name: &str, run: &RunRecord, keep: usize) -> Result<()> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
+        rollcall_core::check_run_keep(keep)?;
+        let k = hash_shard(actor_hash(actor_id), self.shards().await?);
+        let member = ReminderKeys::member(actor_id, name);
+        let json = serde_json::to_string(run).map_err(|e| Error::backend(format!("encode run: {e}")))?;
+        // One slot (the shard's tag): the push, the trim and the index in one
+        // script.
+        let (key, index) = (self.keys.runs(k, &member), self.keys.runs_index(k));
+        let (key, index, json, member) = (&key, &index, &json, &member);
+        let _: i64 = self
+            .router
+            .run(&self.keys.shard_tag(k), |node: Arc<Node>| async move {
+                node.timed("append_run", async {
+                    let mut con = node.shared().await?;
+                    APPEND_RUN
+                        .key(key)
+                        .key(index)
+                        .arg(json)
+                        .arg(keep)
+                        .arg(member)
+                        .invoke_async(&mut con)
+                        .await
+                        .map_err(|e| backend("append_run", e))
+                })
+                .await
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn read_runs(&self, actor_id: &str, name: &str) -> Result<Vec<RunRecord>> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
+        let k = hash_shard(actor_hash(actor_id), self.shards().await?);
+        let key = self.keys.runs(k, &ReminderKeys::member(actor_id, name));
+        let cmd = redis::cmd("LRANGE").arg(&key).arg(0).arg(-1).clone();
+        let raw: Vec<String> = self
+            .router
+            .query(&self.keys.shard_tag(k), "read_runs", &cmd)
+            .await?;
+        raw.iter()
+            .map(|r| serde_json::from_str(r).map_err(|e| Error::corrupt(&key, e)))
+            .collect()
+    }
+
+    async fn remove_runs(&self, actor_id: &str, name: &str) -> Result<()> {
+        KeyLimits::CORE.check_key(actor_id, name)?;
+        let k = hash_shard(actor_hash(actor_id), self.shards().await?);
+        let member = ReminderKeys::member(actor_id, name);
+        let mut p = redis::pipe();
+        p.atomic()
+            .del(self.keys.runs(k, &member))
+            .ignore()
+            .srem(self.keys.runs_index(k), &member)
+            .ignore();
+        self.router
+            .pipeline_write(&self.keys.shard_tag(k), "remove_runs", &p)
+            .await
+    }
+
     async fn clear(&self) -> Result<()> {
         // One script per shard, so a racing upsert lands wholly before or wholly
         // after the clear of its shard.
@@ -401,7 +480,8 @@ impl ReminderTable for RedisReminderTable {
         for k in 0..shards {
             let tag = self.keys.shard_tag(k);
             let (ring, prefix) = (self.keys.ring(k), self.keys.row_prefix(k));
-            let (ring, prefix) = (&ring, &prefix);
+            let (runs, runs_prefix) = (self.keys.runs_index(k), self.keys.runs_prefix(k));
+            let (ring, prefix, runs, runs_prefix) = (&ring, &prefix, &runs, &runs_prefix);
             let _: i64 = self
                 .router
                 .run(&tag, |node: Arc<Node>| async move {
@@ -409,7 +489,9 @@ impl ReminderTable for RedisReminderTable {
                         let mut con = node.shared().await?;
                         CLEAR
                             .key(ring)
+                            .key(runs)
                             .arg(prefix)
+                            .arg(runs_prefix)
                             .invoke_async(&mut con)
                             .await
                             .map_err(|e| backend("clear", e))

@@ -239,6 +239,23 @@ impl ReminderTable for CountingReminders {
         bump(&self.counts.row_writes);
         self.inner.remove_row(actor_id, name, etag).await
     }
+    async fn append_run(
+        &self,
+        actor_id: &str,
+        name: &str,
+        run: &rollcall_core::RunRecord,
+        keep: usize,
+    ) -> Result<()> {
+        bump(&self.counts.row_writes);
+        self.inner.append_run(actor_id, name, run, keep).await
+    }
+    async fn read_runs(&self, actor_id: &str, name: &str) -> Result<Vec<rollcall_core::RunRecord>> {
+        self.inner.read_runs(actor_id, name).await
+    }
+    async fn remove_runs(&self, actor_id: &str, name: &str) -> Result<()> {
+        bump(&self.counts.row_writes);
+        self.inner.remove_runs(actor_id, name).await
+    }
     async fn update_paused(
         &self,
         actor_id: &str,

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use rand::{Rng, SeedableRng};
-use rollcall_core::{hash_in_range, Error, Etag, PageToken, ReminderEntry, ReminderTable, Timestamp};
+use rollcall_core::{
+    hash_in_range, Error, Etag, PageToken, ReminderEntry, ReminderTable, RunOutcome, RunRecord, Timestamp,
+};
 use tokio::sync::Barrier;
 
 use crate::{unique_id, Store};
@@ -792,6 +794,21 @@ impl ReminderTable for Racing {
     ) -> rollcall_core::Result<bool> {
         self.inner.update_paused(actor_id, name, etag, paused).await
     }
+    async fn append_run(
+        &self,
+        actor_id: &str,
+        name: &str,
+        run: &RunRecord,
+        keep: usize,
+    ) -> rollcall_core::Result<()> {
+        self.inner.append_run(actor_id, name, run, keep).await
+    }
+    async fn read_runs(&self, actor_id: &str, name: &str) -> rollcall_core::Result<Vec<RunRecord>> {
+        self.inner.read_runs(actor_id, name).await
+    }
+    async fn remove_runs(&self, actor_id: &str, name: &str) -> rollcall_core::Result<()> {
+        self.inner.remove_runs(actor_id, name).await
+    }
     async fn clear(&self) -> rollcall_core::Result<()> {
         self.inner.clear().await
     }
@@ -977,4 +994,109 @@ pub async fn paused_keeps_the_etag(store: Store) {
         None
     );
     table.clear().await.expect("cleanup");
+}
+
+fn run(i: u64, outcome: RunOutcome) -> RunRecord {
+    RunRecord {
+        scheduled: Timestamp::from_millis(1_795_000_000_000 + i * 1000),
+        at: Timestamp::from_millis(1_795_000_000_050 + i * 1000),
+        attempts: 1 + (i % 3) as u32,
+        outcome,
+        silo: "127.0.0.1:11111@7".into(),
+        triggered: i % 5 == 0,
+    }
+}
+
+/// A reminder's run history: appends read back newest first, every field and
+/// outcome; only the newest `keep` stay; the history needs no row, outlives
+/// the row's removal and re-registration, and is apart per (actor, name) and
+/// per service; 16 concurrent appends all land; an append that is retried
+/// after it landed adds nothing; `remove_runs` and `clear` remove it; a `keep`
+/// of 0 is a typed error.
+pub async fn run_history_keeps_the_newest(store: Store) {
+    let table = fresh_table(&store).await;
+    let other = fresh_table(&store).await;
+    assert!(table.read_runs("cart/1", "r").await.expect("read").is_empty());
+    let outcomes = [
+        RunOutcome::Ok,
+        RunOutcome::Failed,
+        RunOutcome::GivenUp,
+        RunOutcome::Parked,
+        RunOutcome::Skipped,
+    ];
+    for i in 0..25u64 {
+        table
+            .append_run("cart/1", "r", &run(i, outcomes[(i % 5) as usize]), 20)
+            .await
+            .expect("append");
+    }
+    let runs = table.read_runs("cart/1", "r").await.expect("read");
+    assert_eq!(runs.len(), 20, "only the newest 20");
+    let expected: Vec<RunRecord> = (5..25u64)
+        .rev()
+        .map(|i| run(i, outcomes[(i % 5) as usize]))
+        .collect();
+    assert_eq!(runs, expected, "newest first, every field");
+    // The same record again (a retried append that landed): nothing added.
+    table
+        .append_run("cart/1", "r", &run(24, outcomes[4]), 20)
+        .await
+        .expect("again");
+    assert_eq!(
+        table.read_runs("cart/1", "r").await.expect("read"),
+        expected,
+        "no record twice"
+    );
+    // A smaller keep trims.
+    table
+        .append_run("cart/1", "r", &run(25, RunOutcome::Ok), 3)
+        .await
+        .expect("append");
+    assert_eq!(table.read_runs("cart/1", "r").await.expect("read").len(), 3);
+    // Apart per name, per actor, per service; no row needed.
+    assert!(table.read_runs("cart/1", "s").await.expect("read").is_empty());
+    assert!(table.read_runs("cart/10", "r").await.expect("read").is_empty());
+    assert!(other.read_runs("cart/1", "r").await.expect("read").is_empty());
+    // Concurrent appends all land.
+    let appends = (100..116u64).map(|i| {
+        let table = table.clone();
+        async move {
+            table
+                .append_run("cart/2", "r", &run(i, RunOutcome::Ok), 100)
+                .await
+        }
+    });
+    for r in futures_util::future::join_all(appends).await {
+        r.expect("append");
+    }
+    let mut got: Vec<Timestamp> = table
+        .read_runs("cart/2", "r")
+        .await
+        .expect("read")
+        .iter()
+        .map(|r| r.scheduled)
+        .collect();
+    got.sort();
+    let want: Vec<Timestamp> = (100..116u64).map(|i| run(i, RunOutcome::Ok).scheduled).collect();
+    assert_eq!(got, want, "16 concurrent appends, none lost");
+    // Rows come and go; the history stays, and a range read never shows it.
+    let row = reminder(&*table, "cart/1", "r", Some(Duration::from_secs(60)));
+    let e = table.upsert_row(&row).await.expect("upsert");
+    assert_eq!(table.read_rows_in_range(0, 0).await.expect("range").len(), 1);
+    assert_eq!(table.read_page("", None, 100).await.expect("page").rows.len(), 1);
+    assert!(table.remove_row("cart/1", "r", &e).await.expect("remove"));
+    assert_eq!(table.read_runs("cart/1", "r").await.expect("read").len(), 3);
+    table.remove_runs("cart/1", "r").await.expect("remove runs");
+    table.remove_runs("cart/1", "r").await.expect("idempotent");
+    assert!(table.read_runs("cart/1", "r").await.expect("read").is_empty());
+    assert!(matches!(
+        table.append_run("cart/1", "r", &run(0, RunOutcome::Ok), 0).await,
+        Err(Error::InvalidInput { .. })
+    ));
+    table.clear().await.expect("clear");
+    assert!(
+        table.read_runs("cart/2", "r").await.expect("read").is_empty(),
+        "clear takes histories"
+    );
+    other.clear().await.expect("cleanup");
 }
