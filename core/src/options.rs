@@ -388,6 +388,11 @@ pub struct ReminderOptions {
     /// Durable Jobs in Orleans 10 caps its concurrency per silo the same way.
     /// Default 1,024; must be in 1..=65,536.
     pub max_deliveries: usize,
+    /// Records each scheduled reminder's run history keeps (the newest; one
+    /// per occurrence and per trigger: `Reminders::history`); 0 keeps none.
+    /// Appended in the background, best effort, one store write per
+    /// occurrence. Default 20; at most 1,000.
+    pub run_history: usize,
 }
 
 impl Default for ReminderOptions {
@@ -407,6 +412,7 @@ impl Default for ReminderOptions {
             lease_fencing: true,
             lease_poll: Duration::from_secs(1),
             max_deliveries: 1024,
+            run_history: 20,
         }
     }
 }
@@ -436,6 +442,9 @@ impl ReminderOptions {
         }
         if !(1..=65_536).contains(&self.max_deliveries) {
             return Err(Error::invalid_config("max_deliveries", "must be in 1..=65536"));
+        }
+        if self.run_history > crate::MAX_RUN_HISTORY {
+            return Err(Error::invalid_config("run_history", "must be in 0..=1000"));
         }
         if self.loading_window < self.refresh_reminder_list_period {
             return Err(Error::invalid_config(

@@ -166,7 +166,8 @@ pub struct Removed {
 
 /// Removes every row of `table` whose actor id starts with `prefix`, page by
 /// page ([`read_page`], `page_size` rows), each row with its own conditional
-/// [`ReminderTable::remove_row`] on the etag its page read, at most
+/// [`ReminderTable::remove_row`] on the etag its page read (then its run
+/// history, [`ReminderTable::remove_runs`]), at most
 /// `concurrency` (1..) at a time; each store call bounded by `call_timeout`.
 /// No transaction spans more than one row, so a delete of any size holds no
 /// large lock and a crash leaves only rows that a second run removes: it is
@@ -209,6 +210,17 @@ pub async fn remove_prefix(
                     timed_out("removing a row"),
                 )
                 .await;
+                // Its run history goes with it (a re-run removes it again).
+                let removed = match removed {
+                    Ok(true) => crate::bounded(
+                        call_timeout,
+                        table.remove_runs(&row.actor_id, &row.name),
+                        timed_out("removing a run history"),
+                    )
+                    .await
+                    .map(|()| true),
+                    other => other,
+                };
                 (row, removed)
             })
             .buffer_unordered(concurrency.max(1));

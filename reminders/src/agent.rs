@@ -278,6 +278,18 @@ impl ReminderAgent {
                 let call = async move { bounded(timeout, apply_write(&*table, parked.as_deref(), &w)).await };
                 self.answer(ctx, call, move |result| Event::Written { write, result });
             }
+            Action::AppendRun(w) => {
+                let keep = self.options.run_history;
+                let call = async move {
+                    bounded(timeout, table.append_run(&w.actor, &w.name, &w.record, keep)).await
+                };
+                self.answer(ctx, call, move |result: Result<(), ReminderError>| {
+                    if let Err(e) = &result {
+                        tracing::debug!(error = %e, "a run-history record was not appended");
+                    }
+                    Event::RunAppended { ok: result.is_ok() }
+                });
+            }
             Action::ReadLease(shard) => {
                 let call = async move { bounded(timeout, leases.read(shard)).await.map_err(text) };
                 self.answer(ctx, call, move |result| {

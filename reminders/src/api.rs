@@ -490,6 +490,9 @@ pub struct ReminderStats {
     pub notices: u64,
     /// Writes of `last_fired` or one-shot removals that failed and were retried.
     pub write_failures: u64,
+    /// Run-history records dropped: the append failed, or the queue of
+    /// waiting records was full.
+    pub runs_dropped: u64,
 }
 
 #[derive(Debug, Default)]
@@ -506,6 +509,7 @@ pub(crate) struct Counters {
     pub load_failures: AtomicU64,
     pub notices: AtomicU64,
     pub write_failures: AtomicU64,
+    pub runs_dropped: AtomicU64,
 }
 
 impl Counters {
@@ -528,6 +532,7 @@ impl Counters {
             load_failures: g(&self.load_failures),
             notices: g(&self.notices),
             write_failures: g(&self.write_failures),
+            runs_dropped: g(&self.runs_dropped),
         }
     }
 }

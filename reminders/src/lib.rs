@@ -50,7 +50,7 @@ pub use machine::{
 };
 pub use rollcall_core::{
     MissedTickPolicy, PageToken, ReminderEntry, ReminderOptions, ReminderTable, Removed, RetryPolicy,
-    MAX_REMINDER_PAYLOAD,
+    RunOutcome, RunRecord, MAX_REMINDER_PAYLOAD,
 };
 pub use schedule::{Calendar, ScheduleError};
 #[cfg(feature = "runtime")]

@@ -7,8 +7,8 @@ use std::time::Duration;
 use actix::{Actor, Addr};
 use rand::SeedableRng;
 use rollcall_core::{
-    Clock, PageToken, ReminderEntry, ReminderOptions, ReminderTable, Removed, ShardLeases, SiloAddress,
-    SiloHandle, SystemClock, SystemStore, Timestamp, MAX_REMINDER_PAYLOAD,
+    Clock, PageToken, ReminderEntry, ReminderOptions, ReminderTable, Removed, RunRecord, ShardLeases,
+    SiloAddress, SiloHandle, SystemClock, SystemStore, Timestamp, MAX_REMINDER_PAYLOAD,
 };
 use tokio::sync::oneshot;
 
@@ -476,6 +476,7 @@ impl Reminders {
         let removed = bounded(t, self.inner.table.remove_row(&actor, &handle.name, &handle.etag)).await?;
         if removed {
             self.notify_owner(&actor, &handle.name);
+            bounded(t, self.inner.table.remove_runs(&actor, &handle.name)).await?;
             return Ok(());
         }
         match bounded(t, self.inner.table.read_row(&actor, &handle.name)).await? {
@@ -485,6 +486,24 @@ impl Reminders {
                 name: handle.name.clone(),
             }),
         }
+    }
+
+    /// The run history of the reminder `name` of `actor`, newest first: one
+    /// record per occurrence (delivered, failed, given up, parked, or skipped
+    /// by an overrunning handler) and per trigger, with when, where and how
+    /// many attempts, the newest `run_history` (option, default 20) of them.
+    /// Kept for scheduled (periodic and calendar) reminders and triggers,
+    /// not for plain one-shots; written in the background by the silo that
+    /// handled the occurrence, so the newest may be missing for a moment (or
+    /// for good, if that silo crashed first, or `runs_dropped` counted it).
+    /// Survives the silos and re-registration; removed by `unregister` and
+    /// the bulk deletes.
+    ///
+    /// # Errors
+    /// [`ReminderError::Table`] or [`ReminderError::Timeout`].
+    pub async fn history(&self, actor: &ActorId, name: &str) -> Result<Vec<RunRecord>, ReminderError> {
+        let t = self.inner.options.table_operation_timeout;
+        bounded(t, self.inner.table.read_runs(&actor.to_string(), name)).await
     }
 
     /// Pauses the reminder `name` of `actor`: no silo delivers its ticks (a

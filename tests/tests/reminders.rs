@@ -1430,6 +1430,43 @@ fn r17_retry_policies_bound_attempts_then_drop_and_go_on() {
         // occurrence in the parked table, with the payload; nobody delivers it.
         assert_eq!(of(5).len(), 4, "1 retry for each of 2 occurrences");
         assert_eq!(stats.ticks_parked, 2, "every parked occurrence is counted");
+        // Each outcome is in the reminder's run history (written in the
+        // background: wait for it), with its attempts; a one-shot keeps none.
+        use rollcall_reminders::RunOutcome;
+        let history = |a: usize, name: &'static str| {
+            let svc = svc.clone();
+            async move { svc.history(&actor(a), name).await.expect("history") }
+        };
+        let mut waited = Duration::ZERO;
+        while history(1, "bounded").await.len() < 2 || history(5, "parked").await.len() < 2 {
+            assert!(waited < MINUTE, "histories: {:?}", history(1, "bounded").await);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            waited += Duration::from_secs(1);
+        }
+        let failed = history(1, "bounded").await;
+        assert!(
+            failed
+                .iter()
+                .all(|r| r.outcome == RunOutcome::Failed && r.attempts == 3 && !r.triggered),
+            "{failed:?}"
+        );
+        assert!(failed[0].scheduled > failed[1].scheduled, "newest first");
+        assert_eq!(failed[0].silo, silo.address().to_string());
+        let parked_runs = history(5, "parked").await;
+        assert!(
+            parked_runs
+                .iter()
+                .all(|r| r.outcome == RunOutcome::Parked && r.attempts == 2),
+            "{parked_runs:?}"
+        );
+        assert!(history(3, "once").await.is_empty(), "a one-shot keeps no history");
+        let given_up = history(4, "default").await;
+        assert!(
+            given_up
+                .iter()
+                .any(|r| r.outcome == RunOutcome::GivenUp && r.attempts > 3),
+            "{given_up:?}"
+        );
         use rollcall_core::SystemStore as _;
         let parked = sim
             .store
@@ -1734,5 +1771,75 @@ fn r19_pause_resume_and_trigger_hold_through_a_leave_a_join_and_a_crash() {
                 .collect();
             assert!(left.is_empty(), "{left:?}");
         }
+    });
+}
+
+/// Issue 58 item 2 on a cluster in virtual time: a reminder's run history
+/// keeps the newest `run_history` records, newest first, written by whichever
+/// silo delivered: it survives the crash of the holder (records of both the
+/// victim and its successor), and shows a trigger as a triggered record.
+#[test]
+fn r20_run_history_survives_the_holder_and_keeps_the_newest() {
+    run_virtual(|| async {
+        let options = ReminderOptions {
+            run_history: 5,
+            ..ReminderOptions::default()
+        };
+        let mut c = ReminderCluster::new(options);
+        c.start_many(3).await;
+        let a = actor(0);
+        c.services[1]
+            .register_or_update(&a, "r", Duration::from_secs(5), MINUTE)
+            .await
+            .expect("register");
+        tokio::time::sleep(3 * MINUTE).await;
+        let holder = c.ticks().last().expect("a tick").silo;
+        c.services[1].trigger(&a, "r").await.expect("trigger");
+        let mut waited = Duration::ZERO;
+        while !c.services[2]
+            .history(&a, "r")
+            .await
+            .expect("history")
+            .iter()
+            .any(|r| r.triggered)
+        {
+            assert!(waited < MINUTE, "the trigger's record");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            waited += Duration::from_secs(1);
+        }
+        let victim = c
+            .sim
+            .silos
+            .iter()
+            .position(|s| s.address() == holder)
+            .expect("holder");
+        c.sim.kill_and_await_dead(victim, 2 * detection_bound()).await;
+        tokio::time::sleep(4 * MINUTE).await;
+        let survivor = c
+            .services
+            .iter()
+            .enumerate()
+            .find(|(i, _)| *i != victim)
+            .expect("a survivor")
+            .1;
+        let runs = survivor.history(&a, "r").await.expect("history");
+        assert_eq!(runs.len(), 5, "the newest 5: {runs:?}");
+        assert!(
+            runs.windows(2).all(|w| w[0].at >= w[1].at),
+            "newest first: {runs:?}"
+        );
+        assert!(runs
+            .iter()
+            .all(|r| r.outcome == rollcall_reminders::RunOutcome::Ok));
+        let silos: BTreeSet<&str> = runs.iter().map(|r| r.silo.as_str()).collect();
+        assert!(
+            silos.len() >= 2 && silos.contains(holder.to_string().as_str()),
+            "{runs:?}"
+        );
+        assert_eq!(runs.iter().filter(|r| r.triggered).count(), 1, "{runs:?}");
+        // Unregister takes the history with the row.
+        let h = survivor.get(&a, "r").await.expect("get").expect("row");
+        survivor.unregister(&h).await.expect("unregister");
+        assert!(survivor.history(&a, "r").await.expect("history").is_empty());
     });
 }

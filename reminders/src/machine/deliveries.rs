@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use rand::Rng;
-use rollcall_core::{hash_shard, Etag, MissedTickPolicy, ReminderEntry, Timestamp};
+use rollcall_core::{hash_shard, Etag, MissedTickPolicy, ReminderEntry, RunOutcome, Timestamp};
 use smol_str::SmolStr;
 
 use super::{backoff, Action, Key, ReminderMachine, Timer};
@@ -245,6 +245,8 @@ impl ReminderMachine {
                 }
                 self.out.push(Action::TickDelivered { lateness });
                 if current {
+                    let attempts = self.queue.get(&key).map_or(1, |s| u32::from(s.attempts) + 1);
+                    self.record_run(&key, scheduled, attempts, RunOutcome::Ok);
                     self.advance(&key, &etag, scheduled);
                     self.pump_writes();
                 }
@@ -288,7 +290,17 @@ impl ReminderMachine {
                 self.writes.unfire(key);
                 self.writes.remove(key, etag);
             }
-            AfterAttempt::Next(next) => self.queue.requeue(key, next),
+            AfterAttempt::Next(next) => {
+                // A handler that overran occurrences: the first it skipped.
+                let skipped = slot
+                    .timing()
+                    .after(scheduled)
+                    .filter(|first| *first < next.scheduled);
+                self.queue.requeue(key, next);
+                if let Some(first) = skipped {
+                    self.record_run(key, first, 0, RunOutcome::Skipped);
+                }
+            }
             AfterAttempt::Retry(_) | AfterAttempt::GiveUp(_) => {}
         }
     }
@@ -328,6 +340,11 @@ impl ReminderMachine {
                 let name = row.name.clone();
                 (name, self.writes.park(row))
             });
+            let outcome = match parked {
+                Some((_, true)) => RunOutcome::Parked,
+                _ => RunOutcome::Failed,
+            };
+            self.record_run(key, scheduled, u32::from(attempts), outcome);
             match parked {
                 Some((parked_as, true)) => {
                     Counters::bump(&self.counters.ticks_parked);
@@ -355,11 +372,13 @@ impl ReminderMachine {
         let retry = now.saturating_add(delay);
         match after_attempt(&slot.timing(), scheduled, now, false, slot.catch_up_to, retry) {
             AfterAttempt::GiveUp(next) => {
+                let attempts = u32::from(slot.attempts);
                 Counters::bump(&self.counters.ticks_given_up);
                 tracing::error!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,
                     attempts = slot.attempts, "reminder tick not delivered before the next one was due; moving on");
                 slot.attempts = 0;
                 self.queue.requeue(key, next);
+                self.record_run(key, scheduled, attempts, RunOutcome::GivenUp);
             }
             plan => {
                 tracing::warn!(actor = %key.actor(), name = %key.name(), scheduled = %scheduled, error = %why,

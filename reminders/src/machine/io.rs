@@ -112,6 +112,11 @@ pub enum Event {
         /// Its result.
         result: Result<(), ReminderError>,
     },
+    /// The end of [`Action::AppendRun`]: whether the record was appended.
+    RunAppended {
+        /// `false`: the append failed or timed out (the record is dropped).
+        ok: bool,
+    },
     /// The answer to a call of the shard leases: [`Action::ReadLease`]
     /// ([`ShardEvent::Read`]), [`Action::WriteLease`] ([`ShardEvent::Written`]),
     /// [`Action::ReadSilo`] ([`ShardEvent::SiloRead`]) or
@@ -153,6 +158,9 @@ pub enum Action {
     },
     /// A table write, bounded; answer with [`Event::Written`].
     Write(Write),
+    /// Append a record to a reminder's run history (`append_run`, keeping the
+    /// options' `run_history`), bounded; answer with [`Event::RunAppended`].
+    AppendRun(super::RunWrite),
     /// Read a shard's lease, bounded; answer with [`Event::Shard`].
     ReadLease(u32),
     /// Compare-and-set a shard's lease over its `etag`, bounded; answer with

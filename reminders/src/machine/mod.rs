@@ -31,6 +31,7 @@
 //! | notice reads in flight | [`MAX_NOTICE_READS`] (beyond: a refresh of the shard) |
 //! | queued notices | [`NOTICE_QUEUE`] (beyond: dropped; the refresh covers them), taken [`NOTICE_BATCH`] per event |
 //! | pending `last_fired` writes and one-shot removals | one per reminder, [`MAX_WRITES`] in flight |
+//! | run-history records | [`RUN_QUEUE`] waiting (beyond: the oldest dropped), [`MAX_RUN_WRITES`] appends in flight |
 //! | lease calls | [`MAX_LEASE_CALLS`] in flight, the rest queued in order; at most one per shard ([`crate::shards`], rule 6) |
 //! | retries | backoff timers (full jitter, at most [`MAX_BACKOFF`]; loads at most [`MAX_LOAD_BACKOFF`]), never a loop |
 
@@ -39,6 +40,7 @@ mod io;
 mod lease_calls;
 mod loads;
 mod notices;
+mod runs;
 mod wire;
 mod writes;
 
@@ -64,6 +66,8 @@ pub use loads::{LoadId, LOAD_PIECE_ROWS, MAX_LOADS, MAX_LOAD_BACKOFF};
 use loads::{LoadKind, Loads};
 use notices::NoticeReads;
 pub use notices::{MAX_NOTICE_READS, NOTICE_BATCH, NOTICE_QUEUE};
+use runs::Runs;
+pub use runs::{RunWrite, MAX_RUN_WRITES, RUN_QUEUE};
 pub use wire::{
     notice_target, release_topic, topic, ChangedNotice, NoticeRetry, ReleaseHint, ShardNotice,
     NOTICE_ATTEMPTS, NOTICE_RETRY,
@@ -111,6 +115,7 @@ pub struct ReminderMachine {
     loads: Loads,
     notices: NoticeReads,
     writes: WriteQueue,
+    runs: Runs,
     lease_calls: LeaseCalls<Action>,
     /// Deliveries in flight.
     deliveries: usize,
@@ -156,6 +161,7 @@ impl ReminderMachine {
             loads: Loads::default(),
             notices: NoticeReads::default(),
             writes: WriteQueue::default(),
+            runs: Runs::default(),
             lease_calls: LeaseCalls::default(),
             deliveries: 0,
             in_flight: BTreeMap::new(),
@@ -255,6 +261,7 @@ impl ReminderMachine {
                 result,
             } => self.delivered(key, etag, scheduled, result),
             Event::Written { write, result } => self.written(write, result),
+            Event::RunAppended { ok } => self.run_appended(ok),
             Event::Shard(answer) => {
                 if matches!(answer, ShardEvent::Read { .. } | ShardEvent::Written { .. }) {
                     self.lease_calls.answered();
