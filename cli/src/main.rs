@@ -131,7 +131,9 @@ enum Command {
     /// With `--kind` or `--prefix` (or `--after`), one page of `--limit` reminders of
     /// that actor kind or id prefix, and the `--after` token of the next page.
     /// `reminders pause|resume|trigger ACTOR NAME` operates one reminder in the
-    /// store and tells the silo holding its shard (as a silo's `Reminders` would).
+    /// store and tells the silo holding its shard (as a silo's `Reminders` would);
+    /// `reminders history ACTOR NAME` prints its last runs (when, how late, attempts,
+    /// outcome, silo).
     /// `reminders delete --kind K` (or `--prefix P`) removes them all, row by row
     /// (safe to run again); running silos stop their ticks at their next refresh
     /// (`Reminders::delete_kind` from a silo tells them at once).
@@ -140,13 +142,13 @@ enum Command {
     /// before any is written. Running silos load imported rows at their next
     /// refresh (`refresh_reminder_list_period`).
     Reminders {
-        /// `list` (the default), `export`, `import`, `delete`, `pause`, `resume`
-        /// or `trigger`.
+        /// `list` (the default), `export`, `import`, `delete`, `pause`, `resume`,
+        /// `trigger` or `history`.
         #[arg(value_enum, default_value = "list")]
         action: RemindersAction,
-        /// `pause`, `resume`, `trigger`: the actor (`kind/key`).
+        /// `pause`, `resume`, `trigger`, `history`: the actor (`kind/key`).
         actor: Option<String>,
-        /// `pause`, `resume`, `trigger`: the reminder's name.
+        /// `pause`, `resume`, `trigger`, `history`: the reminder's name.
         reminder: Option<String>,
         /// `pause`, `resume`, `trigger`: the file of the cluster's shared secret,
         /// if its silos use one (to reach the holder of the reminder's shard).
@@ -205,6 +207,8 @@ enum RemindersAction {
     Resume,
     /// Deliver one extra tick of a reminder now.
     Trigger,
+    /// Print a reminder's run history, newest first.
+    History,
 }
 
 /// The actor-id prefix of `--kind` or `--prefix`.
@@ -463,6 +467,23 @@ fn main() -> anyhow::Result<()> {
                 Err(e) => format!("the holder was not told ({e}): its next refresh applies it"),
             };
             println!("{done}; {how}");
+            Ok(())
+        }),
+        Command::Reminders {
+            action: RemindersAction::History,
+            store,
+            service,
+            actor,
+            reminder,
+            ..
+        } => actix::System::new().block_on(async move {
+            let (Some(actor), Some(name)) = (actor, reminder) else {
+                anyhow::bail!("`reminders history` needs ACTOR and NAME, e.g. `cart/42 expire`");
+            };
+            rollcall::reminders::ActorId::parse(&actor)?;
+            let store = rollcall::connect(&store).await?;
+            let runs = store.reminder_table(&service)?.read_runs(&actor, &name).await?;
+            print!("{}", view::runs(&actor, &name, &runs));
             Ok(())
         }),
         Command::Reminders {

@@ -452,6 +452,37 @@ fn redis_reminders_pause_resume_and_trigger_one_reminder() {
     assert!(ok && out.starts_with("resumed cart/1 expire"), "{out}{err}");
     assert_eq!((read().paused, read().etag), (None, etag));
 
+    // `history` prints the runs newest first, with lateness and outcome.
+    for (i, outcome) in [rollcall::RunOutcome::Ok, rollcall::RunOutcome::Parked]
+        .into_iter()
+        .enumerate()
+    {
+        let record = rollcall::RunRecord {
+            scheduled: Timestamp::from_millis(1_795_000_000_000 + i as u64 * 90_000),
+            at: Timestamp::from_millis(1_795_000_000_250 + i as u64 * 90_000),
+            attempts: 1 + i as u32,
+            outcome,
+            silo: "127.0.0.1:4100@7".into(),
+            triggered: false,
+        };
+        rt.block_on(table.append_run("cart/1", "expire", &record, 20))
+            .unwrap();
+    }
+    let (ok, out, err) = run(&["history", "cart/1", "expire"]);
+    assert!(ok, "{out}{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0], "reminder expire of cart/1: 2 runs, newest first",
+        "{out}"
+    );
+    assert!(
+        lines[2].contains("parked") && lines[2].contains("250ms") && lines[2].contains("127.0.0.1:4100@7"),
+        "{out}"
+    );
+    assert!(
+        lines[3].contains(" ok") && lines[3].contains("2026-11-18T"),
+        "{out}"
+    );
     let (ok, _, err) = run(&["pause", "cart/2", "expire"]);
     assert!(!ok && err.contains("no reminder `expire` of cart/2"), "{err}");
     let (ok, _, err) = run(&["pause", "nokind", "expire"]);
