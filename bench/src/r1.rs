@@ -34,6 +34,11 @@ pub struct Args {
     /// Seconds of ticks measured.
     #[arg(long, default_value_t = 10.0)]
     seconds: f64,
+    /// Records each reminder's run history keeps (`run_history`; 0: none).
+    /// Each delivered tick appends one: its write cost is this row against
+    /// a run with 0.
+    #[arg(long, default_value_t = 20)]
+    run_history: usize,
     /// The reports to add the R1 section and the `r1` key to.
     #[command(flatten)]
     pub reports: crate::Reports,
@@ -67,6 +72,8 @@ pub struct Row {
     rss_bytes_per_reminder: f64,
     /// Seconds from the service start to every reminder loaded.
     load_seconds: f64,
+    /// Records each reminder's run history kept (`run_history`).
+    run_history: usize,
 }
 
 struct Counter {
@@ -179,6 +186,7 @@ async fn measure(provider: &str, n: usize, args: &Args) -> anyhow::Result<Row> {
         loading_window: Duration::from_secs(3600),
         startup_jitter: Duration::ZERO,
         table_operation_timeout: Duration::from_secs(60),
+        run_history: args.run_history,
         ..ReminderOptions::default()
     };
     let lateness = Arc::new(Mutex::new(Histogram::<u64>::new(3)?));
@@ -324,6 +332,7 @@ async fn measure(provider: &str, n: usize, args: &Args) -> anyhow::Result<Row> {
         heap_bytes_per_reminder: heap_per_reminder,
         rss_bytes_per_reminder: rss_per_reminder,
         load_seconds,
+        run_history: args.run_history,
     })
 }
 
@@ -360,8 +369,9 @@ fn section(rows: &[Row], args: &Args) -> String {
          allocator, each block at glibc's size for it) from before the service started to every \
          reminder scheduled, over the count (memory: minus the table's own copy of the rows, \
          which is what clearing the reference rows frees); RSS growth over the same span is shown \
-         too (it keeps freed pages and transient peaks).\n",
-        args.concurrency, args.rate, args.rate, args.seconds
+         too (it keeps freed pages and transient peaks). Run histories keep {} records (one \
+         append per delivered tick).\n",
+        args.concurrency, args.rate, args.rate, args.seconds, args.run_history
     );
     let _ = writeln!(
         md,
