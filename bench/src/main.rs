@@ -82,6 +82,9 @@ enum Cmd {
         store: String,
         #[arg(long)]
         cluster: String,
+        /// `run_history` of its reminder service.
+        #[arg(long, default_value_t = 20)]
+        run_history: usize,
     },
     /// S1: actor state writes and reads (1 KiB to 16 MiB) next to the backend's
     /// raw conditional write of the same bytes; adds its section to the reports.
@@ -240,9 +243,13 @@ fn main() -> anyhow::Result<()> {
             drop(rt);
             r5::run(args)
         }
-        Cmd::R5Silo { store, cluster } => {
+        Cmd::R5Silo {
+            store,
+            cluster,
+            run_history,
+        } => {
             drop(rt);
-            r5::silo(&store, &cluster)
+            r5::silo(&store, &cluster, run_history)
         }
         Cmd::S1(args) => {
             drop(rt);

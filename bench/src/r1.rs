@@ -74,6 +74,10 @@ pub struct Row {
     load_seconds: f64,
     /// Records each reminder's run history kept (`run_history`).
     run_history: usize,
+    /// Run-history records dropped (`ReminderStats::runs_dropped`).
+    runs_dropped: u64,
+    /// Records in `cart/0`'s history at the end.
+    history_sample: usize,
 }
 
 struct Counter {
@@ -295,6 +299,10 @@ async fn measure(provider: &str, n: usize, args: &Args) -> anyhow::Result<Row> {
     tokio::time::sleep(Duration::from_secs_f64(args.seconds) + Duration::from_millis(500)).await;
     let delivered = window.lock().expect("window").2;
     let h = lateness.lock().expect("hist").clone();
+    // The appends landed: records dropped, and one reminder's history.
+    let runs_dropped = service.stats().runs_dropped;
+    let sample = ActorId::new("cart", "0")?;
+    let history_sample = service.history(&sample, "tick").await.map_or(0, |r| r.len());
     silo.kill();
 
     // Reference: bare tokio timers at the same rate on the same runtime.
@@ -333,6 +341,8 @@ async fn measure(provider: &str, n: usize, args: &Args) -> anyhow::Result<Row> {
         rss_bytes_per_reminder: rss_per_reminder,
         load_seconds,
         run_history: args.run_history,
+        runs_dropped,
+        history_sample,
     })
 }
 

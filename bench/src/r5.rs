@@ -57,6 +57,10 @@ pub struct Args {
     /// masters).
     #[arg(long, default_value = "redis,redis-cluster", value_delimiter = ',')]
     providers: Vec<String>,
+    /// Records each reminder's run history keeps in the silo processes
+    /// (`run_history`; 0: none): one append per delivered tick.
+    #[arg(long, default_value_t = 20)]
+    run_history: usize,
     /// The reports to add the R5 section and the `r5` key to.
     #[command(flatten)]
     pub reports: crate::Reports,
@@ -112,7 +116,7 @@ impl Handler<ReminderTick> for Sink {
 /// - `stats`: answers `stats TICKS P50_US P99_US MAX_US` since the last reset,
 ///   then the service's `SCHEDULED LOADS NOTICES` counters.
 /// - `quit`: leaves the cluster gracefully and exits.
-pub fn silo(store: &str, cluster: &str) -> anyhow::Result<()> {
+pub fn silo(store: &str, cluster: &str, run_history: usize) -> anyhow::Result<()> {
     // `RUST_LOG` reaches the silo processes' stderr.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -130,6 +134,7 @@ pub fn silo(store: &str, cluster: &str) -> anyhow::Result<()> {
                 allow_period_below_minimum: true,
                 startup_jitter: Duration::ZERO,
                 table_operation_timeout: Duration::from_secs(60),
+                run_history,
                 ..ReminderOptions::default()
             })
             .start()
@@ -195,6 +200,9 @@ pub fn silo(store: &str, cluster: &str) -> anyhow::Result<()> {
     })
 }
 
+/// The `--run-history` of the silo processes this run starts.
+static RUN_HISTORY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(20);
+
 /// A bench child process (`rollcall-bench r5-silo`, `r4-silos`): commands on its
 /// stdin, one answer line each on its stdout; killed when dropped.
 pub(crate) struct Process {
@@ -205,7 +213,17 @@ pub(crate) struct Process {
 
 impl Process {
     async fn start(url: &str, cluster: &str) -> anyhow::Result<Process> {
-        Process::spawn(&["r5-silo", "--store", url, "--cluster", cluster]).await
+        let history = RUN_HISTORY.load(std::sync::atomic::Ordering::Relaxed).to_string();
+        Process::spawn(&[
+            "r5-silo",
+            "--store",
+            url,
+            "--cluster",
+            cluster,
+            "--run-history",
+            &history,
+        ])
+        .await
     }
 
     /// Starts `rollcall-bench ARGS` and waits (at most 600 s) for its `ready`.
@@ -389,6 +407,7 @@ async fn raw_sets_on(
 
 /// Runs R5 and adds its section to the reports.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    RUN_HISTORY.store(args.run_history, std::sync::atomic::Ordering::Relaxed);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let mut report = Vec::new();
     for provider in &args.providers {
@@ -501,8 +520,15 @@ fn render(args: &Args, reports: &[Report]) -> String {
     let scheduled = reports.first().map_or(0, |r| r.scheduled_ticks_per_s);
     let _ = writeln!(
         s,
-        "{} silo processes (`rollcall-bench r5-silo`, default options, 1,024 shards) on one Redis, then on a 3-master Redis Cluster, all on this machine (2 cores, shared by everything). Creations: each process registers a third of {} periodic reminders through `Reminders::register`, {} tasks each; the reference is plain `SET`s of a row-sized value from {} tasks in the same run (on the cluster: to every master at once, keys tagged with a slot each serves). Ticks: the periods make the cluster owe {} ticks/s; lateness is `now - scheduled` at the actor, over {} s (p50 and p99 are the worst process's). Burst: {} one-shot reminders due at one instant, in fresh processes. Dapr's figures (dapr/proposals 44): 4,000 creations/s, about 4,582 triggers/s on 3 scheduler replicas.\n",
-        args.silos, args.count, args.concurrency, args.silos * args.concurrency, scheduled, args.seconds, args.burst
+        "{} silo processes (`rollcall-bench r5-silo`, default options, 1,024 shards) on one Redis, then on a 3-master Redis Cluster, all on this machine (2 cores, shared by everything). Creations: each process registers a third of {} periodic reminders through `Reminders::register`, {} tasks each; the reference is plain `SET`s of a row-sized value from {} tasks in the same run (on the cluster: to every master at once, keys tagged with a slot each serves). Ticks: the periods make the cluster owe {} ticks/s; lateness is `now - scheduled` at the actor, over {} s (p50 and p99 are the worst process's). Burst: {} one-shot reminders due at one instant, in fresh processes. Run histories keep {} records (one append per delivered periodic tick). Dapr's figures (dapr/proposals 44): 4,000 creations/s, about 4,582 triggers/s on 3 scheduler replicas.\n",
+        args.silos,
+        args.count,
+        args.concurrency,
+        args.silos * args.concurrency,
+        scheduled,
+        args.seconds,
+        args.burst,
+        args.run_history
     );
     let _ = writeln!(
         s,
