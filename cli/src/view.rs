@@ -592,6 +592,59 @@ pub(crate) fn statistics(cluster: &str, level: AggLevel, records: &[StatRecord],
     out
 }
 
+/// A reminder's run history as a table, newest first: occurrence, when it
+/// ended, how late, attempts, outcome (`+trigger` for a trigger), silo.
+pub(crate) fn runs(actor: &str, name: &str, runs: &[rollcall::RunRecord]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "reminder {name} of {actor}: {} runs, newest first",
+        runs.len()
+    );
+    let header = ["scheduled", "ended", "late", "attempts", "outcome", "silo"];
+    let cells: Vec<[String; 6]> = runs
+        .iter()
+        .map(|r| {
+            let late = r.at.saturating_duration_since(r.scheduled);
+            [
+                r.scheduled.to_string(),
+                r.at.to_string(),
+                humantime::format_duration(std::time::Duration::from_millis(late.as_millis() as u64))
+                    .to_string(),
+                r.attempts.to_string(),
+                format!(
+                    "{}{}",
+                    r.outcome.as_str(),
+                    if r.triggered { " (trigger)" } else { "" }
+                ),
+                r.silo.clone(),
+            ]
+        })
+        .collect();
+    let widths: Vec<usize> = (0..6)
+        .map(|i| {
+            cells
+                .iter()
+                .map(|c| c[i].len())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cols: [&str; 6]| {
+        let mut l = String::new();
+        for (i, c) in cols.iter().enumerate() {
+            let _ = write!(l, "{c:<w$}  ", w = widths[i]);
+        }
+        l.trim_end().to_owned()
+    };
+    let _ = writeln!(out, "{}", line(header));
+    for c in &cells {
+        let _ = writeln!(out, "{}", line([&c[0], &c[1], &c[2], &c[3], &c[4], &c[5]]));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use rollcall::{
@@ -748,57 +801,4 @@ mod tests {
             "only the live silo beyond the bound"
         );
     }
-}
-
-/// A reminder's run history as a table, newest first: occurrence, when it
-/// ended, how late, attempts, outcome (`+trigger` for a trigger), silo.
-pub(crate) fn runs(actor: &str, name: &str, runs: &[rollcall::RunRecord]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "reminder {name} of {actor}: {} runs, newest first",
-        runs.len()
-    );
-    let header = ["scheduled", "ended", "late", "attempts", "outcome", "silo"];
-    let cells: Vec<[String; 6]> = runs
-        .iter()
-        .map(|r| {
-            let late = r.at.saturating_duration_since(r.scheduled);
-            [
-                r.scheduled.to_string(),
-                r.at.to_string(),
-                humantime::format_duration(std::time::Duration::from_millis(late.as_millis() as u64))
-                    .to_string(),
-                r.attempts.to_string(),
-                format!(
-                    "{}{}",
-                    r.outcome.as_str(),
-                    if r.triggered { " (trigger)" } else { "" }
-                ),
-                r.silo.clone(),
-            ]
-        })
-        .collect();
-    let widths: Vec<usize> = (0..6)
-        .map(|i| {
-            cells
-                .iter()
-                .map(|c| c[i].len())
-                .chain([header[i].len()])
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let line = |cols: [&str; 6]| {
-        let mut l = String::new();
-        for (i, c) in cols.iter().enumerate() {
-            let _ = write!(l, "{c:<w$}  ", w = widths[i]);
-        }
-        l.trim_end().to_owned()
-    };
-    let _ = writeln!(out, "{}", line(header));
-    for c in &cells {
-        let _ = writeln!(out, "{}", line([&c[0], &c[1], &c[2], &c[3], &c[4], &c[5]]));
-    }
-    out
 }
