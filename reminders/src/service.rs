@@ -533,7 +533,7 @@ impl Reminders {
     /// its missed-tick policy (`Skip`: the next occurrence after now;
     /// `FireOnce`: one tick now if any occurrence fell in the pause; a
     /// one-shot whose time passed: now). Resuming a ticking reminder changes
-    /// nothing. A parked occurrence ([`RetryPolicy::park`]) is a paused
+    /// nothing. A parked occurrence ([`RetryPolicy::park`](rollcall_core::RetryPolicy::park)) is a paused
     /// one-shot of the `<service>.parked` service and resumes the same way.
     ///
     /// # Errors
