@@ -393,6 +393,14 @@ pub struct ReminderOptions {
     /// Appended in the background, best effort, one store write per
     /// occurrence. Default 20; at most 1,000.
     pub run_history: usize,
+    /// Ticks of one actor kind one silo delivers at once, at most: with it, a
+    /// burst of one kind (a million carts due at midnight) takes at most this
+    /// many of the `max_deliveries`, and the other kinds' due ticks are
+    /// delivered beside it instead of after it (Temporal's fairness keys,
+    /// Restate's per-key queues). `None` (the default): one queue in due order.
+    /// Must be in 1..=65,536. Costs a due index per kind (one more B-tree
+    /// entry per reminder).
+    pub max_deliveries_per_kind: Option<usize>,
 }
 
 impl Default for ReminderOptions {
@@ -413,6 +421,7 @@ impl Default for ReminderOptions {
             lease_poll: Duration::from_secs(1),
             max_deliveries: 1024,
             run_history: 20,
+            max_deliveries_per_kind: None,
         }
     }
 }
@@ -442,6 +451,15 @@ impl ReminderOptions {
         }
         if !(1..=65_536).contains(&self.max_deliveries) {
             return Err(Error::invalid_config("max_deliveries", "must be in 1..=65536"));
+        }
+        if self
+            .max_deliveries_per_kind
+            .is_some_and(|c| !(1..=65_536).contains(&c))
+        {
+            return Err(Error::invalid_config(
+                "max_deliveries_per_kind",
+                "must be in 1..=65536",
+            ));
         }
         if self.run_history > crate::MAX_RUN_HISTORY {
             return Err(Error::invalid_config("run_history", "must be in 0..=1000"));

@@ -140,16 +140,56 @@ impl Slot {
 }
 
 /// Slots by key plus a due-time index and a ring-position index (a shard's
-/// slots are one run of hashes).
+/// slots are one run of hashes), and, when a per-kind cap is set
+/// ([`Queue::per_kind`]), a due-time index per actor kind: with it the queue
+/// finds the earliest due slot of a kind below its cap behind any number of
+/// due slots of a capped one.
 #[derive(Debug, Default)]
 pub(crate) struct Queue {
     slots: Slab<Slot>,
     index: HashMap<Key, u32>,
     due: BTreeSet<(Timestamp, u32)>,
     by_hash: BTreeSet<(u32, u32)>,
+    by_kind: Option<HashMap<SmolStr, BTreeSet<(Timestamp, u32)>>>,
+}
+
+/// The actor kind of a key (its actor id up to the first `/`).
+pub(crate) fn kind_of(key: &Key) -> &str {
+    let actor = key.actor();
+    actor.split_once('/').map_or(actor, |(kind, _)| kind)
 }
 
 impl Queue {
+    /// An empty queue that keeps a due index per actor kind (for
+    /// [`take_due_per_kind`](Self::take_due_per_kind)).
+    pub(crate) fn per_kind() -> Queue {
+        Queue {
+            by_kind: Some(HashMap::new()),
+            ..Queue::default()
+        }
+    }
+
+    fn due_insert(&mut self, t: Timestamp, i: u32) {
+        self.due.insert((t, i));
+        if let Some(kinds) = &mut self.by_kind {
+            let kind = SmolStr::new(kind_of(&self.slots[i as usize].key));
+            kinds.entry(kind).or_default().insert((t, i));
+        }
+    }
+
+    fn due_remove(&mut self, t: Timestamp, i: u32, key: &Key) {
+        self.due.remove(&(t, i));
+        if let Some(kinds) = &mut self.by_kind {
+            let kind = kind_of(key);
+            if let Some(set) = kinds.get_mut(kind) {
+                set.remove(&(t, i));
+                if set.is_empty() {
+                    kinds.remove(kind);
+                }
+            }
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.slots.len()
     }
@@ -200,7 +240,7 @@ impl Queue {
         };
         let i = u32::try_from(self.slots.insert(slot)).expect("fewer than 2^32 reminders per silo");
         self.index.insert(key, i);
-        self.due.insert((next.due, i));
+        self.due_insert(next.due, i);
         self.by_hash.insert((entry.hash, i));
     }
 
@@ -210,7 +250,7 @@ impl Queue {
         let slot = self.slots.remove(i as usize);
         self.by_hash.remove(&(slot.hash, i));
         if !slot.delivering && !slot.held {
-            self.due.remove(&(slot.next.due, i));
+            self.due_remove(slot.next.due, i, &slot.key);
         }
         Some(slot)
     }
@@ -245,12 +285,68 @@ impl Queue {
             if *t > now {
                 break;
             }
-            let (_, i) = self.due.pop_first().expect("non-empty");
-            let slot = &mut self.slots[i as usize];
-            slot.delivering = true;
-            out.push(slot.key.clone());
+            let (t, i) = *self.due.first().expect("non-empty");
+            let key = self.slots[i as usize].key.clone();
+            self.due_remove(t, i, &key);
+            self.slots[i as usize].delivering = true;
+            out.push(key);
         }
         out
+    }
+
+    /// As [`take_due`](Self::take_due), but a kind with `cap` deliveries
+    /// running (`running`, plus those taken here) is passed over: of the
+    /// kinds below their cap, the earliest due slot first. The same as
+    /// `take_due` on a queue without per-kind indexes. Costs the number of
+    /// kinds with due slots per slot taken.
+    pub(crate) fn take_due_per_kind(
+        &mut self,
+        now: Timestamp,
+        max: usize,
+        cap: usize,
+        running: &HashMap<SmolStr, usize>,
+    ) -> Vec<Key> {
+        if self.by_kind.is_none() {
+            return self.take_due(now, max);
+        }
+        let mut taken: HashMap<SmolStr, usize> = HashMap::new();
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(kinds) = &self.by_kind else { break };
+            let best = kinds
+                .iter()
+                .filter(|(kind, _)| {
+                    running.get(*kind).copied().unwrap_or(0) + taken.get(*kind).copied().unwrap_or(0) < cap
+                })
+                .filter_map(|(kind, set)| set.first().filter(|(t, _)| *t <= now).map(|head| (*head, kind)))
+                .min();
+            let Some(((t, i), kind)) = best else { break };
+            let kind = kind.clone();
+            let key = self.slots[i as usize].key.clone();
+            self.due_remove(t, i, &key);
+            self.slots[i as usize].delivering = true;
+            *taken.entry(kind).or_default() += 1;
+            out.push(key);
+        }
+        out
+    }
+
+    /// The earliest due time of a slot not being delivered whose kind has
+    /// fewer than `cap` deliveries `running` (the time to wake up for; a capped
+    /// kind is woken by the end of one of its deliveries).
+    pub(crate) fn next_due_per_kind(
+        &self,
+        cap: usize,
+        running: &HashMap<SmolStr, usize>,
+    ) -> Option<Timestamp> {
+        let Some(kinds) = &self.by_kind else {
+            return self.next_due();
+        };
+        kinds
+            .iter()
+            .filter(|(kind, _)| running.get(*kind).copied().unwrap_or(0) < cap)
+            .filter_map(|(_, set)| set.first().map(|(t, _)| *t))
+            .min()
     }
 
     /// Puts a slot back in the due index at `next.due` (after a delivery, or to
@@ -258,13 +354,15 @@ impl Queue {
     pub(crate) fn requeue(&mut self, key: &Key, next: Planned) {
         let Some(&i) = self.index.get(key) else { return };
         let slot = &mut self.slots[i as usize];
-        if !slot.delivering && !slot.held {
-            self.due.remove(&(slot.next.due, i));
-        }
+        let queued = !slot.delivering && !slot.held;
+        let old = slot.next.due;
         slot.next = next;
         slot.delivering = false;
         slot.held = false;
-        self.due.insert((next.due, i));
+        if queued {
+            self.due_remove(old, i, key);
+        }
+        self.due_insert(next.due, i);
     }
 
     /// Takes a slot out of the due index until [`requeue`](Self::requeue)d (a
@@ -272,10 +370,11 @@ impl Queue {
     pub(crate) fn hold(&mut self, key: &Key) {
         let Some(&i) = self.index.get(key) else { return };
         let slot = &mut self.slots[i as usize];
-        if !slot.delivering && !slot.held {
-            self.due.remove(&(slot.next.due, i));
-        }
+        let (queued, due) = (!slot.delivering && !slot.held, slot.next.due);
         slot.held = true;
+        if queued {
+            self.due_remove(due, i, key);
+        }
     }
 }
 
@@ -399,5 +498,106 @@ mod tests {
         }
         assert_eq!(q.take_due(Timestamp::from_millis(100), 3).len(), 3);
         assert_eq!(q.take_due(Timestamp::from_millis(100), 100).len(), 7);
+    }
+
+    fn of(actor: &str, name: &str) -> ReminderEntry {
+        ReminderEntry::new("s", actor, name, Timestamp::from_millis(0), None)
+    }
+
+    /// Issue 58 item 4: behind 1,000 due ticks of one kind, the other kind's
+    /// due ticks (fewer than the cap) are taken once the first kind reaches
+    /// its cap; a capped kind
+    /// does not wake the queue; with no cap reached the order is `take_due`'s.
+    #[test]
+    fn a_capped_kind_does_not_hold_back_the_others() {
+        let mut q = Queue::per_kind();
+        for i in 0..1000 {
+            let e = of(&format!("burst/{i}"), "r");
+            q.set(&e, &Timing::of(&e).unwrap(), at(10), 0);
+        }
+        for i in 0..3u64 {
+            let e = of(&format!("steady/{i}"), "r");
+            q.set(&e, &Timing::of(&e).unwrap(), at(11 + i), 0);
+        }
+        let mut running = HashMap::new();
+        let taken = q.take_due_per_kind(Timestamp::from_millis(30), 100, 4, &running);
+        let kinds = |keys: &[Key]| keys.iter().map(|k| kind_of(k).to_owned()).collect::<Vec<_>>();
+        assert_eq!(taken.len(), 7, "4 of the burst, then every steady one");
+        assert_eq!(kinds(&taken[..4]), ["burst"; 4], "earliest first");
+        assert_eq!(kinds(&taken[4..]), ["steady"; 3]);
+        running.insert(SmolStr::new("burst"), 4);
+        assert_eq!(
+            q.next_due_per_kind(4, &running),
+            None,
+            "only the capped kind is due"
+        );
+        assert!(q
+            .take_due_per_kind(Timestamp::from_millis(30), 100, 4, &running)
+            .is_empty());
+        running.insert(SmolStr::new("burst"), 2);
+        assert_eq!(q.next_due_per_kind(4, &running), Some(Timestamp::from_millis(10)));
+        assert_eq!(
+            q.take_due_per_kind(Timestamp::from_millis(30), 100, 4, &running)
+                .len(),
+            2
+        );
+        // A kindless actor id is its own kind.
+        assert_eq!(kind_of(&Key::new("nokind", "r")), "nokind");
+    }
+
+    /// The per-kind indexes follow every change of the due index: random
+    /// sets, removes, requeues, holds and takes on a plain queue and a
+    /// per-kind one take the same keys in the same order when no cap is
+    /// reached.
+    #[test]
+    fn per_kind_indexes_follow_every_change() {
+        use rand::{Rng, SeedableRng};
+        for seed in 0..20u64 {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+            let (mut plain, mut fair) = (Queue::default(), Queue::per_kind());
+            let none = HashMap::new();
+            for step in 0..2000u64 {
+                let e = of(
+                    &format!("k{}/{}", rng.random_range(0..4), rng.random_range(0..30)),
+                    "r",
+                );
+                let key = key_of(&e);
+                let due = at(rng.random_range(0..500));
+                match rng.random_range(0..6) {
+                    0 | 1 => {
+                        plain.set(&e, &Timing::of(&e).unwrap(), due, step);
+                        fair.set(&e, &Timing::of(&e).unwrap(), due, step);
+                    }
+                    2 => {
+                        plain.remove(&key);
+                        fair.remove(&key);
+                    }
+                    3 => {
+                        plain.requeue(&key, due);
+                        fair.requeue(&key, due);
+                    }
+                    4 => {
+                        plain.hold(&key);
+                        fair.hold(&key);
+                    }
+                    _ => {
+                        let now = Timestamp::from_millis(rng.random_range(0..500));
+                        let n = rng.random_range(0..5);
+                        assert_eq!(
+                            plain.take_due(now, n),
+                            fair.take_due_per_kind(now, n, usize::MAX, &none),
+                            "seed {seed} step {step}"
+                        );
+                    }
+                }
+                assert_eq!(plain.next_due(), fair.next_due_per_kind(usize::MAX, &none));
+            }
+            let indexed: usize = fair.by_kind.as_ref().unwrap().values().map(BTreeSet::len).sum();
+            assert_eq!(
+                indexed,
+                fair.due.len(),
+                "seed {seed}: the kind indexes hold the due index"
+            );
+        }
     }
 }

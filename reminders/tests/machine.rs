@@ -2031,3 +2031,30 @@ fn a_notice_read_answered_after_the_delivery_does_not_repeat_it() {
     let dup = unexplained_repeats(&w, &cfg);
     assert!(dup.is_empty(), "duplicates: {dup:?}");
 }
+
+proptest! {
+    #![proptest_config(config(48))]
+
+    /// The fault property with at most 4 ticks of one actor kind delivered at
+    /// once (`max_deliveries_per_kind`; every actor of the world is of one
+    /// kind): the per-kind bookkeeping loses no delivery slot (a kind that
+    /// kept a slot it no longer uses would stop, and its occurrences would be
+    /// missed) and repeats nothing.
+    #[test]
+    fn a_per_kind_cap_repeats_nothing_and_loses_only_inside_the_windows(
+        seed in any::<u64>(),
+        lease_s in 1u64..6,
+        ops in prop::collection::vec((200u64..6000, op(true)), 4..14),
+    ) {
+        let mut cfg = Config {
+            max_clock_offset: 500,
+            ..with_lease_period(with_faults(), lease_s)
+        };
+        cfg.options.max_deliveries_per_kind = Some(4);
+        let (w, end) = run(seed, cfg.clone(), &ops);
+        let dup = unexplained_repeats(&w, &cfg);
+        prop_assert!(dup.is_empty(), "duplicates: {:?}\nseed {seed} ops {ops:?}", &dup[..dup.len().min(8)]);
+        assert_explained(&w, &cfg, end, &format!("seed {seed} ops {ops:?}"))?;
+        check_bounds(&w);
+    }
+}

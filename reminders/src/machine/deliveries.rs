@@ -11,7 +11,7 @@ use smol_str::SmolStr;
 use super::{backoff, Action, Key, ReminderMachine, Timer};
 use crate::api::{ActorId, Counters, ReminderTick};
 use crate::handoff::Start;
-use crate::queue::key_of;
+use crate::queue::{key_of, kind_of};
 use crate::schedule::{after_attempt, plan, AfterAttempt, Learned, Planned, Timing};
 
 /// The default of `ReminderOptions::max_deliveries`: deliveries running at
@@ -138,10 +138,19 @@ impl ReminderMachine {
         }
     }
 
+    /// The earliest due time of a slot that may be taken now: of a kind below
+    /// its cap when `max_deliveries_per_kind` is set.
+    fn next_due(&self) -> Option<Timestamp> {
+        match self.options.max_deliveries_per_kind {
+            Some(cap) => self.queue.next_due_per_kind(cap, &self.kind_running),
+            None => self.queue.next_due(),
+        }
+    }
+
     /// Keeps [`Timer::Due`] at the earliest due time; none while every delivery
     /// slot is taken or the silo is leaving.
     pub(super) fn arm_timer(&mut self) {
-        let next = match self.queue.next_due() {
+        let next = match self.next_due() {
             Some(next) if self.deliveries < self.options.max_deliveries && !self.leaving => {
                 next.max(self.pause.until())
             }
@@ -165,7 +174,11 @@ impl ReminderMachine {
             return;
         }
         let room = self.options.max_deliveries.saturating_sub(self.deliveries);
-        for key in self.queue.take_due(now, room) {
+        let due = match self.options.max_deliveries_per_kind {
+            Some(cap) => self.queue.take_due_per_kind(now, room, cap, &self.kind_running),
+            None => self.queue.take_due(now, room),
+        };
+        for key in due {
             let Some(slot) = self.queue.get_mut(&key) else {
                 continue;
             };
@@ -203,6 +216,9 @@ impl ReminderMachine {
                 .map_err(|e| e.to_string());
             self.deliveries += 1;
             *self.in_flight.entry(k).or_default() += 1;
+            if self.options.max_deliveries_per_kind.is_some() {
+                *self.kind_running.entry(SmolStr::new(kind_of(&key))).or_default() += 1;
+            }
             if let Some(h) = self.held.get_mut(&k) {
                 h.started_through = h.started_through.max(Some(scheduled));
             }
@@ -223,6 +239,12 @@ impl ReminderMachine {
         res: Result<(), String>,
     ) {
         self.deliveries = self.deliveries.saturating_sub(1);
+        if let Some(n) = self.kind_running.get_mut(kind_of(&key)) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.kind_running.remove(kind_of(&key));
+            }
+        }
         let k = rollcall_core::actor_shard(key.actor(), self.count);
         let left = self.in_flight.get_mut(&k).map(|n| {
             *n = n.saturating_sub(1);
@@ -264,7 +286,7 @@ impl ReminderMachine {
             // load reads the outcome (delivered, or owed when it failed).
             self.drained(k);
         }
-        if self.queue.next_due().is_some_and(|d| d <= now) {
+        if self.next_due().is_some_and(|d| d <= now) {
             self.deliver_due();
         }
     }

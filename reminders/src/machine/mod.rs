@@ -27,7 +27,7 @@
 //! | work | bound |
 //! |---|---|
 //! | shard loads | [`MAX_LOADS`] running, the rest queued (one per shard and kind); each reads in pieces of about [`LOAD_PIECE_ROWS`] rows |
-//! | deliveries in flight | `max_deliveries` of the options (default [`MAX_DELIVERIES`]; the rest wait in the queue, in due order) |
+//! | deliveries in flight | `max_deliveries` of the options (default [`MAX_DELIVERIES`]; the rest wait in the queue, in due order), and at most `max_deliveries_per_kind` of one actor kind when set (its other due ticks wait; other kinds' go first) |
 //! | notice reads in flight | [`MAX_NOTICE_READS`] (beyond: a refresh of the shard) |
 //! | queued notices | [`NOTICE_QUEUE`] (beyond: dropped; the refresh covers them), taken [`NOTICE_BATCH`] per event |
 //! | pending `last_fired` writes and one-shot removals | one per reminder, [`MAX_WRITES`] in flight |
@@ -121,6 +121,8 @@ pub struct ReminderMachine {
     deliveries: usize,
     /// Deliveries in flight per shard (a stopping shard waits for its own).
     in_flight: BTreeMap<u32, usize>,
+    /// Deliveries in flight per actor kind (kept with `max_deliveries_per_kind`).
+    kind_running: std::collections::HashMap<smol_str::SmolStr, usize>,
     /// Whether the silo delivers (Active and confirmed), and the resume rule.
     pause: Pause,
     armed: Armed,
@@ -157,7 +159,11 @@ impl ReminderMachine {
             shards: ShardMachine::new(me, shard_options),
             count: shards.max(1),
             held: BTreeMap::new(),
-            queue: Queue::default(),
+            queue: if options.max_deliveries_per_kind.is_some() {
+                Queue::per_kind()
+            } else {
+                Queue::default()
+            },
             loads: Loads::default(),
             notices: NoticeReads::default(),
             writes: WriteQueue::default(),
@@ -165,6 +171,7 @@ impl ReminderMachine {
             lease_calls: LeaseCalls::default(),
             deliveries: 0,
             in_flight: BTreeMap::new(),
+            kind_running: std::collections::HashMap::new(),
             pause: Pause::default(),
             armed: Armed::default(),
             leaving: false,
