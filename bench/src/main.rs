@@ -75,6 +75,9 @@ enum Cmd {
     /// time) on silo processes and one Redis, next to raw SETs; adds its section
     /// to the reports.
     R5(r5::Args),
+    /// R5 fairness: a burst of one actor kind beside steady ticks of another,
+    /// with and without `max_deliveries_per_kind`; adds its section to the reports.
+    R5Fairness(r5::FairArgs),
     /// One silo process of R5: commands on stdin, answers on stdout.
     #[command(hide = true)]
     R5Silo {
@@ -85,6 +88,9 @@ enum Cmd {
         /// `run_history` of its reminder service.
         #[arg(long, default_value_t = 20)]
         run_history: usize,
+        /// `max_deliveries_per_kind` of its reminder service (0: none).
+        #[arg(long, default_value_t = 0)]
+        per_kind_cap: usize,
     },
     /// S1: actor state writes and reads (1 KiB to 16 MiB) next to the backend's
     /// raw conditional write of the same bytes; adds its section to the reports.
@@ -243,13 +249,18 @@ fn main() -> anyhow::Result<()> {
             drop(rt);
             r5::run(args)
         }
+        Cmd::R5Fairness(args) => {
+            drop(rt);
+            r5::fairness(args)
+        }
         Cmd::R5Silo {
             store,
             cluster,
             run_history,
+            per_kind_cap,
         } => {
             drop(rt);
-            r5::silo(&store, &cluster, run_history)
+            r5::silo(&store, &cluster, run_history, per_kind_cap)
         }
         Cmd::S1(args) => {
             drop(rt);

@@ -15,6 +15,7 @@
 //!    is delivered, and their lateness. Deliveries in flight per silo are capped
 //!    (`max_deliveries`), so the burst is queued, not run at once.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -89,8 +90,12 @@ pub struct Report {
     burst_lateness_max_ms: f64,
 }
 
-/// Records each tick's lateness in microseconds.
-struct Sink(Arc<Mutex<Histogram<u64>>>);
+/// Records each tick's lateness in microseconds, over all ticks and per actor
+/// kind.
+struct Sink(
+    Arc<Mutex<Histogram<u64>>>,
+    Arc<Mutex<HashMap<String, Histogram<u64>>>>,
+);
 
 impl Actor for Sink {
     type Context = Context<Self>;
@@ -101,22 +106,32 @@ impl Handler<ReminderTick> for Sink {
 
     fn handle(&mut self, t: ReminderTick, _: &mut Context<Self>) {
         let late = SystemClock.now().saturating_duration_since(t.scheduled);
+        let us = u64::try_from(late.as_micros()).unwrap_or(u64::MAX);
         let mut h = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let _ = h.record(u64::try_from(late.as_micros()).unwrap_or(u64::MAX));
+        let _ = h.record(us);
+        let mut kinds = self.1.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(k) = kinds.get_mut(t.actor.kind()) {
+            let _ = k.record(us);
+        } else if let Ok(mut k) = Histogram::<u64>::new(3) {
+            let _ = k.record(us);
+            kinds.insert(t.actor.kind().to_owned(), k);
+        }
     }
 }
 
 /// One silo process: reads commands from stdin, one per line, and answers each
 /// on stdout with one line.
-/// - `create FROM TO DUE_MS PERIOD_MS`: registers `bench/FROM..TO` (`tick`),
+/// - `create FROM TO DUE_MS PERIOD_MS [KIND]`: registers `KIND/FROM..TO`
+///   (`bench` by default; `tick`),
 ///   first tick `DUE_MS` from now (spread over one period), every `PERIOD_MS`;
 ///   with `PERIOD_MS` 0, one-shots all due at the instant `DUE_MS` (UTC ms);
 ///   answers `created N MS`.
 /// - `reset`: forgets the ticks recorded; answers `reset`.
-/// - `stats`: answers `stats TICKS P50_US P99_US MAX_US` since the last reset,
-///   then the service's `SCHEDULED LOADS NOTICES` counters.
+/// - `stats [KIND]`: answers `stats TICKS P50_US P99_US MAX_US` since the last
+///   reset (of the ticks of actor kind `KIND` if given), then the service's
+///   `SCHEDULED LOADS NOTICES` counters.
 /// - `quit`: leaves the cluster gracefully and exits.
-pub fn silo(store: &str, cluster: &str, run_history: usize) -> anyhow::Result<()> {
+pub fn silo(store: &str, cluster: &str, run_history: usize, per_kind_cap: usize) -> anyhow::Result<()> {
     // `RUST_LOG` reaches the silo processes' stderr.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -126,7 +141,8 @@ pub fn silo(store: &str, cluster: &str, run_history: usize) -> anyhow::Result<()
         let store = rollcall::connect(store).await?;
         let silo = Silo::builder(store.clone(), cluster.to_owned()).start().await?;
         let hist = Arc::new(Mutex::new(Histogram::<u64>::new(3)?));
-        let sink = Sink(hist.clone()).start().recipient();
+        let kinds: Arc<Mutex<HashMap<String, Histogram<u64>>>> = Arc::default();
+        let sink = Sink(hist.clone(), kinds.clone()).start().recipient();
         let reminders = Reminders::builder(&silo, store)
             .service_id(cluster.to_owned())
             .target(move |_: &ActorId| Some(sink.clone()))
@@ -135,6 +151,7 @@ pub fn silo(store: &str, cluster: &str, run_history: usize) -> anyhow::Result<()
                 startup_jitter: Duration::ZERO,
                 table_operation_timeout: Duration::from_secs(60),
                 run_history,
+                max_deliveries_per_kind: (per_kind_cap > 0).then_some(per_kind_cap),
                 ..ReminderOptions::default()
             })
             .start()
@@ -144,13 +161,14 @@ pub fn silo(store: &str, cluster: &str, run_history: usize) -> anyhow::Result<()
         while let Some(line) = lines.next_line().await? {
             let words: Vec<&str> = line.split_whitespace().collect();
             match words.as_slice() {
-                ["create", from, to, due, period] => {
+                ["create", from, to, due, period, rest @ ..] => {
+                    let kind = rest.first().copied().unwrap_or("bench").to_owned();
                     let (from, to): (usize, usize) = (from.parse()?, to.parse()?);
                     let (due, period): (u64, u64) = (due.parse()?, period.parse()?);
                     let started = Instant::now();
                     let r = reminders.clone();
                     crate::r1::concurrently(from..to, 64, move |i| {
-                        let r = r.clone();
+                        let (r, kind) = (r.clone(), kind.clone());
                         let spec = if period == 0 {
                             // `due` is the common instant (UTC ms).
                             let now = SystemClock.now().as_millis();
@@ -163,7 +181,7 @@ pub fn silo(store: &str, cluster: &str, run_history: usize) -> anyhow::Result<()
                             )
                         };
                         async move {
-                            r.register(&ActorId::new("bench", i.to_string())?, "tick", spec)
+                            r.register(&ActorId::new(kind, i.to_string())?, "tick", spec)
                                 .await?;
                             Ok(())
                         }
@@ -175,7 +193,27 @@ pub fn silo(store: &str, cluster: &str, run_history: usize) -> anyhow::Result<()
                     hist.lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .reset();
+                    kinds
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .clear();
                     println!("reset");
+                }
+                ["stats", kind] => {
+                    let kinds = kinds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let empty = Histogram::<u64>::new(3)?;
+                    let h = kinds.get(*kind).unwrap_or(&empty);
+                    let st = reminders.stats();
+                    println!(
+                        "stats {} {} {} {} {} {} {}",
+                        h.len(),
+                        h.value_at_quantile(0.5),
+                        h.value_at_quantile(0.99),
+                        h.max(),
+                        st.scheduled,
+                        st.loads,
+                        st.notices
+                    );
                 }
                 ["stats"] => {
                     let h = hist.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -202,6 +240,8 @@ pub fn silo(store: &str, cluster: &str, run_history: usize) -> anyhow::Result<()
 
 /// The `--run-history` of the silo processes this run starts.
 static RUN_HISTORY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(20);
+/// The `--per-kind-cap` of the silo processes this run starts (0: none).
+static PER_KIND_CAP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A bench child process (`rollcall-bench r5-silo`, `r4-silos`): commands on its
 /// stdin, one answer line each on its stdout; killed when dropped.
@@ -214,6 +254,9 @@ pub(crate) struct Process {
 impl Process {
     async fn start(url: &str, cluster: &str) -> anyhow::Result<Process> {
         let history = RUN_HISTORY.load(std::sync::atomic::Ordering::Relaxed).to_string();
+        let cap = PER_KIND_CAP
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .to_string();
         Process::spawn(&[
             "r5-silo",
             "--store",
@@ -222,6 +265,8 @@ impl Process {
             cluster,
             "--run-history",
             &history,
+            "--per-kind-cap",
+            &cap,
         ])
         .await
     }
@@ -292,11 +337,22 @@ async fn cluster(url: &str, n: usize) -> anyhow::Result<(String, Vec<Process>)> 
 /// Each process registers its share of `0..count`; the creations per second
 /// over the slowest process.
 async fn create(ps: &mut [Process], count: usize, due_ms: u64, period_ms: u64) -> anyhow::Result<f64> {
+    create_kind(ps, count, due_ms, period_ms, "bench").await
+}
+
+/// As [`create`], for actors of kind `kind`.
+async fn create_kind(
+    ps: &mut [Process],
+    count: usize,
+    due_ms: u64,
+    period_ms: u64,
+    kind: &str,
+) -> anyhow::Result<f64> {
     let started = Instant::now();
     let n = ps.len();
     for (k, p) in ps.iter_mut().enumerate() {
         p.send(&format!(
-            "create {} {} {due_ms} {period_ms}",
+            "create {} {} {due_ms} {period_ms} {kind}",
             k * count / n,
             (k + 1) * count / n
         ))
@@ -310,9 +366,14 @@ async fn create(ps: &mut [Process], count: usize, due_ms: u64, period_ms: u64) -
 
 /// (ticks, p50, p99, max in µs) summed and maxed over the processes.
 async fn stats(ps: &mut [Process]) -> anyhow::Result<(u64, u64, u64, u64)> {
+    stats_of(ps, "stats").await
+}
+
+/// As [`stats`], with `command` (`stats KIND`: one actor kind's ticks).
+async fn stats_of(ps: &mut [Process], command: &str) -> anyhow::Result<(u64, u64, u64, u64)> {
     let mut out = (0, 0, 0, 0);
     for p in ps.iter_mut() {
-        p.send("stats").await?;
+        p.send(command).await?;
         let s = p.expect("stats").await?;
         anyhow::ensure!(s.len() == 7, "stats: {s:?}");
         eprintln!(
@@ -574,4 +635,156 @@ fn render(args: &Args, reports: &[Report]) -> String {
         "\nGoals (issue): at least 10,000 creations/s and 20,000 ticks/s sustained with p99 lateness under 50 ms on 3 processes and one Redis."
     );
     s
+}
+
+/// Options of `r5-fairness`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct FairArgs {
+    /// Silo processes.
+    #[arg(long, default_value_t = 3)]
+    silos: usize,
+    /// Ticks per second of the steady kind (`steady`, 10-s periods).
+    #[arg(long, default_value_t = 5_000)]
+    steady_rate: u64,
+    /// One-shots of the bursting kind (`burst`), all due at one instant.
+    #[arg(long, default_value_t = 100_000)]
+    burst: usize,
+    /// Seconds from the burst's creation to its instant.
+    #[arg(long, default_value_t = 20.0)]
+    burst_lead: f64,
+    /// `max_deliveries_per_kind` of each run (0: none), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0,64")]
+    caps: Vec<usize>,
+    /// The reports to add the section and the `r5_fairness` key to.
+    #[command(flatten)]
+    pub reports: crate::Reports,
+}
+
+/// One run of `r5-fairness`.
+#[derive(Clone, Debug, Serialize)]
+pub struct FairRow {
+    cap: usize,
+    steady_ticks: u64,
+    steady_p50_ms: f64,
+    steady_p99_ms: f64,
+    steady_max_ms: f64,
+    burst_ticks: u64,
+    /// From the burst's instant until its last tick was delivered.
+    burst_drain_s: f64,
+    burst_p99_ms: f64,
+}
+
+/// Issue 58 item 4: a burst of one-shots of one kind due at one instant
+/// beside steady ticks of another, on 3 processes and one Redis, with and
+/// without `max_deliveries_per_kind`; the steady kind's lateness from 2 s
+/// before the instant until the burst is delivered. Adds its section to the
+/// reports.
+pub fn fairness(args: FairArgs) -> anyhow::Result<()> {
+    RUN_HISTORY.store(20, std::sync::atomic::Ordering::Relaxed);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut rows = Vec::new();
+    for &cap in &args.caps {
+        PER_KIND_CAP.store(cap, std::sync::atomic::Ordering::Relaxed);
+        let row = rt.block_on(fair_run(&args, cap))?;
+        eprintln!("{row:?}");
+        rows.push(row);
+    }
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "## R5 fairness: a burst of one kind beside steady ticks of another\n\n\
+         {} silo processes (`rollcall-bench r5-fairness`, default options but \
+         `max_deliveries_per_kind`) on one Redis, on this machine. Kind `steady`: {} ticks/s \
+         (10-s periods, created first). Kind `burst`: {} one-shots due at one instant, created \
+         {} s before it. Lateness of the steady kind's ticks from 2 s before the instant until \
+         the burst is delivered (p50 and p99 are the worst process's); the cap is per silo.\n",
+        args.silos, args.steady_rate, args.burst, args.burst_lead
+    );
+    let _ = writeln!(
+        s,
+        "| max_deliveries_per_kind | steady ticks | steady lateness p50 / p99 / max ms | burst delivered | burst drained in s | burst p99 ms |\n|---|---|---|---|---|---|"
+    );
+    for r in &rows {
+        let cap = if r.cap == 0 {
+            "none".to_owned()
+        } else {
+            r.cap.to_string()
+        };
+        let _ = writeln!(
+            s,
+            "| {cap} | {} | {:.1} / {:.1} / {:.1} | {} | {:.2} | {:.0} |",
+            r.steady_ticks,
+            r.steady_p50_ms,
+            r.steady_p99_ms,
+            r.steady_max_ms,
+            r.burst_ticks,
+            r.burst_drain_s,
+            r.burst_p99_ms
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nGoal (issue 58): with the cap, the steady kind's p99 under 100 ms."
+    );
+    print!("{s}");
+    args.reports.add(
+        ("## R5 fairness", &s),
+        ("r5_fairness", serde_json::to_value(&rows)?),
+    )
+}
+
+async fn fair_run(args: &FairArgs, cap: usize) -> anyhow::Result<FairRow> {
+    let backend = rollcall_tests::fixtures::redis()
+        .await
+        .ok_or_else(|| anyhow::anyhow!("no redis server"))?;
+    let url = format!("{}?timeout_ms=60000", backend.endpoint);
+    let ms = |us: u64| us as f64 / 1000.0;
+    let period_ms = 10_000;
+    let steady = (args.steady_rate * period_ms / 1000) as usize;
+    let (_, mut ps) = cluster(&url, args.silos).await?;
+    create_kind(&mut ps, steady, 2_000, period_ms, "steady").await?;
+    // Every steady reminder ticks once its first period passed.
+    tokio::time::sleep(Duration::from_millis(2_000 + period_ms)).await;
+    let at = SystemClock
+        .now()
+        .saturating_add(Duration::from_secs_f64(args.burst_lead));
+    create_kind(&mut ps, args.burst, at.as_millis(), 0, "burst").await?;
+    let before = at.saturating_sub(Duration::from_secs(2));
+    anyhow::ensure!(
+        SystemClock.now() < before,
+        "the burst was not created 2 s before its instant"
+    );
+    tokio::time::sleep(Duration::from_millis(
+        before.as_millis() - SystemClock.now().as_millis(),
+    ))
+    .await;
+    reset(&mut ps).await?;
+    let until = Instant::now() + Duration::from_secs(300);
+    let (mut last, mut last_change) = (0, SystemClock.now());
+    let burst = loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let b = stats_of(&mut ps, "stats burst").await?;
+        if b.0 != last {
+            (last, last_change) = (b.0, SystemClock.now());
+        }
+        if b.0 as usize >= args.burst || Instant::now() > until {
+            break b;
+        }
+    };
+    // A second of steady ticks after the burst, then the figures.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let s = stats_of(&mut ps, "stats steady").await?;
+    for p in ps {
+        p.quit().await?;
+    }
+    Ok(FairRow {
+        cap,
+        steady_ticks: s.0,
+        steady_p50_ms: ms(s.1),
+        steady_p99_ms: ms(s.2),
+        steady_max_ms: ms(s.3),
+        burst_ticks: burst.0,
+        burst_drain_s: last_change.saturating_duration_since(at).as_secs_f64(),
+        burst_p99_ms: ms(burst.2),
+    })
 }
