@@ -135,8 +135,8 @@ enum Command {
     /// `reminders history ACTOR NAME` prints its last runs (when, how late, attempts,
     /// outcome, silo).
     /// `reminders delete --kind K` (or `--prefix P`) removes them all, row by row
-    /// (safe to run again); running silos stop their ticks at their next refresh
-    /// (`Reminders::delete_kind` from a silo tells them at once).
+    /// (safe to run again), and tells the silos holding the shards it changed, so
+    /// they stop those ticks at once.
     /// `reminders export` prints its rows as JSON lines; `reminders import` writes
     /// JSON lines (from `--file` or stdin) into the service, all lines checked
     /// before any is written. Running silos load imported rows at their next
@@ -150,8 +150,8 @@ enum Command {
         actor: Option<String>,
         /// `pause`, `resume`, `trigger`, `history`: the reminder's name.
         reminder: Option<String>,
-        /// `pause`, `resume`, `trigger`: the file of the cluster's shared secret,
-        /// if its silos use one (to reach the holder of the reminder's shard).
+        /// `pause`, `resume`, `trigger`, `delete`: the file of the cluster's shared
+        /// secret, if its silos use one (to reach the holders of the shards).
         #[arg(long)]
         shared_secret_file: Option<std::path::PathBuf>,
         /// `import`: read the JSON lines from this file instead of stdin;
@@ -209,6 +209,14 @@ enum RemindersAction {
     Trigger,
     /// Print a reminder's run history, newest first.
     History,
+}
+
+/// The shared secret in `--shared-secret-file`, if given.
+fn read_secret(path: Option<&std::path::Path>) -> anyhow::Result<Option<rollcall::transport::SharedSecret>> {
+    let Some(path) = path else { return Ok(None) };
+    let bytes =
+        std::fs::read(path).map_err(|e| anyhow::anyhow!("--shared-secret-file {}: {e}", path.display()))?;
+    Ok(Some(rollcall::transport::SharedSecret::new(bytes.trim_ascii())?))
 }
 
 /// The actor-id prefix of `--kind` or `--prefix`.
@@ -405,14 +413,7 @@ fn main() -> anyhow::Result<()> {
                 anyhow::bail!("`reminders {action:?}` needs ACTOR and NAME, e.g. `cart/42 expire`");
             };
             rollcall::reminders::ActorId::parse(&actor)?;
-            let secret = match &shared_secret_file {
-                None => None,
-                Some(path) => {
-                    let bytes = std::fs::read(path)
-                        .map_err(|e| anyhow::anyhow!("--shared-secret-file {}: {e}", path.display()))?;
-                    Some(rollcall::transport::SharedSecret::new(bytes.trim_ascii())?)
-                }
-            };
+            let secret = read_secret(shared_secret_file.as_deref())?;
             let store = rollcall::connect(&store).await?;
             let table = store.reminder_table(&service)?;
             let Some(row) = table.read_row(&actor, &name).await? else {
@@ -490,33 +491,68 @@ fn main() -> anyhow::Result<()> {
             action: RemindersAction::Delete,
             store,
             service,
+            cluster,
             kind,
             prefix,
+            shared_secret_file,
             ..
         } => actix::System::new().block_on(async move {
             let Some(prefix) = kind_or_prefix(kind.as_deref(), prefix.as_deref())? else {
                 anyhow::bail!("`reminders delete` needs --kind or --prefix (--prefix '' is every reminder)");
             };
+            let secret = read_secret(shared_secret_file.as_deref())?;
             let store = rollcall::connect(&store).await?;
             let table = store.reminder_table(&service)?;
             let started = std::time::Instant::now();
+            let mut hashes = std::collections::BTreeSet::new();
             let done = rollcall::paging::remove_prefix(
                 &*table,
                 &prefix,
                 1000,
                 32,
                 std::time::Duration::from_secs(10),
-                &mut |_| {},
+                &mut |row| {
+                    hashes.insert(row.hash);
+                },
             )
-            .await
-            .map_err(|e| anyhow::anyhow!("{e} (the rows removed so far stay removed; run it again to finish)"))?;
+            .await;
+            let took = started.elapsed();
+            // The holders of the shards it changed read them again at once
+            // (also after a failure: what was removed stays removed).
+            let transport = rollcall::transport::tcp::TcpTransport::with_config(rollcall::transport::tcp::TcpConfig {
+                shared_secret: secret,
+                ..Default::default()
+            });
+            let cluster = cluster.unwrap_or_else(|| service.clone());
+            let told = if hashes.is_empty() {
+                Ok(rollcall::reminders::ToldShards::default())
+            } else {
+                rollcall::reminders::tell_shard_holders(
+                    &*store,
+                    &transport,
+                    &cluster,
+                    &service,
+                    hashes,
+                    std::time::Duration::from_secs(5),
+                )
+                .await
+            };
+            let done = done
+                .map_err(|e| anyhow::anyhow!("{e} (the rows removed so far stay removed; run it again to finish)"))?;
             println!(
                 "removed {} reminders of `{prefix}*` from service {service} in {:.1} s ({} changed meanwhile and kept, {} pages)",
                 done.removed,
-                started.elapsed().as_secs_f64(),
+                took.as_secs_f64(),
                 done.changed,
                 done.pages
             );
+            match told {
+                Ok(t) => println!(
+                    "shards changed: {} told, {} not taken and {} unreached (their next refresh applies it), {} held by no silo",
+                    t.taken, t.not_taken, t.failed, t.no_holder
+                ),
+                Err(e) => println!("the holders were not told ({e}): their next refresh applies it"),
+            }
             Ok(())
         }),
         Command::Reminders {

@@ -54,4 +54,6 @@ pub use rollcall_core::{
 };
 pub use schedule::{Calendar, ScheduleError};
 #[cfg(feature = "runtime")]
-pub use service::{tell_holder, trigger_row, Reminders, RemindersBuilder, Told};
+pub use service::{
+    tell_holder, tell_shard_holders, trigger_row, Reminders, RemindersBuilder, Told, ToldShards,
+};

@@ -820,19 +820,99 @@ pub async fn tell_holder(
     name: &str,
     timeout: Duration,
 ) -> Result<Told, ReminderError> {
+    let leases = open_leases(store, service_id, timeout).await?;
+    let shard = rollcall_core::actor_shard(actor_id, leases.shards());
+    let body = serde_json::to_vec(NoticeRetry::new(service_id, actor_id, name).notice())
+        .map_err(|e| rollcall_core::Error::backend(format!("encode notice: {e}")))?;
+    send_from_outside(&leases, transport, cluster, service_id, shard, body, timeout).await
+}
+
+/// What [`tell_shard_holders`] did, shard by shard.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ToldShards {
+    /// Shards whose holder took the notice.
+    pub taken: usize,
+    /// Shards whose holder did not take it (its next load or refresh reads
+    /// the shard).
+    pub not_taken: usize,
+    /// Shards nobody holds (the next acquire loads them).
+    pub no_holder: usize,
+    /// Shards whose lease could not be read or whose holder could not be
+    /// reached (its next refresh reads the shard).
+    pub failed: usize,
+}
+
+/// After a bulk change made from outside the cluster (the CLI's `reminders
+/// delete`): tells the holder of every shard of `service_id` that one of
+/// `hashes` (rows' [`actor_hash`](rollcall_core::actor_hash)es) falls in to
+/// read the shard again ([`ShardNotice`]), one notice per shard, as
+/// [`Reminders::delete_prefix`] does from a silo. The rest as
+/// [`tell_holder`].
+///
+/// Answers within `timeout` plus 2 x `timeout` per shard.
+///
+/// # Errors
+/// [`ReminderError::Table`] or [`ReminderError::Timeout`] when the shard
+/// count cannot be read; a shard that fails counts in [`ToldShards::failed`].
+pub async fn tell_shard_holders(
+    store: &dyn SystemStore,
+    transport: &dyn rollcall_core::transport::Transport,
+    cluster: &str,
+    service_id: &str,
+    hashes: impl IntoIterator<Item = u32>,
+    timeout: Duration,
+) -> Result<ToldShards, ReminderError> {
+    let leases = open_leases(store, service_id, timeout).await?;
+    let shards: std::collections::BTreeSet<u32> = hashes
+        .into_iter()
+        .map(|h| rollcall_core::hash_shard(h, leases.shards()))
+        .collect();
+    let mut told = ToldShards::default();
+    for shard in shards {
+        let body = serde_json::to_vec(&ShardNotice {
+            service: service_id.to_owned(),
+            shard,
+        })
+        .map_err(|e| rollcall_core::Error::backend(format!("encode notice: {e}")))?;
+        match send_from_outside(&leases, transport, cluster, service_id, shard, body, timeout).await {
+            Ok(Told::Taken(_)) => told.taken += 1,
+            Ok(Told::NotTaken(_)) => told.not_taken += 1,
+            Ok(Told::NoHolder) => told.no_holder += 1,
+            Err(_) => told.failed += 1,
+        }
+    }
+    Ok(told)
+}
+
+/// The shard leases of `service_id` with its recorded shard count.
+async fn open_leases(
+    store: &dyn SystemStore,
+    service_id: &str,
+    timeout: Duration,
+) -> Result<ShardLeases, ReminderError> {
     let table = store.lease_table(service_id)?;
-    let leases = bounded(timeout, async {
+    bounded(timeout, async {
         let shards = table.shard_count(rollcall_core::DEFAULT_SHARDS).await?;
         ShardLeases::open(table, shards).await
     })
-    .await?;
-    let shard = rollcall_core::actor_shard(actor_id, leases.shards());
+    .await
+}
+
+/// Sends `body` on the notice topic of `service_id`, from outside the
+/// cluster, to the holder of `shard` (once, no retry).
+async fn send_from_outside(
+    leases: &ShardLeases,
+    transport: &dyn rollcall_core::transport::Transport,
+    cluster: &str,
+    service_id: &str,
+    shard: u32,
+    body: Vec<u8>,
+    timeout: Duration,
+) -> Result<Told, ReminderError> {
     let lease = bounded(timeout, leases.read(shard)).await?;
     let Some(holder) = notice_target(&lease) else {
         return Ok(Told::NoHolder);
     };
-    let body = serde_json::to_vec(NoticeRetry::new(service_id, actor_id, name).notice())
-        .map_err(|e| rollcall_core::Error::backend(format!("encode notice: {e}")))?;
     let request = rollcall_core::transport::ProbeRequest::Notice {
         // Not a silo: an address no silo has (the holder only logs it).
         from: SiloAddress::new(std::net::SocketAddr::from(([0, 0, 0, 0], 0)), 0),

@@ -364,7 +364,9 @@ fn logged_ticks(dir: &Path, n: usize) -> Vec<(String, Timestamp, Timestamp, Stri
 /// delivers nothing on any silo (1 s of slack after its pause answered, for
 /// the notice); each trigger sent around the graceful leave is delivered
 /// exactly once, each sent before the kill at least once; every resumed
-/// reminder ticks again; no periodic occurrence is delivered twice.
+/// reminder ticks again; no periodic occurrence is delivered twice. Last, a
+/// bulk delete from outside the cluster (`tell_shard_holders`, as the CLI):
+/// the deleted reminders stop within 1 s.
 async fn pause_resume_and_trigger_through_a_leave_and_a_crash(store: &str) {
     static RUNS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let cluster = format!(
@@ -467,12 +469,44 @@ async fn pause_resume_and_trigger_through_a_leave_and_a_crash(store: &str) {
         all_ticked(resumed_at, &even) && every_trigger_delivered()
     });
     let every_resumed_ticks = waited.await.is_some() || all_ticked(resumed_at, &even);
+    // A bulk delete from outside the cluster (the CLI's way): `cart/3` and
+    // `cart/30..39` removed, then the holders of their shards told.
+    let deleted_at = clock.now();
+    let mut hashes = std::collections::BTreeSet::new();
+    let removed =
+        rollcall::paging::remove_prefix(&*table, "cart/3", 100, 8, Duration::from_secs(5), &mut |r| {
+            hashes.insert(r.hash);
+        })
+        .await
+        .expect("bulk delete");
+    let told = rollcall_reminders::tell_shard_holders(
+        &*outside,
+        &transport,
+        &cluster,
+        &cluster,
+        hashes,
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("told");
+    // Three periods in which the deleted reminders must not tick.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     for mut s in silos {
         stop(&mut s.child, true).await;
     }
     let ticks = logged_ticks(&dir, 4);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(every_resumed_ticks, "every resumed reminder ticks again");
+    assert!(removed.removed >= 11, "{removed:?}");
+    assert!(told.taken >= 1 && told.failed == 0, "{told:?}");
+    let after_delete: Vec<_> = ticks
+        .iter()
+        .filter(|t| t.0.starts_with("cart/3") && t.2 > deleted_at.saturating_add(Duration::from_secs(1)))
+        .collect();
+    assert!(
+        after_delete.is_empty(),
+        "deleted reminders ticked: {after_delete:?}"
+    );
 
     let mut per_trigger: BTreeMap<&str, usize> = BTreeMap::new();
     let triggered: std::collections::BTreeSet<&str> = graceful_triggers
