@@ -202,32 +202,11 @@ pub fn silo(store: &str, cluster: &str, run_history: usize, per_kind_cap: usize)
                 ["stats", kind] => {
                     let kinds = kinds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                     let empty = Histogram::<u64>::new(3)?;
-                    let h = kinds.get(*kind).unwrap_or(&empty);
-                    let st = reminders.stats();
-                    println!(
-                        "stats {} {} {} {} {} {} {}",
-                        h.len(),
-                        h.value_at_quantile(0.5),
-                        h.value_at_quantile(0.99),
-                        h.max(),
-                        st.scheduled,
-                        st.loads,
-                        st.notices
-                    );
+                    print_stats(kinds.get(*kind).unwrap_or(&empty), &reminders.stats());
                 }
                 ["stats"] => {
                     let h = hist.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    let st = reminders.stats();
-                    println!(
-                        "stats {} {} {} {} {} {} {}",
-                        h.len(),
-                        h.value_at_quantile(0.5),
-                        h.value_at_quantile(0.99),
-                        h.max(),
-                        st.scheduled,
-                        st.loads,
-                        st.notices
-                    );
+                    print_stats(&h, &reminders.stats());
                 }
                 ["quit"] => break,
                 other => anyhow::bail!("r5-silo: unknown command {other:?}"),
@@ -242,6 +221,20 @@ pub fn silo(store: &str, cluster: &str, run_history: usize, per_kind_cap: usize)
 static RUN_HISTORY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(20);
 /// The `--per-kind-cap` of the silo processes this run starts (0: none).
 static PER_KIND_CAP: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Answers `stats`: `stats TICKS P50_US P99_US MAX_US SCHEDULED LOADS NOTICES`.
+fn print_stats(h: &Histogram<u64>, st: &rollcall::reminders::ReminderStats) {
+    println!(
+        "stats {} {} {} {} {} {} {}",
+        h.len(),
+        h.value_at_quantile(0.5),
+        h.value_at_quantile(0.99),
+        h.max(),
+        st.scheduled,
+        st.loads,
+        st.notices
+    );
+}
 
 /// A bench child process (`rollcall-bench r5-silo`, `r4-silos`): commands on its
 /// stdin, one answer line each on its stdout; killed when dropped.

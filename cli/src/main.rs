@@ -222,10 +222,9 @@ fn read_secret(path: Option<&std::path::Path>) -> anyhow::Result<Option<rollcall
 /// The actor-id prefix of `--kind` or `--prefix`.
 fn kind_or_prefix(kind: Option<&str>, prefix: Option<&str>) -> anyhow::Result<Option<String>> {
     match (kind, prefix) {
-        (Some(k), _) if k.is_empty() || k.contains('/') || k.chars().any(char::is_control) => {
-            anyhow::bail!("--kind `{k}`: a kind is not empty and has no `/` or control characters")
-        }
-        (Some(k), _) => Ok(Some(format!("{k}/"))),
+        (Some(k), _) => rollcall::reminders::ActorId::kind_prefix(k)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("--kind `{k}`: {e}")),
         (None, p) => Ok(p.map(str::to_owned)),
     }
 }
@@ -412,16 +411,16 @@ fn main() -> anyhow::Result<()> {
             let (Some(actor), Some(name)) = (actor, reminder) else {
                 anyhow::bail!("`reminders {action:?}` needs ACTOR and NAME, e.g. `cart/42 expire`");
             };
-            rollcall::reminders::ActorId::parse(&actor)?;
+            let actor_id = rollcall::reminders::ActorId::parse(&actor)?;
             let secret = read_secret(shared_secret_file.as_deref())?;
             let store = rollcall::connect(&store).await?;
             let table = store.reminder_table(&service)?;
-            let Some(row) = table.read_row(&actor, &name).await? else {
-                anyhow::bail!("no reminder `{name}` of {actor} in service {service}");
-            };
             let now = rollcall::Timestamp::now();
             let (done, told_name) = match action {
                 RemindersAction::Trigger => {
+                    let Some(row) = table.read_row(&actor, &name).await? else {
+                        anyhow::bail!("no reminder `{name}` of {actor} in service {service}");
+                    };
                     // Two triggers in one millisecond get different names.
                     let nanos = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
@@ -433,12 +432,12 @@ fn main() -> anyhow::Result<()> {
                 }
                 _ => {
                     let paused = (action == RemindersAction::Pause).then_some(now);
-                    if row.paused.is_some() == paused.is_some() {
+                    let timeout = std::time::Duration::from_secs(10);
+                    let (_, changed) =
+                        rollcall::reminders::set_paused(&*table, &actor_id, &name, paused, timeout).await?;
+                    if !changed {
                         println!("{actor} {name} was already {}", if paused.is_some() { "paused" } else { "ticking" });
                         return Ok(());
-                    }
-                    if !table.update_paused(&actor, &name, &row.etag, paused).await? {
-                        anyhow::bail!("{actor} {name} changed meanwhile (re-registered or removed): run it again");
                     }
                     let verb = if paused.is_some() { "paused" } else { "resumed" };
                     (format!("{verb} {actor} {name}"), name.clone())

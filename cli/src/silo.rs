@@ -50,14 +50,7 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
         (None, true) => ClusterMembershipOptions::fast(),
         (None, false) => ClusterMembershipOptions::default(),
     };
-    let secret = match &args.shared_secret_file {
-        None => None,
-        Some(path) => {
-            let bytes = std::fs::read(path)
-                .map_err(|e| anyhow::anyhow!("--shared-secret-file {}: {e}", path.display()))?;
-            Some(rollcall::transport::SharedSecret::new(bytes.trim_ascii())?)
-        }
-    };
+    let secret = crate::read_secret(args.shared_secret_file.as_deref())?;
     if let Some(addr) = args.metrics_listen {
         rollcall::prometheus::serve(addr)?;
         println!("Prometheus metrics at http://{addr}/metrics");

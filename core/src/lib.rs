@@ -78,8 +78,8 @@ pub use metrics_table::{MembershipCounters, MetricsReport, MetricsRole, MetricsR
 pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};
 pub use paging::{PageToken, ReminderPage, Removed};
 pub use reminder::{
-    actor_hash, actor_shard, check_run_keep, hash_in_range, hash_shard, parked_service_id, ReminderEntry,
-    RetryPolicy, RunOutcome, RunRecord, DEFAULT_SHARDS, MAX_REMINDER_PAYLOAD, MAX_RUN_HISTORY,
+    actor_hash, actor_shard, check_run_keep, hash_in_range, hash_shard, parked_service_id, prepend_run,
+    ReminderEntry, RetryPolicy, RunOutcome, RunRecord, DEFAULT_SHARDS, MAX_REMINDER_PAYLOAD, MAX_RUN_HISTORY,
 };
 pub use silo::{SiloAddress, SiloStatus};
 pub use state::{ClearMode, Codec, Expected, StateKey, StateRead, StateStorage, StateTable};

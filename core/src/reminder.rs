@@ -210,6 +210,20 @@ pub fn check_run_keep(keep: usize) -> Result<()> {
     Ok(())
 }
 
+/// Prepends `run` to the history `runs` (newest first) and keeps the newest
+/// `keep`, unless `run` is its newest record already (an append retried after
+/// it landed): the rule every provider's
+/// [`ReminderTable::append_run`](crate::ReminderTable::append_run) follows.
+/// Returns whether `runs` changed.
+pub fn prepend_run(runs: &mut Vec<RunRecord>, run: &RunRecord, keep: usize) -> bool {
+    if runs.first() == Some(run) {
+        return false;
+    }
+    runs.insert(0, run.clone());
+    runs.truncate(keep);
+    true
+}
+
 /// How a reminder's failed tick is retried: up to `max_retries` more attempts
 /// after the first, the `k`-th (from 1) after
 /// `min(first_delay x 2^(k-1), max_delay)` less up to 20% jitter; then the

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 use rollcall_core::{
@@ -249,6 +250,34 @@ impl DynamoDbReminderTable {
         self.conn.query_all(self.table_name(), q).await
     }
 
+    /// Updates the row `(actor_id, name)` as `update` says if its etag is
+    /// `etag`, leaving the etag as it is (the columns outside the registration:
+    /// `last_fired`, `paused`). `Ok(false)`: missing or stale, nothing written.
+    async fn update_under_etag(
+        &self,
+        what: &str,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        update: impl FnOnce(UpdateItemFluentBuilder) -> UpdateItemFluentBuilder,
+    ) -> Result<bool> {
+        LIMITS.check_key(actor_id, name)?;
+        if etag.is_empty() {
+            return Ok(false);
+        }
+        let request = self
+            .conn
+            .client
+            .update_item()
+            .table_name(self.table_name())
+            .set_key(Some(self.key(actor_hash(actor_id), actor_id, name)))
+            .condition_expression("#e = :e")
+            .expression_attribute_names("#e", ETAG)
+            .expression_attribute_values(":e", s(etag.as_str()));
+        let sent = update(request).send().await;
+        Ok(self.conn.conditional(what, self.table_name(), sent)?.is_some())
+    }
+
     /// The key of the run history of `(actor, name)`.
     fn runs_key(&self, actor: &str, name: &str) -> Item {
         let hash = actor_hash(actor);
@@ -404,28 +433,12 @@ impl ReminderTable for DynamoDbReminderTable {
         etag: &Etag,
         fired_at: Timestamp,
     ) -> Result<bool> {
-        LIMITS.check_key(actor_id, name)?;
-        if etag.is_empty() {
-            return Ok(false);
-        }
-        let sent = self
-            .conn
-            .client
-            .update_item()
-            .table_name(self.table_name())
-            .set_key(Some(self.key(actor_hash(actor_id), actor_id, name)))
-            .update_expression("SET #f = :f")
-            .condition_expression("#e = :e")
-            .expression_attribute_names("#f", LAST_FIRED)
-            .expression_attribute_names("#e", ETAG)
-            .expression_attribute_values(":f", s(fired_at.to_string()))
-            .expression_attribute_values(":e", s(etag.as_str()))
-            .send()
-            .await;
-        Ok(self
-            .conn
-            .conditional("update_last_fired", self.table_name(), sent)?
-            .is_some())
+        self.update_under_etag("update_last_fired", actor_id, name, etag, |u| {
+            u.update_expression("SET #f = :f")
+                .expression_attribute_names("#f", LAST_FIRED)
+                .expression_attribute_values(":f", s(fired_at.to_string()))
+        })
+        .await
     }
 
     async fn update_paused(
@@ -435,31 +448,16 @@ impl ReminderTable for DynamoDbReminderTable {
         etag: &Etag,
         paused: Option<Timestamp>,
     ) -> Result<bool> {
-        LIMITS.check_key(actor_id, name)?;
-        if etag.is_empty() {
-            return Ok(false);
-        }
-        let update = self
-            .conn
-            .client
-            .update_item()
-            .table_name(self.table_name())
-            .set_key(Some(self.key(actor_hash(actor_id), actor_id, name)))
-            .condition_expression("#e = :e")
-            .expression_attribute_names("#e", ETAG)
-            .expression_attribute_names("#p", PAUSED)
-            .expression_attribute_values(":e", s(etag.as_str()));
-        let update = match paused {
-            Some(t) => update
-                .update_expression("SET #p = :p")
-                .expression_attribute_values(":p", s(t.to_string())),
-            None => update.update_expression("REMOVE #p"),
-        };
-        let sent = update.send().await;
-        Ok(self
-            .conn
-            .conditional("update_paused", self.table_name(), sent)?
-            .is_some())
+        self.update_under_etag("update_paused", actor_id, name, etag, |u| {
+            let u = u.expression_attribute_names("#p", PAUSED);
+            match paused {
+                Some(t) => u
+                    .update_expression("SET #p = :p")
+                    .expression_attribute_values(":p", s(t.to_string())),
+                None => u.update_expression("REMOVE #p"),
+            }
+        })
+        .await
     }
 
     async fn append_run(&self, actor_id: &str, name: &str, run: &RunRecord, keep: usize) -> Result<()> {
@@ -470,11 +468,9 @@ impl ReminderTable for DynamoDbReminderTable {
         // timed out but landed shows as `run` at the front on the next read.
         for _ in 0..16 {
             let (mut runs, version) = self.runs_at(&key).await?;
-            if runs.first() == Some(run) {
+            if !rollcall_core::prepend_run(&mut runs, run, keep) {
                 return Ok(());
             }
-            runs.insert(0, run.clone());
-            runs.truncate(keep);
             let json =
                 serde_json::to_string(&runs).map_err(|e| Error::backend(format!("encode runs: {e}")))?;
             let mut item = key.clone();

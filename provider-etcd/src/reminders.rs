@@ -285,11 +285,9 @@ impl ReminderTable for EtcdReminderTable {
         // the front on the next read: nothing is appended twice.
         for _ in 0..16 {
             let (mut runs, rev) = self.runs_at(&key).await?;
-            if runs.first() == Some(run) {
+            if !rollcall_core::prepend_run(&mut runs, run, keep) {
                 return Ok(());
             }
-            runs.insert(0, run.clone());
-            runs.truncate(keep);
             let json =
                 serde_json::to_string(&runs).map_err(|e| Error::backend(format!("encode runs: {e}")))?;
             let guard = if rev == 0 {

@@ -49,7 +49,7 @@ struct Inner {
     clusters: Mutex<HashMap<String, Cluster>>,
     services: Mutex<HashMap<String, Service>>,
     /// Reminder run histories per (service, actor, name), newest first.
-    runs: Mutex<HashMap<(String, String, String), std::collections::VecDeque<rollcall_core::RunRecord>>>,
+    runs: Mutex<HashMap<(String, String, String), Vec<rollcall_core::RunRecord>>>,
     /// Metrics rows per cluster, keyed by (role, id).
     metrics: Mutex<HashMap<String, MetricsRows>>,
     /// Statistics per cluster.
@@ -156,9 +156,7 @@ impl MemoryStore {
 
     fn with_runs<R>(
         &self,
-        f: impl FnOnce(
-            &mut HashMap<(String, String, String), std::collections::VecDeque<rollcall_core::RunRecord>>,
-        ) -> R,
+        f: impl FnOnce(&mut HashMap<(String, String, String), Vec<rollcall_core::RunRecord>>) -> R,
     ) -> Result<R> {
         self.check_available()?;
         Ok(f(&mut lock(&self.inner.runs)))

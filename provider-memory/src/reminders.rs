@@ -135,24 +135,15 @@ impl ReminderTable for MemoryReminderTable {
         rollcall_core::check_run_keep(keep)?;
         let key = (self.service_id.clone(), actor_id.to_owned(), name.to_owned());
         self.store.with_runs(|runs| {
-            let h = runs.entry(key).or_default();
-            // A retried append of the newest record adds nothing (as on
-            // every provider).
-            if h.front() != Some(run) {
-                h.push_front(run.clone());
-            }
-            h.truncate(keep);
+            rollcall_core::prepend_run(runs.entry(key).or_default(), run, keep);
         })
     }
 
     async fn read_runs(&self, actor_id: &str, name: &str) -> Result<Vec<RunRecord>> {
         KeyLimits::CORE.check_key(actor_id, name)?;
         let key = (self.service_id.clone(), actor_id.to_owned(), name.to_owned());
-        self.store.with_runs(|runs| {
-            runs.get(&key)
-                .map(|h| h.iter().cloned().collect())
-                .unwrap_or_default()
-        })
+        self.store
+            .with_runs(|runs| runs.get(&key).cloned().unwrap_or_default())
     }
 
     async fn remove_runs(&self, actor_id: &str, name: &str) -> Result<()> {

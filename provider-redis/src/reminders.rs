@@ -420,26 +420,19 @@ impl ReminderTable for RedisReminderTable {
         let member = ReminderKeys::member(actor_id, name);
         let json = serde_json::to_string(run).map_err(|e| Error::backend(format!("encode run: {e}")))?;
         // One slot (the shard's tag): the push, the trim and the index in one
-        // script.
-        let (key, index) = (self.keys.runs(k, &member), self.keys.runs_index(k));
-        let (key, index, json, member) = (&key, &index, &json, &member);
+        // script (and a `WAIT` for the replicas when the store asks for one).
+        let keys = [self.keys.runs(k, &member), self.keys.runs_index(k)];
+        let args = [json, keep.to_string(), member];
         let _: i64 = self
             .router
-            .run(&self.keys.shard_tag(k), |node: Arc<Node>| async move {
-                node.timed("append_run", async {
-                    let mut con = node.shared().await?;
-                    APPEND_RUN
-                        .key(key)
-                        .key(index)
-                        .arg(json)
-                        .arg(keep)
-                        .arg(member)
-                        .invoke_async(&mut con)
-                        .await
-                        .map_err(|e| backend("append_run", e))
-                })
-                .await
-            })
+            .invoke_write(
+                &self.keys.shard_tag(k),
+                "append_run",
+                &APPEND_RUN,
+                &keys,
+                &args,
+                |n: &i64| *n == 1,
+            )
             .await?;
         Ok(())
     }
@@ -478,26 +471,11 @@ impl ReminderTable for RedisReminderTable {
         // after the clear of its shard.
         let shards = self.shards().await?;
         for k in 0..shards {
-            let tag = self.keys.shard_tag(k);
-            let (ring, prefix) = (self.keys.ring(k), self.keys.row_prefix(k));
-            let (runs, runs_prefix) = (self.keys.runs_index(k), self.keys.runs_prefix(k));
-            let (ring, prefix, runs, runs_prefix) = (&ring, &prefix, &runs, &runs_prefix);
+            let keys = [self.keys.ring(k), self.keys.runs_index(k)];
+            let args = [self.keys.row_prefix(k), self.keys.runs_prefix(k)];
             let _: i64 = self
                 .router
-                .run(&tag, |node: Arc<Node>| async move {
-                    node.timed("clear", async {
-                        let mut con = node.shared().await?;
-                        CLEAR
-                            .key(ring)
-                            .key(runs)
-                            .arg(prefix)
-                            .arg(runs_prefix)
-                            .invoke_async(&mut con)
-                            .await
-                            .map_err(|e| backend("clear", e))
-                    })
-                    .await
-                })
+                .invoke(&self.keys.shard_tag(k), "clear", &CLEAR, &keys, &args)
                 .await?;
         }
         Ok(())

@@ -42,6 +42,11 @@ pub struct ActorId {
     key: String,
 }
 
+/// Whether `kind` has no `/` and no control characters.
+fn valid_kind(kind: &str) -> bool {
+    !kind.contains('/') && !kind.chars().any(char::is_control)
+}
+
 impl ActorId {
     /// An actor id.
     ///
@@ -59,13 +64,30 @@ impl ActorId {
         if kind.is_empty() || key.is_empty() {
             return bad("kind and key must not be empty");
         }
-        if kind.contains('/') || kind.chars().any(char::is_control) {
+        if !valid_kind(&kind) {
             return bad("the kind must not contain `/` or control characters");
         }
         if kind.len() + 1 + key.len() > MAX_ACTOR_ID {
             return bad("longer than 1024 bytes");
         }
         Ok(ActorId { kind, key })
+    }
+
+    /// The prefix of the ids of every actor of kind `kind`: `kind/` (for
+    /// [`Reminders::list_prefix`](crate::Reminders::list_prefix) and the bulk
+    /// deletes).
+    ///
+    /// # Errors
+    /// [`ReminderError::InvalidActor`] for a kind [`new`](Self::new) refuses:
+    /// empty, or with `/` or control characters.
+    pub fn kind_prefix(kind: &str) -> Result<String, ReminderError> {
+        if kind.is_empty() || !valid_kind(kind) {
+            return Err(ReminderError::InvalidActor(
+                kind.to_owned(),
+                "a kind is not empty and has no `/` or control characters".into(),
+            ));
+        }
+        Ok(format!("{kind}/"))
     }
 
     /// Parses the stored form `kind/key` (split at the first `/`).

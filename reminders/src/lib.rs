@@ -55,5 +55,5 @@ pub use rollcall_core::{
 pub use schedule::{Calendar, ScheduleError};
 #[cfg(feature = "runtime")]
 pub use service::{
-    tell_holder, tell_shard_holders, trigger_row, Reminders, RemindersBuilder, Told, ToldShards,
+    set_paused, tell_holder, tell_shard_holders, trigger_row, Reminders, RemindersBuilder, Told, ToldShards,
 };

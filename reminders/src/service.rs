@@ -549,40 +549,11 @@ impl Reminders {
         paused: Option<Timestamp>,
     ) -> Result<ReminderHandle, ReminderError> {
         let t = self.inner.options.table_operation_timeout;
-        let (actor_id, table) = (actor.to_string(), &self.inner.table);
-        let not_found = || ReminderError::NotFound {
-            actor: actor.clone(),
-            name: name.to_owned(),
-        };
-        for _ in 0..3 {
-            let Some(mut row) = bounded(t, table.read_row(&actor_id, name)).await? else {
-                return Err(not_found());
-            };
-            if row.paused.is_some() == paused.is_some() {
-                return ReminderHandle::from_entry(row);
-            }
-            let written = match bounded(t, table.update_paused(&actor_id, name, &row.etag, paused)).await {
-                Ok(written) => written,
-                Err(e) => {
-                    // It may have landed: read to learn.
-                    match bounded(t, table.read_row(&actor_id, name)).await {
-                        Ok(Some(now)) if now.etag == row.etag && now.paused.is_some() == paused.is_some() => {
-                            true
-                        }
-                        _ => return Err(e),
-                    }
-                }
-            };
-            if written {
-                row.paused = paused;
-                self.notify_owner(&actor_id, name);
-                return ReminderHandle::from_entry(row);
-            }
+        let (row, changed) = set_paused(&*self.inner.table, actor, name, paused, t).await?;
+        if changed {
+            self.notify_owner(&row.actor_id, name);
         }
-        Err(ReminderError::StaleHandle {
-            actor: actor.clone(),
-            name: name.to_owned(),
-        })
+        ReminderHandle::from_entry(row)
     }
 
     /// Triggers the reminder `name` of `actor` now: one extra tick, at once,
@@ -671,7 +642,7 @@ impl Reminders {
         after: Option<&PageToken>,
         size: usize,
     ) -> Result<ReminderList, ReminderError> {
-        self.list_prefix(&kind_prefix(kind)?, after, size).await
+        self.list_prefix(&ActorId::kind_prefix(kind)?, after, size).await
     }
 
     /// As [`list_kind`](Self::list_kind), for the reminders whose actor id
@@ -704,7 +675,7 @@ impl Reminders {
     /// [`ReminderError::InvalidActor`] for a kind as [`list_kind`](Self::list_kind)
     /// refuses; otherwise as [`delete_prefix`](Self::delete_prefix).
     pub async fn delete_kind(&self, kind: &str) -> Result<Removed, ReminderError> {
-        self.delete_prefix(&kind_prefix(kind)?).await
+        self.delete_prefix(&ActorId::kind_prefix(kind)?).await
     }
 
     /// Removes every reminder whose actor id starts with `prefix`, page by page
@@ -781,6 +752,55 @@ pub fn trigger_row(of: &ReminderEntry, now: Timestamp, salt: u16) -> Result<Remi
     entry.retry = of.retry;
     entry.trigger_of = Some(of.name.clone());
     Ok(entry)
+}
+
+/// Sets the paused column of the reminder `name` of `actor` in `table` to
+/// `paused` under its etag ([`ReminderTable::update_paused`]), each call
+/// bounded by `timeout`, 3 attempts at most (a registration racing it costs
+/// one); a write that timed out is read back before it errs. Returns the row
+/// as written and whether it changed (pausing a paused reminder does not).
+/// The rule of [`Reminders::pause`] and `resume`, for callers outside a silo
+/// too (the CLI); they then tell the holder ([`tell_holder`]).
+///
+/// # Errors
+/// [`ReminderError::NotFound`]; [`ReminderError::StaleHandle`] if it was
+/// re-registered during each attempt; [`ReminderError::Table`] or
+/// [`ReminderError::Timeout`].
+pub async fn set_paused(
+    table: &dyn ReminderTable,
+    actor: &ActorId,
+    name: &str,
+    paused: Option<Timestamp>,
+    timeout: Duration,
+) -> Result<(ReminderEntry, bool), ReminderError> {
+    let actor_id = actor.to_string();
+    for _ in 0..3 {
+        let Some(mut row) = bounded(timeout, table.read_row(&actor_id, name)).await? else {
+            return Err(ReminderError::NotFound {
+                actor: actor.clone(),
+                name: name.to_owned(),
+            });
+        };
+        if row.paused.is_some() == paused.is_some() {
+            return Ok((row, false));
+        }
+        let written = match bounded(timeout, table.update_paused(&actor_id, name, &row.etag, paused)).await {
+            Ok(written) => written,
+            // It may have landed: read to learn.
+            Err(e) => match bounded(timeout, table.read_row(&actor_id, name)).await {
+                Ok(Some(now)) if now.etag == row.etag && now.paused.is_some() == paused.is_some() => true,
+                _ => return Err(e),
+            },
+        };
+        if written {
+            row.paused = paused;
+            return Ok((row, true));
+        }
+    }
+    Err(ReminderError::StaleHandle {
+        actor: actor.clone(),
+        name: name.to_owned(),
+    })
 }
 
 /// What [`tell_holder`] did.
@@ -933,17 +953,6 @@ async fn send_from_outside(
 const BULK_PAGE: usize = 1000;
 /// Removes a bulk delete has in flight.
 const BULK_CONCURRENCY: usize = 32;
-
-/// The actor-id prefix of kind `kind`: `kind/`.
-fn kind_prefix(kind: &str) -> Result<String, ReminderError> {
-    if kind.is_empty() || kind.contains('/') || kind.chars().any(char::is_control) {
-        return Err(ReminderError::InvalidActor(
-            kind.to_owned(),
-            "a kind is not empty and has no `/` or control characters".into(),
-        ));
-    }
-    Ok(format!("{kind}/"))
-}
 
 /// Sends `body` on the notice topic in the background to the holder the lease
 /// of `shard` names, by the rule of [`NoticeRetry`] (the lease read again

@@ -2,6 +2,28 @@
 
 use super::*;
 
+/// Runs a command: (success, stdout, stderr).
+#[cfg(feature = "redis")]
+fn outcome(cmd: &mut Command) -> (bool, String, String) {
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `rollcall reminders ARGS --store STORE --service SERVICE`.
+#[cfg(feature = "redis")]
+fn reminders_cmd(store: &str, service: &str, args: &[&str]) -> (bool, String, String) {
+    outcome(
+        rollcall()
+            .arg("reminders")
+            .args(args)
+            .args(["--store", store, "--service", service]),
+    )
+}
+
 /// `rollcall reminders` lists a service's reminders with their owner in the
 /// cluster's membership, next tick, schedule (a period, once, a cron expression
 /// in a zone with an end) and policies.
@@ -232,14 +254,7 @@ fn redis_reminders_export_then_import_moves_every_row() {
     });
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("reminders.jsonl");
-    let run = |args: &[&str]| {
-        let out = rollcall().args(args).output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let run = |args: &[&str]| outcome(rollcall().args(args));
     let file_arg = file.to_str().unwrap();
     let (ok, _, err) = run(&[
         "reminders",
@@ -329,17 +344,7 @@ fn redis_reminders_page_and_delete_by_kind() {
             table.upsert_row(&r).await.unwrap();
         }
     });
-    let run = |args: &[&str]| {
-        let mut all = vec!["reminders"];
-        all.extend_from_slice(args);
-        all.extend_from_slice(&["--store", &backend.endpoint, "--service", &service]);
-        let out = rollcall().args(&all).output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let run = |args: &[&str]| reminders_cmd(&backend.endpoint, &service, args);
     let (mut carts, mut after, mut pages) = (std::collections::BTreeSet::new(), None::<String>, 0);
     loop {
         let mut args = vec!["list", "--kind", "cart", "--limit", "100"];
@@ -407,17 +412,7 @@ fn redis_reminders_pause_resume_and_trigger_one_reminder() {
     );
     row.payload = Some(b"p".to_vec());
     let etag = rt.block_on(table.upsert_row(&row)).unwrap();
-    let run = |args: &[&str]| {
-        let mut all = vec!["reminders"];
-        all.extend_from_slice(args);
-        all.extend_from_slice(&["--store", &backend.endpoint, "--service", &service]);
-        let out = rollcall().args(&all).output().unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let run = |args: &[&str]| reminders_cmd(&backend.endpoint, &service, args);
     let read = || rt.block_on(table.read_row("cart/1", "expire")).unwrap().unwrap();
 
     let (ok, out, err) = run(&["pause", "cart/1", "expire"]);

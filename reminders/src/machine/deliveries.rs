@@ -239,7 +239,8 @@ impl ReminderMachine {
         res: Result<(), String>,
     ) {
         self.deliveries = self.deliveries.saturating_sub(1);
-        if let Some(n) = self.kind_running.get_mut(kind_of(&key)) {
+        let capped = self.options.max_deliveries_per_kind.is_some();
+        if let Some(n) = capped.then(|| self.kind_running.get_mut(kind_of(&key))).flatten() {
             *n = n.saturating_sub(1);
             if *n == 0 {
                 self.kind_running.remove(kind_of(&key));
@@ -313,10 +314,12 @@ impl ReminderMachine {
                 self.writes.remove(key, etag);
             }
             AfterAttempt::Next(next) => {
-                // A handler that overran occurrences: the first it skipped.
-                let skipped = slot
-                    .timing()
-                    .after(scheduled)
+                // A handler that overran occurrences: the first it skipped
+                // (worked out only when histories are kept: a calendar's is
+                // not free).
+                let skipped = (self.options.run_history > 0)
+                    .then(|| slot.timing().after(scheduled))
+                    .flatten()
                     .filter(|first| *first < next.scheduled);
                 self.queue.requeue(key, next);
                 if let Some(first) = skipped {
