@@ -56,7 +56,11 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
         println!("Prometheus metrics at http://{addr}/metrics");
     }
     let system = actix::System::new();
-    let (silo, publisher) = system.block_on(async {
+    let (mut leave, silo, publisher) = system.block_on(async {
+        // Caught from here on: a SIGTERM sent as soon as the silo says it is
+        // Active (or while the loop below handles a table change) waits for
+        // the loop instead of killing the process or being missed.
+        let leave = LeaveSignals::catch()?;
         // A store that is not up yet (it often starts with the cluster) is waited
         // for, as the join itself is: up to max_join_attempt_time.
         let store = rollcall::connect_retrying(&args.store, options.max_join_attempt_time).await?;
@@ -96,7 +100,7 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
                 }
             }
         };
-        anyhow::Ok((silo, publisher))
+        anyhow::Ok((leave, silo, publisher))
     })?;
     println!("silo {} is Active in cluster {}", silo.address(), args.cluster);
     let handle = silo.clone();
@@ -106,7 +110,7 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
             let mut snapshots = handle.subscribe();
             loop {
                 tokio::select! {
-                    signal = leave_signal() => {
+                    signal = leave.recv() => {
                         println!("{signal}: shutting down gracefully");
                         if let Err(e) = handle.shutdown().await {
                             eprintln!("graceful shutdown failed: {e}");
@@ -146,27 +150,30 @@ async fn metrics_table(
     Ok(table)
 }
 
-/// Waits for Ctrl-C (SIGINT) or, on Unix, SIGTERM (what Kubernetes and systemd send)
-/// and names it.
-async fn leave_signal() -> &'static str {
-    #[cfg(unix)]
-    {
+/// Ctrl-C (SIGINT) and, on Unix, SIGTERM (what Kubernetes and systemd send),
+/// caught once for the silo's life: a signal that arrives while nobody
+/// waits on [`LeaveSignals::recv`] is kept for the next call.
+struct LeaveSignals {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl LeaveSignals {
+    /// Installs the handlers (inside the runtime).
+    fn catch() -> std::io::Result<Self> {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = tokio::signal::ctrl_c() => "Ctrl-C",
-                _ = term.recv() => "SIGTERM",
-            },
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-                "Ctrl-C"
-            }
-        }
+        Ok(LeaveSignals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+        })
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-        "Ctrl-C"
+
+    /// The next signal, named.
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.interrupt.recv() => "Ctrl-C",
+            _ = self.terminate.recv() => "SIGTERM",
+        }
     }
 }
 

@@ -63,23 +63,34 @@ impl Default for Faults {
     }
 }
 
-/// Runs `system` until SIGTERM, then shuts `silo` down gracefully (its leave
-/// hooks first: the reminder service hands its shards over), drops `keep`
-/// (the services the silo ran) and stops.
+/// Catches SIGTERM from now on: a SIGTERM that arrives before
+/// [`run_until_sigterm`] runs waits in the returned stream instead of killing
+/// the process. Call it inside the system, before the process prints `ready`
+/// (a test may send SIGTERM right after it reads `ready`; with the handler
+/// installed only once the system runs, a loaded machine saw the process
+/// killed by the signal instead of leaving gracefully).
+///
+/// # Errors
+/// When the signal handler cannot be installed.
+pub fn catch_sigterm() -> std::io::Result<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+}
+
+/// Runs `system` until `term` (from [`catch_sigterm`]) sees SIGTERM, then
+/// shuts `silo` down gracefully (its leave hooks first: the reminder service
+/// hands its shards over), drops `keep` (the services the silo ran) and
+/// stops.
 ///
 /// # Errors
 /// The system's own error when it cannot run.
 pub fn run_until_sigterm(
     system: actix::SystemRunner,
+    mut term: tokio::signal::unix::Signal,
     silo: rollcall::SiloHandle,
     keep: Box<dyn Any>,
 ) -> std::io::Result<()> {
     system.block_on(async move {
         actix::spawn(async move {
-            let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            else {
-                return;
-            };
             term.recv().await;
             if let Err(e) = silo.shutdown().await {
                 eprintln!("graceful shutdown: {e}");

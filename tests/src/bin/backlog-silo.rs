@@ -127,6 +127,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let system = actix::System::new();
     let started = system.block_on(async {
         let faults = rollcall_tests::silo_process::Faults::default();
+        let term = rollcall_tests::silo_process::catch_sigterm()?;
         let (store, silo) =
             rollcall_tests::silo_process::start_silo(&args[1], &cluster, listen, Some(&faults)).await?;
         let (jump, cut) = (
@@ -221,9 +222,9 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         println!("ready {}", silo.address());
-        Ok::<_, Box<dyn std::error::Error>>((silo, reminders))
+        Ok::<_, Box<dyn std::error::Error>>((term, silo, reminders))
     })?;
-    let (silo, reminders) = started;
-    rollcall_tests::silo_process::run_until_sigterm(system, silo, Box::new(reminders))?;
+    let (term, silo, reminders) = started;
+    rollcall_tests::silo_process::run_until_sigterm(system, term, silo, Box::new(reminders))?;
     Ok(())
 }

@@ -83,6 +83,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let out = Arc::new(Mutex::new(log));
     let system = actix::System::new();
     let silo = system.block_on(async {
+        let term = rollcall_tests::silo_process::catch_sigterm()?;
         let (store, silo) =
             rollcall_tests::silo_process::start_silo(&args[0], &cluster, listen, None).await?;
         let logger = Logger {
@@ -120,10 +121,10 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         }
         control(reminders.clone());
         println!("ready {}", silo.address());
-        Ok::<_, Box<dyn std::error::Error>>((silo, reminders))
+        Ok::<_, Box<dyn std::error::Error>>((term, silo, reminders))
     })?;
-    let (silo, reminders) = silo;
-    rollcall_tests::silo_process::run_until_sigterm(system, silo, Box::new(reminders))?;
+    let (term, silo, reminders) = silo;
+    rollcall_tests::silo_process::run_until_sigterm(system, term, silo, Box::new(reminders))?;
     Ok(())
 }
 
