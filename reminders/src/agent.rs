@@ -38,6 +38,11 @@ pub(crate) struct ReminderAgent {
     pub timers: HashMap<Timer, SpawnHandle>,
     pub first_load_waiters: Vec<oneshot::Sender<()>>,
     pub leave_replies: Vec<oneshot::Sender<()>>,
+    /// Reads `clock` before each event: a step of it is a clock beyond the
+    /// bound until the silo measures again (`StepWatch`'s docs).
+    pub step: rollcall_core::protocol::StepWatch,
+    /// The monotonic origin `step` reads against.
+    pub monotonic_origin: tokio::time::Instant,
 }
 
 impl Actor for ReminderAgent {
@@ -201,10 +206,61 @@ impl Handler<NoticesReceived> for ReminderAgent {
 impl ReminderAgent {
     /// Hands `event` to the machine and carries out its actions.
     fn run(&mut self, event: Event, ctx: &mut Context<Self>) {
-        let actions = self.machine.handle(self.clock.now(), event);
+        let now = self.clock.now();
+        // A step of the wall clock (a VM resumed, an NTP step) is a clock
+        // beyond the bound from this event on, before the machine sees the
+        // stepped time (a clock stepped ahead would deliver early what a
+        // successor delivers again), until a report computed after the step
+        // says otherwise.
+        let max_offset = self.silo.clock().max_offset;
+        if let Some(step) = self
+            .step
+            .observe(now, self.monotonic_origin.elapsed(), max_offset / 2)
+        {
+            tracing::warn!(
+                silo = %self.machine.me(), step_ms = step,
+                "reminder service: the wall clock stepped; delivering nothing until the silo \
+                 measures its clock again"
+            );
+            let actions = self.machine.handle(
+                now,
+                Event::Clock {
+                    within_bound: false,
+                    max_offset,
+                },
+            );
+            for action in actions {
+                self.execute(action, ctx);
+            }
+            self.measure_clock(ctx);
+        }
+        let actions = self.machine.handle(now, event);
         for action in actions {
             self.execute(action, ctx);
         }
+    }
+
+    /// Asks the silo for a clock report computed now and hands it to the
+    /// machine; asks again a second later while the silo does not answer.
+    fn measure_clock(&mut self, ctx: &mut Context<Self>) {
+        let silo = self.silo.clone();
+        ctx.spawn(
+            async move { silo.measure_clock().await }
+                .into_actor(self)
+                .map(|report, act, ctx| match report {
+                    Ok(report) => act.run(
+                        Event::Clock {
+                            within_bound: report.within_bound,
+                            max_offset: report.max_offset,
+                        },
+                        ctx,
+                    ),
+                    Err(rollcall_core::SiloError::Stopped) => {}
+                    Err(_) => {
+                        ctx.run_later(Duration::from_secs(1), |act, ctx| act.measure_clock(ctx));
+                    }
+                }),
+        );
     }
 
     /// Runs `call` and hands the machine the event its answer makes.

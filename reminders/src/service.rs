@@ -179,6 +179,8 @@ impl RemindersBuilder {
             timers: Default::default(),
             first_load_waiters: Vec::new(),
             leave_replies: Vec::new(),
+            step: rollcall_core::protocol::StepWatch::new(),
+            monotonic_origin: tokio::time::Instant::now(),
         }
         .start();
         // A graceful shutdown of the silo first releases this service's shards,

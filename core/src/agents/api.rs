@@ -31,7 +31,7 @@ use crate::{
     SystemStore,
 };
 
-use super::executor::{MembershipAgent, RefreshCall, ShutdownCall};
+use super::executor::{MeasureClock, MembershipAgent, RefreshCall, ShutdownCall};
 
 /// What a silo does when it reads its own row as Dead (Orleans: the silo kills
 /// itself; the "perfect failure detector" property).
@@ -358,6 +358,22 @@ impl SiloHandle {
     /// after every probe, and at once when the local clock steps). Never waits.
     pub fn clock(&self) -> crate::protocol::ClockReport {
         *self.clock.borrow()
+    }
+
+    /// The clock report computed now rather than after the last probe: a
+    /// step of the local wall clock since then is in it. It is published to
+    /// [`subscribe_clock`](Self::subscribe_clock) too.
+    ///
+    /// # Errors
+    /// [`SiloError::Stopped`]; [`SiloError::Timeout`] when the silo does not
+    /// answer within 1 s (it is overloaded: the report it will publish still
+    /// comes through the watch).
+    pub async fn measure_clock(&self) -> Result<crate::protocol::ClockReport, SiloError> {
+        let bound = Duration::from_secs(1);
+        tokio::time::timeout(bound, self.agent.send(MeasureClock))
+            .await
+            .map_err(|_| SiloError::Timeout(bound))?
+            .map_err(|_| SiloError::Stopped)
     }
 
     /// A watch of [`clock`](Self::clock): it changes when the report does.

@@ -18,7 +18,9 @@ use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
+use actix::{
+    Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, Message, MessageResult, WrapFuture,
+};
 use tokio::sync::{oneshot, watch};
 
 use crate::metrics_table::CounterCells;
@@ -395,6 +397,21 @@ impl Handler<RefreshCall> for MembershipAgent {
 
     fn handle(&mut self, msg: RefreshCall, ctx: &mut Context<Self>) {
         self.call(Call::Refresh(msg.0), |request| Event::Refresh { request }, ctx);
+    }
+}
+
+/// Compute the clock report now (a step of the local clock since the last
+/// probe is in it), publish it, and answer it.
+#[derive(Message)]
+#[rtype(result = "ClockReport")]
+pub(crate) struct MeasureClock;
+
+impl Handler<MeasureClock> for MembershipAgent {
+    type Result = MessageResult<MeasureClock>;
+
+    fn handle(&mut self, _: MeasureClock, _: &mut Context<Self>) -> Self::Result {
+        self.clock_sample(None);
+        MessageResult(*self.outputs.clock.borrow())
     }
 }
 

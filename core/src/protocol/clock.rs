@@ -211,6 +211,49 @@ impl ClockOffsets {
     }
 }
 
+/// Notices a step of the local wall clock between two readings, at once and
+/// with no peer: the wall clock's distance from the monotonic clock moved by
+/// more than the threshold (plus 1 ms per second between the readings, twice
+/// what an NTP slew, at most 500 ppm, can move it).
+///
+/// [`ClockOffsets::report`] corrects the offset for a step too, but only when
+/// the silo next computes a report (after a probe, which a silo cut from its
+/// peers waits out); a service that must not act on a stepped clock in
+/// between (the reminder service: a clock stepped ahead delivers ticks early,
+/// which a successor delivers again) reads the clock through a `StepWatch`
+/// and, on a step, stops as if the report were beyond the bound until a
+/// report computed after the step says otherwise.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepWatch {
+    /// The last reading: the wall clock less the monotonic clock, and the
+    /// monotonic clock (ms).
+    last: Option<(i64, i64)>,
+}
+
+impl StepWatch {
+    /// A watch with no reading yet.
+    pub fn new() -> Self {
+        StepWatch::default()
+    }
+
+    /// Reads the wall clock `now` at monotonic time `monotonic` (any fixed
+    /// origin, the same at every call). Returns the step since the previous
+    /// reading, in ms (positive: the wall clock jumped ahead), when it is over
+    /// `threshold`; `None` at the first reading and for anything smaller.
+    pub fn observe(&mut self, now: Timestamp, monotonic: Duration, threshold: Duration) -> Option<i64> {
+        let wall = i64::try_from(now.as_millis()).unwrap_or(i64::MAX);
+        let mono = i64::try_from(monotonic.as_millis()).unwrap_or(i64::MAX);
+        let wall_less_monotonic = wall.saturating_sub(mono);
+        let (last, last_mono) = self.last.replace((wall_less_monotonic, mono))?;
+        let step = wall_less_monotonic.saturating_sub(last);
+        let slew = mono.saturating_sub(last_mono).max(0) / 1_000;
+        let allowed = i64::try_from(threshold.as_millis())
+            .unwrap_or(i64::MAX)
+            .saturating_add(slew);
+        (step.unsigned_abs() > allowed.unsigned_abs()).then_some(step)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,5 +394,71 @@ mod tests {
         });
         let _ = c.report(Timestamp::from_millis(u64::MAX), Duration::ZERO);
         let _ = c.report(Timestamp::EPOCH, Duration::MAX);
+    }
+
+    #[test]
+    fn a_step_watch_sees_a_step_at_once_and_lets_drift_pass() {
+        let bound = Duration::from_millis(250);
+        let mut w = StepWatch::new();
+        assert_eq!(
+            w.observe(Timestamp::from_millis(10_000), Duration::from_millis(0), bound),
+            None
+        );
+        // Time passing on both clocks, and a slew of 200 ms over 100 s.
+        assert_eq!(
+            w.observe(
+                Timestamp::from_millis(20_000),
+                Duration::from_millis(10_000),
+                bound
+            ),
+            None
+        );
+        assert_eq!(
+            w.observe(
+                Timestamp::from_millis(120_200),
+                Duration::from_millis(110_000),
+                bound
+            ),
+            None
+        );
+        // A 2.5 s jump ahead 10 ms later: seen at the next reading.
+        assert_eq!(
+            w.observe(
+                Timestamp::from_millis(122_710),
+                Duration::from_millis(110_010),
+                bound
+            ),
+            Some(2_500)
+        );
+        // Once: the next reading compares with the stepped clock.
+        assert_eq!(
+            w.observe(
+                Timestamp::from_millis(122_720),
+                Duration::from_millis(110_020),
+                bound
+            ),
+            None
+        );
+        // A step back.
+        assert_eq!(
+            w.observe(
+                Timestamp::from_millis(120_000),
+                Duration::from_millis(110_030),
+                bound
+            ),
+            Some(-2_730)
+        );
+        // Within the threshold: no step.
+        assert_eq!(
+            w.observe(
+                Timestamp::from_millis(120_240),
+                Duration::from_millis(110_030),
+                bound
+            ),
+            None
+        );
+        // Garbage readings do not panic.
+        let _ = w.observe(Timestamp::from_millis(u64::MAX), Duration::ZERO, bound);
+        let _ = w.observe(Timestamp::EPOCH, Duration::MAX, Duration::MAX);
     }
 }

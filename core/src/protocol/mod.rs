@@ -31,7 +31,7 @@ pub mod targets;
 pub mod votes;
 
 pub use cleanup::lost_row_grace;
-pub use clock::{ClockOffsets, ClockReport, ClockSample};
+pub use clock::{ClockOffsets, ClockReport, ClockSample, StepWatch};
 pub use machine::{
     gossip_fan_out, gossip_refresh_interval, gossip_refresh_interval_cap, Action, Event, RowWrite,
     SiloMachine, StopReason, Timer,
