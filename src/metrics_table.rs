@@ -95,7 +95,9 @@ impl MetricsPublisherBuilder {
     /// `cpu_percent`, `memory_bytes`, `probe_rtt_p50_ms`, `probe_rtt_p99_ms`,
     /// `suspicions_sent`, `votes_written`, `table_reads`, `table_writes`,
     /// `table_conflicts`, `reminders_owned`, `ticks_delivered` and `ticks_late`
-    /// (counters as totals, `is_delta = false`), under the silo's address. After
+    /// (counters as totals, `is_delta = false`), and `tick_lateness_p50_ms` and
+    /// `tick_lateness_p99_ms` (of the ticks delivered since the previous
+    /// append; absent when none was), under the silo's address. After
     /// the first append and then every [`EXPIRE_EVERY`], it also expires what is
     /// past the store's retention (bounded by [`PUBLISH_TIMEOUT`] as well).
     pub fn statistics(mut self, store: Arc<dyn StatisticsStore>, period: Duration) -> Self {
@@ -159,7 +161,9 @@ impl MetricsPublisherBuilder {
                 if state.silo.status() == SiloStatus::Dead || state.silo.is_stopped() {
                     return;
                 }
-                let row = state.row(Timestamp::now());
+                // The lateness window goes to the statistics when they are kept,
+                // else to the metrics row (one reader: see `take_lateness`).
+                let row = state.row(Timestamp::now(), !for_metrics || statistics.is_none());
                 let written = if for_metrics {
                     tokio::time::timeout(PUBLISH_TIMEOUT, table.upsert(&row)).await
                 } else if let Some(store) = &statistics {
@@ -213,8 +217,13 @@ pub fn statistic_points(row: &MetricsRow) -> Vec<StatPoint> {
         ("ticks_delivered", row.ticks_delivered as f64),
         ("ticks_late", row.ticks_late as f64),
     ];
+    let lateness = [
+        ("tick_lateness_p50_ms", row.tick_lateness_p50_ms),
+        ("tick_lateness_p99_ms", row.tick_lateness_p99_ms),
+    ];
     figures
         .into_iter()
+        .chain(lateness.into_iter().filter_map(|(n, v)| Some((n, v?))))
         .filter(|(_, v)| v.is_finite())
         .map(|(name, value)| StatPoint {
             time: row.time,
@@ -235,10 +244,14 @@ struct Publishing {
 }
 
 impl Publishing {
-    fn row(&mut self, now: Timestamp) -> MetricsRow {
+    fn row(&mut self, now: Timestamp, lateness: bool) -> MetricsRow {
         let (cpu_percent, memory_bytes) = self.sampler.sample();
         let c = self.silo.counters();
         let r = self.reminders.as_ref().map(Reminders::stats).unwrap_or_default();
+        let lateness = match lateness {
+            true => self.reminders.as_ref().and_then(Reminders::take_lateness),
+            false => None,
+        };
         MetricsRow {
             address: self.silo.address().endpoint().to_string(),
             name: self.name.clone(),
@@ -255,6 +268,8 @@ impl Publishing {
             reminders_owned: r.owned,
             ticks_delivered: r.ticks_delivered,
             ticks_late: r.ticks_late,
+            tick_lateness_p50_ms: lateness.map(|l| l.p50_ms as f64),
+            tick_lateness_p99_ms: lateness.map(|l| l.p99_ms as f64),
             // actix does not expose mailbox lengths.
             mailbox_backlog: None,
             load_shedding: self.silo.health_score() > 0,

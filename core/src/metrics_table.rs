@@ -101,6 +101,13 @@ pub struct MetricsRow {
     /// Reminder ticks delivered later than the service's lateness threshold.
     #[serde(default)]
     pub ticks_late: u64,
+    /// Median lateness of the reminder ticks delivered since the previous
+    /// row, ms; `None` when none was delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tick_lateness_p50_ms: Option<f64>,
+    /// 99th percentile of the same, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tick_lateness_p99_ms: Option<f64>,
     /// Messages waiting in the silo's actor mailboxes, where measurable.
     #[serde(default)]
     pub mailbox_backlog: Option<u64>,
@@ -143,6 +150,8 @@ impl MetricsRow {
             reminders_owned: 0,
             ticks_delivered: 0,
             ticks_late: 0,
+            tick_lateness_p50_ms: None,
+            tick_lateness_p99_ms: None,
             mailbox_backlog: None,
             load_shedding: false,
             clock_offset_ms: None,

@@ -42,8 +42,8 @@ pub mod sim;
 #[cfg(feature = "runtime")]
 pub use api::ReminderTarget;
 pub use api::{
-    ActorId, ReminderError, ReminderHandle, ReminderList, ReminderSpec, ReminderStats, ReminderTick,
-    LATE_TICK, MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT, TICKS_DROPPED_METRIC,
+    ActorId, Lateness, ReminderError, ReminderHandle, ReminderList, ReminderSpec, ReminderStats,
+    ReminderTick, LATE_TICK, MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT, TICKS_DROPPED_METRIC,
 };
 pub use machine::{
     LOAD_PIECE_ROWS, MAX_DELIVERIES, MAX_LOADS, MAX_NOTICE_READS, MAX_WRITES, NOTICE_BATCH, NOTICE_QUEUE,

@@ -623,6 +623,15 @@ impl Reminders {
         self.inner.counters.read()
     }
 
+    /// The lateness (p50, p99, max) of the ticks this silo delivered since the
+    /// previous call, and a new window; `None` when it delivered none. Meant
+    /// for one periodic reader (the metrics publisher appends it to the
+    /// statistics store as `tick_lateness_p50_ms` and `tick_lateness_p99_ms`):
+    /// two readers would each see part of the ticks. Never waits.
+    pub fn take_lateness(&self) -> Option<crate::Lateness> {
+        self.inner.counters.take_lateness()
+    }
+
     /// One page of the reminders of actor kind `kind` (`"cart"`), in ring
     /// order, after `after` (`None`: the first page), at most `size`
     /// (1..=10,000). The next page's token is in the answer; only an answer

@@ -263,6 +263,7 @@ impl ReminderMachine {
             Ok(()) => {
                 Counters::bump(&self.counters.ticks_delivered);
                 let lateness = now.saturating_duration_since(scheduled);
+                self.counters.record_lateness(lateness);
                 if lateness > crate::api::LATE_TICK {
                     Counters::bump(&self.counters.ticks_late);
                 }
