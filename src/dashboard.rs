@@ -1,7 +1,9 @@
 //! A live web dashboard of one cluster on actix-web (feature `dashboard`): the
 //! membership table (status, IAmAlive age, votes with their ages, table version),
-//! the membership history as a timeline, the statistics rollups as charts and the
-//! reminders per owner.
+//! the membership history as a timeline, the statistics rollups as charts with
+//! units (tick lateness among them), the reminder service's shard map, its
+//! reminders per kind (next due, paused, parked, one reminder's runs) and the
+//! actor state per kind. Every number is shown in human units.
 //!
 //! The page is one HTML file with its script and style, embedded in the binary (no
 //! CDN, no build step): plain JavaScript that renders what the server pushes over
@@ -33,9 +35,11 @@
 //!
 //! Routes, under the scope it is mounted at: `/` (the page; the bare scope path
 //! redirects there), `/app.js`, `/app.css`, `/api/snapshot` (every panel's latest
-//! JSON in one object) and `/api/events` (the event stream: events `membership`,
-//! `history`, `statistics`, `reminders` and `problem`, each a JSON object; a
-//! comment every 15 s keeps idle connections open).
+//! JSON in one object), `/api/runs?actor=A&name=N` (one reminder's run history,
+//! read when asked; 502 with `{"error"}` when the store fails) and
+//! `/api/events` (the event stream: events `membership`, `history`,
+//! `statistics`, `reminders`, `shards`, `state` and `problem`, each a JSON
+//! object; a comment every 15 s keeps idle connections open).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -59,7 +63,24 @@ const APP_CSS: &str = include_str!("dashboard/app.css");
 /// History events the timeline shows (the newest).
 pub const HISTORY_EVENTS: u64 = 200;
 /// Statistics the charts show (of those a silo's metrics publisher appends).
-pub const CHARTED_STATISTICS: [&str; 4] = ["cpu_percent", "memory_bytes", "probe_rtt_p99_ms", "table_writes"];
+pub const CHARTED_STATISTICS: [&str; 6] = [
+    "cpu_percent",
+    "memory_bytes",
+    "probe_rtt_p99_ms",
+    "table_writes",
+    "tick_lateness_p50_ms",
+    "tick_lateness_p99_ms",
+];
+/// Reminders listed in each of the reminder panel's lists (next due, paused,
+/// parked).
+pub const LISTED_REMINDERS: usize = 8;
+/// States whose headers the state panel reads per actor kind (the largest and
+/// the next expiries are of these).
+pub const STATES_READ_PER_KIND: usize = 2_000;
+/// States listed per kind as the largest and as the next to expire.
+pub const LISTED_STATES: usize = 5;
+/// Store reads the shard map and the state panel run at once.
+const READS_AT_ONCE: usize = 16;
 /// How often the statistics and reminder panels are read (the membership table and
 /// its history are read every `interval`).
 pub const SLOW_PANEL_PERIOD: Duration = Duration::from_secs(15);
@@ -70,10 +91,25 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// stream sends only what changed.
 #[derive(Clone, Debug, Default)]
 struct Frames {
-    panels: [(u64, Option<Arc<str>>); 5],
+    panels: [(u64, Option<Arc<str>>); PANELS.len()],
 }
 
-const PANELS: [&str; 5] = ["membership", "history", "statistics", "reminders", "problem"];
+const PANELS: [&str; 7] = [
+    "membership",
+    "history",
+    "statistics",
+    "reminders",
+    "problem",
+    "shards",
+    "state",
+];
+const MEMBERSHIP: usize = 0;
+const HISTORY: usize = 1;
+const STATISTICS: usize = 2;
+const REMINDERS: usize = 3;
+const PROBLEM: usize = 4;
+const SHARDS: usize = 5;
+const STATE: usize = 6;
 
 impl Frames {
     fn set(&mut self, panel: usize, value: Value) {
@@ -91,6 +127,8 @@ struct Inner {
     cluster: String,
     reminder_service: Option<String>,
     ring_points: u32,
+    state_service: Option<String>,
+    state_kinds: Vec<String>,
     interval: Duration,
     frames: watch::Sender<Frames>,
     polling: AtomicBool,
@@ -103,6 +141,8 @@ pub struct DashboardBuilder {
     cluster: String,
     reminder_service: Option<String>,
     ring_points: u32,
+    state_service: Option<String>,
+    state_kinds: Vec<String>,
     interval: Duration,
 }
 
@@ -125,6 +165,17 @@ impl DashboardBuilder {
         self
     }
 
+    /// The actor-state service whose states the state panel sums up per actor
+    /// kind (default: none, no state panel), and the kinds to show (the state
+    /// table has no index of kinds: empty means the actor kinds of the
+    /// reminder service's rows). Per kind the panel reads up to
+    /// [`STATES_READ_PER_KIND`] headers every [`SLOW_PANEL_PERIOD`].
+    pub fn state(mut self, service: Option<String>, kinds: Vec<String>) -> Self {
+        self.state_service = service;
+        self.state_kinds = kinds;
+        self
+    }
+
     /// The dashboard.
     pub fn build(self) -> Dashboard {
         Dashboard {
@@ -133,6 +184,8 @@ impl DashboardBuilder {
                 cluster: self.cluster,
                 reminder_service: self.reminder_service,
                 ring_points: self.ring_points,
+                state_service: self.state_service,
+                state_kinds: self.state_kinds,
                 interval: self.interval,
                 frames: watch::channel(Frames::default()).0,
                 polling: AtomicBool::new(false),
@@ -171,6 +224,8 @@ impl Dashboard {
             reminder_service: Some(cluster.clone()),
             cluster,
             ring_points: 30,
+            state_service: None,
+            state_kinds: Vec::new(),
             interval: Duration::from_secs(1),
         }
     }
@@ -185,6 +240,7 @@ impl Dashboard {
             .route("/app.js", web::get().to(app_js))
             .route("/app.css", web::get().to(app_css))
             .route("/api/snapshot", web::get().to(snapshot))
+            .route("/api/runs", web::get().to(runs))
             .route("/api/events", web::get().to(events));
     }
 
@@ -204,6 +260,9 @@ struct Handles {
     table: crate::Result<Arc<dyn MembershipTable>>,
     statistics: crate::Result<Arc<dyn StatisticsStore>>,
     reminders: Option<crate::Result<Arc<dyn ReminderTable>>>,
+    parked: Option<crate::Result<Arc<dyn ReminderTable>>>,
+    leases: Option<crate::Result<Arc<dyn crate::LeaseTable>>>,
+    state: Option<crate::Result<Arc<dyn crate::StateTable>>>,
 }
 
 async fn poll(inner: Weak<Inner>) {
@@ -213,10 +272,17 @@ async fn poll(inner: Weak<Inner>) {
             .store
             .statistics_store(&me.cluster, &StatisticsOptions::default()),
         reminders: me.reminder_service.as_ref().map(|s| me.store.reminder_table(s)),
+        parked: me
+            .reminder_service
+            .as_ref()
+            .map(|s| me.store.reminder_table(&crate::parked_service_id(s))),
+        leases: me.reminder_service.as_ref().map(|s| me.store.lease_table(s)),
+        state: me.state_service.as_ref().map(|s| me.store.state_table(s)),
     }) else {
         return;
     };
     let mut slow_due = tokio::time::Instant::now();
+    let mut moves = ShardMoves::default();
     loop {
         let Some(me) = inner.upgrade() else { return };
         let mut problems = Vec::new();
@@ -237,7 +303,7 @@ async fn poll(inner: Weak<Inner>) {
                         limit: HISTORY_EVENTS as usize,
                     };
                     match bounded("history", t.read_history(&query)).await {
-                        Ok(events) => me.frames.send_modify(|f| f.set(1, history_json(&events))),
+                        Ok(events) => me.frames.send_modify(|f| f.set(HISTORY, history_json(&events))),
                         Err(e) => problems.push(e),
                     }
                     Some(s)
@@ -246,23 +312,41 @@ async fn poll(inner: Weak<Inner>) {
         };
         if let Some(s) = &snapshot {
             me.frames
-                .send_modify(|f| f.set(0, membership_json(&me.cluster, s, Timestamp::now())));
+                .send_modify(|f| f.set(MEMBERSHIP, membership_json(&me.cluster, s, Timestamp::now())));
+            if let Some(leases) = &handles.leases {
+                match shards_json(leases, s, &mut moves).await {
+                    Ok(v) => me.frames.send_modify(|f| f.set(SHARDS, v)),
+                    Err(e) => problems.push(format!("shard leases: {e}")),
+                }
+            }
         }
         if tokio::time::Instant::now() >= slow_due {
             slow_due = tokio::time::Instant::now() + SLOW_PANEL_PERIOD;
             match statistics_json(&handles.statistics).await {
-                Ok(v) => me.frames.send_modify(|f| f.set(2, v)),
+                Ok(v) => me.frames.send_modify(|f| f.set(STATISTICS, v)),
                 Err(e) => problems.push(format!("statistics: {e}")),
             }
+            let mut kinds = me.state_kinds.clone();
             if let (Some(reminders), Some(s)) = (&handles.reminders, &snapshot) {
-                match reminders_json(&me, reminders, s).await {
-                    Ok(v) => me.frames.send_modify(|f| f.set(3, v)),
+                match reminders_json(&me, reminders, handles.parked.as_ref(), s).await {
+                    Ok((v, seen)) => {
+                        if kinds.is_empty() {
+                            kinds = seen;
+                        }
+                        me.frames.send_modify(|f| f.set(REMINDERS, v));
+                    }
                     Err(e) => problems.push(format!("reminders: {e}")),
+                }
+            }
+            if let Some(state) = &handles.state {
+                match state_json(state, &kinds).await {
+                    Ok(v) => me.frames.send_modify(|f| f.set(STATE, v)),
+                    Err(e) => problems.push(format!("actor state: {e}")),
                 }
             }
         }
         me.frames
-            .send_modify(|f| f.set(4, json!({ "problems": problems })));
+            .send_modify(|f| f.set(PROBLEM, json!({ "problems": problems })));
         let interval = me.interval;
         drop(me);
         tokio::time::sleep(interval).await;
@@ -369,26 +453,278 @@ async fn statistics_json(stats: &crate::Result<Arc<dyn StatisticsStore>>) -> Res
     Ok(json!({ "names": CHARTED_STATISTICS, "levels": levels }))
 }
 
+/// The reminder panel: counts per owner and per actor kind (with the paused
+/// ones and the next due time), the next due reminders, the paused ones and
+/// the parked occurrences (`<service>.parked`); and the actor kinds seen.
 async fn reminders_json(
     me: &Inner,
     table: &crate::Result<Arc<dyn ReminderTable>>,
+    parked: Option<&crate::Result<Arc<dyn ReminderTable>>>,
     membership: &MembershipSnapshot,
-) -> Result<Value, String> {
+) -> Result<(Value, Vec<String>), String> {
+    use crate::reminders::schedule::Timing;
     let table = table.as_ref().map_err(|e| e.to_string())?;
     let rows = bounded("read_rows_in_range", table.read_rows_in_range(0, 0)).await?;
     let ring = crate::reminders::ring::Ring::of_active(membership, me.ring_points);
+    let now = Timestamp::now();
     let mut owners: std::collections::BTreeMap<String, u64> = Default::default();
+    // Per kind: count, paused, the next due time.
+    let mut kinds: std::collections::BTreeMap<&str, (u64, u64, Option<u64>)> = Default::default();
+    let mut next: Vec<(u64, &crate::ReminderEntry)> = Vec::new();
+    let mut paused = Vec::new();
     for r in &rows {
         let owner = ring
             .owner_of(r.hash)
             .map_or_else(|| "(no Active silo)".to_owned(), |s| s.to_string());
         *owners.entry(owner).or_default() += 1;
+        let kind = r.actor_id.split('/').next().unwrap_or_default();
+        let k = kinds.entry(kind).or_default();
+        k.0 += 1;
+        if r.paused.is_some() {
+            k.1 += 1;
+            paused.push(r);
+            continue;
+        }
+        // A one-shot past due is due now (it waits for its delivery).
+        let due = Timing::of(r).ok().and_then(|t| {
+            t.after(now.saturating_sub(Duration::from_millis(1)))
+                .or_else(|| t.is_one_shot().then_some(r.start_at))
+        });
+        if let Some(due) = due {
+            let due = due.as_millis();
+            k.2 = Some(k.2.map_or(due, |d| d.min(due)));
+            next.push((due, r));
+        }
     }
-    Ok(json!({
-        "service": table.service_id(),
-        "total": rows.len(),
-        "owners": owners.into_iter().map(|(silo, count)| json!({ "silo": silo, "count": count })).collect::<Vec<_>>(),
-    }))
+    next.sort_by_key(|(due, _)| *due);
+    let entry = |r: &crate::ReminderEntry, due: Option<u64>| {
+        json!({
+            "actor": r.actor_id,
+            "name": r.name,
+            "due_ms": due,
+            "period_ms": r.period.map(|p| p.as_millis() as u64),
+            "cron": r.cron,
+            "paused_ms": r.paused.map(|p| p.as_millis()),
+            "trigger_of": r.trigger_of,
+        })
+    };
+    let parked = match parked {
+        None => json!(null),
+        Some(Err(e)) => json!({ "error": e.to_string() }),
+        Some(Ok(t)) => match bounded("parked rows", t.read_rows_in_range(0, 0)).await {
+            Err(e) => json!({ "error": e }),
+            Ok(rows) => json!({
+                "total": rows.len(),
+                "rows": rows.iter().take(LISTED_REMINDERS).map(|r| json!({
+                    "actor": r.actor_id,
+                    "name": r.name,
+                    "scheduled_ms": r.start_at.as_millis(),
+                })).collect::<Vec<_>>(),
+            }),
+        },
+    };
+    let seen: Vec<String> = kinds.keys().map(|k| (*k).to_owned()).collect();
+    Ok((
+        json!({
+            "service": table.service_id(),
+            "now_ms": now.as_millis(),
+            "total": rows.len(),
+            "owners": owners.into_iter().map(|(silo, count)| json!({ "silo": silo, "count": count })).collect::<Vec<_>>(),
+            "kinds": kinds.iter().map(|(kind, (count, paused, due))| json!({
+                "kind": kind, "count": count, "paused": paused, "next_due_ms": due,
+            })).collect::<Vec<_>>(),
+            "next": next.iter().take(LISTED_REMINDERS).map(|(due, r)| entry(r, Some(*due))).collect::<Vec<_>>(),
+            "paused": paused.iter().take(LISTED_REMINDERS).map(|r| entry(r, None)).collect::<Vec<_>>(),
+            "paused_total": paused.len(),
+            "parked": parked,
+        }),
+        seen,
+    ))
+}
+
+/// A lease row as read: its bytes and etag.
+type LeaseRow = (Vec<u8>, crate::Etag);
+
+/// How long a shard taken over from a silo that is not Active shows as
+/// `taken_over` on the shard map.
+pub const TAKEOVER_SHOWN: Duration = Duration::from_secs(60);
+
+/// What the poller saw of each shard's lease: its epoch and holder, and the
+/// last change of epoch it saw (the holder before, and when, UTC ms).
+#[derive(Default)]
+struct ShardMoves {
+    seen: std::collections::HashMap<u32, (u64, Option<crate::SiloAddress>)>,
+    last_move: std::collections::HashMap<u32, (Option<crate::SiloAddress>, u64)>,
+}
+
+/// The shard map: every shard's lease row (holder, its status in the view,
+/// epoch, watermark and how long ago that was) and its state:
+/// - `owned`: held by an Active silo;
+/// - `fenced`: held by a silo the view does not show Active (declared Dead:
+///   its successor is about to take it over);
+/// - `taken_over`: acquired from a silo that is not Active (a crash) in the
+///   last [`TAKEOVER_SHOWN`], as this dashboard saw it: the new holder
+///   delivers nothing of it before its takeover time (`lease_period` plus
+///   `max_clock_offset` after it saw the holder Dead);
+/// - `released`: handed over, waiting for its next holder;
+/// - `vacant`: never held; `unreadable`: the row does not decode.
+async fn shards_json(
+    leases: &crate::Result<Arc<dyn crate::LeaseTable>>,
+    membership: &MembershipSnapshot,
+    moves: &mut ShardMoves,
+) -> Result<Value, String> {
+    use futures_util::StreamExt;
+    let leases = leases.as_ref().map_err(|e| e.to_string())?;
+    let service = leases.service_id().to_owned();
+    // No row for shard 0: the service has not started (its first start records
+    // the shard count before any lease is written; recording one here would fix
+    // the service's count).
+    let Some(first) = bounded("lease row", leases.read_lease(0)).await? else {
+        return Ok(json!({ "service": service, "shards": null, "rows": [] }));
+    };
+    let count = bounded("shard count", leases.shard_count(1)).await?;
+    let now = Timestamp::now();
+    let mut rows: Vec<(u32, Result<Option<LeaseRow>, String>)> = vec![(0, Ok(Some(first)))];
+    let rest: Vec<_> = futures_util::stream::iter(1..count)
+        .map(|shard| async move { (shard, bounded("lease row", leases.read_lease(shard)).await) })
+        .buffered(READS_AT_ONCE)
+        .collect()
+        .await;
+    rows.extend(rest);
+    let rows: Vec<Value> = rows
+        .into_iter()
+        .map(|(shard, row)| {
+            let row = match row {
+                Err(e) => return json!({ "shard": shard, "state": "unreadable", "error": e }),
+                Ok(None) => return json!({ "shard": shard, "state": "vacant" }),
+                Ok(Some(row)) => row,
+            };
+            match crate::ShardLease::decode(&service, shard, &row.0, row.1) {
+                Err(e) => json!({ "shard": shard, "state": "unreadable", "error": e.to_string() }),
+                Ok(l) => {
+                    let holder_status = l.owner.and_then(|o| membership.status_of(&o));
+                    let before = moves.seen.insert(shard, (l.epoch, l.owner));
+                    if let Some((epoch, holder)) = before {
+                        if epoch != l.epoch {
+                            moves.last_move.insert(shard, (holder, now.as_millis()));
+                        }
+                    }
+                    let last_move = moves.last_move.get(&shard).copied();
+                    let taken_over = last_move.is_some_and(|(from, at)| {
+                        now.as_millis().saturating_sub(at) < TAKEOVER_SHOWN.as_millis() as u64
+                            && from.is_some_and(|f| {
+                                Some(f) != l.owner
+                                    && membership.status_of(&f) != Some(crate::SiloStatus::Active)
+                            })
+                    });
+                    let state = match (l.status, holder_status) {
+                        (crate::LeaseStatus::Released, _) => "released",
+                        (crate::LeaseStatus::Owned, Some(crate::SiloStatus::Active)) if taken_over => {
+                            "taken_over"
+                        }
+                        (crate::LeaseStatus::Owned, Some(crate::SiloStatus::Active)) => "owned",
+                        (crate::LeaseStatus::Owned, _) => "fenced",
+                    };
+                    json!({
+                        "shard": shard,
+                        "state": state,
+                        "holder": l.owner.map(|o| o.to_string()),
+                        "holder_status": holder_status.map(|s| s.as_str()),
+                        "epoch": l.epoch,
+                        "watermark_ms": l.watermark.map(|w| w.as_millis()),
+                        "lag_ms": l.watermark.map(|w| now.as_millis().saturating_sub(w.as_millis())),
+                        "exceptions": l.exceptions.len(),
+                        "moved_from": last_move.and_then(|(from, _)| from).map(|f| f.to_string()),
+                        "moved_ms": last_move.map(|(_, at)| at),
+                    })
+                }
+            }
+        })
+        .collect();
+    Ok(json!({ "service": service, "shards": count, "now_ms": now.as_millis(), "rows": rows }))
+}
+
+/// The state panel: per actor kind, the states (up to
+/// [`STATES_READ_PER_KIND`] read), their bytes, the largest and the next to
+/// expire.
+async fn state_json(
+    table: &crate::Result<Arc<dyn crate::StateTable>>,
+    kinds: &[String],
+) -> Result<Value, String> {
+    use futures_util::StreamExt;
+    let table = table.as_ref().map_err(|e| e.to_string())?;
+    let now = Timestamp::now();
+    let mut out = Vec::new();
+    for kind in kinds {
+        let keys = bounded("state list", table.list(kind, None, STATES_READ_PER_KIND)).await?;
+        let headers: Vec<(crate::StateKey, Option<crate::state::StateHeader>)> =
+            futures_util::stream::iter(keys)
+                .map(|key| async move {
+                    let header = match bounded("state header", table.read_header(&key)).await {
+                        Ok(Some((bytes, _))) => crate::state::StateHeader::decode(&key, &bytes).ok(),
+                        _ => None,
+                    };
+                    (key, header)
+                })
+                .buffered(READS_AT_ONCE)
+                .collect()
+                .await;
+        let mut live: Vec<(&crate::StateKey, &crate::state::StateHeader)> = headers
+            .iter()
+            .filter_map(|(k, h)| h.as_ref().map(|h| (k, h)))
+            .filter(|(_, h)| !h.cleared && h.expires_at.is_none_or(|e| e > now))
+            .collect();
+        let bytes: u64 = live.iter().map(|(_, h)| h.len).sum();
+        live.sort_by_key(|(_, h)| std::cmp::Reverse(h.len));
+        let largest: Vec<Value> = live
+            .iter()
+            .take(LISTED_STATES)
+            .map(|(k, h)| json!({ "actor": k.actor_id(), "name": k.name(), "bytes": h.len }))
+            .collect();
+        let mut expiring: Vec<_> = live.iter().filter(|(_, h)| h.expires_at.is_some()).collect();
+        expiring.sort_by_key(|(_, h)| h.expires_at);
+        out.push(json!({
+            "kind": kind,
+            "states": live.len(),
+            "read": headers.len(),
+            "bytes": bytes,
+            "largest": largest,
+            "expiring_total": expiring.len(),
+            "expiring": expiring.iter().take(LISTED_STATES).map(|(k, h)| json!({
+                "actor": k.actor_id(),
+                "name": k.name(),
+                "expires_ms": h.expires_at.map(|e| e.as_millis()),
+                "bytes": h.len,
+            })).collect::<Vec<_>>(),
+        }));
+    }
+    Ok(json!({ "service": table.service_id(), "now_ms": now.as_millis(), "kinds": out }))
+}
+
+/// `/api/runs?actor=A&name=N`: the run history of one reminder, newest first.
+async fn runs(d: web::Data<Dashboard>, q: web::Query<RunsQuery>) -> HttpResponse {
+    let Some(service) = &d.inner.reminder_service else {
+        return HttpResponse::NotFound().json(json!({ "error": "no reminder service" }));
+    };
+    let table = match d.inner.store.reminder_table(service) {
+        Ok(t) => t,
+        Err(e) => return HttpResponse::InternalServerError().json(json!({ "error": e.to_string() })),
+    };
+    match bounded("read_runs", table.read_runs(&q.actor, &q.name)).await {
+        Ok(runs) => HttpResponse::Ok().json(json!({
+            "actor": q.actor,
+            "name": q.name,
+            "runs": runs,
+        })),
+        Err(e) => HttpResponse::BadGateway().json(json!({ "error": e })),
+    }
+}
+
+/// The query of `/api/runs`.
+#[derive(serde::Deserialize)]
+struct RunsQuery {
+    actor: String,
+    name: String,
 }
 
 async fn redirect_to_slash(req: HttpRequest) -> HttpResponse {
@@ -440,7 +776,7 @@ async fn snapshot(d: web::Data<Dashboard>) -> HttpResponse {
 async fn events(d: web::Data<Dashboard>) -> HttpResponse {
     d.ensure_polling();
     let rx = d.inner.frames.subscribe();
-    let sent = [0u64; 5];
+    let sent = [0u64; PANELS.len()];
     let stream = futures_util::stream::unfold((rx, sent, true), |(mut rx, mut sent, first)| async move {
         if !first {
             match tokio::time::timeout(Duration::from_secs(15), rx.changed()).await {
@@ -540,6 +876,48 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "no membership frame: {v}");
             actix_rt::time::sleep(std::time::Duration::from_millis(50)).await;
         }
+    }
+
+    /// `/api/runs` answers one reminder's history as JSON, and a query
+    /// without the reminder with a 400 (nothing read).
+    #[actix_rt::test]
+    async fn runs_of_one_reminder_and_a_bad_query() {
+        let store = crate::connect(&format!("memory://dash-runs-{}", rand_suffix()))
+            .await
+            .expect("store");
+        let table = store.reminder_table("orders").expect("table");
+        let run = crate::RunRecord {
+            scheduled: Timestamp::from_millis(1_000),
+            at: Timestamp::from_millis(1_250),
+            attempts: 1,
+            outcome: crate::RunOutcome::Ok,
+            silo: "127.0.0.1:11111@1".into(),
+            triggered: false,
+        };
+        table
+            .append_run("cart/1", "tick", &run, 20)
+            .await
+            .expect("append");
+        let dashboard = super::Dashboard::new(store, "orders");
+        let app = test::init_service(App::new().configure(|c| dashboard.configure(c))).await;
+        let body = test::call_and_read_body(
+            &app,
+            test::TestRequest::get()
+                .uri("/api/runs?actor=cart%2F1&name=tick")
+                .to_request(),
+        )
+        .await;
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+        assert_eq!(v["runs"].as_array().map(Vec::len), Some(1), "{v}");
+        assert_eq!(v["runs"][0]["outcome"], "ok");
+        let res = test::call_service(
+            &app,
+            test::TestRequest::get()
+                .uri("/api/runs?actor=cart%2F1")
+                .to_request(),
+        )
+        .await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     }
 
     fn rand_suffix() -> u64 {

@@ -102,8 +102,10 @@ enum Command {
         limit: usize,
     },
     /// Serve a live web dashboard of a cluster: the membership table, the history
-    /// timeline, statistics charts and reminders per owner, pushed to the page as
-    /// they change. Read-only; bound to loopback by default (it has no
+    /// timeline, statistics charts (with reminder tick lateness), the reminder
+    /// service's shard map, its reminders per kind (next due, paused, parked, one
+    /// reminder's runs) and, with `--state-service`, actor state per kind, pushed
+    /// to the page as they change. Read-only; bound to loopback by default (it has no
     /// authentication: put it behind yours before exposing it).
     Dashboard {
         /// Store URL (memory://, redis://host:port, etcd://host:port, dynamodb://table?endpoint=...).
@@ -125,6 +127,14 @@ enum Command {
         /// Ring points per silo (`ring_points_per_silo` of the reminder services).
         #[arg(long, default_value_t = 30)]
         points: u32,
+        /// Actor-state service whose states are summed up per actor kind
+        /// (states, bytes, the largest, the next expiries); none by default.
+        #[arg(long)]
+        state_service: Option<String>,
+        /// Actor kinds the state panel shows, comma-separated (default: the
+        /// kinds of the reminder service's actors).
+        #[arg(long, value_delimiter = ',')]
+        state_kinds: Vec<String>,
     },
     /// List the reminders of a service: owner (in the cluster's current membership),
     /// next ticks (`--next`), schedule (period, cron and zone, end), missed-tick and retry policy, etag.
@@ -335,12 +345,15 @@ fn main() -> anyhow::Result<()> {
             interval,
             service,
             points,
+            state_service,
+            state_kinds,
         } => actix::System::new().block_on(async move {
             let store = rollcall::connect(&store).await?;
             let service = Some(service.unwrap_or_else(|| cluster.clone()));
             let dashboard = rollcall::dashboard::Dashboard::builder(store, cluster.clone())
                 .interval(interval)
                 .reminders(service, points)
+                .state(state_service, state_kinds)
                 .build();
             let server = actix_web::HttpServer::new(move || {
                 let dashboard = dashboard.clone();

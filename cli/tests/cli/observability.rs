@@ -289,17 +289,152 @@ fn browser_paths() -> Option<(String, String)> {
     None
 }
 
-/// The dashboard in a real browser: headless Chromium (through ChromeDriver and the
-/// WebDriver protocol) loads `rollcall dashboard` against three `rollcall silo`
-/// processes on Redis and sees 3 Active rows; one silo is SIGKILLed and the page,
-/// never reloaded, shows it Dead with the survivors' votes, the history timeline
-/// shows the declaration, and the statistics charts are drawn. The screenshot goes
-/// to `$CARGO_TARGET_TMPDIR/dashboard.png` (and to `ROLLCALL_SCREENSHOT` when set:
-/// `docs/dashboard.png`, the guide's picture).
+/// Reminders a dashboard child silo registers (the first child only).
+#[cfg(feature = "redis")]
+const DASH_CARTS: usize = 40;
+
+/// A silo process of [`dashboard_for_operators_in_a_real_browser_through_a_crash`]:
+/// the test binary runs itself with `ROLLCALL_DASHBOARD_CHILD="STORE CLUSTER
+/// PORT FIRST"` set, and this function becomes a silo (fast membership
+/// options) running the cluster's reminder service (16 shards, ticks to an
+/// actor; kind `flaky` has no recipient, so its ticks fail and are parked), a
+/// metrics publisher with statistics every 300 ms, and, in the first child,
+/// the workload: 40 `cart` reminders every second (one paused), 10 `invoice`
+/// ones every 2 s, a daily `report` cron in Paris, 3 `flaky` ones, and actor
+/// states of kinds `cart` (1 KiB to 362 KiB) and `invoice` (expiring in an
+/// hour) in the state service `dash-state`. It runs until killed. Without the
+/// variable (a plain test run) it does nothing.
 #[cfg(feature = "redis")]
 #[test]
-fn dashboard_in_a_real_browser_shows_a_killed_silo_dead_without_a_reload() {
-    use fantoccini::{ClientBuilder, Locator};
+#[ignore = "a silo process of the dashboard test, not a test of its own"]
+fn dashboard_child_silo() {
+    use actix::{Actor, Context, Handler};
+    use rollcall::reminders::{ActorId, ReminderSpec, ReminderTick, Reminders};
+    use rollcall::state::{Codec, Expected, StateKey, StateStorage};
+    use std::time::Duration;
+
+    struct Sink;
+    impl Actor for Sink {
+        type Context = Context<Self>;
+    }
+    impl Handler<ReminderTick> for Sink {
+        type Result = ();
+        fn handle(&mut self, _: ReminderTick, _: &mut Context<Self>) {}
+    }
+
+    let Ok(spec) = std::env::var("ROLLCALL_DASHBOARD_CHILD") else {
+        return;
+    };
+    let f: Vec<String> = spec.split(' ').map(str::to_owned).collect();
+    let (store_url, cluster, port, first) = (
+        f[0].clone(),
+        f[1].clone(),
+        f[2].parse::<u16>().expect("port"),
+        f[3] == "1",
+    );
+    let system = actix::System::new();
+    system.block_on(async move {
+        let store = rollcall::connect(&store_url).await.expect("store");
+        let silo = rollcall::Silo::builder(store.clone(), cluster.clone())
+            .listen(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+            .options(rollcall::ClusterMembershipOptions::fast())
+            .start()
+            .await
+            .expect("silo");
+        let sink = Sink.start().recipient();
+        let reminders = Reminders::builder(&silo, store.clone())
+            .service_id(cluster.clone())
+            .shards(16)
+            .options(rollcall::ReminderOptions {
+                minimum_period: Duration::from_secs(1),
+                ..rollcall::ReminderOptions::default()
+            })
+            .target(move |a: &ActorId| (a.kind() != "flaky").then(|| sink.clone()))
+            .start()
+            .await
+            .expect("reminders");
+        let table = store.metrics_table(&cluster).expect("metrics table");
+        table.init().await.expect("metrics table init");
+        let stats = store
+            .statistics_store(&cluster, &rollcall::StatisticsOptions::default())
+            .expect("statistics");
+        let _publisher = rollcall::metrics_table::MetricsPublisher::builder(&silo, table)
+            .period(Duration::from_millis(300))
+            .statistics(stats, Duration::from_millis(300))
+            .reminders(&reminders)
+            .start();
+        if first {
+            let second = Duration::from_secs(1);
+            for i in 0..DASH_CARTS {
+                let actor = ActorId::new("cart", i.to_string()).expect("actor");
+                reminders
+                    .register(&actor, "refresh", ReminderSpec::every(second, second))
+                    .await
+                    .expect("register");
+            }
+            reminders
+                .pause(&ActorId::new("cart", "0").expect("actor"), "refresh")
+                .await
+                .expect("pause");
+            for i in 0..10 {
+                let actor = ActorId::new("invoice", i.to_string()).expect("actor");
+                reminders
+                    .register(&actor, "remind", ReminderSpec::every(second, 2 * second))
+                    .await
+                    .expect("register");
+            }
+            let daily = ReminderSpec::cron("0 0 6 * * *").in_zone("Europe/Paris");
+            reminders
+                .register(&ActorId::new("report", "daily").expect("actor"), "mail", daily)
+                .await
+                .expect("register");
+            for i in 0..3 {
+                let actor = ActorId::new("flaky", i.to_string()).expect("actor");
+                let spec = ReminderSpec::every(second, second).with_retry(rollcall::RetryPolicy::PARK);
+                reminders.register(&actor, "sync", spec).await.expect("register");
+            }
+            let states = StateStorage::new(store.state_table("dash-state").expect("state table"));
+            for i in 0..20usize {
+                let key = StateKey::new(format!("cart/{i}"), "profile").expect("key");
+                let data = vec![b'x'; 1024 * (i * i + 1)];
+                states
+                    .write(&key, Expected::Any, Codec::Raw, &data, None)
+                    .await
+                    .expect("state write");
+            }
+            for i in 0..10u64 {
+                let key = StateKey::new(format!("invoice/{i}"), "pdf").expect("key");
+                let expires = rollcall::Timestamp::now().saturating_add(Duration::from_secs(3600 + 60 * i));
+                states
+                    .write(&key, Expected::Any, Codec::Raw, &[b'p'; 50 * 1024], Some(expires))
+                    .await
+                    .expect("state write");
+            }
+        }
+        println!("ready");
+        std::future::pending::<()>().await;
+        drop((silo, reminders));
+    });
+}
+
+/// The dashboard in a real browser, as an operator leaves it open: headless
+/// Chromium (through ChromeDriver and the WebDriver protocol) loads
+/// `rollcall dashboard` against three silo processes on Redis that run a
+/// reminder service and keep actor state ([`dashboard_child_silo`]). Before a
+/// crash the page shows the 3 Active rows, the shard map (16 shards owned,
+/// by more than one silo), the reminders per kind (with the paused one), the
+/// next due and paused reminders, parked occurrences, the runs of a reminder
+/// clicked in the page, actor state per kind in KiB/MiB, and the charts with
+/// their units (memory in MiB, tick lateness in ms or s); no number on the
+/// page is in exponent notation. Then the silo holding the most shards is
+/// SIGKILLed, and the page, never reloaded, shows it Dead, its shards fenced,
+/// and then every shard owned by the survivors. The screenshot is taken while
+/// the shards are fenced, into `$CARGO_TARGET_TMPDIR/dashboard.png` (and
+/// `ROLLCALL_SCREENSHOT` when set: `docs/dashboard.png`, the README's picture).
+#[cfg(feature = "redis")]
+#[test]
+fn dashboard_for_operators_in_a_real_browser_through_a_crash() {
+    use fantoccini::ClientBuilder;
     use std::process::Stdio;
     use std::time::{Duration, Instant};
 
@@ -311,12 +446,39 @@ fn dashboard_in_a_real_browser_shows_a_killed_silo_dead_without_a_reload() {
     };
     let store = backend.endpoint.clone();
     let cluster = rollcall_tests::unique_id("dash");
-    let (mut procs, ports, _) = start_silos_with(
-        &store,
-        &cluster,
-        3,
-        &["--metrics-period", "300ms", "--statistics-period", "300ms"],
-    );
+    let ports: Vec<u16> = (0..3)
+        .map(|_| rollcall_tests::fixtures::free_port().unwrap())
+        .collect();
+    let mut procs = Procs(Vec::new());
+    for (i, port) in ports.iter().enumerate() {
+        let log = std::fs::File::create(log_path(&cluster, *port)).expect("child log");
+        procs.0.push(
+            std::process::Command::new(std::env::current_exe().expect("test binary"))
+                .args([
+                    "--exact",
+                    "observability::dashboard_child_silo",
+                    "--ignored",
+                    "--nocapture",
+                ])
+                .env(
+                    "ROLLCALL_DASHBOARD_CHILD",
+                    format!("{store} {cluster} {port} {}", u8::from(i == 0)),
+                )
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().expect("log"))
+                .stderr(log)
+                .spawn()
+                .expect("spawn a dashboard child silo"),
+        );
+    }
+    let started = Instant::now();
+    while active(&status(&store, &cluster).1) < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the 3 child silos never became Active"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let web_port = rollcall_tests::fixtures::free_port().unwrap();
     procs.0.push(
         rollcall()
@@ -329,6 +491,7 @@ fn dashboard_in_a_real_browser_shows_a_killed_silo_dead_without_a_reload() {
                 "--interval",
                 "200ms",
             ])
+            .args(["--state-service", "dash-state"])
             .args(["--listen", &format!("127.0.0.1:{web_port}")])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -360,7 +523,7 @@ fn dashboard_in_a_real_browser_shows_a_killed_silo_dead_without_a_reload() {
                 "args": [
                     "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                     "--disable-quic", "--no-first-run", "--disable-background-networking",
-                    "--disable-component-update", "--disable-sync", "--window-size=1400,1000",
+                    "--disable-component-update", "--disable-sync", "--window-size=1400,2900",
                     format!("--user-data-dir={}", profile.path().display()),
                 ],
             }),
@@ -380,91 +543,153 @@ fn dashboard_in_a_real_browser_shows_a_killed_silo_dead_without_a_reload() {
             .execute("window.rollcallMarker = 42; return 1;", vec![])
             .await
             .expect("set the marker");
-        let rows = |status: &'static str| {
+        // Reads run as one script each: the live updates replace elements, so
+        // an element found first can be stale by the time it is read.
+        let js = |script: String| {
             let client = client.clone();
             async move {
                 client
-                    .find_all(Locator::Css(&format!("#silos tbody tr[data-status='{status}']")))
+                    .execute(&script, vec![])
                     .await
-                    .map(|r| r.len())
-                    .unwrap_or(0)
+                    .unwrap_or_else(|e| panic!("{script}: {e}"))
             }
         };
-        let start = Instant::now();
-        while rows("Active").await != 3 {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "the page never showed 3 Active rows"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        procs.0[2].kill().expect("SIGKILL a silo");
-        let killed = Instant::now();
-        while rows("Dead").await != 1 {
-            assert!(
-                killed.elapsed() < Duration::from_secs(20),
-                "the page never showed the Dead row"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert_eq!(rows("Active").await, 2);
-        let marker = client
-            .execute("return window.rollcallMarker === 42;", vec![])
-            .await
-            .expect("read the marker");
-        assert_eq!(marker, serde_json::Value::Bool(true), "the page was reloaded");
-        // The row is read in one script (the live updates replace rows, so an
-        // element found first can be stale by the time its text is read), until it
-        // shows what is asserted below or 10 s pass.
-        let read_start = Instant::now();
-        let dead_text = loop {
-            let text = client
-                .execute(
-                    "const r = document.querySelector(\"#silos tbody tr[data-status='Dead']\"); return r ? r.innerText : '';",
-                    vec![],
-                )
-                .await
-                .expect("read the Dead row")
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            let done = text.contains(&format!("127.0.0.1:{}", ports[2])) && text.contains("ago)");
-            if done || read_start.elapsed() > Duration::from_secs(10) {
-                break text;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        let count = |css: &str| js(format!("return document.querySelectorAll(\"{css}\").length;"));
+        let inner = |css: &str| {
+            js(format!(
+                "const e = document.querySelector(\"{css}\"); return e ? e.innerText : '';"
+            ))
         };
-        assert!(
-            dead_text.contains(&format!("127.0.0.1:{}", ports[2])),
-            "{dead_text}"
-        );
-        assert!(
-            dead_text.contains("ago)"),
-            "the Dead row shows its votes with ages: {dead_text}"
-        );
-        let start = Instant::now();
-        loop {
-            let history = client.find(Locator::Css("#history")).await.expect("timeline");
-            let text = history.text().await.unwrap_or_default();
-            let charts = client
-                .find_all(Locator::Css("#charts .chart svg polyline"))
-                .await
-                .map(|c| c.len())
-                .unwrap_or(0);
-            if text.contains(&format!("127.0.0.1:{}", ports[2])) && text.contains("Dead") && charts >= 4 {
-                break;
+        async fn wait<F, Fut>(what: &str, within: Duration, mut check: F) -> String
+        where
+            F: FnMut() -> Fut,
+            Fut: std::future::Future<Output = Result<(), String>>,
+        {
+            let start = Instant::now();
+            loop {
+                match check().await {
+                    Ok(()) => return what.to_owned(),
+                    Err(last) => assert!(start.elapsed() < within, "{what}: not within {within:?}: {last}"),
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "no declaration in the timeline or no charts ({charts} series): {text}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        let as_u64 = |v: serde_json::Value| v.as_u64().unwrap_or(0);
+        let as_text = |v: serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+
+        // Before the crash: every view.
+        wait("3 Active rows", Duration::from_secs(20), || async {
+            let n = as_u64(count("#silos tbody tr[data-status='Active']").await);
+            (n == 3).then_some(()).ok_or(format!("{n} Active"))
+        })
+        .await;
+        wait("16 shards owned by more than one silo", Duration::from_secs(30), || async {
+            let owned = as_u64(count("#shard-map .shard[data-state='owned']").await);
+            let holders = as_u64(count("#shard-holders span").await);
+            (owned == 16 && holders >= 2)
+                .then_some(())
+                .ok_or(format!("{owned} owned, {holders} holders: {}", as_text(inner("#shard-map").await)))
+        })
+        .await;
+        wait("the reminders per kind, paused and parked", Duration::from_secs(40), || async {
+            let kinds = as_text(inner("#reminder-kinds").await);
+            let paused = as_text(inner("#reminder-paused").await);
+            let parked = as_text(inner("#parked-total").await);
+            let next = as_u64(count("#reminder-next tbody tr.pick").await);
+            let ok = kinds.contains(&format!("cart\t{DASH_CARTS}\t1"))
+                && kinds.contains("invoice\t10\t0")
+                && kinds.contains("report\t1\t0")
+                && kinds.contains("flaky\t3\t0")
+                && paused.contains("cart/0\trefresh")
+                && !parked.is_empty()
+                && !parked.starts_with("0 ")
+                && parked != "-"
+                && next > 0;
+            ok.then_some(()).ok_or(format!("kinds {kinds:?} paused {paused:?} parked {parked:?} next {next}"))
+        })
+        .await;
+        // The runs of one reminder, picked in the page (a click in the page's
+        // own script: the rows are redrawn every second, so an element found
+        // through WebDriver can be gone by the time it is clicked).
+        let clicked = js("const r = document.querySelector(\"#reminder-next tbody tr.pick[data-actor^='cart/']\"); \
+             if (!r) return false; r.click(); return true;"
+            .into())
+        .await;
+        assert_eq!(clicked, serde_json::Value::Bool(true), "a cart reminder due next to click");
+        wait("its runs", Duration::from_secs(20), || async {
+            let runs = as_text(inner("#runs").await);
+            (runs.contains("\tok\t") && runs.contains("127.0.0.1:"))
+                .then_some(())
+                .ok_or(format!("runs {runs:?}"))
+        })
+        .await;
+        wait("actor state per kind", Duration::from_secs(40), || async {
+            let cart = as_text(inner("#state-kinds tr[data-kind='cart']").await);
+            let invoice = as_text(inner("#state-kinds tr[data-kind='invoice']").await);
+            // 20 cart states of 1 KiB (i² + 1) each: 2,490 KiB in all.
+            (cart.contains("cart\t20\t2.4 MiB") && cart.contains("cart/19#profile 362 KiB")
+                && invoice.contains("invoice\t10\t500 KiB") && invoice.contains("10: invoice/0#pdf in "))
+                .then_some(())
+                .ok_or(format!("cart {cart:?} invoice {invoice:?}"))
+        })
+        .await;
+        wait("the charts with their units", Duration::from_secs(40), || async {
+            let memory = as_text(inner("#charts .chart[data-statistic='memory_bytes'] .scale .top").await);
+            let late = as_text(inner("#charts .chart[data-statistic='tick_lateness_p99_ms'] .scale .top").await);
+            let axis = as_text(inner("#charts .chart[data-statistic='tick_lateness_p99_ms'] .time-axis").await);
+            let lines = as_u64(count("#charts .chart svg polyline").await);
+            (memory.ends_with(" MiB") && (late.ends_with(" ms") || late.ends_with(" s")) && axis.contains("UTC") && lines >= 6)
+                .then_some(())
+                .ok_or(format!("memory {memory:?} lateness {late:?} axis {axis:?} {lines} series"))
+        })
+        .await;
+        // JavaScript writes an exponent with its sign (`1e+21`, `2.5e-7`); the
+        // cluster id's hex suffix may hold `1e2`.
+        let exponent = "const t = document.body.innerText; const m = /\\d[eE][+-]\\d|NaN|undefined|Infinity/.exec(t); return m ? t.slice(Math.max(0, m.index - 60), m.index + 20) : '';";
+        assert_eq!(as_text(js(exponent.into()).await), "", "a raw number on the page");
+
+        // The crash: the silo holding the most shards.
+        let holders: Vec<String> = js(
+            "return [...document.querySelectorAll('#shard-map .shard')].map((s) => s.innerText.split('\\n')[1] || '');"
+                .into(),
+        )
+        .await
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .map(as_text)
+        .collect();
+        let victim = (0..3)
+            .max_by_key(|i| holders.iter().filter(|h| **h == format!("127.0.0.1:{}", ports[*i])).count())
+            .expect("three");
+        let victim_address = format!("127.0.0.1:{}", ports[victim]);
+        procs.0[victim].kill().expect("SIGKILL a silo");
+        wait("the Dead row and its shards taken over", Duration::from_secs(30), || async {
+            let dead = as_text(inner("#silos tbody tr[data-status='Dead']").await);
+            let moved = as_u64(count("#shard-map .shard[data-state='taken_over']").await);
+            let map = as_text(inner("#shard-map").await);
+            (dead.contains(&victim_address) && moved > 0 && map.contains(&format!("from {victim_address}, ")))
+                .then_some(())
+                .ok_or(format!("dead {dead:?}, {moved} taken over; victim {victim_address}: {map:?}"))
+        })
+        .await;
         let png = client.screenshot().await.expect("screenshot");
         std::fs::write(&screenshot, &png).expect("write the screenshot");
         if let Some(path) = std::env::var_os("ROLLCALL_SCREENSHOT") {
             std::fs::write(path, &png).expect("write ROLLCALL_SCREENSHOT");
         }
+        wait("every shard held by the survivors", Duration::from_secs(40), || async {
+            let owned = as_u64(count("#shard-map .shard[data-state='owned'], #shard-map .shard[data-state='taken_over']").await);
+            let holders = as_text(js("return [...document.querySelectorAll('#shard-map .shard')].map((s) => s.innerText.split('\\n')[1] || '').join(' ');".into()).await);
+            let map = as_text(inner("#shard-map").await);
+            (owned == 16 && !holders.contains(&victim_address))
+                .then_some(())
+                .ok_or(format!("{owned} owned: {map}"))
+        })
+        .await;
+        let marker = js("return window.rollcallMarker === 42;".into()).await;
+        assert_eq!(marker, serde_json::Value::Bool(true), "the page was reloaded");
         client.close().await.expect("close the browser");
     });
     assert!(std::fs::metadata(&screenshot).map(|m| m.len()).unwrap_or(0) > 10_000);
