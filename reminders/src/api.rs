@@ -578,7 +578,9 @@ impl Counters {
         }
     }
 
-    /// The lateness of the ticks delivered since the last call, and a new window.
+    /// The lateness of the ticks delivered since the last call, and a new window
+    /// (read by the runtime's `Reminders::take_lateness`).
+    #[cfg_attr(not(feature = "runtime"), allow(dead_code))]
     pub(crate) fn take_lateness(&self) -> Option<Lateness> {
         let mut window = self
             .lateness
