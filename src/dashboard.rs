@@ -77,6 +77,10 @@ pub const LISTED_REMINDERS: usize = 8;
 /// States whose headers the state panel reads per actor kind (the largest and
 /// the next expiries are of these).
 pub const STATES_READ_PER_KIND: usize = 2_000;
+/// Actor kinds the state panel shows at most (the first given, or the first
+/// by name of the reminder service's kinds): each
+/// costs up to [`STATES_READ_PER_KIND`] header reads.
+pub const STATE_KINDS_SHOWN: usize = 20;
 /// States listed per kind as the largest and as the next to expire.
 pub const LISTED_STATES: usize = 5;
 /// Store reads the shard map and the state panel run at once.
@@ -168,8 +172,9 @@ impl DashboardBuilder {
     /// The actor-state service whose states the state panel sums up per actor
     /// kind (default: none, no state panel), and the kinds to show (the state
     /// table has no index of kinds: empty means the actor kinds of the
-    /// reminder service's rows). Per kind the panel reads up to
-    /// [`STATES_READ_PER_KIND`] headers every [`SLOW_PANEL_PERIOD`].
+    /// reminder service's rows). Of at most [`STATE_KINDS_SHOWN`] kinds, it
+    /// reads up to [`STATES_READ_PER_KIND`] headers each every
+    /// [`SLOW_PANEL_PERIOD`].
     pub fn state(mut self, service: Option<String>, kinds: Vec<String>) -> Self {
         self.state_service = service;
         self.state_kinds = kinds;
@@ -655,7 +660,7 @@ async fn state_json(
     let table = table.as_ref().map_err(|e| e.to_string())?;
     let now = Timestamp::now();
     let mut out = Vec::new();
-    for kind in kinds {
+    for kind in kinds.iter().take(STATE_KINDS_SHOWN) {
         let keys = bounded("state list", table.list(kind, None, STATES_READ_PER_KIND)).await?;
         let headers: Vec<(crate::StateKey, Option<crate::state::StateHeader>)> =
             futures_util::stream::iter(keys)

@@ -199,6 +199,20 @@ function renderShards() {
 
 // ---- reminders -----------------------------------------------------------------
 
+/** The due (or paused since) cell of a listed reminder. */
+function when(e) {
+  return e.paused_ms ? age(e.paused_ms) : due(nextDue(e.due_ms, e.period_ms));
+}
+
+/** Moves the listed reminders' due cells on in place: the rows are replaced
+ * only when the server sends the panel again, so a click on one is not lost
+ * to a redraw. */
+function tickReminders() {
+  document.querySelectorAll("#reminder-next tbody tr.pick, #reminder-paused tbody tr.pick").forEach((tr) => {
+    if (tr.entry) tr.cells[3].textContent = when(tr.entry);
+  });
+}
+
 function renderReminders() {
   const r = reminders;
   if (!r) return;
@@ -209,8 +223,8 @@ function renderReminders() {
   // (A kind's next due time is as of the server's read, every 15 s.)
   $("#reminders tbody").replaceChildren(...r.owners.map((o) => row([cell(o.silo), cell(num(o.count), "num")])));
   const pick = (e) => {
-    const tr = row([cell(e.actor), cell(e.name), cell(schedule(e)),
-      cell(e.paused_ms ? age(e.paused_ms) : due(nextDue(e.due_ms, e.period_ms)))], "pick");
+    const tr = row([cell(e.actor), cell(e.name), cell(schedule(e)), cell(when(e))], "pick");
+    tr.entry = e;
     tr.dataset.actor = e.actor;
     tr.dataset.name = e.name;
     tr.addEventListener("click", () => { picked = { actor: e.actor, name: e.name }; loadRuns(); });
@@ -391,4 +405,4 @@ source.addEventListener("shards", (e) => { shards = JSON.parse(e.data); renderSh
 source.addEventListener("reminders", (e) => { reminders = JSON.parse(e.data); renderReminders(); loadRuns(); });
 source.addEventListener("state", (e) => renderState(JSON.parse(e.data)));
 source.addEventListener("problem", (e) => renderProblems(JSON.parse(e.data)));
-setInterval(() => { renderMembership(); renderShards(); renderReminders(); }, 1000);
+setInterval(() => { renderMembership(); renderShards(); tickReminders(); }, 1000);

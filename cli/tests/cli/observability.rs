@@ -595,7 +595,7 @@ fn dashboard_for_operators_in_a_real_browser_through_a_crash() {
             let kinds = as_text(inner("#reminder-kinds").await);
             let paused = as_text(inner("#reminder-paused").await);
             let parked = as_text(inner("#parked-total").await);
-            let next = as_u64(count("#reminder-next tbody tr.pick").await);
+            let next = as_u64(count("#reminder-next tbody tr.pick[data-actor^='cart/']").await);
             let ok = kinds.contains(&format!("cart\t{DASH_CARTS}\t1"))
                 && kinds.contains("invoice\t10\t0")
                 && kinds.contains("report\t1\t0")
