@@ -73,6 +73,25 @@ pub enum Error {
         /// The etag found (`None`: no record).
         current: Option<crate::Etag>,
     },
+    /// A state write or clear under a [`Fence`](crate::Fence) found the
+    /// fence's shard lease no longer at the fence's epoch, held (another silo
+    /// acquired it since, or it was released): the writer is no longer the
+    /// actor's owner. Checked by the store in the write's own transaction;
+    /// nothing was written. Not retried: the actor's new owner writes it.
+    #[error("state `{key}` is fenced: shard {shard} of service `{service}` is no longer held at epoch {epoch} (now: {current:?})")]
+    Fenced {
+        /// The state (`actor#name`).
+        key: String,
+        /// The lease's service.
+        service: String,
+        /// The shard.
+        shard: u32,
+        /// The epoch the writer held.
+        epoch: u64,
+        /// The lease's epoch if it is held now (`None`: released or never
+        /// acquired).
+        current: Option<u64>,
+    },
     /// A state larger than the provider stores; nothing was written.
     #[error("state `{key}` of {size} bytes is larger than the {max} bytes a state may have")]
     TooLarge {

@@ -46,6 +46,14 @@
 //!   the one its row names, after that row was written. There is no cap on the
 //!   exceptions a row owes: what does not fit the row goes to pages.
 //!
+//! - **Fence token.** Beside each row a provider stores the row's
+//!   [`fence_token`] (its epoch while [`LeaseStatus::Owned`], nothing while
+//!   released), written in the same conditional write as the row. A state
+//!   commit under a [`Fence`] compares it in the commit's own transaction
+//!   ([`StateTable::commit`](crate::StateTable::commit)), so the store itself
+//!   refuses the writes of a silo that lost the shard. The token changes only
+//!   on an acquire or a release, never on the holder's watermark updates.
+//!
 //! A write that fails with a transient error may have landed: read the row to
 //! learn its outcome ([`ShardLeases::read`]) before acting on the error.
 
@@ -84,6 +92,58 @@ pub fn check_row(shard: u32, row: &[u8]) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The fence token of a lease row's bytes: its epoch while the row is
+/// [`LeaseStatus::Owned`], `None` while it is released or when the bytes are
+/// not a lease row (which then fences every writer out). Every provider stores
+/// it beside the row in the row's own write (see the module docs).
+pub fn fence_token(row: &[u8]) -> Option<u64> {
+    #[derive(Deserialize)]
+    struct Token {
+        epoch: u64,
+        status: LeaseStatus,
+    }
+    match serde_json::from_slice::<Token>(row) {
+        Ok(Token {
+            epoch,
+            status: LeaseStatus::Owned,
+        }) => Some(epoch),
+        _ => None,
+    }
+}
+
+/// Ownership of one shard as a state write carries it: the store commits the
+/// write only while the shard's lease is still held at `epoch` (its fence
+/// token, [`fence_token`]), in the same transaction. A silo gets one from the
+/// reminder service for a shard it holds (`Reminders::fence`, and every
+/// `ReminderTick`); the epoch is Temporal's RangeID, Kleppmann's fencing token.
+///
+/// A fence covers the actors [`actor_shard`](crate::actor_shard)`(actor,
+/// shards)` maps to `shard`, in the tables of `service`: a state table of the
+/// same service id.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Fence {
+    /// The service whose shard leases fence (the state table's service id).
+    pub service: String,
+    /// The service's shard count.
+    pub shards: u32,
+    /// The shard held.
+    pub shard: u32,
+    /// The lease's epoch when it was acquired (one more on every acquire).
+    pub epoch: u64,
+}
+
+impl Fence {
+    /// Whether the fence covers `actor_id` (its shard among `shards` is `shard`).
+    pub fn covers(&self, actor_id: &str) -> bool {
+        crate::actor_shard(actor_id, self.shards) == self.shard
+    }
+
+    /// The fence token a provider compares: the epoch in decimal.
+    pub fn token(&self) -> String {
+        self.epoch.to_string()
+    }
 }
 
 /// Whether a shard's lease is held.

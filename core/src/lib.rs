@@ -68,7 +68,7 @@ pub use agents::{
 pub use error::{bounded, retry_transient};
 pub use error::{redact_password, BoxError, Error, Result, SiloError, TransportError};
 pub use history::{HistoryQuery, MembershipEvent, WriteKind, WriteOrigin, DEFAULT_HISTORY_CAPACITY};
-pub use lease::{LeaseStatus, LeaseTable, ShardLease, ShardLeases};
+pub use lease::{Fence, LeaseStatus, LeaseTable, ShardLease, ShardLeases};
 pub use limits::KeyLimits;
 pub use membership::{
     CorruptRow, Etag, IntoRows, MembershipDelta, MembershipEntry, MembershipRow, MembershipRows,

@@ -3,7 +3,7 @@
 //!
 //! | `ShardKey` | `SortKey` | attributes |
 //! |---|---|---|
-//! | `<service length>#<service>#<shard>#lease` | `lease` | `Row` (the lease, bytes), `ETag` |
+//! | `<service length>#<service>#<shard>#lease` | `lease` | `Row` (the lease, bytes), `ETag`, `Fence` (the row's fence token: its epoch while held, absent while released; a fenced state commit's `ConditionCheck` compares it) |
 //! | `<service length>#<service>#<shard>#lease` | `page#<page set>#<index as 8 digits>` | `Page` (a page of the lease's exceptions, bytes; one item each, under the 400 KB item limit) |
 //! | `<service length>#<service>#shards` | `shards` | `Shards` (the shard count) |
 //!
@@ -28,6 +28,20 @@ const ROW: &str = "Row";
 const ETAG: &str = "ETag";
 const SHARDS: &str = "Shards";
 const PAGE: &str = "Page";
+/// The fence token attribute of a lease item.
+pub(crate) const FENCE: &str = "Fence";
+
+/// The key of the lease item of `shard` of service `service_id` (in the
+/// reminders table).
+pub(crate) fn lease_item_key(service_id: &str, shard: u32) -> Item {
+    Item::from([
+        (
+            SHARD_KEY.to_owned(),
+            s(format!("{}#{service_id}#{shard}#lease", service_id.len())),
+        ),
+        (SORT_KEY.to_owned(), s("lease")),
+    ])
+}
 
 /// The shard lease rows of one reminder service on DynamoDB.
 #[derive(Debug)]
@@ -70,10 +84,7 @@ impl DynamoDbLeaseTable {
     }
 
     fn lease_key(&self, shard: u32) -> Item {
-        Item::from([
-            (SHARD_KEY.to_owned(), s(self.shard_partition(shard))),
-            (SORT_KEY.to_owned(), s("lease")),
-        ])
+        lease_item_key(&self.service_id, shard)
     }
 
     fn shard_partition(&self, shard: u32) -> String {
@@ -193,6 +204,9 @@ impl LeaseTable for DynamoDbLeaseTable {
         let mut item = self.lease_key(shard);
         item.insert(ROW.to_owned(), AttributeValue::B(Blob::new(row.to_vec())));
         item.insert(ETAG.to_owned(), s(etag.as_str()));
+        if let Some(token) = rollcall_core::lease::fence_token(row) {
+            item.insert(FENCE.to_owned(), n(token));
+        }
         let mut put = self
             .conn
             .client

@@ -20,9 +20,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::primitives::Blob;
-use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, ReturnValue, TransactWriteItem};
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Delete, Put, ReturnValue, TransactWriteItem};
 use rollcall_core::state::{replaced_generation, Commit, HeaderWrite, StateLimits, StateTable};
-use rollcall_core::{Error, Etag, Expected, KeyLimits, Result, StateKey, Timestamp};
+use rollcall_core::{Error, Etag, Expected, Fence, KeyLimits, Result, StateKey, Timestamp};
 use tokio::sync::OnceCell;
 
 use crate::conn::{n, new_etag, s, Attrs, Conn, Item};
@@ -225,6 +225,41 @@ impl DynamoDbStateTable {
         Ok(Commit::Conflict { index: 0, current })
     }
 
+    /// The `ConditionCheck` of a fenced commit: the lease item of the fence's
+    /// shard (in the reminders table, where the service's leases are) has the
+    /// fence's epoch as its fence token.
+    fn fence_check(&self, f: &Fence) -> Result<TransactWriteItem> {
+        let check = ConditionCheck::builder()
+            .table_name(&self.conn.config.reminders_table)
+            .set_key(Some(crate::lease::lease_item_key(&self.service_id, f.shard)))
+            .condition_expression("#f = :f")
+            .expression_attribute_names("#f", crate::lease::FENCE)
+            .expression_attribute_values(":f", n(f.epoch))
+            .build()
+            .map_err(|e| Error::backend(format!("dynamodb condition check: {e}")))?;
+        Ok(TransactWriteItem::builder().condition_check(check).build())
+    }
+
+    /// The fence token of the lease item of `f`'s shard now (consistent read;
+    /// `None`: released, or no item).
+    async fn fence_token(&self, f: &Fence) -> Result<Option<u64>> {
+        let table = &self.conn.config.reminders_table;
+        let out = self
+            .conn
+            .client
+            .get_item()
+            .table_name(table)
+            .set_key(Some(crate::lease::lease_item_key(&self.service_id, f.shard)))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| self.conn.error("GetItem", table, e))?;
+        Ok(out
+            .item
+            .as_ref()
+            .and_then(|i| Attrs(i).opt_n::<u64>(crate::lease::FENCE).ok().flatten()))
+    }
+
     fn put(&self, item: Item) -> Result<TransactWriteItem> {
         let put = Put::builder()
             .table_name(self.table_name())
@@ -368,7 +403,7 @@ impl StateTable for DynamoDbStateTable {
         }
     }
 
-    async fn commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Commit> {
+    async fn commit(&self, writes: &[HeaderWrite<'_>], fence: Option<&Fence>) -> Result<Commit> {
         for w in writes {
             check_key(w.key)?;
         }
@@ -381,8 +416,9 @@ impl StateTable for DynamoDbStateTable {
                 })
             }
             // One header and no chunk rows: one conditional PutItem (or
-            // DeleteItem) that returns the item it replaced.
-            [w] if w.chunks.is_empty() => return self.commit_one(w).await,
+            // DeleteItem) that returns the item it replaced. A fenced one is a
+            // transaction with the lease's ConditionCheck.
+            [w] if w.chunks.is_empty() && fence.is_none() => return self.commit_one(w).await,
             _ => {}
         }
         // The generations the headers publish now (a transaction returns no old
@@ -394,6 +430,9 @@ impl StateTable for DynamoDbStateTable {
         for _ in 0..TRANSACT_ATTEMPTS {
             let now = Timestamp::now().as_millis();
             let mut ops = Vec::new();
+            if let Some(f) = fence {
+                ops.push(self.fence_check(f)?);
+            }
             let mut etags = Vec::with_capacity(writes.len());
             for w in writes {
                 let (cond, names, values) = condition(&w.expected, now);
@@ -434,6 +473,12 @@ impl StateTable for DynamoDbStateTable {
                 return Ok(Commit::Done { etags, replaced });
             }
             // A failed condition, or a concurrent transaction: which one?
+            if let Some(f) = fence {
+                let current = self.fence_token(f).await?;
+                if current != Some(f.epoch) {
+                    return Ok(Commit::Fenced { current });
+                }
+            }
             for (index, w) in writes.iter().enumerate() {
                 let item = self.header_item(w.key).await?;
                 let current = self.live_etag(w.key, item.as_ref(), Timestamp::now().as_millis())?;

@@ -4,6 +4,7 @@
 //! |---|---|
 //! | `<prefix>/<service>/lease/shards` | the service's shard count (decimal), put only when absent |
 //! | `<prefix>/<service>/lease/shard/<shard as 5 digits>` | one lease row; its etag is the key's `mod_revision` |
+//! | `<prefix>/<service>/lease/fence/<shard as 5 digits>` | the row's fence token (its epoch in decimal while held, empty while released), put in the row's own `Txn`; a fenced state commit compares its value |
 //! | `<prefix>/<service>/lease/pages/<shard as 5 digits>/<page set>/<index as 8 digits>` | a page of a lease's exceptions (each read and written alone: a request stays far below etcd's 1.5 MiB) |
 //!
 //! A write is one `Txn`: compare the key's `mod_revision` (0: no key), put,
@@ -19,6 +20,16 @@ use rollcall_core::{Error, Etag, Expected, Result};
 use crate::conn::{revision, Conn};
 use crate::keys::escape;
 
+/// The base of a service's lease keys (ends in `/`).
+pub(crate) fn lease_base(prefix: &str, service_id: &str) -> String {
+    format!("{prefix}/{}/lease/", escape(service_id))
+}
+
+/// The fence token key of `shard` under a service's lease `base`.
+pub(crate) fn fence_key(base: &str, shard: u32) -> String {
+    format!("{base}fence/{shard:05}")
+}
+
 /// The shard lease rows of one reminder service on etcd.
 #[derive(Debug, Clone)]
 pub struct EtcdLeaseTable {
@@ -31,7 +42,7 @@ impl EtcdLeaseTable {
     pub(crate) fn new(conn: Arc<Conn>, prefix: &str, service_id: &str) -> Self {
         EtcdLeaseTable {
             conn,
-            base: format!("{prefix}/{}/lease/", escape(service_id)),
+            base: lease_base(prefix, service_id),
             service_id: service_id.to_owned(),
         }
     }
@@ -42,6 +53,10 @@ impl EtcdLeaseTable {
 
     fn lease_key(&self, shard: u32) -> String {
         format!("{}shard/{shard:05}", self.base)
+    }
+
+    fn fence_key(&self, shard: u32) -> String {
+        fence_key(&self.base, shard)
     }
 
     /// The prefix of shard `shard`'s pages (ends in `/`).
@@ -104,9 +119,15 @@ impl LeaseTable for EtcdLeaseTable {
             },
             Expected::Any => Vec::new(),
         };
+        let token = rollcall_core::lease::fence_token(row)
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         let txn = Txn::new()
             .when(when)
-            .and_then(vec![TxnOp::put(key.clone(), row.to_vec(), None)])
+            .and_then(vec![
+                TxnOp::put(key.clone(), row.to_vec(), None),
+                TxnOp::put(self.fence_key(shard), token, None),
+            ])
             .or_else(vec![TxnOp::get(key, None)]);
         let resp = self.conn.txn("write shard lease", txn).await?;
         if resp.succeeded() {

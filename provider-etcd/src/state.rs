@@ -22,7 +22,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use rollcall_core::state::{replaced_generation, Commit, HeaderWrite, StateHeader, StateLimits, StateTable};
-use rollcall_core::{Error, Etag, Expected, Result, StateKey, Timestamp};
+use rollcall_core::{Error, Etag, Expected, Fence, Result, StateKey, Timestamp};
 
 use crate::conn::Conn;
 use crate::keys::{escape, prefix_end, unescape};
@@ -63,6 +63,8 @@ pub struct EtcdStateTable {
     /// lease that expires by itself).
     leases: Arc<std::sync::Mutex<BTreeMap<(String, String), i64>>>,
     base: String,
+    /// The base of the service's lease keys (a fenced commit compares one).
+    lease_base: String,
     service_id: String,
 }
 
@@ -72,6 +74,7 @@ impl EtcdStateTable {
             conn,
             leases: Arc::default(),
             base: format!("{prefix}/{}/state", escape(service_id)),
+            lease_base: crate::lease::lease_base(prefix, service_id),
             service_id: service_id.to_owned(),
         }
     }
@@ -253,7 +256,7 @@ impl StateTable for EtcdStateTable {
             .map(|_| ())
     }
 
-    async fn commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Commit> {
+    async fn commit(&self, writes: &[HeaderWrite<'_>], fence: Option<&Fence>) -> Result<Commit> {
         if writes.is_empty() {
             return Ok(Commit::Done {
                 etags: Vec::new(),
@@ -267,7 +270,7 @@ impl StateTable for EtcdStateTable {
             leases.push(lease);
             granted_here.push(new);
         }
-        let outcome = self.commit_with(writes, &leases).await;
+        let outcome = self.commit_with(writes, &leases, fence).await;
         match &outcome {
             Ok(Commit::Done { .. }) => {
                 for w in writes {
@@ -275,7 +278,7 @@ impl StateTable for EtcdStateTable {
                     self.release_lease(w.key, w.generation, false).await;
                 }
             }
-            Ok(Commit::Conflict { .. }) => {
+            Ok(Commit::Conflict { .. } | Commit::Fenced { .. }) => {
                 // A lease granted for this commit alone holds nothing: revoke it.
                 // One shared with staged chunks goes with them (delete_generation).
                 for (w, new) in writes.iter().zip(granted_here) {
@@ -401,7 +404,15 @@ fn recheck(expected: &Expected, header: Option<(i64, bool)>) -> Recheck {
 
 impl EtcdStateTable {
     /// One commit with its writes' leases ([`StateTable::commit`]).
-    async fn commit_with(&self, writes: &[HeaderWrite<'_>], lease_ids: &[Option<i64>]) -> Result<Commit> {
+    async fn commit_with(
+        &self,
+        writes: &[HeaderWrite<'_>],
+        lease_ids: &[Option<i64>],
+        fence: Option<&Fence>,
+    ) -> Result<Commit> {
+        // A fenced commit compares the lease's fence token first; when that
+        // fails, the else branch reads it (its last read) to name it.
+        let fence_key = fence.map(|f| crate::lease::fence_key(&self.lease_base, f.shard));
         let leases: Vec<Option<PutOptions>> = lease_ids
             .iter()
             .map(|l| l.map(|id| PutOptions::new().with_lease(id)))
@@ -410,7 +421,11 @@ impl EtcdStateTable {
         // lease: it counts as absent, so the next attempt compares on it.
         let mut expired_at: Vec<Option<i64>> = vec![None; writes.len()];
         for _ in 0..TXN_ATTEMPTS {
-            let mut compares = Vec::with_capacity(writes.len());
+            let mut compares = Vec::with_capacity(writes.len() + 1);
+            if let (Some(f), Some(k)) = (fence, &fence_key) {
+                // A missing key fails a value compare.
+                compares.push(Compare::value(k.clone(), CompareOp::Equal, f.token()));
+            }
             for (index, w) in writes.iter().enumerate() {
                 let hk = self.header_key(w.key);
                 match (&w.expected, expired_at[index]) {
@@ -449,10 +464,13 @@ impl EtcdStateTable {
                 });
             }
             // When a compare fails: every header, to name the write that failed.
-            let reads: Vec<TxnOp> = writes
+            let mut reads: Vec<TxnOp> = writes
                 .iter()
                 .map(|w| TxnOp::get(self.header_key(w.key), None))
                 .collect();
+            if let Some(k) = &fence_key {
+                reads.push(TxnOp::get(k.clone(), None));
+            }
             let resp = self
                 .conn
                 .txn(
@@ -513,6 +531,18 @@ impl EtcdStateTable {
                         .collect(),
                     replaced: per_write,
                 });
+            }
+            if let Some(f) = fence {
+                let token = match resp.op_responses().last() {
+                    Some(TxnOpResponse::Get(g)) => g
+                        .kvs()
+                        .first()
+                        .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse::<u64>().ok()),
+                    _ => None,
+                };
+                if token != Some(f.epoch) {
+                    return Ok(Commit::Fenced { current: token });
+                }
             }
             let mut retry = false;
             for (index, (w, r)) in writes.iter().zip(resp.op_responses()).enumerate() {

@@ -18,6 +18,13 @@ pub(crate) struct Leases {
     pages: BTreeMap<(u32, String, u32), Vec<u8>>,
 }
 
+impl Leases {
+    /// The bytes of `shard`'s row, if any.
+    pub(crate) fn row(&self, shard: u32) -> Option<&[u8]> {
+        self.rows.get(&shard).map(|(b, _)| b.as_slice())
+    }
+}
+
 /// The shard lease rows of one reminder service in a [`MemoryStore`].
 #[derive(Clone, Debug)]
 pub struct MemoryLeaseTable {

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use rollcall_core::lease::fence_token;
 use rollcall_core::state::{replaced_generation, Commit, HeaderWrite, StateLimits, StateTable};
-use rollcall_core::{Etag, Result, StateKey, Timestamp};
+use rollcall_core::{Etag, Fence, Result, StateKey, Timestamp};
 
 use crate::{lock, MemoryStore};
 
@@ -115,9 +116,22 @@ impl StateTable for MemoryStateTable {
         })
     }
 
-    async fn commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Commit> {
+    async fn commit(&self, writes: &[HeaderWrite<'_>], fence: Option<&Fence>) -> Result<Commit> {
         let now = Self::now();
         let store = self.store.clone();
+        // The leases' lock is held across the commit (always taken before the
+        // states' one), so the fence token cannot change between its compare
+        // and the writes.
+        let leases = lock(&self.store.inner.leases);
+        if let Some(f) = fence {
+            let current = leases
+                .get(&f.service)
+                .and_then(|l| l.row(f.shard))
+                .and_then(fence_token);
+            if current != Some(f.epoch) {
+                return Ok(Commit::Fenced { current });
+            }
+        }
         self.with(|s| {
             for (index, w) in writes.iter().enumerate() {
                 let current = live(s.headers.get(&pair(w.key)), now).map(|h| h.etag.clone());

@@ -17,7 +17,9 @@ use crate::keys::ReminderKeys;
 use crate::new_etag;
 
 /// KEYS[1]: the lease hash. ARGV: the precondition (`absent`, `etag`, `any`),
-/// the expected etag, the new etag, the row. Answers `{1}` when written,
+/// the expected etag, the new etag, the row, its fence token (the epoch while
+/// held, empty while released: [`fence_token`](rollcall_core::lease::fence_token),
+/// which a fenced state commit compares). Answers `{1}` when written,
 /// `{0, current etag or nil}` when the precondition failed.
 static WRITE_LEASE: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
@@ -27,7 +29,7 @@ local m = ARGV[1]
 if not ((m == 'any') or (m == 'absent' and not cur) or (m == 'etag' and cur == ARGV[2])) then
   return {0, cur}
 end
-redis.call('HSET', KEYS[1], 'etag', ARGV[3], 'row', ARGV[4])
+redis.call('HSET', KEYS[1], 'etag', ARGV[3], 'row', ARGV[4], 'fence', ARGV[5])
 return {1}
 ",
     )
@@ -125,7 +127,16 @@ impl LeaseTable for RedisLeaseTable {
         rollcall_core::lease::check_row(shard, row)?;
         let (mode, want) = crate::state::precondition(expected);
         let etag = new_etag();
-        let args: [&[u8]; 4] = [mode.as_bytes(), want.as_bytes(), etag.as_bytes(), row];
+        let token = rollcall_core::lease::fence_token(row)
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        let args: [&[u8]; 5] = [
+            mode.as_bytes(),
+            want.as_bytes(),
+            etag.as_bytes(),
+            row,
+            token.as_bytes(),
+        ];
         let reply: Vec<redis::Value> = self
             .router
             .invoke_write(

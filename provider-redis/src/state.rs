@@ -1,7 +1,16 @@
 //! The grain-state table on Redis. Keys are tagged by the actor's shard
-//! (`{s:<service>:<shard>}`, [`actor_shard`] over [`DEFAULT_SHARDS`]): one actor's
+//! (`{r:<service>:<shard>}`, [`actor_shard`] over [`DEFAULT_SHARDS`]): one actor's
 //! states share a Redis Cluster slot (so a write of several of them is one
-//! script), and a service's states spread over every master of a cluster.
+//! script), and a service's states spread over every master of a cluster. The
+//! tag is the one of the same shard's reminder rows and lease (when the
+//! service has the default shard count), so a commit fenced by that lease
+//! ([`Fence`]) compares the lease's `fence` field in the same script. On a
+//! cluster a fenced commit therefore needs a service of [`DEFAULT_SHARDS`]
+//! shards ([`Error::InvalidInput`] otherwise); standalone and Sentinel
+//! deployments have no slots and fence any shard count.
+//!
+//! (Until 0.1 the tag was `{s:<service>:<shard>}`: states written under it are
+//! not read by this layout.)
 //!
 //! The keys (headers, chunk hashes, generation sets, the index) are in the
 //! [key layout](crate::keys).
@@ -21,10 +30,10 @@ use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
 use rollcall_core::state::{replaced_generation, row_head_len, Commit, HeaderWrite, StateLimits, StateTable};
-use rollcall_core::{actor_shard, Error, Etag, Expected, Result, StateKey, Timestamp, DEFAULT_SHARDS};
+use rollcall_core::{actor_shard, Error, Etag, Expected, Fence, Result, StateKey, Timestamp, DEFAULT_SHARDS};
 
 use crate::conn::Router;
-use crate::keys::{escape, unescape};
+use crate::keys::{escape, unescape, ReminderKeys};
 use crate::new_etag;
 
 /// Redis' limits for states: 4 MiB chunks, 16 MiB and 64 rows per transaction
@@ -46,9 +55,9 @@ pub const REDIS_STATE_LIMITS: StateLimits = StateLimits {
 /// field or, for a header written before that field, its head; or nil), `{i}`
 /// or `{i, current etag}` when the compare of write `i` (from 0) failed and
 /// nothing was written.
-static COMMIT: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
-        r"
+static COMMIT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(COMMIT_BODY));
+
+const COMMIT_BODY: &str = r"
 local n = tonumber(ARGV[1])
 local olds = {}
 local a = 2
@@ -90,17 +99,31 @@ for i = 1, n do
   a = a + 10 + chunks
 end
 return done
-",
-    )
-});
+";
+
+/// What a fenced commit runs first: KEYS[#KEYS] is the lease hash of the
+/// fence's shard, ARGV[#ARGV] the fence's epoch; answers `{-2, token or
+/// false}` when the lease's `fence` field differs (nothing written).
+const FENCE_CHECK: &str = r"
+local fence = redis.call('HGET', KEYS[#KEYS], 'fence')
+if fence ~= ARGV[#ARGV] then return {-2, fence or false} end
+";
+
+/// [`COMMIT`] behind [`FENCE_CHECK`].
+static COMMIT_FENCED: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&format!("{FENCE_CHECK}{COMMIT_BODY}")));
+
+/// [`COMMIT_ONE`] behind [`FENCE_CHECK`].
+static COMMIT_ONE_FENCED: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&format!("{FENCE_CHECK}{COMMIT_ONE_BODY}")));
 
 /// The commit of one header row and nothing else (a small state's write: the
 /// common case, kept to the fewest Lua steps). KEYS[1]: the header. ARGV: the
 /// precondition, the expected etag, the new etag, the head, the data, the `g`
 /// field, the expiry (ms, or empty). Answers as [`COMMIT`] for one write.
-static COMMIT_ONE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
-        r"
+static COMMIT_ONE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(COMMIT_ONE_BODY));
+
+const COMMIT_ONE_BODY: &str = r"
 local cur = redis.call('HMGET', KEYS[1], 'etag', 'g')
 local m = ARGV[1]
 if not ((m == 'any') or (m == 'absent' and not cur[1]) or (m == 'etag' and cur[1] == ARGV[2])) then
@@ -115,9 +138,7 @@ elseif cur[1] then
   redis.call('PERSIST', KEYS[1])
 end
 return {-1, old or false}
-",
-    )
-});
+";
 
 /// The header's `g` field: `g` and the generation whose chunk rows the row
 /// publishes, or `g` alone for a state without chunk rows. A commit reads this
@@ -151,6 +172,8 @@ pub struct RedisStateTable {
     prefix: String,
     service: String,
     service_id: String,
+    /// The keys of the service's shard leases (a fenced commit compares one).
+    lease_keys: ReminderKeys,
 }
 
 fn member(key: &StateKey) -> String {
@@ -214,16 +237,16 @@ impl RedisStateTable {
             prefix: prefix.to_owned(),
             service: escape(service_id),
             service_id: service_id.to_owned(),
+            lease_keys: ReminderKeys::new(prefix, service_id),
         }
     }
 
-    /// The hash tag of `key`'s actor: its shard's.
+    /// The hash tag of `key`'s actor: its shard's among [`DEFAULT_SHARDS`],
+    /// the tag of that shard's reminder rows and lease (`r:<service>:<shard>`),
+    /// so a commit fenced by the lease is one script in one slot.
     fn tag(&self, key: &StateKey) -> String {
-        format!(
-            "s:{}:{}",
-            self.service,
-            actor_shard(key.actor_id(), DEFAULT_SHARDS)
-        )
+        self.lease_keys
+            .shard_tag(actor_shard(key.actor_id(), DEFAULT_SHARDS))
     }
 
     fn base(&self, key: &StateKey) -> String {
@@ -339,7 +362,7 @@ impl StateTable for RedisStateTable {
             .await
     }
 
-    async fn commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Commit> {
+    async fn commit(&self, writes: &[HeaderWrite<'_>], fence: Option<&Fence>) -> Result<Commit> {
         let Some(first) = writes.first() else {
             return Ok(Commit::Done {
                 etags: Vec::new(),
@@ -368,6 +391,21 @@ impl StateTable for RedisStateTable {
                 .pipeline::<()>(&self.index_tag(), "index states", &pipe)
                 .await?;
         }
+        if let Some(f) = fence {
+            // The lease must be in the headers' slot on a cluster.
+            if self.router.is_cluster() && f.shards != DEFAULT_SHARDS {
+                return Err(Error::invalid_input(
+                    "fence",
+                    format!(
+                        "a fenced state write on Redis Cluster needs a service of {DEFAULT_SHARDS} shards (its lease shares the states' slot); this one has {}",
+                        f.shards
+                    ),
+                ));
+            }
+        }
+        // Appended to a fenced script's keys and arguments (FENCE_CHECK).
+        let fence_key = fence.map(|f| self.lease_keys.lease(f.shard));
+        let fence_token = fence.map(Fence::token);
         let base = self.base(first.key);
         let tag = self.tag(first.key);
         let mut etags = Vec::with_capacity(writes.len());
@@ -383,7 +421,7 @@ impl StateTable for RedisStateTable {
                     .map(|t| t.as_millis().to_string())
                     .unwrap_or_default();
                 let g = published_field(head);
-                let args: [&[u8]; 7] = [
+                let mut args: Vec<&[u8]> = vec![
                     mode.as_bytes(),
                     expected.as_bytes(),
                     etag.as_bytes(),
@@ -392,13 +430,19 @@ impl StateTable for RedisStateTable {
                     &g,
                     expiry.as_bytes(),
                 ];
-                let keys = [header_key_at(&base, &member(w.key))];
+                let mut keys = vec![header_key_at(&base, &member(w.key))];
+                keys.extend(fence_key.clone());
+                args.extend(fence_token.as_ref().map(String::as_bytes));
                 etags.push(Some(Etag::new(etag.clone())));
                 self.router
                     .invoke_write(
                         &tag,
                         "state commit",
-                        &COMMIT_ONE,
+                        if fence.is_some() {
+                            &COMMIT_ONE_FENCED
+                        } else {
+                            &COMMIT_ONE
+                        },
                         &keys,
                         &args,
                         |r: &Vec<redis::Value>| committed(r),
@@ -440,11 +484,13 @@ impl StateTable for RedisStateTable {
                     args.extend(w.chunks.iter().map(|c| c.to_vec()));
                     etags.push(etag.map(Etag::new));
                 }
+                keys.extend(fence_key.clone());
+                args.extend(fence_token.clone().map(String::into_bytes));
                 self.router
                     .invoke_write(
                         &tag,
                         "state commit",
-                        &COMMIT,
+                        if fence.is_some() { &COMMIT_FENCED } else { &COMMIT },
                         &keys,
                         &args,
                         |r: &Vec<redis::Value>| committed(r),
@@ -480,6 +526,12 @@ impl StateTable for RedisStateTable {
                 }
                 Ok(Commit::Done { etags, replaced })
             }
+            [redis::Value::Int(-2), token] => Ok(Commit::Fenced {
+                current: match token {
+                    redis::Value::BulkString(b) => std::str::from_utf8(b).ok().and_then(|t| t.parse().ok()),
+                    _ => None,
+                },
+            }),
             [redis::Value::Int(i), rest @ ..] if *i >= 0 && (*i as usize) < writes.len() => {
                 let current = match rest.first() {
                     None | Some(redis::Value::Nil) => None,

@@ -15,6 +15,7 @@
 
 pub mod counting;
 pub mod cut;
+pub mod fenced_state;
 pub mod fixtures;
 pub mod key_limits;
 pub mod lease_table;
@@ -86,6 +87,10 @@ macro_rules! state_conformance_tests {
             state_table::state_enumeration_pages,
             state_table::state_atomic_write_of_several_states,
             state_table::state_services_are_isolated,
+            fenced_state::fenced_writes_land_at_their_epoch_and_are_refused_after_a_takeover,
+            fenced_state::fenced_writes_after_a_release_or_without_a_lease_are_refused,
+            fenced_state::a_fence_that_does_not_cover_the_key_is_invalid_input,
+            fenced_state::fenced_writes_racing_a_takeover_never_land_after_it,
             key_limits::state_keys_at_and_past_the_limit,
         }
     };
@@ -271,6 +276,7 @@ mod tests {
             ("metrics_table", include_str!("metrics_table.rs")),
             ("statistics_store", include_str!("statistics_store.rs")),
             ("state_table", include_str!("state_table.rs")),
+            ("fenced_state", include_str!("fenced_state.rs")),
             ("lease_table", include_str!("lease_table.rs")),
             ("key_limits", include_str!("key_limits.rs")),
         ] {

@@ -437,17 +437,21 @@ impl StateTable for Faulty {
             .put_chunks(key, generation, first, chunks, expires_at)
             .await
     }
-    async fn commit(&self, writes: &[HeaderWrite<'_>]) -> rollcall_core::Result<Commit> {
+    async fn commit(
+        &self,
+        writes: &[HeaderWrite<'_>],
+        fence: Option<&rollcall_core::Fence>,
+    ) -> rollcall_core::Result<Commit> {
         match self.fault {
             Fault::KilledBeforeCommit => Err(Error::backend("killed between the chunks and the header")),
             Fault::LostBeforeSent => Err(Error::backend("injected: the commit was never sent")),
-            Fault::None => self.inner.commit(writes).await,
+            Fault::None => self.inner.commit(writes, fence).await,
             Fault::AppliedThenHangs => {
-                self.inner.commit(writes).await?;
+                self.inner.commit(writes, fence).await?;
                 std::future::pending().await
             }
             Fault::AppliedThenLost | Fault::AppliedThenUnreadable => {
-                let applied = self.inner.commit(writes).await?;
+                let applied = self.inner.commit(writes, fence).await?;
                 assert!(
                     matches!(applied, Commit::Done { .. }),
                     "the injected commit conflicted"
@@ -666,7 +670,7 @@ pub async fn state_corrupt_header_or_chunk_is_an_error(store: Store) {
         expires_at: None,
     };
     assert!(matches!(
-        s.table().commit(&[w]).await.expect("commit"),
+        s.table().commit(&[w], None).await.expect("commit"),
         Commit::Done { .. }
     ));
     let err = s.read(&bad).await.unwrap_err();

@@ -924,7 +924,7 @@ async fn states_of_one_service_spread_over_every_master_of_a_cluster() {
     while let Some(r) = writers.join_next().await {
         r.expect("a writer panicked");
     }
-    let per_master = count_per_master(&b.endpoint, &format!("*{{s:{service}:*}}:h:*")).await;
+    let per_master = count_per_master(&b.endpoint, &format!("*{{r:{service}:*}}:h:*")).await;
     assert_eq!(per_master.iter().sum::<usize>(), STATES, "{per_master:?}");
     let most = *per_master.iter().max().unwrap();
     eprintln!("states per master: {per_master:?}");
@@ -999,7 +999,7 @@ async fn a_header_without_its_published_field_is_replaced_and_its_chunks_deleted
     assert_eq!(s.table().generations(&k).await.unwrap().len(), 1);
     let mut con = raw(&b).await;
     let headers: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("rollcall:{{s:{service}:*}}:h:*"))
+        .arg(format!("rollcall:{{r:{service}:*}}:h:*"))
         .query_async(&mut con)
         .await
         .unwrap();

@@ -177,14 +177,17 @@ fn redis_state_get_and_list_print_the_stored_states() {
     let store = rt.block_on(rollcall::connect(&backend.endpoint)).unwrap();
     let s = StateStorage::new(store.state_table(&service).unwrap());
     let k = StateKey::new("cart/7", "cart").unwrap();
-    rt.block_on(s.table().commit(&[rollcall::state::HeaderWrite {
-        key: &k,
-        expected: Expected::Any,
-        header: Some(b"{not a header"),
-        generation: "g",
-        chunks: Vec::new(),
-        expires_at: None,
-    }]))
+    rt.block_on(s.table().commit(
+        &[rollcall::state::HeaderWrite {
+            key: &k,
+            expected: Expected::Any,
+            header: Some(b"{not a header"),
+            generation: "g",
+            chunks: Vec::new(),
+            expires_at: None,
+        }],
+        None,
+    ))
     .unwrap();
     let out = rollcall()
         .args([

@@ -246,6 +246,14 @@ pub enum Commit {
         /// The etag found.
         current: Option<Etag>,
     },
+    /// The commit's [`Fence`](crate::Fence) failed: its shard's lease is not
+    /// held at the fence's epoch; nothing was written. A commit that fails both
+    /// its fence and a header's compare answers this.
+    Fenced {
+        /// The lease's fence token now: its epoch while held, `None` while
+        /// released or absent.
+        current: Option<u64>,
+    },
 }
 
 /// The grain-state table of one service, as a provider implements it: header rows
@@ -285,7 +293,19 @@ pub trait StateTable: Send + Sync + std::fmt::Debug {
     /// chunk rows, this is one conditional write to the backend (no read before
     /// it), and it reports the generation the old header published
     /// ([`Commit::Done::replaced`]).
-    async fn commit(&self, writes: &[HeaderWrite<'_>]) -> Result<Commit>;
+    ///
+    /// With a `fence`, the same transaction also compares the fence token
+    /// stored beside the lease row of `fence.shard` of this table's service
+    /// ([`fence_token`](crate::lease::fence_token)) with `fence.epoch`, and
+    /// answers [`Commit::Fenced`] without writing anything when they differ
+    /// (or no lease row exists). The caller checked that the fence names this
+    /// table's service and covers every write's actor.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] when the provider cannot place the fence's lease
+    /// in the commit's transaction (Redis Cluster: see its provider); a
+    /// backend error (the commit may have landed).
+    async fn commit(&self, writes: &[HeaderWrite<'_>], fence: Option<&crate::Fence>) -> Result<Commit>;
 
     /// Every generation with chunks stored for `key`.
     async fn generations(&self, key: &StateKey) -> Result<Vec<String>>;

@@ -37,6 +37,7 @@ pub const READ_ATTEMPTS: usize = 10;
 pub struct StateStorage {
     table: Arc<dyn StateTable>,
     clock: Arc<dyn Clock>,
+    fence: Option<Arc<crate::Fence>>,
 }
 
 impl StateStorage {
@@ -47,7 +48,72 @@ impl StateStorage {
 
     /// Storage over `table` on `clock` (expiry and generation ids).
     pub fn with_clock(table: Arc<dyn StateTable>, clock: Arc<dyn Clock>) -> StateStorage {
-        StateStorage { table, clock }
+        StateStorage {
+            table,
+            clock,
+            fence: None,
+        }
+    }
+
+    /// This storage with every write and clear fenced by `fence`: the store
+    /// commits one only while `fence.shard`'s lease of `fence.service` is still
+    /// held at `fence.epoch`, in the commit's own transaction, and answers
+    /// [`Error::Fenced`] otherwise (nothing written). Reads are not fenced.
+    ///
+    /// A fenced write of a key the fence does not cover (another service, an
+    /// actor of another shard) is [`Error::InvalidInput`] before anything is
+    /// sent.
+    pub fn fenced(&self, fence: crate::Fence) -> StateStorage {
+        StateStorage {
+            fence: Some(Arc::new(fence)),
+            ..self.clone()
+        }
+    }
+
+    /// The fence of this storage's writes, if any ([`fenced`](Self::fenced)).
+    pub fn fence(&self) -> Option<&crate::Fence> {
+        self.fence.as_deref()
+    }
+
+    /// Checks that the fence, if any, covers `key`.
+    fn check_fence(&self, key: &StateKey) -> Result<()> {
+        let Some(f) = self.fence.as_deref() else {
+            return Ok(());
+        };
+        if f.service != self.table.service_id() {
+            return Err(Error::invalid_input(
+                "fence",
+                format!(
+                    "fences service `{}`, not this table's `{}`",
+                    f.service,
+                    self.table.service_id()
+                ),
+            ));
+        }
+        if !f.covers(key.actor_id()) {
+            return Err(Error::invalid_input(
+                "fence",
+                format!(
+                    "shard {} of {} does not hold actor `{}`",
+                    f.shard,
+                    f.shards,
+                    key.actor_id()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`Error::Fenced`] for `key` with the lease's token `current`.
+    fn fenced_error(&self, key: &StateKey, current: Option<u64>) -> Error {
+        let f = self.fence.as_deref();
+        Error::Fenced {
+            key: key.to_string(),
+            service: f.map(|f| f.service.clone()).unwrap_or_default(),
+            shard: f.map_or(0, |f| f.shard),
+            epoch: f.map_or(0, |f| f.epoch),
+            current,
+        }
     }
 
     /// The table.
@@ -164,6 +230,7 @@ impl StateStorage {
         data: &[u8],
         options: WriteOptions<'_>,
     ) -> Result<Etag> {
+        self.check_fence(key)?;
         let expires_at = options.expires_at;
         let generation = options
             .generation
@@ -206,7 +273,7 @@ impl StateStorage {
                         chunks: ranges[r].iter().map(|b| &data[b.clone()]).collect(),
                         expires_at,
                     };
-                    match self.table.commit(std::slice::from_ref(&w)).await {
+                    match self.table.commit(std::slice::from_ref(&w), self.fence()).await {
                         Ok(c) => WriteEvent::Committed(c),
                         Err(e) => {
                             let transient = e.is_transient();
@@ -246,6 +313,7 @@ impl StateStorage {
                             expected: expected_etag(&expected),
                             current,
                         }),
+                        Err(WriteFailure::Fenced(current)) => Err(self.fenced_error(key, current)),
                         Err(WriteFailure::Failed) => Err(errors
                             .into_iter()
                             .next()
@@ -297,6 +365,9 @@ impl StateStorage {
                     "all states must belong to one actor",
                 ));
             }
+        }
+        for (key, ..) in states {
+            self.check_fence(key)?;
         }
         let mut seen = std::collections::BTreeSet::new();
         if let Some((k, ..)) = states.iter().find(|(k, ..)| !seen.insert(k)) {
@@ -350,7 +421,7 @@ impl StateStorage {
                 expires_at: None,
             })
             .collect();
-        let committed = match self.table.commit(&writes).await {
+        let committed = match self.table.commit(&writes, self.fence()).await {
             Ok(c) => c,
             Err(e) if !e.is_transient() => return Err(e),
             Err(e) => {
@@ -391,6 +462,7 @@ impl StateStorage {
                 expected: expected_etag(&states[index].1),
                 current,
             }),
+            Commit::Fenced { current } => Err(self.fenced_error(&states[0].0, current)),
         }
     }
 
@@ -419,6 +491,7 @@ impl StateStorage {
         mode: ClearMode,
         generation: &str,
     ) -> Result<Option<Etag>> {
+        self.check_fence(key)?;
         let tombstone = StateHeader::tombstone(generation.to_owned()).encode_row(&[]);
         let w = HeaderWrite {
             key,
@@ -428,7 +501,7 @@ impl StateStorage {
             chunks: Vec::new(),
             expires_at: None,
         };
-        let committed = match self.table.commit(std::slice::from_ref(&w)).await {
+        let committed = match self.table.commit(std::slice::from_ref(&w), self.fence()).await {
             Ok(c) => c,
             Err(e) if !e.is_transient() => return Err(e),
             // It may have landed: a tombstone names our generation; after a
@@ -472,6 +545,7 @@ impl StateStorage {
                 expected: expected_etag(&expected),
                 current,
             }),
+            Commit::Fenced { current } => Err(self.fenced_error(key, current)),
         }
     }
 
@@ -547,7 +621,7 @@ impl StateStorage {
                         expires_at: None,
                     };
                     // A conflict: written meanwhile, left alone.
-                    if let Commit::Done { .. } = self.table.commit(std::slice::from_ref(&w)).await? {
+                    if let Commit::Done { .. } = self.table.commit(std::slice::from_ref(&w), None).await? {
                         done.push(what);
                     }
                 }

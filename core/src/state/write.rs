@@ -31,6 +31,8 @@ pub enum WriteAction {
 pub enum WriteFailure {
     /// The precondition failed (the etag found).
     Conflict(Option<Etag>),
+    /// The commit's fence failed (the lease's fence token now).
+    Fenced(Option<u64>),
     /// A table call failed and nothing was written (the caller keeps its error).
     Failed,
     /// The commit failed, and so did the read that would have told whether it
@@ -216,6 +218,7 @@ impl WriteMachine {
             WriteEvent::Committed(Commit::Conflict { current, .. }) => {
                 self.fail(WriteFailure::Conflict(current))
             }
+            WriteEvent::Committed(Commit::Fenced { current }) => self.fail(WriteFailure::Fenced(current)),
             WriteEvent::Resolved(Some((g, etag))) if g == self.generation => self.succeed(Some(etag)),
             WriteEvent::Resolved(_) | WriteEvent::Rejected => self.fail(WriteFailure::Failed),
             WriteEvent::Undecidable => {
