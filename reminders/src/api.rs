@@ -145,6 +145,25 @@ pub struct ReminderTick {
     /// The bytes the registration carries
     /// ([`ReminderSpec::with_payload`]), shared by every tick.
     pub payload: Option<Arc<[u8]>>,
+    /// The lease this tick was delivered under: the service, the actor's shard
+    /// and the epoch the delivering silo holds it at. A handler fences its own
+    /// writes with it (`StateStorage::fenced(tick.fence.clone())`): the store
+    /// refuses them once another silo took the shard over
+    /// ([`rollcall_core::Error::Fenced`]).
+    pub fence: rollcall_core::Fence,
+}
+
+/// The holder of an actor's shard, as its lease row names it
+/// (`Reminders::owner`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// The silo holding the shard.
+    pub silo: rollcall_core::SiloAddress,
+    /// The lease's epoch (its fence token).
+    pub epoch: u64,
+    /// Where the silo serves applications: its IP and the proxy port of its
+    /// membership row (Orleans' gateway port), `None` when it set none.
+    pub endpoint: Option<std::net::SocketAddr>,
 }
 
 #[cfg(feature = "runtime")]
@@ -555,6 +574,10 @@ pub(crate) struct Counters {
     /// Lateness of the ticks delivered since the last
     /// [`take_lateness`](Counters::take_lateness), ms.
     pub lateness: std::sync::Mutex<Option<hdrhistogram::Histogram<u64>>>,
+    /// The shards this silo holds and does not release, by shard: the epoch
+    /// it acquired each at (written by the machine, read by
+    /// `Reminders::fence`).
+    pub fences: std::sync::RwLock<std::collections::BTreeMap<u32, u64>>,
 }
 
 impl Counters {

@@ -42,7 +42,7 @@ pub mod sim;
 #[cfg(feature = "runtime")]
 pub use api::ReminderTarget;
 pub use api::{
-    ActorId, Lateness, ReminderError, ReminderHandle, ReminderList, ReminderSpec, ReminderStats,
+    ActorId, Lateness, Owner, ReminderError, ReminderHandle, ReminderList, ReminderSpec, ReminderStats,
     ReminderTick, LATE_TICK, MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT, TICKS_DROPPED_METRIC,
 };
 pub use machine::{

@@ -6,16 +6,19 @@ use std::time::Duration;
 
 use actix::{Actor, Addr};
 use rand::SeedableRng;
+use std::collections::HashMap;
+
+use rollcall_core::lease::LeaseStatus;
 use rollcall_core::{
-    Clock, PageToken, ReminderEntry, ReminderOptions, ReminderTable, Removed, RunRecord, ShardLeases,
-    SiloAddress, SiloHandle, SystemClock, SystemStore, Timestamp, MAX_REMINDER_PAYLOAD,
+    actor_shard, Clock, Fence, PageToken, ReminderEntry, ReminderOptions, ReminderTable, Removed, RunRecord,
+    ShardLeases, SiloAddress, SiloHandle, SystemClock, SystemStore, Timestamp, MAX_REMINDER_PAYLOAD,
 };
 use tokio::sync::oneshot;
 
 use crate::agent::bounded;
 use crate::agent::{Leave, ReminderAgent, WhenLoaded};
 use crate::api::{
-    ActorId, Counters, ReminderError, ReminderHandle, ReminderList, ReminderSpec, ReminderStats,
+    ActorId, Counters, Owner, ReminderError, ReminderHandle, ReminderList, ReminderSpec, ReminderStats,
     ReminderTarget, MAX_NAME, MAX_REPEAT,
 };
 use crate::machine::{
@@ -229,6 +232,7 @@ impl RemindersBuilder {
                 counters,
                 service_id,
                 shards,
+                owners: std::sync::Mutex::default(),
                 _agent: agent,
                 _subscription: subscription,
                 _leave_hook: leave_hook,
@@ -257,6 +261,9 @@ struct Inner {
     counters: Arc<Counters>,
     service_id: String,
     shards: u32,
+    /// The owner each shard's lease row named when last read, and when
+    /// (at most one entry per shard).
+    owners: std::sync::Mutex<HashMap<u32, (Option<Owner>, Timestamp)>>,
     _agent: Addr<ReminderAgent>,
     _subscription: rollcall_core::Subscription,
     _leave_hook: rollcall_core::LeaveHookGuard,
@@ -612,10 +619,105 @@ impl Reminders {
             .collect()
     }
 
-    /// The silo that owns `actor`'s reminders in this silo's current membership
-    /// view; `None` if no silo is Active.
+    /// The silo `actor`'s shard is assigned to in this silo's current
+    /// membership view (the ring of Active silos); `None` if no silo is
+    /// Active. A guess from the local view: the assigned silo may not hold the
+    /// shard yet (it acquires it) or any more. Use [`owner`](Self::owner) for
+    /// the holder the store names.
     pub fn owner_of(&self, actor: &ActorId) -> Option<SiloAddress> {
         owner_in(&self.inner, &actor.to_string())
+    }
+
+    /// The fence of `actor`'s shard when this silo holds it now (acquired, not
+    /// being released): the service, the shard and the epoch it holds it at.
+    /// State writes made under it ([`StateStorage::fenced`](rollcall_core::StateStorage::fenced))
+    /// are refused by the store once another silo took the shard over. `None`
+    /// when another silo holds it, or nobody. Never waits.
+    pub fn fence(&self, actor: &ActorId) -> Option<Fence> {
+        let shard = actor_shard(&actor.to_string(), self.inner.shards);
+        let epoch = *self
+            .inner
+            .counters
+            .fences
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&shard)?;
+        Some(Fence {
+            service: self.inner.service_id.clone(),
+            shards: self.inner.shards,
+            shard,
+            epoch,
+        })
+    }
+
+    /// The silo holding `actor`'s shard, as its lease row in the store names
+    /// it (never a guess from the ring): its address, the lease's epoch and
+    /// its advertised endpoint (the silo's IP and the proxy port of its
+    /// membership row, when it set one: `SiloBuilder::proxy_port`). `None`
+    /// when nobody holds the shard, or its holder is not Active in this silo's
+    /// view (a crash being taken over): ask again.
+    ///
+    /// Answered from this silo's own leases when it holds the shard, else
+    /// from the row read at most `lease_poll` ago, else by one read of the
+    /// row: within `table_operation_timeout`.
+    ///
+    /// # Errors
+    /// [`ReminderError::Table`] when the read fails or the row is malformed;
+    /// [`ReminderError::Timeout`].
+    pub async fn owner(&self, actor: &ActorId) -> Result<Option<Owner>, ReminderError> {
+        let inner = &self.inner;
+        let endpoint = |silo: &SiloAddress| {
+            inner
+                .view
+                .borrow()
+                .entry(silo)
+                .filter(|e| e.status == rollcall_core::SiloStatus::Active)
+                .map(|e| {
+                    (e.proxy_port != 0).then(|| std::net::SocketAddr::new(silo.endpoint().ip(), e.proxy_port))
+                })
+        };
+        if let Some(f) = self.fence(actor) {
+            let me = inner.silo.address();
+            return Ok(Some(Owner {
+                endpoint: endpoint(&me).flatten(),
+                silo: me,
+                epoch: f.epoch,
+            }));
+        }
+        let shard = actor_shard(&actor.to_string(), inner.shards);
+        let now = inner.clock.now();
+        let cached = inner
+            .owners
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&shard)
+            .filter(|(_, at)| now < at.saturating_add(inner.options.lease_poll))
+            .map(|(o, _)| o.clone());
+        let owner = match cached {
+            Some(o) => o,
+            None => {
+                let lease = bounded(inner.options.table_operation_timeout, inner.leases.read(shard)).await?;
+                let owner = match (lease.status, lease.owner) {
+                    (LeaseStatus::Owned, Some(silo)) => Some(Owner {
+                        silo,
+                        epoch: lease.epoch,
+                        endpoint: None,
+                    }),
+                    _ => None,
+                };
+                inner
+                    .owners
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(shard, (owner.clone(), now));
+                owner
+            }
+        };
+        // The holder must be Active in the view now; its endpoint is read here.
+        Ok(owner.and_then(|o| {
+            let ep = endpoint(&o.silo)?;
+            Some(Owner { endpoint: ep, ..o })
+        }))
     }
 
     /// This silo's counters. Never waits.

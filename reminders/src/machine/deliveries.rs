@@ -212,6 +212,12 @@ impl ReminderMachine {
                     now,
                     etag: Etag::new(slot.etag.as_str()),
                     payload: slot.payload(),
+                    fence: rollcall_core::Fence {
+                        service: self.service.clone(),
+                        shards: self.count,
+                        shard: k,
+                        epoch: self.held.get(&k).map_or(0, |h| h.lease_epoch),
+                    },
                 })
                 .map_err(|e| e.to_string());
             self.deliveries += 1;

@@ -393,6 +393,7 @@ impl ReminderMachine {
                 .filter_map(|e| Some((Key::new(&e.actor_id, &e.name), e.etag.clone()?)))
                 .collect();
         }
+        self.set_fence(k, Some(held.lease_epoch));
         self.held.insert(k, held);
         self.loads.queue(k, LoadKind::Acquire);
         self.start_loads();
@@ -400,6 +401,7 @@ impl ReminderMachine {
 
     /// Forgets shard `k` (another epoch holds it, or it is taken again).
     fn drop_shard(&mut self, k: u32) {
+        self.set_fence(k, None);
         if self.held.remove(&k).is_none() {
             return;
         }
@@ -412,6 +414,7 @@ impl ReminderMachine {
     /// Shards rule 4's first half: delivery in `k` stops, its rows are read
     /// once more. Returns the answer at once when there is nothing to read.
     fn stop(&mut self, k: u32) -> Option<ShardEvent> {
+        self.set_fence(k, None);
         let Some(held) = self.held.get_mut(&k) else {
             // Nothing held here (cannot happen: a held shard is loaded first).
             return Some(ShardEvent::Stopped {
@@ -453,6 +456,20 @@ impl ReminderMachine {
     fn hashes(&self, k: u32) -> std::ops::RangeInclusive<u32> {
         let r = shard_range(k, self.count);
         r.begin.wrapping_add(1)..=r.end
+    }
+
+    /// Publishes whether this silo holds shard `k` (at `epoch`) and keeps it,
+    /// for `Reminders::fence`.
+    fn set_fence(&self, k: u32, epoch: Option<u64>) {
+        let mut fences = self
+            .counters
+            .fences
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match epoch {
+            Some(e) => fences.insert(k, e),
+            None => fences.remove(&k),
+        };
     }
 
     fn publish_gauges(&self) {
