@@ -15,6 +15,7 @@ mod d1;
 mod d2;
 mod f1;
 mod j1;
+mod p1;
 mod r1;
 mod r2;
 mod r4;
@@ -39,7 +40,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Every benchmark that exists (T1, then T2, R1, R2, R4, R5, S1, J1, D1, D2 and F1 with
+    /// Every benchmark that exists (T1, then T2, R1, R2, R4, R5, S1, P1, J1, D1, D2 and F1 with
     /// their defaults).
     All(t1::Args),
     /// T1: table operations per provider next to the backend's raw write and raw
@@ -92,6 +93,10 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         per_kind_cap: usize,
     },
+    /// P1: placement and fenced state (a fenced state write next to an
+    /// unfenced one, `owner()` lookups next to lease row reads, a crash to
+    /// the actors answering on a survivor); adds its section to the reports.
+    P1(p1::Args),
     /// S1: actor state writes and reads (1 KiB to 16 MiB) next to the backend's
     /// raw conditional write of the same bytes; adds its section to the reports.
     S1(s1::Args),
@@ -266,6 +271,10 @@ fn main() -> anyhow::Result<()> {
             drop(rt);
             s1::run(args)
         }
+        Cmd::P1(args) => {
+            drop(rt);
+            p1::run(args)
+        }
         Cmd::J1(args) => j1::run(args),
         Cmd::D1(args) => d1::run(args),
         Cmd::D2(args) => d2::run(args),
@@ -302,6 +311,9 @@ fn main() -> anyhow::Result<()> {
             let mut s1: s1::Args = defaults("s1");
             s1.reports = reports.clone();
             s1::run(s1)?;
+            let mut p1: p1::Args = defaults("p1");
+            p1.reports = reports.clone();
+            p1::run(p1)?;
             let mut j1: j1::Args = defaults("j1");
             j1.reports = reports.clone();
             j1::run(j1)?;
@@ -464,6 +476,7 @@ mod tests {
             r2::Args,
             r4::Args,
             s1::Args,
+            p1::Args,
             j1::Args,
             d1::Args,
             d2::Args,
@@ -472,6 +485,7 @@ mod tests {
             defaults("r2"),
             defaults("r4"),
             defaults("s1"),
+            defaults("p1"),
             defaults("j1"),
             defaults("d1"),
             defaults("d2"),

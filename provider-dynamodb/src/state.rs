@@ -260,6 +260,80 @@ impl DynamoDbStateTable {
             .and_then(|i| Attrs(i).opt_n::<u64>(crate::lease::FENCE).ok().flatten()))
     }
 
+    /// The transaction of a commit (the fence's `ConditionCheck` first, then
+    /// each write's chunks and conditional header), tried again while
+    /// concurrent transactions cancel it. Its `Done` has no `replaced`.
+    async fn transact(&self, writes: &[HeaderWrite<'_>], fence: Option<&Fence>) -> Result<Commit> {
+        for _ in 0..TRANSACT_ATTEMPTS {
+            let now = Timestamp::now().as_millis();
+            let mut ops = Vec::new();
+            if let Some(f) = fence {
+                ops.push(self.fence_check(f)?);
+            }
+            let mut etags = Vec::with_capacity(writes.len());
+            for w in writes {
+                let (cond, names, values) = condition(&w.expected, now);
+                for (i, c) in w.chunks.iter().enumerate() {
+                    ops.push(self.put(self.chunk_item(w.key, w.generation, i as u32, c, w.expires_at))?);
+                }
+                let key = self.key(w.key, Self::header_sort(w.key));
+                match &w.header {
+                    Some(body) => {
+                        let etag = new_etag();
+                        let item = self.header_row(w, key, body, &etag);
+                        let put = Put::builder()
+                            .table_name(self.table_name())
+                            .set_item(Some(item))
+                            .set_condition_expression(cond)
+                            .set_expression_attribute_names(names)
+                            .set_expression_attribute_values(values)
+                            .build()
+                            .map_err(|e| Error::backend(format!("dynamodb put: {e}")))?;
+                        ops.push(TransactWriteItem::builder().put(put).build());
+                        etags.push(Some(etag));
+                    }
+                    None => {
+                        let del = Delete::builder()
+                            .table_name(self.table_name())
+                            .set_key(Some(key))
+                            .set_condition_expression(cond)
+                            .set_expression_attribute_names(names)
+                            .set_expression_attribute_values(values)
+                            .build()
+                            .map_err(|e| Error::backend(format!("dynamodb delete: {e}")))?;
+                        ops.push(TransactWriteItem::builder().delete(del).build());
+                        etags.push(None);
+                    }
+                }
+            }
+            if self.conn.transact("state commit", self.table_name(), ops).await? {
+                return Ok(Commit::Done {
+                    etags,
+                    replaced: Vec::new(),
+                });
+            }
+            // A failed condition, or a concurrent transaction: which one?
+            if let Some(f) = fence {
+                let current = self.fence_token(f).await?;
+                if current != Some(f.epoch) {
+                    return Ok(Commit::Fenced { current });
+                }
+            }
+            for (index, w) in writes.iter().enumerate() {
+                let item = self.header_item(w.key).await?;
+                let current = self.live_etag(w.key, item.as_ref(), Timestamp::now().as_millis())?;
+                if !w.expected.admits(current.as_ref()) {
+                    return Ok(Commit::Conflict { index, current });
+                }
+            }
+        }
+        // Every precondition still holds: concurrent transactions kept
+        // cancelling ours. Not a conflict of any write: transient.
+        Err(Error::backend(format!(
+            "dynamodb state commit: cancelled by concurrent transactions {TRANSACT_ATTEMPTS} times; try again"
+        )))
+    }
+
     fn put(&self, item: Item) -> Result<TransactWriteItem> {
         let put = Put::builder()
             .table_name(self.table_name())
@@ -422,76 +496,31 @@ impl StateTable for DynamoDbStateTable {
             _ => {}
         }
         // The generations the headers publish now (a transaction returns no old
-        // items): read first, so that their chunks can be deleted after.
+        // items), so that their chunks can be deleted after. A fenced write of
+        // one small header reads it beside its transaction instead of before
+        // (one round trip, not two): a read that sees the new header already
+        // only costs the old chunks until a sweep.
+        if let ([w], Some(_)) = (writes, fence) {
+            if w.chunks.is_empty() {
+                let (old, committed) =
+                    futures_util::future::join(self.header_item(w.key), self.transact(writes, fence)).await;
+                return Ok(match committed? {
+                    Commit::Done { etags, .. } => Commit::Done {
+                        etags,
+                        replaced: vec![old.ok().flatten().as_ref().and_then(replaced_of)],
+                    },
+                    other => other,
+                });
+            }
+        }
         let mut replaced = Vec::with_capacity(writes.len());
         for w in writes {
             replaced.push(self.header_item(w.key).await?.as_ref().and_then(replaced_of));
         }
-        for _ in 0..TRANSACT_ATTEMPTS {
-            let now = Timestamp::now().as_millis();
-            let mut ops = Vec::new();
-            if let Some(f) = fence {
-                ops.push(self.fence_check(f)?);
-            }
-            let mut etags = Vec::with_capacity(writes.len());
-            for w in writes {
-                let (cond, names, values) = condition(&w.expected, now);
-                for (i, c) in w.chunks.iter().enumerate() {
-                    ops.push(self.put(self.chunk_item(w.key, w.generation, i as u32, c, w.expires_at))?);
-                }
-                let key = self.key(w.key, Self::header_sort(w.key));
-                match &w.header {
-                    Some(body) => {
-                        let etag = new_etag();
-                        let item = self.header_row(w, key, body, &etag);
-                        let put = Put::builder()
-                            .table_name(self.table_name())
-                            .set_item(Some(item))
-                            .set_condition_expression(cond)
-                            .set_expression_attribute_names(names)
-                            .set_expression_attribute_values(values)
-                            .build()
-                            .map_err(|e| Error::backend(format!("dynamodb put: {e}")))?;
-                        ops.push(TransactWriteItem::builder().put(put).build());
-                        etags.push(Some(etag));
-                    }
-                    None => {
-                        let del = Delete::builder()
-                            .table_name(self.table_name())
-                            .set_key(Some(key))
-                            .set_condition_expression(cond)
-                            .set_expression_attribute_names(names)
-                            .set_expression_attribute_values(values)
-                            .build()
-                            .map_err(|e| Error::backend(format!("dynamodb delete: {e}")))?;
-                        ops.push(TransactWriteItem::builder().delete(del).build());
-                        etags.push(None);
-                    }
-                }
-            }
-            if self.conn.transact("state commit", self.table_name(), ops).await? {
-                return Ok(Commit::Done { etags, replaced });
-            }
-            // A failed condition, or a concurrent transaction: which one?
-            if let Some(f) = fence {
-                let current = self.fence_token(f).await?;
-                if current != Some(f.epoch) {
-                    return Ok(Commit::Fenced { current });
-                }
-            }
-            for (index, w) in writes.iter().enumerate() {
-                let item = self.header_item(w.key).await?;
-                let current = self.live_etag(w.key, item.as_ref(), Timestamp::now().as_millis())?;
-                if !w.expected.admits(current.as_ref()) {
-                    return Ok(Commit::Conflict { index, current });
-                }
-            }
-        }
-        // Every precondition still holds: concurrent transactions kept
-        // cancelling ours. Not a conflict of any write: transient.
-        Err(Error::backend(format!(
-            "dynamodb state commit: cancelled by concurrent transactions {TRANSACT_ATTEMPTS} times; try again"
-        )))
+        Ok(match self.transact(writes, fence).await? {
+            Commit::Done { etags, .. } => Commit::Done { etags, replaced },
+            other => other,
+        })
     }
 
     async fn generations(&self, key: &StateKey) -> Result<Vec<String>> {

@@ -14,14 +14,16 @@ use crate::{lock, MemoryStore};
 pub(crate) struct Leases {
     shards: Option<u32>,
     rows: BTreeMap<u32, (Vec<u8>, Etag)>,
+    /// Each row's fence token, written with it.
+    fences: BTreeMap<u32, u64>,
     /// Pages by (shard, set, index).
     pages: BTreeMap<(u32, String, u32), Vec<u8>>,
 }
 
 impl Leases {
-    /// The bytes of `shard`'s row, if any.
-    pub(crate) fn row(&self, shard: u32) -> Option<&[u8]> {
-        self.rows.get(&shard).map(|(b, _)| b.as_slice())
+    /// The fence token of `shard`'s row: its epoch while held.
+    pub(crate) fn fence(&self, shard: u32) -> Option<u64> {
+        self.fences.get(&shard).copied()
     }
 }
 
@@ -57,6 +59,7 @@ impl LeaseTable for MemoryLeaseTable {
     async fn write_lease(&self, shard: u32, expected: &Expected, row: &[u8]) -> Result<LeaseWrite> {
         rollcall_core::lease::check_row(shard, row)?;
         let etag = self.store.new_etag();
+        let token = rollcall_core::lease::fence_token(row);
         self.with(|l| {
             let current = l.rows.get(&shard).map(|(_, e)| e.clone());
             let ok = match expected {
@@ -68,6 +71,10 @@ impl LeaseTable for MemoryLeaseTable {
                 return LeaseWrite::Conflict(current);
             }
             l.rows.insert(shard, (row.to_vec(), etag.clone()));
+            match token {
+                Some(t) => l.fences.insert(shard, t),
+                None => l.fences.remove(&shard),
+            };
             LeaseWrite::Written(etag)
         })
     }

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rollcall_core::lease::fence_token;
 use rollcall_core::state::{replaced_generation, Commit, HeaderWrite, StateLimits, StateTable};
 use rollcall_core::{Etag, Fence, Result, StateKey, Timestamp};
 
@@ -124,10 +123,7 @@ impl StateTable for MemoryStateTable {
         // and the writes.
         let leases = lock(&self.store.inner.leases);
         if let Some(f) = fence {
-            let current = leases
-                .get(&f.service)
-                .and_then(|l| l.row(f.shard))
-                .and_then(fence_token);
+            let current = leases.get(&f.service).and_then(|l| l.fence(f.shard));
             if current != Some(f.epoch) {
                 return Ok(Commit::Fenced { current });
             }

@@ -1843,3 +1843,93 @@ fn r20_run_history_survives_the_holder_and_keeps_the_newest() {
         assert!(survivor.history(&a, "r").await.expect("history").is_empty());
     });
 }
+
+/// `Reminders::fence` and `Reminders::owner` name the holder of an actor's
+/// shard lease (issue 59): with two silos on real TCP (each advertising a
+/// proxy port), every actor's shard is held by exactly one of them, whose
+/// `fence` has the lease row's epoch; `owner` from either silo names that
+/// silo, that epoch and its endpoint. After the holder of a shard leaves, the
+/// other holds it at a later epoch and names itself.
+#[actix::test]
+async fn owner_and_fence_name_the_lease_holder() {
+    use rollcall_core::lease::ShardLeases;
+    use rollcall_core::{actor_shard, ClusterMembershipOptions, OnDeclaredDead, Silo, DEFAULT_SHARDS};
+    let store: rollcall_tests::Store = std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new());
+    let cluster = rollcall_tests::unique_id("owner");
+    let mut silos = Vec::new();
+    let mut services = Vec::new();
+    for proxy in [18_081, 18_082] {
+        let silo = Silo::builder(store.clone(), cluster.clone())
+            .listen("127.0.0.1:0".parse().unwrap())
+            .options(ClusterMembershipOptions::fast())
+            .proxy_port(proxy)
+            .on_declared_dead(OnDeclaredDead::StopSilo)
+            .start()
+            .await
+            .expect("silo joins");
+        let svc = rollcall_reminders::Reminders::builder(&silo, store.clone())
+            .service_id(cluster.clone())
+            .start()
+            .await
+            .expect("reminders start");
+        silos.push(silo);
+        services.push(svc);
+    }
+    let actors: Vec<_> = (0..50).map(actor).collect();
+    let one_holder = |services: &[rollcall_reminders::Reminders]| {
+        actors
+            .iter()
+            .all(|a| services.iter().filter(|s| s.fence(a).is_some()).count() == 1)
+    };
+    let settled = rollcall_tests::sim::wait_for(Duration::from_secs(30), || {
+        silos.iter().all(|s| s.snapshot().active().count() == 2) && one_holder(&services)
+    })
+    .await;
+    assert!(settled.is_some(), "every actor's shard held by one silo");
+    let leases = ShardLeases::open(store.lease_table(&cluster).unwrap(), DEFAULT_SHARDS)
+        .await
+        .unwrap();
+    let mut by_silo = [0, 0];
+    for a in &actors {
+        let (i, fence) = services
+            .iter()
+            .enumerate()
+            .find_map(|(i, s)| Some((i, s.fence(a)?)))
+            .expect("a holder");
+        by_silo[i] += 1;
+        assert_eq!(fence.shard, actor_shard(&a.to_string(), DEFAULT_SHARDS));
+        let lease = leases.read(fence.shard).await.unwrap();
+        assert_eq!(lease.owner, Some(silos[i].address()), "{a}");
+        assert_eq!(lease.epoch, fence.epoch, "{a}");
+        let expected = rollcall_reminders::Owner {
+            silo: silos[i].address(),
+            epoch: fence.epoch,
+            endpoint: Some(std::net::SocketAddr::new(
+                silos[i].address().endpoint().ip(),
+                [18_081, 18_082][i],
+            )),
+        };
+        for s in &services {
+            assert_eq!(s.owner(a).await.unwrap(), Some(expected.clone()), "{a}");
+        }
+    }
+    assert!(
+        by_silo.iter().all(|n| *n > 0),
+        "both silos hold some: {by_silo:?}"
+    );
+    let before: Vec<_> = actors.iter().map(|a| services[0].fence(a)).collect();
+    silos[0].shutdown().await.expect("leave");
+    let moved = rollcall_tests::sim::wait_for(Duration::from_secs(30), || {
+        actors.iter().all(|a| services[1].fence(a).is_some())
+    })
+    .await;
+    assert!(moved.is_some(), "the survivor holds every shard");
+    for (a, old) in actors.iter().zip(before) {
+        let f = services[1].fence(a).unwrap();
+        if let Some(old) = old {
+            assert!(f.epoch > old.epoch, "{a}: a later epoch");
+        }
+        let owner = services[1].owner(a).await.unwrap().expect("an owner");
+        assert_eq!((owner.silo, owner.epoch), (silos[1].address(), f.epoch));
+    }
+}
