@@ -43,10 +43,18 @@ pub(crate) struct ReminderAgent {
     pub step: rollcall_core::protocol::StepWatch,
     /// The monotonic origin `step` reads against.
     pub monotonic_origin: tokio::time::Instant,
+    /// Where [`Action::Held`] goes (`Reminders::held_shards`).
+    pub held: tokio::sync::watch::Sender<crate::api::Held>,
 }
 
 impl Actor for ReminderAgent {
     type Context = Context<Self>;
+
+    fn stopped(&mut self, _: &mut Context<Self>) {
+        // A stopped service holds nothing (its silo stopped: left, or read
+        // itself Dead).
+        self.held.send_replace(crate::api::Held::default());
+    }
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         ctx.set_mailbox_capacity(NOTICE_QUEUE);
@@ -426,6 +434,9 @@ impl ReminderAgent {
                 let (service, silo) = self.metric_labels();
                 metrics::counter!(crate::api::TICKS_PARKED_METRIC, "service" => service, "silo" => silo)
                     .increment(1);
+            }
+            Action::Held(map) => {
+                self.held.send_replace(map);
             }
             Action::Owned(n) => {
                 let (service, silo) = self.metric_labels();

@@ -574,10 +574,42 @@ pub(crate) struct Counters {
     /// Lateness of the ticks delivered since the last
     /// [`take_lateness`](Counters::take_lateness), ms.
     pub lateness: std::sync::Mutex<Option<hdrhistogram::Histogram<u64>>>,
-    /// The shards this silo holds and does not release, by shard: the epoch
-    /// it acquired each at (written by the machine, read by
-    /// `Reminders::fence`).
-    pub fences: std::sync::RwLock<std::collections::BTreeMap<u32, u64>>,
+}
+
+/// The shards a silo holds and keeps (not releasing), each with the epoch it
+/// acquired it at: shard -> epoch.
+pub type HeldMap = std::collections::BTreeMap<u32, u64>;
+
+/// What a silo holds, as its reminder service publishes it
+/// (`Reminders::held_shards`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// The shards held and kept, each with its epoch.
+    pub shards: HeldMap,
+    /// Until when (UTC ms) the silo may act as their holder: its last
+    /// confirmation of its own membership row Active plus the lease period
+    /// (lease fencing, the rule that stops a silo declared Dead before its
+    /// successor takes over). `None`: not confirmed yet, or the service
+    /// stopped. After it, the silo holds nothing, whatever `shards` says.
+    pub confirmed_until: Option<Timestamp>,
+    /// Shards taken over from a silo declared Dead, and the takeover time
+    /// (UTC ms) before which the silo does not act as their holder: the Dead
+    /// holder stopped by then (lease fencing), so two silos never act on one
+    /// shard at once (the reminders' rule 3).
+    pub not_before: std::collections::BTreeMap<u32, Timestamp>,
+}
+
+impl Held {
+    /// The epoch `shard` is held at, if held at `now` (UTC ms).
+    pub fn epoch_at(&self, shard: u32, now: Timestamp) -> Option<u64> {
+        if self.confirmed_until.is_some_and(|u| now < u)
+            && self.not_before.get(&shard).is_none_or(|t| now >= *t)
+        {
+            self.shards.get(&shard).copied()
+        } else {
+            None
+        }
+    }
 }
 
 impl Counters {

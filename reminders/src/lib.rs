@@ -29,6 +29,7 @@
 mod agent;
 mod api;
 pub mod handoff;
+pub mod host;
 pub mod machine;
 mod queue;
 pub mod ring;
@@ -42,9 +43,12 @@ pub mod sim;
 #[cfg(feature = "runtime")]
 pub use api::ReminderTarget;
 pub use api::{
-    ActorId, Lateness, Owner, ReminderError, ReminderHandle, ReminderList, ReminderSpec, ReminderStats,
-    ReminderTick, LATE_TICK, MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT, TICKS_DROPPED_METRIC,
+    ActorId, Held, HeldMap, Lateness, Owner, ReminderError, ReminderHandle, ReminderList, ReminderSpec,
+    ReminderStats, ReminderTick, LATE_TICK, MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT, TICKS_DROPPED_METRIC,
 };
+#[cfg(feature = "runtime")]
+pub use host::{ActorHost, HostEvent};
+pub use host::{Deactivation, HostError, HostTable};
 pub use machine::{
     LOAD_PIECE_ROWS, MAX_DELIVERIES, MAX_LOADS, MAX_NOTICE_READS, MAX_WRITES, NOTICE_BATCH, NOTICE_QUEUE,
 };

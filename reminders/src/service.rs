@@ -167,7 +167,9 @@ impl RemindersBuilder {
         };
         let machine = ReminderMachine::new(self.silo.address(), &service_id, options.clone(), shards, rng);
         let counters = machine.counters();
+        let (held_tx, held) = tokio::sync::watch::channel(crate::api::Held::default());
         let agent = ReminderAgent {
+            held: held_tx,
             silo: self.silo.clone(),
             table: table.clone(),
             parked,
@@ -233,6 +235,7 @@ impl RemindersBuilder {
                 service_id,
                 shards,
                 owners: std::sync::Mutex::default(),
+                held,
                 _agent: agent,
                 _subscription: subscription,
                 _leave_hook: leave_hook,
@@ -264,6 +267,8 @@ struct Inner {
     /// The owner each shard's lease row named when last read, and when
     /// (at most one entry per shard).
     owners: std::sync::Mutex<HashMap<u32, (Option<Owner>, Timestamp)>>,
+    /// The shards this silo holds and keeps (the agent publishes them).
+    held: tokio::sync::watch::Receiver<crate::api::Held>,
     _agent: Addr<ReminderAgent>,
     _subscription: rollcall_core::Subscription,
     _leave_hook: rollcall_core::LeaveHookGuard,
@@ -635,19 +640,38 @@ impl Reminders {
     /// when another silo holds it, or nobody. Never waits.
     pub fn fence(&self, actor: &ActorId) -> Option<Fence> {
         let shard = actor_shard(&actor.to_string(), self.inner.shards);
-        let epoch = *self
-            .inner
-            .counters
-            .fences
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&shard)?;
+        let epoch = self.inner.held.borrow().epoch_at(shard, self.inner.clock.now())?;
         Some(Fence {
             service: self.inner.service_id.clone(),
             shards: self.inner.shards,
             shard,
             epoch,
         })
+    }
+
+    /// The shards this silo holds and keeps, each with the epoch it acquired
+    /// it at (shard -> epoch), and until when it may act as their holder
+    /// (lease fencing: its last confirmation of its own row Active plus the
+    /// lease period), as a watch: it changes when a shard is acquired (a new
+    /// entry, or a new epoch), when one is being released or was lost (its
+    /// entry goes, before the release is written), on each confirmation, and
+    /// when the service stops (nothing held). For
+    /// applications that host actors their own way ([`ActorHost`](crate::ActorHost)
+    /// watches it). The shard of an actor is
+    /// [`actor_shard`](rollcall_core::actor_shard)`(actor, shards)` with the
+    /// service's [`shards`](Self::shards).
+    pub fn held_shards(&self) -> tokio::sync::watch::Receiver<crate::api::Held> {
+        self.inner.held.clone()
+    }
+
+    /// The service's clock, now (UTC ms).
+    pub(crate) fn clock_now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    /// The service's shard count (recorded in the store).
+    pub fn shards(&self) -> u32 {
+        self.inner.shards
     }
 
     /// The silo holding `actor`'s shard, as its lease row in the store names

@@ -404,6 +404,17 @@ impl ShardMachine {
             })
     }
 
+    /// Until when (fencing on) this silo may act as the holder of its shards:
+    /// its last confirmation of its own row Active plus the lease period
+    /// (`None`: never confirmed). `Timestamp::MAX`-like `u64::MAX` ms with
+    /// fencing off.
+    pub fn confirmed_until(&self) -> Option<Timestamp> {
+        if !self.options.fencing {
+            return Some(Timestamp::from_millis(u64::MAX));
+        }
+        self.confirmed_at.map(|at| after(at, self.options.lease_period))
+    }
+
     /// Whether (fencing on) this silo confirmed its own row Active within the
     /// lease period before `now`; always true with fencing off.
     pub fn confirmed(&self, now: Timestamp) -> bool {

@@ -979,6 +979,7 @@ impl World {
             Action::CancelTimer(timer) => {
                 self.nodes[i].timers.remove(&timer);
             }
+            Action::Held(_) => {}
             Action::LeaveDone
             | Action::Loaded
             | Action::TickDelivered { .. }

@@ -8,7 +8,7 @@
 
 #![cfg(any(feature = "redis", feature = "etcd"))]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -155,18 +155,25 @@ enum Fault {
 async fn stale_owner_writes_nothing(url: &str, fault: Fault) {
     let cluster = rollcall_tests::unique_id("fenced");
     let mut victim = Silo::start(&cluster, url).await;
-    let _b = Silo::start(&cluster, url).await;
-    let _c = Silo::start(&cluster, url).await;
+    let mut b = Silo::start(&cluster, url).await;
+    let mut c = Silo::start(&cluster, url).await;
     let answer = victim.ask(&format!("host {ACTORS}")).await;
+    let mut actors = Vec::new();
     let fences: Vec<(u32, u64)> = answer
         .strip_prefix(&format!("ok host {ACTORS} "))
         .unwrap_or_else(|| panic!("host: {answer}"))
         .split(' ')
         .map(|f| {
-            let (s, e) = f.split_once('@').expect("SHARD@EPOCH");
-            (s.parse().expect("shard"), e.parse().expect("epoch"))
+            let mut parts = f.split('@');
+            let (a, s, e) = (parts.next(), parts.next(), parts.next());
+            actors.push(a.expect("ACTOR@SHARD@EPOCH").to_owned());
+            (
+                s.and_then(|s| s.parse().ok()).expect("shard"),
+                e.and_then(|e| e.parse().ok()).expect("epoch"),
+            )
         })
         .collect();
+    let holds = format!("holds {}", actors.join(" "));
     assert_eq!(fences.len(), ACTORS);
     let hosted: BTreeMap<u32, u64> = fences.iter().copied().collect();
 
@@ -199,6 +206,54 @@ async fn stale_owner_writes_nothing(url: &str, fault: Fault) {
     if let Fault::Frozen = fault {
         victim.signal("CONT");
     }
+    // Whether the stale silo and a successor both act as holders of one
+    // hosted actor's shard (`Reminders::fence` answers on both: two
+    // activations could coexist), sampled every 20 ms or so until the stale
+    // silo holds none and the successors hold them all.
+    let since = std::time::Instant::now();
+    let (mut both_since, mut coexisted, mut dropped) = (None, Duration::ZERO, None);
+    loop {
+        assert!(
+            since.elapsed() < Duration::from_secs(60),
+            "within 60 s the stale silo holds none and the successors hold all"
+        );
+        let listed =
+            |a: &str| -> BTreeSet<String> { a.split_whitespace().skip(3).map(str::to_owned).collect() };
+        let stale = listed(&victim.ask(&holds).await);
+        let mut successors = listed(&b.ask(&holds).await);
+        successors.extend(listed(&c.ask(&holds).await));
+        if dropped.is_none() && stale.is_empty() {
+            dropped = Some(since.elapsed());
+        }
+        let shared = stale.intersection(&successors).count();
+        match (shared > 0, both_since) {
+            (true, None) => both_since = Some(std::time::Instant::now()),
+            (false, Some(t)) => {
+                coexisted = coexisted.max(t.elapsed());
+                both_since = None;
+            }
+            _ => {}
+        }
+        if stale.is_empty() && successors.len() == ACTORS {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "{fault:?}: from {}, the stale silo held none after {:?}; the successors held all after {:?}; \
+         one actor's shard held by both for at most {coexisted:?} (sampled every ~20 ms)",
+        match fault {
+            Fault::Frozen => "its resumption",
+            Fault::Partitioned => "the takeover's observation",
+        },
+        dropped.unwrap_or_default(),
+        since.elapsed(),
+    );
+    assert_eq!(
+        coexisted,
+        Duration::ZERO,
+        "the stale silo and a successor both held one actor's shard"
+    );
     let answer = victim.ask("write").await;
     assert_eq!(
         answer,

@@ -177,6 +177,9 @@ pub enum Action {
     FinishLeave,
     /// Answer the leave now (the silo was leaving already).
     LeaveDone,
+    /// The shards this silo holds and keeps changed: publish them
+    /// (`Reminders::held_shards`, `Reminders::fence`).
+    Held(crate::api::Held),
     /// Arm `timer` at this time (replacing the one armed).
     SetTimer(Timer, Timestamp),
     /// Disarm `timer`.

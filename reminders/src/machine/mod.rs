@@ -111,6 +111,16 @@ pub struct ReminderMachine {
     /// The service's shard count (at least 1).
     count: u32,
     held: BTreeMap<u32, HeldShard>,
+    /// The shards held and kept (not stopping), by epoch: what
+    /// [`Action::Held`] publishes.
+    fences: crate::api::HeldMap,
+    /// `fences` changed since the last [`Action::Held`].
+    fences_changed: bool,
+    /// The `confirmed_until` of the last [`Action::Held`].
+    confirmed_until: Option<Timestamp>,
+    /// The takeover times of the shards in `fences` taken over from a Dead
+    /// holder.
+    not_before: BTreeMap<u32, Timestamp>,
     queue: Queue,
     loads: Loads,
     notices: NoticeReads,
@@ -159,6 +169,10 @@ impl ReminderMachine {
             shards: ShardMachine::new(me, shard_options),
             count: shards.max(1),
             held: BTreeMap::new(),
+            fences: BTreeMap::new(),
+            fences_changed: false,
+            confirmed_until: None,
+            not_before: BTreeMap::new(),
             queue: if options.max_deliveries_per_kind.is_some() {
                 Queue::per_kind()
             } else {
@@ -282,6 +296,15 @@ impl ReminderMachine {
             self.out.push(Action::Loaded);
         }
         self.arm_timer();
+        let until = self.shards.confirmed_until();
+        if std::mem::take(&mut self.fences_changed) || until != self.confirmed_until {
+            self.confirmed_until = until;
+            self.out.push(Action::Held(crate::api::Held {
+                shards: self.fences.clone(),
+                confirmed_until: until,
+                not_before: self.not_before.clone(),
+            }));
+        }
         std::mem::take(&mut self.out)
     }
 
@@ -394,6 +417,9 @@ impl ReminderMachine {
                 .collect();
         }
         self.set_fence(k, Some(held.lease_epoch));
+        if let Some(t) = takeover {
+            self.not_before.insert(k, t);
+        }
         self.held.insert(k, held);
         self.loads.queue(k, LoadKind::Acquire);
         self.start_loads();
@@ -458,18 +484,14 @@ impl ReminderMachine {
         r.begin.wrapping_add(1)..=r.end
     }
 
-    /// Publishes whether this silo holds shard `k` (at `epoch`) and keeps it,
-    /// for `Reminders::fence`.
-    fn set_fence(&self, k: u32, epoch: Option<u64>) {
-        let mut fences = self
-            .counters
-            .fences
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match epoch {
-            Some(e) => fences.insert(k, e),
-            None => fences.remove(&k),
+    /// Records whether this silo holds shard `k` (at `epoch`) and keeps it;
+    /// published by [`Action::Held`] at the end of the event.
+    fn set_fence(&mut self, k: u32, epoch: Option<u64>) {
+        self.fences_changed |= match epoch {
+            Some(e) => self.fences.insert(k, e) != Some(e),
+            None => self.fences.remove(&k).is_some(),
         };
+        self.not_before.remove(&k);
     }
 
     fn publish_gauges(&self) {

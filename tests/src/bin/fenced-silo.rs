@@ -13,10 +13,14 @@
 //! - `host N`: hosts the first `N` actors `cart/<i>` whose shard this silo
 //!   holds: takes each one's fence (`Reminders::fence`) and writes its state
 //!   `cart` under it. Answers `ok host N SHARD@EPOCH...` (one per actor, in
-//!   order) once every write landed, or `err host WHY` (within 30 s).
+//!   order, as `ACTOR@SHARD@EPOCH`) once every write landed, or `err host WHY` (within 30 s).
 //! - `write`: writes every hosted actor's state again under the fence it
 //!   was hosted with. Answers `ok write landed=L fenced=F other=O`, the
 //!   first other error on stderr.
+//! - `held`: answers `ok held N`, how many hosted actors' shards this silo
+//!   still holds (`Reminders::fence` is some).
+//! - `holds ACTOR...`: answers `ok holds N ACTOR...`: those of these actors
+//!   whose shards this silo holds now.
 //! - `cut MS`: cuts its probes from every peer for `MS` ms, both ways (the
 //!   store stays reachable). Answers `ok cut`.
 //!
@@ -100,7 +104,7 @@ fn control(reminders: Reminders, states: StateStorage, faults: rollcall_tests::s
                         Ok(h) => {
                             let fences: Vec<String> = h
                                 .iter()
-                                .map(|(_, f)| format!("{}@{}", f.shard, f.epoch))
+                                .map(|(k, f)| format!("{}@{}@{}", k.actor_id(), f.shard, f.epoch))
                                 .collect();
                             *hosted.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = h;
                             println!("ok host {n} {}", fences.join(" "));
@@ -132,6 +136,27 @@ fn control(reminders: Reminders, states: StateStorage, faults: rollcall_tests::s
                         }
                     }
                     println!("ok write landed={landed} fenced={fenced} other={other}");
+                }
+                ["held"] => {
+                    let h = hosted
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .clone();
+                    let n = h
+                        .iter()
+                        .filter(|(k, _)| {
+                            ActorId::parse(k.actor_id()).is_ok_and(|a| reminders.fence(&a).is_some())
+                        })
+                        .count();
+                    println!("ok held {n}");
+                }
+                ["holds", ..] => {
+                    let held: Vec<&str> = words[1..]
+                        .iter()
+                        .copied()
+                        .filter(|a| ActorId::parse(a).is_ok_and(|a| reminders.fence(&a).is_some()))
+                        .collect();
+                    println!("ok holds {} {}", held.len(), held.join(" "));
                 }
                 ["cut", ms] => match ms.parse::<u64>() {
                     Ok(ms) => {

@@ -1,0 +1,430 @@
+//! Hosting actors where their shard is held: one activation per actor, on the
+//! silo whose reminder service holds the actor's shard lease, under that
+//! lease's [`Fence`].
+//!
+//! The rules are [`HostTable`]'s (sans-io: what a message, a change of the
+//! held shards or a fenced write does to the activations); [`ActorHost`]
+//! carries them out for actix actors.
+//!
+//! - **Activate** an actor on its first message while this silo holds its
+//!   shard ([`Reminders::fence`](crate::Reminders::fence)), with that fence: its
+//!   state storage is fenced by it, so the store refuses its writes once
+//!   another silo acquired the shard.
+//! - **Deactivate** it when its shard is no longer held at its fence's epoch
+//!   (being released: before the release is written; lost; taken again at
+//!   another epoch), or when a write under its fence was refused
+//!   ([`Error::Fenced`](rollcall_core::Error::Fenced)): the older fence gives
+//!   way. Messages already in its mailbox are handled first; later ones are
+//!   refused ([`HostError::NotHere`]) and go to the owner
+//!   ([`Reminders::owner`](crate::Reminders::owner)).
+//! - **Duplicates.** Two silos can host one actor for a moment only while
+//!   the older holder has not yet learnt that it lost the shard (a partition,
+//!   a paused process). Orleans' directory finds such duplicates after the
+//!   fact (and never deactivated them, seed 003: "currently not implemented");
+//!   here the store orders them: every write of the older activation is
+//!   refused, and the first refusal deactivates it.
+
+use std::collections::HashMap;
+
+use rollcall_core::{actor_shard, Fence};
+
+use crate::api::{ActorId, HeldMap};
+
+/// Why an activation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deactivation {
+    /// Its shard is no longer held at its fence's epoch (released, being
+    /// released, lost, or held again at another epoch).
+    ShardGone,
+    /// A write under its fence was refused by the store.
+    Fenced,
+    /// Its actor stopped by itself.
+    Stopped,
+}
+
+/// What to do with a message for an actor ([`HostTable::route`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route<H> {
+    /// Deliver it to this activation.
+    Here(H),
+    /// Activate the actor under this fence, then deliver it.
+    Activate(Fence),
+    /// This silo does not hold the actor's shard: refuse it.
+    NotHere,
+}
+
+/// The activations of one silo and the rules that start and end them
+/// (sans-io: the caller passes what the reminder service says and carries
+/// out the answers). `H` is whatever reaches an activation (an actix `Addr`).
+#[derive(Debug)]
+pub struct HostTable<H> {
+    shards: u32,
+    active: HashMap<ActorId, (Fence, H)>,
+}
+
+impl<H: Clone> HostTable<H> {
+    /// An empty table for a service of `shards` shards.
+    pub fn new(shards: u32) -> HostTable<H> {
+        HostTable {
+            shards: shards.max(1),
+            active: HashMap::new(),
+        }
+    }
+
+    /// Where a message for `actor` goes, given the fence this silo holds for
+    /// its shard now (`None`: not held) and whether an activation is still
+    /// running (`alive`). An activation under another epoch, or one that
+    /// stopped, is removed first (returned, with why).
+    pub fn route(
+        &mut self,
+        actor: &ActorId,
+        now: Option<Fence>,
+        alive: impl Fn(&H) -> bool,
+    ) -> (Route<H>, Option<(Fence, H, Deactivation)>) {
+        let mut ended = None;
+        if let Some((fence, handle)) = self.active.get(actor) {
+            let same = now.as_ref().is_some_and(|f| f.epoch == fence.epoch);
+            if same && alive(handle) {
+                return (Route::Here(handle.clone()), None);
+            }
+            let why = if same {
+                Deactivation::Stopped
+            } else {
+                Deactivation::ShardGone
+            };
+            ended = self.active.remove(actor).map(|(f, h)| (f, h, why));
+        }
+        match now {
+            Some(f) => (Route::Activate(f), ended),
+            None => (Route::NotHere, ended),
+        }
+    }
+
+    /// Records the activation of `actor` under `fence`.
+    pub fn activated(&mut self, actor: ActorId, fence: Fence, handle: H) {
+        self.active.insert(actor, (fence, handle));
+    }
+
+    /// The held shards changed: every activation whose shard is not in `held`
+    /// at its fence's epoch ends (returned).
+    pub fn held(&mut self, held: &HeldMap) -> Vec<(ActorId, Fence, H)> {
+        let gone: Vec<ActorId> = self
+            .active
+            .iter()
+            .filter(|(_, (f, _))| held.get(&f.shard) != Some(&f.epoch))
+            .map(|(a, _)| a.clone())
+            .collect();
+        gone.into_iter()
+            .filter_map(|a| self.active.remove(&a).map(|(f, h)| (a, f, h)))
+            .collect()
+    }
+
+    /// A write of `actor` under `epoch` was refused: its activation under
+    /// that epoch ends (returned).
+    pub fn fenced(&mut self, actor: &ActorId, epoch: u64) -> Option<(Fence, H)> {
+        match self.active.get(actor) {
+            Some((f, _)) if f.epoch == epoch => self.active.remove(actor),
+            _ => None,
+        }
+    }
+
+    /// How many actors are active.
+    pub fn len(&self) -> usize {
+        self.active.len()
+    }
+
+    /// Whether no actor is active.
+    pub fn is_empty(&self) -> bool {
+        self.active.is_empty()
+    }
+
+    /// The shard of `actor` in this service.
+    pub fn shard_of(&self, actor: &ActorId) -> u32 {
+        actor_shard(&actor.to_string(), self.shards)
+    }
+}
+
+/// Why [`ActorHost::send`] did not deliver.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// This silo does not hold the actor's shard (any more): ask
+    /// [`Reminders::owner`](crate::Reminders::owner) where it lives.
+    #[error("actor `{0}` is not hosted here")]
+    NotHere(String),
+    /// The activation stopped before it answered (it was deactivated, or its
+    /// handler stopped it): the message may or may not have been handled.
+    #[error("actor `{0}` stopped before it answered")]
+    Stopped(String),
+}
+
+#[cfg(feature = "runtime")]
+pub use runtime::{ActorHost, HostEvent};
+
+#[cfg(feature = "runtime")]
+mod runtime {
+    use std::sync::{Arc, Mutex};
+
+    use actix::{Actor, Addr, Context, Handler, Message};
+    use rollcall_core::Fence;
+
+    use super::{Deactivation, HostError, HostTable, Route};
+    use crate::api::ActorId;
+    use crate::Reminders;
+
+    /// An activation starting or ending, for logs and measurements.
+    #[derive(Clone, Debug)]
+    pub enum HostEvent {
+        /// `actor` was activated under `fence`.
+        Activated {
+            /// The actor.
+            actor: ActorId,
+            /// Its fence.
+            fence: Fence,
+        },
+        /// `actor`'s activation under `fence` ended.
+        Deactivated {
+            /// The actor.
+            actor: ActorId,
+            /// Its fence.
+            fence: Fence,
+            /// Why.
+            why: Deactivation,
+        },
+    }
+
+    type Activate<A> = dyn Fn(ActorId, Fence) -> A + Send + Sync;
+    type OnEvent = dyn Fn(HostEvent) + Send + Sync;
+
+    struct Inner<A: Actor<Context = Context<A>>> {
+        reminders: Reminders,
+        activate: Box<Activate<A>>,
+        table: Mutex<HostTable<Addr<A>>>,
+        on_event: Option<Box<OnEvent>>,
+    }
+
+    /// Hosts actix actors of one reminder service on the silo holding each
+    /// one's shard ([module docs](super)): `send` activates an actor on its
+    /// first message here (`activate(actor, fence)` builds it; fence its state
+    /// storage with the fence, `StateStorage::fenced`), and the host ends the
+    /// activation when the shard goes (an activation's last address is
+    /// dropped: it handles what its mailbox holds, then stops). Cheap to
+    /// clone; call it inside an actix `System`.
+    pub struct ActorHost<A: Actor<Context = Context<A>>> {
+        inner: Arc<Inner<A>>,
+    }
+
+    impl<A: Actor<Context = Context<A>>> Clone for ActorHost<A> {
+        fn clone(&self) -> Self {
+            ActorHost {
+                inner: self.inner.clone(),
+            }
+        }
+    }
+
+    impl<A: Actor<Context = Context<A>>> ActorHost<A> {
+        /// A host of the actors of `reminders`' service, built by `activate`.
+        /// Starts watching the held shards ([`Reminders::held_shards`]).
+        pub fn new(
+            reminders: &Reminders,
+            activate: impl Fn(ActorId, Fence) -> A + Send + Sync + 'static,
+        ) -> Self {
+            Self::with_events(reminders, activate, None)
+        }
+
+        /// [`new`](Self::new), calling `on_event` on every activation and
+        /// deactivation (from the thread that caused it: keep it short).
+        pub fn with_events(
+            reminders: &Reminders,
+            activate: impl Fn(ActorId, Fence) -> A + Send + Sync + 'static,
+            on_event: Option<Box<dyn Fn(HostEvent) + Send + Sync>>,
+        ) -> Self {
+            let host = ActorHost {
+                inner: Arc::new(Inner {
+                    reminders: reminders.clone(),
+                    activate: Box::new(activate),
+                    table: Mutex::new(HostTable::new(reminders.shards())),
+                    on_event,
+                }),
+            };
+            let mut held = reminders.held_shards();
+            let weak = Arc::downgrade(&host.inner);
+            actix::spawn(async move {
+                while held.changed().await.is_ok() {
+                    let Some(inner) = weak.upgrade() else { return };
+                    let now = inner.reminders.clock_now();
+                    let map: crate::api::HeldMap = {
+                        let h = held.borrow_and_update();
+                        h.shards
+                            .keys()
+                            .filter_map(|k| Some((*k, h.epoch_at(*k, now)?)))
+                            .collect()
+                    };
+                    let gone = inner.lock().held(&map);
+                    for (actor, fence, addr) in gone {
+                        drop(addr);
+                        inner.emit(HostEvent::Deactivated {
+                            actor,
+                            fence,
+                            why: Deactivation::ShardGone,
+                        });
+                    }
+                }
+            });
+            host
+        }
+
+        /// The activation of `actor` here, activating it if this silo holds
+        /// its shard.
+        ///
+        /// # Errors
+        /// [`HostError::NotHere`] when this silo does not hold its shard.
+        pub fn get(&self, actor: &ActorId) -> Result<Addr<A>, HostError> {
+            let now = self.inner.reminders.fence(actor);
+            let mut table = self.inner.lock();
+            let (route, ended) = table.route(actor, now, Addr::connected);
+            let mut events = Vec::new();
+            if let Some((fence, addr, why)) = ended {
+                drop(addr);
+                events.push(HostEvent::Deactivated {
+                    actor: actor.clone(),
+                    fence,
+                    why,
+                });
+            }
+            let out = match route {
+                Route::Here(addr) => Ok(addr),
+                Route::NotHere => Err(HostError::NotHere(actor.to_string())),
+                Route::Activate(fence) => {
+                    let addr = (self.inner.activate)(actor.clone(), fence.clone()).start();
+                    table.activated(actor.clone(), fence.clone(), addr.clone());
+                    events.push(HostEvent::Activated {
+                        actor: actor.clone(),
+                        fence,
+                    });
+                    Ok(addr)
+                }
+            };
+            drop(table);
+            for e in events {
+                self.inner.emit(e);
+            }
+            out
+        }
+
+        /// Delivers `msg` to `actor`'s activation here (activating it first
+        /// if needed) and waits for its answer.
+        ///
+        /// # Errors
+        /// [`HostError::NotHere`] when this silo does not hold its shard;
+        /// [`HostError::Stopped`] when the activation stopped first.
+        pub async fn send<M>(&self, actor: &ActorId, msg: M) -> Result<M::Result, HostError>
+        where
+            A: Handler<M>,
+            M: Message + Send + 'static,
+            M::Result: Send,
+        {
+            let addr = self.get(actor)?;
+            addr.send(msg)
+                .await
+                .map_err(|_| HostError::Stopped(actor.to_string()))
+        }
+
+        /// A write of `actor` under `fence` was refused by the store
+        /// ([`Error::Fenced`](rollcall_core::Error::Fenced)): its activation
+        /// under that fence ends. Call it from the handler that saw the error.
+        pub fn fenced(&self, actor: &ActorId, fence: &Fence) {
+            let ended = self.inner.lock().fenced(actor, fence.epoch);
+            if let Some((fence, addr)) = ended {
+                drop(addr);
+                self.inner.emit(HostEvent::Deactivated {
+                    actor: actor.clone(),
+                    fence,
+                    why: Deactivation::Fenced,
+                });
+            }
+        }
+
+        /// How many actors are active here.
+        pub fn active(&self) -> usize {
+            self.inner.lock().len()
+        }
+    }
+
+    impl<A: Actor<Context = Context<A>>> Inner<A> {
+        fn lock(&self) -> std::sync::MutexGuard<'_, HostTable<Addr<A>>> {
+            self.table
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+        }
+
+        fn emit(&self, e: HostEvent) {
+            if let Some(f) = &self.on_event {
+                f(e);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fence(shard: u32, epoch: u64) -> Fence {
+        Fence {
+            service: "s".into(),
+            shards: 16,
+            shard,
+            epoch,
+        }
+    }
+
+    #[test]
+    fn an_actor_is_activated_once_per_epoch_and_ends_with_its_shard() {
+        let mut t: HostTable<u32> = HostTable::new(16);
+        let a = ActorId::new("cart", "1").unwrap();
+        let k = t.shard_of(&a);
+        // Not held: refused.
+        assert_eq!(t.route(&a, None, |_| true), (Route::NotHere, None));
+        // Held: activated once, then delivered.
+        let (r, _) = t.route(&a, Some(fence(k, 3)), |_| true);
+        assert_eq!(r, Route::Activate(fence(k, 3)));
+        t.activated(a.clone(), fence(k, 3), 7);
+        assert_eq!(t.route(&a, Some(fence(k, 3)), |_| true), (Route::Here(7), None));
+        // Held again at a later epoch (released and acquired back): the old
+        // activation ends, a new one starts.
+        let (r, ended) = t.route(&a, Some(fence(k, 4)), |_| true);
+        assert_eq!(
+            (r, ended),
+            (
+                Route::Activate(fence(k, 4)),
+                Some((fence(k, 3), 7, Deactivation::ShardGone))
+            )
+        );
+        t.activated(a.clone(), fence(k, 4), 8);
+        // A stopped activation is replaced.
+        let (r, ended) = t.route(&a, Some(fence(k, 4)), |h| *h != 8);
+        assert_eq!(
+            (r, ended),
+            (
+                Route::Activate(fence(k, 4)),
+                Some((fence(k, 4), 8, Deactivation::Stopped))
+            )
+        );
+        t.activated(a.clone(), fence(k, 4), 9);
+        // A fence of another epoch does not end it; its own does.
+        assert_eq!(t.fenced(&a, 3), None);
+        assert_eq!(t.fenced(&a, 4), Some((fence(k, 4), 9)));
+        assert!(t.is_empty());
+        // The shard goes: every activation of it ends, others stay.
+        t.activated(a.clone(), fence(k, 5), 10);
+        let b = (0..100)
+            .map(|i| ActorId::new("cart", i.to_string()).unwrap())
+            .find(|b| t.shard_of(b) != k)
+            .unwrap();
+        let kb = t.shard_of(&b);
+        t.activated(b.clone(), fence(kb, 1), 11);
+        let gone = t.held(&HeldMap::from([(kb, 1), (k, 6)]));
+        assert_eq!(gone, vec![(a, fence(k, 5), 10)]);
+        assert_eq!(t.len(), 1);
+    }
+}
