@@ -1,0 +1,314 @@
+//! The `carts` example (examples/carts.rs) as a cluster of processes on a real
+//! store (issue 59): 1,000 HTTP counters driven at a steady rate through a
+//! rolling deploy of 5 silo processes and then 3 SIGKILLs. Each increment
+//! has a request id and is retried (on any silo) until acknowledged; at the
+//! end every cart's stored count must equal its acknowledged increments: none
+//! lost, none applied twice.
+//!
+//! It also measures how long two activations of one cart coexisted (from
+//! each process's `activated` / `deactivated` lines; a killed process's end at
+//! its kill), and prints it.
+
+#![cfg(any(feature = "redis", feature = "etcd"))]
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rollcall_core::{StateKey, StateStorage, Timestamp};
+use rollcall_tests::fixtures::free_port;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const CARTS: usize = 1_000;
+const CLIENTS: usize = 32;
+/// Each client's pause between two increments (at most 32 / 0.05 s = 640/s;
+/// the round trips make it less).
+const PAUSE: Duration = Duration::from_millis(50);
+
+/// An activation line: (process, actor, epoch, ms, activated).
+type Events = Arc<Mutex<Vec<(usize, String, u64, u64, bool)>>>;
+
+struct Process {
+    child: Child,
+    http: String,
+    index: usize,
+}
+
+async fn start(index: usize, url: &str, cluster: &str, events: &Events) -> Process {
+    let silo = format!("127.0.0.1:{}", free_port().expect("port"));
+    let http = format!("127.0.0.1:{}", free_port().expect("port"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_carts"))
+        .args([url, cluster, &silo, &http])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn carts");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if line.starts_with("ready") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert!(
+        matches!(ready, Ok(true)),
+        "carts process {index} did not get ready"
+    );
+    let events = events.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            if let ([kind, actor, epoch, ms, ..], true) = (&w[..], w.len() >= 4) {
+                let (Ok(epoch), Ok(ms)) = (epoch.parse(), ms.parse()) else {
+                    continue;
+                };
+                let on = match *kind {
+                    "activated" => true,
+                    "deactivated" => false,
+                    _ => continue,
+                };
+                events
+                    .lock()
+                    .unwrap()
+                    .push((index, actor.to_string(), epoch, ms, on));
+            }
+        }
+    });
+    Process { child, http, index }
+}
+
+fn signal(p: &Process, sig: &str) {
+    let pid = p.child.id().expect("running");
+    let ok = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok, "kill -{sig}");
+}
+
+/// The load: `CLIENTS` clients, each owning the carts `i % CLIENTS == c`,
+/// adding one to its next cart, retrying it on the live silos until it is
+/// acknowledged (at most 120 s), until `stop`. The acknowledged count per
+/// cart.
+struct Load {
+    silos: Rc<RefCell<Vec<String>>>,
+    acked: Rc<RefCell<Vec<u64>>>,
+    stop: Rc<std::cell::Cell<bool>>,
+    failed: Rc<RefCell<Vec<String>>>,
+}
+
+impl Load {
+    fn start(silos: Vec<String>) -> (Load, Vec<tokio::task::JoinHandle<()>>) {
+        let load = Load {
+            silos: Rc::new(RefCell::new(silos)),
+            acked: Rc::new(RefCell::new(vec![0; CARTS])),
+            stop: Rc::default(),
+            failed: Rc::default(),
+        };
+        let mut tasks = Vec::new();
+        for c in 0..CLIENTS {
+            let (silos, acked, stop, failed) = (
+                load.silos.clone(),
+                load.acked.clone(),
+                load.stop.clone(),
+                load.failed.clone(),
+            );
+            tasks.push(actix::spawn(async move {
+                let client = awc::Client::builder().timeout(Duration::from_secs(10)).finish();
+                let mine: Vec<usize> = (c..CARTS).step_by(CLIENTS).collect();
+                let mut turn = 0usize;
+                let mut attempt = 0usize;
+                while !stop.get() {
+                    let cart = mine[turn % mine.len()];
+                    let request = acked.borrow()[cart] + 1;
+                    let started = tokio::time::Instant::now();
+                    loop {
+                        let target = {
+                            let s = silos.borrow();
+                            s[attempt % s.len()].clone()
+                        };
+                        attempt += 1;
+                        let url = format!("http://{target}/cart/{cart}/add/{request}");
+                        match client.post(url).send().await {
+                            Ok(mut r) if r.status().is_success() => {
+                                let body = r.body().await.unwrap_or_default();
+                                let n: u64 = std::str::from_utf8(&body)
+                                    .ok()
+                                    .and_then(|b| b.parse().ok())
+                                    .unwrap_or(0);
+                                if n != request {
+                                    failed
+                                        .borrow_mut()
+                                        .push(format!("cart {cart}: request {request} answered count {n}"));
+                                }
+                                acked.borrow_mut()[cart] = request;
+                                break;
+                            }
+                            _ => {
+                                if started.elapsed() > Duration::from_secs(120) {
+                                    failed
+                                        .borrow_mut()
+                                        .push(format!("cart {cart}: request {request} never acknowledged"));
+                                    return;
+                                }
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                            }
+                        }
+                    }
+                    turn += 1;
+                    tokio::time::sleep(PAUSE).await;
+                }
+            }));
+        }
+        (load, tasks)
+    }
+}
+
+/// The longest time two activations of one actor on different processes
+/// overlapped, ms, and how many actors had any overlap. An activation ends at
+/// its `deactivated` line, or at `ends[process]`.
+fn coexistence(events: &[(usize, String, u64, u64, bool)], ends: &BTreeMap<usize, u64>) -> (u64, usize) {
+    let mut open: BTreeMap<(usize, String, u64), u64> = BTreeMap::new();
+    let mut spans: BTreeMap<String, Vec<(usize, u64, u64)>> = BTreeMap::new();
+    for (p, actor, epoch, ms, on) in events {
+        let key = (*p, actor.clone(), *epoch);
+        if *on {
+            open.insert(key, *ms);
+        } else if let Some(from) = open.remove(&key) {
+            spans.entry(actor.clone()).or_default().push((*p, from, *ms));
+        }
+    }
+    for ((p, actor, _), from) in open {
+        let to = ends.get(&p).copied().unwrap_or(from);
+        spans.entry(actor).or_default().push((p, from, to));
+    }
+    let (mut longest, mut actors) = (0, 0);
+    for s in spans.values() {
+        let mut any = false;
+        for (i, a) in s.iter().enumerate() {
+            for b in &s[i + 1..] {
+                if a.0 != b.0 {
+                    let overlap = a.2.min(b.2).saturating_sub(a.1.max(b.1));
+                    if overlap > 0 {
+                        any = true;
+                        longest = longest.max(overlap);
+                    }
+                }
+            }
+        }
+        actors += usize::from(any);
+    }
+    (longest, actors)
+}
+
+async fn counters_survive_a_rolling_deploy_and_kills(url: &str) {
+    let cluster = rollcall_tests::unique_id("carts");
+    let events: Events = Arc::default();
+    let mut ends = BTreeMap::new();
+    let mut procs = Vec::new();
+    for i in 0..5 {
+        procs.push(start(i, url, &cluster, &events).await);
+    }
+    let (load, tasks) = Load::start(procs.iter().map(|p| p.http.clone()).collect());
+    let live = |procs: &[Process]| procs.iter().map(|p| p.http.clone()).collect::<Vec<_>>();
+    tokio::time::sleep(Duration::from_secs(2)).await; // load before the first change
+    let mut next = procs.len();
+    // A rolling deploy: a new process, then the oldest leaves gracefully.
+    for _ in 0..5 {
+        procs.push(start(next, url, &cluster, &events).await);
+        next += 1;
+        *load.silos.borrow_mut() = live(&procs);
+        let mut old = procs.remove(0);
+        *load.silos.borrow_mut() = live(&procs);
+        signal(&old, "TERM");
+        let status = tokio::time::timeout(Duration::from_secs(60), old.child.wait())
+            .await
+            .expect("a graceful leave within 60 s")
+            .expect("wait");
+        assert!(status.success(), "carts {} exited with {status}", old.index);
+        ends.insert(old.index, Timestamp::now().as_millis());
+    }
+    // Three crashes, each replaced once the survivors took over.
+    for _ in 0..3 {
+        let mut victim = procs.remove(0);
+        *load.silos.borrow_mut() = live(&procs);
+        victim.child.start_kill().expect("SIGKILL");
+        let _ = victim.child.wait().await;
+        ends.insert(victim.index, Timestamp::now().as_millis());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        procs.push(start(next, url, &cluster, &events).await);
+        next += 1;
+        *load.silos.borrow_mut() = live(&procs);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    load.stop.set(true);
+    for t in tasks {
+        t.await.expect("a client");
+    }
+    let failed = load.failed.borrow().clone();
+    assert!(failed.is_empty(), "{failed:?}");
+    let acked = load.acked.borrow().clone();
+    let total: u64 = acked.iter().sum();
+    let end = Timestamp::now().as_millis();
+    for p in &procs {
+        ends.insert(p.index, end);
+    }
+
+    // Every cart's stored count is its acknowledged increments.
+    let store = rollcall::connect(url).await.expect("connect");
+    let states = StateStorage::new(store.state_table(&cluster).expect("state table"));
+    let mut wrong = Vec::new();
+    for (cart, want) in acked.iter().enumerate() {
+        let read = states
+            .read(&StateKey::new(format!("cart/{cart}"), "cart").expect("key"))
+            .await
+            .expect("read");
+        let count = if read.record_exists {
+            serde_json::from_slice::<serde_json::Value>(&read.data).expect("a cart")["count"]
+                .as_u64()
+                .expect("count")
+        } else {
+            0
+        };
+        if count != *want {
+            wrong.push((cart, count, *want));
+        }
+    }
+    let (longest, actors) = coexistence(&events.lock().unwrap(), &ends);
+    eprintln!(
+        "carts: {total} increments acknowledged over {CARTS} carts through 5 graceful replacements and \
+         3 kills; {} carts wrong; two activations of one cart coexisted on {actors} carts, at most {longest} ms",
+        wrong.len()
+    );
+    let untouched = acked.iter().filter(|n| **n == 0).count();
+    assert_eq!(untouched, 0, "every cart was incremented ({total} in all)");
+    assert!(wrong.is_empty(), "(cart, stored, acknowledged): {wrong:?}");
+}
+
+#[cfg(feature = "redis")]
+#[actix::test]
+async fn carts_on_redis_count_exactly_through_a_rolling_deploy_and_kills() {
+    let Some(b) = rollcall_tests::fixtures::redis().await else {
+        return;
+    };
+    counters_survive_a_rolling_deploy_and_kills(&b.endpoint).await;
+}
+
+#[cfg(feature = "etcd")]
+#[actix::test]
+async fn carts_on_etcd_count_exactly_through_a_rolling_deploy_and_kills() {
+    let Some(b) = rollcall_tests::fixtures::etcd().await else {
+        return;
+    };
+    counters_survive_a_rolling_deploy_and_kills(&format!("etcd://{}", b.endpoint)).await;
+}
