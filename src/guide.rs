@@ -12,6 +12,7 @@
 //! | [`membership`] | how silos detect each other's death: probes, votes, the version row, partitions, options, the history |
 //! | [`reminders`] | durable ticks: ownership by shard leases, handoff guarantees, failover, schedules, failures, bounds |
 //! | [`actor_state`] | an actor's state in the store: etags, ambiguous writes, sizes per provider, expiry, the sweep |
+//! | [`placement`] | one owner per actor: who holds it, state writes fenced by the store, hosting actix actors, the carts example |
 //! | [`providers`] | cargo features and store URLs |
 //! | [`redis`], [`etcd`], [`dynamodb`] | one page per provider: URLs, deployment, permissions, limits |
 //! | [`operating`] | the CLI, Prometheus series, the dashboard, metrics and statistics tables, sizing the store, after an outage |
@@ -32,6 +33,7 @@ chapter!(getting_started, "getting-started.md");
 chapter!(membership, "membership.md");
 chapter!(reminders, "reminders.md");
 chapter!(actor_state, "actor-state.md");
+chapter!(placement, "placement.md");
 chapter!(providers, "providers.md");
 chapter!(redis, "redis.md");
 chapter!(etcd, "etcd.md");

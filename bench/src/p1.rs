@@ -435,6 +435,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             if r.p50_ratio <= 1.1 { "met" } else { "missed" }
         );
     }
+    let _ = writeln!(
+        md,
+        "\nDynamoDB's fenced write is a `TransactWriteItems` (the lease's `ConditionCheck` and the \
+         header's conditional `Put`) where the unfenced one is one conditional `PutItem`: no \
+         single-item write can check another item. Answering waits for the takeover time (the \
+         lease period plus the cluster's `max_clock_offset` after the survivor saw the victim \
+         Dead), as the reminders' failover does (R2): before it the dead silo may still act, and \
+         `Reminders::fence` does not answer on two silos at once."
+    );
     let json = serde_json::json!({
         "fenced_writes": writes,
         "lookups": looked,
