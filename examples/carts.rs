@@ -23,8 +23,11 @@
 //! - A write of a cart whose shard another silo took over is refused by the
 //!   store (`Error::Fenced`): nothing is acknowledged that the next owner
 //!   does not read, and the stale activation is deactivated.
-//! - It prints `activated <actor> <epoch> <ms>` and `deactivated <actor>
-//!   <epoch> <ms> <why>` lines (UTC ms), and `ready <silo>` once serving.
+//! - On a graceful handoff the cart handles `Deactivate` after what its
+//!   mailbox holds and stops; the shard's release waits for that.
+//! - It prints `activated <actor> <epoch> <ms>`, `deactivated <actor>
+//!   <epoch> <ms> <why>` and `fenced <actor> <epoch> <ms>` (a write the store
+//!   refused) lines (UTC ms), and `ready <silo>` once serving.
 //!   SIGTERM leaves gracefully (the shards are handed over) and exits 0.
 
 use std::collections::VecDeque;
@@ -120,6 +123,7 @@ impl Handler<Add> for Cart {
                 Ok(n) => Ok(n),
                 Err(Error::Fenced { .. }) => {
                     // Another silo owns the cart now: this activation ends.
+                    println!("fenced {} {} {}", this.actor, this.fence.epoch, now_ms());
                     if let Some(h) = &this.host {
                         h.fenced(&this.actor, &this.fence);
                     }
@@ -129,6 +133,17 @@ impl Handler<Add> for Cart {
                 Err(e) => Err(CartError::Unavailable(e.to_string())),
             }),
         )
+    }
+}
+
+impl Handler<rollcall::reminders::Deactivate> for Cart {
+    type Result = ();
+
+    /// The shard goes (a graceful handoff): every message before this one
+    /// was handled, and each write went through, so there is nothing to
+    /// flush; the release waits for this answer.
+    fn handle(&mut self, _: rollcall::reminders::Deactivate, ctx: &mut Context<Self>) {
+        ctx.stop();
     }
 }
 

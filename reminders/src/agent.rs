@@ -163,6 +163,19 @@ impl Handler<MembershipChanged> for ReminderAgent {
     }
 }
 
+/// An event from the service handle for the machine (the actor hosts').
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(crate) struct Feed(pub Event);
+
+impl Handler<Feed> for ReminderAgent {
+    type Result = ();
+
+    fn handle(&mut self, Feed(event): Feed, ctx: &mut Context<Self>) {
+        self.run(event, ctx);
+    }
+}
+
 impl Handler<Leave> for ReminderAgent {
     type Result = ();
 

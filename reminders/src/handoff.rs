@@ -116,6 +116,10 @@ pub struct HeldShard {
     /// Delivery stopped with deliveries in flight: the release load waits
     /// for them until this time ([`MAX_DRAIN`]).
     pub draining_until: Option<Timestamp>,
+    /// Delivery stopped while actor hosts run: the release load also waits
+    /// (until `draining_until`) for this many hosts to end the shard's
+    /// activations.
+    pub host_pending: usize,
     /// Rows the last load read.
     pub rows: u64,
     /// A notice for this shard was not read while its acquire load ran (the

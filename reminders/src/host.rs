@@ -158,7 +158,7 @@ pub enum HostError {
 }
 
 #[cfg(feature = "runtime")]
-pub use runtime::{ActorHost, HostEvent};
+pub use runtime::{ActorHost, Deactivate, HostEvent, DEACTIVATE_TIMEOUT};
 
 #[cfg(feature = "runtime")]
 mod runtime {
@@ -193,9 +193,23 @@ mod runtime {
     }
 
     type Activate<A> = dyn Fn(ActorId, Fence) -> A + Send + Sync;
+
+    /// How long a deactivation waits for an activation to handle
+    /// [`Deactivate`] (after what its mailbox holds): 10 s. The release it
+    /// holds back waits at most the reminders' drain anyway.
+    pub const DEACTIVATE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+    /// Sent to an activation whose shard goes, after every message already in
+    /// its mailbox: flush what it holds and stop (`ctx.stop()`). The release
+    /// of the shard waits for the answer (at most the drain), so the next
+    /// holder activates the actor only after this activation ended.
+    #[derive(Message, Clone, Copy, Debug)]
+    #[rtype(result = "()")]
+    pub struct Deactivate;
     type OnEvent = dyn Fn(HostEvent) + Send + Sync;
 
     struct Inner<A: Actor<Context = Context<A>>> {
+        _registered: crate::service::HostGuard,
         reminders: Reminders,
         activate: Box<Activate<A>>,
         table: Mutex<HostTable<Addr<A>>>,
@@ -221,7 +235,7 @@ mod runtime {
         }
     }
 
-    impl<A: Actor<Context = Context<A>>> ActorHost<A> {
+    impl<A: Actor<Context = Context<A>> + Handler<Deactivate>> ActorHost<A> {
         /// A host of the actors of `reminders`' service, built by `activate`.
         /// Starts watching the held shards ([`Reminders::held_shards`]).
         pub fn new(
@@ -240,6 +254,7 @@ mod runtime {
         ) -> Self {
             let host = ActorHost {
                 inner: Arc::new(Inner {
+                    _registered: reminders.register_host(),
                     reminders: reminders.clone(),
                     activate: Box::new(activate),
                     table: Mutex::new(HostTable::new(reminders.shards())),
@@ -249,25 +264,45 @@ mod runtime {
             let mut held = reminders.held_shards();
             let weak = Arc::downgrade(&host.inner);
             actix::spawn(async move {
+                // The shards held at the last change, as the machine has them:
+                // each one that goes is reported drained once its
+                // activations ended.
+                let mut before = crate::api::HeldMap::new();
                 while held.changed().await.is_ok() {
                     let Some(inner) = weak.upgrade() else { return };
                     let now = inner.reminders.clock_now();
-                    let map: crate::api::HeldMap = {
+                    let (map, raw): (crate::api::HeldMap, crate::api::HeldMap) = {
                         let h = held.borrow_and_update();
-                        h.shards
+                        let map = h
+                            .shards
                             .keys()
                             .filter_map(|k| Some((*k, h.epoch_at(*k, now)?)))
-                            .collect()
+                            .collect();
+                        (map, h.shards.clone())
                     };
                     let gone = inner.lock().held(&map);
-                    for (actor, fence, addr) in gone {
-                        drop(addr);
-                        inner.emit(HostEvent::Deactivated {
-                            actor,
-                            fence,
-                            why: Deactivation::ShardGone,
+                    let released: Vec<(u32, u64)> = before
+                        .iter()
+                        .filter(|(k, e)| raw.get(k) != Some(e))
+                        .map(|(k, e)| (*k, *e))
+                        .collect();
+                    before = raw;
+                    let mut ending: Vec<_> = gone;
+                    for (shard, epoch) in released {
+                        let (theirs, rest): (Vec<_>, Vec<_>) = ending
+                            .into_iter()
+                            .partition(|(_, f, _)| f.shard == shard && f.epoch == epoch);
+                        ending = rest;
+                        let inner = inner.clone();
+                        actix::spawn(async move {
+                            inner.deactivate(theirs).await;
+                            inner.reminders.host_drained(shard, epoch);
                         });
                     }
+                    // Activations whose shard is held no more for another
+                    // reason (the silo's confirmation lapsed): no release waits.
+                    let inner2 = inner.clone();
+                    actix::spawn(async move { inner2.deactivate(ending).await });
                 }
             });
             host
@@ -350,11 +385,34 @@ mod runtime {
         }
     }
 
-    impl<A: Actor<Context = Context<A>>> Inner<A> {
+    impl<A: Actor<Context = Context<A>> + Handler<Deactivate>> Inner<A> {
         fn lock(&self) -> std::sync::MutexGuard<'_, HostTable<Addr<A>>> {
             self.table
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
+        }
+
+        /// Ends `activations`: each handles a [`Deactivate`] after what its
+        /// mailbox holds (at most [`DEACTIVATE_TIMEOUT`]), then its address
+        /// is dropped.
+        async fn deactivate(&self, activations: Vec<(ActorId, Fence, Addr<A>)>) {
+            let mut sent = tokio::task::JoinSet::new();
+            for (actor, fence, addr) in activations {
+                // Sent at once, answered in parallel, each within the bound.
+                sent.spawn_local(async move {
+                    let _ = tokio::time::timeout(DEACTIVATE_TIMEOUT, addr.send(Deactivate)).await;
+                    (actor, fence)
+                });
+            }
+            while let Some(done) = sent.join_next().await {
+                if let Ok((actor, fence)) = done {
+                    self.emit(HostEvent::Deactivated {
+                        actor,
+                        fence,
+                        why: Deactivation::ShardGone,
+                    });
+                }
+            }
         }
 
         fn emit(&self, e: HostEvent) {

@@ -47,7 +47,7 @@ pub use api::{
     ReminderStats, ReminderTick, LATE_TICK, MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT, TICKS_DROPPED_METRIC,
 };
 #[cfg(feature = "runtime")]
-pub use host::{ActorHost, HostEvent};
+pub use host::{ActorHost, Deactivate, HostEvent, DEACTIVATE_TIMEOUT};
 pub use host::{Deactivation, HostError, HostTable};
 pub use machine::{
     LOAD_PIECE_ROWS, MAX_DELIVERIES, MAX_LOADS, MAX_NOTICE_READS, MAX_WRITES, NOTICE_BATCH, NOTICE_QUEUE,

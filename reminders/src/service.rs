@@ -236,11 +236,27 @@ impl RemindersBuilder {
                 shards,
                 owners: std::sync::Mutex::default(),
                 held,
+
                 _agent: agent,
                 _subscription: subscription,
                 _leave_hook: leave_hook,
             }),
         })
+    }
+}
+
+/// An actor host's registration with the service
+/// ([`Reminders::register_host`]); dropping it unregisters.
+pub(crate) struct HostGuard {
+    reminders: Reminders,
+}
+
+impl Drop for HostGuard {
+    fn drop(&mut self) {
+        self.reminders
+            .inner
+            ._agent
+            .do_send(crate::agent::Feed(crate::machine::Event::Hosts(-1)));
     }
 }
 
@@ -269,6 +285,7 @@ struct Inner {
     owners: std::sync::Mutex<HashMap<u32, (Option<Owner>, Timestamp)>>,
     /// The shards this silo holds and keeps (the agent publishes them).
     held: tokio::sync::watch::Receiver<crate::api::Held>,
+
     _agent: Addr<ReminderAgent>,
     _subscription: rollcall_core::Subscription,
     _leave_hook: rollcall_core::LeaveHookGuard,
@@ -662,6 +679,31 @@ impl Reminders {
     /// service's [`shards`](Self::shards).
     pub fn held_shards(&self) -> tokio::sync::watch::Receiver<crate::api::Held> {
         self.inner.held.clone()
+    }
+
+    /// Registers an actor host: while its guard lives, a release of a shard
+    /// waits (at most the drain: `delivery_timeout`, capped by
+    /// `handoff::MAX_DRAIN`) for [`host_drained`](Self::host_drained) of the
+    /// shard before it is written, so the next holder activates the shard's
+    /// actors only after this silo's activations ended.
+    pub(crate) fn register_host(&self) -> HostGuard {
+        self.inner
+            ._agent
+            .do_send(crate::agent::Feed(crate::machine::Event::Hosts(1)));
+        HostGuard {
+            reminders: self.clone(),
+        }
+    }
+
+    /// The actor hosts ended every activation of `shard` held at `epoch`
+    /// (see [`register_host`](Self::register_host)). Never waits.
+    pub(crate) fn host_drained(&self, shard: u32, epoch: u64) {
+        self.inner
+            ._agent
+            .do_send(crate::agent::Feed(crate::machine::Event::HostDrained {
+                shard,
+                epoch,
+            }));
     }
 
     /// The service's clock, now (UTC ms).

@@ -32,6 +32,9 @@ const PAUSE: Duration = Duration::from_millis(50);
 /// An activation line: (process, actor, epoch, ms, activated).
 type Events = Arc<Mutex<Vec<(usize, String, u64, u64, bool)>>>;
 
+/// The times (UTC ms) of the `fenced` lines: writes the store refused.
+static FENCED: Mutex<Vec<u64>> = Mutex::new(Vec::new());
+
 struct Process {
     child: Child,
     http: String,
@@ -73,6 +76,10 @@ async fn start(index: usize, url: &str, cluster: &str, events: &Events) -> Proce
                 let on = match *kind {
                     "activated" => true,
                     "deactivated" => false,
+                    "fenced" => {
+                        FENCED.lock().unwrap().push(ms);
+                        continue;
+                    }
                     _ => continue,
                 };
                 events
@@ -223,6 +230,7 @@ async fn counters_survive_a_rolling_deploy_and_kills(url: &str) {
     let live = |procs: &[Process]| procs.iter().map(|p| p.http.clone()).collect::<Vec<_>>();
     tokio::time::sleep(Duration::from_secs(2)).await; // load before the first change
     let mut next = procs.len();
+    let rolling_from = Timestamp::now().as_millis();
     // A rolling deploy: a new process, then the oldest leaves gracefully.
     for _ in 0..5 {
         procs.push(start(next, url, &cluster, &events).await);
@@ -238,6 +246,7 @@ async fn counters_survive_a_rolling_deploy_and_kills(url: &str) {
         assert!(status.success(), "carts {} exited with {status}", old.index);
         ends.insert(old.index, Timestamp::now().as_millis());
     }
+    let rolling_to = Timestamp::now().as_millis();
     // Three crashes, each replaced once the survivors took over.
     for _ in 0..3 {
         let mut victim = procs.remove(0);
@@ -285,10 +294,17 @@ async fn counters_survive_a_rolling_deploy_and_kills(url: &str) {
         }
     }
     let (longest, actors) = coexistence(&events.lock().unwrap(), &ends);
+    let fenced = FENCED.lock().unwrap().clone();
+    let in_rolling = fenced
+        .iter()
+        .filter(|t| (rolling_from..=rolling_to).contains(*t))
+        .count();
     eprintln!(
         "carts: {total} increments acknowledged over {CARTS} carts through 5 graceful replacements and \
-         3 kills; {} carts wrong; two activations of one cart coexisted on {actors} carts, at most {longest} ms",
-        wrong.len()
+         3 kills; {} carts wrong; two activations of one cart coexisted on {actors} carts, at most {longest} ms; \
+         {} writes fenced, {in_rolling} of them during the rolling deploy",
+        wrong.len(),
+        fenced.len()
     );
     let untouched = acked.iter().filter(|n| **n == 0).count();
     assert_eq!(untouched, 0, "every cart was incremented ({total} in all)");

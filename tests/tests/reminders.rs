@@ -1933,3 +1933,131 @@ async fn owner_and_fence_name_the_lease_holder() {
         assert_eq!((owner.silo, owner.epoch), (silos[1].address(), f.epoch));
     }
 }
+
+/// A graceful handoff waits for `ActorHost`'s deactivations (issue 59 item
+/// 2): each activation on the leaving silo handles `Deactivate` (here it
+/// takes 300 ms, a flush) and only then is its shard released, so the
+/// successor activates every actor after its old activation ended.
+#[actix::test]
+async fn a_graceful_handoff_activates_an_actor_only_after_its_deactivation() {
+    use std::sync::{Arc, Mutex};
+
+    use actix::{Actor, ActorContext, ActorFutureExt, Context, Handler, Message, WrapFuture};
+    use rollcall_core::{ClusterMembershipOptions, OnDeclaredDead, Silo};
+    use rollcall_reminders::{ActorHost, Deactivate};
+
+    /// (silo, actor, activated ms, deactivated ms).
+    type Log = Arc<Mutex<Vec<(usize, String, &'static str, u64)>>>;
+
+    struct Probe {
+        silo: usize,
+        actor: String,
+        log: Log,
+    }
+    impl Actor for Probe {
+        type Context = Context<Self>;
+        fn started(&mut self, _: &mut Context<Self>) {
+            let t = Timestamp::now().as_millis();
+            self.log
+                .lock()
+                .unwrap()
+                .push((self.silo, self.actor.clone(), "on", t));
+        }
+    }
+    #[derive(Message)]
+    #[rtype(result = "()")]
+    struct Ping;
+    impl Handler<Ping> for Probe {
+        type Result = ();
+        fn handle(&mut self, _: Ping, _: &mut Context<Self>) {}
+    }
+    impl Handler<Deactivate> for Probe {
+        type Result = actix::ResponseActFuture<Self, ()>;
+        fn handle(&mut self, _: Deactivate, _: &mut Context<Self>) -> Self::Result {
+            // A flush that takes 300 ms, then the stop; answered after both.
+            Box::pin(
+                tokio::time::sleep(Duration::from_millis(300))
+                    .into_actor(self)
+                    .map(|_, this, ctx| {
+                        let t = Timestamp::now().as_millis();
+                        this.log
+                            .lock()
+                            .unwrap()
+                            .push((this.silo, this.actor.clone(), "off", t));
+                        ctx.stop();
+                    }),
+            )
+        }
+    }
+
+    let store: rollcall_tests::Store = std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new());
+    let cluster = rollcall_tests::unique_id("host");
+    let log: Log = Arc::default();
+    let mut silos = Vec::new();
+    let mut services = Vec::new();
+    let mut hosts = Vec::new();
+    for i in 0..2 {
+        let silo = Silo::builder(store.clone(), cluster.clone())
+            .listen("127.0.0.1:0".parse().unwrap())
+            .options(ClusterMembershipOptions::fast())
+            .on_declared_dead(OnDeclaredDead::StopSilo)
+            .start()
+            .await
+            .expect("silo joins");
+        let svc = rollcall_reminders::Reminders::builder(&silo, store.clone())
+            .service_id(cluster.clone())
+            .start()
+            .await
+            .expect("reminders start");
+        let l = log.clone();
+        hosts.push(ActorHost::new(&svc, move |actor, _| Probe {
+            silo: i,
+            actor: actor.to_string(),
+            log: l.clone(),
+        }));
+        silos.push(silo);
+        services.push(svc);
+    }
+    let actors: Vec<_> = (0..50).map(actor).collect();
+    let settled = rollcall_tests::sim::wait_for(Duration::from_secs(30), || {
+        actors
+            .iter()
+            .all(|a| services.iter().filter(|s| s.fence(a).is_some()).count() == 1)
+    })
+    .await;
+    assert!(settled.is_some(), "every actor's shard held by one silo");
+    // Activate every actor where it lives.
+    let mut on_first = Vec::new();
+    for a in &actors {
+        let i = usize::from(services[1].fence(a).is_some());
+        hosts[i].send(a, Ping).await.expect("hosted");
+        if i == 0 {
+            on_first.push(a.to_string());
+        }
+    }
+    assert!(!on_first.is_empty());
+    // The first silo leaves; its actors move to the second.
+    silos[0].shutdown().await.expect("leave");
+    for a in &actors {
+        let moved =
+            rollcall_tests::sim::wait_for(Duration::from_secs(30), || services[1].fence(a).is_some()).await;
+        assert!(moved.is_some(), "{a} moved");
+        hosts[1].send(a, Ping).await.expect("hosted on the survivor");
+    }
+    let log = log.lock().unwrap().clone();
+    for a in &on_first {
+        let at = |silo: usize, what: &str| {
+            log.iter()
+                .find(|(s, x, w, _)| *s == silo && x == a && *w == what)
+                .map(|e| e.3)
+        };
+        let (off, on) = (at(0, "off"), at(1, "on"));
+        let (Some(off), Some(on)) = (off, on) else {
+            panic!("{a}: deactivated on the first silo at {off:?}, activated on the second at {on:?}");
+        };
+        assert!(
+            off <= on,
+            "{a}: activated on the successor at {on}, before its old activation ended at {off}"
+        );
+    }
+}

@@ -289,7 +289,12 @@ impl ReminderMachine {
             }
         }
         self.publish_gauges();
-        if left == Some(0) && self.held.get(&k).is_some_and(|h| h.draining_until.is_some()) {
+        if left == Some(0)
+            && self
+                .held
+                .get(&k)
+                .is_some_and(|h| h.draining_until.is_some() && h.host_pending == 0)
+        {
             // The last delivery the stopping shard waited for: its release
             // load reads the outcome (delivered, or owed when it failed).
             self.drained(k);

@@ -48,6 +48,19 @@ pub enum Timer {
 pub enum Event {
     /// The service started: arm the periodic reload.
     Start,
+    /// An actor host (`ActorHost`) started (+1) or stopped (-1) on this
+    /// service: while any runs, a release also waits (as for deliveries in
+    /// flight, at most the drain) for [`Event::HostDrained`] of the shard.
+    Hosts(isize),
+    /// The actor hosts ended every activation of `shard` held at `epoch`
+    /// (their mailboxes handled, their state flushed): its release may be
+    /// written.
+    HostDrained {
+        /// The shard.
+        shard: u32,
+        /// The epoch the activations were under.
+        epoch: u64,
+    },
     /// The silo's membership view changed (or was published again).
     View(Arc<MembershipSnapshot>),
     /// The silo's clock report changed ([`SiloHandle::clock`](rollcall_core::SiloHandle::clock)

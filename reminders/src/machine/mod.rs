@@ -121,6 +121,8 @@ pub struct ReminderMachine {
     /// The takeover times of the shards in `fences` taken over from a Dead
     /// holder.
     not_before: BTreeMap<u32, Timestamp>,
+    /// Actor hosts running on this service ([`Event::Hosts`]).
+    hosts: usize,
     queue: Queue,
     loads: Loads,
     notices: NoticeReads,
@@ -173,6 +175,7 @@ impl ReminderMachine {
             fences_changed: false,
             confirmed_until: None,
             not_before: BTreeMap::new(),
+            hosts: 0,
             queue: if options.max_deliveries_per_kind.is_some() {
                 Queue::per_kind()
             } else {
@@ -234,6 +237,20 @@ impl ReminderMachine {
     pub fn handle(&mut self, now: Timestamp, event: Event) -> Vec<Action> {
         self.now = now;
         match event {
+            Event::Hosts(delta) => self.hosts = self.hosts.saturating_add_signed(delta),
+            Event::HostDrained { shard, epoch } => {
+                let idle = self.in_flight.get(&shard).is_none_or(|n| *n == 0);
+                let waiting = self.held.get_mut(&shard).is_some_and(|held| {
+                    let ours = held.lease_epoch == epoch && held.host_pending > 0;
+                    if ours {
+                        held.host_pending -= 1;
+                    }
+                    ours && held.host_pending == 0 && held.draining_until.is_some()
+                });
+                if waiting && idle {
+                    self.drained(shard);
+                }
+            }
             Event::Start => {
                 let at = now.saturating_add(self.options.refresh_reminder_list_period);
                 self.out.push(Action::SetTimer(Timer::Refresh, at));
@@ -341,8 +358,12 @@ impl ReminderMachine {
                     tracing::warn!(
                         shard = k,
                         in_flight = self.in_flight.get(&k).copied().unwrap_or(0),
-                        "deliveries still running when the drain ended are owed by the release"
+                        hosts_pending = self.held.get(&k).map_or(0, |h| h.host_pending),
+                        "deliveries or activations still running when the drain ended: the release goes on"
                     );
+                    if let Some(h) = self.held.get_mut(&k) {
+                        h.host_pending = 0;
+                    }
                     self.drained(k);
                 }
             }
@@ -452,9 +473,11 @@ impl ReminderMachine {
         };
         held.stopping = true;
         held.stopped_at = self.now;
+        held.host_pending = self.hosts;
         self.loads.cancel(k);
-        if self.in_flight.get(&k).is_some_and(|n| *n > 0) {
-            // Wait for the deliveries in flight (rule 2 of `handoff`).
+        if self.in_flight.get(&k).is_some_and(|n| *n > 0) || held.host_pending > 0 {
+            // Wait for the deliveries in flight (rule 2 of `handoff`) and the
+            // hosts' activations of the shard.
             let drain = self.options.delivery_timeout.min(crate::handoff::MAX_DRAIN);
             let until = self.now.saturating_add(drain);
             held.draining_until = Some(until);
