@@ -749,12 +749,6 @@ impl Router {
         }
     }
 
-    /// Whether the store is a Redis Cluster (keys of one script must share a
-    /// slot).
-    pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self, Router::Cluster(_))
-    }
-
     /// Whether conditional writes wait for replicas (`wait_replicas` > 0).
     pub(crate) fn waits(&self) -> bool {
         let cfg = match self {

@@ -1,13 +1,11 @@
 //! The grain-state table on Redis. Keys are tagged by the actor's shard
-//! (`{r:<service>:<shard>}`, [`actor_shard`] over [`DEFAULT_SHARDS`]): one actor's
-//! states share a Redis Cluster slot (so a write of several of them is one
-//! script), and a service's states spread over every master of a cluster. The
-//! tag is the one of the same shard's reminder rows and lease (when the
-//! service has the default shard count), so a commit fenced by that lease
-//! ([`Fence`]) compares the lease's `fence` field in the same script. On a
-//! cluster a fenced commit therefore needs a service of [`DEFAULT_SHARDS`]
-//! shards ([`Error::InvalidInput`] otherwise); standalone and Sentinel
-//! deployments have no slots and fence any shard count.
+//! (`{r:<service>:<shard>}`, [`actor_shard`] over the service's shard count:
+//! its reminder service's, read once per table, recorded as
+//! [`DEFAULT_SHARDS`] if none is): one actor's states share a Redis Cluster
+//! slot (so a write of several of them is one script), and a service's states
+//! spread over every master of a cluster. The tag is the one of the same
+//! shard's reminder rows and lease, so a commit fenced by that lease
+//! ([`Fence`]) compares the lease's `fence` field in the same script.
 //!
 //! (Until 0.1 the tag was `{s:<service>:<shard>}`: states written under it are
 //! not read by this layout.)
@@ -174,6 +172,8 @@ pub struct RedisStateTable {
     service_id: String,
     /// The keys of the service's shard leases (a fenced commit compares one).
     lease_keys: ReminderKeys,
+    /// The service's shard count, once read ([`Self::shards`]).
+    shards: Arc<tokio::sync::OnceCell<u32>>,
 }
 
 fn member(key: &StateKey) -> String {
@@ -238,31 +238,43 @@ impl RedisStateTable {
             service: escape(service_id),
             service_id: service_id.to_owned(),
             lease_keys: ReminderKeys::new(prefix, service_id),
+            shards: Arc::default(),
         }
     }
 
-    /// The hash tag of `key`'s actor: its shard's among [`DEFAULT_SHARDS`],
-    /// the tag of that shard's reminder rows and lease (`r:<service>:<shard>`),
-    /// so a commit fenced by the lease is one script in one slot.
-    fn tag(&self, key: &StateKey) -> String {
-        self.lease_keys
-            .shard_tag(actor_shard(key.actor_id(), DEFAULT_SHARDS))
+    /// The hash tag of `key`'s actor: its shard's among the service's
+    /// `shards`, the tag of that shard's reminder rows and lease
+    /// (`r:<service>:<shard>`), so a commit fenced by the lease is one script
+    /// in one slot.
+    fn tag(&self, key: &StateKey, shards: u32) -> String {
+        self.lease_keys.shard_tag(actor_shard(key.actor_id(), shards))
     }
 
-    fn base(&self, key: &StateKey) -> String {
-        format!("{}:{{{}}}", self.prefix, self.tag(key))
+    fn base(&self, key: &StateKey, shards: u32) -> String {
+        format!("{}:{{{}}}", self.prefix, self.tag(key, shards))
     }
 
-    fn header_key(&self, key: &StateKey) -> String {
-        header_key_at(&self.base(key), &member(key))
+    fn header_key(&self, key: &StateKey, shards: u32) -> String {
+        header_key_at(&self.base(key, shards), &member(key))
     }
 
-    fn chunks_key(&self, key: &StateKey, generation: &str) -> String {
-        chunks_key_at(&self.base(key), &member(key), generation)
+    fn chunks_key(&self, key: &StateKey, generation: &str, shards: u32) -> String {
+        chunks_key_at(&self.base(key, shards), &member(key), generation)
     }
 
-    fn generations_key(&self, key: &StateKey) -> String {
-        generations_key_at(&self.base(key), &member(key))
+    fn generations_key(&self, key: &StateKey, shards: u32) -> String {
+        generations_key_at(&self.base(key, shards), &member(key))
+    }
+
+    /// The service's shard count: the one its reminder service and leases
+    /// use, read (or recorded as [`DEFAULT_SHARDS`]) once per table.
+    async fn shards(&self) -> Result<u32> {
+        self.shards
+            .get_or_try_init(|| {
+                crate::lease::record_shard_count(&self.router, &self.lease_keys, DEFAULT_SHARDS)
+            })
+            .await
+            .copied()
     }
 
     fn index_tag(&self) -> String {
@@ -285,15 +297,16 @@ impl StateTable for RedisStateTable {
     }
 
     async fn read_header(&self, key: &StateKey) -> Result<Option<(Vec<u8>, Etag)>> {
+        let s = self.shards().await?;
         let mut pipe = redis::pipe();
         pipe.cmd("HMGET")
-            .arg(self.header_key(key))
+            .arg(self.header_key(key, s))
             .arg("etag")
             .arg("body")
             .arg("data");
         let ((etag, body, data),): ((Option<String>, Option<Vec<u8>>, Option<Vec<u8>>),) = self
             .router
-            .pipeline(&self.tag(key), "read state header", &pipe)
+            .pipeline(&self.tag(key, s), "read state header", &pipe)
             .await?;
         match (etag, body) {
             (Some(e), Some(mut b)) => {
@@ -304,7 +317,7 @@ impl StateTable for RedisStateTable {
             }
             (None, None) => Ok(None),
             _ => Err(Error::corrupt(
-                self.header_key(key),
+                self.header_key(key, s),
                 "a header without etag or body",
             )),
         }
@@ -319,14 +332,15 @@ impl StateTable for RedisStateTable {
         if count == 0 {
             return Ok(Vec::new());
         }
+        let s = self.shards().await?;
         let mut pipe = redis::pipe();
-        let cmd = pipe.cmd("HMGET").arg(self.chunks_key(key, generation));
+        let cmd = pipe.cmd("HMGET").arg(self.chunks_key(key, generation, s));
         for i in 0..count {
             cmd.arg(i);
         }
         let (chunks,): (Vec<Option<Vec<u8>>>,) = self
             .router
-            .pipeline(&self.tag(key), "read state chunks", &pipe)
+            .pipeline(&self.tag(key, s), "read state chunks", &pipe)
             .await?;
         Ok(chunks)
     }
@@ -342,7 +356,8 @@ impl StateTable for RedisStateTable {
         if chunks.is_empty() {
             return Ok(());
         }
-        let ck = self.chunks_key(key, generation);
+        let s = self.shards().await?;
+        let ck = self.chunks_key(key, generation, s);
         let mut pipe = redis::pipe();
         let cmd = pipe.cmd("HSET").arg(&ck);
         for (i, c) in chunks.iter().enumerate() {
@@ -350,7 +365,7 @@ impl StateTable for RedisStateTable {
         }
         cmd.ignore();
         pipe.cmd("SADD")
-            .arg(self.generations_key(key))
+            .arg(self.generations_key(key, s))
             .arg(generation)
             .ignore();
         // This generation's key only: the published one is never touched.
@@ -358,7 +373,7 @@ impl StateTable for RedisStateTable {
             pipe.cmd("PEXPIREAT").arg(&ck).arg(at.as_millis()).ignore();
         }
         self.router
-            .pipeline(&self.tag(key), "stage state chunks", &pipe)
+            .pipeline(&self.tag(key, s), "stage state chunks", &pipe)
             .await
     }
 
@@ -391,14 +406,16 @@ impl StateTable for RedisStateTable {
                 .pipeline::<()>(&self.index_tag(), "index states", &pipe)
                 .await?;
         }
+        let s = self.shards().await?;
         if let Some(f) = fence {
-            // The lease must be in the headers' slot on a cluster.
-            if self.router.is_cluster() && f.shards != DEFAULT_SHARDS {
+            // The lease is in the headers' slot when the fence counts the
+            // service's shards as the table does.
+            if f.shards != s {
                 return Err(Error::invalid_input(
                     "fence",
                     format!(
-                        "a fenced state write on Redis Cluster needs a service of {DEFAULT_SHARDS} shards (its lease shares the states' slot); this one has {}",
-                        f.shards
+                        "the fence counts {} shards; service `{}` has {s}",
+                        f.shards, self.service_id
                     ),
                 ));
             }
@@ -406,8 +423,8 @@ impl StateTable for RedisStateTable {
         // Appended to a fenced script's keys and arguments (FENCE_CHECK).
         let fence_key = fence.map(|f| self.lease_keys.lease(f.shard));
         let fence_token = fence.map(Fence::token);
-        let base = self.base(first.key);
-        let tag = self.tag(first.key);
+        let base = self.base(first.key, s);
+        let tag = self.tag(first.key, s);
         let mut etags = Vec::with_capacity(writes.len());
         let reply: Vec<redis::Value> = match writes {
             [w] if w.chunks.is_empty() && w.header.is_some() => {
@@ -551,9 +568,10 @@ impl StateTable for RedisStateTable {
     }
 
     async fn generations(&self, key: &StateKey) -> Result<Vec<String>> {
-        let tag = self.tag(key);
+        let s = self.shards().await?;
+        let tag = self.tag(key, s);
         let mut pipe = redis::pipe();
-        pipe.cmd("SMEMBERS").arg(self.generations_key(key));
+        pipe.cmd("SMEMBERS").arg(self.generations_key(key, s));
         let (mut gens,): (Vec<String>,) = self
             .router
             .pipeline(&tag, "list state generations", &pipe)
@@ -565,7 +583,7 @@ impl StateTable for RedisStateTable {
         // A generation whose chunk hash expired is gone: drop it from the set.
         let mut pipe = redis::pipe();
         for g in &gens {
-            pipe.cmd("EXISTS").arg(self.chunks_key(key, g));
+            pipe.cmd("EXISTS").arg(self.chunks_key(key, g, s));
         }
         let exists: Vec<bool> = self
             .router
@@ -574,7 +592,7 @@ impl StateTable for RedisStateTable {
         let (live, gone): (Vec<_>, Vec<_>) = gens.into_iter().zip(exists).partition(|(_, e)| *e);
         if !gone.is_empty() {
             let mut pipe = redis::pipe();
-            pipe.cmd("SREM").arg(self.generations_key(key));
+            pipe.cmd("SREM").arg(self.generations_key(key, s));
             for (g, _) in &gone {
                 pipe.arg(g);
             }
@@ -587,14 +605,15 @@ impl StateTable for RedisStateTable {
     }
 
     async fn delete_generation(&self, key: &StateKey, generation: &str) -> Result<()> {
+        let s = self.shards().await?;
         let mut pipe = redis::pipe();
-        pipe.cmd("DEL").arg(self.chunks_key(key, generation)).ignore();
+        pipe.cmd("DEL").arg(self.chunks_key(key, generation, s)).ignore();
         pipe.cmd("SREM")
-            .arg(self.generations_key(key))
+            .arg(self.generations_key(key, s))
             .arg(generation)
             .ignore();
         self.router
-            .pipeline(&self.tag(key), "delete state chunks", &pipe)
+            .pipeline(&self.tag(key, s), "delete state chunks", &pipe)
             .await
     }
 

@@ -1182,3 +1182,54 @@ async fn count_per_master(endpoint: &str, pattern: &str) -> Vec<usize> {
     assert_eq!(per_master.len(), 3, "three masters: {per_master:?}");
     per_master
 }
+
+/// On a Redis Cluster a state table places its keys by the service's recorded
+/// shard count (here 64, not the default 1,024), so a fenced write of any
+/// actor runs in its lease's slot: it lands under the held epoch and is
+/// refused after a takeover (issue 59).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_state_writes_follow_a_non_default_shard_count_on_a_cluster() {
+    use rollcall_core::lease::{LeaseStatus, ShardLease, ShardLeases};
+    use rollcall_core::{actor_shard, Codec, Error, Expected, Fence, SiloAddress, StateKey, StateStorage};
+    let Some((store, _b)) = redis_cluster().await else {
+        return;
+    };
+    let service = unique_id("fenced64");
+    let leases = ShardLeases::open(store.lease_table(&service).unwrap(), 64)
+        .await
+        .unwrap();
+    let states = StateStorage::new(store.state_table(&service).unwrap());
+    for i in 0..20 {
+        let key = StateKey::new(format!("cart/{i}"), "state").unwrap();
+        let shard = actor_shard(key.actor_id(), 64);
+        let mut fences = Vec::new();
+        for owner in 1..=2u16 {
+            let lease = leases.read(shard).await.unwrap();
+            let next = ShardLease {
+                epoch: lease.epoch + 1,
+                owner: Some(SiloAddress::new(([127, 0, 0, 1], owner).into(), 1)),
+                status: LeaseStatus::Owned,
+                ..lease
+            };
+            leases.write(&next).await.unwrap().expect("acquired");
+            let fence = Fence {
+                service: service.clone(),
+                shards: 64,
+                shard,
+                epoch: next.epoch,
+            };
+            states
+                .fenced(fence.clone())
+                .write(&key, Expected::Any, Codec::Raw, b"held", None)
+                .await
+                .unwrap_or_else(|e| panic!("{key} under its held epoch: {e}"));
+            fences.push(fence);
+        }
+        let e = states
+            .fenced(fences[0].clone())
+            .write(&key, Expected::Any, Codec::Raw, b"stale", None)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Fenced { .. }), "{key}: {e}");
+    }
+}
