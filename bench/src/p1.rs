@@ -166,16 +166,6 @@ async fn fenced_write(provider: &str, rounds: u32, for_time: Duration) -> anyhow
     })
 }
 
-/// Polls `cond` every 2 ms for at most `limit`; the time it took.
-async fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> anyhow::Result<Duration> {
-    let started = Instant::now();
-    while !cond() {
-        anyhow::ensure!(started.elapsed() < limit, "not reached within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    Ok(started.elapsed())
-}
-
 /// Three silos with reminder services on `store`, every shard held.
 async fn cluster(
     store: &Arc<dyn SystemStore>,
@@ -200,7 +190,7 @@ async fn cluster(
     let actors: Vec<ActorId> = (0..300)
         .map(|i| ActorId::new("cart", i.to_string()))
         .collect::<Result<_, _>>()?;
-    until(Duration::from_secs(60), || {
+    crate::r2::until(Duration::from_secs(60), || {
         silos.iter().all(|s| s.snapshot().active().count() == 3)
             && actors
                 .iter()

@@ -66,7 +66,7 @@ impl Handler<ReminderTick> for Sink {
 }
 
 /// Polls `cond` every 2 ms for at most `limit`; the time it took.
-async fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> anyhow::Result<Duration> {
+pub(crate) async fn until(limit: Duration, mut cond: impl FnMut() -> bool) -> anyhow::Result<Duration> {
     let started = Instant::now();
     while !cond() {
         if started.elapsed() > limit {

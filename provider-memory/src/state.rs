@@ -118,16 +118,20 @@ impl StateTable for MemoryStateTable {
     async fn commit(&self, writes: &[HeaderWrite<'_>], fence: Option<&Fence>) -> Result<Commit> {
         let now = Self::now();
         let store = self.store.clone();
-        // The leases' lock is held across the commit (always taken before the
-        // states' one), so the fence token cannot change between its compare
-        // and the writes.
-        let leases = lock(&self.store.inner.leases);
-        if let Some(f) = fence {
-            let current = leases.get(&f.service).and_then(|l| l.fence(f.shard));
-            if current != Some(f.epoch) {
-                return Ok(Commit::Fenced { current });
+        // A fenced commit holds the leases' lock across the commit (always
+        // taken before the states' one), so the fence token cannot change
+        // between its compare and the writes; an unfenced one never takes it.
+        let _leases = match fence {
+            Some(f) => {
+                let leases = lock(&self.store.inner.leases);
+                let current = leases.get(&f.service).and_then(|l| l.fence(f.shard));
+                if current != Some(f.epoch) {
+                    return Ok(Commit::Fenced { current });
+                }
+                Some(leases)
             }
-        }
+            None => None,
+        };
         self.with(|s| {
             for (index, w) in writes.iter().enumerate() {
                 let current = live(s.headers.get(&pair(w.key)), now).map(|h| h.etag.clone());

@@ -60,6 +60,23 @@ pub enum Route<H> {
 pub struct HostTable<H> {
     shards: u32,
     active: HashMap<ActorId, (Fence, H)>,
+    /// The shards held at the last [`held`](Self::held), as the service holds
+    /// them.
+    before: HeldMap,
+}
+
+/// An activation that ends: the actor, its fence, its handle.
+pub type Ending<H> = (ActorId, Fence, H);
+
+/// What a change of the held shards ends ([`HostTable::held`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct HeldChange<H> {
+    /// Each shard no longer held (and the epoch it was held at), with its
+    /// activations that end: report it drained once they ended.
+    pub released: Vec<(u32, u64, Vec<Ending<H>>)>,
+    /// Activations that end for another reason (the silo may no longer act
+    /// as the holder): no release waits for them.
+    pub ended: Vec<Ending<H>>,
 }
 
 impl<H: Clone> HostTable<H> {
@@ -68,6 +85,7 @@ impl<H: Clone> HostTable<H> {
         HostTable {
             shards: shards.max(1),
             active: HashMap::new(),
+            before: HeldMap::new(),
         }
     }
 
@@ -105,18 +123,36 @@ impl<H: Clone> HostTable<H> {
         self.active.insert(actor, (fence, handle));
     }
 
-    /// The held shards changed: every activation whose shard is not in `held`
-    /// at its fence's epoch ends (returned).
-    pub fn held(&mut self, held: &HeldMap) -> Vec<(ActorId, Fence, H)> {
+    /// The held shards changed: `raw` as the reminder service holds them,
+    /// `effective` those it may act on now ([`Held::epoch_at`](crate::Held::epoch_at)).
+    /// Every activation whose shard is not in `effective` at its fence's epoch
+    /// ends. Each shard (and epoch) `raw` no longer holds since the last call
+    /// is `released`, with its ending activations: its release waits for
+    /// them (`Reminders::host_drained` once they ended); the other ending
+    /// activations are `ended`.
+    pub fn held(&mut self, raw: &HeldMap, effective: &HeldMap) -> HeldChange<H> {
         let gone: Vec<ActorId> = self
             .active
             .iter()
-            .filter(|(_, (f, _))| held.get(&f.shard) != Some(&f.epoch))
+            .filter(|(_, (f, _))| effective.get(&f.shard) != Some(&f.epoch))
             .map(|(a, _)| a.clone())
             .collect();
-        gone.into_iter()
+        let mut ended: Vec<Ending<H>> = gone
+            .into_iter()
             .filter_map(|a| self.active.remove(&a).map(|(f, h)| (a, f, h)))
-            .collect()
+            .collect();
+        let mut released = Vec::new();
+        for (shard, epoch) in std::mem::replace(&mut self.before, raw.clone()) {
+            if raw.get(&shard) == Some(&epoch) {
+                continue;
+            }
+            let (theirs, rest) = ended
+                .into_iter()
+                .partition(|(_, f, _)| f.shard == shard && f.epoch == epoch);
+            ended = rest;
+            released.push((shard, epoch, theirs));
+        }
+        HeldChange { released, ended }
     }
 
     /// A write of `actor` under `epoch` was refused: its activation under
@@ -264,45 +300,30 @@ mod runtime {
             let mut held = reminders.held_shards();
             let weak = Arc::downgrade(&host.inner);
             actix::spawn(async move {
-                // The shards held at the last change, as the machine has them:
-                // each one that goes is reported drained once its
-                // activations ended.
-                let mut before = crate::api::HeldMap::new();
                 while held.changed().await.is_ok() {
                     let Some(inner) = weak.upgrade() else { return };
                     let now = inner.reminders.clock_now();
-                    let (map, raw): (crate::api::HeldMap, crate::api::HeldMap) = {
+                    let (raw, effective): (crate::api::HeldMap, crate::api::HeldMap) = {
                         let h = held.borrow_and_update();
-                        let map = h
+                        let effective = h
                             .shards
                             .keys()
                             .filter_map(|k| Some((*k, h.epoch_at(*k, now)?)))
                             .collect();
-                        (map, h.shards.clone())
+                        (h.shards.clone(), effective)
                     };
-                    let gone = inner.lock().held(&map);
-                    let released: Vec<(u32, u64)> = before
-                        .iter()
-                        .filter(|(k, e)| raw.get(k) != Some(e))
-                        .map(|(k, e)| (*k, *e))
-                        .collect();
-                    before = raw;
-                    let mut ending: Vec<_> = gone;
-                    for (shard, epoch) in released {
-                        let (theirs, rest): (Vec<_>, Vec<_>) = ending
-                            .into_iter()
-                            .partition(|(_, f, _)| f.shard == shard && f.epoch == epoch);
-                        ending = rest;
+                    let change = inner.lock().held(&raw, &effective);
+                    for (shard, epoch, theirs) in change.released {
                         let inner = inner.clone();
                         actix::spawn(async move {
                             inner.deactivate(theirs).await;
                             inner.reminders.host_drained(shard, epoch);
                         });
                     }
-                    // Activations whose shard is held no more for another
-                    // reason (the silo's confirmation lapsed): no release waits.
-                    let inner2 = inner.clone();
-                    actix::spawn(async move { inner2.deactivate(ending).await });
+                    if !change.ended.is_empty() {
+                        let inner = inner.clone();
+                        actix::spawn(async move { inner.deactivate(change.ended).await });
+                    }
                 }
             });
             host
@@ -481,8 +502,14 @@ mod tests {
             .unwrap();
         let kb = t.shard_of(&b);
         t.activated(b.clone(), fence(kb, 1), 11);
-        let gone = t.held(&HeldMap::from([(kb, 1), (k, 6)]));
-        assert_eq!(gone, vec![(a, fence(k, 5), 10)]);
-        assert_eq!(t.len(), 1);
+        let both = HeldMap::from([(kb, 1), (k, 5)]);
+        let change = t.held(&both, &both);
+        assert!(change.released.is_empty() && change.ended.is_empty());
+        // Shard k goes from the service (released at epoch 5), shard kb is
+        // held but may not be acted on (its confirmation lapsed).
+        let change = t.held(&HeldMap::from([(kb, 1)]), &HeldMap::new());
+        assert_eq!(change.released, vec![(k, 5, vec![(a, fence(k, 5), 10)])]);
+        assert_eq!(change.ended, vec![(b, fence(kb, 1), 11)]);
+        assert!(t.is_empty());
     }
 }

@@ -48,7 +48,7 @@ pub use api::{
 };
 #[cfg(feature = "runtime")]
 pub use host::{ActorHost, Deactivate, HostEvent, DEACTIVATE_TIMEOUT};
-pub use host::{Deactivation, HostError, HostTable};
+pub use host::{Deactivation, HeldChange, HostError, HostTable};
 pub use machine::{
     LOAD_PIECE_ROWS, MAX_DELIVERIES, MAX_LOADS, MAX_NOTICE_READS, MAX_WRITES, NOTICE_BATCH, NOTICE_QUEUE,
 };

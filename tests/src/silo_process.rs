@@ -28,11 +28,33 @@ pub async fn start_silo(
     listen: std::net::SocketAddr,
     faults: Option<&Faults>,
 ) -> Result<(std::sync::Arc<dyn rollcall::SystemStore>, rollcall::SiloHandle), Box<dyn std::error::Error>> {
+    start_silo_with(
+        store_url,
+        cluster,
+        listen,
+        faults,
+        rollcall::OnDeclaredDead::default(),
+    )
+    .await
+}
+
+/// [`start_silo`] with what the silo does when it reads itself Dead.
+///
+/// # Errors
+/// The connection's or the join's error.
+pub async fn start_silo_with(
+    store_url: &str,
+    cluster: &str,
+    listen: std::net::SocketAddr,
+    faults: Option<&Faults>,
+    on_declared_dead: rollcall::OnDeclaredDead,
+) -> Result<(std::sync::Arc<dyn rollcall::SystemStore>, rollcall::SiloHandle), Box<dyn std::error::Error>> {
     let options = rollcall::ClusterMembershipOptions::fast();
     let store = rollcall::connect_retrying(store_url, options.max_join_attempt_time).await?;
     let mut builder = rollcall::Silo::builder(store.clone(), cluster)
         .listen(listen)
-        .options(options);
+        .options(options)
+        .on_declared_dead(on_declared_dead);
     if let Some(f) = faults {
         builder = builder
             .clock(std::sync::Arc::new(f.clock.clone()))
@@ -61,6 +83,22 @@ impl Default for Faults {
             )),
         }
     }
+}
+
+/// The lines of this process's stdin, read on a thread of their own (64
+/// waiting at most: the reader waits while they are full): the commands a
+/// test silo takes.
+pub fn stdin_lines() -> tokio::sync::mpsc::Receiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<String>(64);
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { return };
+            if tx.blocking_send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// Catches SIGTERM from now on: a SIGTERM that arrives before

@@ -1844,6 +1844,59 @@ fn r20_run_history_survives_the_holder_and_keeps_the_newest() {
     });
 }
 
+/// Silos on the memory `store` (fast profile, each advertising the proxy port
+/// of `proxies`, 0 for none), each with a reminder service of id `cluster`.
+async fn placed_silos(
+    store: &rollcall_tests::Store,
+    cluster: &str,
+    proxies: &[u16],
+) -> (Vec<rollcall_core::SiloHandle>, Vec<rollcall_reminders::Reminders>) {
+    use rollcall_core::{ClusterMembershipOptions, OnDeclaredDead, Silo};
+    let mut silos = Vec::new();
+    let mut services = Vec::new();
+    for proxy in proxies {
+        let silo = Silo::builder(store.clone(), cluster)
+            .listen("127.0.0.1:0".parse().unwrap())
+            .options(ClusterMembershipOptions::fast())
+            .proxy_port(*proxy)
+            .on_declared_dead(OnDeclaredDead::StopSilo)
+            .start()
+            .await
+            .expect("silo joins");
+        let svc = rollcall_reminders::Reminders::builder(&silo, store.clone())
+            .service_id(cluster)
+            .start()
+            .await
+            .expect("reminders start");
+        silos.push(silo);
+        services.push(svc);
+    }
+    (silos, services)
+}
+
+/// Waits (at most 30 s) until every silo sees all Active and every actor is
+/// held by the silo its shard is assigned to (not a moment of the joiners'
+/// takeover, when one silo still holds them all).
+async fn wait_placement_settled(
+    silos: &[rollcall_core::SiloHandle],
+    services: &[rollcall_reminders::Reminders],
+    actors: &[rollcall_reminders::ActorId],
+) {
+    let settled = rollcall_tests::sim::wait_for(Duration::from_secs(30), || {
+        silos.iter().all(|s| s.snapshot().active().count() == silos.len()) && actors.iter().all(|a| {
+            let holders: Vec<usize> = (0..services.len())
+                .filter(|i| services[*i].fence(a).is_some())
+                .collect();
+            matches!(holders[..], [i] if services.iter().all(|s| s.owner_of(a) == Some(silos[i].address())))
+        })
+    })
+    .await;
+    assert!(
+        settled.is_some(),
+        "every actor's shard held by the silo it is assigned to"
+    );
+}
+
 /// `Reminders::fence` and `Reminders::owner` name the holder of an actor's
 /// shard lease (issue 59): with two silos on real TCP (each advertising a
 /// proxy port), every actor's shard is held by exactly one of them, whose
@@ -1853,44 +1906,12 @@ fn r20_run_history_survives_the_holder_and_keeps_the_newest() {
 #[actix::test]
 async fn owner_and_fence_name_the_lease_holder() {
     use rollcall_core::lease::ShardLeases;
-    use rollcall_core::{actor_shard, ClusterMembershipOptions, OnDeclaredDead, Silo, DEFAULT_SHARDS};
+    use rollcall_core::{actor_shard, DEFAULT_SHARDS};
     let store: rollcall_tests::Store = std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new());
     let cluster = rollcall_tests::unique_id("owner");
-    let mut silos = Vec::new();
-    let mut services = Vec::new();
-    for proxy in [18_081, 18_082] {
-        let silo = Silo::builder(store.clone(), cluster.clone())
-            .listen("127.0.0.1:0".parse().unwrap())
-            .options(ClusterMembershipOptions::fast())
-            .proxy_port(proxy)
-            .on_declared_dead(OnDeclaredDead::StopSilo)
-            .start()
-            .await
-            .expect("silo joins");
-        let svc = rollcall_reminders::Reminders::builder(&silo, store.clone())
-            .service_id(cluster.clone())
-            .start()
-            .await
-            .expect("reminders start");
-        silos.push(silo);
-        services.push(svc);
-    }
+    let (silos, services) = placed_silos(&store, &cluster, &[18_081, 18_082]).await;
     let actors: Vec<_> = (0..50).map(actor).collect();
-    // Settled: every actor held by the silo its shard is assigned to (the
-    // joiner took its shards over; not a moment of that handoff).
-    let one_holder = |services: &[rollcall_reminders::Reminders]| {
-        actors.iter().all(|a| {
-            let holders: Vec<usize> = (0..services.len())
-                .filter(|i| services[*i].fence(a).is_some())
-                .collect();
-            matches!(holders[..], [i] if services.iter().all(|s| s.owner_of(a) == Some(silos[i].address())))
-        })
-    };
-    let settled = rollcall_tests::sim::wait_for(Duration::from_secs(30), || {
-        silos.iter().all(|s| s.snapshot().active().count() == 2) && one_holder(&services)
-    })
-    .await;
-    assert!(settled.is_some(), "every actor's shard held by one silo");
+    wait_placement_settled(&silos, &services, &actors).await;
     let leases = ShardLeases::open(store.lease_table(&cluster).unwrap(), DEFAULT_SHARDS)
         .await
         .unwrap();
@@ -1948,7 +1969,6 @@ async fn a_graceful_handoff_activates_an_actor_only_after_its_deactivation() {
     use std::sync::{Arc, Mutex};
 
     use actix::{Actor, ActorContext, ActorFutureExt, Context, Handler, Message, WrapFuture};
-    use rollcall_core::{ClusterMembershipOptions, OnDeclaredDead, Silo};
     use rollcall_reminders::{ActorHost, Deactivate};
 
     /// (silo, actor, activated ms, deactivated ms).
@@ -1998,39 +2018,21 @@ async fn a_graceful_handoff_activates_an_actor_only_after_its_deactivation() {
     let store: rollcall_tests::Store = std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new());
     let cluster = rollcall_tests::unique_id("host");
     let log: Log = Arc::default();
-    let mut silos = Vec::new();
-    let mut services = Vec::new();
-    let mut hosts = Vec::new();
-    for i in 0..2 {
-        let silo = Silo::builder(store.clone(), cluster.clone())
-            .listen("127.0.0.1:0".parse().unwrap())
-            .options(ClusterMembershipOptions::fast())
-            .on_declared_dead(OnDeclaredDead::StopSilo)
-            .start()
-            .await
-            .expect("silo joins");
-        let svc = rollcall_reminders::Reminders::builder(&silo, store.clone())
-            .service_id(cluster.clone())
-            .start()
-            .await
-            .expect("reminders start");
-        let l = log.clone();
-        hosts.push(ActorHost::new(&svc, move |actor, _| Probe {
-            silo: i,
-            actor: actor.to_string(),
-            log: l.clone(),
-        }));
-        silos.push(silo);
-        services.push(svc);
-    }
+    let (silos, services) = placed_silos(&store, &cluster, &[0, 0]).await;
+    let hosts: Vec<_> = services
+        .iter()
+        .enumerate()
+        .map(|(i, svc)| {
+            let l = log.clone();
+            ActorHost::new(svc, move |actor, _| Probe {
+                silo: i,
+                actor: actor.to_string(),
+                log: l.clone(),
+            })
+        })
+        .collect();
     let actors: Vec<_> = (0..50).map(actor).collect();
-    let settled = rollcall_tests::sim::wait_for(Duration::from_secs(30), || {
-        actors
-            .iter()
-            .all(|a| services.iter().filter(|s| s.fence(a).is_some()).count() == 1)
-    })
-    .await;
-    assert!(settled.is_some(), "every actor's shard held by one silo");
+    wait_placement_settled(&silos, &services, &actors).await;
     // Activate every actor where it lives (the second silo may still be
     // taking its shards over from the first: ask the holder of the moment
     // again until one serves it).

@@ -130,15 +130,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
 
 /// Carries out the commands read from stdin (see the module docs).
 fn control(reminders: Reminders) {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(64);
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lines() {
-            let Ok(line) = line else { return };
-            if tx.blocking_send(line).is_err() {
-                return;
-            }
-        }
-    });
+    let mut rx = rollcall_tests::silo_process::stdin_lines();
     actix::spawn(async move {
         while let Some(line) = rx.recv().await {
             let words: Vec<&str> = line.split_whitespace().collect();

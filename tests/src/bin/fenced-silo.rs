@@ -56,16 +56,14 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         let faults = rollcall_tests::silo_process::Faults::default();
         // A silo that reads itself Dead stops, and the process goes on (as an
         // application whose other tasks still write would).
-        let options = rollcall::ClusterMembershipOptions::fast();
-        let store = rollcall::connect_retrying(&args[1], options.max_join_attempt_time).await?;
-        let silo = rollcall::Silo::builder(store.clone(), &cluster)
-            .listen(listen)
-            .options(options)
-            .on_declared_dead(rollcall::OnDeclaredDead::StopSilo)
-            .clock(Arc::new(faults.clock.clone()))
-            .transport(Arc::new(faults.transport.clone()))
-            .start()
-            .await?;
+        let (store, silo) = rollcall_tests::silo_process::start_silo_with(
+            &args[1],
+            &cluster,
+            listen,
+            Some(&faults),
+            rollcall::OnDeclaredDead::StopSilo,
+        )
+        .await?;
         let reminders = Reminders::builder(&silo, store.clone())
             .service_id(cluster.clone())
             .start()
@@ -85,15 +83,7 @@ type Hosted = Arc<Mutex<Vec<(StateKey, Fence)>>>;
 
 /// Carries out the commands read from stdin (see the module docs).
 fn control(reminders: Reminders, states: StateStorage, faults: rollcall_tests::silo_process::Faults) {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<String>(64);
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lines() {
-            let Ok(line) = line else { return };
-            if tx.blocking_send(line).is_err() {
-                return;
-            }
-        }
-    });
+    let mut rx = rollcall_tests::silo_process::stdin_lines();
     let hosted: Hosted = Arc::default();
     actix::spawn(async move {
         while let Some(line) = rx.recv().await {
