@@ -21,10 +21,10 @@
 //! | `<prefix>:{r:<service>:<shard>}:lease` | hash | the shard's lease: `etag`, `row` (JSON) |
 //! | `<prefix>:{r:<service>:<shard>}:pages` | hash | `<page set>/<index>` -> a page of the lease's exceptions (JSON) |
 //! | `<prefix>:{r:<service>}:ring`, `...:rem:<actor>/<name>` | | the first layout (one slot per service), read once to move its reminders |
-//! | **actor state** (tag `s:<service>:<shard>`, the actor's shard of 256) | | |
-//! | `<prefix>:{s:<service>:<shard>}:h:<actor>/<name>` | hash | the header: `etag`, `body` (frame and JSON header), `data` (a small state's bytes) |
-//! | `<prefix>:{s:<service>:<shard>}:c:<actor>/<name>:<generation>` | hash | `<index>` -> chunk bytes, one key per generation |
-//! | `<prefix>:{s:<service>:<shard>}:gs:<actor>/<name>` | set | the generations with chunks |
+//! | **actor state** (tag `r:<service>:<shard>`, the actor's shard among the service's recorded count: the tag of its reminders and lease) | | |
+//! | `<prefix>:{r:<service>:<shard>}:h:<actor>/<name>` | hash | the header: `etag`, `body` (frame and JSON header), `data` (a small state's bytes) |
+//! | `<prefix>:{r:<service>:<shard>}:c:<actor>/<name>:<generation>` | hash | `<index>` -> chunk bytes, one key per generation |
+//! | `<prefix>:{r:<service>:<shard>}:gs:<actor>/<name>` | set | the generations with chunks |
 //! | `<prefix>:{g:<service>}:index` | sorted set | `<actor>/<name>`, score 0 (listed by `ZRANGEBYLEX`) |
 //! | **statistics** (tag `s:<cluster>`) | | |
 //! | `<prefix>:{s:<cluster>}:ids` | hash | `n:<name>` / `s:<silo>` -> interned id; `#next` the id counter |

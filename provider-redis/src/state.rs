@@ -7,8 +7,8 @@
 //! shard's reminder rows and lease, so a commit fenced by that lease
 //! ([`Fence`]) compares the lease's `fence` field in the same script.
 //!
-//! (Until 0.1 the tag was `{s:<service>:<shard>}`: states written under it are
-//! not read by this layout.)
+//! (An unreleased layout tagged them `{s:<service>:<shard>}` over 1,024
+//! shards; no released version stored actor state, so nothing is moved.)
 //!
 //! The keys (headers, chunk hashes, generation sets, the index) are in the
 //! [key layout](crate::keys).
