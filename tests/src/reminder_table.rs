@@ -1003,7 +1003,7 @@ fn run(i: u64, outcome: RunOutcome) -> RunRecord {
         attempts: 1 + (i % 3) as u32,
         outcome,
         silo: "127.0.0.1:11111@7".into(),
-        triggered: i % 5 == 0,
+        triggered: i.is_multiple_of(5),
     }
 }
 

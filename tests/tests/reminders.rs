@@ -1717,7 +1717,7 @@ fn r19_pause_resume_and_trigger_hold_through_a_leave_a_join_and_a_crash() {
                 continue;
             }
             let i: usize = d.tick.actor.key().parse().expect("key");
-            if i % 2 == 0 {
+            if i.is_multiple_of(2) {
                 let paused =
                     d.tick.now > paused_at.saturating_add(Duration::from_secs(1)) && d.tick.now < resumed_at;
                 assert!(!paused, "a paused reminder ticked: {d:?}");
