@@ -123,13 +123,32 @@ pub fn catch_sigterm() -> std::io::Result<tokio::signal::unix::Signal> {
 /// The system's own error when it cannot run.
 pub fn run_until_sigterm(
     system: actix::SystemRunner,
+    term: tokio::signal::unix::Signal,
+    silo: rollcall::SiloHandle,
+    keep: Box<dyn Any>,
+) -> std::io::Result<()> {
+    run_until_sigterm_or(system, term, std::future::pending(), silo, keep)
+}
+
+/// [`run_until_sigterm`], but the graceful shutdown also starts when `stop`
+/// completes: a process that stops itself at a point of its own work, which
+/// a test watching from outside could miss under load.
+///
+/// # Errors
+/// The system's own error when it cannot run.
+pub fn run_until_sigterm_or(
+    system: actix::SystemRunner,
     mut term: tokio::signal::unix::Signal,
+    stop: impl std::future::Future<Output = ()> + 'static,
     silo: rollcall::SiloHandle,
     keep: Box<dyn Any>,
 ) -> std::io::Result<()> {
     system.block_on(async move {
         actix::spawn(async move {
-            term.recv().await;
+            tokio::select! {
+                _ = term.recv() => {}
+                () = stop => {}
+            }
             if let Err(e) = silo.shutdown().await {
                 eprintln!("graceful shutdown: {e}");
             }

@@ -23,7 +23,11 @@
 //! the actors spread over every shard, `cart/<i>`, instead of shard 0's),
 //! `BACKLOG_FAULT_CLOCK_MS` and `BACKLOG_FAULT_CUT_MS` (on SIGUSR1 the
 //! silo's clock jumps this far ahead and its probes are cut from every peer
-//! for this long; the store stays reachable). It prints
+//! for this long; the store stays reachable), `BACKLOG_STOP_AFTER` and
+//! `BACKLOG_STOP_FILE` (the first process of a test to log this many ticks
+//! creates the file, writes `<unix ms> <silo address>` to it and shuts down
+//! gracefully, as on SIGTERM, printing `stopping <unix ms>` when the shutdown
+//! begins; the others, finding the file, go on). It prints
 //! `clock OFFSET_MS within|beyond` whenever its clock report changes.
 
 use std::io::Write;
@@ -40,6 +44,36 @@ struct Logger {
     silo: String,
     handler: Duration,
     out: Arc<Mutex<std::fs::File>>,
+    stop: Option<Arc<StopAfter>>,
+}
+
+/// The self-stop of `BACKLOG_STOP_AFTER`: ticks logged so far, and the
+/// shutdown to start once `after` are.
+struct StopAfter {
+    after: usize,
+    file: std::path::PathBuf,
+    logged: std::sync::atomic::AtomicUsize,
+    now: tokio::sync::Notify,
+}
+
+impl StopAfter {
+    /// One more tick logged by `silo`: at the `after`-th, the file is taken
+    /// (created, not opened: one process of the test wins) and the shutdown
+    /// starts.
+    fn logged(&self, silo: &str) {
+        let n = self.logged.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if n != self.after {
+            return;
+        }
+        let taken = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&self.file)
+            .and_then(|mut f| writeln!(f, "{} {silo}", SystemClock.now().as_millis()));
+        if taken.is_ok() {
+            self.now.notify_one();
+        }
+    }
 }
 
 impl Actor for Logger {
@@ -51,6 +85,7 @@ impl Handler<ReminderTick> for Logger {
 
     fn handle(&mut self, t: ReminderTick, _: &mut Context<Self>) -> Self::Result {
         let (silo, out, handler) = (self.silo.clone(), self.out.clone(), self.handler);
+        let stop = self.stop.clone();
         Box::pin(async move {
             if !handler.is_zero() {
                 tokio::time::sleep(handler).await;
@@ -66,6 +101,10 @@ impl Handler<ReminderTick> for Logger {
             let mut out = out.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Err(e) = out.write_all(line.as_bytes()) {
                 eprintln!("tick log: {e}");
+            }
+            drop(out);
+            if let Some(stop) = stop {
+                stop.logged(&silo);
             }
         })
     }
@@ -124,6 +163,14 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         "BACKLOG_MAX_DELIVERIES",
         ReminderOptions::default().max_deliveries,
     );
+    let stop = std::env::var_os("BACKLOG_STOP_FILE").map(|file| {
+        Arc::new(StopAfter {
+            after: env_or("BACKLOG_STOP_AFTER", usize::MAX),
+            file: file.into(),
+            logged: Default::default(),
+            now: tokio::sync::Notify::new(),
+        })
+    });
     let system = actix::System::new();
     let started = system.block_on(async {
         let faults = rollcall_tests::silo_process::Faults::default();
@@ -166,6 +213,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             silo: silo.address().to_string(),
             handler,
             out,
+            stop: stop.clone(),
         }
         .start()
         .recipient();
@@ -225,6 +273,18 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         Ok::<_, Box<dyn std::error::Error>>((term, silo, reminders))
     })?;
     let (term, silo, reminders) = started;
-    rollcall_tests::silo_process::run_until_sigterm(system, term, silo, Box::new(reminders))?;
+    let stopped = async move {
+        match stop {
+            Some(stop) => stop.now.notified().await,
+            None => std::future::pending().await,
+        }
+    };
+    // When the shutdown begins: a process whose one thread is saturated by its
+    // deliveries sees its stop (or a SIGTERM) late.
+    let stopped = async move {
+        stopped.await;
+        println!("stopping {}", SystemClock.now().as_millis());
+    };
+    rollcall_tests::silo_process::run_until_sigterm_or(system, term, stopped, silo, Box::new(reminders))?;
     Ok(())
 }
