@@ -49,7 +49,7 @@ struct Burst {
     period: Option<Duration>,
 }
 
-/// Starts a `backlog-silo` with `env` and waits (at most 60 s, plus the
+/// Starts a `backlog-silo` with `env` and waits (at most 180 s, plus the
 /// burst's due time: it registers the burst first) until it prints `ready`.
 async fn start(
     cluster: &str,
@@ -81,8 +81,9 @@ async fn start(
     }
     let mut child = cmd.spawn().expect("spawn backlog-silo");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    // Registering a burst takes a while; it is due after that.
-    let ready_within = Duration::from_secs(60) + burst.map_or(Duration::ZERO, |b| b.due);
+    // Registering a burst takes a while (20,000 one-shots beside a loaded
+    // container pass took over 75 s); it is due after that.
+    let ready_within = Duration::from_secs(180) + burst.map_or(Duration::ZERO, |b| b.due);
     let address = tokio::time::timeout(ready_within, async {
         while let Ok(Some(line)) = lines.next_line().await {
             if let Some(a) = line.strip_prefix("ready ") {
