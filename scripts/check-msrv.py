@@ -19,6 +19,8 @@ import json
 import subprocess
 import sys
 
+import feature_runs  # beside this script
+
 TARGET = "x86_64-unknown-linux-gnu"
 
 
@@ -41,44 +43,38 @@ def main():
             text=True,
         ).stdout
     )
-    members = set(meta["workspace_members"])
     declared = {}
     for p in meta["packages"]:
         declared[f'{p["name"]} v{p["version"]}'] = p.get("rust_version")
     failures = []
-    for p in meta["packages"]:
-        if p["id"] not in members or p.get("publish") == []:
-            continue
-        runs = [[]] + [
-            ["--no-default-features", "--features", f]
-            for f in sorted(p["features"])
-            if f != "default" and [f] != p["features"].get("default")
-        ]
-        for flags in runs:
-            tree = subprocess.run(
-                ["cargo", "tree", "-p", p["name"], *flags, "-e", "normal,build",
-                 "--target", TARGET, "--prefix", "none"],
-                check=True,
-                capture_output=True,
-                text=True,
-            ).stdout
-            ids = {line.split(" (")[0].strip() for line in tree.splitlines() if line.strip()}
-            own = max(
-                (version(declared[i]) for i in ids
-                 if declared.get(i) and i.split(" v")[0].startswith("rollcall")),
-                default=(0, 0, 0),
-            )
-            need = max(
-                ((version(declared[i]), i) for i in ids
-                 if declared.get(i) and not i.split(" v")[0].startswith("rollcall")),
-                default=((0, 0, 0), "-"),
-            )
-            what = " ".join([p["name"], *flags]) or p["name"]
-            status = "ok" if need[0] <= own else "TOO LOW"
-            print(f"{what}: rust-version {show(own)}, "
-                  f"dependencies need {show(need[0])} ({need[1]}): {status}")
-            if need[0] > own:
-                failures.append(what)
+    for name, feature in feature_runs.runs(meta):
+        if feature == "":
+            continue  # no features: a subset of the default run's tree
+        flags = [] if feature == "default" else ["--no-default-features", "--features", feature]
+        tree = subprocess.run(
+            ["cargo", "tree", "-p", name, *flags, "-e", "normal,build",
+             "--target", TARGET, "--prefix", "none"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        ids = {line.split(" (")[0].strip() for line in tree.splitlines() if line.strip()}
+        own = max(
+            (version(declared[i]) for i in ids
+             if declared.get(i) and i.split(" v")[0].startswith("rollcall")),
+            default=(0, 0, 0),
+        )
+        need = max(
+            ((version(declared[i]), i) for i in ids
+             if declared.get(i) and not i.split(" v")[0].startswith("rollcall")),
+            default=((0, 0, 0), "-"),
+        )
+        what = " ".join([name, *flags])
+        status = "ok" if need[0] <= own else "TOO LOW"
+        print(f"{what}: rust-version {show(own)}, "
+              f"dependencies need {show(need[0])} ({need[1]}): {status}")
+        if need[0] > own:
+            failures.append(what)
     if failures:
         print("raise rust-version (Cargo.toml) for: " + ", ".join(failures), file=sys.stderr)
         sys.exit(1)

@@ -169,7 +169,7 @@ async fn until(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
 
 /// A shard with a backlog of `burst` one-shots is released by its holder's
 /// graceful leave in the middle of the burst: the lease leaves the holder
-/// within 10 s of the holder's stop, and the successor delivers every owed
+/// within 10 s of its shutdown beginning, and the successor delivers every owed
 /// one-shot, each exactly once over both processes.
 async fn a_release_during_a_backlog_hands_over_every_owed_tick(store: &str, burst: Burst) {
     let cluster = unique_id("backlog");
@@ -201,7 +201,7 @@ async fn a_release_during_a_backlog_hands_over_every_owed_tick(store: &str, burs
     };
     until(
         burst.due + Duration::from_secs(120),
-        "the holder stops mid-burst",
+        "the holder stops itself",
         || stop_line().is_some(),
     )
     .await;

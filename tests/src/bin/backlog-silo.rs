@@ -273,16 +273,13 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         Ok::<_, Box<dyn std::error::Error>>((term, silo, reminders))
     })?;
     let (term, silo, reminders) = started;
+    // Printed when the shutdown begins: a process whose one thread is
+    // saturated by its deliveries sees its stop (or a SIGTERM) late.
     let stopped = async move {
         match stop {
             Some(stop) => stop.now.notified().await,
             None => std::future::pending().await,
         }
-    };
-    // When the shutdown begins: a process whose one thread is saturated by its
-    // deliveries sees its stop (or a SIGTERM) late.
-    let stopped = async move {
-        stopped.await;
         println!("stopping {}", SystemClock.now().as_millis());
     };
     rollcall_tests::silo_process::run_until_sigterm_or(system, term, stopped, silo, Box::new(reminders))?;
