@@ -262,3 +262,20 @@ impl rollcall::transport::ProbeHandler for CutHandler {
         self.inner.handle(request).await
     }
 }
+
+/// The actor ids of shard 0 of `shards` (the reminder service's shard of
+/// each, [`rollcall_core::actor_shard`]), `count` of them, `id_bytes` long
+/// each: `cart/<i>-xx...` for the `i` whose id maps there, in order of `i`.
+pub fn shard_zero_actors(count: usize, id_bytes: usize, shards: u32) -> Vec<String> {
+    let mut out = Vec::with_capacity(count);
+    let mut i = 0u64;
+    while out.len() < count {
+        let head = format!("cart/{i}-");
+        let id = format!("{head}{}", "x".repeat(id_bytes.saturating_sub(head.len())));
+        if rollcall_core::actor_shard(&id, shards) == 0 {
+            out.push(id);
+        }
+        i += 1;
+    }
+    out
+}

@@ -117,22 +117,6 @@ fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-/// The actor ids of shard 0 of `shards`, `id_bytes` long each: `cart/<i>-xx...`
-/// for the `i` whose id maps there.
-pub fn shard_zero_actors(count: usize, id_bytes: usize, shards: u32) -> Vec<String> {
-    let mut out = Vec::with_capacity(count);
-    let mut i = 0u64;
-    while out.len() < count {
-        let head = format!("cart/{i}-");
-        let id = format!("{head}{}", "x".repeat(id_bytes.saturating_sub(head.len())));
-        if rollcall_core::actor_shard(&id, shards) == 0 {
-            out.push(id);
-        }
-        i += 1;
-    }
-    out
-}
-
 fn main() {
     rollcall_tests::silo_process::log_warnings();
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -237,7 +221,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             let actors = if std::env::var_os("BACKLOG_ANY_SHARD").is_some() {
                 (0..count).map(|i| format!("cart/{i}")).collect()
             } else {
-                shard_zero_actors(count, id_bytes, shards)
+                rollcall_tests::silo_process::shard_zero_actors(count, id_bytes, shards)
             };
             // Due times from when registering began, so a slow registration
             // does not stretch the burst.
