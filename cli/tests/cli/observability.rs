@@ -512,8 +512,6 @@ fn dashboard_for_operators_in_a_real_browser_through_a_crash() {
     let profile = tempfile::tempdir().expect("profile dir");
     let screenshot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
 
-    // fantoccini's HTTP client is built with rustls, which wants a crypto provider.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     rt.block_on(async {
         let mut caps = serde_json::Map::new();
         caps.insert(
@@ -528,8 +526,7 @@ fn dashboard_for_operators_in_a_real_browser_through_a_crash() {
                 ],
             }),
         );
-        let client = ClientBuilder::rustls()
-            .expect("webdriver client")
+        let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
             .capabilities(caps)
             .connect(&format!("http://127.0.0.1:{driver_port}"))
             .await
