@@ -842,24 +842,55 @@ fn r13_crashes_repeat_no_tick_and_lose_only_inside_the_failover_window() {
     });
 }
 
-/// Random churn schedules in virtual time, one per seed (64, or
-/// `ROLLCALL_CHURN_SEEDS`): 3 silos to start with, 60 reminders with 1-s periods,
-/// then 6 events at random gaps of 0.2-6 s, so that some handoffs overlap: graceful
-/// leaves and joins (even seeds), or leaves, crashes and joins (odd seeds). No schedule may
-/// deliver an occurrence twice; a schedule of graceful leaves and joins whose
-/// events are at least 3 s apart may lose none; a crash may lose only occurrences
-/// inside its failover window.
+/// Random churn schedules in virtual time, one per seed: 3 silos to start
+/// with, 60 reminders with 1-s periods, then 6 events at random gaps of 0.2-6
+/// s, so that some handoffs overlap: graceful leaves and joins (even seeds), or
+/// leaves, crashes and joins (odd seeds). No schedule may deliver an occurrence
+/// twice; a schedule of graceful leaves and joins whose events are at least 3 s
+/// apart may lose none; a crash may lose only occurrences inside its failover
+/// window.
+///
+/// Seeds 0..64, a quarter per test (each quarter takes about 50 s of one
+/// core, so the four share the cores of a run); `ROLLCALL_CHURN_SEEDS=N`
+/// runs seeds 0..N instead, `=A..B` seeds A..B, all in the first quarter's
+/// test.
+fn r14_random_churn_schedules(quarter: u64) {
+    let seeds = match std::env::var("ROLLCALL_CHURN_SEEDS") {
+        Ok(s) if quarter > 0 && !s.is_empty() => return,
+        Ok(s) if !s.is_empty() => match s.split_once("..") {
+            Some((a, b)) => a.parse().unwrap_or(0)..b.parse().unwrap_or(64),
+            None => 0..s.parse().unwrap_or(64),
+        },
+        _ => quarter * 16..(quarter + 1) * 16,
+    };
+    churn_schedules(seeds);
+}
+
 #[test]
-fn r14_random_churn_schedules_never_repeat_a_tick() {
+fn r14_random_churn_schedules_never_repeat_a_tick_seeds_0_to_15() {
+    r14_random_churn_schedules(0);
+}
+
+#[test]
+fn r14_random_churn_schedules_never_repeat_a_tick_seeds_16_to_31() {
+    r14_random_churn_schedules(1);
+}
+
+#[test]
+fn r14_random_churn_schedules_never_repeat_a_tick_seeds_32_to_47() {
+    r14_random_churn_schedules(2);
+}
+
+#[test]
+fn r14_random_churn_schedules_never_repeat_a_tick_seeds_48_to_63() {
+    r14_random_churn_schedules(3);
+}
+
+/// The schedules of [`r14_random_churn_schedules`] for `seeds`.
+fn churn_schedules(seeds: std::ops::Range<u64>) {
     use rand::{Rng, SeedableRng};
     use rollcall_tests::reminders::{churn_report, Occurrence};
     const SECOND: Duration = Duration::from_secs(1);
-    // `ROLLCALL_CHURN_SEEDS=N` runs seeds 0..N, `=A..B` seeds A..B.
-    let seeds = std::env::var("ROLLCALL_CHURN_SEEDS").unwrap_or_default();
-    let seeds = match seeds.split_once("..") {
-        Some((a, b)) => a.parse().unwrap_or(0)..b.parse().unwrap_or(64),
-        None => 0..seeds.parse().unwrap_or(64),
-    };
     let mut failures = Vec::new();
     for seed in seeds {
         let failure = run_virtual(|| async move {
