@@ -116,8 +116,9 @@ async fn start(
     }
     let mut child = cmd.spawn().expect("spawn backlog-silo");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    // Registering a burst takes a while (20,000 one-shots beside a loaded
-    // container pass took over 75 s); it is due after that.
+    // Registering a burst takes a while under load (20,000 one-shots beside a
+    // loaded container pass took over 75 s, once over 195 s, before the
+    // mass-due test wrote its rows itself); it is due after that.
     let ready_within = Duration::from_secs(180) + burst.map_or(Duration::ZERO, |b| b.due);
     let address = tokio::time::timeout(ready_within, async {
         while let Ok(Some(line)) = lines.next_line().await {
