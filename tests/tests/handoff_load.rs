@@ -394,8 +394,9 @@ fn long_ids() -> Burst {
 /// watching the logs, came after 18,849 on a busy CI machine with instant
 /// handlers, and after 19,143 with these.) The one-shots are in the table
 /// before the silos start: registering 20,000 through a silo's service, each
-/// registration a notice to the shard's holder, took 10 s on an idle machine
-/// and over 195 s beside a loaded CI run, which this test is not about.
+/// registration a notice to the shard's holder, fitted in a whole run of 30 s
+/// on an idle machine but took over 195 s beside a loaded CI run, which this
+/// test is not about.
 fn mass_due() -> Burst {
     let full = std::env::var("ROLLCALL_HANDOFF_FULL").is_ok_and(|v| v == "1");
     let count = if full { 100_000 } else { 20_000 };
