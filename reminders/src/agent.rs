@@ -443,6 +443,11 @@ impl ReminderAgent {
                 metrics::counter!(crate::api::TICKS_DROPPED_METRIC, "service" => service, "silo" => silo)
                     .increment(1);
             }
+            Action::TicksSkipped(n) => {
+                let (service, silo) = self.metric_labels();
+                metrics::counter!(crate::api::TAKEOVER_SKIPPED_METRIC, "service" => service, "silo" => silo)
+                    .increment(n);
+            }
             Action::TickParked => {
                 let (service, silo) = self.metric_labels();
                 metrics::counter!(crate::api::TICKS_PARKED_METRIC, "service" => service, "silo" => silo)

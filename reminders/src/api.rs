@@ -492,6 +492,10 @@ pub const TICKS_DROPPED_METRIC: &str = "rollcall_reminder_ticks_dropped_total";
 /// reminder's [`RetryPolicy`] was spent (see [`RetryPolicy::park`]).
 #[cfg(feature = "runtime")]
 pub const TICKS_PARKED_METRIC: &str = "rollcall_reminder_ticks_parked_total";
+/// `metrics` counter (labels `service`, `silo`): occurrences a takeover's
+/// missed-tick policy skipped (see [`ReminderStats::takeover_skipped`]).
+#[cfg(feature = "runtime")]
+pub const TAKEOVER_SKIPPED_METRIC: &str = "rollcall_reminder_takeover_skipped_total";
 /// `metrics` gauge (labels `service`, `silo`): reminders in the ranges this silo
 /// owns, as of its last load.
 #[cfg(feature = "runtime")]
@@ -534,6 +538,14 @@ pub struct ReminderStats {
     /// Run-history records dropped: the append failed, or the queue of
     /// waiting records was full.
     pub runs_dropped: u64,
+    /// Occurrences a takeover's missed-tick policy skipped: those of a
+    /// `Skip` reminder (all but `FireOnce`'s catch-up) due after the cluster
+    /// saw the Dead holder Dead and before the takeover time, at most
+    /// [`MAX_SKIPPED_RECORDS`](crate::machine::MAX_SKIPPED_RECORDS) per reminder
+    /// and takeover; each is also in the reminder's run history as
+    /// `skipped`. Every occurrence at or after the takeover time is
+    /// delivered: this is what a crash cost.
+    pub takeover_skipped: u64,
 }
 
 /// The largest lateness the window tells apart (a day, ms); later ticks count
@@ -571,6 +583,7 @@ pub(crate) struct Counters {
     pub notices: AtomicU64,
     pub write_failures: AtomicU64,
     pub runs_dropped: AtomicU64,
+    pub takeover_skipped: AtomicU64,
     /// Lateness of the ticks delivered since the last
     /// [`take_lateness`](Counters::take_lateness), ms.
     pub lateness: std::sync::Mutex<Option<hdrhistogram::Histogram<u64>>>,
@@ -671,6 +684,7 @@ impl Counters {
             notices: g(&self.notices),
             write_failures: g(&self.write_failures),
             runs_dropped: g(&self.runs_dropped),
+            takeover_skipped: g(&self.takeover_skipped),
         }
     }
 }

@@ -10,8 +10,13 @@
 //!    exception, however old (a release's backlog is owed, not missed),
 //!    unless it was registered again since (another etag: it starts at its
 //!    own first tick);
-//!    after a takeover (the holder died) every reminder is planned by its
-//!    missed-tick policy from the takeover time; otherwise from its first
+//!    after a takeover (the holder died), until the acquire load ends, every
+//!    occurrence at or after the takeover time `T` is owed, in turn, however
+//!    late the load answers, and the missed-tick policy decides only what
+//!    fell due before `T` (`FireOnce`: the last such occurrence unless
+//!    `last_fired` says it was delivered; `Skip`: none, each skipped one
+//!    after the cluster saw the holder Dead counted and recorded); otherwise
+//!    from its first
 //!    occurrence after the watermark `W`. That first occurrence, when older
 //!    than [`MAX_CATCH_UP`] at the acquire, is planned by the policy instead (a
 //!    shard nobody held for long). A one-shot whose only occurrence is at or before
@@ -51,7 +56,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use rollcall_core::lease::LeaseException;
-use rollcall_core::{ReminderEntry, Timestamp};
+use rollcall_core::{MissedTickPolicy, ReminderEntry, Timestamp};
 
 use crate::queue::Key;
 use crate::schedule::Timing;
@@ -173,6 +178,9 @@ impl HeldShard {
 
     /// Rule 1: where reminder `key` with `timing` starts at `now`.
     pub fn start(&self, key: &Key, timing: &Timing, now: Timestamp) -> Start {
+        if let Some(t) = self.takeover.filter(|_| !self.loaded) {
+            return HeldShard::start_after_takeover(timing, t);
+        }
         // After a crash nothing is planned before the takeover time.
         let from = self.takeover.map_or(now, |t| t.max(now));
         if !self.loaded {
@@ -221,6 +229,59 @@ impl HeldShard {
             Some(at) if now.saturating_duration_since(at) <= MAX_CATCH_UP => Start::Owed(at),
             _ => Start::Plan(from),
         }
+    }
+
+    /// Rule 1 after a takeover at `t`, until the acquire load ends: the Dead
+    /// holder delivered nothing at or after `t` (its fence ended before), so
+    /// the first occurrence at or after `t` is owed, and every later one in
+    /// turn, however late the load answers. Before `t` the missed-tick policy
+    /// decides: `FireOnce` owes the last occurrence before `t` unless
+    /// `last_fired` says it was delivered, `Skip` nothing
+    /// ([`skipped`](Self::skipped) lists what it skips). A one-shot whose row
+    /// exists is owed (its removal had not landed, or it was never
+    /// delivered: a crash may repeat it).
+    pub fn start_after_takeover(timing: &Timing, t: Timestamp) -> Start {
+        let before = Timestamp::from_millis(t.as_millis().saturating_sub(1));
+        if timing.is_one_shot() {
+            return Start::Owed(timing.start_at);
+        }
+        if timing.missed_tick_policy == MissedTickPolicy::FireOnce {
+            if let Some(last) = timing.at_or_before(before) {
+                if timing.last_fired.is_none_or(|f| f < last) {
+                    return Start::Owed(last);
+                }
+            }
+        }
+        match timing.after(before) {
+            Some(at) => Start::Owed(at),
+            None => Start::Delivered,
+        }
+    }
+
+    /// Rule 1: the occurrences of a reminder the missed-tick policy skips at
+    /// a takeover at `t`: those in `[from, t)` (`from`: when the cluster saw
+    /// the holder Dead, the takeover's fence less the lease period and the
+    /// clock bound) that [`start_after_takeover`](Self::start_after_takeover)
+    /// does not owe, the earliest first, at most `limit`. A one-shot skips
+    /// nothing. Occurrences between the holder's crash and `from` are not
+    /// listed: the Dead holder may have delivered them.
+    pub fn skipped(timing: &Timing, from: Timestamp, t: Timestamp, limit: usize) -> Vec<Timestamp> {
+        if timing.is_one_shot() || from >= t {
+            return Vec::new();
+        }
+        let owed = match HeldShard::start_after_takeover(timing, t) {
+            Start::Owed(at) => Some(at),
+            _ => None,
+        };
+        let mut out = Vec::new();
+        let mut next = timing.after(Timestamp::from_millis(from.as_millis().saturating_sub(1)));
+        while let Some(at) = next.filter(|at| *at < t && out.len() < limit) {
+            if Some(at) != owed {
+                out.push(at);
+            }
+            next = timing.after(at);
+        }
+        out
     }
 
     /// Rule 1, for a registration that changed during the handoff: forgets
@@ -441,10 +502,65 @@ mod tests {
         assert_eq!(h.start(&key(), &every_10s, hour_later), Start::Owed(t(20_000)));
     }
 
+    /// After a crash everything from the takeover time on is owed, the
+    /// occurrence at the takeover time included, however late the load
+    /// answers; before it, `Skip` owes nothing and `FireOnce` the last one
+    /// unless `last_fired` says it was delivered.
     #[test]
-    fn a_takeover_plans_from_the_takeover_time_and_a_loaded_shard_from_now() {
+    fn a_takeover_owes_every_occurrence_from_the_takeover_time_on() {
         let every_10s = Timing::of(&row(0, Some(10_000))).unwrap();
-        let h = HeldShard::acquired(2, Some(t(1_000)), Some(t(50_000)), HashMap::new());
+        let h = HeldShard::acquired(2, Some(t(49_999)), Some(t(50_000)), HashMap::new());
+        assert_eq!(h.start(&key(), &every_10s, t(40_000)), Start::Owed(t(50_000)));
+        assert_eq!(
+            h.start(&key(), &every_10s, t(75_000)),
+            Start::Owed(t(50_000)),
+            "a load that answers 25 s after T owes from T"
+        );
+        let late = HeldShard::acquired(2, Some(t(50_000)), Some(t(50_001)), HashMap::new());
+        assert_eq!(late.start(&key(), &every_10s, t(50_001)), Start::Owed(t(60_000)));
+        let hour = t(50_000).saturating_add(Duration::from_secs(3_600));
+        assert_eq!(
+            h.start(&key(), &every_10s, hour),
+            Start::Owed(t(50_000)),
+            "owed however old: MAX_CATCH_UP is for shards nobody held"
+        );
+        let mut fire_once = every_10s.clone();
+        fire_once.missed_tick_policy = MissedTickPolicy::FireOnce;
+        assert_eq!(h.start(&key(), &fire_once, t(40_000)), Start::Owed(t(40_000)));
+        fire_once.last_fired = Some(t(40_005));
+        assert_eq!(h.start(&key(), &fire_once, t(40_000)), Start::Owed(t(50_000)));
+        let once = Timing::of(&row(10_000, None)).unwrap();
+        assert_eq!(h.start(&key(), &once, t(60_000)), Start::Owed(t(10_000)));
+        let mut ended = Timing::of(&row(0, Some(10_000))).unwrap();
+        ended.end_at = Some(t(45_000));
+        assert_eq!(h.start(&key(), &ended, t(60_000)), Start::Delivered);
+    }
+
+    #[test]
+    fn a_takeover_lists_what_the_policy_skips_between_the_death_and_t() {
+        let every_1s = Timing::of(&row(0, Some(1_000))).unwrap();
+        assert_eq!(
+            HeldShard::skipped(&every_1s, t(47_500), t(50_000), 16),
+            vec![t(48_000), t(49_000)],
+            "T itself is owed, not skipped"
+        );
+        assert_eq!(HeldShard::skipped(&every_1s, t(47_000), t(50_000), 2).len(), 2);
+        let mut fire_once = every_1s.clone();
+        fire_once.missed_tick_policy = MissedTickPolicy::FireOnce;
+        assert_eq!(
+            HeldShard::skipped(&fire_once, t(47_500), t(50_000), 16),
+            vec![t(48_000)],
+            "FireOnce's catch-up is owed"
+        );
+        let once = Timing::of(&row(48_000, None)).unwrap();
+        assert!(HeldShard::skipped(&once, t(47_500), t(50_000), 16).is_empty());
+    }
+
+    #[test]
+    fn a_loaded_takeover_plans_from_the_takeover_time_and_a_loaded_shard_from_now() {
+        let every_10s = Timing::of(&row(0, Some(10_000))).unwrap();
+        let mut h = HeldShard::acquired(2, Some(t(1_000)), Some(t(50_000)), HashMap::new());
+        h.loaded = true;
         assert_eq!(h.start(&key(), &every_10s, t(40_000)), Start::Plan(t(50_000)));
         let mut loaded = HeldShard::acquired(2, Some(t(1_000)), None, HashMap::new());
         loaded.loaded = true;

@@ -16,10 +16,11 @@
 //! 3. **Load.** After acquiring, the shard's rows are read and scheduled from
 //!    the lease: after its watermark `W` (its exceptions from their own
 //!    occurrence) when the row was released, from the takeover time when its
-//!    owner died (`Skip` / `FireOnce` decide what the crash window owes). With
+//!    owner died (`Skip` / `FireOnce` decide only what fell due before it). With
 //!    fencing on, the takeover time is a lease period `L` plus the cluster's
 //!    `max_clock_offset` after this silo first saw the owner Dead: the load
-//!    runs during that wait, and nothing is planned before its end.
+//!    runs during that wait, and every occurrence from its end on is owed,
+//!    however late the load answers (`handoff`, rule 1).
 //! 4. **Release** a shard that is no longer wanted: stop delivering, then
 //!    compare-and-set `W = max(W, started through)` with the exceptions,
 //!    `listed_from` (`W` less `max_clock_offset`: every row whose first
@@ -63,16 +64,20 @@
 //! late messages arrive; a release owes however many reminders are owed (the
 //! lease row's pages hold what the row does not) and waits for the
 //! deliveries in flight first (`handoff`, rule 2).
-//! After a crash the successor starts at its takeover time, after the Dead
-//! holder stopped (rule 5), and what fell due in the crash window follows the
-//! missed-tick policy. **What repeats after a crash:** a one-shot or a
-//! `FireOnce` catch-up the Dead holder delivered whose removal or `last_fired`
-//! write had not landed yet (normally those of its last moments; during a
-//! store outage, every such write still queued) is delivered again, and so
-//! is a one-shot whose removal it had taken over from a holder that left
-//! during a store outage (a leave does not wait for its queued writes); no
-//! periodic or cron occurrence is. Every delivery of one occurrence carries
-//! the same `ReminderTick::occurrence_id()`: a handler that records the ids it
+//! After a crash the successor starts at its takeover time `T`, after the
+//! Dead holder stopped (rule 5): every occurrence due at or after `T` is
+//! delivered, under every missed-tick policy. **What a crash may skip:** the
+//! occurrences due before `T` that the Dead holder did not deliver (from its
+//! crash on: at most the detection time plus `lease_period` plus
+//! `max_clock_offset`), all of them under `Skip` and all but the last under
+//! `FireOnce`; those due after the cluster saw it Dead are counted in
+//! `takeover_skipped` and recorded `skipped` in their run history. **What a
+//! crash may repeat:** a one-shot, or a `FireOnce` reminder's last occurrence
+//! before `T`, that the Dead holder delivered but whose removal or `last_fired`
+//! write had not landed (normally those of its last moments; during a store
+//! outage, every such write still queued), and a one-shot whose removal it had
+//! taken over from a holder that left during a store outage; no other periodic
+//! or cron occurrence. Every delivery of one occurrence carries the same `ReminderTick::occurrence_id()`: a handler that records the ids it
 //! handled drops the repeat. Delivery is at least once after a crash, exactly
 //! once on graceful churn.
 //!

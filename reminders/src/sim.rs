@@ -189,6 +189,9 @@ struct Node {
     cut_until: u64,
     /// How far its clock is ahead of the world's, ms (negative: behind).
     offset: i64,
+    /// Added to the latency of each of its reminder-row reads (a row, a
+    /// piece of a load), ms: a slow store as this silo sees it.
+    read_delay: u64,
 }
 
 enum Ev {
@@ -243,6 +246,10 @@ pub struct World {
     pub failed: std::collections::BTreeSet<((String, String), Timestamp)>,
     /// Largest number of deliveries, writes and notice reads in flight on one silo.
     pub max_in_flight: (usize, usize, usize),
+    /// Takeovers, as the silos published them: (silo, shard, takeover time
+    /// on that silo's clock). From then on the Dead holder delivers nothing
+    /// of the shard, so every occurrence at or after it is owed.
+    pub takeovers: Vec<(usize, u32, Timestamp)>,
     /// Messages the transport refused for their size (over
     /// `MAX_NOTICE_BODY` bytes): lost, as on a real silo.
     pub oversized: usize,
@@ -293,6 +300,7 @@ impl World {
             joins: Vec::new(),
             failed: Default::default(),
             max_in_flight: (0, 0, 0),
+            takeovers: Vec::new(),
             oversized: 0,
             watch: std::env::var("ROLLCALL_SIM_WATCH").ok(),
         }
@@ -363,6 +371,7 @@ impl World {
             timers: HashMap::new(),
             cut_until: 0,
             offset,
+            read_delay: 0,
         });
         let now = self.sched.time();
         self.members.insert(addr, (SiloStatus::Active, now));
@@ -796,6 +805,13 @@ impl World {
         self.nodes[i].offset = ms;
     }
 
+    /// Every reminder-row read of silo `i` (a notice's row, a load's piece)
+    /// from now on answers `ms` later than it would: a store slow for it.
+    /// The rows are read when asked; the answer arrives late.
+    pub fn slow_reads(&mut self, i: usize, ms: u64) {
+        self.nodes[i].read_delay = ms;
+    }
+
     /// Silo `i`'s clock now.
     fn clock_of(&self, i: usize) -> Timestamp {
         let t = self.sched.time().as_millis();
@@ -849,6 +865,7 @@ impl World {
             Action::ReadRow { lease_epoch, key } => {
                 let table = self.table.clone();
                 let (lat, result) = self.table_call(i, table.read_row(key.actor(), key.name()));
+                let lat = lat + self.nodes[i].read_delay;
                 self.sched.push(
                     lat,
                     i,
@@ -862,6 +879,7 @@ impl World {
             Action::ReadPiece { load, piece, width } => {
                 let table = self.table.clone();
                 let (lat, result) = self.table_call(i, table.read_rows_in_range(piece.begin, piece.end));
+                let lat = lat + self.nodes[i].read_delay;
                 let event = Event::PieceRead {
                     load,
                     piece,
@@ -979,13 +997,24 @@ impl World {
             Action::CancelTimer(timer) => {
                 self.nodes[i].timers.remove(&timer);
             }
-            Action::Held(_) => {}
+            Action::Held(held) => {
+                for (k, t) in held.not_before {
+                    if !self
+                        .takeovers
+                        .iter()
+                        .any(|(s, shard, at)| *s == i && *shard == k && *at == t)
+                    {
+                        self.takeovers.push((i, k, t));
+                    }
+                }
+            }
             Action::LeaveDone
             | Action::Loaded
             | Action::TickDelivered { .. }
             | Action::Owned(_)
             | Action::TickDropped
-            | Action::TickParked => {}
+            | Action::TickParked
+            | Action::TicksSkipped(_) => {}
         }
     }
 

@@ -10,7 +10,7 @@ use smol_str::SmolStr;
 
 use super::{backoff, Action, Key, ReminderMachine, Timer};
 use crate::api::{ActorId, Counters, ReminderTick};
-use crate::handoff::Start;
+use crate::handoff::{HeldShard, Start, MAX_CATCH_UP};
 use crate::queue::{key_of, kind_of};
 use crate::schedule::{after_attempt, plan, AfterAttempt, Learned, Planned, Timing};
 
@@ -20,6 +20,10 @@ pub const MAX_DELIVERIES: usize = 1024;
 /// How long an overdue tick found by a load outside a handoff waits before
 /// delivery (a registration rewritten meanwhile is read first): 1 s.
 pub const LOAD_GRACE: Duration = Duration::from_secs(1);
+/// The most occurrences of one reminder a takeover records as skipped by
+/// its missed-tick policy (run history and `ReminderStats::takeover_skipped`):
+/// 16.
+pub const MAX_SKIPPED_RECORDS: usize = 16;
 /// How long a due tick of a shard that may not deliver yet (its load runs)
 /// waits before it is looked at again: 100 ms.
 const SHARD_RECHECK: Duration = Duration::from_millis(100);
@@ -59,6 +63,15 @@ impl ReminderMachine {
             return;
         }
         let (loaded, takeover) = (held.loaded, held.takeover.is_some());
+        // A takeover's acquire load: what the missed-tick policy skips before
+        // the takeover time (rule 1 of `handoff`), counted and recorded.
+        let skipped = match held.takeover.filter(|_| !loaded) {
+            Some(t) => {
+                let wait = self.options.lease_period + self.max_clock_offset;
+                HeldShard::skipped(&timing, t.saturating_sub(wait), t, MAX_SKIPPED_RECORDS)
+            }
+            None => Vec::new(),
+        };
         // A release owes every occurrence up to its watermark, which the
         // releasing silo's clock set: one ahead of this silo's sets it past
         // now, and those occurrences are owed all the same.
@@ -125,6 +138,15 @@ impl ReminderMachine {
             return;
         };
         self.queue.set(&row, &timing, next, self.notices.changes());
+        if !skipped.is_empty() {
+            self.counters
+                .takeover_skipped
+                .fetch_add(skipped.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            self.out.push(Action::TicksSkipped(skipped.len() as u64));
+            for at in skipped {
+                self.record_run(&key, at, 0, RunOutcome::Skipped);
+            }
+        }
         if catch_up {
             if let Some(slot) = self.queue.get_mut(&key) {
                 slot.catch_up_to = owed_through;
@@ -193,7 +215,11 @@ impl ReminderMachine {
                     slot.delivering = false;
                     self.queue.hold(&key);
                 } else {
+                    // Held back until the shard may deliver (its load, its
+                    // takeover time): owed in turn until then, not skipped
+                    // as a handler's overrun would be.
                     let due = now.saturating_add(SHARD_RECHECK);
+                    slot.catch_up_to = slot.catch_up_to.max(due);
                     self.queue.requeue(&key, Planned { scheduled, due });
                 }
                 continue;
@@ -316,6 +342,13 @@ impl ReminderMachine {
         if slot.policy == MissedTickPolicy::FireOnce {
             slot.last_fired = now;
             self.writes.fired(key, etag.clone(), now);
+        }
+        if scheduled < slot.catch_up_to && now.saturating_duration_since(scheduled) <= MAX_CATCH_UP {
+            // A catch-up goes on in turn through what fell due while its own
+            // deliveries ran, while it stays within `MAX_CATCH_UP` of the
+            // present (a handler slower than the period falls behind for
+            // ever: past that, it skips what it overran as usual).
+            slot.catch_up_to = slot.catch_up_to.max(now);
         }
         // Every slot of a held shard stays in memory: a release reads what it
         // owes from them.

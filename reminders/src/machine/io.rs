@@ -210,4 +210,7 @@ pub enum Action {
     TickDropped,
     /// A tick was parked by its reminder's retry policy (for the metrics).
     TickParked,
+    /// A takeover's missed-tick policy skipped this many occurrences of one
+    /// reminder (`ReminderStats::takeover_skipped`): count them.
+    TicksSkipped(u64),
 }

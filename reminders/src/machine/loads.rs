@@ -427,8 +427,18 @@ impl ReminderMachine {
                     held.loaded = true;
                     held.exceptions.clear();
                     let waiting = std::mem::take(&mut held.waiting);
+                    let now = self.now;
                     for key in waiting {
-                        if let Some(next) = self.queue.get(&key).map(|s| s.next) {
+                        if let Some(slot) = self.queue.get_mut(&key) {
+                            // An occurrence that fell due while the load ran
+                            // waited for it, not for a handler: it goes on in
+                            // turn through what fell due until now (a slow
+                            // store; a takeover owes everything from its
+                            // takeover time on).
+                            if slot.next.scheduled < now {
+                                slot.catch_up_to = slot.catch_up_to.max(now);
+                            }
+                            let next = slot.next;
                             self.queue.requeue(&key, next);
                         }
                     }

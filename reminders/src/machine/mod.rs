@@ -58,7 +58,7 @@ pub use crate::handoff::{HeldShard, Pause, INACTIVE_RECHECK, MAX_CATCH_UP};
 pub use crate::queue::Key;
 use crate::queue::Queue;
 use crate::shards::{shard_range, ShardAction, ShardEvent, ShardMachine, ShardOptions};
-pub use deliveries::{LOAD_GRACE, MAX_DELIVERIES};
+pub use deliveries::{LOAD_GRACE, MAX_DELIVERIES, MAX_SKIPPED_RECORDS};
 pub use io::{Action, Event, Inbound, Timer};
 use lease_calls::LeaseCalls;
 pub use lease_calls::MAX_LEASE_CALLS;
