@@ -216,6 +216,14 @@ pub struct ShardLease {
     /// a row no release wrote.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listed_from: Option<Timestamp>,
+    /// Set when a silo that took the shard over from its Dead holder gives
+    /// it back before its load ended (the row names the Dead holder again):
+    /// that takeover's time (UTC ms), after which the Dead holder provably
+    /// delivered nothing (its lease fence had ended). The next silo to take
+    /// the shard over owes every occurrence from it on, whatever its own
+    /// fence. `None` on every other row; cleared by the next acquire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced_from: Option<Timestamp>,
     /// The etag as last read or written (not stored in the row).
     #[serde(skip)]
     pub etag: Etag,
@@ -233,6 +241,7 @@ impl ShardLease {
             exceptions: Vec::new(),
             read_from: None,
             listed_from: None,
+            fenced_from: None,
             etag: Etag::default(),
         }
     }

@@ -27,7 +27,8 @@
 //!    occurrence is at or after it is named, so an unnamed one there is a
 //!    registration the release never saw) and `Released`. A shard given up before its load finished is written back
 //!    as acquired (it delivered nothing): Released, or after a takeover Owned
-//!    by the Dead holder again, so the next holder takes it over in turn.
+//!    by the Dead holder again, so the next holder takes it over in turn,
+//!    owing from this takeover's time (the row's `fenced_from`).
 //! 5. **Fence.** A failed compare-and-set on a held shard means another epoch
 //!    holds it: the silo stops delivering there at once. With fencing on, a
 //!    silo delivers only while it confirmed its own membership row Active
@@ -737,7 +738,14 @@ impl ShardMachine {
             // Never before the row's watermark: a takeover of a takeover
             // keeps the first one's fence.
             let after_w = lease.watermark.map(|w| after(w, Duration::from_millis(1)));
-            takeover = Some(fence.max(now).max(after_w.unwrap_or(now)));
+            takeover = Some(match lease.fenced_from {
+                // Given back by a silo that took it over: the Dead holder
+                // stopped before that takeover's time, and everything from
+                // it on is owed (a later fence of this silo's would lose
+                // what fell due between the two).
+                Some(t) => t.max(after_w.unwrap_or(t)),
+                None => fence.max(now).max(after_w.unwrap_or(now)),
+            });
         }
         self.acquire(k, lease, takeover, out);
     }
@@ -753,6 +761,7 @@ impl ShardMachine {
             epoch: lease.epoch + 1,
             owner: Some(self.me),
             status: LeaseStatus::Owned,
+            fenced_from: None,
             ..lease
         };
         self.taken_from.remove(&k);
@@ -872,11 +881,13 @@ impl ShardMachine {
     /// Dead holder again (at this epoch, with the takeover's watermark), so
     /// that the next holder takes it over too and plans by the missed-tick
     /// policy (a release would say everything up to the watermark was
-    /// delivered, and a `FireOnce` catch-up would be lost).
+    /// delivered, and a `FireOnce` catch-up would be lost), from this
+    /// takeover's time (`fenced_from`), not from a later fence of its own.
     fn give_back(&mut self, k: u32, lease: ShardLease, out: &mut Vec<ShardAction>) {
         let back = match self.taken_from.remove(&k) {
             Some(dead) => ShardLease {
                 owner: Some(dead),
+                fenced_from: lease.watermark.map(|w| after(w, Duration::from_millis(1))),
                 ..lease
             },
             None => ShardLease {

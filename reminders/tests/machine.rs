@@ -392,10 +392,28 @@ fn assert_explained(w: &World, cfg: &Config, end: u64, what: &str) -> Result<(),
             // An occurrence handed over to the crashed silo is delivered once
             // its view shows the handoff (up to a view's spread later): a crash
             // within that much more than a period after it takes it down.
+            // Not past a takeover of its shard after the crash: the Dead
+            // holder stopped before the takeover time, and the successor owes
+            // every occurrence from then on (a later fault has its own window).
+            let shard = rollcall_core::actor_shard(&r.0, cfg.shards);
             let crash = w.crashes.iter().any(|c| {
+                // After it was declared Dead, by another silo that was not
+                // itself down by then.
+                let taken_over = w.takeovers.iter().any(|(taker, k, at)| {
+                    *taker != c.silo
+                        && *k == shard
+                        && c.declared
+                            .is_some_and(|d| at.as_millis() > World::time_at(d).as_millis())
+                        && at <= t
+                        && !w
+                            .crashes
+                            .iter()
+                            .any(|d| d.silo == *taker && d.at <= ms + period + cfg.view_spread)
+                });
                 c.owned.contains(r)
                     && ms + period + cfg.view_spread >= c.at
                     && ms <= failover_end(w, c.declared.unwrap_or(u64::MAX), failover)
+                    && !taken_over
             });
             // An outage also takes down what a handoff that started up to a
             // view's spread before it still had to load.

@@ -758,6 +758,50 @@ fn the_takeover_fence_includes_the_clock_bound() {
     );
 }
 
+/// A shard given back by a silo that took it over before its load ended
+/// names the Dead holder again with that takeover's time (`fenced_from`):
+/// the next taker owes everything from that time on, not from its own later
+/// fence (what fell due between the two would be lost), and clears it.
+#[test]
+fn a_shard_given_back_during_a_takeover_is_owed_from_the_first_takeover_time() {
+    let me = silo(0);
+    let (mut m, view) = one_shard(true, Duration::from_millis(15), SiloStatus::Dead);
+    m.handle(ts(100), ShardEvent::View(view));
+    let given_back = ShardLease {
+        epoch: 5,
+        owner: Some(silo(1)),
+        status: LeaseStatus::Owned,
+        watermark: Some(ts(69)),
+        fenced_from: Some(ts(70)),
+        etag: Etag::new("7"),
+        ..ShardLease::vacant(0)
+    };
+    let a = m.handle(
+        ts(110),
+        ShardEvent::Read {
+            shard: 0,
+            result: Ok(given_back),
+        },
+    );
+    let Some(ShardAction::Write(w)) = a.into_iter().find(|x| matches!(x, ShardAction::Write(_))) else {
+        panic!("acquires at once");
+    };
+    assert_eq!((w.epoch, w.owner, w.watermark), (6, Some(me), Some(ts(69))));
+    assert_eq!(w.fenced_from, None, "the acquire clears it");
+    let a = m.handle(
+        ts(112),
+        ShardEvent::Written {
+            shard: 0,
+            result: Ok(Ok(Etag::new("8"))),
+        },
+    );
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, ShardAction::Load { takeover: Some(t), .. } if *t == ts(70))),
+        "owed from the first takeover time, not this silo's fence at 150 ms: {a:?}"
+    );
+}
+
 /// Rule 9: a silo whose clock goes beyond the bound stops and releases the
 /// shards it holds (a graceful handoff: its successor owes nothing to the
 /// clock), takes none while beyond, and takes its shards again once back.
