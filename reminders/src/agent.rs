@@ -23,6 +23,8 @@ use crate::machine::{Action, Event, Inbound, ReminderMachine, Timer, NOTICE_QUEU
 use crate::shards::ShardEvent;
 
 pub(crate) struct ReminderAgent {
+    /// This service's id claimed on its silo, given back when it stops.
+    pub claim: Option<crate::service::Claim>,
     pub silo: SiloHandle,
     pub table: Arc<dyn ReminderTable>,
     /// The service's parked table (`None` when its id is too long for one).
@@ -54,6 +56,8 @@ impl Actor for ReminderAgent {
         // A stopped service holds nothing (its silo stopped: left, or read
         // itself Dead).
         self.held.send_replace(crate::api::Held::default());
+        // Another service of this id may start on this silo now.
+        self.claim = None;
     }
 
     fn started(&mut self, ctx: &mut Context<Self>) {

@@ -472,6 +472,19 @@ pub enum ReminderError {
     /// The reminder service (or its silo) stopped.
     #[error("the reminder service stopped")]
     Stopped,
+    /// A reminder service of this id already runs on this silo: two would
+    /// both deliver the shards they hold and both answer `fence()`. Start
+    /// one per service id per silo and share its
+    /// [`Reminders`](crate::Reminders) handle (a cheap clone). A service runs
+    /// until its silo stops, whether or not a handle is kept; a new silo (a
+    /// new generation, after a restart) starts its own.
+    #[error("reminder service `{service}` already runs on silo {silo}")]
+    AlreadyRunning {
+        /// The service id.
+        service: String,
+        /// The silo (`ip:port@generation`).
+        silo: String,
+    },
 }
 
 /// How late a delivered tick may complete after its occurrence before it counts in

@@ -106,13 +106,22 @@ impl RemindersBuilder {
     /// other than the one the service was first started with
     /// ([`Error::InvalidConfig`](rollcall_core::Error::InvalidConfig)
     /// naming both), or a table that stays unreachable for
-    /// `initialization_timeout`; [`ReminderError::Stopped`] if the silo stopped.
+    /// `initialization_timeout`; [`ReminderError::Stopped`] if the silo stopped;
+    /// [`ReminderError::AlreadyRunning`] if a service of this id runs on this
+    /// silo already (one per id per silo, for the silo's life).
     pub async fn start(self) -> Result<Reminders, ReminderError> {
         self.options.validate()?;
         let service_id = self
             .service_id
             .unwrap_or_else(|| self.silo.cluster_id().to_owned());
         rollcall_core::validate_id("service_id", &service_id)?;
+        // One service per id per silo, claimed until its agent stops (or
+        // this start fails).
+        let claim =
+            Claim::take(self.silo.address(), &service_id).ok_or_else(|| ReminderError::AlreadyRunning {
+                service: service_id.clone(),
+                silo: self.silo.address().to_string(),
+            })?;
         let table = self.store.reminder_table(&service_id)?;
         let parked_id = rollcall_core::parked_service_id(&service_id);
         let parked = rollcall_core::validate_id("service_id", &parked_id)
@@ -169,6 +178,7 @@ impl RemindersBuilder {
         let counters = machine.counters();
         let (held_tx, held) = tokio::sync::watch::channel(crate::api::Held::default());
         let agent = ReminderAgent {
+            claim: Some(claim),
             held: held_tx,
             silo: self.silo.clone(),
             table: table.clone(),
@@ -242,6 +252,31 @@ impl RemindersBuilder {
                 _leave_hook: leave_hook,
             }),
         })
+    }
+}
+
+/// The reminder services running in this process, by silo (its address,
+/// generation included) and service id: one per id per silo.
+static RUNNING: std::sync::Mutex<std::collections::BTreeSet<(SiloAddress, String)>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+/// A service id claimed on a silo ([`RUNNING`]) until dropped.
+pub(crate) struct Claim(SiloAddress, String);
+
+impl Claim {
+    /// Claims `service` on `silo`; `None` when a service of that id runs there.
+    fn take(silo: SiloAddress, service: &str) -> Option<Claim> {
+        let mut running = RUNNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        running
+            .insert((silo, service.to_owned()))
+            .then(|| Claim(silo, service.to_owned()))
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut running = RUNNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        running.remove(&(self.0, std::mem::take(&mut self.1)));
     }
 }
 

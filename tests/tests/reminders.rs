@@ -1023,7 +1023,9 @@ fn churn_schedules(seeds: std::ops::Range<u64>) {
 
 /// The first silo to start a reminder service records its shard count; a silo
 /// that starts the service with another count is refused with a typed error
-/// naming both, and one with the same count starts.
+/// naming both, and one with the same count starts. A second service of one
+/// id on one silo is refused (both would deliver and answer `fence()`), also
+/// once the first handle is dropped: the service runs until its silo stops.
 #[actix::test]
 async fn a_service_started_with_another_shard_count_is_refused() {
     let store: rollcall_tests::Store = std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new());
@@ -1046,11 +1048,17 @@ async fn a_service_started_with_another_shard_count_is_refused_on_redis() {
 async fn another_shard_count_is_refused(store: rollcall_tests::Store) {
     use rollcall_core::{Error, Silo};
     use rollcall_reminders::{ReminderError, Reminders};
-    let silo = Silo::builder(store.clone(), rollcall_tests::unique_id("shards"))
+    let cluster = rollcall_tests::unique_id("shards");
+    let silo = Silo::builder(store.clone(), cluster.clone())
         .listen("127.0.0.1:0".parse().unwrap())
         .start()
         .await
         .expect("silo joins");
+    let other = Silo::builder(store.clone(), cluster)
+        .listen("127.0.0.1:0".parse().unwrap())
+        .start()
+        .await
+        .expect("a second silo joins");
     let service = rollcall_tests::unique_id("orders");
     let first = Reminders::builder(&silo, store.clone())
         .service_id(&service)
@@ -1058,7 +1066,7 @@ async fn another_shard_count_is_refused(store: rollcall_tests::Store) {
         .start()
         .await
         .expect("the first start records 64 shards");
-    match Reminders::builder(&silo, store.clone())
+    match Reminders::builder(&other, store.clone())
         .service_id(&service)
         .shards(128)
         .start()
@@ -1071,14 +1079,41 @@ async fn another_shard_count_is_refused(store: rollcall_tests::Store) {
         Err(other) => panic!("another shard count must be InvalidConfig: {other}"),
         Ok(_) => panic!("another shard count must be refused"),
     }
-    let again = Reminders::builder(&silo, store.clone())
+    let again = Reminders::builder(&other, store.clone())
         .service_id(&service)
         .shards(64)
         .start()
         .await
         .expect("the same count starts");
-    drop((first, again));
+    match Reminders::builder(&silo, store.clone())
+        .service_id(&service)
+        .shards(64)
+        .start()
+        .await
+    {
+        Err(ReminderError::AlreadyRunning { service: s, silo: a }) => {
+            assert_eq!((s, a), (service.clone(), silo.address().to_string()));
+        }
+        Err(other) => panic!("a second service of one id on one silo must be AlreadyRunning: {other}"),
+        Ok(_) => panic!("a second service of one id on one silo must be refused"),
+    }
+    // The service runs until its silo stops, handle or not: dropping the
+    // first handle frees nothing, and a start is still refused.
+    drop(first);
+    assert!(
+        matches!(
+            Reminders::builder(&silo, store.clone())
+                .service_id(&service)
+                .shards(64)
+                .start()
+                .await,
+            Err(ReminderError::AlreadyRunning { .. })
+        ),
+        "refused while the first service's agent runs"
+    );
+    drop(again);
     silo.shutdown().await.unwrap();
+    other.shutdown().await.unwrap();
 }
 
 /// A UTC instant from an RFC 3339 text.
