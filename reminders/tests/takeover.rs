@@ -37,13 +37,7 @@ fn rows(actors: u32, start: Timestamp, one_shot_span: u64) -> Vec<ReminderEntry>
         rows.push(cron);
         for i in 0..one_shot_span / 100 {
             let at = start.saturating_add(Duration::from_millis(i * 100 + u64::from(a)));
-            rows.push(ReminderEntry::new(
-                SERVICE,
-                &actor,
-                &format!("once-{i}"),
-                at,
-                None,
-            ));
+            rows.push(ReminderEntry::new(SERVICE, &actor, format!("once-{i}"), at, None));
         }
     }
     rows
