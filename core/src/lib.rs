@@ -62,7 +62,7 @@ pub mod transport;
 #[cfg(feature = "runtime")]
 pub use agents::{
     LeaveHookGuard, LeaveWork, MembershipChanged, Notice, NoticeReceiver, NoticesDropped, OnDeclaredDead,
-    Silo, SiloBuilder, SiloHandle, Subscription,
+    Silo, SiloBuilder, SiloClaim, SiloHandle, Subscription,
 };
 #[cfg(feature = "runtime")]
 pub use error::{bounded, retry_transient};

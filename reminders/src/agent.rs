@@ -24,7 +24,7 @@ use crate::shards::ShardEvent;
 
 pub(crate) struct ReminderAgent {
     /// This service's id claimed on its silo, given back when it stops.
-    pub claim: Option<crate::service::Claim>,
+    pub claim: Option<rollcall_core::SiloClaim>,
     pub silo: SiloHandle,
     pub table: Arc<dyn ReminderTable>,
     /// The service's parked table (`None` when its id is too long for one).

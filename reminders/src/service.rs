@@ -117,8 +117,10 @@ impl RemindersBuilder {
         rollcall_core::validate_id("service_id", &service_id)?;
         // One service per id per silo, claimed until its agent stops (or
         // this start fails).
-        let claim =
-            Claim::take(self.silo.address(), &service_id).ok_or_else(|| ReminderError::AlreadyRunning {
+        let claim = self
+            .silo
+            .claim(&format!("reminders/{service_id}"))
+            .ok_or_else(|| ReminderError::AlreadyRunning {
                 service: service_id.clone(),
                 silo: self.silo.address().to_string(),
             })?;
@@ -252,31 +254,6 @@ impl RemindersBuilder {
                 _leave_hook: leave_hook,
             }),
         })
-    }
-}
-
-/// The reminder services running in this process, by silo (its address,
-/// generation included) and service id: one per id per silo.
-static RUNNING: std::sync::Mutex<std::collections::BTreeSet<(SiloAddress, String)>> =
-    std::sync::Mutex::new(std::collections::BTreeSet::new());
-
-/// A service id claimed on a silo ([`RUNNING`]) until dropped.
-pub(crate) struct Claim(SiloAddress, String);
-
-impl Claim {
-    /// Claims `service` on `silo`; `None` when a service of that id runs there.
-    fn take(silo: SiloAddress, service: &str) -> Option<Claim> {
-        let mut running = RUNNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        running
-            .insert((silo, service.to_owned()))
-            .then(|| Claim(silo, service.to_owned()))
-    }
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        let mut running = RUNNING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        running.remove(&(self.0, std::mem::take(&mut self.1)));
     }
 }
 

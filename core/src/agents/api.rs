@@ -233,6 +233,8 @@ pub struct SiloHandle {
     pub(super) counters: Arc<crate::metrics_table::CounterCells>,
     pub(super) health: Arc<super::executor::SharedHealth>,
     pub(super) leave_hooks: Arc<LeaveHooks>,
+    /// Names claimed on this silo ([`SiloHandle::claim`]).
+    pub(super) claims: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 /// What a hook given to [`SiloHandle::on_leave`] returns: the work to finish before
@@ -261,6 +263,31 @@ impl LeaveHooks {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         hooks.iter().map(|(_, h)| h.clone()).collect()
+    }
+}
+
+/// A name claimed on one silo ([`SiloHandle::claim`]), given back when
+/// dropped.
+#[must_use = "the name is given back when this guard is dropped"]
+pub struct SiloClaim {
+    name: String,
+    claims: std::sync::Weak<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+}
+
+impl std::fmt::Debug for SiloClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SiloClaim").field("name", &self.name).finish()
+    }
+}
+
+impl Drop for SiloClaim {
+    fn drop(&mut self) {
+        if let Some(claims) = self.claims.upgrade() {
+            claims
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&self.name);
+        }
     }
 }
 
@@ -484,6 +511,21 @@ impl SiloHandle {
     /// finishes first) plus one second of slack.
     pub fn shutdown_bound(&self) -> Duration {
         2 * self.options.shutdown_timeout + self.options.table_operation_timeout + Duration::from_secs(1)
+    }
+
+    /// Claims `name` on this silo (every clone of its handle shares the
+    /// claims) until the returned guard is dropped; `None` while another
+    /// guard holds it. A service that must run once per silo (the reminder
+    /// service, per service id) claims its name when it starts.
+    pub fn claim(&self, name: &str) -> Option<SiloClaim> {
+        let mut claims = self
+            .claims
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        claims.insert(name.to_owned()).then(|| SiloClaim {
+            name: name.to_owned(),
+            claims: Arc::downgrade(&self.claims),
+        })
     }
 
     /// Registers work to finish before a graceful [`shutdown`](Self::shutdown)

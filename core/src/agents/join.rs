@@ -178,6 +178,7 @@ impl SiloBuilder {
             counters,
             health,
             leave_hooks: Arc::default(),
+            claims: Arc::default(),
         };
         // The machine bounds the join: every write job gives up after a bounded number
         // of attempts and connectivity validation after max_join_attempt_time.

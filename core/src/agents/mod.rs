@@ -20,7 +20,8 @@ use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context};
 use tokio::sync::watch;
 
 pub use api::{
-    LeaveHookGuard, LeaveWork, MembershipChanged, OnDeclaredDead, Silo, SiloBuilder, SiloHandle, Subscription,
+    LeaveHookGuard, LeaveWork, MembershipChanged, OnDeclaredDead, Silo, SiloBuilder, SiloClaim, SiloHandle,
+    Subscription,
 };
 pub(crate) use notices::NoticeSinks;
 pub use notices::{Notice, NoticeReceiver, NoticesDropped};
