@@ -56,6 +56,19 @@
 //!    is kept, and what falls due meanwhile is delivered late once it takes
 //!    them back, or follows the missed-tick policy when they waited over a
 //!    minute (`handoff::MAX_CATCH_UP`: an outage of those shards).
+//! 10. **Healing.** A store that fails over may lose its last writes (Redis'
+//!     asynchronous replication), so a lease row may go back to what it was.
+//!     A held shard's row is read again every [`VERIFY_POLLS`] polls: naming
+//!     this silo at its epoch, it is still held; at a lower epoch, whoever it
+//!     names, this silo's acquire was lost (every acquire raises the epoch,
+//!     so nothing lower is newer) and is written again by compare-and-set,
+//!     with nothing delivered until it lands; anything else, another holder
+//!     has it and the shard is dropped at once (rule 5). A silo that waits
+//!     [`HINT_AFTER_POLLS`] polls for a live holder the ring does not name
+//!     hints it; a silo hinted about a shard it neither holds nor wants reads
+//!     the row and, if the row names it (its release was lost), releases it
+//!     as the row stands (what it delivered since may come again; nothing is
+//!     lost).
 //!
 //! # Safety, in short
 //! One holder per epoch (compare-and-set on one row); each epoch starts after
@@ -314,6 +327,16 @@ enum Slot {
     Loading { lease: ShardLease },
     /// Held, delivering.
     Owned { lease: ShardLease },
+    /// Held, delivering, its row being read again (rule 10: a compare-and-set
+    /// lost in a store failover).
+    Verifying { lease: ShardLease },
+    /// Held, but the row names this silo at a lower epoch (its acquire was
+    /// lost): the acquire is written again over it; nothing is delivered
+    /// meanwhile (an unknown outcome is read, rule 6).
+    Reasserting { lease: ShardLease },
+    /// Not held here, though another silo says this silo may hold it (rule
+    /// 10): the row is being read; one that names this silo is released.
+    Orphan,
     /// Delivery was told to stop; the release follows.
     Stopping { lease: ShardLease },
     /// The release (`lease`) was written.
@@ -348,7 +371,20 @@ pub struct ShardMachine {
     /// holder's membership row of a `Confirming` slot, the lease row of an
     /// `*Unknown` one (one read per poll at most, whatever the store does).
     retry_at: BTreeMap<u32, Timestamp>,
+    /// When each held shard's row is read again (rule 10).
+    verify_at: BTreeMap<u32, Timestamp>,
+    /// Polls each shard has waited for a live holder that the ring does not
+    /// name (rule 10: after [`HINT_AFTER_POLLS`] the holder is told).
+    waits: BTreeMap<u32, u32>,
 }
+
+/// A held shard's lease row is read again every this many lease polls
+/// (rule 10): 5, so 5 s with the default `lease_poll`.
+pub const VERIFY_POLLS: u32 = 5;
+
+/// A silo waiting this many polls for a live holder that the ring does not
+/// name tells it to read the row (rule 10): 3.
+pub const HINT_AFTER_POLLS: u32 = 3;
 
 fn after(t: Timestamp, d: Duration) -> Timestamp {
     Timestamp::from_millis(t.as_millis().saturating_add(d.as_millis() as u64))
@@ -372,6 +408,8 @@ impl ShardMachine {
             taken_from: BTreeMap::new(),
             slots: BTreeMap::new(),
             retry_at: BTreeMap::new(),
+            verify_at: BTreeMap::new(),
+            waits: BTreeMap::new(),
         }
     }
 
@@ -379,7 +417,7 @@ impl ShardMachine {
     pub fn owned(&self) -> Vec<u32> {
         self.slots
             .iter()
-            .filter(|(_, s)| matches!(s, Slot::Owned { .. }))
+            .filter(|(_, s)| matches!(s, Slot::Owned { .. } | Slot::Verifying { .. }))
             .map(|(k, _)| *k)
             .collect()
     }
@@ -389,7 +427,7 @@ impl ShardMachine {
     /// watermark is the takeover time less 1 ms: rule 3), and (fencing on)
     /// this silo confirmed its own row Active within the lease period.
     pub fn may_deliver(&self, shard: u32, now: Timestamp) -> bool {
-        matches!(self.slots.get(&shard), Some(Slot::Owned { lease }) if lease.watermark.is_none_or(|w| now > w))
+        matches!(self.slots.get(&shard), Some(Slot::Owned { lease } | Slot::Verifying { lease }) if lease.watermark.is_none_or(|w| now > w))
             && self.confirmed(now)
     }
 
@@ -403,6 +441,8 @@ impl ShardMachine {
                     s,
                     Slot::Waiting { .. }
                         | Slot::Owned { .. }
+                        | Slot::Verifying { .. }
+                        | Slot::Reasserting { .. }
                         | Slot::Stopping { .. }
                         | Slot::Releasing { .. }
                         | Slot::ReleaseUnknown { .. }
@@ -456,6 +496,7 @@ impl ShardMachine {
                     lease.read_from = Some(read_from);
                     if self.wanted(shard) {
                         self.slots.insert(shard, Slot::Owned { lease });
+                        self.verify_at.insert(shard, self.verify_after(now));
                     } else {
                         out.push(ShardAction::Stop(shard));
                         self.slots.insert(shard, Slot::Stopping { lease });
@@ -518,6 +559,11 @@ impl ShardMachine {
                 if matches!(self.slots.get(&shard), Some(Slot::Waiting { .. })) && self.wanted(shard) {
                     self.slots.insert(shard, Slot::Reading);
                     out.push(ShardAction::Read(shard));
+                } else if !self.slots.contains_key(&shard) && !self.wanted(shard) && !self.left {
+                    // Rule 10: a silo waits for this one to release a shard
+                    // it does not hold (its release was lost): read the row.
+                    self.slots.insert(shard, Slot::Orphan);
+                    out.push(ShardAction::Read(shard));
                 }
             }
             ShardEvent::Clock {
@@ -576,7 +622,8 @@ impl ShardMachine {
         for k in unwanted {
             match self.slots.remove(&k) {
                 // Not held: nothing to give back.
-                Some(Slot::Reading | Slot::Waiting { .. } | Slot::Confirming { .. }) | None => {}
+                Some(Slot::Reading | Slot::Waiting { .. } | Slot::Confirming { .. } | Slot::Orphan)
+                | None => {}
                 Some(Slot::Owned { lease }) => {
                     out.push(ShardAction::Stop(k));
                     self.slots.insert(k, Slot::Stopping { lease });
@@ -586,8 +633,12 @@ impl ShardMachine {
                     self.give_back(k, lease, out);
                 }
                 // In flight: its answer decides.
+                // (A verification or reassertion ends by stopping the shard
+                // when it is no longer wanted.)
                 Some(
                     s @ (Slot::Acquiring { .. }
+                    | Slot::Verifying { .. }
+                    | Slot::Reasserting { .. }
                     | Slot::AcquireUnknown { .. }
                     | Slot::Stopping { .. }
                     | Slot::Releasing { .. }
@@ -631,6 +682,46 @@ impl ShardMachine {
                         until: after(now, self.options.poll),
                     },
                 );
+            }
+            (Some(Slot::Verifying { lease: ours }), Ok(row)) => self.verified(k, ours, row, true, out),
+            (Some(Slot::Reasserting { lease: ours }), Ok(row)) => self.verified(k, ours, row, false, out),
+            (Some(Slot::Verifying { lease }), Err(_)) => {
+                // Read again at the next verification.
+                self.hold(k, lease, out);
+            }
+            (Some(Slot::Reasserting { .. }), Err(_)) => {
+                self.retry_at.insert(k, after(now, self.options.poll));
+            }
+            (Some(Slot::Orphan), Ok(row)) => {
+                self.slots.remove(&k);
+                if self.wanted(k) {
+                    // Wanted since the hint (a newer view): rule 2.
+                    self.consider(now, k, row, out);
+                } else if row.owner == Some(self.me) && row.status == LeaseStatus::Owned {
+                    // Named holder of a shard this silo does not hold: its
+                    // release (or a give-back) was lost. Released as the row
+                    // stands: the next holder starts from its watermark and
+                    // exceptions (what this silo delivered since may come
+                    // again; nothing is lost).
+                    tracing::warn!(
+                        shard = k,
+                        epoch = row.epoch,
+                        "a lease row names this silo, which does not hold the shard: releasing it"
+                    );
+                    let release = ShardLease {
+                        status: LeaseStatus::Released,
+                        ..row
+                    };
+                    out.push(ShardAction::Write(release.clone()));
+                    self.slots.insert(k, Slot::Releasing { lease: release });
+                } else {
+                    self.check_left(out);
+                }
+            }
+            (Some(Slot::Orphan), Err(_)) => {
+                self.slots.remove(&k);
+                self.want_more(out);
+                self.check_left(out);
             }
             (Some(Slot::ReleaseUnknown { lease: ours }), Ok(row)) => {
                 if row.owner == Some(self.me) && row.epoch == ours.epoch && row.status == LeaseStatus::Owned {
@@ -724,6 +815,13 @@ impl ShardMachine {
                             until: after(now, self.options.poll),
                         },
                     );
+                    // Rule 10: a live holder the ring does not name, polls on
+                    // end: it may not know it is named (a lost release).
+                    let waited = self.waits.entry(k).or_default();
+                    *waited += 1;
+                    if *waited >= HINT_AFTER_POLLS {
+                        out.push(ShardAction::Hint { shard: k, to: owner });
+                    }
                     return;
                 }
             };
@@ -750,6 +848,74 @@ impl ShardMachine {
         self.acquire(k, lease, takeover, out);
     }
 
+    /// Rule 10: the answer `row` to a read of held shard `k` (held as `ours`;
+    /// `delivering`: a verification, not a reassertion).
+    fn verified(
+        &mut self,
+        k: u32,
+        ours: ShardLease,
+        row: ShardLease,
+        delivering: bool,
+        out: &mut Vec<ShardAction>,
+    ) {
+        let mine = row.owner == Some(self.me) && row.status == LeaseStatus::Owned;
+        if mine && row.epoch == ours.epoch {
+            self.hold(
+                k,
+                ShardLease {
+                    etag: row.etag,
+                    ..ours
+                },
+                out,
+            );
+        } else if row.epoch < ours.epoch {
+            // Our acquire was lost (a store failover took the last write):
+            // the row went back to what it was before it. Every acquire
+            // raises the epoch, so nothing at a lower one can be newer than
+            // ours: write ours again over it; nothing is delivered until it
+            // lands.
+            if delivering {
+                tracing::warn!(
+                    shard = k,
+                    epoch = ours.epoch,
+                    found = row.epoch,
+                    "a held shard's lease row lost its acquire: writing it again"
+                );
+            }
+            let again = ShardLease {
+                etag: row.etag,
+                ..ours
+            };
+            out.push(ShardAction::Write(again.clone()));
+            self.slots.insert(k, Slot::Reasserting { lease: again });
+        } else {
+            // Another epoch or owner: this silo does not hold it (rule 5).
+            tracing::warn!(shard = k, epoch = ours.epoch, found = row.epoch, owner = ?row.owner, "a held shard's lease row names another holder: dropping it");
+            self.slots.remove(&k);
+            self.verify_at.remove(&k);
+            out.push(ShardAction::Drop(k));
+            self.want_more(out);
+            self.check_left(out);
+        }
+    }
+
+    /// Held shard `k` (as `lease`) after a verification or reassertion:
+    /// delivering on, or stopped when no longer wanted (rule 4).
+    fn hold(&mut self, k: u32, lease: ShardLease, out: &mut Vec<ShardAction>) {
+        if self.wanted(k) {
+            self.slots.insert(k, Slot::Owned { lease });
+        } else {
+            self.verify_at.remove(&k);
+            out.push(ShardAction::Stop(k));
+            self.slots.insert(k, Slot::Stopping { lease });
+        }
+    }
+
+    /// When a shard held from `now` is verified next (rule 10).
+    fn verify_after(&self, now: Timestamp) -> Timestamp {
+        after(now, self.options.poll * VERIFY_POLLS)
+    }
+
     fn acquire(
         &mut self,
         k: u32,
@@ -757,6 +923,7 @@ impl ShardMachine {
         takeover: Option<Timestamp>,
         out: &mut Vec<ShardAction>,
     ) {
+        self.waits.remove(&k);
         let mut next = ShardLease {
             epoch: lease.epoch + 1,
             owner: Some(self.me),
@@ -852,6 +1019,25 @@ impl ShardMachine {
                 self.slots.insert(k, Slot::ReleaseUnknown { lease });
                 out.push(ShardAction::Read(k));
             }
+            (Slot::Reasserting { mut lease }, Ok(Ok(etag))) => {
+                lease.etag = etag;
+                self.verify_at.insert(k, self.verify_after(now));
+                self.hold(k, lease, out);
+            }
+            (Slot::Reasserting { lease }, Ok(Err(_)) | Err(WriteFailed::Unknown(_))) => {
+                // Another write came first, or ours may have landed: the row
+                // decides.
+                self.slots.insert(k, Slot::Reasserting { lease });
+                out.push(ShardAction::Read(k));
+            }
+            (Slot::Reasserting { .. }, Err(WriteFailed::Refused(why))) => {
+                tracing::error!(shard = k, error = %why, "writing a lost acquire again was refused; dropping the shard");
+                self.slots.remove(&k);
+                self.verify_at.remove(&k);
+                out.push(ShardAction::Drop(k));
+                self.want_more(out);
+                self.check_left(out);
+            }
             _ => {}
         }
     }
@@ -915,6 +1101,24 @@ impl ShardMachine {
                 self.slots.remove(&k);
             }
         }
+        let verify: Vec<u32> = self
+            .verify_at
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in verify {
+            self.verify_at.remove(&k);
+            if let Some(Slot::Owned { lease }) = self.slots.get(&k).cloned() {
+                self.slots.insert(k, Slot::Verifying { lease });
+                out.push(ShardAction::Read(k));
+                self.verify_at.insert(k, self.verify_after(now));
+            }
+        }
+        // Forget the waits of shards no longer waited for.
+        let slots = &self.slots;
+        self.waits
+            .retain(|k, _| matches!(slots.get(k), Some(Slot::Waiting { .. } | Slot::Reading)));
         let retries: Vec<u32> = self
             .retry_at
             .iter()
@@ -930,9 +1134,9 @@ impl ShardMachine {
                         self.retry_at.insert(k, after(now, self.options.poll));
                     }
                 }
-                Some(Slot::AcquireUnknown { .. } | Slot::ReleaseUnknown { .. }) => {
-                    out.push(ShardAction::Read(k))
-                }
+                Some(
+                    Slot::AcquireUnknown { .. } | Slot::ReleaseUnknown { .. } | Slot::Reasserting { .. },
+                ) => out.push(ShardAction::Read(k)),
                 // Answered meanwhile.
                 _ => {}
             }
@@ -946,6 +1150,7 @@ impl ShardMachine {
                 _ => None,
             })
             .chain(self.retry_at.values().copied())
+            .chain(self.verify_at.values().copied())
             .min();
         if self.options.fencing && !self.left {
             let every = self.options.lease_period / 3;

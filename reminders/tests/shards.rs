@@ -880,3 +880,220 @@ fn a_silo_beyond_the_clock_bound_releases_its_shards_and_takes_them_again() {
         "takes it again once back: {a:?}"
     );
 }
+
+/// Silo 0 holds shard 0 at epoch 5 (taken over from Dead silo 1 at 110 ms,
+/// loaded at 120 ms, confirmed), poll 10 ms.
+fn holding() -> (ShardMachine, ShardLease) {
+    let (mut m, view) = one_shard(true, Duration::from_millis(10), SiloStatus::Dead);
+    m.handle(ts(100), ShardEvent::View(view));
+    let w = acquire_from_dead_holder(&mut m);
+    m.handle(
+        ts(112),
+        ShardEvent::Written {
+            shard: 0,
+            result: Ok(Ok(Etag::new("8"))),
+        },
+    );
+    m.handle(
+        ts(113),
+        ShardEvent::SelfRead {
+            at: ts(113),
+            result: Ok(Some(SiloStatus::Active)),
+        },
+    );
+    m.handle(
+        ts(120),
+        ShardEvent::Loaded {
+            shard: 0,
+            read_from: ts(112),
+        },
+    );
+    (
+        m,
+        ShardLease {
+            etag: Etag::new("8"),
+            ..w
+        },
+    )
+}
+
+/// The first verification of a shard held from 120 ms (every
+/// `VERIFY_POLLS` polls): the read it asks for.
+fn verify(m: &mut ShardMachine) -> Vec<ShardAction> {
+    let at = 120 + 10 * u64::from(rollcall_reminders::shards::VERIFY_POLLS);
+    m.handle(
+        ts(at - 1),
+        ShardEvent::SelfRead {
+            at: ts(at - 1),
+            result: Ok(Some(SiloStatus::Active)),
+        },
+    );
+    let a = m.handle(ts(at), ShardEvent::Tick);
+    assert!(
+        a.contains(&ShardAction::Read(0)),
+        "a held shard's row is read again: {a:?}"
+    );
+    a
+}
+
+/// Rule 10: a held shard whose row lost its acquire (a store failover took
+/// the last write: the row names this silo at a lower epoch) writes the
+/// acquire again over it, delivers nothing meanwhile, and delivers again
+/// once it landed.
+#[test]
+fn a_held_shard_whose_acquire_was_lost_writes_it_again() {
+    let (mut m, held) = holding();
+    assert!(m.may_deliver(0, ts(150)));
+    verify(&mut m);
+    let lost = ShardLease {
+        epoch: 4,
+        owner: Some(silo(0)),
+        etag: Etag::new("3"),
+        ..held.clone()
+    };
+    let a = m.handle(
+        ts(171),
+        ShardEvent::Read {
+            shard: 0,
+            result: Ok(lost),
+        },
+    );
+    let again = a.iter().find_map(|x| match x {
+        ShardAction::Write(l) => Some(l.clone()),
+        _ => None,
+    });
+    let again = again.expect("the acquire is written again");
+    assert_eq!(
+        (again.epoch, again.owner, again.etag.as_str()),
+        (5, Some(silo(0)), "3")
+    );
+    assert!(!m.may_deliver(0, ts(172)), "nothing is delivered until it lands");
+    m.handle(
+        ts(173),
+        ShardEvent::Written {
+            shard: 0,
+            result: Ok(Ok(Etag::new("9"))),
+        },
+    );
+    assert!(m.may_deliver(0, ts(174)));
+}
+
+/// Rule 10: a held shard whose row names another holder is dropped at once.
+#[test]
+fn a_held_shard_whose_row_names_another_holder_is_dropped() {
+    let (mut m, held) = holding();
+    verify(&mut m);
+    let taken = ShardLease {
+        epoch: 6,
+        owner: Some(silo(2)),
+        etag: Etag::new("10"),
+        ..held
+    };
+    let a = m.handle(
+        ts(171),
+        ShardEvent::Read {
+            shard: 0,
+            result: Ok(taken),
+        },
+    );
+    assert!(a.contains(&ShardAction::Drop(0)), "{a:?}");
+    assert!(!m.may_deliver(0, ts(172)));
+}
+
+/// Rule 10: a row that names this silo, which does not hold the shard (its
+/// release was lost), is released when another silo hints at it; and a
+/// silo that waits for a live holder the ring does not name hints it after
+/// `HINT_AFTER_POLLS` polls.
+#[test]
+fn a_lost_release_is_found_by_the_waiting_owner_and_released() {
+    // Silo 0 wants shard 0; the row names silo 1, live but not Active (so
+    // not on the ring).
+    let (mut m, view) = one_shard(true, Duration::from_millis(10), SiloStatus::ShuttingDown);
+    m.handle(ts(100), ShardEvent::View(view.clone()));
+    let stale = ShardLease {
+        epoch: 4,
+        owner: Some(silo(1)),
+        status: LeaseStatus::Owned,
+        etag: Etag::new("7"),
+        ..ShardLease::vacant(0)
+    };
+    let mut hinted = None;
+    for poll in 0..rollcall_reminders::shards::HINT_AFTER_POLLS {
+        let now = 110 + 20 * u64::from(poll);
+        m.handle(ts(now), ShardEvent::Tick);
+        let a = m.handle(
+            ts(now + 1),
+            ShardEvent::Read {
+                shard: 0,
+                result: Ok(stale.clone()),
+            },
+        );
+        hinted = a.into_iter().find(|x| matches!(x, ShardAction::Hint { .. }));
+    }
+    assert_eq!(
+        hinted,
+        Some(ShardAction::Hint {
+            shard: 0,
+            to: silo(1)
+        })
+    );
+
+    // Silo 1, which the ring does not give shard 0 and which holds nothing,
+    // reads the row on the hint and releases it.
+    let mut other = ShardMachine::new(
+        silo(1),
+        ShardOptions {
+            shards: 1,
+            ring_points_per_silo: 4,
+            lease_period: L,
+            fencing: true,
+            poll: Duration::from_millis(10),
+        },
+    );
+    other.handle(ts(100), ShardEvent::View(view));
+    let a = other.handle(ts(200), ShardEvent::Hint { shard: 0 });
+    assert!(a.contains(&ShardAction::Read(0)), "{a:?}");
+    let a = other.handle(
+        ts(201),
+        ShardEvent::Read {
+            shard: 0,
+            result: Ok(stale),
+        },
+    );
+    let release = a.iter().find_map(|x| match x {
+        ShardAction::Write(l) => Some(l.clone()),
+        _ => None,
+    });
+    let release = release.expect("released");
+    assert_eq!(
+        (release.status, release.epoch, release.etag.as_str()),
+        (LeaseStatus::Released, 4, "7")
+    );
+}
+
+/// Rule 10: an acquire lost in a failover leaves the row as it was before,
+/// at a lower epoch, whoever it names: the holder writes its acquire again.
+#[test]
+fn a_held_shard_whose_row_went_back_to_a_release_writes_its_acquire_again() {
+    let (mut m, held) = holding();
+    verify(&mut m);
+    let before = ShardLease {
+        epoch: 4,
+        owner: Some(silo(1)),
+        status: LeaseStatus::Released,
+        etag: Etag::new("3"),
+        ..held
+    };
+    let a = m.handle(
+        ts(171),
+        ShardEvent::Read {
+            shard: 0,
+            result: Ok(before),
+        },
+    );
+    assert!(
+        a.iter()
+            .any(|x| matches!(x, ShardAction::Write(l) if l.epoch == 5 && l.owner == Some(silo(0)))),
+        "{a:?}"
+    );
+}
