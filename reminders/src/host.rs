@@ -387,8 +387,11 @@ mod runtime {
 
         /// A write of `actor` under `fence` was refused by the store
         /// ([`Error::Fenced`](rollcall_core::Error::Fenced)): its activation
-        /// under that fence ends. Call it from the handler that saw the error.
+        /// under that fence ends, and the reminder service reads the shard's
+        /// lease row again at once (a lease a store failover lost heals).
+        /// Call it from the handler that saw the error.
         pub fn fenced(&self, actor: &ActorId, fence: &Fence) {
+            self.inner.reminders.lease_fenced(fence);
             let ended = self.inner.lock().fenced(actor, fence.epoch);
             if let Some((fence, addr)) = ended {
                 drop(addr);

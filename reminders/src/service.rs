@@ -718,6 +718,23 @@ impl Reminders {
             }));
     }
 
+    /// A store refused a write under `fence` (`Error::Fenced`): the shard's
+    /// lease row is read again at once (shards rule 10), so a lease whose
+    /// acquire a store failover lost heals now, not at its next
+    /// verification.
+    pub(crate) fn lease_fenced(&self, fence: &rollcall_core::Fence) {
+        if fence.service == self.inner.service_id {
+            self.inner
+                ._agent
+                .do_send(crate::agent::Feed(crate::machine::Event::Shard(
+                    crate::shards::ShardEvent::Fenced {
+                        shard: fence.shard,
+                        epoch: fence.epoch,
+                    },
+                )));
+        }
+    }
+
     /// The service's clock, now (UTC ms).
     pub(crate) fn clock_now(&self) -> Timestamp {
         self.inner.clock.now()

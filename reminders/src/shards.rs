@@ -238,6 +238,15 @@ pub enum ShardEvent {
         /// Its status.
         result: Result<Option<SiloStatus>, String>,
     },
+    /// A store refused a write fenced by `shard` at `epoch`
+    /// ([`Error::Fenced`](rollcall_core::Error::Fenced)): if this silo holds
+    /// it at that epoch, its row is read again at once (rule 10).
+    Fenced {
+        /// The shard.
+        shard: u32,
+        /// The epoch the write carried.
+        epoch: u64,
+    },
     /// Another silo says it released `shard` ([`ShardAction::Hint`]): a shard
     /// this silo waits for is read at once instead of at its next poll. Only a
     /// hint: the row decides.
@@ -575,6 +584,11 @@ impl ShardMachine {
                     self.clock_within = within_bound;
                     self.let_go_of_unwanted(&mut out);
                     self.want_more(&mut out);
+                }
+            }
+            ShardEvent::Fenced { shard, epoch } => {
+                if matches!(self.slots.get(&shard), Some(Slot::Owned { lease }) if lease.epoch == epoch) {
+                    self.verify_at.insert(shard, now);
                 }
             }
             ShardEvent::Tick => {}

@@ -1097,3 +1097,15 @@ fn a_held_shard_whose_row_went_back_to_a_release_writes_its_acquire_again() {
         "{a:?}"
     );
 }
+
+/// Rule 10: a write the store refused as fenced at the held epoch reads the
+/// row again at once, not at the next verification; one at another epoch
+/// does not.
+#[test]
+fn a_fenced_write_at_the_held_epoch_reads_the_row_at_once() {
+    let (mut m, _) = holding();
+    let a = m.handle(ts(130), ShardEvent::Fenced { shard: 0, epoch: 4 });
+    assert!(!a.contains(&ShardAction::Read(0)), "another epoch: {a:?}");
+    let a = m.handle(ts(131), ShardEvent::Fenced { shard: 0, epoch: 5 });
+    assert!(a.contains(&ShardAction::Read(0)), "{a:?}");
+}
