@@ -246,6 +246,9 @@ pub struct World {
     pub failed: std::collections::BTreeSet<((String, String), Timestamp)>,
     /// Largest number of deliveries, writes and notice reads in flight on one silo.
     pub max_in_flight: (usize, usize, usize),
+    /// Each shard's lease row as it was before its last write (what a store
+    /// failover that loses that write goes back to).
+    lease_before: HashMap<u32, rollcall_core::lease::ShardLease>,
     /// Takeovers, as the silos published them: (silo, shard, takeover time
     /// on that silo's clock). From then on the Dead holder delivers nothing
     /// of the shard, so every occurrence at or after it is owed.
@@ -301,6 +304,7 @@ impl World {
             failed: Default::default(),
             max_in_flight: (0, 0, 0),
             takeovers: Vec::new(),
+            lease_before: HashMap::new(),
             oversized: 0,
             watch: std::env::var("ROLLCALL_SIM_WATCH").ok(),
         }
@@ -805,6 +809,23 @@ impl World {
         self.nodes[i].offset = ms;
     }
 
+    /// A store failover loses the last write of `shard`'s lease row (Redis'
+    /// asynchronous replication): the row goes back to what it was before
+    /// it. `false` if the shard's row was never written.
+    pub fn lose_last_lease_write(&mut self, shard: u32) -> bool {
+        let Some(before) = self.lease_before.remove(&shard) else {
+            return false;
+        };
+        let Ok(now) = now_or_fail(self.leases.read(shard)) else {
+            return false;
+        };
+        let back = rollcall_core::lease::ShardLease {
+            etag: now.etag,
+            ..before
+        };
+        now_or_fail(self.leases.write(&back)).is_ok_and(|r| r.is_ok())
+    }
+
     /// Every reminder-row read of silo `i` (a notice's row, a load's piece)
     /// from now on answers `ms` later than it would: a store slow for it.
     /// The rows are read when asked; the answer arrives late.
@@ -958,7 +979,11 @@ impl World {
             Action::WriteLease(lease) => {
                 let leases = self.leases.clone();
                 let shard = lease.shard;
+                let before = now_or_fail(leases.read(shard)).ok();
                 let (lat, result) = self.table_call(i, leases.write(&lease));
+                if let (Ok(Ok(_)), Some(before)) = (&result, before) {
+                    self.lease_before.insert(shard, before);
+                }
                 let result = result.map_err(|e| crate::shards::WriteFailed::of(&e));
                 self.sched.push(
                     lat,
