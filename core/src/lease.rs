@@ -497,6 +497,22 @@ impl ShardLeases {
         paged.await
     }
 
+    /// The row of `shard` without the exceptions its pages hold (those in
+    /// the row itself are read): its epoch, owner, status and etag at the
+    /// cost of one row read, whatever a release owed. For a holder that
+    /// checks the row still names it; never write back what this returns
+    /// (the exceptions in pages would be lost).
+    ///
+    /// # Errors
+    /// As [`read`](Self::read).
+    pub async fn read_head(&self, shard: u32) -> Result<ShardLease> {
+        self.check(shard)?;
+        let Some((bytes, etag)) = self.table.read_lease(shard).await? else {
+            return Ok(ShardLease::vacant(shard));
+        };
+        Ok(self.decode_row(shard, &bytes, etag)?.0)
+    }
+
     /// A stored row and the count of its pages, if it has them.
     fn decode_row(&self, shard: u32, bytes: &[u8], etag: Etag) -> Result<(ShardLease, Option<u32>)> {
         let service = self.table.service_id();

@@ -377,6 +377,12 @@ impl ReminderAgent {
                     Event::Shard(ShardEvent::Read { shard, result })
                 });
             }
+            Action::ReadLeaseHead(shard) => {
+                let call = async move { bounded(timeout, leases.read_head(shard)).await.map_err(text) };
+                self.answer(ctx, call, move |result| {
+                    Event::Shard(ShardEvent::Read { shard, result })
+                });
+            }
             Action::WriteLease(lease) => {
                 let shard = lease.shard;
                 let call = async move {

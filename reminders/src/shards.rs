@@ -276,6 +276,10 @@ pub enum ShardEvent {
 pub enum ShardAction {
     /// Read the lease row of a shard; answer [`ShardEvent::Read`].
     Read(u32),
+    /// Read the lease row of a shard without the exceptions in its pages
+    /// ([`ShardLeases::read_head`](rollcall_core::ShardLeases::read_head): a
+    /// held shard's verification, rule 10); answer [`ShardEvent::Read`].
+    ReadHead(u32),
     /// Compare-and-set the lease (expected: its `etag`, empty for no row);
     /// answer [`ShardEvent::Written`].
     Write(ShardLease),
@@ -1125,7 +1129,7 @@ impl ShardMachine {
             self.verify_at.remove(&k);
             if let Some(Slot::Owned { lease }) = self.slots.get(&k).cloned() {
                 self.slots.insert(k, Slot::Verifying { lease });
-                out.push(ShardAction::Read(k));
+                out.push(ShardAction::ReadHead(k));
                 self.verify_at.insert(k, self.verify_after(now));
             }
         }

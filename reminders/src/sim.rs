@@ -966,9 +966,14 @@ impl World {
                 }
             }
             Action::FinishLeave => self.sched.push(1, i, Ev::Left),
-            Action::ReadLease(shard) => {
+            Action::ReadLease(shard) | Action::ReadLeaseHead(shard) => {
+                let whole = matches!(action, Action::ReadLease(_));
                 let leases = self.leases.clone();
-                let (lat, result) = self.table_call(i, leases.read(shard));
+                let (lat, result) = if whole {
+                    self.table_call(i, leases.read(shard))
+                } else {
+                    self.table_call(i, leases.read_head(shard))
+                };
                 let result = result.map_err(|e| e.to_string());
                 self.sched.push(
                     lat,

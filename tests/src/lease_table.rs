@@ -332,6 +332,17 @@ pub async fn lease_exceptions_past_one_row_go_to_pages(store: Store) {
         row.len() <= rollcall_core::lease::MAX_LEASE_BYTES,
         "the row itself stays small"
     );
+    // A holder's verification reads the row alone: all but the paged
+    // exceptions, at the same etag.
+    let head = leases.read_head(2).await.unwrap();
+    assert_eq!(
+        head,
+        ShardLease {
+            etag: etag.clone(),
+            exceptions: Vec::new(),
+            ..lease.clone()
+        }
+    );
     let owned_set = rollcall_core::lease::page_set(lease.epoch, LeaseStatus::Owned);
     let owned_pages = table.read_pages(2, &owned_set, 64).await.unwrap();
     let count = owned_pages.iter().take_while(|p| p.is_some()).count();

@@ -176,6 +176,9 @@ pub enum Action {
     AppendRun(super::RunWrite),
     /// Read a shard's lease, bounded; answer with [`Event::Shard`].
     ReadLease(u32),
+    /// Read a shard's lease row without the exceptions in its pages
+    /// (`ShardLeases::read_head`), bounded; answer with [`Event::Shard`].
+    ReadLeaseHead(u32),
     /// Compare-and-set a shard's lease over its `etag`, bounded; answer with
     /// [`Event::Shard`].
     WriteLease(ShardLease),

@@ -383,6 +383,7 @@ impl ReminderMachine {
             for a in actions {
                 match a {
                     ShardAction::Read(k) => self.lease_calls.push(Action::ReadLease(k)),
+                    ShardAction::ReadHead(k) => self.lease_calls.push(Action::ReadLeaseHead(k)),
                     ShardAction::Write(lease) => self.lease_calls.push(Action::WriteLease(lease)),
                     ShardAction::ReadSilo(s) => self.out.push(Action::ReadSilo(s)),
                     ShardAction::ConfirmSelf => self.out.push(Action::ConfirmSelf),
