@@ -377,7 +377,10 @@ pub struct ReminderOptions {
     /// too, and the failover is `lease_period` faster. Default true.
     pub lease_fencing: bool,
     /// How often a silo reads again the lease of a shard it was assigned that a
-    /// live silo still holds (the release's hint usually comes first). Default 1 s.
+    /// live silo still holds (the release's hint usually comes first), and
+    /// a fifth of the pace at which it reads again the lease of each shard it
+    /// holds (a lease a store failover lost heals).
+    /// Default 1 s.
     #[serde(with = "humantime_serde")]
     pub lease_poll: Duration,
     /// Ticks one silo delivers at once, at most (handlers running or awaited).

@@ -58,7 +58,10 @@
 //!    minute (`handoff::MAX_CATCH_UP`: an outage of those shards).
 //! 10. **Healing.** A store that fails over may lose its last writes (Redis'
 //!     asynchronous replication), so a lease row may go back to what it was.
-//!     A held shard's row is read again every [`VERIFY_POLLS`] polls: naming
+//!     A held shard's row is read again (its head alone) when the store
+//!     answers after a failure (a failover shows as failed calls first; at
+//!     most every [`REVERIFY_POLLS`] polls), on a fenced write, and one
+//!     held shard a poll in turn: naming
 //!     this silo at its epoch, it is still held; at a lower epoch, whoever it
 //!     names, this silo's acquire was lost (every acquire raises the epoch,
 //!     so nothing lower is newer) and is written again by compare-and-set,
@@ -384,16 +387,28 @@ pub struct ShardMachine {
     /// holder's membership row of a `Confirming` slot, the lease row of an
     /// `*Unknown` one (one read per poll at most, whatever the store does).
     retry_at: BTreeMap<u32, Timestamp>,
-    /// When each held shard's row is read again (rule 10).
-    verify_at: BTreeMap<u32, Timestamp>,
+    /// When the next held shard's row is read again (rule 10), and the
+    /// last one read (they are read in turn).
+    verify_next: Option<Timestamp>,
+    verify_cursor: u32,
+    /// Held shards to read again at once (a fenced write, the store back
+    /// after a failure: rule 10).
+    verify_now: std::collections::BTreeSet<u32>,
+    /// A store call failed since every held lease was last read again, and
+    /// when that was (rule 10).
+    store_failed: bool,
+    reverified: Option<Timestamp>,
     /// Polls each shard has waited for a live holder that the ring does not
     /// name (rule 10: after [`HINT_AFTER_POLLS`] the holder is told).
     waits: BTreeMap<u32, u32>,
 }
 
-/// A held shard's lease row is read again every this many lease polls
-/// (rule 10): 5, so 5 s with the default `lease_poll`.
-pub const VERIFY_POLLS: u32 = 5;
+/// After a failed store call, every held lease is read again once the
+/// store answers (a failover may have lost the last writes), at most once
+/// every this many lease polls (rule 10): 10, so 10 s with the default
+/// `lease_poll`. Besides, one held lease is read every poll, in turn, and a
+/// fenced write's at once.
+pub const REVERIFY_POLLS: u32 = 10;
 
 /// A silo waiting this many polls for a live holder that the ring does not
 /// name tells it to read the row (rule 10): 3.
@@ -421,7 +436,11 @@ impl ShardMachine {
             taken_from: BTreeMap::new(),
             slots: BTreeMap::new(),
             retry_at: BTreeMap::new(),
-            verify_at: BTreeMap::new(),
+            verify_next: None,
+            verify_cursor: 0,
+            verify_now: Default::default(),
+            store_failed: false,
+            reverified: None,
             waits: BTreeMap::new(),
         }
     }
@@ -498,6 +517,34 @@ impl ShardMachine {
     /// Handles `event` at `now`; the actions to carry out, in order.
     pub fn handle(&mut self, now: Timestamp, event: ShardEvent) -> Vec<ShardAction> {
         let mut out = Vec::new();
+        // Rule 10: a store that failed may have failed over and lost the last
+        // writes; once it answers again, every held lease is read again.
+        let answered = match &event {
+            ShardEvent::Read { result, .. } => Some(result.is_ok()),
+            ShardEvent::Written { result, .. } => Some(result.is_ok()),
+            ShardEvent::SelfRead { result, .. } => Some(result.is_ok()),
+            ShardEvent::SiloRead { result, .. } => Some(result.is_ok()),
+            _ => None,
+        };
+        match answered {
+            Some(false) => self.store_failed = true,
+            Some(true)
+                if self.store_failed
+                    && self
+                        .reverified
+                        .is_none_or(|t| now >= after(t, self.options.poll * REVERIFY_POLLS)) =>
+            {
+                self.store_failed = false;
+                self.reverified = Some(now);
+                let held = self
+                    .slots
+                    .iter()
+                    .filter(|(_, s)| matches!(s, Slot::Owned { .. }))
+                    .map(|(k, _)| *k);
+                self.verify_now.extend(held);
+            }
+            _ => {}
+        }
         match event {
             ShardEvent::View(v) => self.view(now, v, &mut out),
             ShardEvent::Read { shard, result } => self.read(now, shard, result, &mut out),
@@ -509,7 +556,9 @@ impl ShardMachine {
                     lease.read_from = Some(read_from);
                     if self.wanted(shard) {
                         self.slots.insert(shard, Slot::Owned { lease });
-                        self.verify_at.insert(shard, self.verify_after(now));
+                        if self.verify_next.is_none() {
+                            self.verify_next = Some(self.verify_after(now));
+                        }
                     } else {
                         out.push(ShardAction::Stop(shard));
                         self.slots.insert(shard, Slot::Stopping { lease });
@@ -592,7 +641,7 @@ impl ShardMachine {
             }
             ShardEvent::Fenced { shard, epoch } => {
                 if matches!(self.slots.get(&shard), Some(Slot::Owned { lease }) if lease.epoch == epoch) {
-                    self.verify_at.insert(shard, now);
+                    self.verify_now.insert(shard);
                 }
             }
             ShardEvent::Tick => {}
@@ -910,7 +959,6 @@ impl ShardMachine {
             // Another epoch or owner: this silo does not hold it (rule 5).
             tracing::warn!(shard = k, epoch = ours.epoch, found = row.epoch, owner = ?row.owner, "a held shard's lease row names another holder: dropping it");
             self.slots.remove(&k);
-            self.verify_at.remove(&k);
             out.push(ShardAction::Drop(k));
             self.want_more(out);
             self.check_left(out);
@@ -923,15 +971,16 @@ impl ShardMachine {
         if self.wanted(k) {
             self.slots.insert(k, Slot::Owned { lease });
         } else {
-            self.verify_at.remove(&k);
             out.push(ShardAction::Stop(k));
             self.slots.insert(k, Slot::Stopping { lease });
         }
     }
 
-    /// When a shard held from `now` is verified next (rule 10).
+    /// When the held shard after the one verified at `now` is verified
+    /// (rule 10): one a poll, in turn, so at most one read a poll per silo
+    /// however many shards it holds.
     fn verify_after(&self, now: Timestamp) -> Timestamp {
-        after(now, self.options.poll * VERIFY_POLLS)
+        after(now, self.options.poll)
     }
 
     fn acquire(
@@ -1039,7 +1088,6 @@ impl ShardMachine {
             }
             (Slot::Reasserting { mut lease }, Ok(Ok(etag))) => {
                 lease.etag = etag;
-                self.verify_at.insert(k, self.verify_after(now));
                 self.hold(k, lease, out);
             }
             (Slot::Reasserting { lease }, Ok(Err(_)) | Err(WriteFailed::Unknown(_))) => {
@@ -1051,7 +1099,6 @@ impl ShardMachine {
             (Slot::Reasserting { .. }, Err(WriteFailed::Refused(why))) => {
                 tracing::error!(shard = k, error = %why, "writing a lost acquire again was refused; dropping the shard");
                 self.slots.remove(&k);
-                self.verify_at.remove(&k);
                 out.push(ShardAction::Drop(k));
                 self.want_more(out);
                 self.check_left(out);
@@ -1119,19 +1166,34 @@ impl ShardMachine {
                 self.slots.remove(&k);
             }
         }
-        let verify: Vec<u32> = self
-            .verify_at
-            .iter()
-            .filter(|(_, t)| **t <= now)
-            .map(|(k, _)| *k)
-            .collect();
-        for k in verify {
-            self.verify_at.remove(&k);
+        for k in std::mem::take(&mut self.verify_now) {
             if let Some(Slot::Owned { lease }) = self.slots.get(&k).cloned() {
                 self.slots.insert(k, Slot::Verifying { lease });
                 out.push(ShardAction::ReadHead(k));
-                self.verify_at.insert(k, self.verify_after(now));
             }
+        }
+        if self.verify_next.is_some_and(|t| t <= now) {
+            // The next held shard after the last one read, in turn.
+            let owned = |(k, s): (&u32, &Slot)| matches!(s, Slot::Owned { .. }).then_some(*k);
+            let next = self
+                .slots
+                .range(self.verify_cursor.saturating_add(1)..)
+                .find_map(owned)
+                .or_else(|| self.slots.iter().find_map(owned));
+            if let Some(k) = next {
+                if let Some(Slot::Owned { lease }) = self.slots.get(&k).cloned() {
+                    self.slots.insert(k, Slot::Verifying { lease });
+                    out.push(ShardAction::ReadHead(k));
+                }
+                self.verify_cursor = k;
+            }
+            let held = self.slots.values().any(|s| {
+                matches!(
+                    s,
+                    Slot::Owned { .. } | Slot::Verifying { .. } | Slot::Reasserting { .. }
+                )
+            });
+            self.verify_next = held.then(|| self.verify_after(now));
         }
         // Forget the waits of shards no longer waited for.
         let slots = &self.slots;
@@ -1168,7 +1230,7 @@ impl ShardMachine {
                 _ => None,
             })
             .chain(self.retry_at.values().copied())
-            .chain(self.verify_at.values().copied())
+            .chain(self.verify_next)
             .min();
         if self.options.fencing && !self.left {
             let every = self.options.lease_period / 3;

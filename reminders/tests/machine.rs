@@ -1306,7 +1306,10 @@ fn a_fence_that_ignores_the_clock_bound_delivers_twice() {
         ..Config::default()
     };
     let mut repeated = 0;
-    for seed in 0..24 {
+    // (Seeds 26, 32 and 39 repeat without the bound since the shard machine
+    // reads its held leases again, whose reads draw from the world's random
+    // latencies: before, some seed below 24 did.)
+    for seed in 0..40 {
         let (w, _) = run_with(seed, skewed(Some(0)), &ops, 6);
         repeated += w.duplicates().len();
         let (w, _) = run_with(seed, skewed(None), &ops, 6);
@@ -1694,7 +1697,9 @@ fn a_one_shot_whose_removal_waited_out_an_outage_may_repeat_after_a_crash() {
         (3703, Op::Crash(18_154_902_624_608_455_261)),
     ];
     let cfg = with_lease_period(with_faults(), 3);
-    let (w, _) = run(72_731_540_403_281_939, cfg.clone(), &ops);
+    // World seed 19 replays it since the shard machine reads its held
+    // leases again (their reads draw from the world's random latencies).
+    let (w, _) = run(19, cfg.clone(), &ops);
     assert_eq!(w.duplicates().len(), 1, "the one-shot repeats");
     let dup = unexplained_repeats(&w, &cfg);
     assert!(dup.is_empty(), "explained by the crash rule: {dup:?}");
@@ -1735,7 +1740,11 @@ fn a_one_shot_repeated_after_a_crash_is_judged_by_its_own_registration() {
         ),
     ];
     let cfg = with_lease_period(with_faults(), 5);
-    let (w, _) = run(5_343_859_835_674_098_866, cfg.clone(), &ops);
+    // World seed 3: the sweep's seed replayed this before the shard
+    // machine read its held leases again (rule 10), whose reads draw from
+    // the world's random latencies; 3 replays it now (the one-shot of
+    // sim/a15 repeats, then is registered again as a calendar).
+    let (w, _) = run(3, cfg.clone(), &ops);
     assert_eq!(w.duplicates().len(), 1, "the one-shot repeats");
     let dup = unexplained_repeats(&w, &cfg);
     assert!(dup.is_empty(), "duplicates: {dup:?}");

@@ -919,10 +919,10 @@ fn holding() -> (ShardMachine, ShardLease) {
     )
 }
 
-/// The first verification of a shard held from 120 ms (every
-/// `VERIFY_POLLS` polls): the read it asks for.
+/// The first verification of a shard held from 120 ms (one held shard a
+/// poll, 10 ms here): the read it asks for.
 fn verify(m: &mut ShardMachine) -> Vec<ShardAction> {
-    let at = 120 + 10 * u64::from(rollcall_reminders::shards::VERIFY_POLLS);
+    let at = 130;
     m.handle(
         ts(at - 1),
         ShardEvent::SelfRead {
@@ -945,8 +945,11 @@ fn verify(m: &mut ShardMachine) -> Vec<ShardAction> {
 #[test]
 fn a_held_shard_whose_acquire_was_lost_writes_it_again() {
     let (mut m, held) = holding();
-    assert!(m.may_deliver(0, ts(150)));
     verify(&mut m);
+    assert!(
+        m.may_deliver(0, ts(140)),
+        "a verification does not pause delivery"
+    );
     let lost = ShardLease {
         epoch: 4,
         owner: Some(silo(0)),
@@ -954,7 +957,7 @@ fn a_held_shard_whose_acquire_was_lost_writes_it_again() {
         ..held.clone()
     };
     let a = m.handle(
-        ts(171),
+        ts(141),
         ShardEvent::Read {
             shard: 0,
             result: Ok(lost),
@@ -969,15 +972,15 @@ fn a_held_shard_whose_acquire_was_lost_writes_it_again() {
         (again.epoch, again.owner, again.etag.as_str()),
         (5, Some(silo(0)), "3")
     );
-    assert!(!m.may_deliver(0, ts(172)), "nothing is delivered until it lands");
+    assert!(!m.may_deliver(0, ts(142)), "nothing is delivered until it lands");
     m.handle(
-        ts(173),
+        ts(143),
         ShardEvent::Written {
             shard: 0,
             result: Ok(Ok(Etag::new("9"))),
         },
     );
-    assert!(m.may_deliver(0, ts(174)));
+    assert!(m.may_deliver(0, ts(144)));
 }
 
 /// Rule 10: a held shard whose row names another holder is dropped at once.
@@ -992,14 +995,14 @@ fn a_held_shard_whose_row_names_another_holder_is_dropped() {
         ..held
     };
     let a = m.handle(
-        ts(171),
+        ts(131),
         ShardEvent::Read {
             shard: 0,
             result: Ok(taken),
         },
     );
     assert!(a.contains(&ShardAction::Drop(0)), "{a:?}");
-    assert!(!m.may_deliver(0, ts(172)));
+    assert!(!m.may_deliver(0, ts(132)));
 }
 
 /// Rule 10: a row that names this silo, which does not hold the shard (its
@@ -1087,7 +1090,7 @@ fn a_held_shard_whose_row_went_back_to_a_release_writes_its_acquire_again() {
         ..held
     };
     let a = m.handle(
-        ts(171),
+        ts(131),
         ShardEvent::Read {
             shard: 0,
             result: Ok(before),
@@ -1106,8 +1109,34 @@ fn a_held_shard_whose_row_went_back_to_a_release_writes_its_acquire_again() {
 #[test]
 fn a_fenced_write_at_the_held_epoch_reads_the_row_at_once() {
     let (mut m, _) = holding();
-    let a = m.handle(ts(130), ShardEvent::Fenced { shard: 0, epoch: 4 });
+    let a = m.handle(ts(125), ShardEvent::Fenced { shard: 0, epoch: 4 });
     assert!(!a.contains(&ShardAction::ReadHead(0)), "another epoch: {a:?}");
-    let a = m.handle(ts(131), ShardEvent::Fenced { shard: 0, epoch: 5 });
+    let a = m.handle(ts(126), ShardEvent::Fenced { shard: 0, epoch: 5 });
+    assert!(a.contains(&ShardAction::ReadHead(0)), "{a:?}");
+}
+
+/// Rule 10: a store that fails may be failing over (and losing the last
+/// writes): once it answers again, every held lease is read again at once.
+#[test]
+fn held_leases_are_read_again_when_the_store_answers_after_a_failure() {
+    let (mut m, _) = holding();
+    let a = m.handle(
+        ts(124),
+        ShardEvent::SelfRead {
+            at: ts(124),
+            result: Err("timed out".to_owned()),
+        },
+    );
+    assert!(
+        !a.contains(&ShardAction::ReadHead(0)),
+        "not while it fails: {a:?}"
+    );
+    let a = m.handle(
+        ts(126),
+        ShardEvent::SelfRead {
+            at: ts(126),
+            result: Ok(Some(SiloStatus::Active)),
+        },
+    );
     assert!(a.contains(&ShardAction::ReadHead(0)), "{a:?}");
 }

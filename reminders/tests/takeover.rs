@@ -207,11 +207,13 @@ fn a_catch_up_goes_on_through_what_fell_due_while_it_ran() {
     assert!(lost.is_empty(), "{lost:?}");
 }
 
-/// A store failover loses the last write of every lease row (Redis'
-/// asynchronous replication) right after a leave moved shards: each row
-/// goes back to what it was before its holder's acquire. The holders write
-/// their acquires again (shards rule 10) before a second leave releases
-/// them, so the second handoff neither repeats nor loses an occurrence.
+/// A store failover (a second's outage) loses the last write of every lease
+/// row (Redis' asynchronous replication) right after a leave moved shards:
+/// each row goes back to what it was before its holder's acquire. The
+/// holders read their leases again once the store answers and write their
+/// acquires again (shards rule 10) before a second leave releases them, so
+/// the second handoff neither repeats nor loses an occurrence (beyond what
+/// the outage itself may cost).
 /// (Without rule 10 the second leave's releases were refused, what they
 /// owed was lost, and the next holders started from the first leave's
 /// watermarks, repeating what had been delivered since.)
@@ -233,6 +235,9 @@ fn lease_writes_lost_in_a_failover_heal_before_the_next_handoff() {
         w.run_for(2_000);
         w.leave(2);
         w.run_for(3_000);
+        // A failover: the store is out for a moment, and comes back without
+        // the last writes.
+        w.outage(1_000);
         let lost = (0..shards).filter(|k| w.lose_last_lease_write(*k)).count();
         assert!(lost > 0, "seed {seed}: lease writes to lose");
         w.run_for(10_000);

@@ -1166,6 +1166,7 @@ fn r15_cron_reminders_in_a_zone_cross_daylight_saving_changes_once() {
             // its shards less often than by default (nothing here tests them).
             let mut c = ReminderCluster::new(ReminderOptions {
                 lease_period: Duration::from_secs(60),
+                lease_poll: Duration::from_secs(60),
                 refresh_reminder_list_period: Duration::from_secs(3600),
                 loading_window: Duration::from_secs(3600),
                 ..ReminderOptions::default()
