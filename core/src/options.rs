@@ -378,8 +378,8 @@ pub struct ReminderOptions {
     pub lease_fencing: bool,
     /// How often a silo reads again the lease of a shard it was assigned that a
     /// live silo still holds (the release's hint usually comes first), and
-    /// a fifth of the pace at which it reads again the lease of each shard it
-    /// holds (a lease a store failover lost heals).
+    /// the pace at which it reads again, in turn, the lease of a shard it holds
+    /// (one a poll: a lease a store failover lost heals).
     /// Default 1 s.
     #[serde(with = "humantime_serde")]
     pub lease_poll: Duration,
