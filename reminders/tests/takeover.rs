@@ -87,6 +87,10 @@ fn a_takeover_whose_load_answers_after_t_delivers_everything_from_t() {
             !taken.is_empty(),
             "seed {seed}: the successor took over the victim's shards"
         );
+        // What `Skip` dropped between the death seen and T is counted: the
+        // 300-ms and 1-s reminders had occurrences there.
+        let skipped = w.machine(successor).map_or(0, |m| m.stats().takeover_skipped);
+        assert!(skipped > 0, "seed {seed}: the crash's cost is counted");
         let lost = lost_after_takeover(&w, end - 2_000);
         assert!(
             lost.is_empty(),

@@ -67,7 +67,13 @@ impl ReminderMachine {
         // the takeover time (rule 1 of `handoff`), counted and recorded.
         let skipped = match held.takeover.filter(|_| !loaded) {
             Some(t) => {
-                let wait = self.options.lease_period + self.max_clock_offset;
+                // The takeover time is this long after the holder was seen
+                // Dead (shards rule 3; at once without fencing).
+                let wait = if self.options.lease_fencing {
+                    self.options.lease_period + self.max_clock_offset
+                } else {
+                    Duration::ZERO
+                };
                 HeldShard::skipped(&timing, t.saturating_sub(wait), t, MAX_SKIPPED_RECORDS)
             }
             None => Vec::new(),
