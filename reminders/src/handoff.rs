@@ -261,18 +261,21 @@ impl HeldShard {
     /// Rule 1: the occurrences of a reminder the missed-tick policy skips at
     /// a takeover at `t`: those in `[from, t)` (`from`: when the cluster saw
     /// the holder Dead, the takeover's fence less the lease period and the
-    /// clock bound) that [`start_after_takeover`](Self::start_after_takeover)
-    /// does not owe, the earliest first, at most `limit`. A one-shot skips
-    /// nothing. Occurrences between the holder's crash and `from` are not
-    /// listed: the Dead holder may have delivered them.
-    pub fn skipped(timing: &Timing, from: Timestamp, t: Timestamp, limit: usize) -> Vec<Timestamp> {
+    /// clock bound) but `owed`, the one
+    /// [`start_after_takeover`](Self::start_after_takeover) owes first, the
+    /// earliest first, at most `limit`. A one-shot skips nothing. Occurrences
+    /// between the holder's crash and `from` are not listed: the Dead holder
+    /// may have delivered them.
+    pub fn skipped(
+        timing: &Timing,
+        from: Timestamp,
+        t: Timestamp,
+        owed: Option<Timestamp>,
+        limit: usize,
+    ) -> Vec<Timestamp> {
         if timing.is_one_shot() || from >= t {
             return Vec::new();
         }
-        let owed = match HeldShard::start_after_takeover(timing, t) {
-            Start::Owed(at) => Some(at),
-            _ => None,
-        };
         let mut out = Vec::new();
         let mut next = timing.after(Timestamp::from_millis(from.as_millis().saturating_sub(1)));
         while let Some(at) = next.filter(|at| *at < t && out.len() < limit) {
@@ -539,21 +542,28 @@ mod tests {
     #[test]
     fn a_takeover_lists_what_the_policy_skips_between_the_death_and_t() {
         let every_1s = Timing::of(&row(0, Some(1_000))).unwrap();
+        let owed = |timing: &Timing| match HeldShard::start_after_takeover(timing, t(50_000)) {
+            Start::Owed(at) => Some(at),
+            _ => None,
+        };
         assert_eq!(
-            HeldShard::skipped(&every_1s, t(47_500), t(50_000), 16),
+            HeldShard::skipped(&every_1s, t(47_500), t(50_000), owed(&every_1s), 16),
             vec![t(48_000), t(49_000)],
             "T itself is owed, not skipped"
         );
-        assert_eq!(HeldShard::skipped(&every_1s, t(47_000), t(50_000), 2).len(), 2);
+        assert_eq!(
+            HeldShard::skipped(&every_1s, t(47_000), t(50_000), owed(&every_1s), 2).len(),
+            2
+        );
         let mut fire_once = every_1s.clone();
         fire_once.missed_tick_policy = MissedTickPolicy::FireOnce;
         assert_eq!(
-            HeldShard::skipped(&fire_once, t(47_500), t(50_000), 16),
+            HeldShard::skipped(&fire_once, t(47_500), t(50_000), owed(&fire_once), 16),
             vec![t(48_000)],
             "FireOnce's catch-up is owed"
         );
         let once = Timing::of(&row(48_000, None)).unwrap();
-        assert!(HeldShard::skipped(&once, t(47_500), t(50_000), 16).is_empty());
+        assert!(HeldShard::skipped(&once, t(47_500), t(50_000), owed(&once), 16).is_empty());
     }
 
     #[test]

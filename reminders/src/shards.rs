@@ -94,7 +94,8 @@
 //! write had not landed (normally those of its last moments; during a store
 //! outage, every such write still queued), and a one-shot whose removal it had
 //! taken over from a holder that left during a store outage; no other periodic
-//! or cron occurrence. Every delivery of one occurrence carries the same `ReminderTick::occurrence_id()`: a handler that records the ids it
+//! or cron occurrence. Every delivery of one occurrence carries the same
+//! `ReminderTick::occurrence_id()`: a handler that records the ids it
 //! handled drops the repeat. Delivery is at least once after a crash, exactly
 //! once on graceful churn.
 //!
@@ -110,6 +111,9 @@ use rollcall_core::lease::{LeaseException, LeaseStatus, ShardLease};
 use rollcall_core::{Etag, MembershipSnapshot, SiloAddress, SiloStatus, Timestamp};
 
 use crate::ring::{Ring, RingRange};
+
+mod heal;
+pub use heal::{HINT_AFTER_POLLS, REVERIFY_POLLS};
 
 /// The hash range of shard `k` of `shards` (1 or more): exactly the hashes
 /// `h` with `(h * shards) >> 32 == k`, the actors
@@ -387,32 +391,9 @@ pub struct ShardMachine {
     /// holder's membership row of a `Confirming` slot, the lease row of an
     /// `*Unknown` one (one read per poll at most, whatever the store does).
     retry_at: BTreeMap<u32, Timestamp>,
-    /// When the next held shard's row is read again (rule 10), and the
-    /// last one read (they are read in turn).
-    verify_next: Option<Timestamp>,
-    verify_cursor: u32,
-    /// Held shards to read again at once (a fenced write, the store back
-    /// after a failure: rule 10).
-    verify_now: std::collections::BTreeSet<u32>,
-    /// A store call failed since every held lease was last read again, and
-    /// when that was (rule 10).
-    store_failed: bool,
-    reverified: Option<Timestamp>,
-    /// Polls each shard has waited for a live holder that the ring does not
-    /// name (rule 10: after [`HINT_AFTER_POLLS`] the holder is told).
-    waits: BTreeMap<u32, u32>,
+    /// Rule 10's verifications and waits.
+    healing: heal::Healing,
 }
-
-/// After a failed store call, every held lease is read again once the
-/// store answers (a failover may have lost the last writes), at most once
-/// every this many lease polls (rule 10): 10, so 10 s with the default
-/// `lease_poll`. Besides, one held lease is read every poll, in turn, and a
-/// fenced write's at once.
-pub const REVERIFY_POLLS: u32 = 10;
-
-/// A silo waiting this many polls for a live holder that the ring does not
-/// name tells it to read the row (rule 10): 3.
-pub const HINT_AFTER_POLLS: u32 = 3;
 
 fn after(t: Timestamp, d: Duration) -> Timestamp {
     Timestamp::from_millis(t.as_millis().saturating_add(d.as_millis() as u64))
@@ -436,12 +417,7 @@ impl ShardMachine {
             taken_from: BTreeMap::new(),
             slots: BTreeMap::new(),
             retry_at: BTreeMap::new(),
-            verify_next: None,
-            verify_cursor: 0,
-            verify_now: Default::default(),
-            store_failed: false,
-            reverified: None,
-            waits: BTreeMap::new(),
+            healing: heal::Healing::default(),
         }
     }
 
@@ -517,34 +493,8 @@ impl ShardMachine {
     /// Handles `event` at `now`; the actions to carry out, in order.
     pub fn handle(&mut self, now: Timestamp, event: ShardEvent) -> Vec<ShardAction> {
         let mut out = Vec::new();
-        // Rule 10: a store that failed may have failed over and lost the last
-        // writes; once it answers again, every held lease is read again.
-        let answered = match &event {
-            ShardEvent::Read { result, .. } => Some(result.is_ok()),
-            ShardEvent::Written { result, .. } => Some(result.is_ok()),
-            ShardEvent::SelfRead { result, .. } => Some(result.is_ok()),
-            ShardEvent::SiloRead { result, .. } => Some(result.is_ok()),
-            _ => None,
-        };
-        match answered {
-            Some(false) => self.store_failed = true,
-            Some(true)
-                if self.store_failed
-                    && self
-                        .reverified
-                        .is_none_or(|t| now >= after(t, self.options.poll * REVERIFY_POLLS)) =>
-            {
-                self.store_failed = false;
-                self.reverified = Some(now);
-                let held = self
-                    .slots
-                    .iter()
-                    .filter(|(_, s)| matches!(s, Slot::Owned { .. }))
-                    .map(|(k, _)| *k);
-                self.verify_now.extend(held);
-            }
-            _ => {}
-        }
+        // Rule 10: a store that failed may have failed over and lost writes.
+        self.note_store_answer(now, &event);
         match event {
             ShardEvent::View(v) => self.view(now, v, &mut out),
             ShardEvent::Read { shard, result } => self.read(now, shard, result, &mut out),
@@ -556,9 +506,7 @@ impl ShardMachine {
                     lease.read_from = Some(read_from);
                     if self.wanted(shard) {
                         self.slots.insert(shard, Slot::Owned { lease });
-                        if self.verify_next.is_none() {
-                            self.verify_next = Some(self.verify_after(now));
-                        }
+                        self.start_verifying(now);
                     } else {
                         out.push(ShardAction::Stop(shard));
                         self.slots.insert(shard, Slot::Stopping { lease });
@@ -624,8 +572,7 @@ impl ShardMachine {
                 } else if !self.slots.contains_key(&shard) && !self.wanted(shard) && !self.left {
                     // Rule 10: a silo waits for this one to release a shard
                     // it does not hold (its release was lost): read the row.
-                    self.slots.insert(shard, Slot::Orphan);
-                    out.push(ShardAction::Read(shard));
+                    self.hinted_orphan(shard, &mut out);
                 }
             }
             ShardEvent::Clock {
@@ -639,11 +586,7 @@ impl ShardMachine {
                     self.want_more(&mut out);
                 }
             }
-            ShardEvent::Fenced { shard, epoch } => {
-                if matches!(self.slots.get(&shard), Some(Slot::Owned { lease }) if lease.epoch == epoch) {
-                    self.verify_now.insert(shard);
-                }
-            }
+            ShardEvent::Fenced { shard, epoch } => self.fenced(shard, epoch),
             ShardEvent::Tick => {}
             ShardEvent::Leave => {
                 self.leaving = true;
@@ -750,46 +693,10 @@ impl ShardMachine {
                     },
                 );
             }
-            (Some(Slot::Verifying { lease: ours }), Ok(row)) => self.verified(k, ours, row, true, out),
-            (Some(Slot::Reasserting { lease: ours }), Ok(row)) => self.verified(k, ours, row, false, out),
-            (Some(Slot::Verifying { lease }), Err(_)) => {
-                // Read again at the next verification.
-                self.hold(k, lease, out);
+            (Some(Slot::Verifying { lease } | Slot::Reasserting { lease }), row) => {
+                self.verified(now, k, lease, row, out)
             }
-            (Some(Slot::Reasserting { .. }), Err(_)) => {
-                self.retry_at.insert(k, after(now, self.options.poll));
-            }
-            (Some(Slot::Orphan), Ok(row)) => {
-                self.slots.remove(&k);
-                if self.wanted(k) {
-                    // Wanted since the hint (a newer view): rule 2.
-                    self.consider(now, k, row, out);
-                } else if row.owner == Some(self.me) && row.status == LeaseStatus::Owned {
-                    // Named holder of a shard this silo does not hold: its
-                    // release (or a give-back) was lost. Released as the row
-                    // stands: the next holder starts from its watermark and
-                    // exceptions (what this silo delivered since may come
-                    // again; nothing is lost).
-                    tracing::warn!(
-                        shard = k,
-                        epoch = row.epoch,
-                        "a lease row names this silo, which does not hold the shard: releasing it"
-                    );
-                    let release = ShardLease {
-                        status: LeaseStatus::Released,
-                        ..row
-                    };
-                    out.push(ShardAction::Write(release.clone()));
-                    self.slots.insert(k, Slot::Releasing { lease: release });
-                } else {
-                    self.check_left(out);
-                }
-            }
-            (Some(Slot::Orphan), Err(_)) => {
-                self.slots.remove(&k);
-                self.want_more(out);
-                self.check_left(out);
-            }
+            (Some(Slot::Orphan), row) => self.orphan_read(now, k, row, out),
             (Some(Slot::ReleaseUnknown { lease: ours }), Ok(row)) => {
                 if row.owner == Some(self.me) && row.epoch == ours.epoch && row.status == LeaseStatus::Owned {
                     // The release did not land: write it again over what is there.
@@ -882,13 +789,7 @@ impl ShardMachine {
                             until: after(now, self.options.poll),
                         },
                     );
-                    // Rule 10: a live holder the ring does not name, polls on
-                    // end: it may not know it is named (a lost release).
-                    let waited = self.waits.entry(k).or_default();
-                    *waited += 1;
-                    if *waited >= HINT_AFTER_POLLS {
-                        out.push(ShardAction::Hint { shard: k, to: owner });
-                    }
+                    self.waited(k, owner, out);
                     return;
                 }
             };
@@ -915,74 +816,6 @@ impl ShardMachine {
         self.acquire(k, lease, takeover, out);
     }
 
-    /// Rule 10: the answer `row` to a read of held shard `k` (held as `ours`;
-    /// `delivering`: a verification, not a reassertion).
-    fn verified(
-        &mut self,
-        k: u32,
-        ours: ShardLease,
-        row: ShardLease,
-        delivering: bool,
-        out: &mut Vec<ShardAction>,
-    ) {
-        let mine = row.owner == Some(self.me) && row.status == LeaseStatus::Owned;
-        if mine && row.epoch == ours.epoch {
-            self.hold(
-                k,
-                ShardLease {
-                    etag: row.etag,
-                    ..ours
-                },
-                out,
-            );
-        } else if row.epoch < ours.epoch {
-            // Our acquire was lost (a store failover took the last write):
-            // the row went back to what it was before it. Every acquire
-            // raises the epoch, so nothing at a lower one can be newer than
-            // ours: write ours again over it; nothing is delivered until it
-            // lands.
-            if delivering {
-                tracing::warn!(
-                    shard = k,
-                    epoch = ours.epoch,
-                    found = row.epoch,
-                    "a held shard's lease row lost its acquire: writing it again"
-                );
-            }
-            let again = ShardLease {
-                etag: row.etag,
-                ..ours
-            };
-            out.push(ShardAction::Write(again.clone()));
-            self.slots.insert(k, Slot::Reasserting { lease: again });
-        } else {
-            // Another epoch or owner: this silo does not hold it (rule 5).
-            tracing::warn!(shard = k, epoch = ours.epoch, found = row.epoch, owner = ?row.owner, "a held shard's lease row names another holder: dropping it");
-            self.slots.remove(&k);
-            out.push(ShardAction::Drop(k));
-            self.want_more(out);
-            self.check_left(out);
-        }
-    }
-
-    /// Held shard `k` (as `lease`) after a verification or reassertion:
-    /// delivering on, or stopped when no longer wanted (rule 4).
-    fn hold(&mut self, k: u32, lease: ShardLease, out: &mut Vec<ShardAction>) {
-        if self.wanted(k) {
-            self.slots.insert(k, Slot::Owned { lease });
-        } else {
-            out.push(ShardAction::Stop(k));
-            self.slots.insert(k, Slot::Stopping { lease });
-        }
-    }
-
-    /// When the held shard after the one verified at `now` is verified
-    /// (rule 10): one a poll, in turn, so at most one read a poll per silo
-    /// however many shards it holds.
-    fn verify_after(&self, now: Timestamp) -> Timestamp {
-        after(now, self.options.poll)
-    }
-
     fn acquire(
         &mut self,
         k: u32,
@@ -990,7 +823,7 @@ impl ShardMachine {
         takeover: Option<Timestamp>,
         out: &mut Vec<ShardAction>,
     ) {
-        self.waits.remove(&k);
+        self.healing.acquiring(k);
         let mut next = ShardLease {
             epoch: lease.epoch + 1,
             owner: Some(self.me),
@@ -1086,23 +919,7 @@ impl ShardMachine {
                 self.slots.insert(k, Slot::ReleaseUnknown { lease });
                 out.push(ShardAction::Read(k));
             }
-            (Slot::Reasserting { mut lease }, Ok(Ok(etag))) => {
-                lease.etag = etag;
-                self.hold(k, lease, out);
-            }
-            (Slot::Reasserting { lease }, Ok(Err(_)) | Err(WriteFailed::Unknown(_))) => {
-                // Another write came first, or ours may have landed: the row
-                // decides.
-                self.slots.insert(k, Slot::Reasserting { lease });
-                out.push(ShardAction::Read(k));
-            }
-            (Slot::Reasserting { .. }, Err(WriteFailed::Refused(why))) => {
-                tracing::error!(shard = k, error = %why, "writing a lost acquire again was refused; dropping the shard");
-                self.slots.remove(&k);
-                out.push(ShardAction::Drop(k));
-                self.want_more(out);
-                self.check_left(out);
-            }
+            (Slot::Reasserting { lease }, result) => self.reasserted(k, lease, result, out),
             _ => {}
         }
     }
@@ -1166,39 +983,7 @@ impl ShardMachine {
                 self.slots.remove(&k);
             }
         }
-        for k in std::mem::take(&mut self.verify_now) {
-            if let Some(Slot::Owned { lease }) = self.slots.get(&k).cloned() {
-                self.slots.insert(k, Slot::Verifying { lease });
-                out.push(ShardAction::ReadHead(k));
-            }
-        }
-        if self.verify_next.is_some_and(|t| t <= now) {
-            // The next held shard after the last one read, in turn.
-            let owned = |(k, s): (&u32, &Slot)| matches!(s, Slot::Owned { .. }).then_some(*k);
-            let next = self
-                .slots
-                .range(self.verify_cursor.saturating_add(1)..)
-                .find_map(owned)
-                .or_else(|| self.slots.iter().find_map(owned));
-            if let Some(k) = next {
-                if let Some(Slot::Owned { lease }) = self.slots.get(&k).cloned() {
-                    self.slots.insert(k, Slot::Verifying { lease });
-                    out.push(ShardAction::ReadHead(k));
-                }
-                self.verify_cursor = k;
-            }
-            let held = self.slots.values().any(|s| {
-                matches!(
-                    s,
-                    Slot::Owned { .. } | Slot::Verifying { .. } | Slot::Reasserting { .. }
-                )
-            });
-            self.verify_next = held.then(|| self.verify_after(now));
-        }
-        // Forget the waits of shards no longer waited for.
-        let slots = &self.slots;
-        self.waits
-            .retain(|k, _| matches!(slots.get(k), Some(Slot::Waiting { .. } | Slot::Reading)));
+        self.verify_due(now, out);
         let retries: Vec<u32> = self
             .retry_at
             .iter()
@@ -1230,7 +1015,7 @@ impl ShardMachine {
                 _ => None,
             })
             .chain(self.retry_at.values().copied())
-            .chain(self.verify_next)
+            .chain(self.healing.next())
             .min();
         if self.options.fencing && !self.left {
             let every = self.options.lease_period / 3;

@@ -252,7 +252,7 @@ pub struct World {
     /// Takeovers, as the silos published them: (silo, shard, takeover time
     /// on that silo's clock). From then on the Dead holder delivers nothing
     /// of the shard, so every occurrence at or after it is owed.
-    pub takeovers: Vec<(usize, u32, Timestamp)>,
+    pub takeovers: std::collections::BTreeSet<(usize, u32, Timestamp)>,
     /// Messages the transport refused for their size (over
     /// `MAX_NOTICE_BODY` bytes): lost, as on a real silo.
     pub oversized: usize,
@@ -303,7 +303,7 @@ impl World {
             joins: Vec::new(),
             failed: Default::default(),
             max_in_flight: (0, 0, 0),
-            takeovers: Vec::new(),
+            takeovers: Default::default(),
             lease_before: HashMap::new(),
             oversized: 0,
             watch: std::env::var("ROLLCALL_SIM_WATCH").ok(),
@@ -1028,15 +1028,8 @@ impl World {
                 self.nodes[i].timers.remove(&timer);
             }
             Action::Held(held) => {
-                for (k, t) in held.not_before {
-                    if !self
-                        .takeovers
-                        .iter()
-                        .any(|(s, shard, at)| *s == i && *shard == k && *at == t)
-                    {
-                        self.takeovers.push((i, k, t));
-                    }
-                }
+                self.takeovers
+                    .extend(held.not_before.into_iter().map(|(k, t)| (i, k, t)));
             }
             Action::LeaveDone
             | Action::Loaded

@@ -9,27 +9,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use proptest::test_runner::RngSeed;
 use rollcall_core::Timestamp;
 use rollcall_provider_memory::MemoryStore;
 use rollcall_reminders::machine::{NOTICE_ATTEMPTS, NOTICE_RETRY};
 use rollcall_reminders::sim::{Config, World};
 use rollcall_reminders::{MAX_DELIVERIES, MAX_NOTICE_READS, MAX_WRITES};
 
-/// `cases` schedules (or `PROPTEST_CASES` when it is set) from a fixed seed (the
-/// same schedules on every run), or from `PROPTEST_RNG_SEED` when it is set
-/// (`PROPTEST_RNG_SEED=$RANDOM` explores).
+mod common;
+
+/// The sweeps' schedules: `cases` from this file's fixed seed
+/// ([`common::sweep_config`]).
 fn config(cases: u32) -> ProptestConfig {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(cases);
-    let mut c = ProptestConfig::with_cases(cases);
-    c.failure_persistence = None;
-    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
-        c.rng_seed = RngSeed::Fixed(20_261_125);
-    }
-    c
+    common::sweep_config(cases, 20_261_125)
 }
 
 /// One step of a schedule, after a gap.

@@ -760,6 +760,25 @@ fn the_takeover_fence_includes_the_clock_bound() {
     );
 }
 
+/// `m`'s read of shard 0 answered with `row` at `ms`.
+fn answer(m: &mut ShardMachine, ms: u64, row: ShardLease) -> Vec<ShardAction> {
+    m.handle(
+        ts(ms),
+        ShardEvent::Read {
+            shard: 0,
+            result: Ok(row),
+        },
+    )
+}
+
+/// The lease row `actions` write, if one.
+fn write_in(actions: &[ShardAction]) -> Option<ShardLease> {
+    actions.iter().find_map(|x| match x {
+        ShardAction::Write(l) => Some(l.clone()),
+        _ => None,
+    })
+}
+
 /// A shard given back by a silo that took it over before its load ended
 /// names the Dead holder again with that takeover's time (`fenced_from`):
 /// the next taker owes everything from that time on, not from its own later
@@ -778,16 +797,8 @@ fn a_shard_given_back_during_a_takeover_is_owed_from_the_first_takeover_time() {
         etag: Etag::new("7"),
         ..ShardLease::vacant(0)
     };
-    let a = m.handle(
-        ts(110),
-        ShardEvent::Read {
-            shard: 0,
-            result: Ok(given_back),
-        },
-    );
-    let Some(ShardAction::Write(w)) = a.into_iter().find(|x| matches!(x, ShardAction::Write(_))) else {
-        panic!("acquires at once");
-    };
+    let a = answer(&mut m, 110, given_back);
+    let w = write_in(&a).expect("acquires at once");
     assert_eq!((w.epoch, w.owner, w.watermark), (6, Some(me), Some(ts(69))));
     assert_eq!(w.fenced_from, None, "the acquire clears it");
     let a = m.handle(
@@ -813,13 +824,7 @@ fn a_silo_beyond_the_clock_bound_releases_its_shards_and_takes_them_again() {
     let (mut m, view) = one_shard(true, Duration::from_millis(15), SiloStatus::Dead);
     let a = m.handle(ts(100), ShardEvent::View(view));
     assert!(a.contains(&ShardAction::Read(0)), "{a:?}");
-    m.handle(
-        ts(101),
-        ShardEvent::Read {
-            shard: 0,
-            result: Ok(ShardLease::vacant(0)),
-        },
-    );
+    answer(&mut m, 101, ShardLease::vacant(0));
     m.handle(
         ts(102),
         ShardEvent::Written {
@@ -956,17 +961,8 @@ fn a_held_shard_whose_acquire_was_lost_writes_it_again() {
         etag: Etag::new("3"),
         ..held.clone()
     };
-    let a = m.handle(
-        ts(141),
-        ShardEvent::Read {
-            shard: 0,
-            result: Ok(lost),
-        },
-    );
-    let again = a.iter().find_map(|x| match x {
-        ShardAction::Write(l) => Some(l.clone()),
-        _ => None,
-    });
+    let a = answer(&mut m, 141, lost);
+    let again = write_in(&a);
     let again = again.expect("the acquire is written again");
     assert_eq!(
         (again.epoch, again.owner, again.etag.as_str()),
@@ -994,13 +990,7 @@ fn a_held_shard_whose_row_names_another_holder_is_dropped() {
         etag: Etag::new("10"),
         ..held
     };
-    let a = m.handle(
-        ts(131),
-        ShardEvent::Read {
-            shard: 0,
-            result: Ok(taken),
-        },
-    );
+    let a = answer(&mut m, 131, taken);
     assert!(a.contains(&ShardAction::Drop(0)), "{a:?}");
     assert!(!m.may_deliver(0, ts(132)));
 }
@@ -1058,17 +1048,8 @@ fn a_lost_release_is_found_by_the_waiting_owner_and_released() {
     other.handle(ts(100), ShardEvent::View(view));
     let a = other.handle(ts(200), ShardEvent::Hint { shard: 0 });
     assert!(a.contains(&ShardAction::Read(0)), "{a:?}");
-    let a = other.handle(
-        ts(201),
-        ShardEvent::Read {
-            shard: 0,
-            result: Ok(stale),
-        },
-    );
-    let release = a.iter().find_map(|x| match x {
-        ShardAction::Write(l) => Some(l.clone()),
-        _ => None,
-    });
+    let a = answer(&mut other, 201, stale);
+    let release = write_in(&a);
     let release = release.expect("released");
     assert_eq!(
         (release.status, release.epoch, release.etag.as_str()),
@@ -1089,13 +1070,7 @@ fn a_held_shard_whose_row_went_back_to_a_release_writes_its_acquire_again() {
         etag: Etag::new("3"),
         ..held
     };
-    let a = m.handle(
-        ts(131),
-        ShardEvent::Read {
-            shard: 0,
-            result: Ok(before),
-        },
-    );
+    let a = answer(&mut m, 131, before);
     assert!(
         a.iter()
             .any(|x| matches!(x, ShardAction::Write(l) if l.epoch == 5 && l.owner == Some(silo(0)))),

@@ -12,6 +12,8 @@ use rollcall_core::{MissedTickPolicy, ReminderEntry, Timestamp};
 use rollcall_provider_memory::MemoryStore;
 use rollcall_reminders::sim::{Config, World, SERVICE};
 
+mod common;
+
 /// Rows of every kind for `actors` actors, first ticks from `start` on:
 /// periodic every 300 ms and every second under `Skip`, every second under
 /// `FireOnce`, a cron schedule every second, and one-shots every 100 ms over
@@ -43,17 +45,23 @@ fn rows(actors: u32, start: Timestamp, one_shot_span: u64) -> Vec<ReminderEntry>
     rows
 }
 
-/// The occurrences at or after their shard's takeover time (as the successor
-/// published it) that were never delivered, up to `until` (virtual ms).
+/// The occurrences at or after their shard's first takeover time (as the
+/// successor published it) that were never delivered, up to `until`
+/// (virtual ms).
 fn lost_after_takeover(w: &World, until: u64) -> Vec<((String, String), Timestamp, Timestamp)> {
     let shards = Config::default().shards;
     let mut lost = Vec::new();
     for (reminder, at) in w.missed(until, 0) {
         let k = rollcall_core::actor_shard(&reminder.0, shards);
-        if let Some((_, _, t)) = w.takeovers.iter().find(|(_, shard, _)| *shard == k) {
-            if at >= *t {
-                lost.push((reminder, at, *t));
-            }
+        // The shard's first takeover (one crash here).
+        let first = w
+            .takeovers
+            .iter()
+            .filter(|(_, shard, _)| *shard == k)
+            .map(|(_, _, t)| *t)
+            .min();
+        if let Some(t) = first.filter(|t| at >= *t) {
+            lost.push((reminder, at, t));
         }
     }
     lost
@@ -111,27 +119,11 @@ fn a_takeover_whose_load_answers_after_t_delivers_everything_from_t() {
 
 mod sweep {
     use proptest::prelude::*;
-    use proptest::test_runner::RngSeed;
 
     use super::*;
 
-    /// `cases` schedules from a fixed seed, or `PROPTEST_CASES` /
-    /// `PROPTEST_RNG_SEED` when set (as in `machine.rs`).
-    fn config(cases: u32) -> ProptestConfig {
-        let cases = std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(cases);
-        let mut c = ProptestConfig::with_cases(cases);
-        c.failure_persistence = None;
-        if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
-            c.rng_seed = RngSeed::Fixed(20_261_206);
-        }
-        c
-    }
-
     proptest! {
-        #![proptest_config(config(48))]
+        #![proptest_config(crate::common::sweep_config(48, 20_261_206))]
 
         /// Three silos on clocks up to 500 ms apart; one crashes at a random
         /// time while the others' row reads answer up to 6 s late (a load
@@ -199,16 +191,7 @@ fn crash_with(
         table_jitter: 200,
         ..Config::default()
     };
-    let mut w = World::new(cfg, seed, Arc::new(MemoryStore::new()));
-    for _ in 0..3 {
-        w.join();
-        w.run_for(500);
-    }
-    w.run_for(2_000);
-    let start = World::time_at(w.now() + 500);
-    for row in rows(8, start, 12_000) {
-        assert!(w.register_row(row), "registered");
-    }
+    let mut w = three_silos_with_rows(cfg, seed, 12_000);
     w.run_for(crash_after);
     for i in (0..3).filter(|i| *i != victim) {
         w.slow_reads(i, delay);
@@ -216,16 +199,38 @@ fn crash_with(
     w.crash(victim);
     if let Some(after) = failover_after {
         w.run_for(after);
-        w.outage(1_000);
-        for k in 0..Config::default().shards {
-            w.lose_last_lease_write(k);
-        }
+        fail_over(&mut w);
         w.run_for(30_000 - after);
     } else {
         w.run_for(30_000);
     }
     let end = w.now() - 8_000;
     (w, end)
+}
+
+/// Three silos of `cfg` joined and settled, then rows of every kind for
+/// eight actors, one-shots over `one_shot_span` ms, first ticks 500 ms on.
+fn three_silos_with_rows(cfg: Config, seed: u64, one_shot_span: u64) -> World {
+    let mut w = World::new(cfg, seed, Arc::new(MemoryStore::new()));
+    for _ in 0..3 {
+        w.join();
+        w.run_for(500);
+    }
+    w.run_for(2_000);
+    let start = World::time_at(w.now() + 500);
+    for row in rows(8, start, one_shot_span) {
+        assert!(w.register_row(row), "registered");
+    }
+    w
+}
+
+/// A store failover: out for a second, back without the last write of every
+/// lease row. How many rows lost one.
+fn fail_over(w: &mut World) -> usize {
+    w.outage(1_000);
+    (0..Config::default().shards)
+        .filter(|k| w.lose_last_lease_write(*k))
+        .count()
 }
 
 /// Found by the sweep: a `FireOnce` catch-up of the last occurrence before
@@ -264,26 +269,11 @@ fn a_catch_up_goes_on_through_what_fell_due_while_it_ran() {
 #[test]
 fn lease_writes_lost_in_a_failover_heal_before_the_next_handoff() {
     for seed in 0..4 {
-        let cfg = Config::default();
-        let shards = cfg.shards;
-        let mut w = World::new(cfg, seed, Arc::new(MemoryStore::new()));
-        for _ in 0..3 {
-            w.join();
-            w.run_for(500);
-        }
-        w.run_for(2_000);
-        let start = World::time_at(w.now() + 500);
-        for row in rows(8, start, 30_000) {
-            assert!(w.register_row(row));
-        }
+        let mut w = three_silos_with_rows(Config::default(), seed, 30_000);
         w.run_for(2_000);
         w.leave(2);
         w.run_for(3_000);
-        // A failover: the store is out for a moment, and comes back without
-        // the last writes.
-        w.outage(1_000);
-        let lost = (0..shards).filter(|k| w.lose_last_lease_write(*k)).count();
-        assert!(lost > 0, "seed {seed}: lease writes to lose");
+        assert!(fail_over(&mut w) > 0, "seed {seed}: lease writes to lose");
         w.run_for(10_000);
         w.leave(1);
         w.run_for(25_000);

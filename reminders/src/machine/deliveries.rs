@@ -63,21 +63,6 @@ impl ReminderMachine {
             return;
         }
         let (loaded, takeover) = (held.loaded, held.takeover.is_some());
-        // A takeover's acquire load: what the missed-tick policy skips before
-        // the takeover time (rule 1 of `handoff`), counted and recorded.
-        let skipped = match held.takeover.filter(|_| !loaded) {
-            Some(t) => {
-                // The takeover time is this long after the holder was seen
-                // Dead (shards rule 3; at once without fencing).
-                let wait = if self.options.lease_fencing {
-                    self.options.lease_period + self.max_clock_offset
-                } else {
-                    Duration::ZERO
-                };
-                HeldShard::skipped(&timing, t.saturating_sub(wait), t, MAX_SKIPPED_RECORDS)
-            }
-            None => Vec::new(),
-        };
         // A release owes every occurrence up to its watermark, which the
         // releasing silo's clock set: one ahead of this silo's sets it past
         // now, and those occurrences are owed all the same.
@@ -91,6 +76,25 @@ impl ReminderMachine {
             Start::Delivered
         } else {
             held.start(&key, &timing, now)
+        };
+        // A takeover's acquire load: what the missed-tick policy skips before
+        // the takeover time (rule 1 of `handoff`), counted and recorded.
+        let skipped = match held.takeover.filter(|_| !loaded) {
+            Some(t) => {
+                // The takeover time is this long after the holder was seen
+                // Dead (shards rule 3; at once without fencing).
+                let wait = if self.options.lease_fencing {
+                    self.options.lease_period + self.max_clock_offset
+                } else {
+                    Duration::ZERO
+                };
+                let owed = match start {
+                    Start::Owed(at) => Some(at),
+                    _ => None,
+                };
+                HeldShard::skipped(&timing, t.saturating_sub(wait), t, owed, MAX_SKIPPED_RECORDS)
+            }
+            None => Vec::new(),
         };
         let planned = match start {
             Start::Delivered => None,
