@@ -46,7 +46,12 @@ pub(crate) fn table(cluster: &str, snap: &MembershipSnapshot, now: Timestamp) ->
             [
                 e.silo.endpoint().to_string(),
                 e.silo.generation().to_string(),
-                e.status.as_str().to_owned(),
+                if e.clock_beyond_bound {
+                    // Its clock is off: the shard ring leaves it out.
+                    format!("{} (clock beyond bound)", e.status.as_str())
+                } else {
+                    e.status.as_str().to_owned()
+                },
                 if e.host_name.is_empty() {
                     "-".to_owned()
                 } else {
@@ -314,6 +319,13 @@ fn describe(event: &MembershipEvent, before: Option<&MembershipEvent>) -> String
     }
     if votes < old_votes {
         return format!("votes expired or cleared, now {votes} ({by})");
+    }
+    if before.is_some_and(|b| b.clock_beyond_bound != event.clock_beyond_bound) {
+        return if event.clock_beyond_bound {
+            format!("clock beyond the bound: left out of the shard ring, still {status} ({by})")
+        } else {
+            format!("clock back within the bound: back in the shard ring, {status} ({by})")
+        };
     }
     format!("rewritten, still {status} ({by})")
 }
@@ -677,6 +689,10 @@ mod tests {
         push(&row, WriteKind::Insert, a, 0);
         row.status = SiloStatus::Active;
         push(&row, WriteKind::Update, a, 100);
+        row.clock_beyond_bound = true;
+        push(&row, WriteKind::Update, a, 200);
+        row.clock_beyond_bound = false;
+        push(&row, WriteKind::Update, a, 300);
         row.suspect_votes.push(SuspectVote {
             silo: b,
             time: t(5_000),
@@ -691,7 +707,7 @@ mod tests {
         let text = super::history("demo", &events, None);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(
-            lines[0], "cluster demo: 4 event(s), table versions 1..=4",
+            lines[0], "cluster demo: 6 event(s), table versions 1..=6",
             "{text}"
         );
         assert!(
@@ -701,13 +717,22 @@ mod tests {
         );
         assert!(lines[2].ends_with("Active (by itself)"), "{text}");
         assert!(
-            lines[3].ends_with(
+            lines[3]
+                .ends_with("clock beyond the bound: left out of the shard ring, still Active (by itself)"),
+            "{text}"
+        );
+        assert!(
+            lines[4].ends_with("clock back within the bound: back in the shard ring, Active (by itself)"),
+            "{text}"
+        );
+        assert!(
+            lines[5].ends_with(
                 "suspected by 10.0.0.2:11111@1: 1 vote(s): 10.0.0.2:11111@1 at 2026-11-18 11:06:45.000"
             ),
             "{text}"
         );
         assert!(
-            lines[4].ends_with(
+            lines[6].ends_with(
                 "declared Dead by 10.0.0.3:11111@1; votes: 10.0.0.2:11111@1 at 2026-11-18 11:06:45.000, \
                  10.0.0.3:11111@1 at 2026-11-18 11:06:45.400"
             ),

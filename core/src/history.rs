@@ -101,6 +101,10 @@ pub struct MembershipEvent {
     /// a vote or a declaration.
     #[serde(default)]
     pub writer: Option<SiloAddress>,
+    /// The row's [`MembershipEntry::clock_beyond_bound`] after the write (absent
+    /// when false, and in events written by older silos).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub clock_beyond_bound: bool,
 }
 
 impl MembershipEvent {
@@ -119,6 +123,7 @@ impl MembershipEvent {
             status: entry.status,
             votes: entry.suspect_votes.clone(),
             writer: origin.writer,
+            clock_beyond_bound: entry.clock_beyond_bound,
         }
     }
 }

@@ -135,6 +135,15 @@ pub struct MembershipEntry {
     /// Last IAmAlive heartbeat (`IAmAliveTime`), written blindly by
     /// `update_i_am_alive`.
     pub i_am_alive_time: Timestamp,
+    /// The silo measured its own wall clock beyond half the cluster's
+    /// `max_clock_offset` from the median of its peers' clocks (see
+    /// [`ClockReport`](crate::protocol::ClockReport)) and said so in its row. Not an
+    /// Orleans column: rollcall's leases need bounded clocks, so a silo whose clock
+    /// is off takes no part in shard ownership (the reminder and placement ring
+    /// leaves it out) while it stays a member that probes and answers probes.
+    /// Absent in rows written by older silos and when false (read as false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub clock_beyond_bound: bool,
 }
 
 impl MembershipEntry {
@@ -153,6 +162,7 @@ impl MembershipEntry {
             fault_zone: 0,
             start_time,
             i_am_alive_time: start_time,
+            clock_beyond_bound: false,
         }
     }
 

@@ -976,3 +976,36 @@ proptest! {
         assert_one_view(&mut w, "random partition");
     }
 }
+
+/// Issue 70, item 4: a silo whose clock crosses the bound says so in its own
+/// row with a conditional write (the version row moves, so every view orders
+/// it), quick flips merge into the newest value, and it says so again when the
+/// clock is back; nobody is suspected for it.
+#[test]
+fn a_clock_beyond_the_bound_is_written_into_the_silo_s_own_row() {
+    let mut w = cluster(3, 5, 5, 0.0);
+    w.run_for(10_000);
+    let flag = |w: &World, i: usize| {
+        w.table()
+            .get(&w.addrs[i])
+            .map(|(e, _)| e.clock_beyond_bound)
+            .expect("row")
+    };
+    assert!(!flag(&w, 2));
+    let before = w.table().version.version;
+    w.feed(2, Event::ClockBound { beyond: true });
+    w.run_until(10_000, |w| flag(w, 2)).expect("the flag is written");
+    assert!(
+        w.table().version.version > before,
+        "the version row moved with it"
+    );
+    // Three flips before any write can land: the row ends as the last said.
+    for beyond in [false, true, false] {
+        w.feed(2, Event::ClockBound { beyond });
+    }
+    w.run_until(10_000, |w| !flag(w, 2)).expect("back within");
+    w.run_for(30_000);
+    assert!(!flag(&w, 2), "the last crossing said within");
+    assert!(w.dead().is_empty());
+    assert!(w.machines.iter().all(|m| m.status() == SiloStatus::Active));
+}

@@ -333,6 +333,15 @@ impl Attrs<'_> {
         }
     }
 
+    /// A boolean attribute that may be absent (absent or `NULL` reads as false).
+    pub(crate) fn opt_bool(&self, name: &str) -> std::result::Result<bool, String> {
+        match self.0.get(name) {
+            None | Some(AttributeValue::Null(_)) => Ok(false),
+            Some(AttributeValue::Bool(b)) => Ok(*b),
+            Some(_) => Err(format!("attribute {name} is not a boolean")),
+        }
+    }
+
     pub(crate) fn opt_n<T: std::str::FromStr>(&self, name: &str) -> std::result::Result<Option<T>, String> {
         match self.0.get(name) {
             None | Some(AttributeValue::Null(_)) => Ok(None),

@@ -40,6 +40,9 @@ const UPDATE_ZONE: &str = "UpdateZone";
 const FAULT_ZONE: &str = "FaultZone";
 const START_TIME: &str = "StartTime";
 const I_AM_ALIVE_TIME: &str = "IAmAliveTime";
+/// Not an Orleans column: present (true) only while the silo's clock is beyond
+/// the cluster's bound.
+const CLOCK_BEYOND_BOUND: &str = "ClockBeyondBound";
 const ETAG: &str = "ETag";
 /// The table version a row was last written at (delta reads).
 const TABLE_VERSION: &str = "TableVersion";
@@ -79,6 +82,9 @@ fn row_item(cluster: &str, e: &MembershipEntry, written_at: u64, etag: &Etag) ->
     item.insert(FAULT_ZONE.into(), n(e.fault_zone));
     item.insert(START_TIME.into(), s(e.start_time.to_string()));
     item.insert(I_AM_ALIVE_TIME.into(), s(e.i_am_alive_time.to_string()));
+    if e.clock_beyond_bound {
+        item.insert(CLOCK_BEYOND_BOUND.into(), AttributeValue::Bool(true));
+    }
     item.insert(ETAG.into(), s(etag.as_str()));
     item.insert(TABLE_VERSION.into(), n(written_at));
     item
@@ -122,6 +128,7 @@ fn decode_row(item: &Item) -> std::result::Result<Row, String> {
         fault_zone: a.n(FAULT_ZONE)?,
         start_time: a.parsed(START_TIME)?,
         i_am_alive_time: a.parsed(I_AM_ALIVE_TIME)?,
+        clock_beyond_bound: a.opt_bool(CLOCK_BEYOND_BOUND)?,
     };
     let etag = a.s(ETAG)?;
     if etag.is_empty() {

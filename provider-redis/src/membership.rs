@@ -60,6 +60,8 @@ struct StoredRow<'a> {
     fault_zone: u32,
     start_time: Timestamp,
     i_am_alive_time: Timestamp,
+    #[serde(default)]
+    clock_beyond_bound: bool,
     etag: String,
 }
 
@@ -77,6 +79,7 @@ impl StoredRow<'_> {
             fault_zone: self.fault_zone,
             start_time: self.start_time,
             i_am_alive_time: self.i_am_alive_time,
+            clock_beyond_bound: self.clock_beyond_bound,
         };
         (entry, self.etag)
     }

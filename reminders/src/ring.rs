@@ -97,8 +97,14 @@ impl Ring {
         Ring { points, silos }
     }
 
-    /// The ring of the Active silos of a membership view: the ring every reminder
-    /// service of the cluster computes from the same table version.
+    /// The ring of the Active silos of a membership view, less those whose row
+    /// says their clock is beyond the cluster's bound
+    /// ([`MembershipEntry::clock_beyond_bound`](rollcall_core::MembershipEntry::clock_beyond_bound)):
+    /// the ring every reminder service of the cluster computes from the same
+    /// table version. A silo whose clock is off cannot hold a lease safely, so its
+    /// shards go to the others while it stays a member. When every Active silo
+    /// says so, the ring is all of them (none of them takes a shard until its
+    /// clock is back, and nothing moves meanwhile).
     pub fn of_active(snapshot: &MembershipSnapshot, points_per_silo: u32) -> Ring {
         Ring::default().follow(snapshot, points_per_silo)
     }
@@ -107,11 +113,18 @@ impl Ring {
     /// costs `points_per_silo` hashes per silo, and views change far more often
     /// than the Active set.
     pub fn follow(self, snapshot: &MembershipSnapshot, points_per_silo: u32) -> Ring {
-        let active: Vec<SiloAddress> = snapshot
+        let mut active: Vec<SiloAddress> = snapshot
             .rows()
-            .filter(|e| e.status == SiloStatus::Active)
+            .filter(|e| e.status == SiloStatus::Active && !e.clock_beyond_bound)
             .map(|e| e.silo)
             .collect();
+        if active.is_empty() {
+            active = snapshot
+                .rows()
+                .filter(|e| e.status == SiloStatus::Active)
+                .map(|e| e.silo)
+                .collect();
+        }
         if active == self.silos {
             return self;
         }
@@ -179,6 +192,28 @@ mod tests {
         for h in [0, 1, u32::MAX, 12345] {
             assert_eq!(one.owner_of(h), Some(silo(1, 1)));
         }
+    }
+
+    #[test]
+    fn a_silo_whose_clock_is_beyond_the_bound_is_left_out() {
+        let (a, b) = (silo(1, 1), silo(2, 1));
+        let view = |flags: [bool; 2]| {
+            let mut v = MembershipSnapshot::default();
+            for (s, beyond) in [a, b].into_iter().zip(flags) {
+                let mut e = rollcall_core::MembershipEntry::new(
+                    s,
+                    SiloStatus::Active,
+                    rollcall_core::Timestamp::EPOCH,
+                );
+                e.clock_beyond_bound = beyond;
+                v.insert(e, rollcall_core::Etag::new("1"));
+            }
+            v
+        };
+        assert_eq!(Ring::of_active(&view([false, false]), 8).silos(), [a, b]);
+        assert_eq!(Ring::of_active(&view([false, true]), 8).silos(), [a]);
+        // Every one beyond: the ring stays as it was rather than empty.
+        assert_eq!(Ring::of_active(&view([true, true]), 8).silos(), [a, b]);
     }
 
     fn silos_strategy() -> impl Strategy<Value = Vec<SiloAddress>> {

@@ -215,6 +215,8 @@ pub struct World {
     cfg: Config,
     nodes: Vec<Node>,
     members: BTreeMap<SiloAddress, (SiloStatus, Timestamp)>,
+    /// Silos whose rows say their clock is beyond the bound.
+    clock_beyond: std::collections::BTreeSet<SiloAddress>,
     version: u64,
     latest: Arc<MembershipSnapshot>,
     tokens: u64,
@@ -284,6 +286,7 @@ impl World {
             cfg,
             nodes: Vec::new(),
             members: BTreeMap::new(),
+            clock_beyond: std::collections::BTreeSet::new(),
             version: 0,
             latest: Arc::default(),
             tokens: 0,
@@ -418,6 +421,25 @@ impl World {
         self.fail(i, true);
     }
 
+    /// Silo `i` measures its clock beyond the cluster's bound (`beyond`) or
+    /// back within it: its machine hears so at once, and its membership row
+    /// says so in a new view, which every silo reads after its own delay (the
+    /// membership agent's conditional write of the flag, then gossip).
+    pub fn clock_beyond(&mut self, i: usize, beyond: bool) {
+        let addr = self.nodes[i].addr;
+        let clock = Event::Clock {
+            within_bound: !beyond,
+            max_offset: Duration::from_millis(self.cfg.clock_bound_told.unwrap_or(self.cfg.max_clock_offset)),
+        };
+        self.sched.push(0, i, Ev::Machine(Box::new(clock)));
+        if beyond {
+            self.clock_beyond.insert(addr);
+        } else {
+            self.clock_beyond.remove(&addr);
+        }
+        self.publish(Some(i));
+    }
+
     /// Silos `a` and `b` cannot reach each other for `ms` (both still reach
     /// the store).
     pub fn partition(&mut self, a: usize, b: usize, ms: u64) {
@@ -434,7 +456,12 @@ impl World {
         let own_view = Ring::of_active(&self.nodes[i].view, self.cfg.options.ring_points_per_silo);
         let me = self.nodes[i].addr;
         let members: std::collections::BTreeSet<SiloAddress> = self.members.keys().copied().collect();
-        let ring = ring_among(&self.members, &members, self.cfg.options.ring_points_per_silo);
+        let ring = ring_among(
+            &self.members,
+            &self.clock_beyond,
+            &members,
+            self.cfg.options.ring_points_per_silo,
+        );
         let leased = self.leased_by(me);
         let shards = self.cfg.shards;
         let owned = self
@@ -559,7 +586,7 @@ impl World {
                 c.owned.insert((actor.to_owned(), name.to_owned()));
             }
             if c.declared.is_none() {
-                let ring = ring_among(&self.members, &c.members, points);
+                let ring = ring_among(&self.members, &self.clock_beyond, &c.members, points);
                 if shard_owner(&ring, actor, shards) == Some(victim) {
                     c.owned.insert((actor.to_owned(), name.to_owned()));
                 }
@@ -661,6 +688,13 @@ impl World {
         false
     }
 
+    /// A membership row of `addr`, its clock flag as the world says.
+    fn entry(&self, addr: SiloAddress, status: SiloStatus, since: Timestamp) -> MembershipEntry {
+        let mut e = MembershipEntry::new(addr, status, since);
+        e.clock_beyond_bound = self.clock_beyond.contains(&addr);
+        e
+    }
+
     fn index_of(&self, addr: SiloAddress) -> Option<usize> {
         self.nodes.iter().position(|n| n.addr == addr)
     }
@@ -677,14 +711,14 @@ impl World {
             ..MembershipSnapshot::default()
         };
         for (addr, (status, since)) in &self.members {
-            view.insert(MembershipEntry::new(*addr, *status, *since), Etag::new("1"));
+            view.insert(self.entry(*addr, *status, *since), Etag::new("1"));
         }
         // A crashed silo not yet declared Dead owns what the new ring gives it:
         // those reminders wait for the failover too.
         let points = self.cfg.options.ring_points_per_silo;
         for c in self.crashes.iter_mut().filter(|c| c.declared.is_none()) {
             let victim = self.nodes[c.silo].addr;
-            let ring = ring_among(&self.members, &c.members, points);
+            let ring = ring_among(&self.members, &self.clock_beyond, &c.members, points);
             for key in self.reminders.keys() {
                 if shard_owner(&ring, &key.0, self.cfg.shards) == Some(victim) {
                     c.owned.insert(key.clone());
@@ -1052,7 +1086,7 @@ impl World {
     pub fn owner_now(&self, actor: &str) -> Option<usize> {
         let mut view = MembershipSnapshot::default();
         for (addr, (status, since)) in &self.members {
-            view.insert(MembershipEntry::new(*addr, *status, *since), Etag::new("1"));
+            view.insert(self.entry(*addr, *status, *since), Etag::new("1"));
         }
         let ring = Ring::of_active(&view, self.cfg.options.ring_points_per_silo);
         shard_owner(&ring, actor, self.cfg.shards).and_then(|a| self.index_of(a))
@@ -1174,12 +1208,15 @@ fn describe(event: &Event) -> String {
 /// The ring of the Active silos of `members` that are also in `among`.
 fn ring_among(
     members: &BTreeMap<SiloAddress, (SiloStatus, Timestamp)>,
+    clock_beyond: &std::collections::BTreeSet<SiloAddress>,
     among: &std::collections::BTreeSet<SiloAddress>,
     points: u32,
 ) -> Ring {
     let mut view = MembershipSnapshot::default();
     for (addr, (status, since)) in members.iter().filter(|(a, _)| among.contains(a)) {
-        view.insert(MembershipEntry::new(*addr, *status, *since), Etag::new("1"));
+        let mut e = MembershipEntry::new(*addr, *status, *since);
+        e.clock_beyond_bound = clock_beyond.contains(addr);
+        view.insert(e, Etag::new("1"));
     }
     Ring::of_active(&view, points)
 }

@@ -294,3 +294,55 @@ fn lease_writes_lost_in_a_failover_heal_before_the_next_handoff() {
         );
     }
 }
+
+/// Issue 70, item 4: a silo whose clock runs 3 s ahead, beyond the bound,
+/// says so in its membership row and the ring leaves it out: every shard it
+/// held is Owned by another silo within the lease period plus `lease_poll`
+/// (plus the table's latency), nothing is repeated or lost meanwhile, and it
+/// takes its share back once its clock is within the bound again.
+/// (Before, it released its shards and the ring still gave them to it: no
+/// silo held them for as long as its clock stayed off.)
+#[test]
+fn a_silo_beyond_the_clock_bound_leaves_the_ring_and_comes_back() {
+    let cfg = Config::default();
+    let shards = cfg.shards;
+    let bound = cfg.options.lease_period + cfg.options.lease_poll + Duration::from_millis(500);
+    for seed in 0..4 {
+        let mut w = three_silos_with_rows(cfg.clone(), seed, 30_000);
+        w.run_for(3_000);
+        let held = |w: &World, i: usize| (0..shards).filter(|k| w.holder_of(*k) == Some(i)).count();
+        let off = (0..3).max_by_key(|i| held(&w, *i)).expect("three");
+        assert!(held(&w, off) > 0, "seed {seed}: silo {off} holds shards");
+        w.set_clock_offset(off, 3_000);
+        w.clock_beyond(off, true);
+        let start = w.now();
+        let all_elsewhere = |w: &World| (0..shards).all(|k| w.holder_of(k).is_some_and(|h| h != off));
+        while !all_elsewhere(&w) && w.now() - start < 30_000 {
+            w.run_for(50);
+        }
+        let took = Duration::from_millis(w.now() - start);
+        assert!(
+            all_elsewhere(&w),
+            "seed {seed}: shards left without another holder"
+        );
+        assert!(
+            took <= bound,
+            "seed {seed}: the shards moved in {took:?}, bound {bound:?}"
+        );
+        w.run_for(10_000);
+        w.set_clock_offset(off, 0);
+        w.clock_beyond(off, false);
+        w.run_for(10_000);
+        assert!(held(&w, off) > 0, "seed {seed}: silo {off} takes its share back");
+        let end = w.now() - 5_000;
+        let repeated = w.duplicates();
+        assert!(repeated.is_empty(), "seed {seed}: repeated {repeated:?}");
+        let missed = w.missed(end, 0);
+        assert!(
+            missed.is_empty(),
+            "seed {seed}: {} missed, e.g. {:?}",
+            missed.len(),
+            &missed[..missed.len().min(5)]
+        );
+    }
+}

@@ -52,6 +52,7 @@ pub fn full_entry(n: u32) -> MembershipEntry {
         fault_zone: n % 5 + 2,
         start_time: Timestamp::from_millis(base + 1),
         i_am_alive_time: Timestamp::from_millis(base + 999),
+        clock_beyond_bound: n % 2 == 1,
     }
 }
 

@@ -240,7 +240,7 @@ impl MembershipAgent {
                     (event, sample)
                 };
                 ctx.spawn(ping.into_actor(self).map(|(event, sample), act, ctx| {
-                    act.clock_sample(sample);
+                    act.clock_sample(sample, ctx);
                     act.feed(event, ctx);
                 }));
             }
@@ -341,7 +341,7 @@ impl MembershipAgent {
     /// Records a ping's clock sample (if it got a pong) and publishes the
     /// report, which also moves with a step of the local clock, sample or not.
     /// A change across the bound is logged.
-    fn clock_sample(&mut self, sample: Option<ClockSample>) {
+    fn clock_sample(&mut self, sample: Option<ClockSample>, ctx: &mut Context<Self>) {
         if let Some(s) = &sample {
             self.clock_offsets.sample(s);
         }
@@ -352,8 +352,9 @@ impl MembershipAgent {
         if was.within_bound && !report.within_bound {
             tracing::error!(
                 cluster = %self.cluster, silo = %self.me, offset = %report,
-                "this silo's clock is beyond max_clock_offset from its peers': services that \
-                 need the bound (reminders) stop delivering here until it is back"
+                "this silo's clock is beyond max_clock_offset from its peers': its row says so, \
+                 the shard ring leaves it out, and services that need the bound (reminders, \
+                 placement) release their shards here until it is back"
             );
         } else if !was.within_bound && report.within_bound {
             tracing::warn!(cluster = %self.cluster, silo = %self.me, offset = %report, "this silo's clock is back within max_clock_offset");
@@ -361,6 +362,15 @@ impl MembershipAgent {
         self.labels.clock(&report);
         if report != was {
             self.outputs.clock.send_replace(report);
+        }
+        if was.within_bound != report.within_bound {
+            // Said in our row, so every silo's shard ring leaves us out meanwhile.
+            self.feed(
+                Event::ClockBound {
+                    beyond: !report.within_bound,
+                },
+                ctx,
+            );
         }
     }
 
@@ -409,8 +419,8 @@ pub(crate) struct MeasureClock;
 impl Handler<MeasureClock> for MembershipAgent {
     type Result = MessageResult<MeasureClock>;
 
-    fn handle(&mut self, _: MeasureClock, _: &mut Context<Self>) -> Self::Result {
-        self.clock_sample(None);
+    fn handle(&mut self, _: MeasureClock, ctx: &mut Context<Self>) -> Self::Result {
+        self.clock_sample(None, ctx);
         MessageResult(*self.outputs.clock.borrow())
     }
 }

@@ -232,6 +232,17 @@ pub enum Event {
         /// The caller's request id.
         request: u64,
     },
+    /// This silo's clock crossed the cluster's bound (see
+    /// [`ClockReport`](super::ClockReport)): `beyond` true when it is now beyond
+    /// half of `max_clock_offset` from the median of its peers' clocks, false when
+    /// back within. The machine says so in its own row
+    /// ([`MembershipEntry::clock_beyond_bound`]) with a conditional write, so
+    /// every silo's ring leaves it out (or takes it back) at the next view; the
+    /// newest crossing wins when several arrive before the write commits.
+    ClockBound {
+        /// Beyond the bound now.
+        beyond: bool,
+    },
     /// The application asked the silo to leave ([`Action::AnswerShutdown`] answers).
     Shutdown {
         /// The caller's request id.
@@ -401,6 +412,8 @@ pub enum Action {
 enum Job {
     Join,
     OwnStatus(SiloStatus),
+    /// Write `own_row.clock_beyond_bound` (as it is when the job plans) into our row.
+    OwnClock,
     Vote {
         suspect: SiloAddress,
         intermediary: Option<SiloAddress>,
@@ -694,6 +707,7 @@ impl SiloMachine {
             Event::HealthCheck { probes_received } => self.on_health_check(now, probes_received),
             Event::Refresh { request } => self.refresh(Some(request)),
             Event::Shutdown { request, graceful } => self.shutdown(request, graceful),
+            Event::ClockBound { beyond } => self.clock_bound(beyond),
         }
         std::mem::take(&mut self.out)
     }
@@ -1201,6 +1215,32 @@ impl SiloMachine {
         }
     }
 
+    /// Records whether our clock is beyond the bound and, once our row exists,
+    /// queues its write unless one is queued (a job plans from the newest value,
+    /// so flips before it runs merge).
+    fn clock_bound(&mut self, beyond: bool) {
+        if self.own_row.clock_beyond_bound == beyond {
+            return;
+        }
+        self.own_row.clock_beyond_bound = beyond;
+        tracing::warn!(cluster = %self.cluster, silo = %self.me, beyond,
+            "this silo's clock crossed the bound: saying so in its row (the shard ring leaves out a silo beyond it)");
+        self.queue_own_clock();
+    }
+
+    /// Not merged with a running write: it may have planned with the old value.
+    fn queue_own_clock(&mut self) {
+        let job = Job::OwnClock;
+        if !self.queue.contains(&job)
+            && matches!(
+                self.lifecycle,
+                Lifecycle::Validating(_) | Lifecycle::Activating | Lifecycle::Active
+            )
+        {
+            self.enqueue(job);
+        }
+    }
+
     // ---- writes ----------------------------------------------------------------------
 
     fn enqueue(&mut self, job: Job) {
@@ -1399,6 +1439,12 @@ impl SiloMachine {
                 _ => {}
             },
             Job::OwnStatus(target) => self.own_status_written(target, result),
+            Job::OwnClock => {
+                if let Err(e) = result {
+                    tracing::warn!(cluster = %self.cluster, silo = %self.me, error = %e,
+                        "the clock flag was not written to this silo's row");
+                }
+            }
             Job::Vote { suspect, .. } => {
                 if let Err(e) = result {
                     tracing::warn!(cluster = %self.cluster, silo = %self.me, %suspect, error = %e, "vote not written");
@@ -1508,6 +1554,22 @@ impl SiloMachine {
                 r.status = *target;
                 r.i_am_alive_time = now;
                 Plan::Write(RowWrite::Update(r, etag.clone()), true)
+            }
+            Job::OwnClock => {
+                let beyond = self.own_row.clock_beyond_bound;
+                match snap.get(&me) {
+                    // A lost row is written again, flag and all, by `reregister`.
+                    Some((row, etag))
+                        if matches!(row.status, SiloStatus::Joining | SiloStatus::Active)
+                            && row.clock_beyond_bound != beyond =>
+                    {
+                        let mut r = row.clone();
+                        r.clock_beyond_bound = beyond;
+                        r.i_am_alive_time = now;
+                        Plan::Write(RowWrite::Update(r, etag.clone()), true)
+                    }
+                    _ => Plan::Done,
+                }
             }
             Job::Vote {
                 suspect,
