@@ -37,14 +37,21 @@
 //!   ([`MAX_LEASE_BYTES`]): [`ShardLeases::write`] then stores them in pages
 //!   beside the row, written before it ([`write_pages`](LeaseTable::write_pages),
 //!   blind puts keyed by the shard and a page set), and the row names the set
-//!   and its page count. A page set is named after the row's epoch and status
-//!   (`<epoch>-owned`, `<epoch>-released`): every writer of one set writes the
-//!   same exceptions (the acquirers of one epoch copy one released row; only the
-//!   holder of an epoch releases it), so a set is never read half old, half new.
+//!   and its page count. A page set is named after the epoch and status of the
+//!   row that first wrote it (`<epoch>-owned`, `<epoch>-released`): every
+//!   writer of one set writes the same exceptions (only the holder of an epoch
+//!   releases it), so a set is never read half old, half new. A row that owes
+//!   the same exceptions as the set it was read with names that set instead
+//!   (`page_set` in the stored row): an acquire of a release that owed tens of
+//!   thousands writes one row, not the release's pages again.
 //!   [`read_pages`](LeaseTable::read_pages) answers a missing page with `None`;
 //!   [`delete_pages`](LeaseTable::delete_pages) removes every set of a shard but
 //!   the one its row names, after that row was written. There is no cap on the
-//!   exceptions a row owes: what does not fit the row goes to pages.
+//!   exceptions a row owes: what does not fit the row goes to pages, sent in
+//!   calls of at most [`PAGE_CALL_BYTES`] that a caller bounds one by one
+//!   ([`ShardLeases::prepare`], [`ShardLeases::send_pages`],
+//!   [`ShardLeases::commit`]); a write retried in the same process sends only
+//!   the pages not known to have landed.
 //!
 //! - **Fence token.** Beside each row a provider stores the row's
 //!   [`fence_token`] (its epoch while [`LeaseStatus::Owned`], nothing while
@@ -227,6 +234,38 @@ pub struct ShardLease {
     /// The etag as last read or written (not stored in the row).
     #[serde(skip)]
     pub etag: Etag,
+    /// Where [`ShardLeases::read`] found the exceptions when they were in
+    /// pages (not stored in the row, and not part of the lease's value: two
+    /// leases that differ only here are equal). A write of the same
+    /// exceptions names that page set instead of writing them again: an
+    /// acquire references the released set it read.
+    #[serde(skip)]
+    pub pages_from: PagesFrom,
+}
+
+/// Where a lease's exceptions were read from: the page set, its page count
+/// and a digest of its pages' bytes ([`ShardLease::pages_from`]). Equal to
+/// every other `PagesFrom`: it is bookkeeping, not part of a lease's value.
+#[derive(Clone, Debug, Default)]
+pub struct PagesFrom(pub Option<PageRef>);
+
+impl PartialEq for PagesFrom {
+    fn eq(&self, _: &PagesFrom) -> bool {
+        true
+    }
+}
+
+impl Eq for PagesFrom {}
+
+/// A page set as read: its name, page count and the digest of its pages.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PageRef {
+    /// The set's name ([`page_set`]).
+    pub set: String,
+    /// Its page count.
+    pub count: u32,
+    /// A digest of its pages' bytes, in order (this process only).
+    pub digest: u64,
 }
 
 impl ShardLease {
@@ -243,6 +282,7 @@ impl ShardLease {
             listed_from: None,
             fenced_from: None,
             etag: Etag::default(),
+            pages_from: PagesFrom::default(),
         }
     }
 
@@ -313,15 +353,18 @@ pub trait LeaseTable: Send + Sync + std::fmt::Debug {
     /// compare-and-set; [`Expected::Any`] writes unconditionally).
     async fn write_lease(&self, shard: u32, expected: &Expected, row: &[u8]) -> Result<LeaseWrite>;
 
-    /// Writes `pages` as pages `0..pages.len()` of page set `set` of `shard`
-    /// (blind puts, each page at most [`MAX_LEASE_BYTES`]; a set written again
-    /// is overwritten page by page).
+    /// Writes `pages` as pages `first..first + pages.len()` of page set `set`
+    /// of `shard` (blind puts, each page at most [`MAX_LEASE_BYTES`]; a set
+    /// written again is overwritten page by page). [`ShardLeases::write`]
+    /// sends at most [`PAGE_CALL_BYTES`] of pages per call, so one call's
+    /// time is bounded whatever a release owes; a provider sends them in as
+    /// few requests as its limits allow.
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a page over [`MAX_LEASE_BYTES`] or a shard
     /// past [`MAX_SHARDS`] ([`check_row`]), before anything is sent; a backend
     /// error (some pages may have been written).
-    async fn write_pages(&self, shard: u32, set: &str, pages: &[Vec<u8>]) -> Result<()>;
+    async fn write_pages(&self, shard: u32, set: &str, first: u32, pages: &[Vec<u8>]) -> Result<()>;
 
     /// Pages `0..count` of page set `set` of `shard`, `None` for a missing one.
     async fn read_pages(&self, shard: u32, set: &str, count: u32) -> Result<Vec<Option<Vec<u8>>>>;
@@ -352,13 +395,40 @@ struct Stored {
     lease: ShardLease,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pages: Option<u32>,
+    /// The page set the pages are in, when not the row's own
+    /// ([`page_set`] of its epoch and status): an acquire that kept the
+    /// exceptions of the release it read names the release's set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    page_set: Option<String>,
 }
 
-/// The page count of a stored row (its other fields ignored).
+/// The page count and set of a stored row (its other fields ignored).
 #[derive(Deserialize)]
 struct PageCount {
     #[serde(default)]
     pages: Option<u32>,
+    #[serde(default)]
+    page_set: Option<String>,
+}
+
+/// The largest amount of page bytes [`ShardLeases::write`] sends in one
+/// [`LeaseTable::write_pages`] call: 1 MiB (four full pages; under etcd's
+/// default 1.5 MiB request limit), so each call's time is bounded however
+/// much a release owes.
+pub const PAGE_CALL_BYTES: usize = 1024 * 1024;
+
+/// A digest of `pages`' bytes, in order.
+fn digest<'a>(pages: impl IntoIterator<Item = &'a [u8]>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for p in pages {
+        p.hash(&mut h);
+    }
+    h.finish()
+}
+
+fn page_digest(page: &[u8]) -> u64 {
+    digest([page])
 }
 
 /// `exceptions` as JSON arrays of at most [`MAX_LEASE_BYTES`] each.
@@ -394,6 +464,10 @@ fn paginate(shard: u32, exceptions: &[LeaseException]) -> Result<Vec<Vec<u8>>> {
     Ok(pages)
 }
 
+/// The page set a write last sent pages of, and the digests of its pages
+/// known to have landed (0: not known).
+type Landed = (String, Vec<u64>);
+
 /// Typed access to a service's leases: rows decoded, checked, and the shard
 /// count agreed. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -403,6 +477,10 @@ pub struct ShardLeases {
     /// Shards whose row, as last read or written here, had pages: the next
     /// write removes the pages it no longer names.
     paged: std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>,
+    /// Per shard, the page set a write here last sent pages of and the
+    /// digests of the pages known to have landed (0: not known): a retried
+    /// write sends only the others.
+    landed: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<u32, Landed>>>,
 }
 
 impl ShardLeases {
@@ -436,6 +514,7 @@ impl ShardLeases {
             table,
             shards,
             paged: Default::default(),
+            landed: Default::default(),
         })
     }
 
@@ -472,9 +551,10 @@ impl ShardLeases {
     }
 
     /// The lease of `shard`, [`ShardLease::vacant`] (empty etag) when it has no
-    /// row; its exceptions read from its pages when it has them. A page found
-    /// missing means the row was replaced meanwhile: the row is read again (up
-    /// to 3 times).
+    /// row; its exceptions read from its pages when it has them (and where it
+    /// found them kept in [`ShardLease::pages_from`]). A page found missing
+    /// means the row was replaced meanwhile: the row is read again (up to 3
+    /// times).
     ///
     /// # Errors
     /// [`Error::InvalidInput`] for a shard out of range; [`Error::Corrupt`]
@@ -487,13 +567,13 @@ impl ShardLeases {
         };
         let (lease, pages) = self.decode_row(shard, &bytes, etag)?;
         drop(bytes);
-        let Some(count) = pages else {
+        let Some(pages) = pages else {
             return Ok(lease);
         };
         // Rare (a release that owed more than a row holds): boxed, and
         // nothing but the box held across its await, so the future of every
         // other read (one per registration's notice) stays small.
-        let paged = Box::pin(self.read_paged(shard, lease, count));
+        let paged = Box::pin(self.read_paged(shard, lease, pages));
         paged.await
     }
 
@@ -513,8 +593,13 @@ impl ShardLeases {
         Ok(self.decode_row(shard, &bytes, etag)?.0)
     }
 
-    /// A stored row and the count of its pages, if it has them.
-    fn decode_row(&self, shard: u32, bytes: &[u8], etag: Etag) -> Result<(ShardLease, Option<u32>)> {
+    /// A stored row and, if its exceptions are in pages, their count and set.
+    fn decode_row(
+        &self,
+        shard: u32,
+        bytes: &[u8],
+        etag: Etag,
+    ) -> Result<(ShardLease, Option<(u32, String)>)> {
         let service = self.table.service_id();
         let what = || format!("lease {service}/{shard}");
         // Not through `Stored`: serde's `flatten` buffers the whole row
@@ -524,9 +609,15 @@ impl ShardLeases {
         let lease: ShardLease = serde_json::from_slice(bytes).map_err(|e| Error::corrupt(what(), e))?;
         let lease = ShardLease::decode_checked(service, shard, lease, etag)?;
         let pages = if bytes.windows(8).any(|w| w == b"\"pages\":") {
-            serde_json::from_slice::<PageCount>(bytes)
-                .map_err(|e| Error::corrupt(what(), e))?
-                .pages
+            let stored = serde_json::from_slice::<PageCount>(bytes).map_err(|e| Error::corrupt(what(), e))?;
+            stored.pages.map(|n| {
+                (
+                    n,
+                    stored
+                        .page_set
+                        .unwrap_or_else(|| page_set(lease.epoch, lease.status)),
+                )
+            })
         } else {
             None
         };
@@ -534,14 +625,18 @@ impl ShardLeases {
     }
 
     /// [`read`](Self::read) of a row (`lease`, first read) whose exceptions
-    /// are in `count` pages.
-    async fn read_paged(&self, shard: u32, mut lease: ShardLease, mut count: u32) -> Result<ShardLease> {
+    /// are in `count` pages of `set`.
+    async fn read_paged(
+        &self,
+        shard: u32,
+        mut lease: ShardLease,
+        (mut count, mut set): (u32, String),
+    ) -> Result<ShardLease> {
         let service = self.table.service_id();
         let what = || format!("lease {service}/{shard}");
         let mut last_etag: Option<Etag> = None;
         for _ in 0..3 {
             self.set_paged(shard, true);
-            let set = page_set(lease.epoch, lease.status);
             let pages = self.table.read_pages(shard, &set, count).await?;
             if pages.iter().any(Option::is_none) {
                 if last_etag.as_ref() == Some(&lease.etag) {
@@ -557,18 +652,25 @@ impl ShardLeases {
                 };
                 match self.decode_row(shard, &bytes, etag)? {
                     (again, None) => return Ok(again),
-                    (again, Some(n)) => {
+                    (again, Some((n, s))) => {
                         lease = again;
                         count = n;
+                        set = s;
                     }
                 }
                 continue;
             }
-            for (i, page) in pages.into_iter().flatten().enumerate() {
-                let mut more: Vec<LeaseException> = serde_json::from_slice(&page)
+            let pages: Vec<Vec<u8>> = pages.into_iter().flatten().collect();
+            for (i, page) in pages.iter().enumerate() {
+                let mut more: Vec<LeaseException> = serde_json::from_slice(page)
                     .map_err(|e| Error::corrupt(format!("{} page {set}/{i}", what()), e))?;
                 lease.exceptions.append(&mut more);
             }
+            lease.pages_from = PagesFrom(Some(PageRef {
+                digest: digest(pages.iter().map(Vec::as_slice)),
+                set,
+                count,
+            }));
             return Ok(lease);
         }
         Err(Error::backend(format!(
@@ -577,62 +679,251 @@ impl ShardLeases {
         )))
     }
 
-    /// Writes `lease` over the row it was read from (its etag; an empty etag:
-    /// no row). `Ok(Ok(new etag))` when written, `Ok(Err(current etag))` when
-    /// another write came first. Exceptions that do not fit the row go to pages
-    /// first (see the module docs), however many; after the row is written,
-    /// pages it no longer names are deleted (best effort: a failure is logged,
-    /// and a later paged write of the shard deletes them).
+    /// Plans the write of `lease` over the row it was read from (its etag;
+    /// an empty etag: no row), for [`send_pages`](Self::send_pages) and
+    /// [`commit`](Self::commit) to carry out, each call bounded on its own.
+    /// Exceptions that do not fit the row go to pages (see the module docs),
+    /// however many; the same exceptions as the page set the lease was read
+    /// from ([`ShardLease::pages_from`]) are not written again: the row names
+    /// that set. Pages of the same set that an earlier attempt here wrote
+    /// with the same bytes are not sent again: a retried write resumes.
     ///
     /// # Errors
-    /// As [`read`](Self::read); [`Error::InvalidInput`] for one exception over
-    /// [`MAX_LEASE_BYTES`] alone (cannot happen with keys within
+    /// [`Error::InvalidInput`] for a shard out of range, or for one exception
+    /// over [`MAX_LEASE_BYTES`] alone (cannot happen with keys within
     /// [`KeyLimits`](crate::KeyLimits)), before anything is sent.
-    pub async fn write(&self, lease: &ShardLease) -> Result<std::result::Result<Etag, Option<Etag>>> {
+    pub fn prepare(&self, lease: &ShardLease) -> Result<PreparedWrite> {
         self.check(lease.shard)?;
         let shard = lease.shard;
-        let (row, pages) = match lease.encode() {
-            Ok(row) => (row, Vec::new()),
-            Err(Error::InvalidInput { .. }) => {
-                let pages = paginate(shard, &lease.exceptions)?;
-                let stored = Stored {
-                    lease: ShardLease {
-                        exceptions: Vec::new(),
-                        ..lease.clone()
-                    },
-                    pages: Some(pages.len() as u32),
-                };
-                let row = serde_json::to_vec(&stored)
-                    .map_err(|e| Error::invalid_input("lease", format!("does not serialize: {e}")))?;
-                (row, pages)
-            }
-            Err(e) => return Err(e),
-        };
-        let set = page_set(lease.epoch, lease.status);
-        if !pages.is_empty() {
-            self.table.write_pages(shard, &set, &pages).await?;
-        }
         let expected = if lease.etag.is_empty() {
             Expected::Absent
         } else {
             Expected::Etag(lease.etag.clone())
         };
-        match self.table.write_lease(shard, &expected, &row).await? {
-            LeaseWrite::Written(e) => {
-                let paged = !pages.is_empty();
-                let was = self.set_paged(shard, paged);
-                if paged || was {
-                    let keep = paged.then_some(set.as_str());
-                    if let Err(err) = self.table.delete_pages(shard, keep).await {
-                        tracing::warn!(service = %self.table.service_id(), shard, error = %err,
-                            "lease pages the row no longer names were not deleted; a later paged write deletes them");
-                    }
-                }
-                Ok(Ok(e))
+        match lease.encode() {
+            Ok(row) => {
+                return Ok(PreparedWrite {
+                    shard,
+                    expected,
+                    row,
+                    set: None,
+                    pages: Vec::new(),
+                    todo: Vec::new(),
+                })
             }
+            Err(Error::InvalidInput { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        let pages = paginate(shard, &lease.exceptions)?;
+        let count = pages.len() as u32;
+        let own = page_set(lease.epoch, lease.status);
+        let kept = lease
+            .pages_from
+            .0
+            .as_ref()
+            .filter(|r| r.count == count && r.digest == digest(pages.iter().map(Vec::as_slice)));
+        let set = kept.map_or_else(|| own.clone(), |r| r.set.clone());
+        let stored = Stored {
+            lease: ShardLease {
+                exceptions: Vec::new(),
+                ..lease.clone()
+            },
+            pages: Some(count),
+            page_set: (set != own).then(|| set.clone()),
+        };
+        let row = serde_json::to_vec(&stored)
+            .map_err(|e| Error::invalid_input("lease", format!("does not serialize: {e}")))?;
+        let todo = if kept.is_some() {
+            Vec::new()
+        } else {
+            let landed = self.landed_pages(shard, &set);
+            (0..count)
+                .filter(|i| landed.get(*i as usize) != Some(&page_digest(&pages[*i as usize])))
+                .collect()
+        };
+        Ok(PreparedWrite {
+            shard,
+            expected,
+            row,
+            set: Some(set),
+            pages,
+            todo,
+        })
+    }
+
+    /// Sends the next pages of `write` that are not known to have landed, at
+    /// most [`PAGE_CALL_BYTES`] in one [`LeaseTable::write_pages`] call (one
+    /// store call: bound it with the table's operation timeout). `Ok(true)`
+    /// while pages are left to send.
+    ///
+    /// # Errors
+    /// A backend error (some of this call's pages may have been written: the
+    /// next attempt sends them again).
+    pub async fn send_pages(&self, write: &mut PreparedWrite) -> Result<bool> {
+        let Some(set) = write.set.clone() else {
+            return Ok(false);
+        };
+        let Some(&first) = write.todo.first() else {
+            return Ok(false);
+        };
+        // A run of consecutive pages from `first`, within the call's bytes.
+        let mut n = 0usize;
+        let mut bytes = 0usize;
+        while let Some(&i) = write.todo.get(n) {
+            let len = write.pages[i as usize].len();
+            if i != first + n as u32 || (n > 0 && bytes + len > PAGE_CALL_BYTES) {
+                break;
+            }
+            bytes += len;
+            n += 1;
+        }
+        let range = first as usize..first as usize + n;
+        self.table
+            .write_pages(write.shard, &set, first, &write.pages[range.clone()])
+            .await?;
+        self.record_landed(write.shard, &set, first, &write.pages[range]);
+        write.todo.drain(..n);
+        Ok(!write.todo.is_empty())
+    }
+
+    /// Writes the row of `write` by compare-and-set, once every page was sent
+    /// ([`send_pages`](Self::send_pages)): `Ok(Ok(new etag))` when written,
+    /// `Ok(Err(current etag))` when another write came first. One store call.
+    /// What to clean up after a written row is left in `write`
+    /// ([`cleanup`](Self::cleanup)).
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] when pages are left to send; a backend error.
+    pub async fn commit(&self, write: &PreparedWrite) -> Result<std::result::Result<Etag, Option<Etag>>> {
+        if !write.todo.is_empty() {
+            return Err(Error::invalid_input(
+                "lease",
+                format!(
+                    "{} pages of shard {} are not written yet",
+                    write.todo.len(),
+                    write.shard
+                ),
+            ));
+        }
+        match self
+            .table
+            .write_lease(write.shard, &write.expected, &write.row)
+            .await?
+        {
+            LeaseWrite::Written(e) => Ok(Ok(e)),
             // Another write came first: our pages may be the winner's too (the
             // acquirers of one epoch write the same set), so they stay.
             LeaseWrite::Conflict(c) => Ok(Err(c)),
         }
+    }
+
+    /// After [`commit`](Self::commit) wrote the row of `write`: deletes the
+    /// pages of the shard the row no longer names, if it or the row before
+    /// it had pages (one store call). Best effort: a failure is logged, and a
+    /// later paged write of the shard deletes them.
+    pub async fn cleanup(&self, write: &PreparedWrite) {
+        let paged = write.set.is_some();
+        let was = self.set_paged(write.shard, paged);
+        if let Some(set) = &write.set {
+            self.forget_landed_but(write.shard, set);
+        } else {
+            self.forget_landed_but(write.shard, "");
+        }
+        if paged || was {
+            if let Err(err) = self.table.delete_pages(write.shard, write.set.as_deref()).await {
+                tracing::warn!(service = %self.table.service_id(), shard = write.shard, error = %err,
+                    "lease pages the row no longer names were not deleted; a later paged write deletes them");
+            }
+        }
+    }
+
+    /// [`prepare`](Self::prepare), every [`send_pages`](Self::send_pages),
+    /// [`commit`](Self::commit) and [`cleanup`](Self::cleanup) in one call:
+    /// `Ok(Ok(new etag))` when written, `Ok(Err(current etag))` when another
+    /// write came first. Its time is not bounded by one store call's: a
+    /// caller with a deadline per store call drives the steps itself.
+    ///
+    /// # Errors
+    /// As [`prepare`](Self::prepare) and [`send_pages`](Self::send_pages).
+    pub async fn write(&self, lease: &ShardLease) -> Result<std::result::Result<Etag, Option<Etag>>> {
+        let mut write = self.prepare(lease)?;
+        while self.send_pages(&mut write).await? {}
+        let result = self.commit(&write).await?;
+        if result.is_ok() {
+            self.cleanup(&write).await;
+        }
+        Ok(result)
+    }
+
+    fn landed_pages(&self, shard: u32, set: &str) -> Vec<u64> {
+        let landed = self
+            .landed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match landed.get(&shard) {
+            Some((s, digests)) if s == set => digests.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    fn record_landed(&self, shard: u32, set: &str, first: u32, pages: &[Vec<u8>]) {
+        let mut landed = self
+            .landed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entry = landed
+            .entry(shard)
+            .or_insert_with(|| (set.to_owned(), Vec::new()));
+        if entry.0 != set {
+            *entry = (set.to_owned(), Vec::new());
+        }
+        let end = first as usize + pages.len();
+        if entry.1.len() < end {
+            entry.1.resize(end, 0);
+        }
+        for (i, p) in pages.iter().enumerate() {
+            entry.1[first as usize + i] = page_digest(p);
+        }
+    }
+
+    fn forget_landed_but(&self, shard: u32, set: &str) {
+        let mut landed = self
+            .landed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if landed.get(&shard).is_some_and(|(s, _)| s != set) {
+            landed.remove(&shard);
+        }
+    }
+}
+
+/// A lease write planned by [`ShardLeases::prepare`]: the row, and the pages
+/// still to send when its exceptions do not fit it.
+#[derive(Debug)]
+pub struct PreparedWrite {
+    shard: u32,
+    expected: Expected,
+    row: Vec<u8>,
+    /// The page set the row names, if it has pages.
+    set: Option<String>,
+    pages: Vec<Vec<u8>>,
+    /// Indexes of the pages still to send, ascending.
+    todo: Vec<u32>,
+}
+
+impl PreparedWrite {
+    /// The shard.
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// How many pages are still to send (0: the row is next).
+    pub fn pages_left(&self) -> usize {
+        self.todo.len()
+    }
+
+    /// The page set the row names (`None`: the exceptions fit the row).
+    pub fn page_set(&self) -> Option<&str> {
+        self.set.as_deref()
     }
 }

@@ -241,13 +241,13 @@ impl LeaseTable for DynamoDbLeaseTable {
         }
     }
 
-    async fn write_pages(&self, shard: u32, set: &str, pages: &[Vec<u8>]) -> Result<()> {
+    async fn write_pages(&self, shard: u32, set: &str, first: u32, pages: &[Vec<u8>]) -> Result<()> {
         for page in pages {
             rollcall_core::lease::check_row(shard, page)?;
         }
         self.ready().await?;
         for (i, page) in pages.iter().enumerate() {
-            let mut item = self.page_key(shard, set, i as u32);
+            let mut item = self.page_key(shard, set, first + i as u32);
             item.insert(PAGE.to_owned(), AttributeValue::B(Blob::new(page.clone())));
             self.conn
                 .client

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use rollcall_core::lease::{LeaseTable, LeaseWrite};
 use rollcall_core::{Error, Etag, Expected, Result};
 
@@ -142,29 +142,59 @@ impl LeaseTable for EtcdLeaseTable {
         ))
     }
 
-    async fn write_pages(&self, shard: u32, set: &str, pages: &[Vec<u8>]) -> Result<()> {
+    /// One `Txn` per call ([`PAGE_CALL_BYTES`](rollcall_core::lease::PAGE_CALL_BYTES)
+    /// at most, under etcd's default 1.5 MiB request limit); a call with more
+    /// (another caller) is sent in `Txn`s of at most that size.
+    async fn write_pages(&self, shard: u32, set: &str, first: u32, pages: &[Vec<u8>]) -> Result<()> {
         for page in pages {
             rollcall_core::lease::check_row(shard, page)?;
         }
+        let mut ops = Vec::new();
+        let mut bytes = 0;
         for (i, page) in pages.iter().enumerate() {
-            let txn = Txn::new().and_then(vec![TxnOp::put(
-                self.page_key(shard, set, i as u32),
+            if !ops.is_empty() && bytes + page.len() > rollcall_core::lease::PAGE_CALL_BYTES {
+                let txn = Txn::new().and_then(std::mem::take(&mut ops));
+                self.conn.txn("write lease pages", txn).await?;
+                bytes = 0;
+            }
+            bytes += page.len();
+            ops.push(TxnOp::put(
+                self.page_key(shard, set, first + i as u32),
                 page.clone(),
                 None,
-            )]);
-            self.conn.txn("write lease page", txn).await?;
+            ));
+        }
+        if !ops.is_empty() {
+            self.conn
+                .txn("write lease pages", Txn::new().and_then(ops))
+                .await?;
         }
         Ok(())
     }
 
+    /// Ranges of four pages (1 MiB at most: well under the client's 4 MiB
+    /// message limit), one request each.
     async fn read_pages(&self, shard: u32, set: &str, count: u32) -> Result<Vec<Option<Vec<u8>>>> {
-        let mut out = Vec::with_capacity(count as usize);
-        for i in 0..count {
+        const PER_REQUEST: u32 = 4;
+        let mut out = vec![None; count as usize];
+        let mut from = 0;
+        while from < count {
+            let to = (from + PER_REQUEST).min(count);
+            let options = GetOptions::new().with_range(self.page_key(shard, set, to));
             let mut resp = self
                 .conn
-                .get("read lease page", self.page_key(shard, set, i), None)
+                .get("read lease pages", self.page_key(shard, set, from), Some(options))
                 .await?;
-            out.push(resp.take_kvs().into_iter().next().map(|kv| kv.value().to_vec()));
+            for kv in resp.take_kvs() {
+                let index = std::str::from_utf8(kv.key())
+                    .ok()
+                    .and_then(|k| k.rsplit('/').next())
+                    .and_then(|i| i.parse::<u32>().ok());
+                if let Some(slot) = index.and_then(|i| out.get_mut(i as usize)) {
+                    *slot = Some(kv.value().to_vec());
+                }
+            }
+            from = to;
         }
         Ok(out)
     }

@@ -79,13 +79,14 @@ impl LeaseTable for MemoryLeaseTable {
         })
     }
 
-    async fn write_pages(&self, shard: u32, set: &str, pages: &[Vec<u8>]) -> Result<()> {
+    async fn write_pages(&self, shard: u32, set: &str, first: u32, pages: &[Vec<u8>]) -> Result<()> {
         for page in pages {
             rollcall_core::lease::check_row(shard, page)?;
         }
         self.with(|l| {
             for (i, page) in pages.iter().enumerate() {
-                l.pages.insert((shard, set.to_owned(), i as u32), page.clone());
+                l.pages
+                    .insert((shard, set.to_owned(), first + i as u32), page.clone());
             }
         })
     }

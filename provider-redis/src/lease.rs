@@ -164,7 +164,7 @@ impl LeaseTable for RedisLeaseTable {
         }
     }
 
-    async fn write_pages(&self, shard: u32, set: &str, pages: &[Vec<u8>]) -> Result<()> {
+    async fn write_pages(&self, shard: u32, set: &str, first: u32, pages: &[Vec<u8>]) -> Result<()> {
         for page in pages {
             rollcall_core::lease::check_row(shard, page)?;
         }
@@ -174,7 +174,8 @@ impl LeaseTable for RedisLeaseTable {
         let mut hset = redis::cmd("HSET");
         hset.arg(self.keys.lease_pages(shard));
         for (i, page) in pages.iter().enumerate() {
-            hset.arg(format!("{set}/{i}")).arg(page.as_slice());
+            hset.arg(format!("{set}/{}", first + i as u32))
+                .arg(page.as_slice());
         }
         let mut pipe = redis::pipe();
         pipe.add_command(hset).ignore();

@@ -385,10 +385,33 @@ impl ReminderAgent {
             }
             Action::WriteLease(lease) => {
                 let shard = lease.shard;
+                // Each store call is bounded on its own (pages in calls of at
+                // most `PAGE_CALL_BYTES`, then the row): a release that owes
+                // tens of thousands lands however slow the store, and a retry
+                // resumes the pages an attempt cut short had sent. The whole
+                // answers within `table_operation_timeout` per call, the
+                // pages' cleanup included.
                 let call = async move {
-                    bounded(timeout, leases.write(&lease))
+                    let mut write = leases
+                        .prepare(&lease)
+                        .map_err(|e| crate::shards::WriteFailed::of(&e.into()))?;
+                    while bounded(timeout, leases.send_pages(&mut write))
                         .await
-                        .map_err(|e| crate::shards::WriteFailed::of(&e))
+                        .map_err(|e| crate::shards::WriteFailed::of(&e))?
+                    {}
+                    let result = bounded(timeout, leases.commit(&write))
+                        .await
+                        .map_err(|e| crate::shards::WriteFailed::of(&e))?;
+                    if result.is_ok() {
+                        // Best effort, but before the answer: the shard's next
+                        // write here must not race a delete of the pages it names.
+                        let cleanup = async {
+                            leases.cleanup(&write).await;
+                            Ok::<(), ()>(())
+                        };
+                        let _ = rollcall_core::bounded(timeout, cleanup, |_| ()).await;
+                    }
+                    Ok(result)
                 };
                 self.answer(ctx, call, move |result| {
                     Event::Shard(ShardEvent::Written { shard, result })

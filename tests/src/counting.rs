@@ -299,8 +299,8 @@ impl LeaseTable for CountingLeases {
         bump(&self.counts.lease_reads);
         self.inner.read_lease(shard).await
     }
-    async fn write_pages(&self, shard: u32, set: &str, pages: &[Vec<u8>]) -> Result<()> {
-        self.inner.write_pages(shard, set, pages).await
+    async fn write_pages(&self, shard: u32, set: &str, first: u32, pages: &[Vec<u8>]) -> Result<()> {
+        self.inner.write_pages(shard, set, first, pages).await
     }
     async fn read_pages(&self, shard: u32, set: &str, count: u32) -> Result<Vec<Option<Vec<u8>>>> {
         self.inner.read_pages(shard, set, count).await

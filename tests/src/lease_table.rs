@@ -374,6 +374,76 @@ pub async fn lease_exceptions_past_one_row_go_to_pages(store: Store) {
         "the pages the row no longer names are deleted"
     );
 
+    // An acquire of the release keeps what it owes: its row names the
+    // release's page set instead of copying it (issue 70, item 3), and the
+    // set stays while the row names it.
+    let read_release = leases.read(2).await.unwrap();
+    let keep = ShardLease {
+        etag: etag.clone(),
+        ..acquired(&read_release, owner)
+    };
+    let released_set = rollcall_core::lease::page_set(release.epoch, LeaseStatus::Released);
+    let prepared = leases.prepare(&keep).unwrap();
+    assert_eq!(
+        prepared.page_set(),
+        Some(released_set.as_str()),
+        "the release's set"
+    );
+    assert_eq!(prepared.pages_left(), 0, "no page is written again");
+    let etag = leases.commit(&prepared).await.unwrap().expect("acquire");
+    leases.cleanup(&prepared).await;
+    let read = leases.read(2).await.unwrap();
+    assert_eq!(
+        read,
+        ShardLease {
+            etag: etag.clone(),
+            ..keep.clone()
+        }
+    );
+    assert_eq!(read.exceptions, release.exceptions);
+    // Its release owes other exceptions, in pages sent one bounded call at a
+    // time; an attempt cut after its first call is resumed, not started over.
+    let second = ShardLease {
+        status: LeaseStatus::Released,
+        exceptions: many_exceptions(12_000, 200),
+        etag: etag.clone(),
+        ..read.clone()
+    };
+    let mut first_try = leases.prepare(&second).unwrap();
+    let total = first_try.pages_left();
+    assert!(total >= 8, "{total} pages");
+    assert!(
+        leases.send_pages(&mut first_try).await.unwrap(),
+        "more than one call"
+    );
+    let sent = total - first_try.pages_left();
+    assert!(
+        (1..total).contains(&sent),
+        "one call sent {sent} of {total} pages"
+    );
+    drop(first_try); // the caller's deadline passed
+    let mut retry = leases.prepare(&second).unwrap();
+    assert_eq!(retry.pages_left(), total - sent, "the retry resumes");
+    assert!(
+        matches!(leases.commit(&retry).await, Err(Error::InvalidInput { .. })),
+        "no row before its pages"
+    );
+    while leases.send_pages(&mut retry).await.unwrap() {}
+    let etag = leases.commit(&retry).await.unwrap().expect("release");
+    leases.cleanup(&retry).await;
+    assert_eq!(
+        leases.read(2).await.unwrap(),
+        ShardLease {
+            etag: etag.clone(),
+            ..second.clone()
+        }
+    );
+    assert!(
+        table.read_pages(2, &released_set, 1).await.unwrap()[0].is_none(),
+        "the first release's set goes once no row names it"
+    );
+    let release = second;
+
     // A small row: no pages at all any more.
     let next = ShardLease {
         exceptions: Vec::new(),
@@ -399,13 +469,29 @@ pub async fn lease_exceptions_past_one_row_go_to_pages(store: Store) {
 
     // The page calls themselves.
     table
-        .write_pages(4, "s1", &[b"a".to_vec(), b"b".to_vec()])
+        .write_pages(4, "s1", 0, &[b"a".to_vec(), b"b".to_vec()])
         .await
         .unwrap();
-    table.write_pages(4, "s2", &[b"c".to_vec()]).await.unwrap();
+    table.write_pages(4, "s2", 0, &[b"c".to_vec()]).await.unwrap();
     assert_eq!(
         table.read_pages(4, "s1", 3).await.unwrap(),
         vec![Some(b"a".to_vec()), Some(b"b".to_vec()), None]
+    );
+    // A set written in several calls, from a given page on (a resumed write).
+    table
+        .write_pages(4, "s1", 2, &[b"d".to_vec(), b"e".to_vec()])
+        .await
+        .unwrap();
+    table.write_pages(4, "s1", 1, &[b"B".to_vec()]).await.unwrap();
+    assert_eq!(
+        table.read_pages(4, "s1", 5).await.unwrap(),
+        vec![
+            Some(b"a".to_vec()),
+            Some(b"B".to_vec()),
+            Some(b"d".to_vec()),
+            Some(b"e".to_vec()),
+            None
+        ]
     );
     table.delete_pages(4, Some("s2")).await.unwrap();
     assert_eq!(table.read_pages(4, "s1", 2).await.unwrap(), vec![None, None]);
@@ -415,7 +501,12 @@ pub async fn lease_exceptions_past_one_row_go_to_pages(store: Store) {
     );
     assert!(matches!(
         table
-            .write_pages(4, "s3", &[vec![b'x'; rollcall_core::lease::MAX_LEASE_BYTES + 1]])
+            .write_pages(
+                4,
+                "s3",
+                0,
+                &[vec![b'x'; rollcall_core::lease::MAX_LEASE_BYTES + 1]]
+            )
             .await,
         Err(Error::InvalidInput { .. })
     ));
