@@ -15,6 +15,7 @@
 
 pub mod counting;
 pub mod cut;
+pub mod delay;
 pub mod fenced_state;
 pub mod fixtures;
 pub mod key_limits;

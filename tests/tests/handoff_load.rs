@@ -51,6 +51,20 @@ struct Burst {
     /// (as reminders registered long before their common due time), instead
     /// of registered by the second silo through its service.
     written_before: bool,
+    /// The silos reach the store through a proxy that adds this much
+    /// latency each way once both are up (`None`: directly).
+    store_latency: Option<Duration>,
+}
+
+/// A [`DelayProxy`](rollcall_tests::delay::DelayProxy) in front of the
+/// store at `store` (`redis://host:port` or `etcd://host:port`) and the URL
+/// that reaches the store through it.
+async fn delayed(store: &str) -> (rollcall_tests::delay::DelayProxy, String) {
+    let (scheme, rest) = store.split_once("://").expect("scheme://host:port");
+    let upstream: std::net::SocketAddr = rest.trim_end_matches('/').parse().expect("host:port");
+    let proxy = rollcall_tests::delay::DelayProxy::start(upstream).await;
+    let url = format!("{scheme}://{}", proxy.addr());
+    (proxy, url)
 }
 
 /// Writes `burst`'s one-shots (`once` of each of shard 0's actors) to the
@@ -231,8 +245,16 @@ async fn a_release_during_a_backlog_hands_over_every_owed_tick(store: &str, burs
         write_burst(store, &cluster, &burst).await;
     }
     let registered = (!burst.written_before).then_some(&burst);
-    let mut a = start(&cluster, store, &dir, "a", &env, None).await;
-    let mut b = start(&cluster, store, &dir, "b", &env, registered).await;
+    let proxy = match burst.store_latency {
+        Some(_) => Some(delayed(store).await),
+        None => None,
+    };
+    let silos_store = proxy.as_ref().map_or(store, |(_, url)| url.as_str());
+    let mut a = start(&cluster, silos_store, &dir, "a", &env, None).await;
+    let mut b = start(&cluster, silos_store, &dir, "b", &env, registered).await;
+    if let (Some((p, _)), Some(latency)) = (&proxy, burst.store_latency) {
+        p.set_delay(latency);
+    }
     // `<unix ms> <silo address>`, written when the stop began.
     let stop_line = || {
         let line = std::fs::read_to_string(&stop_file).ok()?;
@@ -307,6 +329,25 @@ async fn a_release_during_a_backlog_hands_over_every_owed_tick(store: &str, burs
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let released_in = since_stop();
+    // Then the successor holds it (at once when the release landed: within
+    // a poll, or a hint).
+    let successor_address = successor.address.clone();
+    loop {
+        let lease = leases.read(0).await.expect("reading the lease of shard 0");
+        if lease.status == LeaseStatus::Owned
+            && lease.owner.map(|o| o.to_string()) == Some(successor_address.clone())
+        {
+            break;
+        }
+        assert!(
+            since_stop() < Duration::from_secs(30),
+            "the successor does not hold shard 0 30 s after the holder's shutdown began: {:?} {:?}",
+            lease.status,
+            lease.owner
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let owned_in = since_stop();
     exits(holder, Duration::from_secs(30)).await;
 
     // The successor delivers the rest; then it leaves too, so the logs are final.
@@ -339,7 +380,6 @@ async fn a_release_during_a_backlog_hands_over_every_owed_tick(store: &str, burs
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let successor_address = successor.address.clone();
     sigterm(successor);
     exits(successor, Duration::from_secs(30)).await;
     let all = ticks(&paths);
@@ -354,7 +394,7 @@ async fn a_release_during_a_backlog_hands_over_every_owed_tick(store: &str, burs
     let by_successor = all.values().filter(|by| by[0] == successor_address).count();
     println!(
         "{} {} of {}-byte ids: the shutdown began {seen_after:?} after the stop, the lease moved \
-         {released_in:?} after that; \
+         {released_in:?} after that, the successor held it {owned_in:?} after that; \
          {delivered_before} ticks delivered before it, {by_successor} by the successor",
         burst.count,
         if burst.period.is_some() {
@@ -382,6 +422,7 @@ fn long_ids() -> Burst {
         stop_after: 100,
         period: None,
         written_before: false,
+        store_latency: None,
     }
 }
 
@@ -410,6 +451,19 @@ fn mass_due() -> Burst {
         stop_after: count / 10,
         period: None,
         written_before: true,
+        store_latency: None,
+    }
+}
+
+/// Issue 70's (b): [`mass_due`]'s 20,000 one-shots, the silos' store 100
+/// ms away each way (200 ms a round trip) from before the burst: the
+/// release owes some 18,000 (pages of the lease row, sent in bounded calls),
+/// and it lands, and its successor holds the shard, within 30 s of the
+/// holder's shutdown.
+fn mass_due_far_store() -> Burst {
+    Burst {
+        store_latency: Some(Duration::from_millis(100)),
+        ..mass_due()
     }
 }
 
@@ -430,6 +484,7 @@ fn minute_backlog() -> Burst {
         stop_after: 70 * 20,
         period: Some(Duration::from_secs(60)),
         written_before: false,
+        store_latency: None,
     }
 }
 
@@ -461,6 +516,7 @@ async fn a_clock_ahead_and_cut_from_its_peers_delivers_nothing_twice(store: &str
         stop_after: 0,
         period: Some(Duration::from_secs(1)),
         written_before: false,
+        store_latency: None,
     };
     let mut procs = Vec::new();
     for name in ["a", "b", "c", "d"] {
@@ -616,6 +672,14 @@ mod redis {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_of_a_mass_due_time_over_a_far_redis_lands_and_loses_nothing() {
+        let Some(backend) = rollcall_tests::fixtures::redis().await else {
+            return;
+        };
+        a_release_during_a_backlog_hands_over_every_owed_tick(&backend.endpoint, mass_due_far_store()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_release_70_s_into_a_backlog_of_minute_reminders_on_redis_owes_them_all() {
         let Some(backend) = rollcall_tests::fixtures::redis().await else {
             return;
@@ -662,6 +726,15 @@ mod etcd {
         };
         let url = format!("etcd://{}", backend.endpoint);
         a_release_during_a_backlog_hands_over_every_owed_tick(&url, mass_due()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_of_a_mass_due_time_over_a_far_etcd_lands_and_loses_nothing() {
+        let Some(backend) = rollcall_tests::fixtures::etcd().await else {
+            return;
+        };
+        let url = format!("etcd://{}", backend.endpoint);
+        a_release_during_a_backlog_hands_over_every_owed_tick(&url, mass_due_far_store()).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
