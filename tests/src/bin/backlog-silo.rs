@@ -23,7 +23,8 @@
 //! the actors spread over every shard, `cart/<i>`, instead of shard 0's),
 //! `BACKLOG_FAULT_CLOCK_MS` and `BACKLOG_FAULT_CUT_MS` (on SIGUSR1 the
 //! silo's clock jumps this far ahead and its probes are cut from every peer
-//! for this long; the store stays reachable), `BACKLOG_STOP_AFTER` and
+//! for this long; the store stays reachable; on SIGUSR2 its clock is right
+//! again), `BACKLOG_STOP_AFTER` and
 //! `BACKLOG_STOP_FILE` (the first process of a test to log this many ticks
 //! creates the file, writes `<unix ms> <silo address>` to it and shuts down
 //! gracefully, as on SIGTERM, printing `stopping <unix ms>` when the shutdown
@@ -179,6 +180,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             }
         });
         if jump > 0 || cut > 0 {
+            let fixed = faults.clone();
             let faults = faults.clone();
             actix::spawn(async move {
                 let Ok(mut usr1) =
@@ -190,6 +192,18 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
                     faults.clock.set_ahead(Duration::from_millis(jump));
                     faults.transport.cut_for(Duration::from_millis(cut));
                     println!("faulted clock +{jump} ms, cut {cut} ms");
+                }
+            });
+            actix::spawn(async move {
+                let faults = fixed;
+                let Ok(mut usr2) =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined2())
+                else {
+                    return;
+                };
+                while usr2.recv().await.is_some() {
+                    faults.clock.set_ahead(Duration::ZERO);
+                    println!("clock fault over");
                 }
             });
         }
