@@ -52,10 +52,15 @@
 //!    A silo whose clock report ([`ShardEvent::Clock`], measured by the
 //!    membership agent from its probes) is beyond the bound wants no shard: it
 //!    releases the ones it holds (rule 4, which compares no clocks) and takes
-//!    none until it is back; its shards wait for it: what the release owed
-//!    is kept, and what falls due meanwhile is delivered late once it takes
-//!    them back, or follows the missed-tick policy when they waited over a
-//!    minute (`handoff::MAX_CATCH_UP`: an outage of those shards).
+//!    none until it is back. Its membership row says so
+//!    (`clock_beyond_bound`), so the ring leaves it out (rule 1,
+//!    [`Ring::of_active`](crate::ring::Ring::of_active)) and the others take
+//!    its released shards as in any graceful handoff, within about a lease
+//!    period plus `lease_poll`; when its row says it is within again, the ring
+//!    gives its share back. Only when every silo is beyond do its shards wait:
+//!    what the release owed is kept, and what falls due meanwhile is
+//!    delivered late, or follows the missed-tick policy past a minute
+//!    (`handoff::MAX_CATCH_UP`).
 //! 10. **Healing.** A store that fails over may lose its last writes (Redis'
 //!     asynchronous replication), so a lease row may go back to what it was.
 //!     A held shard's row is read again (its head alone) when the store
