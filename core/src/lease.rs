@@ -824,11 +824,7 @@ impl ShardLeases {
     pub async fn cleanup(&self, write: &PreparedWrite) {
         let paged = write.set.is_some();
         let was = self.set_paged(write.shard, paged);
-        if let Some(set) = &write.set {
-            self.forget_landed_but(write.shard, set);
-        } else {
-            self.forget_landed_but(write.shard, "");
-        }
+        self.forget_landed_but(write.shard, write.set.as_deref().unwrap_or_default());
         if paged || was {
             if let Err(err) = self.table.delete_pages(write.shard, write.set.as_deref()).await {
                 tracing::warn!(service = %self.table.service_id(), shard = write.shard, error = %err,
@@ -886,6 +882,8 @@ impl ShardLeases {
         }
     }
 
+    /// Forgets the landed pages of `shard` unless they are of `set` (`""`:
+    /// whatever they are of).
     fn forget_landed_but(&self, shard: u32, set: &str) {
         let mut landed = self
             .landed

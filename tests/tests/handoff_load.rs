@@ -204,6 +204,80 @@ fn ticks(logs: &[&Path]) -> BTreeMap<(String, String, u64), Vec<String>> {
     out
 }
 
+/// 200 every-second reminders, first due 2 s on, spread over a second
+/// (over every shard with `BACKLOG_ANY_SHARD`).
+fn every_second() -> Burst {
+    Burst {
+        count: 200,
+        id_bytes: 0,
+        due: Duration::from_secs(2),
+        spread: Duration::from_secs(1),
+        handler_ms: 0,
+        max_deliveries: None,
+        stop_after: 0,
+        period: Some(Duration::from_secs(1)),
+        written_before: false,
+        store_latency: None,
+    }
+}
+
+/// The lease of `shard` as the test reads it: a failed read (the test's own
+/// connection reset, seen once on etcd) is read again, up to 20 times.
+async fn read_lease(leases: &ShardLeases, shard: u32) -> rollcall_core::lease::ShardLease {
+    let mut tries = 0;
+    loop {
+        match leases.read(shard).await {
+            Ok(l) => return l,
+            Err(e) if tries < 20 => {
+                tries += 1;
+                eprintln!("a lease read failed, again: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("lease reads keep failing: {e}"),
+        }
+    }
+}
+
+/// Who holds each shard: its owner's address while the lease is Owned.
+async fn holders(leases: &ShardLeases) -> Vec<Option<String>> {
+    let mut out = Vec::new();
+    for k in 0..SHARDS {
+        let lease = read_lease(leases, k).await;
+        out.push(
+            (lease.status == LeaseStatus::Owned)
+                .then(|| lease.owner.map(|o| o.to_string()))
+                .flatten(),
+        );
+    }
+    out
+}
+
+/// The every-second occurrences of each reminder of `all` (from its first
+/// tick on) due from `from` to `horizon` (ms) that nobody delivered:
+/// `(actor, scheduled ms)`.
+fn missed_seconds(
+    all: &BTreeMap<(String, String, u64), Vec<String>>,
+    from: u64,
+    horizon: u64,
+) -> Vec<(String, u64)> {
+    let mut per_actor: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for (actor, _, s) in all.keys() {
+        per_actor.entry(actor.as_str()).or_default().push(*s);
+    }
+    let mut missed = Vec::new();
+    for (actor, times) in per_actor {
+        let Some(&first) = times.first() else { continue };
+        let mut t = first;
+        while t <= horizon {
+            if t >= from && times.binary_search(&t).is_err() {
+                missed.push((actor.to_owned(), t));
+            }
+            t += 1_000;
+        }
+    }
+    missed
+}
+
 fn lines(log: &Path) -> usize {
     std::fs::read_to_string(log).map_or(0, |t| t.lines().count())
 }
@@ -512,18 +586,7 @@ async fn a_clock_ahead_and_cut_from_its_peers_delivers_nothing_twice(
         ("BACKLOG_FAULT_CLOCK_MS", JUMP_MS.to_string()),
         ("BACKLOG_FAULT_CUT_MS", CUT.as_millis().to_string()),
     ];
-    let reminders = Burst {
-        count: 200,
-        id_bytes: 0,
-        due: Duration::from_secs(2),
-        spread: Duration::from_secs(1),
-        handler_ms: 0,
-        max_deliveries: None,
-        stop_after: 0,
-        period: Some(Duration::from_secs(1)),
-        written_before: false,
-        store_latency: None,
-    };
+    let reminders = every_second();
     let mut procs = Vec::new();
     let mut proxies = Vec::new();
     for name in ["a", "b", "c", "d", "e"] {
@@ -554,13 +617,13 @@ async fn a_clock_ahead_and_cut_from_its_peers_delivers_nothing_twice(
         .await
         .expect("leases");
     let victim_address = procs[victim].address.clone();
-    let mut victim_shards = Vec::new();
-    for k in 0..SHARDS {
-        let lease = leases.read(k).await.expect("a lease read");
-        if lease.owner.map(|o| o.to_string()) == Some(victim_address.clone()) {
-            victim_shards.push(k);
-        }
-    }
+    let victim_shards: Vec<u32> = holders(&leases)
+        .await
+        .iter()
+        .zip(0..)
+        .filter(|(h, _)| h.as_deref() == Some(victim_address.as_str()))
+        .map(|(_, k)| k)
+        .collect();
     let faulted_at = rollcall::Timestamp::now();
     if let (Some((proxy, _)), Some(latency)) = (&proxies[victim], victim_latency) {
         proxy.set_delay(latency);
@@ -604,7 +667,7 @@ async fn a_clock_ahead_and_cut_from_its_peers_delivers_nothing_twice(
     let mut owed_from: BTreeMap<u32, u64> = BTreeMap::new();
     if victim_latency.is_some() {
         for &k in &victim_shards {
-            let lease = leases.read(k).await.expect("a lease read");
+            let lease = read_lease(&leases, k).await;
             if lease.owner.map(|o| o.to_string()) != Some(victim_address.clone()) {
                 if let Some(w) = lease.watermark {
                     owed_from.insert(k, w.as_millis() + 1);
@@ -623,29 +686,21 @@ async fn a_clock_ahead_and_cut_from_its_peers_delivers_nothing_twice(
     }
     let all = ticks(&paths);
     let twice: Vec<_> = all.iter().filter(|(_, by)| by.len() > 1).collect();
-    // Every second of every reminder from 2 s before the fault to the horizon.
-    let mut per_actor: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-    for (actor, _, s) in all.keys() {
-        per_actor.entry(actor.as_str()).or_default().push(*s);
-    }
-    let from = faulted_at.as_millis() - 2_000;
-    let mut lost = Vec::new();
-    let mut before_t = 0;
-    for (actor, times) in &per_actor {
-        let Some(&first) = times.first() else { continue };
-        let shard_from = owed_from.get(&rollcall_core::actor_shard(actor, SHARDS)).copied();
-        let mut t = first;
-        while t <= horizon {
-            if t >= from && times.binary_search(&t).is_err() {
-                if shard_from.is_some_and(|f| t < f) {
-                    before_t += 1;
-                } else {
-                    lost.push((*actor, t as i64 - faulted_at.as_millis() as i64));
-                }
-            }
-            t += 1_000;
-        }
-    }
+    // Every second of every reminder from 2 s before the fault to the
+    // horizon; far from the store, those before their shard's takeover
+    // time apart.
+    let (before, lost): (Vec<_>, Vec<_>) = missed_seconds(&all, faulted_at.as_millis() - 2_000, horizon)
+        .into_iter()
+        .partition(|(actor, t)| {
+            owed_from
+                .get(&rollcall_core::actor_shard(actor, SHARDS))
+                .is_some_and(|f| t < f)
+        });
+    let before_t = before.len();
+    let lost: Vec<(String, i64)> = lost
+        .into_iter()
+        .map(|(actor, t)| (actor, t as i64 - faulted_at.as_millis() as i64))
+        .collect();
     if victim_latency.is_some() {
         println!(
             "far store: the faulted silo held shards {victim_shards:?}; taken over from (ms after the \
@@ -701,7 +756,8 @@ async fn a_clock_ahead_and_cut_from_its_peers_delivers_nothing_twice(
         early.len(),
         early.first()
     );
-    assert_eq!(per_actor.len(), reminders.count, "every reminder ticked");
+    let ticked: std::collections::BTreeSet<&String> = all.keys().map(|(actor, _, _)| actor).collect();
+    assert_eq!(ticked.len(), reminders.count, "every reminder ticked");
     assert_eq!(
         lost, 0,
         "no occurrence due around the fault (at or after its takeover time, far from the store) \
@@ -740,18 +796,7 @@ async fn a_clock_ahead_that_still_answers_probes_leaves_the_ring(store: &str) {
         ("BACKLOG_ANY_SHARD", "1".to_owned()),
         ("BACKLOG_FAULT_CLOCK_MS", JUMP_MS.to_string()),
     ];
-    let reminders = Burst {
-        count: 200,
-        id_bytes: 0,
-        due: Duration::from_secs(2),
-        spread: Duration::from_secs(1),
-        handler_ms: 0,
-        max_deliveries: None,
-        stop_after: 0,
-        period: Some(Duration::from_secs(1)),
-        written_before: false,
-        store_latency: None,
-    };
+    let reminders = every_second();
     let mut procs = Vec::new();
     for name in ["a", "b", "c", "d"] {
         procs.push(start(&cluster, store, &dir, name, &env, None).await);
@@ -767,32 +812,7 @@ async fn a_clock_ahead_that_still_answers_probes_leaves_the_ring(store: &str) {
     let leases = ShardLeases::open(conn.lease_table(&cluster).expect("lease table"), SHARDS)
         .await
         .expect("leases");
-    let holders = || async {
-        let mut out = Vec::new();
-        for k in 0..SHARDS {
-            // The test's own reads: a failed one (its connection reset, seen
-            // once on etcd) is read again.
-            let mut tries = 0;
-            let lease = loop {
-                match leases.read(k).await {
-                    Ok(l) => break l,
-                    Err(e) if tries < 20 => {
-                        tries += 1;
-                        eprintln!("a lease read failed, again: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    Err(e) => panic!("lease reads keep failing: {e}"),
-                }
-            };
-            out.push(
-                (lease.status == LeaseStatus::Owned)
-                    .then(|| lease.owner.map(|o| o.to_string()))
-                    .flatten(),
-            );
-        }
-        out
-    };
-    let now_holding = holders().await;
+    let now_holding = holders(&leases).await;
     let victim = (0..procs.len())
         .max_by_key(|i| {
             now_holding
@@ -812,7 +832,7 @@ async fn a_clock_ahead_that_still_answers_probes_leaves_the_ring(store: &str) {
     signal(&procs[victim], "-USR1");
     let bound = Duration::from_secs(2 + 1 + 2);
     let moved_in = loop {
-        let h = holders().await;
+        let h = holders(&leases).await;
         if h.iter().all(|o| o.as_ref().is_some_and(|o| *o != victim_address)) {
             break faulted_at.elapsed();
         }
@@ -826,7 +846,7 @@ async fn a_clock_ahead_that_still_answers_probes_leaves_the_ring(store: &str) {
     // is off.
     let held_off = Instant::now();
     while held_off.elapsed() < Duration::from_secs(8) {
-        let h = holders().await;
+        let h = holders(&leases).await;
         assert!(
             h.iter().all(|o| o.as_deref() != Some(victim_address.as_str())),
             "a shard went back to the silo while its clock was off: {h:?}"
@@ -836,7 +856,7 @@ async fn a_clock_ahead_that_still_answers_probes_leaves_the_ring(store: &str) {
     signal(&procs[victim], "-USR2");
     let back = Instant::now();
     loop {
-        let h = holders().await;
+        let h = holders(&leases).await;
         if h.iter().any(|o| o.as_deref() == Some(victim_address.as_str())) {
             break;
         }
@@ -869,22 +889,7 @@ async fn a_clock_ahead_that_still_answers_probes_leaves_the_ring(store: &str) {
     }
     let all = ticks(&paths);
     let twice = all.values().filter(|by| by.len() > 1).count();
-    let mut per_actor: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-    for (actor, _, s) in all.keys() {
-        per_actor.entry(actor.as_str()).or_default().push(*s);
-    }
-    let from = faulted_ms - 2_000;
-    let mut lost = 0;
-    for times in per_actor.values() {
-        let Some(&first) = times.first() else { continue };
-        let mut t = first;
-        while t <= horizon {
-            if t >= from && times.binary_search(&t).is_err() {
-                lost += 1;
-            }
-            t += 1_000;
-        }
-    }
+    let lost = missed_seconds(&all, faulted_ms - 2_000, horizon).len();
     println!(
         "clock +{JUMP_MS} ms: the {held_before} shards it held, and every other, held elsewhere \
          {moved_in:?} after the fault (bound \
