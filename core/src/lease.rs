@@ -231,6 +231,21 @@ pub struct ShardLease {
     /// fence. `None` on every other row; cleared by the next acquire.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fenced_from: Option<Timestamp>,
+    /// The holder's progress as last checkpointed (UTC ms): every occurrence
+    /// at or before it was delivered or started, except the
+    /// [`exceptions`](Self::exceptions). Written by the holder every
+    /// checkpoint interval while it holds the shard (same epoch, same owner:
+    /// the fencing token is unchanged), and by an acquire (the released
+    /// watermark, or the Dead holder's checkpoint it takes over). A silo
+    /// that takes the shard over from a Dead holder owes every occurrence
+    /// after it, less the cluster's `max_clock_offset`, and the exceptions,
+    /// under every missed-tick policy: a crash repeats at most what the
+    /// holder delivered after its last checkpoint, and loses nothing after
+    /// it. `None`: no checkpoint (a row of an older version, or a takeover
+    /// of one): a takeover owes from its takeover time on. Temporal's shard
+    /// ack level is the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owed_from: Option<Timestamp>,
     /// The etag as last read or written (not stored in the row).
     #[serde(skip)]
     pub etag: Etag,
@@ -281,6 +296,7 @@ impl ShardLease {
             read_from: None,
             listed_from: None,
             fenced_from: None,
+            owed_from: None,
             etag: Etag::default(),
             pages_from: PagesFrom::default(),
         }

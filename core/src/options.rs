@@ -383,6 +383,19 @@ pub struct ReminderOptions {
     /// Default 1 s.
     #[serde(with = "humantime_serde")]
     pub lease_poll: Duration,
+    /// How often the holder of a shard writes its progress into the shard's
+    /// lease row (its watermark and up to 64 reminders it owes: a
+    /// checkpoint, fencing token unchanged), for the shards whose progress
+    /// moved since the last one. A silo that takes a shard over from a Dead
+    /// holder owes every occurrence after the last checkpoint (less
+    /// `max_clock_offset`), under every missed-tick policy: a crash loses
+    /// nothing from then on, and repeats at most what the holder delivered
+    /// after it (about this interval). The cost: about one lease write per
+    /// held, active shard per interval (R4 in `BENCHMARKS.md`). Zero turns
+    /// checkpoints off (a takeover then owes from its takeover time on, and
+    /// the missed-tick policy decides what fell due before it). Default 10 s.
+    #[serde(with = "humantime_serde")]
+    pub lease_checkpoint_interval: Duration,
     /// Ticks one silo delivers at once, at most (handlers running or awaited).
     /// The rest wait in the due queue, in due order, and are delivered as
     /// running ones end: a mass due time (every reminder at 00:00) costs the
@@ -422,6 +435,7 @@ impl Default for ReminderOptions {
             lease_period: Duration::from_secs(2),
             lease_fencing: true,
             lease_poll: Duration::from_secs(1),
+            lease_checkpoint_interval: Duration::from_secs(10),
             max_deliveries: 1024,
             run_history: 20,
             max_deliveries_per_kind: None,

@@ -41,6 +41,7 @@ pub async fn lease_absent_rows_are_vacant_and_rows_round_trip(store: Store) {
     lease.watermark = Some(Timestamp::from_millis(1_795_000_000_123));
     lease.read_from = Some(Timestamp::from_millis(1_795_000_000_100));
     lease.listed_from = Some(Timestamp::from_millis(1_795_000_000_000));
+    lease.owed_from = Some(Timestamp::from_millis(1_795_000_000_077));
     lease.exceptions = vec![
         LeaseException {
             actor_id: "cart/ä:{x}/\"y\"".into(),
