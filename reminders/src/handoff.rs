@@ -15,7 +15,11 @@
 //!    late the load answers, and the missed-tick policy decides only what
 //!    fell due before `T` (`FireOnce`: the last such occurrence unless
 //!    `last_fired` says it was delivered; `Skip`: none, each skipped one
-//!    after the cluster saw the holder Dead counted and recorded); otherwise
+//!    after the cluster saw the holder Dead counted and recorded); after a
+//!    takeover from the Dead holder's checkpoint (shards rule 11), every
+//!    occurrence at or after the checkpoint less `max_clock_offset` and
+//!    every exception it names is owed as well, under every policy
+//!    ([`HeldShard::start_from_checkpoint`]); otherwise
 //!    from its first
 //!    occurrence after the watermark `W`. That first occurrence, when older
 //!    than [`MAX_CATCH_UP`] at the acquire, is planned by the policy instead (a
@@ -91,6 +95,15 @@ pub struct HeldShard {
     /// The previous holder died: plan by the missed-tick policy from this time
     /// (the fence's end: nothing is due before it).
     pub takeover: Option<Timestamp>,
+    /// After a takeover from a checkpoint (the Dead holder's
+    /// [`owed_from`](rollcall_core::lease::ShardLease::owed_from) less the
+    /// cluster's `max_clock_offset`): every occurrence at or after it is
+    /// owed, and the exceptions, under every policy.
+    pub checkpoint: Option<Timestamp>,
+    /// What this holder's checkpoints start from (shards rule 11): the
+    /// lease's `owed_from` when acquired, else its watermark. A checkpoint
+    /// says `max(owed_from, started_through)`.
+    pub owed_from: Option<Timestamp>,
     /// The lease's exceptions, until the acquire load ends.
     pub exceptions: HashMap<Key, Timestamp>,
     /// The registration (etag) each exception was owed under, where the
@@ -179,6 +192,9 @@ impl HeldShard {
     /// Rule 1: where reminder `key` with `timing` starts at `now`.
     pub fn start(&self, key: &Key, timing: &Timing, now: Timestamp) -> Start {
         if let Some(t) = self.takeover.filter(|_| !self.loaded) {
+            if let Some(c) = self.checkpoint {
+                return self.start_from_checkpoint(key, timing, c, t, now);
+            }
             return HeldShard::start_after_takeover(timing, t);
         }
         // After a crash nothing is planned before the takeover time.
@@ -258,14 +274,45 @@ impl HeldShard {
         }
     }
 
+    /// Rule 1 after a takeover at `t` from the Dead holder's checkpoint
+    /// (`checkpoint`: its watermark less the clock bound), until the acquire
+    /// load ends: everything the checkpoint did not say was delivered is
+    /// owed, under every policy: an exception at its own occurrence, a
+    /// one-shot whose row exists, else the first occurrence at or after
+    /// `checkpoint` (what the Dead holder delivered after its checkpoint
+    /// comes again). Only an occurrence before `t` that is older than
+    /// [`MAX_CATCH_UP`] at `now` (a checkpoint that could not be written for
+    /// long) falls to [`start_after_takeover`](Self::start_after_takeover).
+    pub fn start_from_checkpoint(
+        &self,
+        key: &Key,
+        timing: &Timing,
+        checkpoint: Timestamp,
+        t: Timestamp,
+        now: Timestamp,
+    ) -> Start {
+        if timing.is_one_shot() {
+            return Start::Owed(timing.start_at);
+        }
+        if let Some(at) = self.exceptions.get(key) {
+            return Start::Owed(*at);
+        }
+        let before = Timestamp::from_millis(checkpoint.as_millis().saturating_sub(1));
+        match timing.after(before) {
+            None => Start::Delivered,
+            Some(at) if at >= t || now.saturating_duration_since(at) <= MAX_CATCH_UP => Start::Owed(at),
+            Some(_) => HeldShard::start_after_takeover(timing, t),
+        }
+    }
+
     /// Rule 1: the occurrences of a reminder the missed-tick policy skips at
     /// a takeover at `t`: those in `[from, t)` (`from`: when the cluster saw
     /// the holder Dead, the takeover's fence less the lease period and the
-    /// clock bound) but `owed`, the one
-    /// [`start_after_takeover`](Self::start_after_takeover) owes first, the
-    /// earliest first, at most `limit`. A one-shot skips nothing. Occurrences
-    /// between the holder's crash and `from` are not listed: the Dead holder
-    /// may have delivered them.
+    /// clock bound) before `owed`, the one [`start`](Self::start) owes
+    /// first (every one from it on is delivered), the earliest first, at
+    /// most `limit`. A one-shot skips nothing. Occurrences between the
+    /// holder's crash and `from` are not listed: the Dead holder may have
+    /// delivered them.
     pub fn skipped(
         timing: &Timing,
         from: Timestamp,
@@ -276,12 +323,11 @@ impl HeldShard {
         if timing.is_one_shot() || from >= t {
             return Vec::new();
         }
+        let until = owed.map_or(t, |o| o.min(t));
         let mut out = Vec::new();
         let mut next = timing.after(Timestamp::from_millis(from.as_millis().saturating_sub(1)));
-        while let Some(at) = next.filter(|at| *at < t && out.len() < limit) {
-            if Some(at) != owed {
-                out.push(at);
-            }
+        while let Some(at) = next.filter(|at| *at < until && out.len() < limit) {
+            out.push(at);
             next = timing.after(at);
         }
         out
@@ -564,6 +610,52 @@ mod tests {
         );
         let once = Timing::of(&row(48_000, None)).unwrap();
         assert!(HeldShard::skipped(&once, t(47_500), t(50_000), owed(&once), 16).is_empty());
+    }
+
+    /// Shards rule 11: a takeover from a checkpoint owes, under every
+    /// policy, the exceptions at their own occurrence and every occurrence
+    /// at or after the checkpoint; only one before `T` older than
+    /// `MAX_CATCH_UP` falls to the policy. Nothing between the checkpoint
+    /// and `T` is skipped.
+    #[test]
+    fn a_takeover_from_a_checkpoint_owes_everything_after_it() {
+        let every_1s = Timing::of(&row(0, Some(1_000))).unwrap();
+        let mut h = HeldShard::acquired(3, Some(t(49_999)), Some(t(50_000)), HashMap::new());
+        h.checkpoint = Some(t(44_500));
+        assert_eq!(
+            h.start(&key(), &every_1s, t(50_000)),
+            Start::Owed(t(45_000)),
+            "Skip owes what fell due between the checkpoint and T"
+        );
+        assert_eq!(
+            h.start(&key(), &every_1s, t(44_500).saturating_add(MAX_CATCH_UP)),
+            Start::Owed(t(45_000))
+        );
+        let stale = t(45_000).saturating_add(MAX_CATCH_UP + Duration::from_millis(1));
+        assert_eq!(
+            h.start(&key(), &every_1s, stale),
+            Start::Owed(t(50_000)),
+            "older than MAX_CATCH_UP: the policy decides before T"
+        );
+        let exception = HashMap::from([(key(), t(30_000))]);
+        let mut owing = HeldShard::acquired(3, Some(t(49_999)), Some(t(50_000)), exception);
+        owing.checkpoint = Some(t(44_500));
+        assert_eq!(
+            owing.start(&key(), &every_1s, t(50_000)),
+            Start::Owed(t(30_000)),
+            "the checkpoint's exception at its own occurrence"
+        );
+        let once = Timing::of(&row(10_000, None)).unwrap();
+        assert_eq!(h.start(&key(), &once, t(50_000)), Start::Owed(t(10_000)));
+        let owed = Some(t(45_000));
+        assert!(
+            HeldShard::skipped(&every_1s, t(47_500), t(50_000), owed, 16).is_empty(),
+            "nothing skipped from the owed occurrence on"
+        );
+        assert_eq!(
+            HeldShard::skipped(&every_1s, t(42_500), t(50_000), owed, 16),
+            vec![t(43_000), t(44_000)]
+        );
     }
 
     #[test]

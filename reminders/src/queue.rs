@@ -271,6 +271,14 @@ impl Queue {
         }
     }
 
+    /// The slots whose hash lies in `hashes` (a shard's), in hash order.
+    pub(crate) fn in_hashes(&self, hashes: RangeInclusive<u32>) -> impl Iterator<Item = &Slot> {
+        let (first, last) = hashes.into_inner();
+        self.by_hash
+            .range((first, 0)..=(last, u32::MAX))
+            .map(|(_, i)| &self.slots[*i as usize])
+    }
+
     /// The earliest due time of a slot not being delivered.
     pub(crate) fn next_due(&self) -> Option<Timestamp> {
         self.due.first().map(|(t, _)| *t)

@@ -20,7 +20,10 @@
 //!    fencing on, the takeover time is a lease period `L` plus the cluster's
 //!    `max_clock_offset` after this silo first saw the owner Dead: the load
 //!    runs during that wait, and every occurrence from its end on is owed,
-//!    however late the load answers (`handoff`, rule 1).
+//!    however late the load answers (`handoff`, rule 1). When the row holds
+//!    the Dead holder's checkpoint (rule 11), every occurrence after it (less
+//!    `max_clock_offset`) and every exception it names are owed too, under
+//!    every policy, delivered from the takeover time on.
 //! 4. **Release** a shard that is no longer wanted: stop delivering, then
 //!    compare-and-set `W = max(W, started through)` with the exceptions,
 //!    `listed_from` (`W` less `max_clock_offset`: every row whose first
@@ -77,6 +80,22 @@
 //!     the row and, if the row names it (its release was lost), releases it
 //!     as the row stands (what it delivered since may come again; nothing is
 //!     lost).
+//! 11. **Checkpoints.** Every `lease_checkpoint_interval` (per shard, from
+//!     its load on) the holder of a loaded shard tells its progress: the
+//!     latest occurrence it started (or the row's checkpoint, when later)
+//!     and what it owes at or before it (waiting, failed, or still running),
+//!     at most [`CHECKPOINT_EXCEPTIONS`] of them, the watermark lowered to
+//!     just before the first left out ([`checkpoint_of`]). When that moved
+//!     since the row's, it is written as the row's `owed_from` and
+//!     exceptions by compare-and-set at the same epoch (the fencing token is
+//!     unchanged), delivering on meanwhile. Landed, the row's etag moves
+//!     on; another write first or an unknown outcome reads the row (rule 10:
+//!     still this epoch's, held; another's, dropped); a release that meets
+//!     a moved etag reads the row too and, when it is still this epoch's,
+//!     writes again over it (rule 6). An acquire from a release starts with
+//!     the release's watermark as its checkpoint (a row never delivered
+//!     from: the epoch's start); a takeover keeps the Dead holder's. The
+//!     successor of a crash owes everything after that checkpoint (rule 3).
 //!
 //! # Safety, in short
 //! One holder per epoch (compare-and-set on one row); each epoch starts after
@@ -86,26 +105,35 @@
 //! late messages arrive; a release owes however many reminders are owed (the
 //! lease row's pages hold what the row does not) and waits for the
 //! deliveries in flight first (`handoff`, rule 2).
-//! After a crash the successor starts at its takeover time `T`, after the
-//! Dead holder stopped (rule 5): every occurrence due at or after `T` is
-//! delivered, under every missed-tick policy. **What a crash may skip:** the
-//! occurrences due before `T` that the Dead holder did not deliver (from its
-//! crash on: at most the detection time plus `lease_period` plus
-//! `max_clock_offset`), all of them under `Skip` and all but the last under
-//! `FireOnce`; those due after the cluster saw it Dead are counted in
-//! `takeover_skipped` and recorded `skipped` in their run history. **What a
-//! crash may repeat:** a one-shot, or a `FireOnce` reminder's last occurrence
-//! before `T`, that the Dead holder delivered but whose removal or `last_fired`
-//! write had not landed (normally those of its last moments; during a store
-//! outage, every such write still queued), and a one-shot whose removal it had
-//! taken over from a holder that left during a store outage; no other periodic
-//! or cron occurrence. Every delivery of one occurrence carries the same
+//! After a crash the successor delivers from its takeover time `T` on, after
+//! the Dead holder stopped (rule 5): every occurrence due at or after `T` is
+//! delivered, under every missed-tick policy. With checkpoints (rule 11, the
+//! default) it also owes, in turn, every occurrence after the Dead holder's
+//! last checkpoint `C` (less `max_clock_offset`) and every exception it
+//! names. **What a crash may skip:** with checkpoints, nothing, unless an
+//! owed occurrence before `T` is older than `MAX_CATCH_UP` (60 s) at the
+//! load (checkpoints that could not be written for that long: the
+//! missed-tick policy decides it); without them, the occurrences due before
+//! `T` that the Dead holder did not deliver (from its crash on: at most the
+//! detection time plus `lease_period` plus `max_clock_offset`), all of them
+//! under `Skip` and all but the last under `FireOnce`; the skipped ones due
+//! after the cluster saw it Dead are counted in `takeover_skipped` and
+//! recorded `skipped` in their run history. **What a crash may repeat:** with
+//! checkpoints, what the Dead holder delivered after `C` less
+//! `max_clock_offset` (about one checkpoint interval, more while its
+//! checkpoints could not land); in every case, a one-shot, or a `FireOnce`
+//! reminder's last occurrence before `T`, that the Dead holder delivered but
+//! whose removal or `last_fired` write had not landed (normally those of its
+//! last moments; during a store outage, every such write still queued), and
+//! a one-shot whose removal it had taken over from a holder that left during
+//! a store outage; without checkpoints, no other periodic or cron
+//! occurrence. Every delivery of one occurrence carries the same
 //! `ReminderTick::occurrence_id()`: a handler that records the ids it
 //! handled drops the repeat. Delivery is at least once after a crash, exactly
 //! once on graceful churn.
 //!
 //! Modelled on Temporal's history shards (a range id bumped on every acquire,
-//! ack levels in the shard row) and Kafka's consumer groups (commit on revoke,
+//! ack levels checkpointed into the shard row) and Kafka's consumer groups (commit on revoke,
 //! read on assign, generation ids fencing stale members).
 
 use std::collections::{BTreeMap, HashMap};
@@ -117,7 +145,9 @@ use rollcall_core::{Etag, MembershipSnapshot, SiloAddress, SiloStatus, Timestamp
 
 use crate::ring::{Ring, RingRange};
 
+mod checkpoint;
 mod heal;
+pub use checkpoint::{checkpoint_of, CHECKPOINT_EXCEPTIONS};
 pub use heal::{HINT_AFTER_POLLS, REVERIFY_POLLS};
 
 /// The hash range of shard `k` of `shards` (1 or more): exactly the hashes
@@ -161,6 +191,9 @@ pub struct ShardOptions {
     /// How often a shard held by a live silo is read again (the releasing
     /// silo's message spares the wait; the store decides).
     pub poll: Duration,
+    /// How often a held shard's progress is checkpointed into its lease row
+    /// (rule 11); zero: never.
+    pub checkpoint: Duration,
 }
 
 /// Why a lease write failed.
@@ -277,6 +310,17 @@ pub enum ShardEvent {
         /// The cluster's `max_clock_offset`.
         max_offset: Duration,
     },
+    /// The answer of [`ShardAction::Checkpoint`]: the shard's progress now
+    /// (rule 11). Written when it moved since the row's.
+    Progress {
+        /// The shard.
+        shard: u32,
+        /// Every occurrence at or before it was delivered or started, except
+        /// `exceptions` ([`ShardLease::owed_from`]).
+        owed_from: Option<Timestamp>,
+        /// What the holder owes at or before `owed_from`, in due order.
+        exceptions: Vec<LeaseException>,
+    },
     /// The timer of [`ShardAction::SetTimer`] fired (or any time passed).
     Tick,
     /// The silo leaves: release everything.
@@ -307,6 +351,9 @@ pub enum ShardAction {
     },
     /// Stop delivering in the shard now; answer [`ShardEvent::Stopped`].
     Stop(u32),
+    /// Tell the shard's progress, delivering on; answer
+    /// [`ShardEvent::Progress`] (none when the shard is not loaded here).
+    Checkpoint(u32),
     /// Forget the shard's reminders without an answer: another epoch holds it.
     Drop(u32),
     /// Read a silo's membership row; answer [`ShardEvent::SiloRead`].
@@ -355,6 +402,12 @@ enum Slot {
     /// Held, delivering, its row being read again (rule 10: a compare-and-set
     /// lost in a store failover).
     Verifying { lease: ShardLease },
+    /// Held, delivering, a checkpoint of its progress (`next`, same epoch)
+    /// being written over `lease` (rule 11).
+    Checkpointing {
+        lease: ShardLease,
+        next: Box<ShardLease>,
+    },
     /// Held, but the row names this silo at a lower epoch (its acquire was
     /// lost): the acquire is written again over it; nothing is delivered
     /// meanwhile (an unknown outcome is read, rule 6).
@@ -398,6 +451,8 @@ pub struct ShardMachine {
     retry_at: BTreeMap<u32, Timestamp>,
     /// Rule 10's verifications and waits.
     healing: heal::Healing,
+    /// Rule 11: when each held shard's progress was last asked for.
+    checkpoints: BTreeMap<u32, Timestamp>,
 }
 
 fn after(t: Timestamp, d: Duration) -> Timestamp {
@@ -423,6 +478,7 @@ impl ShardMachine {
             slots: BTreeMap::new(),
             retry_at: BTreeMap::new(),
             healing: heal::Healing::default(),
+            checkpoints: BTreeMap::new(),
         }
     }
 
@@ -430,7 +486,12 @@ impl ShardMachine {
     pub fn owned(&self) -> Vec<u32> {
         self.slots
             .iter()
-            .filter(|(_, s)| matches!(s, Slot::Owned { .. } | Slot::Verifying { .. }))
+            .filter(|(_, s)| {
+                matches!(
+                    s,
+                    Slot::Owned { .. } | Slot::Verifying { .. } | Slot::Checkpointing { .. }
+                )
+            })
             .map(|(k, _)| *k)
             .collect()
     }
@@ -440,7 +501,7 @@ impl ShardMachine {
     /// watermark is the takeover time less 1 ms: rule 3), and (fencing on)
     /// this silo confirmed its own row Active within the lease period.
     pub fn may_deliver(&self, shard: u32, now: Timestamp) -> bool {
-        matches!(self.slots.get(&shard), Some(Slot::Owned { lease } | Slot::Verifying { lease }) if lease.watermark.is_none_or(|w| now > w))
+        matches!(self.slots.get(&shard), Some(Slot::Owned { lease } | Slot::Verifying { lease } | Slot::Checkpointing { lease, .. }) if lease.watermark.is_none_or(|w| now > w))
             && self.confirmed(now)
     }
 
@@ -455,6 +516,7 @@ impl ShardMachine {
                     Slot::Waiting { .. }
                         | Slot::Owned { .. }
                         | Slot::Verifying { .. }
+                        | Slot::Checkpointing { .. }
                         | Slot::Reasserting { .. }
                         | Slot::Stopping { .. }
                         | Slot::Releasing { .. }
@@ -512,6 +574,7 @@ impl ShardMachine {
                     if self.wanted(shard) {
                         self.slots.insert(shard, Slot::Owned { lease });
                         self.start_verifying(now);
+                        self.checkpoints.insert(shard, now);
                     } else {
                         out.push(ShardAction::Stop(shard));
                         self.slots.insert(shard, Slot::Stopping { lease });
@@ -530,6 +593,8 @@ impl ShardMachine {
                         watermark: lease.watermark.max(started_through),
                         exceptions,
                         listed_from,
+                        // The release's watermark and exceptions say it all.
+                        owed_from: None,
                         ..lease.clone()
                     };
                     out.push(ShardAction::Write(release.clone()));
@@ -592,6 +657,11 @@ impl ShardMachine {
                 }
             }
             ShardEvent::Fenced { shard, epoch } => self.fenced(shard, epoch),
+            ShardEvent::Progress {
+                shard,
+                owed_from,
+                exceptions,
+            } => self.progress(shard, owed_from, exceptions, &mut out),
             ShardEvent::Tick => {}
             ShardEvent::Leave => {
                 self.leaving = true;
@@ -653,6 +723,7 @@ impl ShardMachine {
                 Some(
                     s @ (Slot::Acquiring { .. }
                     | Slot::Verifying { .. }
+                    | Slot::Checkpointing { .. }
                     | Slot::Reasserting { .. }
                     | Slot::AcquireUnknown { .. }
                     | Slot::Stopping { .. }
@@ -838,15 +909,26 @@ impl ShardMachine {
         };
         self.taken_from.remove(&k);
         if let Some(t) = takeover {
-            // A crash: what the row says was delivered is stale; the load plans
-            // from the takeover time (inclusive), and so does the next release.
+            // A crash: nothing is delivered before the takeover time (the
+            // watermark gates delivery, rule 5). What the Dead holder owed is
+            // its last checkpoint (rule 11), kept for the load and for a
+            // takeover of this epoch in turn; without one the load plans
+            // from the takeover time (inclusive), and so does the next
+            // release.
             let before = Timestamp::from_millis(t.as_millis().saturating_sub(1));
             next.watermark = next.watermark.max(Some(before));
-            next.exceptions.clear();
+            if next.owed_from.is_none() {
+                next.exceptions.clear();
+            }
             next.listed_from = None;
             if let Some(dead) = lease.owner {
                 self.taken_from.insert(k, dead);
             }
+        } else if !self.options.checkpoint.is_zero() {
+            // The release's watermark and exceptions are this epoch's first
+            // checkpoint (rule 11); a row without one says nothing was
+            // delivered yet.
+            next.owed_from = next.watermark.or(Some(Timestamp::EPOCH));
         }
         out.push(ShardAction::Write(next.clone()));
         self.slots.insert(
@@ -911,20 +993,20 @@ impl ShardMachine {
                 }
                 self.check_left(out);
             }
-            (Slot::Releasing { .. }, Ok(Err(_))) => {
-                // Another epoch holds the shard (we stopped already).
-                self.slots.remove(&k);
-                if self.wanted(k) {
-                    self.slots.insert(k, Slot::Reading);
-                    out.push(ShardAction::Read(k));
-                }
-                self.check_left(out);
+            (Slot::Releasing { lease }, Ok(Err(_))) => {
+                // Another epoch holds the shard (we stopped already), or the
+                // row moved under this epoch (a checkpoint that landed though
+                // its answer was lost, rule 11): the row decides, as for an
+                // unknown outcome.
+                self.slots.insert(k, Slot::ReleaseUnknown { lease });
+                out.push(ShardAction::Read(k));
             }
             (Slot::Releasing { lease }, Err(_)) => {
                 self.slots.insert(k, Slot::ReleaseUnknown { lease });
                 out.push(ShardAction::Read(k));
             }
             (Slot::Reasserting { lease }, result) => self.reasserted(k, lease, result, out),
+            (Slot::Checkpointing { lease, next }, result) => self.checkpointed(k, lease, next, result, out),
             _ => {}
         }
     }
@@ -1012,6 +1094,7 @@ impl ShardMachine {
             }
         }
         self.check_left(out);
+        let checkpoint = self.checkpoint_due(now, out);
         let mut next: Option<Timestamp> = self
             .slots
             .values()
@@ -1021,6 +1104,7 @@ impl ShardMachine {
             })
             .chain(self.retry_at.values().copied())
             .chain(self.healing.next())
+            .chain(checkpoint)
             .min();
         if self.options.fencing && !self.left {
             let every = self.options.lease_period / 3;

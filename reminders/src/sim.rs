@@ -161,6 +161,9 @@ pub struct Crash {
     pub members: std::collections::BTreeSet<SiloAddress>,
     /// The shards whose lease it held at the crash.
     pub shards: std::collections::BTreeSet<u32>,
+    /// Of those, the checkpoint each lease row held at the crash
+    /// ([`ShardLease::owed_from`](rollcall_core::lease::ShardLease::owed_from)).
+    pub checkpoints: BTreeMap<u32, Timestamp>,
 }
 
 /// The state of a silo of the world.
@@ -475,6 +478,10 @@ impl World {
             .cloned()
             .collect();
         let shards = leased;
+        let checkpoints = shards
+            .iter()
+            .filter_map(|k| Some((*k, now_or_fail(self.leases.read(*k)).ok()?.owed_from?)))
+            .collect();
         if zombie {
             self.nodes[i].life = Life::Zombie;
             self.nodes[i].cut_until = u64::MAX;
@@ -491,6 +498,7 @@ impl World {
             owned,
             members: members.clone(),
             shards,
+            checkpoints,
         });
         self.sched.push(after, i, Ev::Declared);
     }
@@ -1104,6 +1112,25 @@ impl World {
                     .find(|(r, l)| r == reminder && &l.etag == etag)
                     .map(|(_, l)| l)
             })
+    }
+
+    /// Whether occurrence `at` of `reminder`, delivered twice, is a repeat
+    /// the crash semantics with checkpoints allow: its shard's lease was
+    /// held by a silo that crashed (or was declared Dead) with a checkpoint
+    /// in the row, `at` is at or after that checkpoint less the clock bound
+    /// (the successor owes from there), and before the takeover time's
+    /// bound (declared Dead, plus the lease period and the clock bound:
+    /// the Dead holder delivered nothing after it).
+    pub fn checkpoint_repeat(&self, reminder: &(String, String), at: Timestamp) -> bool {
+        let k = rollcall_core::actor_shard(&reminder.0, self.cfg.shards);
+        let bound = self.cfg.options.lease_period.as_millis() as u64 + self.cfg.max_clock_offset;
+        self.crashes.iter().any(|c| {
+            c.checkpoints.get(&k).is_some_and(|cp| {
+                let from = cp.as_millis().saturating_sub(self.cfg.max_clock_offset);
+                let until = c.declared.unwrap_or(u64::MAX).saturating_add(bound);
+                at.as_millis() >= from && at <= World::time_at(until)
+            })
+        })
     }
 
     /// Occurrences delivered more than once: ((actor, name), occurrence).

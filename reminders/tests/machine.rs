@@ -4,6 +4,12 @@
 //! in-memory table. Checked: no occurrence is delivered twice; under graceful
 //! churn none is lost; after a crash or during an outage only the occurrences
 //! inside its window are lost; the machine's bounds hold.
+//!
+//! Every schedule here runs with checkpoints off (`lease_checkpoint_interval`
+//! zero, [`base`]): these properties state the crash semantics of that
+//! setting, where a crash repeats no periodic occurrence and may skip what
+//! fell due before the takeover time. `takeover.rs` states those of the
+//! default, with checkpoints.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +27,14 @@ mod common;
 /// ([`common::sweep_config`]).
 fn config(cases: u32) -> ProptestConfig {
     common::sweep_config(cases, 20_261_125)
+}
+
+/// The world's default configuration with checkpoints off (see the module
+/// docs).
+fn base() -> Config {
+    let mut cfg = Config::default();
+    cfg.options.lease_checkpoint_interval = Duration::ZERO;
+    cfg
 }
 
 /// One step of a schedule, after a gap.
@@ -279,7 +293,7 @@ fn check_bounds(w: &World) {
 /// Runs `ops` from `seed` as [`run`] does, without faults, and asserts that every
 /// occurrence was delivered exactly once.
 fn assert_once_each(seed: u64, ops: &[(u64, Op)]) {
-    let (w, end) = run(seed, Config::default(), ops);
+    let (w, end) = run(seed, base(), ops);
     let dup = w.duplicates();
     let missed = w.missed(end + 30_000 - TAIL, SLACK);
     assert!(dup.is_empty(), "duplicates: {dup:?}");
@@ -290,7 +304,7 @@ fn assert_once_each(seed: u64, ops: &[(u64, Op)]) {
 fn with_faults() -> Config {
     Config {
         delivery_failure: 0.02,
-        ..Config::default()
+        ..base()
     }
 }
 
@@ -461,7 +475,7 @@ fn a_fixed_graceful_schedule_delivers_every_occurrence_once() {
         (300, Op::Leave(1)),
         (6000, unreg(3, 0)),
     ];
-    let (w, end) = run(1, Config::default(), &ops);
+    let (w, end) = run(1, base(), &ops);
     let dup = w.duplicates();
     let missed = w.missed(end + 25_000, SLACK);
     assert!(dup.is_empty(), "{} ticks, duplicates: {dup:?}", w.ticks.len());
@@ -490,7 +504,7 @@ proptest! {
         lease_s in 1u64..6,
         ops in prop::collection::vec((200u64..6000, op(false)), 4..14),
     ) {
-        let (w, end) = run(seed, with_lease_period(Config::default(), lease_s), &ops);
+        let (w, end) = run(seed, with_lease_period(base(), lease_s), &ops);
         let dup = w.duplicates();
         prop_assert!(dup.is_empty(), "duplicates: {:?}\nseed {seed} ops {ops:?}", &dup[..dup.len().min(8)]);
         let missed = w.missed(end + 30_000 - TAIL, SLACK);
@@ -614,7 +628,7 @@ fn with_clocks() -> Config {
     Config {
         max_clock_offset: 500,
         handler: 100,
-        ..Config::default()
+        ..base()
     }
 }
 
@@ -1185,7 +1199,7 @@ proptest! {
         let cfg = with_lease_period(Config {
             message_loss: 0.05,
             max_clock_offset: 500,
-            ..Config::default()
+            ..base()
         }, lease_s);
         let (w, end) = run_with(seed, cfg.clone(), &ops, silos);
         let dup = w.duplicates();
@@ -1207,11 +1221,11 @@ fn without_fencing_a_false_death_delivers_twice() {
     ];
     let mut repeated = 0;
     for seed in 0..16 {
-        let mut cfg = Config::default();
+        let mut cfg = base();
         cfg.options.lease_fencing = false;
         let (w, _) = run_with(seed, cfg, &ops, 4);
         repeated += w.duplicates().len();
-        let (w, _) = run_with(seed, Config::default(), &ops, 4);
+        let (w, _) = run_with(seed, base(), &ops, 4);
         assert!(w.duplicates().is_empty(), "seed {seed}: {:?}", w.duplicates());
     }
     assert!(repeated > 0, "no schedule repeated a tick without fencing");
@@ -1229,7 +1243,7 @@ fn a_one_shot_registered_as_a_clock_ahead_releases_its_shard_is_delivered() {
         let cfg = Config {
             max_clock_offset: 2_000,
             clock_bound_told: told,
-            ..Config::default()
+            ..base()
         };
         let a = actor(12);
         let shard = rollcall_core::actor_shard(&a, cfg.shards);
@@ -1294,7 +1308,7 @@ fn a_fence_that_ignores_the_clock_bound_delivers_twice() {
         max_clock_offset: 4_000,
         clock_bound_told: told,
         detection: (500, 1_500),
-        ..Config::default()
+        ..base()
     };
     let mut repeated = 0;
     // (Seeds 26, 32 and 39 repeat without the bound since the shard machine
@@ -1325,7 +1339,7 @@ fn lost_messages_among_many_silos_lose_no_tick() {
     ];
     let cfg = Config {
         message_loss: 0.05,
-        ..Config::default()
+        ..base()
     };
     let (w, end) = run_with(14_629_161_582_410_388_316, cfg, &ops, 19);
     assert!(w.duplicates().is_empty());
@@ -1355,7 +1369,7 @@ fn a_registration_during_a_partition_waits_at_most_for_the_refresh() {
     ];
     let cfg = Config {
         message_loss: 0.05,
-        ..Config::default()
+        ..base()
     };
     let (w, end) = run_with(8_360_038_638_722_526_403, cfg.clone(), &ops, 14);
     assert!(w.duplicates().is_empty());
@@ -1419,7 +1433,7 @@ fn a_registration_just_before_a_false_death_is_delivered_after_the_failover() {
     ];
     let cfg = Config {
         message_loss: 0.05,
-        ..Config::default()
+        ..base()
     };
     let (w, end) = run_with(2_014_247_751_782_107_680, cfg.clone(), &ops, 11);
     assert!(w.duplicates().is_empty());
@@ -1439,7 +1453,7 @@ fn a_registration_through_a_leaver_whose_notice_was_lost_waits_for_the_refresh()
     ];
     let cfg = Config {
         message_loss: 0.05,
-        ..Config::default()
+        ..base()
     };
     let (w, end) = run_with(2_910_746_976_038_140_624, cfg.clone(), &ops, 14);
     assert!(w.duplicates().is_empty());
@@ -1460,11 +1474,7 @@ fn a_registration_through_a_silo_with_a_stale_view_reaches_the_leases_holder() {
         (200, reg(0, 0, 0, 1)),
         (200, Op::Leave(14_513_189_434_233_071_090)),
     ];
-    let (w, end) = run(
-        18_308_326_791_995_828_990,
-        with_lease_period(Config::default(), 5),
-        &ops,
-    );
+    let (w, end) = run(18_308_326_791_995_828_990, with_lease_period(base(), 5), &ops);
     assert!(w.duplicates().is_empty());
     let missed = w.missed(end + 30_000 - TAIL, SLACK);
     assert!(missed.is_empty(), "missed: {missed:?}");
@@ -1497,7 +1507,7 @@ fn a_reregistration_around_a_failover_loses_nothing_after_it() {
 /// shows as lateness instead of tasks.
 #[test]
 fn a_mass_due_time_is_delivered_once_each_under_the_delivery_cap() {
-    let mut cfg = Config::default();
+    let mut cfg = base();
     cfg.options.max_deliveries = 4;
     let mut w = World::new(cfg, 7, Arc::new(MemoryStore::new()));
     for _ in 0..3 {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rollcall_core::lease::{LeaseStatus, ShardLease};
+use rollcall_core::lease::{LeaseException, LeaseStatus, ShardLease};
 use rollcall_core::{
     actor_hash, actor_shard, Etag, MembershipEntry, MembershipSnapshot, SiloAddress, SiloStatus, Timestamp,
 };
@@ -109,6 +109,7 @@ impl World {
                     lease_period: L,
                     fencing,
                     poll: Duration::from_millis(15),
+                    checkpoint: Duration::from_millis(40),
                 },
             ),
             next: BTreeMap::new(),
@@ -205,6 +206,22 @@ impl World {
                         },
                     },
                 ));
+            }
+            ShardAction::Checkpoint(shard) => {
+                // Everything before `next` was delivered.
+                if let Some(next) = self.nodes[i].next.get(&shard).copied() {
+                    self.ops.push((
+                        at,
+                        Op::Event {
+                            node: i,
+                            event: ShardEvent::Progress {
+                                shard,
+                                owed_from: next.checked_sub(1).map(ts),
+                                exceptions: Vec::new(),
+                            },
+                        },
+                    ));
+                }
             }
             ShardAction::Drop(shard) => {
                 self.nodes[i].next.remove(&shard);
@@ -564,6 +581,16 @@ fn shard_ranges_tile_the_ring_and_agree_with_actor_shard() {
 /// The machine of silo 0 over one shard, and a view where silo 0 is Active
 /// and silo 1 is `other`.
 fn one_shard(fencing: bool, poll: Duration, other: SiloStatus) -> (ShardMachine, Arc<MembershipSnapshot>) {
+    one_shard_checkpointed(fencing, poll, other, Duration::ZERO)
+}
+
+/// [`one_shard`] with checkpoints every `checkpoint` (zero: none).
+fn one_shard_checkpointed(
+    fencing: bool,
+    poll: Duration,
+    other: SiloStatus,
+    checkpoint: Duration,
+) -> (ShardMachine, Arc<MembershipSnapshot>) {
     let m = ShardMachine::new(
         silo(0),
         ShardOptions {
@@ -572,6 +599,7 @@ fn one_shard(fencing: bool, poll: Duration, other: SiloStatus) -> (ShardMachine,
             lease_period: L,
             fencing,
             poll,
+            checkpoint,
         },
     );
     let mut view = MembershipSnapshot::default();
@@ -1043,6 +1071,7 @@ fn a_lost_release_is_found_by_the_waiting_owner_and_released() {
             lease_period: L,
             fencing: true,
             poll: Duration::from_millis(10),
+            checkpoint: Duration::ZERO,
         },
     );
     other.handle(ts(100), ShardEvent::View(view));
@@ -1114,4 +1143,143 @@ fn held_leases_are_read_again_when_the_store_answers_after_a_failure() {
         },
     );
     assert!(a.contains(&ShardAction::ReadHead(0)), "{a:?}");
+}
+
+/// Rule 11: a held shard's progress is asked for every checkpoint interval
+/// and written, at the same epoch, only when it moved; a checkpoint whose
+/// outcome is unknown reads the row again (rule 10), and the shard delivers
+/// throughout.
+#[test]
+fn a_held_shard_checkpoints_its_progress_when_it_moved() {
+    let every = Duration::from_millis(500);
+    let (mut m, view) = one_shard_checkpointed(false, Duration::from_secs(60), SiloStatus::Dead, every);
+    m.handle(ts(100), ShardEvent::View(view));
+    let a = m.handle(
+        ts(101),
+        ShardEvent::Read {
+            shard: 0,
+            result: Ok(ShardLease::vacant(0)),
+        },
+    );
+    let acquire = write_in(&a).expect("acquires");
+    assert_eq!(
+        acquire.owed_from,
+        Some(Timestamp::EPOCH),
+        "a fresh shard: nothing delivered yet"
+    );
+    m.handle(
+        ts(102),
+        ShardEvent::Written {
+            shard: 0,
+            result: Ok(Ok(Etag::new("1"))),
+        },
+    );
+    m.handle(
+        ts(120),
+        ShardEvent::Loaded {
+            shard: 0,
+            read_from: ts(102),
+        },
+    );
+    let a = m.handle(ts(400), ShardEvent::Tick);
+    assert!(
+        !a.contains(&ShardAction::Checkpoint(0)),
+        "not before an interval: {a:?}"
+    );
+    let a = m.handle(ts(620), ShardEvent::Tick);
+    assert!(a.contains(&ShardAction::Checkpoint(0)), "{a:?}");
+    let owed = LeaseException {
+        actor_id: "k/a".into(),
+        name: "r".into(),
+        next: ts(550),
+        etag: Some(Etag::new("r1")),
+        done: false,
+    };
+    let progress = |at: u64, exceptions: Vec<LeaseException>| ShardEvent::Progress {
+        shard: 0,
+        owed_from: Some(ts(at)),
+        exceptions,
+    };
+    let a = m.handle(ts(621), progress(600, vec![owed.clone()]));
+    let cp = write_in(&a).expect("moved: written");
+    assert_eq!(
+        (cp.epoch, cp.owner, cp.status, cp.owed_from, cp.etag.as_str()),
+        (
+            acquire.epoch,
+            acquire.owner,
+            LeaseStatus::Owned,
+            Some(ts(600)),
+            "1"
+        ),
+        "same epoch and owner, over the row's etag"
+    );
+    assert_eq!(cp.exceptions, vec![owed.clone()]);
+    assert!(
+        m.may_deliver(0, ts(622)),
+        "delivers while the checkpoint is written"
+    );
+    m.handle(
+        ts(625),
+        ShardEvent::Written {
+            shard: 0,
+            result: Ok(Ok(Etag::new("2"))),
+        },
+    );
+    let a = m.handle(ts(1_200), progress(600, vec![owed.clone()]));
+    assert!(write_in(&a).is_none(), "unmoved: nothing written: {a:?}");
+    let a = m.handle(ts(1_201), progress(1_100, Vec::new()));
+    let cp = write_in(&a).expect("moved again");
+    assert_eq!(cp.etag.as_str(), "2", "over the checkpoint that landed");
+    let a = m.handle(
+        ts(1_210),
+        ShardEvent::Written {
+            shard: 0,
+            result: Err(WriteFailed::Unknown("timed out".into())),
+        },
+    );
+    assert!(a.contains(&ShardAction::ReadHead(0)), "the row decides: {a:?}");
+    assert!(m.may_deliver(0, ts(1_211)));
+}
+
+/// Rule 11 at a takeover: the Dead holder's checkpoint (its `owed_from` and
+/// exceptions) stays in the acquire, for this silo's load and for a
+/// takeover of this epoch in turn; a row without one is acquired as before,
+/// its exceptions cleared.
+#[test]
+fn a_takeover_keeps_the_dead_holders_checkpoint() {
+    let owed = LeaseException {
+        actor_id: "k/a".into(),
+        name: "r".into(),
+        next: ts(20),
+        etag: Some(Etag::new("r1")),
+        done: false,
+    };
+    for checkpointed in [true, false] {
+        let (mut m, view) = one_shard(true, Duration::from_millis(15), SiloStatus::Dead);
+        m.handle(ts(100), ShardEvent::View(view));
+        let held = ShardLease {
+            epoch: 4,
+            owner: Some(silo(1)),
+            status: LeaseStatus::Owned,
+            watermark: Some(ts(10)),
+            owed_from: checkpointed.then(|| ts(50)),
+            exceptions: vec![owed.clone()],
+            etag: Etag::new("7"),
+            ..ShardLease::vacant(0)
+        };
+        let a = m.handle(
+            ts(110),
+            ShardEvent::Read {
+                shard: 0,
+                result: Ok(held),
+            },
+        );
+        let w = write_in(&a).expect("acquires at once");
+        assert_eq!(w.watermark, Some(ts(139)), "nothing delivered before T");
+        if checkpointed {
+            assert_eq!((w.owed_from, w.exceptions), (Some(ts(50)), vec![owed.clone()]));
+        } else {
+            assert_eq!((w.owed_from, w.exceptions.len()), (None, 0));
+        }
+    }
 }

@@ -3,6 +3,13 @@
 //! stopped delivering before `T` (lease fencing), so every occurrence at or
 //! after `T` is the successor's to deliver, under every missed-tick policy,
 //! however late its load answers.
+//!
+//! With checkpoints (the default `lease_checkpoint_interval`) the successor
+//! owes from the Dead holder's last checkpoint instead: nothing is lost at
+//! all, and a crash repeats only occurrences between that checkpoint (less
+//! the clock bound) and the takeover time ([`World::checkpoint_repeat`]).
+//! Without them (an interval of zero) the missed-tick policy decides what
+//! fell due before `T`, and no periodic occurrence repeats.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -67,15 +74,48 @@ fn lost_after_takeover(w: &World, until: u64) -> Vec<((String, String), Timestam
     lost
 }
 
+/// The repeats of periodic and cron occurrences in `w` that the crash
+/// semantics do not allow: any without checkpoints; with them, those
+/// outside [`World::checkpoint_repeat`]'s window.
+fn periodic_repeats(w: &World, checkpoints: bool) -> Vec<((String, String), Timestamp)> {
+    w.duplicates()
+        .into_iter()
+        .filter(|((_, name), _)| ["fast", "skip", "cron"].contains(&name.as_str()))
+        .filter(|(r, at)| !(checkpoints && w.checkpoint_repeat(r, *at)))
+        .collect()
+}
+
+/// `cfg` with checkpoints off.
+fn without_checkpoints(mut cfg: Config) -> Config {
+    cfg.options.lease_checkpoint_interval = Duration::ZERO;
+    cfg
+}
+
 /// Kill the holder; the successor's row reads answer a lease period plus the
 /// clock bound plus 500 ms late, so its acquire load ends after the takeover
 /// time: every occurrence at or after `T` is still delivered, `T` included.
+/// Without checkpoints, what `Skip` drops between the death seen and `T` is
+/// counted; with them nothing is dropped and nothing at all is lost (issue
+/// 70, item 2: this failed before checkpoints, as the run without them
+/// shows: `Skip` lost what fell due between the death and `T`).
 #[test]
 fn a_takeover_whose_load_answers_after_t_delivers_everything_from_t() {
     for seed in 0..8 {
+        takeover_with_late_load(seed, false);
+        takeover_with_late_load(seed, true);
+    }
+}
+
+fn takeover_with_late_load(seed: u64, checkpoints: bool) {
+    {
         let cfg = Config {
             max_clock_offset: 500,
             ..Config::default()
+        };
+        let cfg = if checkpoints {
+            cfg
+        } else {
+            without_checkpoints(cfg)
         };
         let late = cfg.options.lease_period.as_millis() as u64 + cfg.max_clock_offset + 500;
         let mut w = World::new(cfg, seed, Arc::new(MemoryStore::new()));
@@ -95,10 +135,24 @@ fn a_takeover_whose_load_answers_after_t_delivers_everything_from_t() {
             !taken.is_empty(),
             "seed {seed}: the successor took over the victim's shards"
         );
-        // What `Skip` dropped between the death seen and T is counted: the
-        // 300-ms and 1-s reminders had occurrences there.
         let skipped = w.machine(successor).map_or(0, |m| m.stats().takeover_skipped);
-        assert!(skipped > 0, "seed {seed}: the crash's cost is counted");
+        if checkpoints {
+            assert_eq!(
+                skipped, 0,
+                "seed {seed}: owed from the checkpoint, nothing skipped"
+            );
+            let missed = w.missed(end - 2_000, 0);
+            assert!(
+                missed.is_empty(),
+                "seed {seed}: {} occurrences lost, e.g. {:?}",
+                missed.len(),
+                &missed[..missed.len().min(5)]
+            );
+        } else {
+            // What `Skip` dropped between the death seen and T is counted:
+            // the 300-ms and 1-s reminders had occurrences there.
+            assert!(skipped > 0, "seed {seed}: the crash's cost is counted");
+        }
         let lost = lost_after_takeover(&w, end - 2_000);
         assert!(
             lost.is_empty(),
@@ -107,13 +161,16 @@ fn a_takeover_whose_load_answers_after_t_delivers_everything_from_t() {
             &lost[..lost.len().min(5)]
         );
         // A crash may repeat a one-shot or a `FireOnce` catch-up whose write
-        // had not landed; no other occurrence.
-        let repeated: Vec<_> = w
-            .duplicates()
-            .into_iter()
-            .filter(|((_, name), _)| ["fast", "skip", "cron"].contains(&name.as_str()))
-            .collect();
+        // had not landed; with checkpoints, what the holder delivered after
+        // its last one; no other occurrence.
+        let repeated = periodic_repeats(&w, checkpoints);
         assert!(repeated.is_empty(), "seed {seed}: {repeated:?}");
+        if checkpoints {
+            assert!(
+                !w.crashes[0].checkpoints.is_empty(),
+                "seed {seed}: the victim's rows held checkpoints"
+            );
+        }
     }
 }
 
@@ -128,23 +185,26 @@ mod sweep {
         /// Three silos on clocks up to 500 ms apart; one crashes at a random
         /// time while the others' row reads answer up to 6 s late (a load
         /// that answers at `T + x` for a random `x`, or before `T`) and table
-        /// calls take up to 200 ms: nothing at or after a takeover time is
-        /// lost, and no periodic or cron occurrence is delivered twice.
+        /// calls take up to 200 ms, checkpoints on or off: nothing at or
+        /// after a takeover time is lost; with checkpoints nothing at all is
+        /// lost and periodic or cron occurrences repeat only inside the
+        /// checkpoint window; without, none repeats.
         #[test]
         fn a_crash_loses_nothing_at_or_after_the_takeover_time(
             seed in any::<u64>(),
             delay in 0u64..6_000,
-            crash_after in 0u64..4_000,
+            crash_after in 0u64..12_000,
             victim in 0usize..3,
+            checkpoints in any::<bool>(),
         ) {
-            let (w, end) = crash_with_slow_reads(seed, delay, crash_after, victim);
+            let (w, end) = crash_with(seed, delay, crash_after, victim, None, checkpoints);
             let lost = lost_after_takeover(&w, end);
             prop_assert!(lost.is_empty(), "{} lost at or after T, e.g. {:?}", lost.len(), &lost[..lost.len().min(5)]);
-            let repeated: Vec<_> = w
-                .duplicates()
-                .into_iter()
-                .filter(|((_, name), _)| ["fast", "skip", "cron"].contains(&name.as_str()))
-                .collect();
+            if checkpoints {
+                let missed = w.missed(end, 0);
+                prop_assert!(missed.is_empty(), "{} lost, e.g. {:?}", missed.len(), &missed[..missed.len().min(5)]);
+            }
+            let repeated = periodic_repeats(&w, checkpoints);
             prop_assert!(repeated.is_empty(), "{repeated:?}");
         }
 
@@ -161,7 +221,7 @@ mod sweep {
             victim in 0usize..3,
             failover_after in 0u64..10_000,
         ) {
-            let (w, end) = crash_with(seed, delay, crash_after, victim, Some(failover_after));
+            let (w, end) = crash_with(seed, delay, crash_after, victim, Some(failover_after), true);
             let lost = lost_after_takeover(&w, end);
             prop_assert!(lost.is_empty(), "{} lost at or after T, e.g. {:?}", lost.len(), &lost[..lost.len().min(5)]);
         }
@@ -173,23 +233,29 @@ mod sweep {
 /// `crash_after` ms into their ticks while the others' row reads answer
 /// `delay` ms late. Returns the world and the end of the checked span.
 fn crash_with_slow_reads(seed: u64, delay: u64, crash_after: u64, victim: usize) -> (World, u64) {
-    crash_with(seed, delay, crash_after, victim, None)
+    crash_with(seed, delay, crash_after, victim, None, false)
 }
 
 /// [`crash_with_slow_reads`], with a store failover `failover_after` ms after
 /// the crash when set: a second's outage, after which every lease row has
-/// lost its last write.
+/// lost its last write; with `checkpoints` or without.
 fn crash_with(
     seed: u64,
     delay: u64,
     crash_after: u64,
     victim: usize,
     failover_after: Option<u64>,
+    checkpoints: bool,
 ) -> (World, u64) {
     let cfg = Config {
         max_clock_offset: 500,
         table_jitter: 200,
         ..Config::default()
+    };
+    let cfg = if checkpoints {
+        cfg
+    } else {
+        without_checkpoints(cfg)
     };
     let mut w = three_silos_with_rows(cfg, seed, 12_000);
     w.run_for(crash_after);
@@ -343,6 +409,70 @@ fn a_silo_beyond_the_clock_bound_leaves_the_ring_and_comes_back() {
             "seed {seed}: {} missed, e.g. {:?}",
             missed.len(),
             &missed[..missed.len().min(5)]
+        );
+    }
+}
+
+/// Issue 70, item 2: the holder checkpoints its progress every interval
+/// while it delivers, and a crash long after the acquire costs at most the
+/// time since the last checkpoint: nothing is lost (under `Skip` too),
+/// nothing is skipped, and the periodic occurrences that come twice are
+/// those the Dead holder delivered after its last checkpoint, each within
+/// [`World::checkpoint_repeat`]'s window. The checkpoints of the shards
+/// with reminders are recent at the crash: at most an interval (plus a
+/// table call) old.
+#[test]
+fn a_crash_long_after_the_acquire_owes_from_the_last_checkpoint() {
+    let interval = Duration::from_secs(2);
+    for seed in 0..6 {
+        let mut cfg = Config {
+            max_clock_offset: 500,
+            ..Config::default()
+        };
+        cfg.options.lease_checkpoint_interval = interval;
+        let mut w = three_silos_with_rows(cfg, seed, 40_000);
+        w.run_for(15_000);
+        let victim = (0..3)
+            .max_by_key(|i| (0..64).filter(|k| w.holder_of(*k) == Some(*i)).count())
+            .expect("three");
+        let crashed_at = World::time_at(w.now());
+        w.crash(victim);
+        w.run_for(30_000);
+        let end = w.now() - 8_000;
+        let crash = &w.crashes[0];
+        assert!(!crash.shards.is_empty(), "seed {seed}: the victim held shards");
+        let busy: BTreeSet<u32> = (0..8)
+            .map(|a| rollcall_core::actor_shard(&format!("kind/{a}"), 64))
+            .collect();
+        assert!(
+            crash.shards.iter().any(|k| busy.contains(k)),
+            "seed {seed}: the victim delivered"
+        );
+        // A shard without reminders has no progress to write.
+        for (k, cp) in crash.checkpoints.iter().filter(|(k, _)| busy.contains(k)) {
+            let age = crashed_at.saturating_duration_since(*cp);
+            assert!(
+                age <= interval + Duration::from_millis(1_500),
+                "seed {seed}: shard {k}'s checkpoint was {age:?} old at the crash"
+            );
+        }
+        assert_eq!(crash.checkpoints.len(), crash.shards.len(), "seed {seed}");
+        let skipped: u64 = (0..3)
+            .filter_map(|i| w.machine(i))
+            .map(|m| m.stats().takeover_skipped)
+            .sum();
+        assert_eq!(skipped, 0, "seed {seed}: nothing skipped");
+        let missed = w.missed(end, 0);
+        assert!(
+            missed.is_empty(),
+            "seed {seed}: {} lost, e.g. {:?}",
+            missed.len(),
+            &missed[..missed.len().min(5)]
+        );
+        let repeated = periodic_repeats(&w, true);
+        assert!(
+            repeated.is_empty(),
+            "seed {seed}: outside the window: {repeated:?}"
         );
     }
 }

@@ -160,6 +160,7 @@ impl ReminderMachine {
             lease_period: options.lease_period,
             fencing: options.lease_fencing,
             poll: options.lease_poll,
+            checkpoint: options.lease_checkpoint_interval,
         };
         ReminderMachine {
             me,
@@ -404,6 +405,7 @@ impl ReminderMachine {
                     ShardAction::Load { lease, takeover } => self.acquired(lease, takeover),
                     ShardAction::Drop(k) => self.drop_shard(k),
                     ShardAction::Stop(k) => stops.push(k),
+                    ShardAction::Checkpoint(k) => next.extend(self.progress(k)),
                 }
             }
             // A final load with nothing left to read answers at once.
@@ -427,6 +429,12 @@ impl ReminderMachine {
             .map(|e| (Key::new(&e.actor_id, &e.name), e.next))
             .collect();
         let mut held = HeldShard::acquired(lease.epoch, lease.watermark, takeover, exceptions);
+        held.owed_from = lease.owed_from.or(lease.watermark);
+        if takeover.is_some() {
+            // Shards rule 11: owed from the Dead holder's checkpoint, less
+            // the clock bound (its clock set it).
+            held.checkpoint = lease.owed_from.map(|c| c.saturating_sub(self.max_clock_offset));
+        }
         held.exception_etags = owed
             .iter()
             .filter_map(|e| Some((Key::new(&e.actor_id, &e.name), e.etag.clone()?)))
@@ -445,6 +453,42 @@ impl ReminderMachine {
         self.held.insert(k, held);
         self.loads.queue(k, LoadKind::Acquire);
         self.start_loads();
+    }
+
+    /// Shards rule 11: the progress of loaded shard `k`, delivering on: the
+    /// latest occurrence started (or the lease's checkpoint, when later)
+    /// and every occurrence at or before it that is owed (waiting, failed,
+    /// or still running: a crash may repeat it), as
+    /// [`checkpoint_of`](crate::shards::checkpoint_of) bounds them.
+    fn progress(&mut self, k: u32) -> Vec<ShardAction> {
+        let Some(held) = self.held.get(&k).filter(|h| h.loaded && !h.stopping) else {
+            return Vec::new();
+        };
+        let through = held.started_through.max(held.owed_from);
+        let owed = match through {
+            Some(t) => self
+                .queue
+                .in_hashes(self.hashes(k))
+                .filter(|slot| slot.next.scheduled <= t)
+                .map(|slot| rollcall_core::lease::LeaseException {
+                    actor_id: slot.key.actor().to_owned(),
+                    name: slot.key.name().to_owned(),
+                    next: slot.next.scheduled,
+                    etag: Some(rollcall_core::Etag::new(slot.etag.as_str())),
+                    done: false,
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let (owed_from, exceptions) = crate::shards::checkpoint_of(through, owed);
+        self.shards.handle(
+            self.now,
+            ShardEvent::Progress {
+                shard: k,
+                owed_from,
+                exceptions,
+            },
+        )
     }
 
     /// Forgets shard `k` (another epoch holds it, or it is taken again).

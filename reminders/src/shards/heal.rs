@@ -94,7 +94,8 @@ impl ShardMachine {
     /// A write under `shard` at `epoch` was refused as fenced: its row is
     /// read again at once if this silo holds it at that epoch.
     pub(super) fn fenced(&mut self, shard: u32, epoch: u64) {
-        if matches!(self.slots.get(&shard), Some(Slot::Owned { lease }) if lease.epoch == epoch) {
+        if matches!(self.slots.get(&shard), Some(Slot::Owned { lease } | Slot::Checkpointing { lease, .. }) if lease.epoch == epoch)
+        {
             self.healing.now.insert(shard);
         }
     }
@@ -121,7 +122,12 @@ impl ShardMachine {
     /// next held shard after the last one read, one a poll.
     pub(super) fn verify_due(&mut self, now: Timestamp, out: &mut Vec<ShardAction>) {
         for k in std::mem::take(&mut self.healing.now) {
-            self.verify(k, out);
+            if matches!(self.slots.get(&k), Some(Slot::Checkpointing { .. })) {
+                // Read once its checkpoint's answer is in.
+                self.healing.now.insert(k);
+            } else {
+                self.verify(k, out);
+            }
         }
         if self.healing.next.is_some_and(|t| t <= now) {
             let owned = |(k, s): (&u32, &Slot)| matches!(s, Slot::Owned { .. }).then_some(*k);
@@ -275,7 +281,7 @@ impl ShardMachine {
 
     /// Held shard `k` (as `lease`) after a verification or reassertion:
     /// delivering on, or stopped when no longer wanted (rule 4).
-    fn hold(&mut self, k: u32, lease: ShardLease, out: &mut Vec<ShardAction>) {
+    pub(super) fn hold(&mut self, k: u32, lease: ShardLease, out: &mut Vec<ShardAction>) {
         if self.wanted(k) {
             self.slots.insert(k, Slot::Owned { lease });
         } else {

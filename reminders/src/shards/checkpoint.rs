@@ -1,0 +1,176 @@
+//! Rule 11 of the shard leases, checkpoints: every checkpoint interval the
+//! holder of a loaded shard tells its progress (the latest occurrence it
+//! started, and what it owes at or before it), and when that moved since the
+//! row's, writes it into the lease row by compare-and-set at the same epoch.
+//! A successor that takes the shard over from a Dead holder owes from there
+//! (`handoff`, rule 1). The rules are in the parent module's docs.
+
+use std::time::Duration;
+
+use rollcall_core::lease::{LeaseException, PagesFrom, ShardLease};
+use rollcall_core::{Etag, Timestamp};
+
+use super::{after, ShardAction, ShardMachine, Slot, WriteFailed};
+
+/// The most reminders a checkpoint names as owed: 64, so that a checkpoint
+/// fits in the lease row itself (64 exceptions of the longest keys are about
+/// 140 KB of the row's 256 KiB) and is one store call. A holder owing more
+/// lowers the checkpoint's watermark to just before the 65th earliest owed
+/// occurrence instead: a successor then owes everything from there on, and a
+/// crash may repeat more, never lose more.
+pub const CHECKPOINT_EXCEPTIONS: usize = 64;
+
+/// What a checkpoint says of `owed` (occurrence, exception), the holder's
+/// debts at or before `through`, the latest occurrence it started: the
+/// checkpoint's watermark and at most [`CHECKPOINT_EXCEPTIONS`] exceptions,
+/// the earliest first. With more, the watermark is lowered to just before
+/// the first one left out.
+pub fn checkpoint_of(
+    through: Option<Timestamp>,
+    mut owed: Vec<LeaseException>,
+) -> (Option<Timestamp>, Vec<LeaseException>) {
+    owed.sort_by(|a, b| (a.next, &a.actor_id, &a.name).cmp(&(b.next, &b.actor_id, &b.name)));
+    if owed.len() <= CHECKPOINT_EXCEPTIONS {
+        return (through, owed);
+    }
+    let first_left_out = owed[CHECKPOINT_EXCEPTIONS].next;
+    owed.truncate(CHECKPOINT_EXCEPTIONS);
+    let lowered = Timestamp::from_millis(first_left_out.as_millis().saturating_sub(1));
+    (Some(through.map_or(lowered, |t| t.min(lowered))), owed)
+}
+
+impl ShardMachine {
+    /// Rule 11: the held shards whose checkpoint is due at `now` are asked
+    /// for their progress; the next checkpoint's time, for the timer.
+    pub(super) fn checkpoint_due(&mut self, now: Timestamp, out: &mut Vec<ShardAction>) -> Option<Timestamp> {
+        let every = self.options.checkpoint;
+        let slots = &self.slots;
+        self.checkpoints.retain(|k, _| {
+            matches!(
+                slots.get(k),
+                Some(Slot::Owned { .. } | Slot::Verifying { .. } | Slot::Checkpointing { .. })
+            )
+        });
+        if every.is_zero() {
+            return None;
+        }
+        let mut next: Option<Timestamp> = None;
+        for (k, asked) in self.checkpoints.iter_mut() {
+            if after(*asked, every) <= now && matches!(self.slots.get(k), Some(Slot::Owned { .. })) {
+                *asked = now;
+                out.push(ShardAction::Checkpoint(*k));
+            }
+            let at = after(*asked, every).max(after(now, Duration::from_millis(1)));
+            next = Some(next.map_or(at, |n| n.min(at)));
+        }
+        next
+    }
+
+    /// Rule 11: shard `k`'s progress; written as a checkpoint when it moved
+    /// since the row's (same epoch, same owner: the token is unchanged).
+    pub(super) fn progress(
+        &mut self,
+        k: u32,
+        owed_from: Option<Timestamp>,
+        exceptions: Vec<LeaseException>,
+        out: &mut Vec<ShardAction>,
+    ) {
+        let Some(Slot::Owned { lease }) = self.slots.get(&k) else {
+            return;
+        };
+        if lease.owed_from == owed_from && lease.exceptions == exceptions {
+            return;
+        }
+        let next = ShardLease {
+            owed_from,
+            exceptions,
+            pages_from: PagesFrom::default(),
+            ..lease.clone()
+        };
+        out.push(ShardAction::Write(next.clone()));
+        let lease = lease.clone();
+        let next = Box::new(next);
+        self.slots.insert(k, Slot::Checkpointing { lease, next });
+    }
+
+    /// Rule 11: the answer to the checkpoint `next` of shard `k`, held as
+    /// `lease`. Landed, `next` is held; another write came first or the
+    /// outcome is unknown: the row is read again (rule 10, which drops the
+    /// shard if another epoch holds it); refused: held as before, an error
+    /// logged (the next checkpoint tries again).
+    pub(super) fn checkpointed(
+        &mut self,
+        k: u32,
+        lease: ShardLease,
+        mut next: Box<ShardLease>,
+        result: Result<Result<Etag, Option<Etag>>, WriteFailed>,
+        out: &mut Vec<ShardAction>,
+    ) {
+        match result {
+            Ok(Ok(etag)) => {
+                next.etag = etag;
+                self.hold(k, *next, out);
+            }
+            Ok(Err(_)) | Err(WriteFailed::Unknown(_)) => {
+                // What landed is not known: held as before (a checkpoint that
+                // did land is written again, the same, at the next one).
+                self.slots.insert(k, Slot::Verifying { lease });
+                out.push(ShardAction::ReadHead(k));
+            }
+            Err(WriteFailed::Refused(why)) => {
+                tracing::error!(shard = k, error = %why, "a shard checkpoint was refused; trying again at the next one");
+                self.hold(k, lease, out);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owed(actor: &str, at: u64) -> LeaseException {
+        LeaseException {
+            actor_id: actor.to_owned(),
+            name: "r".to_owned(),
+            next: Timestamp::from_millis(at),
+            etag: None,
+            done: false,
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_names_what_is_owed_in_due_order() {
+        let through = Some(Timestamp::from_millis(10_000));
+        let (w, e) = checkpoint_of(through, vec![owed("b", 9_000), owed("a", 5_000)]);
+        assert_eq!(w, through);
+        assert_eq!(
+            e.iter().map(|e| e.actor_id.as_str()).collect::<Vec<_>>(),
+            ["a", "b"]
+        );
+    }
+
+    /// More than [`CHECKPOINT_EXCEPTIONS`] owed: the earliest are named and
+    /// the watermark goes to just before the first left out, so a successor
+    /// owes it and everything after it (more repeats, nothing lost).
+    #[test]
+    fn a_checkpoint_owing_more_than_fits_lowers_its_watermark() {
+        let owed_list = (0..100).map(|i| owed(&format!("a{i:03}"), 1_000 + i)).collect();
+        let (w, e) = checkpoint_of(Some(Timestamp::from_millis(10_000)), owed_list);
+        assert_eq!(e.len(), CHECKPOINT_EXCEPTIONS);
+        assert_eq!(
+            w,
+            Some(Timestamp::from_millis(1_000 + CHECKPOINT_EXCEPTIONS as u64 - 1))
+        );
+        assert!(e
+            .iter()
+            .all(|x| x.next.as_millis() < 1_000 + CHECKPOINT_EXCEPTIONS as u64));
+        // All due at one time (a mass due time): just before it.
+        let same = (0..100).map(|i| owed(&format!("a{i:03}"), 7_000)).collect();
+        let (w, e) = checkpoint_of(Some(Timestamp::from_millis(10_000)), same);
+        assert_eq!(
+            (w, e.len()),
+            (Some(Timestamp::from_millis(6_999)), CHECKPOINT_EXCEPTIONS)
+        );
+    }
+}
