@@ -95,11 +95,15 @@ pub struct HeldShard {
     /// The previous holder died: plan by the missed-tick policy from this time
     /// (the fence's end: nothing is due before it).
     pub takeover: Option<Timestamp>,
-    /// After a takeover from a checkpoint (the Dead holder's
-    /// [`owed_from`](rollcall_core::lease::ShardLease::owed_from) less the
-    /// cluster's `max_clock_offset`): every occurrence at or after it is
-    /// owed, and the exceptions, under every policy.
+    /// After a takeover from a checkpoint, the Dead holder's
+    /// [`owed_from`](rollcall_core::lease::ShardLease::owed_from): every
+    /// occurrence after it is owed, and the exceptions, under every policy.
     pub checkpoint: Option<Timestamp>,
+    /// The cluster's `max_clock_offset` when acquired: a row whose first
+    /// occurrence is at or after the checkpoint less this much starts there
+    /// after a takeover (registered after the checkpoint by a clock behind
+    /// the holder's, it may be unknown to it).
+    pub clock_bound: Duration,
     /// What this holder's checkpoints start from (shards rule 11): the
     /// lease's `owed_from` when acquired, else its watermark. A checkpoint
     /// says `max(owed_from, started_through)`.
@@ -274,11 +278,13 @@ impl HeldShard {
         }
     }
 
-    /// Rule 1 after a takeover at `t` from the Dead holder's checkpoint
-    /// (`checkpoint`: its watermark less the clock bound), until the acquire
-    /// load ends: everything the checkpoint did not say was delivered is
-    /// owed, under every policy: an exception at its own occurrence, a
-    /// one-shot whose row exists, else the first occurrence at or after
+    /// Rule 1 after a takeover at `t` from the Dead holder's `checkpoint`,
+    /// until the acquire load ends: everything the checkpoint did not say
+    /// was delivered is owed, under every policy: an exception at its own
+    /// occurrence, a one-shot whose row exists, a row whose first
+    /// occurrence is at or after `checkpoint` less the clock bound at that
+    /// first occurrence (registered after the checkpoint, perhaps, by a
+    /// clock behind the holder's), else the first occurrence after
     /// `checkpoint` (what the Dead holder delivered after its checkpoint
     /// comes again). Only an occurrence before `t` that is older than
     /// [`MAX_CATCH_UP`] at `now` (a checkpoint that could not be written for
@@ -297,8 +303,13 @@ impl HeldShard {
         if let Some(at) = self.exceptions.get(key) {
             return Start::Owed(*at);
         }
-        let before = Timestamp::from_millis(checkpoint.as_millis().saturating_sub(1));
-        match timing.after(before) {
+        let unlisted = timing.start_at >= checkpoint.saturating_sub(self.clock_bound);
+        let from = if unlisted {
+            Timestamp::from_millis(timing.start_at.as_millis().saturating_sub(1))
+        } else {
+            checkpoint
+        };
+        match timing.after(from) {
             None => Start::Delivered,
             Some(at) if at >= t || now.saturating_duration_since(at) <= MAX_CATCH_UP => Start::Owed(at),
             Some(_) => HeldShard::start_after_takeover(timing, t),
@@ -647,6 +658,20 @@ mod tests {
         );
         let once = Timing::of(&row(10_000, None)).unwrap();
         assert_eq!(h.start(&key(), &once, t(50_000)), Start::Owed(t(10_000)));
+        let mut h = HeldShard::acquired(3, Some(t(49_999)), Some(t(50_000)), HashMap::new());
+        h.checkpoint = Some(t(45_000));
+        h.clock_bound = Duration::from_millis(500);
+        assert_eq!(
+            h.start(&key(), &every_1s, t(50_000)),
+            Start::Owed(t(46_000)),
+            "the occurrence at the checkpoint was started: not again"
+        );
+        let late_row = Timing::of(&row(44_600, Some(1_000))).unwrap();
+        assert_eq!(
+            h.start(&key(), &late_row, t(50_000)),
+            Start::Owed(t(44_600)),
+            "a first occurrence within the clock bound before the checkpoint: maybe unknown to it"
+        );
         let owed = Some(t(45_000));
         assert!(
             HeldShard::skipped(&every_1s, t(47_500), t(50_000), owed, 16).is_empty(),

@@ -451,8 +451,10 @@ pub struct ShardMachine {
     retry_at: BTreeMap<u32, Timestamp>,
     /// Rule 10's verifications and waits.
     healing: heal::Healing,
-    /// Rule 11: when each held shard's progress was last asked for.
+    /// Rule 11: when each held shard's progress was last asked for, and
+    /// when the held shards are looked at next.
     checkpoints: BTreeMap<u32, Timestamp>,
+    checkpoint_scan: Option<Timestamp>,
 }
 
 fn after(t: Timestamp, d: Duration) -> Timestamp {
@@ -479,6 +481,7 @@ impl ShardMachine {
             retry_at: BTreeMap::new(),
             healing: heal::Healing::default(),
             checkpoints: BTreeMap::new(),
+            checkpoint_scan: None,
         }
     }
 
@@ -568,13 +571,25 @@ impl ShardMachine {
             ShardEvent::Written { shard, result } => self.written(now, shard, result, &mut out),
             ShardEvent::Loaded { shard, read_from } => {
                 if let Some(Slot::Loading { lease }) = self.slots.get(&shard) {
-                    self.taken_from.remove(&shard);
+                    let takeover = self.taken_from.remove(&shard).is_some();
                     let mut lease = lease.clone();
                     lease.read_from = Some(read_from);
                     if self.wanted(shard) {
+                        // Rule 11: the first checkpoint an interval after
+                        // the load; after a takeover, a poll after the
+                        // takeover time (the Dead holder's checkpoint it
+                        // inherited is old, and nothing moves before T).
+                        let asked = match lease.watermark.filter(|_| takeover) {
+                            Some(w) => Timestamp::from_millis(
+                                after(w, self.options.poll)
+                                    .as_millis()
+                                    .saturating_sub(self.options.checkpoint.as_millis() as u64),
+                            ),
+                            None => now,
+                        };
+                        self.checkpoints.insert(shard, asked);
                         self.slots.insert(shard, Slot::Owned { lease });
                         self.start_verifying(now);
-                        self.checkpoints.insert(shard, now);
                     } else {
                         out.push(ShardAction::Stop(shard));
                         self.slots.insert(shard, Slot::Stopping { lease });
@@ -1070,6 +1085,9 @@ impl ShardMachine {
                 self.slots.remove(&k);
             }
         }
+        // Checkpoints first: a shard due for one is not held back by its
+        // turn to be read again (with one held shard that is every poll).
+        let checkpoint = self.checkpoint_due(now, out);
         self.verify_due(now, out);
         let retries: Vec<u32> = self
             .retry_at
@@ -1094,7 +1112,6 @@ impl ShardMachine {
             }
         }
         self.check_left(out);
-        let checkpoint = self.checkpoint_due(now, out);
         let mut next: Option<Timestamp> = self
             .slots
             .values()

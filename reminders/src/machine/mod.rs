@@ -431,9 +431,11 @@ impl ReminderMachine {
         let mut held = HeldShard::acquired(lease.epoch, lease.watermark, takeover, exceptions);
         held.owed_from = lease.owed_from.or(lease.watermark);
         if takeover.is_some() {
-            // Shards rule 11: owed from the Dead holder's checkpoint, less
-            // the clock bound (its clock set it).
-            held.checkpoint = lease.owed_from.map(|c| c.saturating_sub(self.max_clock_offset));
+            // Shards rule 11: owed from the Dead holder's checkpoint; a row
+            // whose first occurrence is within the clock bound before it
+            // may have been registered after it (by a clock behind).
+            held.checkpoint = lease.owed_from;
+            held.clock_bound = self.max_clock_offset;
         }
         held.exception_etags = owed
             .iter()

@@ -5,8 +5,6 @@
 //! A successor that takes the shard over from a Dead holder owes from there
 //! (`handoff`, rule 1). The rules are in the parent module's docs.
 
-use std::time::Duration;
-
 use rollcall_core::lease::{LeaseException, PagesFrom, ShardLease};
 use rollcall_core::{Etag, Timestamp};
 
@@ -42,8 +40,19 @@ pub fn checkpoint_of(
 impl ShardMachine {
     /// Rule 11: the held shards whose checkpoint is due at `now` are asked
     /// for their progress; the next checkpoint's time, for the timer.
+    ///
+    /// The held shards are looked at once a poll at most, all together: a
+    /// silo holding a thousand shards wakes once a poll for them, not once
+    /// for each (their intervals start at their loads, spread out).
     pub(super) fn checkpoint_due(&mut self, now: Timestamp, out: &mut Vec<ShardAction>) -> Option<Timestamp> {
         let every = self.options.checkpoint;
+        if every.is_zero() {
+            self.checkpoints.clear();
+            return None;
+        }
+        if let Some(at) = self.checkpoint_scan.filter(|at| now < *at) {
+            return (!self.checkpoints.is_empty()).then_some(at);
+        }
         let slots = &self.slots;
         self.checkpoints.retain(|k, _| {
             matches!(
@@ -51,19 +60,20 @@ impl ShardMachine {
                 Some(Slot::Owned { .. } | Slot::Verifying { .. } | Slot::Checkpointing { .. })
             )
         });
-        if every.is_zero() {
-            return None;
-        }
         let mut next: Option<Timestamp> = None;
         for (k, asked) in self.checkpoints.iter_mut() {
             if after(*asked, every) <= now && matches!(self.slots.get(k), Some(Slot::Owned { .. })) {
                 *asked = now;
                 out.push(ShardAction::Checkpoint(*k));
             }
-            let at = after(*asked, every).max(after(now, Duration::from_millis(1)));
+            let at = after(*asked, every);
             next = Some(next.map_or(at, |n| n.min(at)));
         }
-        next
+        // Not before a poll from now (a shard whose time came while it was
+        // busy is asked at the next look).
+        let scan = after(now, self.options.poll);
+        self.checkpoint_scan = Some(scan);
+        next.map(|n| n.max(scan))
     }
 
     /// Rule 11: shard `k`'s progress; written as a checkpoint when it moved

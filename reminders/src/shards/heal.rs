@@ -130,7 +130,12 @@ impl ShardMachine {
             }
         }
         if self.healing.next.is_some_and(|t| t <= now) {
-            let owned = |(k, s): (&u32, &Slot)| matches!(s, Slot::Owned { .. }).then_some(*k);
+            // A shard whose checkpoint was just asked for is read next time
+            // (rule 11's answer wants it held, not being read).
+            let checkpoints = &self.checkpoints;
+            let owned = |(k, s): (&u32, &Slot)| {
+                (matches!(s, Slot::Owned { .. }) && checkpoints.get(k) != Some(&now)).then_some(*k)
+            };
             let next = self
                 .slots
                 .range(self.healing.cursor.saturating_add(1)..)
