@@ -513,6 +513,11 @@ impl World {
             .collect()
     }
 
+    /// The lease row of `shard` as the store holds it now.
+    pub fn lease_row(&self, shard: u32) -> Option<rollcall_core::lease::ShardLease> {
+        now_or_fail(self.leases.read(shard)).ok()
+    }
+
     /// The silo (index) whose lease of `shard` is Owned now, if any.
     pub fn holder_of(&self, shard: u32) -> Option<usize> {
         let lease = now_or_fail(self.leases.read(shard)).ok()?;

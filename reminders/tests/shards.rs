@@ -18,7 +18,7 @@ use rollcall_core::{
     actor_hash, actor_shard, Etag, MembershipEntry, MembershipSnapshot, SiloAddress, SiloStatus, Timestamp,
 };
 use rollcall_reminders::shards::{
-    shard_range, ShardAction, ShardEvent, ShardMachine, ShardOptions, WriteFailed,
+    shard_range, Progress, ShardAction, ShardEvent, ShardMachine, ShardOptions, WriteFailed,
 };
 
 const SHARDS: u32 = 12;
@@ -207,21 +207,26 @@ impl World {
                     },
                 ));
             }
-            ShardAction::Checkpoint(shard) => {
+            ShardAction::Checkpoint(shards) => {
                 // Everything before `next` was delivered.
-                if let Some(next) = self.nodes[i].next.get(&shard).copied() {
-                    self.ops.push((
-                        at,
-                        Op::Event {
-                            node: i,
-                            event: ShardEvent::Progress {
-                                shard,
-                                owed_from: next.checked_sub(1).map(ts),
-                                exceptions: Vec::new(),
-                            },
-                        },
-                    ));
-                }
+                let all = shards
+                    .into_iter()
+                    .filter_map(|shard| {
+                        let next = self.nodes[i].next.get(&shard).copied()?;
+                        Some(Progress {
+                            shard,
+                            owed_from: next.checked_sub(1).map(ts),
+                            exceptions: Vec::new(),
+                        })
+                    })
+                    .collect();
+                self.ops.push((
+                    at,
+                    Op::Event {
+                        node: i,
+                        event: ShardEvent::Progress(all),
+                    },
+                ));
             }
             ShardAction::Drop(shard) => {
                 self.nodes[i].next.remove(&shard);
@@ -1152,7 +1157,7 @@ fn held_leases_are_read_again_when_the_store_answers_after_a_failure() {
 #[test]
 fn a_held_shard_checkpoints_its_progress_when_it_moved() {
     let every = Duration::from_millis(500);
-    let (mut m, view) = one_shard_checkpointed(false, Duration::from_secs(60), SiloStatus::Dead, every);
+    let (mut m, view) = one_shard_checkpointed(false, Duration::from_millis(100), SiloStatus::Dead, every);
     m.handle(ts(100), ShardEvent::View(view));
     let a = m.handle(
         ts(101),
@@ -1183,11 +1188,24 @@ fn a_held_shard_checkpoints_its_progress_when_it_moved() {
     );
     let a = m.handle(ts(400), ShardEvent::Tick);
     assert!(
-        !a.contains(&ShardAction::Checkpoint(0)),
-        "not before an interval: {a:?}"
+        !a.contains(&ShardAction::Checkpoint(vec![0])),
+        "not before its time: {a:?}"
+    );
+    // Rule 10's read of the held row (one a poll) finds it as acquired.
+    assert!(a.contains(&ShardAction::ReadHead(0)), "{a:?}");
+    let row = ShardLease {
+        etag: Etag::new("1"),
+        ..acquire.clone()
+    };
+    m.handle(
+        ts(401),
+        ShardEvent::Read {
+            shard: 0,
+            result: Ok(row),
+        },
     );
     let a = m.handle(ts(620), ShardEvent::Tick);
-    assert!(a.contains(&ShardAction::Checkpoint(0)), "{a:?}");
+    assert!(a.contains(&ShardAction::Checkpoint(vec![0])), "{a:?}");
     let owed = LeaseException {
         actor_id: "k/a".into(),
         name: "r".into(),
@@ -1195,10 +1213,12 @@ fn a_held_shard_checkpoints_its_progress_when_it_moved() {
         etag: Some(Etag::new("r1")),
         done: false,
     };
-    let progress = |at: u64, exceptions: Vec<LeaseException>| ShardEvent::Progress {
-        shard: 0,
-        owed_from: Some(ts(at)),
-        exceptions,
+    let progress = |at: u64, exceptions: Vec<LeaseException>| {
+        ShardEvent::Progress(vec![Progress {
+            shard: 0,
+            owed_from: Some(ts(at)),
+            exceptions,
+        }])
     };
     let a = m.handle(ts(621), progress(600, vec![owed.clone()]));
     let cp = write_in(&a).expect("moved: written");

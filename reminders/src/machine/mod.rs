@@ -405,7 +405,7 @@ impl ReminderMachine {
                     ShardAction::Load { lease, takeover } => self.acquired(lease, takeover),
                     ShardAction::Drop(k) => self.drop_shard(k),
                     ShardAction::Stop(k) => stops.push(k),
-                    ShardAction::Checkpoint(k) => next.extend(self.progress(k)),
+                    ShardAction::Checkpoint(ks) => next.extend(self.progress(&ks)),
                 }
             }
             // A final load with nothing left to read answers at once.
@@ -462,10 +462,15 @@ impl ReminderMachine {
     /// and every occurrence at or before it that is owed (waiting, failed,
     /// or still running: a crash may repeat it), as
     /// [`checkpoint_of`](crate::shards::checkpoint_of) bounds them.
-    fn progress(&mut self, k: u32) -> Vec<ShardAction> {
-        let Some(held) = self.held.get(&k).filter(|h| h.loaded && !h.stopping) else {
-            return Vec::new();
-        };
+    fn progress(&mut self, shards: &[u32]) -> Vec<ShardAction> {
+        let all = shards.iter().filter_map(|k| self.progress_of(*k)).collect();
+        self.shards.handle(self.now, ShardEvent::Progress(all))
+    }
+
+    /// [`progress`](Self::progress) of one shard; `None` when not loaded or
+    /// stopping.
+    fn progress_of(&self, k: u32) -> Option<crate::shards::Progress> {
+        let held = self.held.get(&k).filter(|h| h.loaded && !h.stopping)?;
         let through = held.started_through.max(held.owed_from);
         let owed = match through {
             Some(t) => self
@@ -483,14 +488,11 @@ impl ReminderMachine {
             None => Vec::new(),
         };
         let (owed_from, exceptions) = crate::shards::checkpoint_of(through, owed);
-        self.shards.handle(
-            self.now,
-            ShardEvent::Progress {
-                shard: k,
-                owed_from,
-                exceptions,
-            },
-        )
+        Some(crate::shards::Progress {
+            shard: k,
+            owed_from,
+            exceptions,
+        })
     }
 
     /// Forgets shard `k` (another epoch holds it, or it is taken again).

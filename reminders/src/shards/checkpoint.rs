@@ -8,7 +8,7 @@
 use rollcall_core::lease::{LeaseException, PagesFrom, ShardLease};
 use rollcall_core::{Etag, Timestamp};
 
-use super::{after, ShardAction, ShardMachine, Slot, WriteFailed};
+use super::{after, Progress, ShardAction, ShardMachine, Slot, WriteFailed};
 
 /// The most reminders a checkpoint names as owed: 64, so that a checkpoint
 /// fits in the lease row itself (64 exceptions of the longest keys are about
@@ -61,13 +61,17 @@ impl ShardMachine {
             )
         });
         let mut next: Option<Timestamp> = None;
+        let mut due = Vec::new();
         for (k, asked) in self.checkpoints.iter_mut() {
             if after(*asked, every) <= now && matches!(self.slots.get(k), Some(Slot::Owned { .. })) {
                 *asked = now;
-                out.push(ShardAction::Checkpoint(*k));
+                due.push(*k);
             }
             let at = after(*asked, every);
             next = Some(next.map_or(at, |n| n.min(at)));
+        }
+        if !due.is_empty() {
+            out.push(ShardAction::Checkpoint(due));
         }
         // Not before a poll from now (a shard whose time came while it was
         // busy is asked at the next look).
@@ -78,13 +82,12 @@ impl ShardMachine {
 
     /// Rule 11: shard `k`'s progress; written as a checkpoint when it moved
     /// since the row's (same epoch, same owner: the token is unchanged).
-    pub(super) fn progress(
-        &mut self,
-        k: u32,
-        owed_from: Option<Timestamp>,
-        exceptions: Vec<LeaseException>,
-        out: &mut Vec<ShardAction>,
-    ) {
+    pub(super) fn progress(&mut self, p: Progress, out: &mut Vec<ShardAction>) {
+        let Progress {
+            shard: k,
+            owed_from,
+            exceptions,
+        } = p;
         let Some(Slot::Owned { lease }) = self.slots.get(&k) else {
             return;
         };
