@@ -476,3 +476,42 @@ fn a_crash_long_after_the_acquire_owes_from_the_last_checkpoint() {
         );
     }
 }
+
+/// Shards rule 11 after a takeover: the successor inherits the Dead holder's
+/// checkpoint, which is old, and writes its own a poll after its takeover
+/// time (plus a table call), so a second crash soon after repeats from
+/// there, not from before the first.
+#[test]
+fn a_successor_checkpoints_soon_after_its_takeover_time() {
+    for seed in 0..4 {
+        let cfg = Config {
+            max_clock_offset: 500,
+            ..Config::default()
+        };
+        let poll = cfg.options.lease_poll.as_millis() as u64;
+        let mut w = three_silos_with_rows(cfg, seed, 40_000);
+        w.run_for(4_000);
+        let victim = (0..3)
+            .max_by_key(|i| (0..64).filter(|k| w.holder_of(*k) == Some(*i)).count())
+            .expect("three");
+        w.crash(victim);
+        let start = w.now();
+        while w.takeovers.is_empty() && w.now() - start < 30_000 {
+            w.run_for(100);
+        }
+        let busy: BTreeSet<u32> = (0..8)
+            .map(|a| rollcall_core::actor_shard(&format!("kind/{a}"), 64))
+            .collect();
+        let last_t = w.takeovers.iter().map(|(_, _, t)| *t).max().expect("taken over");
+        while World::time_at(w.now()) < last_t.saturating_add(Duration::from_millis(poll + 1_500)) {
+            w.run_for(100);
+        }
+        for (_, k, t) in w.takeovers.clone().iter().filter(|(_, k, _)| busy.contains(k)) {
+            let cp = w.lease_row(*k).and_then(|l| l.owed_from);
+            assert!(
+                cp.is_some_and(|c| c.saturating_add(Duration::from_millis(1_000)) >= *t),
+                "seed {seed}: shard {k} taken over at {t:?} still says {cp:?}"
+            );
+        }
+    }
+}

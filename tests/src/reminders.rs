@@ -216,6 +216,50 @@ impl ReminderCluster {
     }
 }
 
+/// Whether occurrence `t` may be repeated after a silo was killed at `kill`,
+/// with the default reminder options (checkpoints every
+/// `lease_checkpoint_interval`): the successor owes from the victim's last
+/// checkpoint less `max_clock_offset`, and that checkpoint is at most an
+/// interval old plus 2 s (its write, a poll, a tick's handling); the victim
+/// delivered nothing due more than `max_clock_offset` after its death.
+pub fn checkpoint_repeat(kill: Timestamp, t: Timestamp) -> bool {
+    let offset = rollcall_core::ClusterMembershipOptions::default().max_clock_offset;
+    let from = Timestamp::from_millis(kill.as_millis().saturating_sub(repeat_span().as_millis() as u64));
+    t >= from && t <= kill.saturating_add(offset)
+}
+
+/// The spans of occurrences the kills at `kills` may repeat, one per kill:
+/// [`checkpoint_repeat`]'s, widened for a chain of kills: a silo killed
+/// within `chain` of an earlier kill (the failover: detection, the lease
+/// period and clock bound, a poll and a checkpoint write) may still hold a
+/// shard it took over from the earlier victim without a checkpoint of its
+/// own yet, so its successor owes from the earlier victim's checkpoint.
+pub fn checkpoint_windows(kills: &[Timestamp], chain: Duration) -> Vec<(Timestamp, Timestamp)> {
+    let mut sorted = kills.to_vec();
+    sorted.sort();
+    let offset = rollcall_core::ClusterMembershipOptions::default().max_clock_offset;
+    let mut out: Vec<(Timestamp, Timestamp)> = Vec::new();
+    for (i, k) in sorted.iter().enumerate() {
+        let mut from = Timestamp::from_millis(k.as_millis().saturating_sub(repeat_span().as_millis() as u64));
+        for (j, earlier) in sorted[..i].iter().enumerate().rev() {
+            if k.saturating_duration_since(*earlier) <= chain {
+                from = from.min(out[j].0);
+            }
+        }
+        out.push((from, k.saturating_add(offset)));
+    }
+    out
+}
+
+/// How far before a kill a repeat may reach with the default options: the
+/// checkpoint interval, the clock bound, and 2 s (its write, a poll, a
+/// tick's handling).
+fn repeat_span() -> Duration {
+    ReminderOptions::default().lease_checkpoint_interval
+        + rollcall_core::ClusterMembershipOptions::default().max_clock_offset
+        + Duration::from_secs(2)
+}
+
 /// Actor `cart/<i>`.
 pub fn actor(i: usize) -> ActorId {
     ActorId::new("cart", i.to_string()).expect("actor id")
@@ -266,6 +310,25 @@ impl ChurnReport {
             self.duplicates.is_empty(),
             "{self}: {:?}",
             &self.duplicates[..self.duplicates.len().min(10)]
+        );
+    }
+
+    /// Panics, naming the first ones, if an occurrence was delivered twice
+    /// outside the repeat window of every kill in `kills`
+    /// ([`checkpoint_repeat`]).
+    /// `chain` as [`checkpoint_windows`] takes it.
+    pub fn assert_repeats_only_since_checkpoints(&self, kills: &[Timestamp], chain: Duration) {
+        let windows = checkpoint_windows(kills, chain);
+        let outside: Vec<_> = self
+            .duplicates
+            .iter()
+            .filter(|(_, t)| !windows.iter().any(|(from, to)| from <= t && t <= to))
+            .collect();
+        assert!(
+            outside.is_empty(),
+            "{self}: {} repeats outside every kill's checkpoint window, e.g. {:?}",
+            outside.len(),
+            &outside[..outside.len().min(10)]
         );
     }
 
