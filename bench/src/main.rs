@@ -71,6 +71,9 @@ enum Cmd {
         /// The fast membership profile instead of the defaults.
         #[arg(long)]
         fast: bool,
+        /// The silos' `lease_checkpoint_interval`, ms (0: off).
+        #[arg(long, default_value_t = 10_000)]
+        checkpoint_ms: u64,
     },
     /// R5: cluster throughput (creations/s, ticks/s and lateness, a mass due
     /// time) on silo processes and one Redis, next to raw SETs; adds its section
@@ -246,9 +249,16 @@ fn main() -> anyhow::Result<()> {
             cluster,
             shards,
             fast,
+            checkpoint_ms,
         } => {
             drop(rt);
-            r4::silos(&store, &cluster, shards, fast)
+            r4::silos(
+                &store,
+                &cluster,
+                shards,
+                fast,
+                std::time::Duration::from_millis(checkpoint_ms),
+            )
         }
         Cmd::R5(args) => {
             drop(rt);

@@ -60,6 +60,11 @@ pub struct Args {
     /// The smallest cluster that runs in `--processes` child processes.
     #[arg(long, default_value_t = 100)]
     process_from: usize,
+    /// Checkpoint intervals to run with, in seconds (`lease_checkpoint_interval`;
+    /// 0: off): each runs the whole schedule, and its quiet span gives the
+    /// steady-state lease writes the checkpoints cost.
+    #[arg(long, value_delimiter = ',', default_value = "10")]
+    checkpoint_intervals: Vec<u64>,
     /// The child processes' silos use the fast membership profile (by default
     /// Orleans' timings: the fast profile's probes at 100 silos saturate two cores).
     #[arg(long)]
@@ -101,6 +106,13 @@ pub struct Change {
     pause_p99_ms: u64,
     /// Once settled: the most reminders one silo holds over the mean (1.0 is even).
     spread: f64,
+    /// The holders' `lease_checkpoint_interval`, s (0: off).
+    checkpoint_s: u64,
+    /// In the quiet span after the start (at least two checkpoint
+    /// intervals): lease compare-and-sets per second per silo (what the
+    /// checkpoints cost), and lease reads per second per silo.
+    steady_lease_cas_per_silo_s: f64,
+    steady_lease_reads_per_silo_s: f64,
 }
 
 /// A delivered probe tick: (actor, scheduled ms, delivering silo, delivered at
@@ -147,6 +159,7 @@ async fn member(
     id: &str,
     shards: u32,
     membership: ClusterMembershipOptions,
+    checkpoint: Duration,
     log: &Log,
 ) -> anyhow::Result<Member> {
     let silo = Silo::builder(store.clone(), id.to_owned())
@@ -160,6 +173,7 @@ async fn member(
         allow_period_below_minimum: true,
         table_operation_timeout: Duration::from_secs(60),
         initialization_timeout: Duration::from_secs(300),
+        lease_checkpoint_interval: checkpoint,
         ..ReminderOptions::default()
     };
     let reminders = Reminders::builder(&silo, store.clone())
@@ -189,12 +203,21 @@ struct Local {
     id: String,
     shards: u32,
     membership: ClusterMembershipOptions,
+    checkpoint: Duration,
 }
 
 impl Local {
     async fn add(&mut self) -> anyhow::Result<()> {
         let store: Arc<dyn SystemStore> = self.store.clone();
-        let m = member(&store, &self.id, self.shards, self.membership.clone(), &self.log).await?;
+        let m = member(
+            &store,
+            &self.id,
+            self.shards,
+            self.membership.clone(),
+            self.checkpoint,
+            &self.log,
+        )
+        .await?;
         self.members.push_back(m);
         Ok(())
     }
@@ -249,8 +272,15 @@ impl Local {
 ///   tick delivered here at or after SINCE_MS (wall clock), then `end`.
 /// - `quit`: kills every silo and exits.
 ///
-/// Silos use the default membership options, or with `fast` the fast profile.
-pub fn silos(store: &str, cluster: &str, shards: u32, fast: bool) -> anyhow::Result<()> {
+/// Silos use the default membership options, or with `fast` the fast profile,
+/// and checkpoint their shards every `checkpoint`.
+pub fn silos(
+    store: &str,
+    cluster: &str,
+    shards: u32,
+    fast: bool,
+    checkpoint: Duration,
+) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
@@ -267,6 +297,7 @@ pub fn silos(store: &str, cluster: &str, shards: u32, fast: bool) -> anyhow::Res
             } else {
                 ClusterMembershipOptions::default()
             },
+            checkpoint,
         };
         println!("ready");
         let mut lines = BufReader::new(tokio::io::stdin()).lines();
@@ -459,20 +490,21 @@ fn spread(held: &[u64]) -> f64 {
     most as f64 * held.len().max(1) as f64 / held.iter().sum::<u64>().max(1) as f64
 }
 
-/// Waits until every reminder is held once and no lease was written for 1 s
-/// (a handoff in flight holds some twice or not at all); the time from `since`
-/// to the last change.
+/// Waits until every reminder is held once and what each silo holds did not
+/// change for 1 s (a handoff in flight holds some twice or not at all); the
+/// time from `since` to the last change. (Lease writes are no sign: with
+/// checkpoints a quiet cluster writes leases too.)
 async fn settle(cluster: &mut Cluster, n: u64, since: Instant) -> anyhow::Result<Duration> {
     // The change itself (a join's start, a leave's shutdown) ran until now.
-    let (mut last_change, mut last_writes) = (Instant::now(), cluster.stats().await?.0[1]);
+    let (mut last_change, mut last_held) = (Instant::now(), cluster.stats().await?.1);
     loop {
-        let (calls, held) = cluster.stats().await?;
+        let held = cluster.stats().await?.1;
         let total: u64 = held.iter().sum();
         if since.elapsed() > Duration::from_secs(300) {
             anyhow::bail!("not settled within 300 s: {total} of {n} held");
         }
-        if total != n || calls[1] != last_writes {
-            (last_change, last_writes) = (Instant::now(), calls[1]);
+        if total != n || held != last_held {
+            (last_change, last_held) = (Instant::now(), held);
         } else if last_change.elapsed() >= Duration::from_secs(1) {
             return Ok(last_change.duration_since(since));
         }
@@ -530,7 +562,14 @@ async fn store_url(provider: &str) -> anyhow::Result<(String, rollcall_tests::fi
     }
 }
 
-async fn once(provider: &str, silos: usize, shards: u32, args: &Args) -> anyhow::Result<Vec<Change>> {
+async fn once(
+    provider: &str,
+    silos: usize,
+    shards: u32,
+    checkpoint_s: u64,
+    args: &Args,
+) -> anyhow::Result<Vec<Change>> {
+    let checkpoint = Duration::from_secs(checkpoint_s);
     let processes = if silos >= args.process_from && provider != "memory" {
         args.processes.max(1)
     } else {
@@ -545,7 +584,18 @@ async fn once(provider: &str, silos: usize, shards: u32, args: &Args) -> anyhow:
         let mut procs = Vec::new();
         for _ in 0..processes {
             let shards = shards.to_string();
-            let mut argv = vec!["r4-silos", "--store", &url, "--cluster", &id, "--shards", &shards];
+            let checkpoint_ms = checkpoint.as_millis().to_string();
+            let mut argv = vec![
+                "r4-silos",
+                "--store",
+                &url,
+                "--cluster",
+                &id,
+                "--shards",
+                &shards,
+                "--checkpoint-ms",
+                &checkpoint_ms,
+            ];
             if args.fast_processes {
                 argv.push("--fast");
             }
@@ -566,6 +616,7 @@ async fn once(provider: &str, silos: usize, shards: u32, args: &Args) -> anyhow:
             id: id.clone(),
             shards,
             membership: ClusterMembershipOptions::fast(),
+            checkpoint,
         };
         (counting, Cluster::Here(Box::new(local)), backend)
     };
@@ -609,22 +660,29 @@ async fn once(provider: &str, silos: usize, shards: u32, args: &Args) -> anyhow:
         pause_p50_ms: percentile(p, 0.5),
         pause_p99_ms: percentile(p, 0.99),
         spread: spread(held),
+        checkpoint_s,
+        steady_lease_cas_per_silo_s: 0.0,
+        steady_lease_reads_per_silo_s: 0.0,
     };
     let diff = |a: Calls, b: Calls| -> [i64; 5] { std::array::from_fn(|i| b[i] as i64 - a[i] as i64) };
     let (before, at) = (cluster.stats().await?.0, Instant::now());
     cluster.start(silos).await?;
     let took = settle(&mut cluster, n, at).await?;
     let (after, held) = cluster.stats().await?;
-    let start = row("start", took, diff(before, after), &[], &held);
-    eprintln!("{start:?}");
-    let mut out = vec![start];
+    let mut start = row("start", took, diff(before, after), &[], &held);
 
-    // What a quiet cluster costs per second (self-confirmations, polls, probes).
+    // What a quiet cluster costs per second (self-confirmations, polls,
+    // probes, checkpoints: at least two checkpoint intervals).
+    let quiet = Duration::from_secs(5).max(checkpoint * 2);
     let (q0, quiet_from) = (cluster.stats().await?.0, Instant::now());
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(quiet).await;
     let q1 = cluster.stats().await?.0;
     let quiet_s = quiet_from.elapsed().as_secs_f64();
     let rate: Vec<f64> = (0..5).map(|i| (q1[i] - q0[i]) as f64 / quiet_s).collect();
+    start.steady_lease_reads_per_silo_s = rate[0] / silos as f64;
+    start.steady_lease_cas_per_silo_s = rate[1] / silos as f64;
+    eprintln!("{start:?}");
+    let mut out = vec![start];
 
     for kind in ["join", "leave", "crash"] {
         let before = cluster.stats().await?.0;
@@ -655,11 +713,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     for provider in &args.providers {
         for &silos in &args.silos {
             for &shards in &args.shards {
-                let (p, a) = (provider.clone(), args.clone());
-                let changes = crate::on_own_thread(format!("R4 {provider} {silos} {shards}"), move || {
-                    actix::System::new().block_on(async move { once(&p, silos, shards, &a).await })
-                })?;
-                rows.extend(changes);
+                for &every in &args.checkpoint_intervals {
+                    let (p, a) = (provider.clone(), args.clone());
+                    let name = format!("R4 {provider} {silos} {shards} {every}");
+                    let changes = crate::on_own_thread(name, move || {
+                        actix::System::new().block_on(async move { once(&p, silos, shards, every, &a).await })
+                    })?;
+                    rows.extend(changes);
+                }
             }
         }
     }
@@ -716,7 +777,9 @@ fn section(rows: &[Change], args: &Args) -> String {
          counted by a wrapper around the real store. Pause: for each probe another silo \
          delivers after the change, the longest gap between two of its delivered ticks around \
          the change, less its 1-s period. A crash's pause includes detection and the lease \
-         period; the missed-tick policy (`Skip`) drops what fell due meanwhile. The `start` row \
+         period; with checkpoints the ticks due meanwhile are delivered late (the gap is \
+         measured between delivery times), without them the missed-tick policy (`Skip`) \
+         drops them. The `start` row \
          is the cluster's first start (every silo joins and loads its shards; its store calls \
          are not net of a quiet span). Spread: once settled, the most reminders one silo holds \
          over the mean.\n",
@@ -745,6 +808,26 @@ fn section(rows: &[Change], args: &Args) -> String {
             r.pause_p50_ms,
             r.pause_p99_ms,
             r.spread
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nSteady state: in the quiet span after each start (5 s, or two checkpoint intervals \
+         when longer), lease calls per second per silo, by the holders' \
+         `lease_checkpoint_interval` (0: off). Every shard holds probes, so every held shard's \
+         progress moves in every interval: each silo writes about its held shards over the \
+         interval.\n\n| provider | silos | S | checkpoint s | lease CAS/s per silo | lease reads/s per silo |\n|---|---|---|---|---|---|"
+    );
+    for r in rows.iter().filter(|r| r.kind == "start") {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {:.1} | {:.1} |",
+            r.provider,
+            r.silos,
+            r.shards,
+            r.checkpoint_s,
+            r.steady_lease_cas_per_silo_s,
+            r.steady_lease_reads_per_silo_s
         );
     }
     let sizes = [10, 100, 300];
