@@ -456,10 +456,8 @@ pub struct ShardMachine {
     retry_at: BTreeMap<u32, Timestamp>,
     /// Rule 10's verifications and waits.
     healing: heal::Healing,
-    /// Rule 11: when each held shard's progress was last asked for, and
-    /// when the held shards are looked at next.
-    checkpoints: BTreeMap<u32, Timestamp>,
-    checkpoint_scan: Option<Timestamp>,
+    /// Rule 11's checkpoint times.
+    checkpoints: checkpoint::Checkpoints,
 }
 
 fn after(t: Timestamp, d: Duration) -> Timestamp {
@@ -485,8 +483,7 @@ impl ShardMachine {
             slots: BTreeMap::new(),
             retry_at: BTreeMap::new(),
             healing: heal::Healing::default(),
-            checkpoints: BTreeMap::new(),
-            checkpoint_scan: None,
+            checkpoints: checkpoint::Checkpoints::default(),
         }
     }
 
@@ -580,24 +577,7 @@ impl ShardMachine {
                     let mut lease = lease.clone();
                     lease.read_from = Some(read_from);
                     if self.wanted(shard) {
-                        // Rule 11: the first checkpoint a poll after the
-                        // load, or after a takeover's time (nothing moves
-                        // before it): the row's checkpoint is the release's
-                        // or the Dead holder's, with the backlog they owed,
-                        // which this silo now delivers; a crash an interval
-                        // later would repeat all of it. (Found by the
-                        // virtual-time churn, seed 25: a silo killed 10.1 s
-                        // after its acquire repeated a backlog 40 s old.)
-                        let start = match lease.watermark.filter(|_| takeover) {
-                            Some(w) => after(w, Duration::from_millis(1)).max(now),
-                            None => now,
-                        };
-                        let asked = Timestamp::from_millis(
-                            after(start, self.options.poll)
-                                .as_millis()
-                                .saturating_sub(self.options.checkpoint.as_millis() as u64),
-                        );
-                        self.checkpoints.insert(shard, asked);
+                        self.first_checkpoint(now, shard, &lease, takeover);
                         self.slots.insert(shard, Slot::Owned { lease });
                         self.start_verifying(now);
                     } else {

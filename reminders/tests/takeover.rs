@@ -74,6 +74,38 @@ fn lost_after_takeover(w: &World, until: u64) -> Vec<((String, String), Timestam
     lost
 }
 
+/// Panics, naming the first few, if an occurrence up to `until` (virtual
+/// ms) was never delivered in `w`.
+fn assert_none_missed(w: &World, until: u64, seed: u64) {
+    let missed = w.missed(until, 0);
+    assert!(
+        missed.is_empty(),
+        "seed {seed}: {} missed, e.g. {:?}",
+        missed.len(),
+        &missed[..missed.len().min(5)]
+    );
+}
+
+/// How many shards' leases silo `i` holds now.
+fn held_by(w: &World, i: usize) -> usize {
+    (0..Config::default().shards)
+        .filter(|k| w.holder_of(*k) == Some(i))
+        .count()
+}
+
+/// Of the three silos, the one holding the most shards.
+fn busiest(w: &World) -> usize {
+    (0..3).max_by_key(|i| held_by(w, *i)).expect("three")
+}
+
+/// The shards of the eight actors of [`three_silos_with_rows`]: the ones
+/// with reminders.
+fn busy_shards() -> BTreeSet<u32> {
+    (0..8)
+        .map(|a| rollcall_core::actor_shard(&format!("kind/{a}"), Config::default().shards))
+        .collect()
+}
+
 /// The repeats of periodic and cron occurrences in `w` that the crash
 /// semantics do not allow: any without checkpoints; with them, those
 /// outside [`World::checkpoint_repeat`]'s window.
@@ -141,13 +173,7 @@ fn takeover_with_late_load(seed: u64, checkpoints: bool) {
                 skipped, 0,
                 "seed {seed}: owed from the checkpoint, nothing skipped"
             );
-            let missed = w.missed(end - 2_000, 0);
-            assert!(
-                missed.is_empty(),
-                "seed {seed}: {} occurrences lost, e.g. {:?}",
-                missed.len(),
-                &missed[..missed.len().min(5)]
-            );
+            assert_none_missed(&w, end - 2_000, seed);
         } else {
             // What `Skip` dropped between the death seen and T is counted:
             // the 300-ms and 1-s reminders had occurrences there.
@@ -356,13 +382,7 @@ fn lease_writes_lost_in_a_failover_heal_before_the_next_handoff() {
             repeated.len(),
             &repeated[..repeated.len().min(5)]
         );
-        let missed = w.missed(end, 0);
-        assert!(
-            missed.is_empty(),
-            "seed {seed}: {} missed, e.g. {:?}",
-            missed.len(),
-            &missed[..missed.len().min(5)]
-        );
+        assert_none_missed(&w, end, seed);
     }
 }
 
@@ -381,9 +401,8 @@ fn a_silo_beyond_the_clock_bound_leaves_the_ring_and_comes_back() {
     for seed in 0..4 {
         let mut w = three_silos_with_rows(cfg.clone(), seed, 30_000);
         w.run_for(3_000);
-        let held = |w: &World, i: usize| (0..shards).filter(|k| w.holder_of(*k) == Some(i)).count();
-        let off = (0..3).max_by_key(|i| held(&w, *i)).expect("three");
-        assert!(held(&w, off) > 0, "seed {seed}: silo {off} holds shards");
+        let off = busiest(&w);
+        assert!(held_by(&w, off) > 0, "seed {seed}: silo {off} holds shards");
         w.set_clock_offset(off, 3_000);
         w.clock_beyond(off, true);
         let start = w.now();
@@ -404,17 +423,14 @@ fn a_silo_beyond_the_clock_bound_leaves_the_ring_and_comes_back() {
         w.set_clock_offset(off, 0);
         w.clock_beyond(off, false);
         w.run_for(10_000);
-        assert!(held(&w, off) > 0, "seed {seed}: silo {off} takes its share back");
+        assert!(
+            held_by(&w, off) > 0,
+            "seed {seed}: silo {off} takes its share back"
+        );
         let end = w.now() - 5_000;
         let repeated = w.duplicates();
         assert!(repeated.is_empty(), "seed {seed}: repeated {repeated:?}");
-        let missed = w.missed(end, 0);
-        assert!(
-            missed.is_empty(),
-            "seed {seed}: {} missed, e.g. {:?}",
-            missed.len(),
-            &missed[..missed.len().min(5)]
-        );
+        assert_none_missed(&w, end, seed);
     }
 }
 
@@ -437,18 +453,14 @@ fn a_crash_long_after_the_acquire_owes_from_the_last_checkpoint() {
         cfg.options.lease_checkpoint_interval = interval;
         let mut w = three_silos_with_rows(cfg, seed, 40_000);
         w.run_for(15_000);
-        let victim = (0..3)
-            .max_by_key(|i| (0..64).filter(|k| w.holder_of(*k) == Some(*i)).count())
-            .expect("three");
+        let victim = busiest(&w);
         let crashed_at = World::time_at(w.now());
         w.crash(victim);
         w.run_for(30_000);
         let end = w.now() - 8_000;
         let crash = &w.crashes[0];
         assert!(!crash.shards.is_empty(), "seed {seed}: the victim held shards");
-        let busy: BTreeSet<u32> = (0..8)
-            .map(|a| rollcall_core::actor_shard(&format!("kind/{a}"), 64))
-            .collect();
+        let busy = busy_shards();
         assert!(
             crash.shards.iter().any(|k| busy.contains(k)),
             "seed {seed}: the victim delivered"
@@ -467,13 +479,7 @@ fn a_crash_long_after_the_acquire_owes_from_the_last_checkpoint() {
             .map(|m| m.stats().takeover_skipped)
             .sum();
         assert_eq!(skipped, 0, "seed {seed}: nothing skipped");
-        let missed = w.missed(end, 0);
-        assert!(
-            missed.is_empty(),
-            "seed {seed}: {} lost, e.g. {:?}",
-            missed.len(),
-            &missed[..missed.len().min(5)]
-        );
+        assert_none_missed(&w, end, seed);
         let repeated = periodic_repeats(&w, true);
         assert!(
             repeated.is_empty(),
@@ -496,22 +502,37 @@ fn a_successor_checkpoints_soon_after_its_takeover_time() {
         let poll = cfg.options.lease_poll.as_millis() as u64;
         let mut w = three_silos_with_rows(cfg, seed, 40_000);
         w.run_for(4_000);
-        let victim = (0..3)
-            .max_by_key(|i| (0..64).filter(|k| w.holder_of(*k) == Some(*i)).count())
-            .expect("three");
+        let victim = busiest(&w);
         w.crash(victim);
+        // Every shard with reminders the victim held, taken over.
+        let busy: BTreeSet<u32> = w.crashes[0]
+            .shards
+            .intersection(&busy_shards())
+            .copied()
+            .collect();
+        assert!(!busy.is_empty(), "seed {seed}: the victim held reminders");
+        // The first takeover time of each (`takeovers` is in order).
+        let taken = |w: &World| -> std::collections::BTreeMap<u32, Timestamp> {
+            let mut first = std::collections::BTreeMap::new();
+            for (_, k, t) in w.takeovers.iter().filter(|(_, k, _)| busy.contains(k)) {
+                first
+                    .entry(*k)
+                    .and_modify(|f: &mut Timestamp| *f = (*f).min(*t))
+                    .or_insert(*t);
+            }
+            first
+        };
         let start = w.now();
-        while w.takeovers.is_empty() && w.now() - start < 30_000 {
+        while taken(&w).len() < busy.len() && w.now() - start < 30_000 {
             w.run_for(100);
         }
-        let busy: BTreeSet<u32> = (0..8)
-            .map(|a| rollcall_core::actor_shard(&format!("kind/{a}"), 64))
-            .collect();
-        let last_t = w.takeovers.iter().map(|(_, _, t)| *t).max().expect("taken over");
+        let taken = taken(&w);
+        assert_eq!(taken.len(), busy.len(), "seed {seed}: all taken over");
+        let last_t = taken.values().max().copied().expect("taken over");
         while World::time_at(w.now()) < last_t.saturating_add(Duration::from_millis(poll + 1_500)) {
             w.run_for(100);
         }
-        for (_, k, t) in w.takeovers.clone().iter().filter(|(_, k, _)| busy.contains(k)) {
+        for (k, t) in &taken {
             let cp = w.lease_row(*k).and_then(|l| l.owed_from);
             assert!(
                 cp.is_some_and(|c| c.saturating_add(Duration::from_millis(1_000)) >= *t),

@@ -223,9 +223,9 @@ impl ReminderCluster {
 /// interval old plus 2 s (its write, a poll, a tick's handling); the victim
 /// delivered nothing due more than `max_clock_offset` after its death.
 pub fn checkpoint_repeat(kill: Timestamp, t: Timestamp) -> bool {
-    let offset = rollcall_core::ClusterMembershipOptions::default().max_clock_offset;
-    let from = Timestamp::from_millis(kill.as_millis().saturating_sub(repeat_span().as_millis() as u64));
-    t >= from && t <= kill.saturating_add(offset)
+    checkpoint_windows(&[kill], Duration::ZERO)
+        .iter()
+        .any(|(from, to)| *from <= t && t <= *to)
 }
 
 /// The spans of occurrences the kills at `kills` may repeat, one per kill:
@@ -318,18 +318,26 @@ impl ChurnReport {
     /// ([`checkpoint_repeat`]).
     /// `chain` as [`checkpoint_windows`] takes it.
     pub fn assert_repeats_only_since_checkpoints(&self, kills: &[Timestamp], chain: Duration) {
-        let windows = checkpoint_windows(kills, chain);
-        let outside: Vec<_> = self
-            .duplicates
-            .iter()
-            .filter(|(_, t)| !windows.iter().any(|(from, to)| from <= t && t <= to))
-            .collect();
+        let outside = self.repeats_outside(kills, chain);
         assert!(
             outside.is_empty(),
             "{self}: {} repeats outside every kill's checkpoint window, e.g. {:?}",
             outside.len(),
             &outside[..outside.len().min(10)]
         );
+    }
+
+    /// The repeats outside every window of [`checkpoint_windows`]`(kills, chain)`.
+    pub fn repeats_outside(
+        &self,
+        kills: &[Timestamp],
+        chain: Duration,
+    ) -> Vec<&((String, String), Timestamp)> {
+        let windows = checkpoint_windows(kills, chain);
+        self.duplicates
+            .iter()
+            .filter(|(_, t)| !windows.iter().any(|(from, to)| from <= t && t <= to))
+            .collect()
     }
 
     /// Panics, naming the first ones, if an occurrence was delivered twice or never.

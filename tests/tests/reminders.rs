@@ -997,12 +997,7 @@ fn churn_schedules(seeds: std::ops::Range<u64>) {
             let mut failed = Vec::new();
             // A crash repeats only what its victim delivered after its last
             // checkpoint, and loses nothing (issue 70, item 2).
-            let windows = rollcall_tests::reminders::checkpoint_windows(&kills, failover_chain());
-            let repeated: Vec<_> = report
-                .duplicates
-                .iter()
-                .filter(|(_, t)| !windows.iter().any(|(from, to)| from <= t && t <= to))
-                .collect();
+            let repeated = report.repeats_outside(&kills, failover_chain());
             if let (Some((key, _)), true) = (
                 report.missed.first().or(repeated.first().copied()),
                 std::env::var_os("ROLLCALL_CHURN_DEBUG").is_some(),

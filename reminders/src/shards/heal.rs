@@ -134,7 +134,7 @@ impl ShardMachine {
             // (rule 11's answer wants it held, not being read).
             let checkpoints = &self.checkpoints;
             let owned = |(k, s): (&u32, &Slot)| {
-                (matches!(s, Slot::Owned { .. }) && checkpoints.get(k) != Some(&now)).then_some(*k)
+                (matches!(s, Slot::Owned { .. }) && !checkpoints.asked(*k, now)).then_some(*k)
             };
             let next = self
                 .slots
