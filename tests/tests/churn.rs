@@ -246,6 +246,7 @@ where
         Vec::new()
     };
     let mut ticks = Vec::new();
+    let mut by_silo = Vec::new();
     for n in 0..plan.silos + plan.rounds {
         for l in read_lines(&dir.join(format!("ticks-{n}.log"))) {
             ticks.push(Occurrence {
@@ -253,10 +254,22 @@ where
                 scheduled: ms(&l[2]),
                 at: ms(&l[3]),
             });
+            by_silo.push(n);
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
     let report = churn_report(&starts, PERIOD, from, to, &ticks);
+    // What a failure needs to be read: who delivered the first repeats, when,
+    // and when each silo was stopped (silo `n` is stopped at `stops[n]`).
+    for (key, at) in report.duplicates.iter().take(10) {
+        let who: Vec<(usize, Timestamp)> = ticks
+            .iter()
+            .zip(&by_silo)
+            .filter(|(t, _)| &t.reminder == key && t.scheduled == *at)
+            .map(|(t, n)| (*n, t.at))
+            .collect();
+        eprintln!("repeated {key:?} due {at}: delivered by (silo, at) {who:?}; stops {stops:?}");
+    }
     let verdict = if !exited.is_empty() {
         Err(format!("{}: {report}", exited.join("; ")))
     } else if !declared_dead.is_empty() {
