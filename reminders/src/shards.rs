@@ -92,7 +92,14 @@
 //!     on; another write first or an unknown outcome reads the row (rule 10:
 //!     still this epoch's, held; another's, dropped); a release that meets
 //!     a moved etag reads the row too and, when it is still this epoch's,
-//!     writes again over it (rule 6). An acquire from a release starts with
+//!     writes again over it (rule 6). A stopping shard (rule 4) is
+//!     checkpointed too: its progress at the stop, written while its
+//!     final load runs (and again after a poll when the outcome is
+//!     unknown, after an interval otherwise), its release written once
+//!     that answer is in; so a release that never lands (the silo dies
+//!     meanwhile, or leaves while the store cannot acknowledge writes)
+//!     costs the successor the deliveries in flight at the stop, not the
+//!     interval before it. An acquire from a release starts with
 //!     the release's watermark as its checkpoint (a row never delivered
 //!     from: the epoch's start); a takeover keeps the Dead holder's. The
 //!     successor of a crash owes everything after that checkpoint (rule 3).
@@ -420,12 +427,27 @@ enum Slot {
     /// Not held here, though another silo says this silo may hold it (rule
     /// 10): the row is being read; one that names this silo is released.
     Orphan,
-    /// Delivery was told to stop; the release follows.
-    Stopping { lease: ShardLease },
+    /// Delivery was told to stop; the release follows. `checkpoint`: the
+    /// progress at the stop being written over `lease` (rule 11); `stopped`:
+    /// the stop's answer, whose release waits for that write's answer (one
+    /// write in flight per shard).
+    Stopping {
+        lease: ShardLease,
+        checkpoint: Option<Box<ShardLease>>,
+        stopped: Option<Box<Stopped>>,
+    },
     /// The release (`lease`) was written.
     Releasing { lease: ShardLease },
     /// A release's outcome is unknown; the row is being read.
     ReleaseUnknown { lease: ShardLease },
+}
+
+/// What [`ShardEvent::Stopped`] says: what the release writes.
+#[derive(Clone, Debug)]
+struct Stopped {
+    started_through: Option<Timestamp>,
+    exceptions: Vec<LeaseException>,
+    listed_from: Option<Timestamp>,
 }
 
 /// The shard ownership of one silo (see the module docs for its rules).
@@ -581,8 +603,7 @@ impl ShardMachine {
                         self.slots.insert(shard, Slot::Owned { lease });
                         self.start_verifying(now);
                     } else {
-                        out.push(ShardAction::Stop(shard));
-                        self.slots.insert(shard, Slot::Stopping { lease });
+                        self.stop(shard, lease, &mut out);
                     }
                 }
             }
@@ -592,18 +613,27 @@ impl ShardMachine {
                 exceptions,
                 listed_from,
             } => {
-                if let Some(Slot::Stopping { lease }) = self.slots.get(&shard) {
-                    let release = ShardLease {
-                        status: LeaseStatus::Released,
-                        watermark: lease.watermark.max(started_through),
-                        exceptions,
-                        listed_from,
-                        // The release's watermark and exceptions say it all.
-                        owed_from: None,
-                        ..lease.clone()
-                    };
-                    out.push(ShardAction::Write(release.clone()));
-                    self.slots.insert(shard, Slot::Releasing { lease: release });
+                let stopped = Stopped {
+                    started_through,
+                    exceptions,
+                    listed_from,
+                };
+                match self.slots.get_mut(&shard) {
+                    Some(Slot::Stopping {
+                        lease,
+                        checkpoint: None,
+                        ..
+                    }) => {
+                        let lease = lease.clone();
+                        self.release(shard, &lease, stopped, &mut out);
+                    }
+                    // The release waits for the checkpoint's answer.
+                    Some(Slot::Stopping {
+                        checkpoint: Some(_),
+                        stopped: parked,
+                        ..
+                    }) => *parked = Some(Box::new(stopped)),
+                    _ => {}
                 }
             }
             ShardEvent::SelfRead { at, result } => {
@@ -714,10 +744,7 @@ impl ShardMachine {
                 // Not held: nothing to give back.
                 Some(Slot::Reading | Slot::Waiting { .. } | Slot::Confirming { .. } | Slot::Orphan)
                 | None => {}
-                Some(Slot::Owned { lease }) => {
-                    out.push(ShardAction::Stop(k));
-                    self.slots.insert(k, Slot::Stopping { lease });
-                }
+                Some(Slot::Owned { lease }) => self.stop(k, lease, out),
                 Some(Slot::Loading { lease }) => {
                     out.push(ShardAction::Drop(k));
                     self.give_back(k, lease, out);
@@ -1012,8 +1039,47 @@ impl ShardMachine {
             }
             (Slot::Reasserting { lease }, result) => self.reasserted(k, lease, result, out),
             (Slot::Checkpointing { lease, next }, result) => self.checkpointed(k, lease, next, result, out),
+            (
+                Slot::Stopping {
+                    lease,
+                    checkpoint: Some(next),
+                    stopped,
+                },
+                result,
+            ) => self.stop_checkpointed(now, k, lease, next, stopped, result, out),
             _ => {}
         }
+    }
+
+    /// Rule 4's first step for held shard `k` (as `lease`): delivery stops
+    /// (and, rule 11, the progress at the stop is checkpointed when the
+    /// release cannot follow at once).
+    fn stop(&mut self, k: u32, lease: ShardLease, out: &mut Vec<ShardAction>) {
+        out.push(ShardAction::Stop(k));
+        self.slots.insert(
+            k,
+            Slot::Stopping {
+                lease,
+                checkpoint: None,
+                stopped: None,
+            },
+        );
+    }
+
+    /// Rule 4's release of stopped shard `k`, held as `lease`, with what its
+    /// stop found.
+    fn release(&mut self, k: u32, lease: &ShardLease, stopped: Stopped, out: &mut Vec<ShardAction>) {
+        let release = ShardLease {
+            status: LeaseStatus::Released,
+            watermark: lease.watermark.max(stopped.started_through),
+            exceptions: stopped.exceptions,
+            listed_from: stopped.listed_from,
+            // The release's watermark and exceptions say it all.
+            owed_from: None,
+            ..lease.clone()
+        };
+        out.push(ShardAction::Write(release.clone()));
+        self.slots.insert(k, Slot::Releasing { lease: release });
     }
 
     /// `lease` (with its etag) is held: load it if still wanted, else write it

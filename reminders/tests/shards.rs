@@ -1274,3 +1274,104 @@ fn a_takeover_keeps_the_dead_holders_checkpoint() {
         }
     }
 }
+
+/// Rule 11 at a release (issue 70: "at every step it takes toward a
+/// release"): the progress at the stop is checkpointed while the final load
+/// runs, so a release that never lands (the silo dies, or leaves during a
+/// store outage) costs the successor only the deliveries in flight at the
+/// stop. The release waits for that write's answer and goes over its etag;
+/// an unknown outcome is written again after a poll.
+#[test]
+fn a_stopping_shard_checkpoints_its_progress_before_its_release() {
+    let every = Duration::from_millis(500);
+    let poll = Duration::from_millis(100);
+    let (mut m, view) = one_shard_checkpointed(false, poll, SiloStatus::Dead, every);
+    m.handle(ts(100), ShardEvent::View(view));
+    let a = answer(&mut m, 101, ShardLease::vacant(0));
+    write_in(&a).expect("acquires");
+    landed_and_loaded(&mut m, 102, 120);
+    let a = m.handle(ts(150), ShardEvent::Leave);
+    assert!(a.contains(&ShardAction::Stop(0)), "{a:?}");
+    let progress = |at: u64| {
+        ShardEvent::Progress(vec![Progress {
+            shard: 0,
+            owed_from: Some(ts(at)),
+            exceptions: Vec::new(),
+        }])
+    };
+    let a = m.handle(ts(151), progress(140));
+    let cp = write_in(&a).expect("the stop's progress is written");
+    assert_eq!(
+        (cp.status, cp.owed_from, cp.etag.as_str()),
+        (LeaseStatus::Owned, Some(ts(140)), "1")
+    );
+    // The final load answers first: the release waits for the checkpoint.
+    let stopped = ShardEvent::Stopped {
+        shard: 0,
+        started_through: Some(ts(140)),
+        exceptions: Vec::new(),
+        listed_from: None,
+    };
+    let a = m.handle(ts(160), stopped.clone());
+    assert!(write_in(&a).is_none(), "one write in flight: {a:?}");
+    let a = m.handle(
+        ts(170),
+        ShardEvent::Written {
+            shard: 0,
+            result: Ok(Ok(Etag::new("2"))),
+        },
+    );
+    let release = write_in(&a).expect("then the release");
+    assert_eq!(
+        (
+            release.status,
+            release.watermark,
+            release.owed_from,
+            release.etag.as_str()
+        ),
+        (LeaseStatus::Released, Some(ts(140)), None, "2"),
+        "over the checkpoint's etag"
+    );
+
+    // A checkpoint at the stop whose outcome is unknown (the store failing
+    // over) is written again a poll later, until the release goes out.
+    let (mut m, view) = one_shard_checkpointed(false, poll, SiloStatus::Dead, every);
+    m.handle(ts(100), ShardEvent::View(view));
+    answer(&mut m, 101, ShardLease::vacant(0));
+    landed_and_loaded(&mut m, 102, 120);
+    m.handle(ts(150), ShardEvent::Leave);
+    write_in(&m.handle(ts(151), progress(140))).expect("written");
+    let a = m.handle(
+        ts(155),
+        ShardEvent::Written {
+            shard: 0,
+            result: Err(WriteFailed::Unknown("failing over".into())),
+        },
+    );
+    assert!(
+        write_in(&a).is_none() && !a.contains(&ShardAction::ReadHead(0)),
+        "{a:?}"
+    );
+    let a = m.handle(ts(200), ShardEvent::Tick);
+    assert!(
+        !a.contains(&ShardAction::Checkpoint(vec![0])),
+        "not before a poll: {a:?}"
+    );
+    let a = m.handle(ts(256), ShardEvent::Tick);
+    assert!(a.contains(&ShardAction::Checkpoint(vec![0])), "{a:?}");
+    let a = m.handle(ts(257), progress(140));
+    assert_eq!(write_in(&a).map(|l| l.owed_from), Some(Some(ts(140))), "{a:?}");
+    m.handle(
+        ts(260),
+        ShardEvent::Written {
+            shard: 0,
+            result: Ok(Ok(Etag::new("2"))),
+        },
+    );
+    let a = m.handle(ts(270), stopped);
+    assert_eq!(
+        write_in(&a).map(|l| (l.status, l.etag)),
+        Some((LeaseStatus::Released, Etag::new("2"))),
+        "{a:?}"
+    );
+}

@@ -408,10 +408,13 @@ impl ReminderMachine {
                     ShardAction::Checkpoint(ks) => next.extend(self.progress(&ks)),
                 }
             }
-            // A final load with nothing left to read answers at once.
+            // A final load with nothing left to read answers at once; one
+            // that waits (for deliveries in flight, for the store) has the
+            // progress at the stop checkpointed meanwhile (shards rule 11).
             for k in std::mem::take(&mut stops) {
-                if let Some(event) = self.stop(k) {
-                    next.extend(self.shards.handle(self.now, event));
+                match self.stop(k) {
+                    Some(event) => next.extend(self.shards.handle(self.now, event)),
+                    None => next.extend(self.progress(&[k])),
                 }
             }
             actions = next;
@@ -467,10 +470,10 @@ impl ReminderMachine {
         self.shards.handle(self.now, ShardEvent::Progress(all))
     }
 
-    /// [`progress`](Self::progress) of one shard; `None` when not loaded or
-    /// stopping.
+    /// [`progress`](Self::progress) of one shard; `None` when not loaded.
+    /// A stopping shard's stands still but for its deliveries in flight.
     fn progress_of(&self, k: u32) -> Option<crate::shards::Progress> {
-        let held = self.held.get(&k).filter(|h| h.loaded && !h.stopping)?;
+        let held = self.held.get(&k).filter(|h| h.loaded)?;
         let through = held.started_through.max(held.owed_from);
         let owed = match through {
             Some(t) => self

@@ -11,7 +11,7 @@ use std::time::Duration;
 use rollcall_core::lease::{LeaseException, PagesFrom, ShardLease};
 use rollcall_core::{Etag, Timestamp};
 
-use super::{after, Progress, ShardAction, ShardMachine, Slot, WriteFailed};
+use super::{after, Progress, ShardAction, ShardMachine, Slot, Stopped, WriteFailed};
 
 /// The most reminders a checkpoint names as owed: 64, so that a checkpoint
 /// fits in the lease row itself (64 exceptions of the longest keys are about
@@ -99,14 +99,31 @@ impl ShardMachine {
         c.due.retain(|k, _| {
             matches!(
                 slots.get(k),
-                Some(Slot::Owned { .. } | Slot::Verifying { .. } | Slot::Checkpointing { .. })
+                Some(
+                    Slot::Owned { .. }
+                        | Slot::Verifying { .. }
+                        | Slot::Checkpointing { .. }
+                        | Slot::Stopping { stopped: None, .. }
+                )
             )
         });
         let mut asked = BTreeSet::new();
         for (k, due) in c.due.iter_mut() {
             // A shard busy now (being read, a checkpoint in flight) is
-            // asked at the next look.
-            if *due <= now && matches!(slots.get(k), Some(Slot::Owned { .. })) {
+            // asked at the next look; a stopping one, until its release
+            // is written (its final load may take long).
+            let idle = matches!(
+                slots.get(k),
+                Some(
+                    Slot::Owned { .. }
+                        | Slot::Stopping {
+                            checkpoint: None,
+                            stopped: None,
+                            ..
+                        }
+                )
+            );
+            if *due <= now && idle {
                 *due = after(now, every);
                 asked.insert(*k);
             }
@@ -122,28 +139,94 @@ impl ShardMachine {
 
     /// Rule 11: shard `k`'s progress; written as a checkpoint when it moved
     /// since the row's (same epoch, same owner: the token is unchanged).
+    ///
+    /// A stopping shard (rule 4) is checkpointed too, at its stop and then
+    /// as when held, until its release is written: the stop's checkpoint
+    /// is what a successor owes from if the release never lands (the silo
+    /// dies, or leaves while the store is away), so it costs the repeats
+    /// of the deliveries in flight at the stop, not of a whole interval.
     pub(super) fn progress(&mut self, p: Progress, out: &mut Vec<ShardAction>) {
         let Progress {
             shard: k,
             owed_from,
             exceptions,
         } = p;
-        let Some(Slot::Owned { lease }) = self.slots.get(&k) else {
+        let (Some(Slot::Owned { lease })
+        | Some(Slot::Stopping {
+            lease,
+            checkpoint: None,
+            stopped: None,
+        })) = self.slots.get(&k)
+        else {
             return;
         };
-        if lease.owed_from == owed_from && lease.exceptions == exceptions {
+        if self.options.checkpoint.is_zero()
+            || (lease.owed_from == owed_from && lease.exceptions == exceptions)
+        {
             return;
         }
-        let next = ShardLease {
+        let next = Box::new(ShardLease {
             owed_from,
             exceptions,
             pages_from: PagesFrom::default(),
             ..lease.clone()
-        };
-        out.push(ShardAction::Write(next.clone()));
+        });
+        out.push(ShardAction::Write((*next).clone()));
         let lease = lease.clone();
-        let next = Box::new(next);
-        self.slots.insert(k, Slot::Checkpointing { lease, next });
+        match self.slots.get_mut(&k) {
+            Some(Slot::Stopping { checkpoint, .. }) => *checkpoint = Some(next),
+            _ => {
+                self.slots.insert(k, Slot::Checkpointing { lease, next });
+            }
+        }
+    }
+
+    /// Rule 11 for a stopping shard: the answer to the checkpoint `next`
+    /// of shard `k`, held as `lease`. Landed, `next` is held. Otherwise the
+    /// shard is held as before: an unknown outcome is written again after a
+    /// poll (a conflict then means it had landed: the release reads the row,
+    /// rule 6), another write first waits for the release to read the row.
+    /// Then the release is written when the stop's answer is in.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn stop_checkpointed(
+        &mut self,
+        now: Timestamp,
+        k: u32,
+        mut lease: ShardLease,
+        next: Box<ShardLease>,
+        stopped: Option<Box<Stopped>>,
+        result: Result<Result<Etag, Option<Etag>>, WriteFailed>,
+        out: &mut Vec<ShardAction>,
+    ) {
+        let again = match result {
+            Ok(Ok(etag)) => {
+                lease = ShardLease { etag, ..*next };
+                self.options.checkpoint
+            }
+            Err(WriteFailed::Unknown(_)) => self.options.poll,
+            Ok(Err(_)) => self.options.checkpoint,
+            Err(WriteFailed::Refused(why)) => {
+                tracing::error!(shard = k, error = %why, "a shard checkpoint was refused; trying again at the next one");
+                self.options.checkpoint
+            }
+        };
+        match stopped {
+            Some(stopped) => self.release(k, &lease, *stopped, out),
+            None => {
+                self.slots.insert(
+                    k,
+                    Slot::Stopping {
+                        lease,
+                        checkpoint: None,
+                        stopped: None,
+                    },
+                );
+                let at = after(now, again);
+                let c = &mut self.checkpoints;
+                c.due.insert(k, at);
+                c.next = Some(c.next.map_or(at, |n| n.min(at)));
+            }
+        }
     }
 
     /// Rule 11: the answer to the checkpoint `next` of shard `k`, held as

@@ -290,8 +290,7 @@ impl ShardMachine {
         if self.wanted(k) {
             self.slots.insert(k, Slot::Owned { lease });
         } else {
-            out.push(ShardAction::Stop(k));
-            self.slots.insert(k, Slot::Stopping { lease });
+            self.stop(k, lease, out);
         }
     }
 
