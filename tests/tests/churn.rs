@@ -640,8 +640,10 @@ mod etcd {
 /// Replicated Redis failing over under a running cluster: 3 silo processes in
 /// graceful churn (a round every 9 s), reminders ticking every second, and 32
 /// writers incrementing 8 actor states with `update()`, while a primary is killed
-/// twice (about 12 s and 36 s in) and its replica promoted, in a run of 63 s. No silo may be declared Dead or exit; no tick may be delivered twice;
-/// ticks resume within [`failover::TICK_RESUME`] of each promotion; with
+/// twice (about 12 s and 36 s in) and its replica promoted, in a run of 63 s.
+/// No silo may be declared Dead or exit; no tick may be delivered twice but
+/// within one checkpoint interval before a silo stopped while no write could
+/// be acknowledged (its releases could not land: `check`); ticks resume within [`failover::TICK_RESUME`] of each promotion; with
 /// `wait_replicas=1` no acknowledged increment is lost (without it the losses
 /// are printed: asynchronous replication may lose some).
 #[cfg(feature = "redis")]
@@ -724,10 +726,22 @@ mod failover {
     /// With `wait_replicas`, asserts the run's promises; without it, prints what
     /// the failovers cost (asynchronous replication may lose acknowledged writes:
     /// a lost lease or membership write can repeat a tick or declare a silo Dead).
+    ///
+    /// A silo stopped (SIGTERM) while no write can be acknowledged (from a
+    /// kill until its replica is back) cannot land its releases within its
+    /// `shutdown_timeout`: its successors take its shards over from their
+    /// last checkpoints, the one written at the stop where it landed (issue
+    /// 70, item 2: "a release that did not land costs at most one
+    /// checkpoint interval"). So an occurrence may repeat only when it fell
+    /// due within one checkpoint interval before such a stop (and up to 2 s
+    /// after it: the leave starts once the process handles the signal).
+    /// Before checkpoints those occurrences were skipped instead, which the
+    /// missed-tick check below still allows inside the failover windows.
     fn check(
         what: &str,
         report: Result<ChurnReport, String>,
         kills: &[Kill],
+        stops: &[Timestamp],
         counters: &CounterReport,
         waits: bool,
     ) {
@@ -744,7 +758,33 @@ mod failover {
         let report = report.unwrap_or_else(|why| panic!("{what}: {why}"));
         println!("{what} with wait_replicas=1: {report}; kills {kills:?}; counters: {counters}");
         assert!(report.occurrences > 0);
-        report.assert_no_duplicates();
+        let interval = rollcall_core::ReminderOptions::default().lease_checkpoint_interval;
+        let unlanded: Vec<Timestamp> = stops
+            .iter()
+            .copied()
+            .filter(|s| {
+                kills
+                    .iter()
+                    .any(|(k, _, back)| *s >= *k && *s <= k.saturating_add(*back))
+            })
+            .collect();
+        let unexplained: Vec<_> = report
+            .duplicates
+            .iter()
+            .filter(|(_, due)| {
+                !unlanded.iter().any(|s| {
+                    *due > s.saturating_sub(interval + Duration::from_secs(1))
+                        && *due <= s.saturating_add(Duration::from_secs(2))
+                })
+            })
+            .collect();
+        assert!(
+            unexplained.is_empty(),
+            "{what}: {} repeats outside one checkpoint interval before a stop during a \
+             failover (stops then: {unlanded:?}), e.g. {:?}",
+            unexplained.len(),
+            &unexplained[..unexplained.len().min(10)]
+        );
         // With wait_replicas=1 no write is acknowledged while no replica is in
         // sync: the pause lasts until one is back, not only the failover. A
         // kill that comes before the ticks resumed from the one before (a
@@ -777,7 +817,7 @@ mod failover {
     {
         let counter_url = url.clone();
         // The servers live until the churn's last silo has left (`_servers`).
-        let (report, _, (kills, _servers, counters)) = churn_with(&url, true, plan(), |_| async move {
+        let (report, stops, (kills, _servers, counters)) = churn_with(&url, true, plan(), |_| async move {
             let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
             let counters = tokio::spawn(async move {
                 count_through(&counter_url, 32, 8, async {
@@ -791,7 +831,7 @@ mod failover {
             (kills, servers, counters.await.expect("the counters"))
         })
         .await;
-        check(what, report, &kills, &counters, waits);
+        check(what, report, &kills, &stops, &counters, waits);
     }
 
     async fn cluster_run(waits: bool) {
