@@ -596,8 +596,10 @@ impl ShardLeases {
     /// The row of `shard` without the exceptions its pages hold (those in
     /// the row itself are read): its epoch, owner, status and etag at the
     /// cost of one row read, whatever a release owed. For a holder that
-    /// checks the row still names it; never write back what this returns
-    /// (the exceptions in pages would be lost).
+    /// checks the row still names it, and for whoever only needs to know
+    /// who holds the shard (a registration's notice, an `owner()` lookup);
+    /// never write back what this returns (the exceptions in pages would be
+    /// lost).
     ///
     /// # Errors
     /// As [`read`](Self::read).

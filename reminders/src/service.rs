@@ -791,7 +791,11 @@ impl Reminders {
         let owner = match cached {
             Some(o) => o,
             None => {
-                let lease = bounded(inner.options.table_operation_timeout, inner.leases.read(shard)).await?;
+                let lease = bounded(
+                    inner.options.table_operation_timeout,
+                    inner.leases.read_head(shard),
+                )
+                .await?;
                 let owner = match (lease.status, lease.owner) {
                     (LeaseStatus::Owned, Some(silo)) => Some(Owner {
                         silo,
@@ -1137,7 +1141,7 @@ async fn send_from_outside(
     body: Vec<u8>,
     timeout: Duration,
 ) -> Result<Told, ReminderError> {
-    let lease = bounded(timeout, leases.read(shard)).await?;
+    let lease = bounded(timeout, leases.read_head(shard)).await?;
     let Some(holder) = notice_target(&lease) else {
         return Ok(Told::NoHolder);
     };
@@ -1174,7 +1178,12 @@ fn send_to_holder(inner: &Arc<Inner>, shard: u32, body: Vec<u8>) {
         let _sending = sending;
         let topic = topic(&inner.service_id);
         loop {
-            let taken = match bounded(inner.options.table_operation_timeout, inner.leases.read(shard)).await {
+            let taken = match bounded(
+                inner.options.table_operation_timeout,
+                inner.leases.read_head(shard),
+            )
+            .await
+            {
                 Ok(lease) => match notice_target(&lease) {
                     Some(holder) => match inner.silo.send_notice(holder, &topic, body.clone()).await {
                         Ok(taken) => taken,
