@@ -1275,6 +1275,16 @@ fn a_takeover_keeps_the_dead_holders_checkpoint() {
     }
 }
 
+/// A machine (no fencing, checkpoints every `every`) holding shard 0,
+/// acquired from a vacant row at 101 ms and loaded at 120 ms.
+fn holding_checkpointed(poll: Duration, every: Duration) -> ShardMachine {
+    let (mut m, view) = one_shard_checkpointed(false, poll, SiloStatus::Dead, every);
+    m.handle(ts(100), ShardEvent::View(view));
+    write_in(&answer(&mut m, 101, ShardLease::vacant(0))).expect("acquires");
+    landed_and_loaded(&mut m, 102, 120);
+    m
+}
+
 /// Rule 11 at a release (issue 70: "at every step it takes toward a
 /// release"): the progress at the stop is checkpointed while the final load
 /// runs, so a release that never lands (the silo dies, or leaves during a
@@ -1285,11 +1295,7 @@ fn a_takeover_keeps_the_dead_holders_checkpoint() {
 fn a_stopping_shard_checkpoints_its_progress_before_its_release() {
     let every = Duration::from_millis(500);
     let poll = Duration::from_millis(100);
-    let (mut m, view) = one_shard_checkpointed(false, poll, SiloStatus::Dead, every);
-    m.handle(ts(100), ShardEvent::View(view));
-    let a = answer(&mut m, 101, ShardLease::vacant(0));
-    write_in(&a).expect("acquires");
-    landed_and_loaded(&mut m, 102, 120);
+    let mut m = holding_checkpointed(poll, every);
     let a = m.handle(ts(150), ShardEvent::Leave);
     assert!(a.contains(&ShardAction::Stop(0)), "{a:?}");
     let progress = |at: u64| {
@@ -1335,10 +1341,7 @@ fn a_stopping_shard_checkpoints_its_progress_before_its_release() {
 
     // A checkpoint at the stop whose outcome is unknown (the store failing
     // over) is written again a poll later, until the release goes out.
-    let (mut m, view) = one_shard_checkpointed(false, poll, SiloStatus::Dead, every);
-    m.handle(ts(100), ShardEvent::View(view));
-    answer(&mut m, 101, ShardLease::vacant(0));
-    landed_and_loaded(&mut m, 102, 120);
+    let mut m = holding_checkpointed(poll, every);
     m.handle(ts(150), ShardEvent::Leave);
     write_in(&m.handle(ts(151), progress(140))).expect("written");
     let a = m.handle(

@@ -172,12 +172,22 @@ impl ShardMachine {
             ..lease.clone()
         });
         out.push(ShardAction::Write((*next).clone()));
-        let lease = lease.clone();
-        match self.slots.get_mut(&k) {
-            Some(Slot::Stopping { checkpoint, .. }) => *checkpoint = Some(next),
-            _ => {
+        match self.slots.remove(&k) {
+            Some(Slot::Stopping { lease, stopped, .. }) => {
+                let checkpoint = Some(next);
+                self.slots.insert(
+                    k,
+                    Slot::Stopping {
+                        lease,
+                        checkpoint,
+                        stopped,
+                    },
+                );
+            }
+            Some(Slot::Owned { lease }) => {
                 self.slots.insert(k, Slot::Checkpointing { lease, next });
             }
+            _ => {}
         }
     }
 
