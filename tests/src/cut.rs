@@ -155,6 +155,15 @@ async fn relay(
 /// A server sends no preface of its own (RFC 9113 section 3.4: its preface is a
 /// SETTINGS frame), so its bytes are frames from the first.
 fn http2_frame(bytes: &[u8]) -> Option<(usize, bool)> {
+    let (len, kind, stream) = http2_header(bytes)?;
+    // 0x0 DATA, 0x1 HEADERS, 0x9 CONTINUATION (of a HEADERS).
+    let reply = stream != 0 && matches!(kind, 0x0 | 0x1 | 0x9);
+    Some((len, reply))
+}
+
+/// The whole HTTP/2 frame at the start of `bytes`: its length (header
+/// included), type and stream id; `None` until it has all arrived.
+pub(crate) fn http2_header(bytes: &[u8]) -> Option<(usize, u8, u32)> {
     const HEADER: usize = 9;
     if bytes.len() < HEADER {
         return None;
@@ -163,11 +172,8 @@ fn http2_frame(bytes: &[u8]) -> Option<(usize, bool)> {
     if bytes.len() < HEADER + payload {
         return None;
     }
-    let kind = bytes[3];
     let stream = u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & 0x7fff_ffff;
-    // 0x0 DATA, 0x1 HEADERS, 0x9 CONTINUATION (of a HEADERS).
-    let reply = stream != 0 && matches!(kind, 0x0 | 0x1 | 0x9);
-    Some((HEADER + payload, reply))
+    Some((HEADER + payload, bytes[3], stream))
 }
 
 #[cfg(test)]
