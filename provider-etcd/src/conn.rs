@@ -1,7 +1,9 @@
-//! The etcd client: one balanced gRPC channel, every call bounded by the timeout
-//! and its errors mapped to [`Error::Backend`] naming the endpoints and the gRPC
-//! status.
+//! The etcd client: one balanced gRPC channel we build ourselves (its HTTP/2
+//! limits set, see [`endpoint`]), every call bounded by the timeout without
+//! cancelling its stream (see [`Conn::bounded`]), and its errors mapped to
+//! [`Error::Backend`] naming the endpoints and the gRPC status.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
@@ -9,6 +11,8 @@ use etcd_client::{
     TlsOptions, Txn, TxnResponse,
 };
 use rollcall_core::{Error, Result};
+use tokio::sync::Semaphore;
+use tonic::transport::Endpoint;
 
 use crate::config::EtcdConfig;
 
@@ -16,11 +20,33 @@ use crate::config::EtcdConfig;
 /// default limit is 4 MiB).
 const MAX_RESPONSE_BYTES: usize = 256 << 20;
 
+/// Calls that may run on their own at once (see [`Conn::bounded`]): a caller
+/// that stops waiting leaves its call running to its answer, up to this many;
+/// beyond, a call is cancelled at its timeout as any future is.
+const DETACHED_MAX: usize = 4_096;
+
+/// How much longer than the timeout a call left running may wait for its
+/// answer before it is cancelled after all, and how much longer than the
+/// timeout HTTP/2 remembers a stream it reset (so a late answer to it is
+/// ignored quietly).
+const LATE_ANSWER: Duration = Duration::from_secs(30);
+
+/// Locally reset streams HTTP/2 remembers at once (h2's default is 50).
+const RESET_STREAMS: usize = 10_000;
+
+/// HTTP/2 keepalive ping interval while calls are in flight. Not tied to the
+/// timeout: etcd answers pings more frequent than its
+/// `--grpc-keepalive-min-time` (5 s by default) with
+/// `GOAWAY(ENHANCE_YOUR_CALM, "too_many_pings")`.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
 pub(crate) struct Conn {
     kv: KvClient,
     lease: etcd_client::LeaseClient,
     endpoints: String,
     timeout: Duration,
+    /// Room for calls running on their own ([`DETACHED_MAX`]).
+    running: Arc<Semaphore>,
 }
 
 impl std::fmt::Debug for Conn {
@@ -75,37 +101,78 @@ fn is_auth_failure(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// The TLS settings of `config` (`etcds://`), `None` for plain gRPC.
+fn tls_of(config: &EtcdConfig) -> Result<Option<TlsOptions>> {
+    if !config.tls {
+        return Ok(None);
+    }
+    let mut tls = TlsOptions::new();
+    if let Some(ca) = &config.ca_file {
+        tls = tls.ca_certificate(Certificate::from_pem(read_file("ca_file", ca)?));
+    }
+    if let Some((cert, key)) = &config.client_cert {
+        tls = tls.identity(Identity::from_pem(
+            read_file("cert_file", cert)?,
+            read_file("key_file", key)?,
+        ));
+    }
+    if let Some(domain) = &config.domain {
+        tls = tls.domain_name(domain.clone());
+    }
+    Ok(Some(tls))
+}
+
+/// The gRPC endpoint of one member at `url`, with the HTTP/2 limits set for
+/// calls that outlive their caller (see [`Conn::bounded`]): a stream reset
+/// is remembered for the timeout plus [`LATE_ANSWER`], up to
+/// [`RESET_STREAMS`] of them, and the count of late frames the client
+/// answers with a reset of its own is not capped. h2 caps that count at
+/// 1,024 per connection by default and then closes the connection itself
+/// with `GOAWAY(ENHANCE_YOUR_CALM, "too_many_internal_resets")`: with the
+/// 1-s, 50-stream memory it had, every call that timed out against a slow
+/// etcd added one, and a loaded silo lost its connection (hyperium/h2#856).
+/// The cap guards a server against abusive clients; our peer is the
+/// configured etcd. No request timeout on the endpoint: tonic would cancel
+/// the stream at it. Keepalive pings every [`KEEPALIVE_INTERVAL`] while
+/// calls are in flight, a connection that does not answer one within the
+/// timeout (at least 2 s) is closed.
+fn endpoint(url: &str, config: &EtcdConfig, tls: Option<&TlsOptions>) -> Result<Endpoint> {
+    let endpoint = Endpoint::from_shared(url.to_owned())
+        .map_err(|e| Error::invalid_config("store_url", format!("`{url}` is no endpoint: {e}")))?
+        .connect_timeout(config.timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(config.timeout.max(Duration::from_secs(2)))
+        .keep_alive_while_idle(false)
+        .http2_reset_stream_duration(config.timeout + LATE_ANSWER)
+        .http2_max_concurrent_reset_streams(RESET_STREAMS)
+        .http2_max_local_error_reset_streams(None);
+    match tls {
+        Some(tls) => endpoint
+            .tls_config(tls.clone())
+            .map_err(|e| Error::invalid_config("store_url", format!("TLS settings for `{url}`: {e}"))),
+        None => Ok(endpoint),
+    }
+}
+
 impl Conn {
     pub(crate) async fn open(config: &EtcdConfig) -> Result<Conn> {
         let mut options = ConnectOptions::new()
-            .with_timeout(config.timeout)
-            .with_connect_timeout(config.timeout)
-            .with_keep_alive(config.timeout, config.timeout)
             // A member cut off from its leader fails at once instead of waiting.
             .with_require_leader(true)
             .with_auto_token_refresh(true);
         if let Some((user, password)) = &config.user {
             options = options.with_user(user.clone(), password.clone());
         }
-        if config.tls {
-            let mut tls = TlsOptions::new();
-            if let Some(ca) = &config.ca_file {
-                tls = tls.ca_certificate(Certificate::from_pem(read_file("ca_file", ca)?));
-            }
-            if let Some((cert, key)) = &config.client_cert {
-                tls = tls.identity(Identity::from_pem(
-                    read_file("cert_file", cert)?,
-                    read_file("key_file", key)?,
-                ));
-            }
-            if let Some(domain) = &config.domain {
-                tls = tls.domain_name(domain.clone());
-            }
-            options = options.with_tls(tls);
-        }
+        let tls = tls_of(config)?;
         let endpoints = config.endpoints.join(",");
-        let urls = config.endpoint_urls();
-        let connecting = Client::connect(&urls, Some(options));
+        let members = config
+            .endpoint_urls()
+            .iter()
+            .map(|url| endpoint(url, config, tls.as_ref()))
+            .collect::<Result<Vec<_>>>()?;
+        let channel = tonic::transport::Channel::balance_list(members.into_iter());
+        let connecting = Client::from_channel(etcd_client::Channel::Tonic(channel), Some(options));
         let client = match tokio::time::timeout(config.timeout, connecting).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) if is_auth_failure(&e) => {
@@ -134,6 +201,7 @@ impl Conn {
             lease: client.lease_client(),
             endpoints,
             timeout: config.timeout,
+            running: Arc::new(Semaphore::new(DETACHED_MAX)),
         })
     }
 
@@ -171,28 +239,65 @@ impl Conn {
     /// reached any member (a refused connection: the channel picked a member that
     /// is down) is sent again, to whichever member the channel picks, until the
     /// timeout: that is safe for writes too, since nothing was sent.
+    ///
+    /// The call runs as a task of its own: when the timeout passes (or the
+    /// caller drops this future) the caller gets its error and the call goes
+    /// on to its answer, which is dropped, for at most the timeout plus
+    /// [`LATE_ANSWER`]. Dropping the call's future instead would reset its
+    /// HTTP/2 stream (`RST_STREAM(CANCEL)`), and etcd's late answer to a
+    /// reset stream counts against the connection (see [`endpoint`]). Up to
+    /// [`DETACHED_MAX`] calls run so at once; beyond, a call is cancelled at
+    /// its timeout. The outcome of a write left running is unknown to its
+    /// caller, as of any write that timed out.
     async fn bounded<T, F, Fut>(&self, what: &str, mut call: F) -> Result<T>
     where
         F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
+        T: Send + 'static,
     {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut pause = Duration::from_millis(5);
         loop {
-            match tokio::time::timeout_at(deadline, call()).await {
-                Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if never_sent(&e) && tokio::time::Instant::now() + pause < deadline => {
+            match self.attempt(deadline, call()).await {
+                Some(Ok(v)) => return Ok(v),
+                Some(Err(e)) if never_sent(&e) && tokio::time::Instant::now() + pause < deadline => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(200));
                 }
-                Ok(Err(e)) => return Err(self.error(what, e)),
-                Err(_) => {
+                Some(Err(e)) => return Err(self.error(what, e)),
+                None => {
                     return Err(Error::backend(format!(
                         "etcd {what} at {}: no answer within {:?}",
                         self.endpoints, self.timeout
                     )))
                 }
             }
+        }
+    }
+
+    /// `call`'s answer if it comes by `deadline` (see [`bounded`](Self::bounded)),
+    /// on a task of its own when there is room for one.
+    async fn attempt<T, Fut>(
+        &self,
+        deadline: tokio::time::Instant,
+        call: Fut,
+    ) -> Option<std::result::Result<T, etcd_client::Error>>
+    where
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let Ok(room) = self.running.clone().try_acquire_owned() else {
+            return tokio::time::timeout_at(deadline, call).await.ok();
+        };
+        let last = deadline + LATE_ANSWER;
+        let task = tokio::spawn(async move {
+            let _room = room;
+            tokio::time::timeout_at(last, call).await.ok()
+        });
+        match tokio::time::timeout_at(deadline, task).await {
+            Ok(Ok(answer)) => answer,
+            // The task panicked or its runtime is shutting down: no answer.
+            Ok(Err(_)) | Err(_) => None,
         }
     }
 

@@ -21,10 +21,16 @@
 //!   the write committed: `Ok(true)` if it did, the transport error if it did not.
 //!   Only when that cannot be told (history compacted, no member answers) does the
 //!   error leave the outcome open, as every `Error::Backend` may.
-//! - **Bounds.** Every request carries the URL's `timeout_ms` (default 5 s); a call
-//!   answers within `timeout_ms`, a conditional write that fails in transport within
-//!   `2 × timeout_ms` (the write, then the read that settles its outcome). Reminder
-//!   range reads are paged (1,000 keys per request) and take one timeout per page.
+//! - **Bounds.** A call answers within the URL's `timeout_ms` (default 5 s), a
+//!   conditional write that fails in transport within `2 × timeout_ms` (the write,
+//!   then the read that settles its outcome). Reminder range reads are paged (1,000
+//!   keys per request) and take one timeout per page. A request that has not
+//!   answered in time is not cancelled: it runs on to its answer (30 s more at
+//!   most), which is dropped, so that no late answer meets a reset stream.
+//! - **The connection.** One HTTP/2 connection per member, built here with its
+//!   limits set: reset streams remembered for `timeout_ms` + 30 s, no cap on late
+//!   frames (h2's 1,024 would close the connection), keepalive pings every 10 s
+//!   while calls are in flight. The guide's etcd chapter says why.
 //! - Every transaction stays under etcd's default `--max-txn-ops` (128).
 //!
 //! Values are JSON, readable with `etcdctl get --prefix rollcall/`; the layout is in

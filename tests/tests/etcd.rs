@@ -340,6 +340,70 @@ async fn an_outage_is_a_backend_error_within_the_timeout_and_a_restart_recovers(
     assert_eq!(snap.len(), 1);
 }
 
+/// Issue 71, written first: etcd's answers 1.5 s late on a healthy
+/// connection (a proxy that delays only the server's stream frames, so
+/// keepalive pings are acknowledged at once) and a 50-ms timeout: 1,100
+/// reads in a row, each of which times out; then the delay removed and
+/// what was late through: the next read answers within 1 s. A call that
+/// timed out used to reset its stream; etcd's answer, arriving after h2
+/// forgot the reset (1 s, 50 streams at most), counted as an error of the
+/// client's own, and at 1,024 of them the client closed its own connection
+/// (`GOAWAY(ENHANCE_YOUR_CALM, "too_many_internal_resets")`), failing every
+/// call in flight on it; the same client pinged as often as its timeout,
+/// and etcd closed the next connection for too many pings. The client keeps
+/// its one connection throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eleven_hundred_timed_out_calls_leave_the_connection_answering() {
+    use rollcall_tests::delay::{DelayProxy, Delayed};
+    let Some(backend) = fixtures::etcd().await else {
+        return;
+    };
+    let upstream = tokio::net::lookup_host(backend.endpoint.as_str())
+        .await
+        .expect("resolve etcd")
+        .next()
+        .expect("an address of etcd");
+    let proxy = DelayProxy::start_with(upstream, Delayed::Http2Answers).await;
+    let store = rollcall::connect(&format!("etcd://{}?timeout_ms=50", proxy.addr()))
+        .await
+        .expect("connect through the proxy");
+    let table = store
+        .membership_table(&unique_id("resets"), ProtocolMode::Extended)
+        .unwrap();
+    table.init(true).await.unwrap();
+    insert(&*table, &full_entry(1)).await;
+    proxy.set_delay(Duration::from_millis(1_500));
+    for i in 0..1_100 {
+        let r = table.read_all().await;
+        assert!(
+            matches!(r, Err(Error::Backend { .. })),
+            "read {i} answered in time: {r:?}"
+        );
+    }
+    proxy.set_delay(Duration::ZERO);
+    let drained = Instant::now() + Duration::from_secs(10);
+    while proxy.queued() > 0 {
+        assert!(Instant::now() < drained, "{} answers still late", proxy.queued());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let started = Instant::now();
+    let answered = loop {
+        match table.read_all().await {
+            Ok(snapshot) => break snapshot,
+            Err(e) => assert!(
+                started.elapsed() < Duration::from_secs(1),
+                "no answer within 1 s of the delay's end: {e}"
+            ),
+        }
+    };
+    assert_eq!(answered.len(), 1);
+    assert_eq!(
+        proxy.connections(),
+        1,
+        "the client kept its one connection to etcd"
+    );
+}
+
 /// Authentication: a wrong password is a clear, non-transient error naming the
 /// user, answered at once; the right one works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
