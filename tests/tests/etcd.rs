@@ -404,6 +404,100 @@ async fn eleven_hundred_timed_out_calls_leave_the_connection_answering() {
     );
 }
 
+/// Issue 71, item 3: the connection cut mid-load (a proxy drops it with an
+/// answer in transit, as a member that dies does) under 8 writers: the
+/// provider writes again, on a new connection, within 1 s of the cut; every
+/// acknowledged write is in the table; every write that failed is a backend
+/// error (its outcome unknown to the caller, as the contract says).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cut_mid_load_is_made_again_within_a_second() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let Some((direct, backend)) = etcd().await else {
+        return;
+    };
+    let upstream = tokio::net::lookup_host(backend.endpoint.as_str())
+        .await
+        .expect("resolve etcd")
+        .next()
+        .expect("an address of etcd");
+    let proxy = rollcall_tests::cut::CutProxy::start(upstream, rollcall_tests::cut::Wire::Http2).await;
+    let via = rollcall::connect(&format!("etcd://{}?timeout_ms=2000", proxy.addr()))
+        .await
+        .expect("connect through the proxy");
+    let service = unique_id("cut");
+    let table = via.reminder_table(&service).unwrap();
+    let acked = Arc::new(AtomicUsize::new(0));
+    // (writer, row, when it answered, its error if any)
+    let seen = Arc::new(Mutex::new(Vec::<(usize, usize, Instant, Option<Error>)>::new()));
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let (table, service, acked, seen) = (table.clone(), service.clone(), acked.clone(), seen.clone());
+            tokio::spawn(async move {
+                for j in 0..150 {
+                    let row = ReminderEntry::new(
+                        &service,
+                        &format!("a{w}"),
+                        &format!("n{j}"),
+                        Timestamp::from_millis(1),
+                        None,
+                    );
+                    let r = table.upsert_row(&row).await;
+                    if r.is_ok() {
+                        acked.fetch_add(1, Ordering::SeqCst);
+                    }
+                    seen.lock().unwrap().push((w, j, Instant::now(), r.err()));
+                }
+            })
+        })
+        .collect();
+    let until = Instant::now() + Duration::from_secs(60);
+    while acked.load(Ordering::SeqCst) < 200 {
+        assert!(Instant::now() < until, "200 writes acknowledged before the cut");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    proxy.arm();
+    while proxy.cuts() == 0 {
+        assert!(Instant::now() < until, "the proxy cut the connection");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let cut = Instant::now();
+    for w in writers {
+        w.await.expect("a writer");
+    }
+    let seen = seen.lock().unwrap();
+    let again = seen
+        .iter()
+        .filter(|(_, _, at, e)| e.is_none() && *at > cut)
+        .map(|(_, _, at, _)| *at - cut)
+        .min()
+        .expect("writes acknowledged after the cut");
+    assert!(
+        again < Duration::from_secs(1),
+        "the first write after the cut took {again:?}"
+    );
+    let direct_table = direct.reminder_table(&service).unwrap();
+    let mut failed = 0;
+    for (w, j, _, e) in seen.iter() {
+        match e {
+            None => assert!(
+                direct_table
+                    .read_row(&format!("a{w}"), &format!("n{j}"))
+                    .await
+                    .unwrap()
+                    .is_some(),
+                "acknowledged a{w}/n{j} is in the table"
+            ),
+            Some(Error::Backend { .. }) => failed += 1,
+            Some(other) => panic!("a{w}/n{j} failed with {other:?}, not a backend error"),
+        }
+    }
+    eprintln!(
+        "{} writes, {failed} failed at the cut, first after it in {again:?}",
+        seen.len()
+    );
+}
+
 /// Authentication: a wrong password is a clear, non-transient error naming the
 /// user, answered at once; the right one works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
