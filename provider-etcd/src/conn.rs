@@ -78,14 +78,34 @@ pub(crate) fn revision(etag: &rollcall_core::Etag) -> Option<i64> {
     etag.as_str().parse().ok().filter(|r| *r >= 0)
 }
 
-/// Whether the call failed while connecting, before any byte of it was sent.
+/// Whether the call provably never reached etcd, so sending it again is safe
+/// for a write too: it failed while connecting; or HTTP/2 says so (hyper
+/// canceled it before sending it, its connection closing; etcd refused its
+/// stream, `REFUSED_STREAM`; or etcd went away naming a last stream below
+/// its own, which RFC 9113 section 6.8 says was not and will not be
+/// processed: h2 fails only such streams with the peer's GOAWAY, the ones
+/// cut by the connection's end fail with an I/O error).
 fn never_sent(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => {
-            s.code() == tonic::Code::Unavailable && s.message().contains("connect error")
-        }
-        _ => false,
+    let etcd_client::Error::GRpcStatus(status) = e else {
+        return false;
+    };
+    if status.code() == tonic::Code::Unavailable && status.message().contains("connect error") {
+        return true;
     }
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(c) = cause {
+        if c.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_canceled)
+        {
+            return true;
+        }
+        if let Some(h2) = c.downcast_ref::<h2::Error>() {
+            let refused = h2.is_reset() && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+            return h2.is_remote() && (refused || h2.is_go_away());
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// Whether etcd refused the credentials (as opposed to being unreachable).
@@ -235,10 +255,11 @@ impl Conn {
         )
     }
 
-    /// Runs one client call within the timeout. A call that failed before it
-    /// reached any member (a refused connection: the channel picked a member that
-    /// is down) is sent again, to whichever member the channel picks, until the
-    /// timeout: that is safe for writes too, since nothing was sent.
+    /// Runs one client call within the timeout. A call that provably never
+    /// reached etcd (a refused connection: the channel picked a member that is
+    /// down; a request HTTP/2 did not send or etcd refused, see [`never_sent`])
+    /// is sent again, to whichever member the channel picks, until the
+    /// timeout: that is safe for writes too, since nothing was applied.
     ///
     /// The call runs as a task of its own: when the timeout passes (or the
     /// caller drops this future) the caller gets its error and the call goes

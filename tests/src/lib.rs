@@ -18,6 +18,7 @@ pub mod cut;
 pub mod delay;
 pub mod fenced_state;
 pub mod fixtures;
+pub mod goaway;
 pub mod key_limits;
 pub mod lease_table;
 pub mod membership_table;
