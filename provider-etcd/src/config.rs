@@ -24,6 +24,7 @@ use rollcall_core::{
 /// | `prefix` | `rollcall` | first segment(s) of every key (`<prefix>/<cluster>/...`); may contain `/` |
 /// | `timeout_ms` | `5000` | connect timeout and per-request timeout, in milliseconds |
 /// | `history` | `10000` | membership-history events kept per cluster (0: none) |
+/// | `channels` | `2` | HTTP/2 connections per member, 1 to 4; calls go to them in turn, so one connection's end fails only its share of the calls in flight |
 /// | `ca_file` | none | PEM file of the CA that signed the servers' certificates (TLS) |
 /// | `cert_file`, `key_file` | none | PEM client certificate and key, for etcd's `--client-cert-auth` (TLS) |
 /// | `domain` | the endpoint's host | the name the server certificate must carry (TLS) |
@@ -51,7 +52,15 @@ pub struct EtcdConfig {
     pub user: Option<(String, String)>,
     /// Membership-history events kept per cluster (0: none).
     pub history_capacity: u64,
+    /// HTTP/2 connections per member (1 to [`MAX_CHANNELS`]), used in turn.
+    pub channels: usize,
 }
+
+/// The most HTTP/2 connections per member a URL may ask for (`channels`).
+pub const MAX_CHANNELS: usize = 4;
+
+/// HTTP/2 connections per member unless the URL says otherwise.
+pub const DEFAULT_CHANNELS: usize = 2;
 
 impl std::fmt::Debug for EtcdConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -65,6 +74,7 @@ impl std::fmt::Debug for EtcdConfig {
             .field("domain", &self.domain)
             .field("user", &self.user.as_ref().map(|(u, _)| u))
             .field("history_capacity", &self.history_capacity)
+            .field("channels", &self.channels)
             .finish()
     }
 }
@@ -120,6 +130,7 @@ impl EtcdConfig {
             domain: None,
             user,
             history_capacity: DEFAULT_HISTORY_CAPACITY,
+            channels: DEFAULT_CHANNELS,
         };
         for h in hosts.split(',').filter(|h| !h.is_empty()) {
             let port = h
@@ -156,9 +167,16 @@ impl EtcdConfig {
                 "key_file" => key = Some(PathBuf::from(v.as_ref())),
                 "domain" => cfg.domain = Some(v.into_owned()),
                 "history" => cfg.history_capacity = parse_history_capacity(&v).map_err(|e| bad(&e))?,
+                "channels" => {
+                    cfg.channels = v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=MAX_CHANNELS).contains(n))
+                        .ok_or_else(|| bad("channels must be an integer in 1..=4"))?;
+                }
                 other => {
                     return Err(bad(&format!(
-                    "unknown parameter `{other}` (prefix, timeout_ms, ca_file, cert_file, key_file, domain, history)"
+                    "unknown parameter `{other}` (prefix, timeout_ms, ca_file, cert_file, key_file, domain, history, channels)"
                 )))
                 }
             }
@@ -188,10 +206,15 @@ mod tests {
     #[test]
     fn parses_endpoints_auth_tls_and_options() {
         let c = EtcdConfig::from_url(
-            "etcd://10.0.0.1:2379,10.0.0.2:2379?prefix=/app/rc/&timeout_ms=250&history=0",
+            "etcd://10.0.0.1:2379,10.0.0.2:2379?prefix=/app/rc/&timeout_ms=250&history=0&channels=4",
         )
         .unwrap();
         assert_eq!(c.history_capacity, 0);
+        assert_eq!(c.channels, 4);
+        assert_eq!(
+            EtcdConfig::from_url("etcd://h:1").unwrap().channels,
+            DEFAULT_CHANNELS
+        );
         assert_eq!(c.endpoints, vec!["10.0.0.1:2379", "10.0.0.2:2379"]);
         assert_eq!(c.key_prefix, "app/rc");
         assert_eq!(c.timeout, Duration::from_millis(250));
@@ -221,6 +244,8 @@ mod tests {
             "http://h:1",
             "etcd://h:1/x",
             "etcd://h:1?timeout_ms=0",
+            "etcd://h:1?channels=0",
+            "etcd://h:1?channels=5",
             "etcd://h:1?history=x",
             "etcd://h:1?nope=1",
             "etcd://h:1?ca_file=x",

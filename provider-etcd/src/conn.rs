@@ -41,8 +41,11 @@ const RESET_STREAMS: usize = 10_000;
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
 pub(crate) struct Conn {
-    kv: KvClient,
-    lease: etcd_client::LeaseClient,
+    /// One client per channel (`channels` in the URL), each over HTTP/2
+    /// connections of its own, one per member; calls take them in turn.
+    pool: Vec<(KvClient, etcd_client::LeaseClient)>,
+    /// The channel the next call takes (modulo the pool's size).
+    next: std::sync::atomic::AtomicUsize,
     endpoints: String,
     timeout: Duration,
     /// Room for calls running on their own ([`DETACHED_MAX`]).
@@ -191,34 +194,43 @@ impl Conn {
             .iter()
             .map(|url| endpoint(url, config, tls.as_ref()))
             .collect::<Result<Vec<_>>>()?;
-        let channel = tonic::transport::Channel::balance_list(members.into_iter());
-        let connecting = Client::from_channel(etcd_client::Channel::Tonic(channel), Some(options));
-        let client = match tokio::time::timeout(config.timeout, connecting).await {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) if is_auth_failure(&e) => {
-                let user = config.user.as_ref().map_or("", |(u, _)| u.as_str());
-                return Err(Error::invalid_config(
-                    "store_url",
-                    format!("etcd at {endpoints} rejected the credentials of user `{user}`: {e}"),
-                ));
-            }
-            Ok(Err(e)) => {
-                return Err(Error::backend_with(
-                    format!("etcd connect to {endpoints} failed ({})", status_of(&e)),
-                    e,
-                ))
-            }
-            Err(_) => {
-                return Err(Error::backend(format!(
-                    "etcd connect to {endpoints}: no answer within {:?}",
-                    config.timeout
-                )))
-            }
-        };
-        let kv = client.kv_client().max_decoding_message_size(MAX_RESPONSE_BYTES);
+        // Within one timeout for the whole pool: each channel connects (and
+        // authenticates) on its own.
+        let deadline = tokio::time::Instant::now() + config.timeout;
+        let channels = config.channels.clamp(1, crate::config::MAX_CHANNELS);
+        let mut pool = Vec::with_capacity(channels);
+        for _ in 0..channels {
+            let channel = tonic::transport::Channel::balance_list(members.clone().into_iter());
+            let connecting =
+                Client::from_channel(etcd_client::Channel::Tonic(channel), Some(options.clone()));
+            let client = match tokio::time::timeout_at(deadline, connecting).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) if is_auth_failure(&e) => {
+                    let user = config.user.as_ref().map_or("", |(u, _)| u.as_str());
+                    return Err(Error::invalid_config(
+                        "store_url",
+                        format!("etcd at {endpoints} rejected the credentials of user `{user}`: {e}"),
+                    ));
+                }
+                Ok(Err(e)) => {
+                    return Err(Error::backend_with(
+                        format!("etcd connect to {endpoints} failed ({})", status_of(&e)),
+                        e,
+                    ))
+                }
+                Err(_) => {
+                    return Err(Error::backend(format!(
+                        "etcd connect to {endpoints}: no answer within {:?}",
+                        config.timeout
+                    )))
+                }
+            };
+            let kv = client.kv_client().max_decoding_message_size(MAX_RESPONSE_BYTES);
+            pool.push((kv, client.lease_client()));
+        }
         Ok(Conn {
-            kv,
-            lease: client.lease_client(),
+            pool,
+            next: std::sync::atomic::AtomicUsize::new(0),
             endpoints,
             timeout: config.timeout,
             running: Arc::new(Semaphore::new(DETACHED_MAX)),
@@ -231,6 +243,21 @@ impl Conn {
     pub(crate) async fn check(&self, what: &str, prefix: &str) -> Result<()> {
         let options = GetOptions::new().with_prefix().with_keys_only().with_limit(1);
         self.get(what, prefix, Some(options)).await.map(|_| ())
+    }
+
+    /// The next channel's KV client (the channels in turn).
+    fn kv(&self) -> KvClient {
+        self.channel().0.clone()
+    }
+
+    /// The next channel's lease client.
+    fn lease(&self) -> etcd_client::LeaseClient {
+        self.channel().1.clone()
+    }
+
+    fn channel(&self) -> &(KvClient, etcd_client::LeaseClient) {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.pool[i % self.pool.len()]
     }
 
     /// The per-request timeout.
@@ -324,7 +351,7 @@ impl Conn {
 
     pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
         self.bounded(what, || {
-            let mut kv = self.kv.clone();
+            let mut kv = self.kv();
             let txn = txn.clone();
             async move { kv.txn(txn).await }
         })
@@ -339,7 +366,7 @@ impl Conn {
     ) -> Result<GetResponse> {
         let key = key.into();
         self.bounded(what, || {
-            let (mut kv, key, options) = (self.kv.clone(), key.clone(), options.clone());
+            let (mut kv, key, options) = (self.kv(), key.clone(), options.clone());
             async move { kv.get(key, options).await }
         })
         .await
@@ -348,7 +375,7 @@ impl Conn {
     /// A lease of `ttl_secs` seconds (keys put with it go when it expires).
     pub(crate) async fn grant(&self, what: &str, ttl_secs: i64) -> Result<i64> {
         self.bounded(what, || {
-            let mut lease = self.lease.clone();
+            let mut lease = self.lease();
             async move { lease.grant(ttl_secs, None).await }
         })
         .await
@@ -359,7 +386,7 @@ impl Conn {
     pub(crate) async fn revoke(&self, what: &str, id: i64) -> Result<()> {
         let r = self
             .bounded(what, || {
-                let mut lease = self.lease.clone();
+                let mut lease = self.lease();
                 async move { lease.revoke(id).await }
             })
             .await;
@@ -372,7 +399,7 @@ impl Conn {
     /// Deletes the keys in `[from, to)`.
     pub(crate) async fn delete_range(&self, what: &str, from: &str, to: &str) -> Result<()> {
         self.bounded(what, || {
-            let (mut kv, from, to) = (self.kv.clone(), from.to_owned(), to.to_owned());
+            let (mut kv, from, to) = (self.kv(), from.to_owned(), to.to_owned());
             async move { kv.delete(from, Some(DeleteOptions::new().with_range(to))).await }
         })
         .await
@@ -381,7 +408,7 @@ impl Conn {
 
     pub(crate) async fn delete_prefix(&self, what: &str, prefix: &str) -> Result<()> {
         self.bounded(what, || {
-            let (mut kv, prefix) = (self.kv.clone(), prefix.to_owned());
+            let (mut kv, prefix) = (self.kv(), prefix.to_owned());
             async move { kv.delete(prefix, Some(DeleteOptions::new().with_prefix())).await }
         })
         .await

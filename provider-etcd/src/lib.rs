@@ -27,8 +27,8 @@
 //!   keys per request) and take one timeout per page. A request that has not
 //!   answered in time is not cancelled: it runs on to its answer (30 s more at
 //!   most), which is dropped, so that no late answer meets a reset stream.
-//! - **The connection.** One HTTP/2 connection per member, built here with its
-//!   limits set: reset streams remembered for `timeout_ms` + 30 s, no cap on late
+//! - **The connection.** `channels` (URL, default 2) HTTP/2 connections per member,
+//!   taken in turn by calls, built here with their limits set: reset streams remembered for `timeout_ms` + 30 s, no cap on late
 //!   frames (h2's 1,024 would close the connection), keepalive pings every 10 s
 //!   while calls are in flight. The guide's etcd chapter says why.
 //! - Every transaction stays under etcd's default `--max-txn-ops` (128).
@@ -60,7 +60,7 @@ mod state;
 
 use std::sync::Arc;
 
-pub use config::EtcdConfig;
+pub use config::{EtcdConfig, DEFAULT_CHANNELS, MAX_CHANNELS};
 pub use lease::EtcdLeaseTable;
 pub use membership::EtcdMembershipTable;
 pub use metrics_table::EtcdMetricsTable;
