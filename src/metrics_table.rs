@@ -87,6 +87,7 @@ pub struct MetricsPublisherBuilder {
     name: String,
     host_name: String,
     statistics: Option<(Arc<dyn StatisticsStore>, Duration)>,
+    store: Option<Arc<dyn crate::SystemStore>>,
 }
 
 impl MetricsPublisherBuilder {
@@ -119,6 +120,14 @@ impl MetricsPublisherBuilder {
         self
     }
 
+    /// Adds what `store`'s client saw of its connections
+    /// ([`SystemStore::connection`](crate::SystemStore::connection)), for a
+    /// provider that keeps such figures (`rollcall status` prints them).
+    pub fn store(mut self, store: Arc<dyn crate::SystemStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
     /// The silo name in the row (default: the silo's, as in its membership row).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
@@ -141,6 +150,7 @@ impl MetricsPublisherBuilder {
             reminders: self.reminders,
             name: self.name,
             host_name: self.host_name,
+            store: self.store,
         };
         let (table, period) = (self.table, self.period);
         let (statistics, statistics_period) = match self.statistics {
@@ -241,6 +251,7 @@ struct Publishing {
     reminders: Option<Reminders>,
     name: String,
     host_name: String,
+    store: Option<Arc<dyn crate::SystemStore>>,
 }
 
 impl Publishing {
@@ -275,6 +286,7 @@ impl Publishing {
             load_shedding: self.silo.health_score() > 0,
             clock_offset_ms: self.silo.clock().offset_ms,
             clock_within_bound: Some(self.silo.clock().within_bound),
+            store_connection: self.store.as_ref().and_then(|s| s.connection()),
             ..MetricsRow::new(MetricsRole::Silo, self.silo.address().to_string(), now)
         }
     }
@@ -302,6 +314,7 @@ impl MetricsPublisher {
             name: own.map(|e| e.silo_name.clone()).unwrap_or_default(),
             host_name: own.map(|e| e.host_name.clone()).unwrap_or_default(),
             statistics: None,
+            store: None,
         }
     }
 }

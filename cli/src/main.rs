@@ -286,6 +286,7 @@ fn main() -> anyhow::Result<()> {
             if let Ok(metrics) = store.metrics_table(&cluster) {
                 if let Ok(report) = metrics.read_all().await {
                     print!("{}", view::clocks(&snap, &report));
+                    print!("{}", view::connections(&snap, &report));
                 }
             }
             Ok(())

@@ -81,7 +81,8 @@ pub(crate) fn run(args: SiloArgs) -> anyhow::Result<()> {
             match metrics_table(&*store, &args.cluster).await {
                 Ok(table) => {
                     let mut publisher = rollcall::metrics_table::MetricsPublisher::builder(&silo, table)
-                        .period(args.metrics_period);
+                        .period(args.metrics_period)
+                        .store(store.clone());
                     if !args.statistics_period.is_zero() {
                         let options = rollcall::StatisticsOptions {
                             statistics_period: args.statistics_period,

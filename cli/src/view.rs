@@ -394,6 +394,24 @@ pub(crate) fn clocks(snap: &MembershipSnapshot, report: &rollcall::MetricsReport
     out
 }
 
+/// One line per live silo whose metrics row carries its store client's
+/// connection figures ([`rollcall::StoreConnection`]): `store: <silo>:
+/// <figures>`.
+pub(crate) fn connections(snap: &MembershipSnapshot, report: &rollcall::MetricsReport) -> String {
+    let mut out = String::new();
+    for m in &report.rows {
+        let live =
+            m.id.parse::<rollcall::SiloAddress>()
+                .ok()
+                .and_then(|s| snap.status_of(&s))
+                .is_some_and(|s| s != SiloStatus::Dead);
+        if let (true, Some(c)) = (live, &m.store_connection) {
+            let _ = writeln!(out, "store: {}: {c}", m.id);
+        }
+    }
+    out
+}
+
 /// The metrics table as `rollcall metrics` prints it: a header line, a column
 /// header, one aligned line per row (role, id, age of the row, CPU %, RSS MiB,
 /// probe RTT p50/p99 ms, suspicions, votes, table reads/writes/conflicts, reminders
@@ -824,6 +842,51 @@ mod tests {
             "clock: 10.0.0.2:1@1 is +2503 ms from its peers' median, beyond max_clock_offset: \
              it delivers no reminder until its clock is back\n",
             "only the live silo beyond the bound"
+        );
+    }
+
+    /// `rollcall status` prints the store connection figures of each live
+    /// silo whose row carries them, and nothing for the others.
+    #[test]
+    fn status_prints_the_live_silos_store_connections() {
+        let (a, b, c): (
+            rollcall::SiloAddress,
+            rollcall::SiloAddress,
+            rollcall::SiloAddress,
+        ) = (
+            "10.0.0.1:1@1".parse().unwrap(),
+            "10.0.0.2:1@1".parse().unwrap(),
+            "10.0.0.3:1@1".parse().unwrap(),
+        );
+        let mut snap = MembershipSnapshot::default();
+        for (s, status) in [
+            (a, SiloStatus::Active),
+            (b, SiloStatus::Active),
+            (c, SiloStatus::Dead),
+        ] {
+            snap.insert(MembershipEntry::new(s, status, Timestamp::EPOCH), Etag::new("e"));
+        }
+        let seen = rollcall::StoreConnection {
+            endpoints: "10.0.0.9:2379".into(),
+            channels: 2,
+            resent: 3,
+            goaways: 1,
+            connection_lost: 4,
+            left_running: 5,
+            ..Default::default()
+        };
+        let row = |s: rollcall::SiloAddress, c: Option<rollcall::StoreConnection>| rollcall::MetricsRow {
+            store_connection: c,
+            ..rollcall::MetricsRow::new(rollcall::MetricsRole::Silo, s.to_string(), Timestamp::EPOCH)
+        };
+        let report = rollcall::MetricsReport {
+            rows: vec![row(a, Some(seen.clone())), row(b, None), row(c, Some(seen))],
+            corrupt: Vec::new(),
+        };
+        assert_eq!(
+            super::connections(&snap, &report),
+            "store: 10.0.0.1:1@1: 10.0.0.9:2379, 2 channels; resent 3, GOAWAY 1, own GOAWAY 0, \
+             connection lost 4; timed out: left running 5, cancelled 0; in flight 0\n"
         );
     }
 }

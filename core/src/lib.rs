@@ -84,7 +84,9 @@ pub use reminder::{
 pub use silo::{SiloAddress, SiloStatus};
 pub use state::{ClearMode, Codec, Expected, StateKey, StateRead, StateStorage, StateTable};
 pub use statistics::{AggLevel, StatFilter, StatPoint, StatRecord, StatisticsOptions, StatisticsStore};
-pub use table::{validate_id, MembershipTable, ProtocolMode, ReminderTable, SystemStore, WriteMode};
+pub use table::{
+    validate_id, MembershipTable, ProtocolMode, ReminderTable, StoreConnection, SystemStore, WriteMode,
+};
 #[cfg(feature = "runtime")]
 pub use time::TokioClock;
 pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp};

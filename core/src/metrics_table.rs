@@ -126,6 +126,11 @@ pub struct MetricsRow {
     /// Gateways (silo addresses) a client is connected to; empty for silos.
     #[serde(default)]
     pub gateways: Vec<String>,
+    /// What the process's store client saw of its connections, for a provider
+    /// that keeps such figures ([`SystemStore::connection`](crate::SystemStore::connection));
+    /// `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_connection: Option<crate::StoreConnection>,
 }
 
 impl MetricsRow {
@@ -157,6 +162,7 @@ impl MetricsRow {
             clock_offset_ms: None,
             clock_within_bound: None,
             gateways: Vec::new(),
+            store_connection: None,
         }
     }
 

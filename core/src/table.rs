@@ -362,12 +362,73 @@ pub trait ReminderTable: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// What a provider's client saw of its connections to the store since it
+/// connected ([`SystemStore::connection`]): counts of calls (not of events: a
+/// connection's end fails every call in flight on it, each counted).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct StoreConnection {
+    /// The endpoints, as the store URL named them.
+    pub endpoints: String,
+    /// Connections per endpoint the client keeps.
+    pub channels: usize,
+    /// Calls that provably never reached the store and were sent again (a
+    /// connection refused, a request the transport never sent, a stream the
+    /// store refused or went away above).
+    pub resent: u64,
+    /// Calls the store's `GOAWAY` failed or sent again.
+    pub goaways: u64,
+    /// Calls failed by the client closing its own connection (HTTP/2's
+    /// `GOAWAY(ENHANCE_YOUR_CALM)`, e.g. `too_many_internal_resets`).
+    pub own_goaways: u64,
+    /// Calls failed because their connection ended under them (their outcome
+    /// unknown); the connection is made again on its next call.
+    pub connection_lost: u64,
+    /// Calls answered with a timeout and left to run to their answer
+    /// (dropped), so their stream is never reset.
+    pub left_running: u64,
+    /// Calls in flight now, waited on or left running.
+    pub in_flight: u64,
+    /// Calls cancelled at their timeout (their stream reset): no room left to
+    /// leave them running.
+    pub cancelled: u64,
+}
+
+impl std::fmt::Display for StoreConnection {
+    /// One line: `<endpoints>, <n> channels; resent <n>, GOAWAY <n>, own GOAWAY
+    /// <n>, connection lost <n>; timed out: left running <n>, cancelled <n>;
+    /// in flight <n>`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}, {} channels; resent {}, GOAWAY {}, own GOAWAY {}, connection lost {}; \
+             timed out: left running {}, cancelled {}; in flight {}",
+            self.endpoints,
+            self.channels,
+            self.resent,
+            self.goaways,
+            self.own_goaways,
+            self.connection_lost,
+            self.left_running,
+            self.cancelled,
+            self.in_flight
+        )
+    }
+}
+
 /// A storage backend that opens membership tables per cluster and reminder tables
 /// per service. `rollcall::connect(url)` returns one.
 #[async_trait]
 pub trait SystemStore: Send + Sync + std::fmt::Debug {
     /// A short name of the provider (`"memory"`, `"redis"`, ...).
     fn provider(&self) -> &'static str;
+
+    /// What this provider's client saw of its connections to the store
+    /// ([`StoreConnection`]); `None` (the default) for a provider that keeps
+    /// no such figures. The etcd provider keeps them.
+    fn connection(&self) -> Option<StoreConnection> {
+        None
+    }
 
     /// The longest actor ids, names and labels this provider stores, bytes
     /// ([`KeyLimits::CORE`](crate::KeyLimits::CORE) unless it says otherwise).

@@ -28,6 +28,12 @@
 //! | [`STATE_CORRUPT_RECORDS`] | counter | | loads that found a record that does not check out |
 //! | [`STATE_SWEPT`] | counter | `what` (`orphan_generation`, `expired`, `tombstone`) | what the state sweep deleted |
 //!
+//! The etcd provider adds `rollcall_store_calls_total` (labels `provider` and
+//! `outcome`: `resent`, `goaway`, `own_goaway`, `connection_lost`,
+//! `left_running`, `cancelled`; no `cluster` or `silo`: one store client
+//! serves every silo of a process), the same figures as
+//! [`SystemStore::connection`](crate::SystemStore::connection).
+//!
 //! The reminder service adds `rollcall_reminder_ticks_total`,
 //! `rollcall_reminder_tick_lateness_seconds` and `rollcall_reminders_owned` (see
 //! `rollcall_reminders`).

@@ -3,6 +3,7 @@
 //! cancelling its stream (see [`Conn::bounded`]), and its errors mapped to
 //! [`Error::Backend`] naming the endpoints and the gRPC status.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +41,73 @@ const RESET_STREAMS: usize = 10_000;
 /// `GOAWAY(ENHANCE_YOUR_CALM, "too_many_pings")`.
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
+/// Counter by `provider` (`etcd`) and `outcome`: calls of the store's
+/// client by what became of them, one of `resent` (never reached etcd, sent
+/// again), `goaway` (failed or sent again by etcd's GOAWAY), `own_goaway`
+/// (failed by the client closing its own connection), `connection_lost`
+/// (failed by their connection's end, outcome unknown), `left_running`
+/// (timed out and left to run to their answer), `cancelled` (timed out and
+/// cancelled: no room to leave them running).
+pub const CALLS: &str = "rollcall_store_calls_total";
+
+/// What the client saw ([`rollcall_core::StoreConnection`]), counted as it
+/// happens.
+#[derive(Debug, Default)]
+struct Seen {
+    resent: AtomicU64,
+    goaways: AtomicU64,
+    own_goaways: AtomicU64,
+    connection_lost: AtomicU64,
+    left_running: AtomicU64,
+    cancelled: AtomicU64,
+}
+
+impl Seen {
+    fn count(counter: &AtomicU64, outcome: &'static str) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(CALLS, "provider" => "etcd", "outcome" => outcome).increment(1);
+    }
+}
+
+/// What an error says of how the call's connection fared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cause {
+    /// etcd sent a GOAWAY (its stream was above the last, or etcd shed
+    /// the connection).
+    GoAway,
+    /// The client closed its own connection (h2's GOAWAY).
+    OwnGoAway,
+    /// The connection ended under the call.
+    Lost,
+    /// Anything else (an answer from etcd, a connect error).
+    Other,
+}
+
+/// Reads an error's causes for what became of its connection.
+fn cause_of(e: &etcd_client::Error) -> Cause {
+    let etcd_client::Error::GRpcStatus(status) = e else {
+        return Cause::Other;
+    };
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(c) = cause {
+        if let Some(h2) = c.downcast_ref::<h2::Error>() {
+            return match (h2.is_go_away(), h2.is_remote()) {
+                (true, true) => Cause::GoAway,
+                (true, false) => Cause::OwnGoAway,
+                _ if h2.is_io() => Cause::Lost,
+                _ => Cause::Other,
+            };
+        }
+        if let Some(hyper) = c.downcast_ref::<hyper::Error>() {
+            if hyper.is_closed() || hyper.is_incomplete_message() {
+                return Cause::Lost;
+            }
+        }
+        cause = c.source();
+    }
+    Cause::Other
+}
+
 pub(crate) struct Conn {
     /// One client per channel (`channels` in the URL), each over HTTP/2
     /// connections of its own, one per member; calls take them in turn.
@@ -50,6 +118,7 @@ pub(crate) struct Conn {
     timeout: Duration,
     /// Room for calls running on their own ([`DETACHED_MAX`]).
     running: Arc<Semaphore>,
+    seen: Seen,
 }
 
 impl std::fmt::Debug for Conn {
@@ -234,6 +303,7 @@ impl Conn {
             endpoints,
             timeout: config.timeout,
             running: Arc::new(Semaphore::new(DETACHED_MAX)),
+            seen: Seen::default(),
         })
     }
 
@@ -258,6 +328,45 @@ impl Conn {
     fn channel(&self) -> &(KvClient, etcd_client::LeaseClient) {
         let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         &self.pool[i % self.pool.len()]
+    }
+
+    /// Counts what `e` says of the call's connection, and warns when the
+    /// client closed its own connection (which the HTTP/2 limits set in
+    /// [`endpoint`] are there to prevent).
+    fn saw(&self, what: &str, e: &etcd_client::Error) -> Cause {
+        let cause = cause_of(e);
+        match cause {
+            Cause::GoAway => Seen::count(&self.seen.goaways, "goaway"),
+            Cause::OwnGoAway => {
+                Seen::count(&self.seen.own_goaways, "own_goaway");
+                tracing::warn!(
+                    endpoints = %self.endpoints,
+                    call = what,
+                    error = %e,
+                    "the etcd client closed its own connection (an HTTP/2 GOAWAY of its own, \
+                     such as ENHANCE_YOUR_CALM too_many_internal_resets)"
+                );
+            }
+            Cause::Lost => Seen::count(&self.seen.connection_lost, "connection_lost"),
+            Cause::Other => {}
+        }
+        cause
+    }
+
+    /// What the client saw of its connections.
+    pub(crate) fn connection(&self) -> rollcall_core::StoreConnection {
+        let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        rollcall_core::StoreConnection {
+            endpoints: self.endpoints.clone(),
+            channels: self.pool.len(),
+            resent: n(&self.seen.resent),
+            goaways: n(&self.seen.goaways),
+            own_goaways: n(&self.seen.own_goaways),
+            connection_lost: n(&self.seen.connection_lost),
+            left_running: n(&self.seen.left_running),
+            in_flight: (DETACHED_MAX - self.running.available_permits()) as u64,
+            cancelled: n(&self.seen.cancelled),
+        }
     }
 
     /// The per-request timeout.
@@ -308,11 +417,18 @@ impl Conn {
         loop {
             match self.attempt(deadline, call()).await {
                 Some(Ok(v)) => return Ok(v),
-                Some(Err(e)) if never_sent(&e) && tokio::time::Instant::now() + pause < deadline => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(200));
+                Some(Err(e)) => {
+                    let cause = self.saw(what, &e);
+                    if never_sent(&e) && tokio::time::Instant::now() + pause < deadline {
+                        if cause != Cause::GoAway {
+                            Seen::count(&self.seen.resent, "resent");
+                        }
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_millis(200));
+                        continue;
+                    }
+                    return Err(self.error(what, e));
                 }
-                Some(Err(e)) => return Err(self.error(what, e)),
                 None => {
                     return Err(Error::backend(format!(
                         "etcd {what} at {}: no answer within {:?}",
@@ -335,7 +451,11 @@ impl Conn {
         T: Send + 'static,
     {
         let Ok(room) = self.running.clone().try_acquire_owned() else {
-            return tokio::time::timeout_at(deadline, call).await.ok();
+            let answer = tokio::time::timeout_at(deadline, call).await.ok();
+            if answer.is_none() {
+                Seen::count(&self.seen.cancelled, "cancelled");
+            }
+            return answer;
         };
         let last = deadline + LATE_ANSWER;
         let task = tokio::spawn(async move {
@@ -345,7 +465,11 @@ impl Conn {
         match tokio::time::timeout_at(deadline, task).await {
             Ok(Ok(answer)) => answer,
             // The task panicked or its runtime is shutting down: no answer.
-            Ok(Err(_)) | Err(_) => None,
+            Ok(Err(_)) => None,
+            Err(_) => {
+                Seen::count(&self.seen.left_running, "left_running");
+                None
+            }
         }
     }
 

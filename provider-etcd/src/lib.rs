@@ -61,6 +61,7 @@ mod state;
 use std::sync::Arc;
 
 pub use config::{EtcdConfig, DEFAULT_CHANNELS, MAX_CHANNELS};
+pub use conn::CALLS;
 pub use lease::EtcdLeaseTable;
 pub use membership::EtcdMembershipTable;
 pub use metrics_table::EtcdMetricsTable;
@@ -114,6 +115,13 @@ impl EtcdStore {
 impl SystemStore for EtcdStore {
     fn provider(&self) -> &'static str {
         "etcd"
+    }
+
+    /// Counted by the client as calls happen (also as the metric
+    /// [`CALLS`] by outcome); `in_flight` counts the calls on
+    /// tasks of their own (up to 4,096; beyond, a call runs in its caller).
+    fn connection(&self) -> Option<rollcall_core::StoreConnection> {
+        Some(self.conn.connection())
     }
 
     fn membership_table(&self, cluster_id: &str, mode: ProtocolMode) -> Result<Arc<dyn MembershipTable>> {

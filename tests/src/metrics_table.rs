@@ -41,6 +41,17 @@ pub fn full_row(role: MetricsRole, n: u32) -> MetricsRow {
         } else {
             Vec::new()
         },
+        store_connection: Some(rollcall_core::StoreConnection {
+            endpoints: format!("10.0.2.{}:2379", n % 250 + 1),
+            channels: 2,
+            resent: 10 + n64,
+            goaways: 11 + n64,
+            own_goaways: 12 + n64,
+            connection_lost: 13 + n64,
+            left_running: 14 + n64,
+            in_flight: 15 + n64,
+            cancelled: 16 + n64,
+        }),
         ..MetricsRow::new(
             role,
             format!("10.0.0.{}:11111@{}/odd id", n % 250 + 1, 1_700_000_000_000 + n64),

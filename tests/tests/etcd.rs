@@ -389,6 +389,13 @@ async fn eleven_hundred_timed_out_calls_leave_the_connection_answering() {
             "read {i} answered in time: {r:?}"
         );
     }
+    let seen = store
+        .connection()
+        .expect("the etcd provider keeps connection figures");
+    assert!(
+        seen.left_running >= 1_100 && seen.cancelled == 0 && seen.own_goaways == 0,
+        "every read timed out and was left running, none cancelled: {seen}"
+    );
     proxy.set_delay(Duration::ZERO);
     let drained = Instant::now() + Duration::from_secs(10);
     while proxy.queued() > 0 {
