@@ -82,6 +82,9 @@ enum Cmd {
     /// R5 fairness: a burst of one actor kind beside steady ticks of another,
     /// with and without `max_deliveries_per_kind`; adds its section to the reports.
     R5Fairness(r5::FairArgs),
+    /// Issue 71's soak, by hand: R5's periodic workload on etcd with a third
+    /// of the calls timing out; prints its figures.
+    EtcdSoak(r5::SoakArgs),
     /// One silo process of R5: commands on stdin, answers on stdout.
     #[command(hide = true)]
     R5Silo {
@@ -267,6 +270,10 @@ fn main() -> anyhow::Result<()> {
         Cmd::R5Fairness(args) => {
             drop(rt);
             r5::fairness(args)
+        }
+        Cmd::EtcdSoak(args) => {
+            drop(rt);
+            r5::soak(args)
         }
         Cmd::R5Silo {
             store,

@@ -781,3 +781,160 @@ async fn fair_run(args: &FairArgs, cap: usize) -> anyhow::Result<FairRow> {
         burst_p99_ms: ms(burst.2),
     })
 }
+
+/// Issue 71's soak: R5's periodic workload on silo processes on etcd whose
+/// answers come late (on a healthy connection) a third of the time, longer
+/// than the provider's timeout: a third of the calls time out. Run by hand;
+/// it prints its figures and fails on a process exit, a silo Dead or a
+/// GOAWAY of the client's own (the silos' warnings, on this process's
+/// stderr, name it; `RUST_LOG=warn`).
+#[derive(clap::Args, Debug)]
+pub struct SoakArgs {
+    /// Silo processes.
+    #[arg(long, default_value_t = 3)]
+    silos: usize,
+    /// Periodic reminders.
+    #[arg(long, default_value_t = 3_000)]
+    count: usize,
+    /// Ticks per second the reminders owe the cluster.
+    #[arg(long, default_value_t = 300)]
+    rate: u64,
+    /// Minutes of ticks under the fault.
+    #[arg(long, default_value_t = 10.0)]
+    minutes: f64,
+    /// The provider's `timeout_ms`.
+    #[arg(long, default_value_t = 1_000)]
+    timeout_ms: u64,
+    /// How late etcd's answers come while late, ms (above the timeout).
+    #[arg(long, default_value_t = 1_500)]
+    late_ms: u64,
+    /// Seconds of one cycle: answers late its first third, on time the rest.
+    #[arg(long, default_value_t = 6.0)]
+    cycle_s: f64,
+}
+
+/// Runs the soak (see [`SoakArgs`]).
+pub fn soak(args: SoakArgs) -> anyhow::Result<()> {
+    RUN_HISTORY.store(0, std::sync::atomic::Ordering::Relaxed);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(soak_run(&args))
+}
+
+async fn soak_run(args: &SoakArgs) -> anyhow::Result<()> {
+    use rollcall_tests::delay::{DelayProxy, Delayed};
+    let backend = rollcall_tests::fixtures::etcd()
+        .await
+        .ok_or_else(|| anyhow::anyhow!("no etcd server"))?;
+    let upstream = tokio::net::lookup_host(backend.endpoint.as_str())
+        .await?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("etcd has no address"))?;
+    let proxy = Arc::new(DelayProxy::start_with(upstream, Delayed::Http2Answers).await);
+    let url = format!("etcd://{}?timeout_ms={}", proxy.addr(), args.timeout_ms);
+    let period_ms = (args.count as u64 * 1000 / args.rate.max(1)).max(1);
+    let (cluster_id, mut ps) = cluster(&url, args.silos).await?;
+    create(&mut ps, args.count, 2_000, period_ms).await?;
+    tokio::time::sleep(Duration::from_millis(2_000 + 2 * period_ms)).await;
+    reset(&mut ps).await?;
+    let started = Instant::now();
+    let end = started + Duration::from_secs_f64(args.minutes * 60.0);
+    let cycle = Duration::from_secs_f64(args.cycle_s);
+    let late = Duration::from_millis(args.late_ms);
+    // A client of its own through the same proxy, one read started every
+    // 100 ms whether or not the last answered (as timers do): the share of
+    // calls that time out under the fault.
+    let probe = {
+        let store = rollcall::connect(&url).await?;
+        let table =
+            store.membership_table(&format!("{cluster_id}-probe"), rollcall::ProtocolMode::Extended)?;
+        for _ in 0..4 {
+            table.read_all().await?;
+        }
+        tokio::spawn(async move {
+            let mut reads = tokio::task::JoinSet::new();
+            while Instant::now() < end {
+                let table = table.clone();
+                reads.spawn(async move { table.read_all().await.is_err() });
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let (mut calls, mut failed) = (0u64, 0u64);
+            while let Some(r) = reads.join_next().await {
+                calls += 1;
+                failed += u64::from(r?);
+            }
+            anyhow::Ok((calls, failed, store.connection()))
+        })
+    };
+    let connections_before = proxy.connections();
+    let faults = {
+        let proxy = proxy.clone();
+        tokio::spawn(async move {
+            while Instant::now() < end {
+                proxy.set_delay(late);
+                tokio::time::sleep(cycle / 3).await;
+                proxy.set_delay(Duration::ZERO);
+                tokio::time::sleep(cycle * 2 / 3).await;
+            }
+        })
+    };
+    let mut exits = 0;
+    while Instant::now() < end {
+        tokio::time::sleep(Duration::from_secs(30).min(end.saturating_duration_since(Instant::now()))).await;
+        for p in ps.iter_mut() {
+            if p.child.try_wait()?.is_some() {
+                exits += 1;
+            }
+        }
+        anyhow::ensure!(exits == 0, "a silo process exited under the fault");
+        let (ticks, p50, p99, max) = stats(&mut ps).await?;
+        eprintln!(
+            "soak {:>4.0} s: {ticks} ticks, lateness p50 {} p99 {} max {} ms",
+            started.elapsed().as_secs_f64(),
+            p50 / 1000,
+            p99 / 1000,
+            max / 1000
+        );
+    }
+    faults.await?;
+    let (calls, failed, seen) = probe.await??;
+    proxy.set_delay(Duration::ZERO);
+    println!(
+        "probe client: {failed} of {calls} reads timed out ({:.0}%); its connection: {}",
+        100.0 * failed as f64 / calls.max(1) as f64,
+        seen.map_or_else(|| "-".to_owned(), |c| c.to_string())
+    );
+    println!(
+        "connections to etcd through the proxy: {} when the fault began, {} at its end",
+        connections_before,
+        proxy.connections()
+    );
+    let (ticks, p50, p99, max) = stats(&mut ps).await?;
+    let direct = rollcall::connect(&format!("etcd://{}", backend.endpoint)).await?;
+    let table = direct.membership_table(&cluster_id, rollcall::ProtocolMode::Extended)?;
+    let snap = table.read_all().await?;
+    let dead = snap
+        .rows()
+        .filter(|e| e.status == rollcall::SiloStatus::Dead)
+        .count();
+    let owed = args.count as f64 * started.elapsed().as_secs_f64() * 1000.0 / period_ms as f64;
+    println!(
+        "etcd soak: {} silos, {} reminders at {} ticks/s, {:.1} min with answers {} ms late a third \
+         of the time (timeout {} ms): {ticks} ticks ({:.1}% of those owed), lateness p50 {} p99 {} \
+         max {} ms; {exits} process exits, {dead} silos Dead",
+        args.silos,
+        args.count,
+        args.count as u64 * 1000 / period_ms,
+        args.minutes,
+        args.late_ms,
+        args.timeout_ms,
+        100.0 * ticks as f64 / owed,
+        p50 / 1000,
+        p99 / 1000,
+        max / 1000
+    );
+    for p in ps {
+        p.quit().await?;
+    }
+    anyhow::ensure!(dead == 0, "{dead} silos declared Dead");
+    Ok(())
+}
