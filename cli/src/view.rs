@@ -886,7 +886,7 @@ mod tests {
         assert_eq!(
             super::connections(&snap, &report),
             "store: 10.0.0.1:1@1: 10.0.0.9:2379, 2 channels; resent 3, GOAWAY 1, own GOAWAY 0, \
-             connection lost 4; timed out: left running 5, cancelled 0; in flight 0\n"
+             connection lost 4; timed out: left running 5 (0 still), cancelled 0\n"
         );
     }
 }

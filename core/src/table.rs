@@ -387,8 +387,8 @@ pub struct StoreConnection {
     /// Calls answered with a timeout and left to run to their answer
     /// (dropped), so their stream is never reset.
     pub left_running: u64,
-    /// Calls in flight now, waited on or left running.
-    pub in_flight: u64,
+    /// Of the calls left running, those still running now.
+    pub still_running: u64,
     /// Calls cancelled at their timeout (their stream reset): no room left to
     /// leave them running.
     pub cancelled: u64,
@@ -396,13 +396,13 @@ pub struct StoreConnection {
 
 impl std::fmt::Display for StoreConnection {
     /// One line: `<endpoints>, <n> channels; resent <n>, GOAWAY <n>, own GOAWAY
-    /// <n>, connection lost <n>; timed out: left running <n>, cancelled <n>;
-    /// in flight <n>`.
+    /// <n>, connection lost <n>; timed out: left running <n> (<n> still),
+    /// cancelled <n>`.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
             "{}, {} channels; resent {}, GOAWAY {}, own GOAWAY {}, connection lost {}; \
-             timed out: left running {}, cancelled {}; in flight {}",
+             timed out: left running {} ({} still), cancelled {}",
             self.endpoints,
             self.channels,
             self.resent,
@@ -410,8 +410,8 @@ impl std::fmt::Display for StoreConnection {
             self.own_goaways,
             self.connection_lost,
             self.left_running,
-            self.cancelled,
-            self.in_flight
+            self.still_running,
+            self.cancelled
         )
     }
 }

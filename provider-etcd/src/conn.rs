@@ -21,7 +21,7 @@ use crate::config::EtcdConfig;
 /// default limit is 4 MiB).
 const MAX_RESPONSE_BYTES: usize = 256 << 20;
 
-/// Calls that may run on their own at once (see [`Conn::bounded`]): a caller
+/// Calls left running on their own at once (see [`Conn::bounded`]): a caller
 /// that stops waiting leaves its call running to its answer, up to this many;
 /// beyond, a call is cancelled at its timeout as any future is.
 const DETACHED_MAX: usize = 4_096;
@@ -108,6 +108,68 @@ fn cause_of(e: &etcd_client::Error) -> Cause {
     Cause::Other
 }
 
+/// A call that, dropped before its answer (at its timeout, or by a caller
+/// that stopped waiting), goes on to its answer on a task of its own, which
+/// drops it, instead of being cancelled (see [`Conn::bounded`]). Answered in
+/// time, it costs no task.
+struct Detached<F: std::future::Future + Send + 'static>
+where
+    F::Output: Send + 'static,
+{
+    call: Option<std::pin::Pin<Box<F>>>,
+    /// Room for calls left running ([`DETACHED_MAX`]).
+    running: Arc<Semaphore>,
+    seen: Arc<Seen>,
+    /// When a call left running is cancelled after all.
+    last: tokio::time::Instant,
+}
+
+impl<F: std::future::Future + Send + 'static> std::future::Future for Detached<F>
+where
+    F::Output: Send + 'static,
+{
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let Some(call) = self.call.as_mut() else {
+            // Polled again after its answer: never done by `attempt`.
+            return std::task::Poll::Pending;
+        };
+        let answer = std::task::ready!(call.as_mut().poll(cx));
+        self.call = None;
+        std::task::Poll::Ready(answer)
+    }
+}
+
+impl<F: std::future::Future + Send + 'static> Drop for Detached<F>
+where
+    F::Output: Send + 'static,
+{
+    fn drop(&mut self) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        // Outside a runtime (a process ending) the call is cancelled.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        match self.running.clone().try_acquire_owned() {
+            Ok(room) => {
+                Seen::count(&self.seen.left_running, "left_running");
+                let last = self.last;
+                runtime.spawn(async move {
+                    let _room = room;
+                    let _ = tokio::time::timeout_at(last, call).await;
+                });
+            }
+            Err(_) => Seen::count(&self.seen.cancelled, "cancelled"),
+        }
+    }
+}
+
 pub(crate) struct Conn {
     /// One client per channel (`channels` in the URL), each over HTTP/2
     /// connections of its own, one per member; calls take them in turn.
@@ -118,7 +180,7 @@ pub(crate) struct Conn {
     timeout: Duration,
     /// Room for calls running on their own ([`DETACHED_MAX`]).
     running: Arc<Semaphore>,
-    seen: Seen,
+    seen: Arc<Seen>,
 }
 
 impl std::fmt::Debug for Conn {
@@ -303,7 +365,7 @@ impl Conn {
             endpoints,
             timeout: config.timeout,
             running: Arc::new(Semaphore::new(DETACHED_MAX)),
-            seen: Seen::default(),
+            seen: Arc::default(),
         })
     }
 
@@ -364,7 +426,7 @@ impl Conn {
             own_goaways: n(&self.seen.own_goaways),
             connection_lost: n(&self.seen.connection_lost),
             left_running: n(&self.seen.left_running),
-            in_flight: (DETACHED_MAX - self.running.available_permits()) as u64,
+            still_running: (DETACHED_MAX - self.running.available_permits()) as u64,
             cancelled: n(&self.seen.cancelled),
         }
     }
@@ -397,14 +459,14 @@ impl Conn {
     /// is sent again, to whichever member the channel picks, until the
     /// timeout: that is safe for writes too, since nothing was applied.
     ///
-    /// The call runs as a task of its own: when the timeout passes (or the
-    /// caller drops this future) the caller gets its error and the call goes
-    /// on to its answer, which is dropped, for at most the timeout plus
+    /// When the timeout passes (or the caller drops this future) the caller
+    /// gets its error and the call goes on, on a task of its own, to its
+    /// answer, which is dropped, for at most the timeout plus
     /// [`LATE_ANSWER`]. Dropping the call's future instead would reset its
     /// HTTP/2 stream (`RST_STREAM(CANCEL)`), and etcd's late answer to a
     /// reset stream counts against the connection (see [`endpoint`]). Up to
     /// [`DETACHED_MAX`] calls run so at once; beyond, a call is cancelled at
-    /// its timeout. The outcome of a write left running is unknown to its
+    /// its timeout. A call answered in time costs no task. The outcome of a write left running is unknown to its
     /// caller, as of any write that timed out.
     async fn bounded<T, F, Fut>(&self, what: &str, mut call: F) -> Result<T>
     where
@@ -439,8 +501,8 @@ impl Conn {
         }
     }
 
-    /// `call`'s answer if it comes by `deadline` (see [`bounded`](Self::bounded)),
-    /// on a task of its own when there is room for one.
+    /// `call`'s answer if it comes by `deadline` (see [`bounded`](Self::bounded)):
+    /// a call not answered by then goes on to its answer on a task of its own.
     async fn attempt<T, Fut>(
         &self,
         deadline: tokio::time::Instant,
@@ -450,27 +512,13 @@ impl Conn {
         Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>> + Send + 'static,
         T: Send + 'static,
     {
-        let Ok(room) = self.running.clone().try_acquire_owned() else {
-            let answer = tokio::time::timeout_at(deadline, call).await.ok();
-            if answer.is_none() {
-                Seen::count(&self.seen.cancelled, "cancelled");
-            }
-            return answer;
+        let call = Detached {
+            call: Some(Box::pin(call)),
+            running: self.running.clone(),
+            seen: self.seen.clone(),
+            last: deadline + LATE_ANSWER,
         };
-        let last = deadline + LATE_ANSWER;
-        let task = tokio::spawn(async move {
-            let _room = room;
-            tokio::time::timeout_at(last, call).await.ok()
-        });
-        match tokio::time::timeout_at(deadline, task).await {
-            Ok(Ok(answer)) => answer,
-            // The task panicked or its runtime is shutting down: no answer.
-            Ok(Err(_)) => None,
-            Err(_) => {
-                Seen::count(&self.seen.left_running, "left_running");
-                None
-            }
-        }
+        tokio::time::timeout_at(deadline, call).await.ok()
     }
 
     pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {

@@ -118,8 +118,8 @@ impl SystemStore for EtcdStore {
     }
 
     /// Counted by the client as calls happen (also as the metric
-    /// [`CALLS`] by outcome); `in_flight` counts the calls on
-    /// tasks of their own (up to 4,096; beyond, a call runs in its caller).
+    /// [`CALLS`] by outcome); up to 4,096 calls are left running at once
+    /// (beyond, a call is cancelled at its timeout).
     fn connection(&self) -> Option<rollcall_core::StoreConnection> {
         Some(self.conn.connection())
     }

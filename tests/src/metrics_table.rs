@@ -49,7 +49,7 @@ pub fn full_row(role: MetricsRole, n: u32) -> MetricsRow {
             own_goaways: 12 + n64,
             connection_lost: 13 + n64,
             left_running: 14 + n64,
-            in_flight: 15 + n64,
+            still_running: 15 + n64,
             cancelled: 16 + n64,
         }),
         ..MetricsRow::new(
