@@ -309,7 +309,8 @@ impl ReplicatedCluster {
 pub const MASTER_NAME: &str = "rollcall-primary";
 
 /// A primary and a replica behind three sentinels (quorum 2,
-/// `down-after-milliseconds` [`NODE_TIMEOUT`], `failover-timeout` 4 s).
+/// `down-after-milliseconds` [`NODE_TIMEOUT`], `failover-timeout` 4 s, or 120 s
+/// with a replication proxy).
 #[derive(Debug)]
 pub struct Sentinels {
     /// The two data servers' ports (server 0 starts as the primary).
@@ -318,8 +319,14 @@ pub struct Sentinels {
     pub sentinel_ports: [u16; 3],
     servers: [Option<OwnServer>; 2],
     _sentinels: Vec<OwnServer>,
+    /// The proxy the replica reaches the primary through, when started so.
+    replication: Option<crate::delay::DelayProxy>,
     dir: Dir,
 }
+
+/// How long a paused replication holds what the primary sends: longer than
+/// any test runs.
+const PAUSED: Duration = Duration::from_secs(3600);
 
 impl Sentinels {
     /// Starts the primary, its replica (in sync) and three sentinels that agree
@@ -328,17 +335,68 @@ impl Sentinels {
     /// # Errors
     /// When a server cannot be started or the set-up is not ready within 60 s.
     pub async fn start() -> Result<Sentinels, String> {
+        Sentinels::start_with(false).await
+    }
+
+    /// As [`start`](Sentinels::start), but the replica reaches the primary
+    /// through a [`DelayProxy`](crate::delay::DelayProxy), so that
+    /// [`pause_replication`](Sentinels::pause_replication) can stop what the
+    /// primary acknowledges from reaching it (an asynchronous replica that
+    /// lags, as Redis replication allows). The sentinels' `failover-timeout`
+    /// is 120 s: a sentinel rewrites a replica that follows another address
+    /// than the primary's once that long has passed (`+fix-slave-config`),
+    /// so the proxy holds for the first 120 s.
+    ///
+    /// # Errors
+    /// As [`start`](Sentinels::start).
+    pub async fn start_with_replication_proxy() -> Result<Sentinels, String> {
+        Sentinels::start_with(true).await
+    }
+
+    /// From now on, nothing the primary sends reaches the replica (held by
+    /// the proxy for an hour) while the replication link stays up: the
+    /// replica is still the one the sentinels promote. A no-op unless
+    /// started with [`start_with_replication_proxy`](Sentinels::start_with_replication_proxy).
+    pub fn pause_replication(&self) {
+        if let Some(p) = &self.replication {
+            p.set_delay(PAUSED);
+        }
+    }
+
+    /// Waits (at most `within`) until the replica has applied everything
+    /// the primary has written (`WAIT 1` answered by the primary).
+    ///
+    /// # Errors
+    /// When the primary does not answer or the replica does not catch up.
+    pub async fn replicated(&self, within: Duration) -> Result<(), String> {
+        let primary = self.ports[self.primary().await?];
+        let ms = u64::try_from(within.as_millis()).unwrap_or(u64::MAX);
+        let acked: u64 = query(primary, redis::cmd("WAIT").arg(1).arg(ms)).await?;
+        if acked >= 1 {
+            Ok(())
+        } else {
+            Err(format!("the replica did not catch up within {within:?}"))
+        }
+    }
+
+    async fn start_with(proxied: bool) -> Result<Sentinels, String> {
         let dir = Dir::new("redis-sentinel")?;
         let ports = [
             free_port().map_err(|e| e.to_string())?,
             free_port().map_err(|e| e.to_string())?,
         ];
         let primary = spawn(base_args(ports[0], &dir.0)?, &dir.0, ports[0]).await?;
+        let replication = if proxied {
+            Some(crate::delay::DelayProxy::start(([127, 0, 0, 1], ports[0]).into()).await)
+        } else {
+            None
+        };
+        let follows = replication.as_ref().map_or(ports[0], |p| p.addr().port());
         let mut replica_args = base_args(ports[1], &dir.0)?;
         replica_args.extend([
             "--replicaof".to_owned(),
             "127.0.0.1".to_owned(),
-            ports[0].to_string(),
+            follows.to_string(),
         ]);
         let replica = spawn(replica_args, &dir.0, ports[1]).await?;
         in_sync(ports[1], Duration::from_secs(30)).await?;
@@ -351,11 +409,12 @@ impl Sentinels {
                 "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\n\
                  sentinel monitor {MASTER_NAME} 127.0.0.1 {primary} 2\n\
                  sentinel down-after-milliseconds {MASTER_NAME} {down}\n\
-                 sentinel failover-timeout {MASTER_NAME} 4000\n\
+                 sentinel failover-timeout {MASTER_NAME} {failover}\n\
                  sentinel parallel-syncs {MASTER_NAME} 1\n",
                 dir = dir.0.display(),
                 primary = ports[0],
                 down = NODE_TIMEOUT.as_millis(),
+                failover = if proxied { 120_000 } else { 4_000 },
             );
             std::fs::write(&conf, text).map_err(|e| e.to_string())?;
             open_up(&conf)?;
@@ -367,6 +426,7 @@ impl Sentinels {
             sentinel_ports,
             servers: [Some(primary), Some(replica)],
             _sentinels: sentinels,
+            replication,
             dir,
         };
         for &sp in &s.sentinel_ports {

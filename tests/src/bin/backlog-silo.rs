@@ -30,6 +30,10 @@
 //! gracefully, as on SIGTERM, printing `stopping <unix ms>` when the shutdown
 //! begins; the others, finding the file, go on). It prints
 //! `clock OFFSET_MS within|beyond` whenever its clock report changes.
+//! `BACKLOG_STATE` (set: each handler first writes its actor's state `ticks`,
+//! the tick's scheduled time, fenced by the tick's fence, and logs the tick
+//! only when that write landed; a write the store refuses as fenced prints
+//! `fenced ACTOR EPOCH`, any other failure goes to stderr).
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -37,7 +41,7 @@ use std::time::Duration;
 
 use actix::{Actor, Context, Handler, ResponseFuture};
 use futures_util::StreamExt;
-use rollcall::{ReminderOptions, SystemClock};
+use rollcall::{Codec, Error, Expected, ReminderOptions, StateKey, StateStorage, SystemClock};
 use rollcall_core::Clock;
 use rollcall_reminders::{ActorId, ReminderSpec, ReminderTick, Reminders};
 
@@ -46,6 +50,8 @@ struct Logger {
     handler: Duration,
     out: Arc<Mutex<std::fs::File>>,
     stop: Option<Arc<StopAfter>>,
+    /// `BACKLOG_STATE`: where each tick's fenced state write goes.
+    states: Option<StateStorage>,
 }
 
 /// The self-stop of `BACKLOG_STOP_AFTER`: ticks logged so far, and the
@@ -86,10 +92,33 @@ impl Handler<ReminderTick> for Logger {
 
     fn handle(&mut self, t: ReminderTick, _: &mut Context<Self>) -> Self::Result {
         let (silo, out, handler) = (self.silo.clone(), self.out.clone(), self.handler);
-        let stop = self.stop.clone();
+        let (stop, states) = (self.stop.clone(), self.states.clone());
         Box::pin(async move {
             if !handler.is_zero() {
                 tokio::time::sleep(handler).await;
+            }
+            if let Some(states) = states {
+                let scheduled = t.scheduled.as_millis().to_string();
+                let written = match StateKey::new(t.actor.to_string(), "ticks") {
+                    Ok(key) => {
+                        states
+                            .fenced(t.fence.clone())
+                            .write(&key, Expected::Any, Codec::Raw, scheduled.as_bytes(), None)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                match written {
+                    Ok(_) => {}
+                    Err(Error::Fenced { .. }) => {
+                        println!("fenced {} {}", t.actor, t.fence.epoch);
+                        return;
+                    }
+                    Err(e) => {
+                        eprintln!("backlog-silo: the state write of {}: {e}", t.actor);
+                        return;
+                    }
+                }
             }
             let line = format!(
                 "{} {} {} {} {}\n",
@@ -207,11 +236,16 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
                 }
             });
         }
+        let states = match std::env::var_os("BACKLOG_STATE") {
+            Some(_) => Some(StateStorage::new(store.state_table(&cluster)?)),
+            None => None,
+        };
         let logger = Logger {
             silo: silo.address().to_string(),
             handler,
             out,
             stop: stop.clone(),
+            states,
         }
         .start()
         .recipient();
