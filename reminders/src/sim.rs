@@ -71,6 +71,12 @@ pub struct Config {
     /// The bound the machines are told, when not `max_clock_offset` (a test
     /// tells them less, to show that the fence needs it).
     pub clock_bound_told: Option<u64>,
+    /// Extra latency of each page call of a paged lease write: 0 to
+    /// `page_call` ms more than a table call's. A page call that takes longer
+    /// than `table_operation_timeout` answers a timeout then and is not
+    /// applied (a page call that was applied but not answered is the same for
+    /// the write: its blind puts are sent again).
+    pub page_call: u64,
 }
 
 impl Default for Config {
@@ -102,6 +108,7 @@ impl Default for Config {
             shards: 64,
             max_clock_offset: 0,
             clock_bound_told: None,
+            page_call: 0,
         }
     }
 }
@@ -927,6 +934,59 @@ impl World {
         }
     }
 
+    /// A lease write as the agent carries it out: its pages in calls of at
+    /// most `PAGE_CALL_BYTES`, each a table call of its own that may take up
+    /// to [`Config::page_call`] longer (and then time out, not applied, the
+    /// attempt failing: the machine's retry resumes from the pages that
+    /// landed), then the row by compare-and-set, then the cleanup of the
+    /// pages no row names. Its latency is the sum of its calls'. A write
+    /// without pages is one table call, as before pages existed.
+    fn write_lease(
+        &mut self,
+        i: usize,
+        lease: &rollcall_core::lease::ShardLease,
+    ) -> (
+        u64,
+        Result<std::result::Result<rollcall_core::Etag, Option<rollcall_core::Etag>>, ReminderError>,
+    ) {
+        let leases = self.leases.clone();
+        let mut write = match leases.prepare(lease) {
+            Ok(w) => w,
+            Err(e) => return (1, Err(e.into())),
+        };
+        if write.page_set().is_none() {
+            return self.table_call(i, leases.write(lease));
+        }
+        let timeout = self.cfg.options.table_operation_timeout;
+        let timeout_ms = timeout.as_millis() as u64;
+        let mut total = 0;
+        while write.pages_left() > 0 {
+            let extra = if self.cfg.page_call > 0 {
+                self.rand(self.cfg.page_call)
+            } else {
+                0
+            };
+            let jitter = 1 + self.rand(self.cfg.table_jitter);
+            if self.out() || self.now() + total < self.nodes[i].cut_until || jitter + extra > timeout_ms {
+                return (total + timeout_ms, Err(ReminderError::Timeout(timeout)));
+            }
+            total += jitter + extra;
+            if let Err(e) = now_or_fail(leases.send_pages(&mut write)) {
+                return (total, Err(e.into()));
+            }
+        }
+        let (lat, result) = self.table_call(i, leases.commit(&write));
+        total += lat;
+        if matches!(result, Ok(Ok(_))) {
+            now_or_fail(async {
+                leases.cleanup(&write).await;
+                Ok::<(), rollcall_core::Error>(())
+            })
+            .ok();
+        }
+        (total, result)
+    }
+
     fn execute(&mut self, i: usize, action: Action) {
         let me = self.nodes[i].addr;
         match action {
@@ -1032,7 +1092,7 @@ impl World {
                 let leases = self.leases.clone();
                 let shard = lease.shard;
                 let before = now_or_fail(leases.read(shard)).ok();
-                let (lat, result) = self.table_call(i, leases.write(&lease));
+                let (lat, result) = self.write_lease(i, &lease);
                 if let (Ok(Ok(_)), Some(before)) = (&result, before) {
                     self.lease_before.insert(shard, before);
                 }
