@@ -28,14 +28,16 @@
 //! - It prints `activated <actor> <epoch> <ms>`, `deactivated <actor>
 //!   <epoch> <ms> <why>` and `fenced <actor> <epoch> <ms>` (a write the store
 //!   refused) lines (UTC ms), and `ready <silo>` once serving.
-//!   SIGTERM leaves gracefully (the shards are handed over) and exits 0.
+//!   SIGTERM leaves gracefully (the shards are handed over) and exits 0; a
+//!   silo that reads itself Dead (it was frozen or cut off while its peers
+//!   declared it dead) exits 70. The HTTP port is bound before the silo
+//!   advertises it.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
 use actix::{
-    Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, Message, ResponseActFuture,
-    WrapFuture,
+    Actor, ActorContext, ActorFutureExt, AsyncContext, AtomicResponse, Context, Handler, Message, WrapFuture,
 };
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use rollcall::reminders::{ActorHost, ActorId, HostError, HostEvent, Reminders};
@@ -99,11 +101,14 @@ struct Add(u64);
 struct Count;
 
 impl Handler<Add> for Cart {
-    type Result = ResponseActFuture<Self, Result<u64, CartError>>;
+    /// Atomic: the cart handles its next message (another `Add`, a `Count`,
+    /// `Deactivate`) only once this write has landed or failed, so a count
+    /// never reads ahead of its store and a handoff never cuts a write short.
+    type Result = AtomicResponse<Self, Result<u64, CartError>>;
 
     fn handle(&mut self, Add(request): Add, _: &mut Context<Self>) -> Self::Result {
         let state = self.state.clone();
-        Box::pin(
+        AtomicResponse::new(Box::pin(
             async move {
                 state
                     .update(|s| {
@@ -132,7 +137,7 @@ impl Handler<Add> for Cart {
                 }
                 Err(e) => Err(CartError::Unavailable(e.to_string())),
             }),
-        )
+        ))
     }
 }
 
@@ -140,8 +145,9 @@ impl Handler<rollcall::reminders::Deactivate> for Cart {
     type Result = ();
 
     /// The shard goes (a graceful handoff): every message before this one
-    /// was handled, and each write went through, so there is nothing to
-    /// flush; the release waits for this answer.
+    /// was handled, and, `Add` being atomic, each of their writes landed or
+    /// failed before this one ran, so there is nothing to flush; the release
+    /// waits for this answer.
     fn handle(&mut self, _: rollcall::reminders::Deactivate, ctx: &mut Context<Self>) {
         ctx.stop();
     }
@@ -229,6 +235,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let (silo_addr, http): (std::net::SocketAddr, std::net::SocketAddr) =
         (silo_addr.parse()?, http_addr.parse()?);
+    // Listening before the silo advertises the port in its membership row:
+    // a peer forwards here as soon as it reads the row, and a connection
+    // made before the server runs waits in the backlog instead of being
+    // refused.
+    let listener = std::net::TcpListener::bind(http)?;
     let system = actix::System::new();
     let (silo, reminders, front) = system.block_on(async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -270,14 +281,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     })
     .workers(2)
     .disable_signals()
-    .bind(http)?
+    .listen(listener)?
     .run();
     system.block_on(async {
         actix::spawn(server);
     });
     println!("ready {}", silo.address());
-    system.run()?;
+    // 0 after a graceful leave; 70 (`EX_SOFTWARE`) when the silo read
+    // itself Dead and stopped the system (`OnDeclaredDead`'s default): a
+    // supervisor tells the two apart.
+    let code = system.run_with_code()?;
     drop((silo, reminders));
+    if code != 0 {
+        std::process::exit(code);
+    }
     Ok(())
 }
 

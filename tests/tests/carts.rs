@@ -39,6 +39,8 @@ struct Process {
     child: Child,
     http: String,
     index: usize,
+    /// The silo's address, as its `ready` line names it.
+    silo: String,
 }
 
 async fn start(index: usize, url: &str, cluster: &str, events: &Events) -> Process {
@@ -54,17 +56,16 @@ async fn start(index: usize, url: &str, cluster: &str, events: &Events) -> Proce
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let ready = tokio::time::timeout(Duration::from_secs(60), async {
         while let Ok(Some(line)) = lines.next_line().await {
-            if line.starts_with("ready") {
-                return true;
+            if let Some(a) = line.strip_prefix("ready ") {
+                return Some(a.to_owned());
             }
         }
-        false
+        None
     })
     .await;
-    assert!(
-        matches!(ready, Ok(true)),
-        "carts process {index} did not get ready"
-    );
+    let Ok(Some(silo)) = ready else {
+        panic!("carts process {index} did not get ready");
+    };
     let events = events.clone();
     tokio::spawn(async move {
         while let Ok(Some(line)) = lines.next_line().await {
@@ -89,7 +90,12 @@ async fn start(index: usize, url: &str, cluster: &str, events: &Events) -> Proce
             }
         }
     });
-    Process { child, http, index }
+    Process {
+        child,
+        http,
+        index,
+        silo,
+    }
 }
 
 fn signal(p: &Process, sig: &str) {
@@ -311,6 +317,103 @@ async fn counters_survive_a_rolling_deploy_and_kills(url: &str) {
     let untouched = acked.iter().filter(|n| **n == 0).count();
     assert_eq!(untouched, 0, "every cart was incremented ({total} in all)");
     assert!(wrong.is_empty(), "(cart, stored, acknowledged): {wrong:?}");
+}
+
+/// Issue 72, item 6: a carts process listens before its membership row
+/// advertises its HTTP port (a connection made the moment a row names the
+/// port is accepted; peers forward there as soon as they read it), and one
+/// frozen (SIGSTOP) until its peers declare it Dead exits 70 when it wakes
+/// and reads itself Dead (`OnDeclaredDead`'s code, not 1).
+async fn a_carts_silo_listens_before_it_advertises_and_exits_70_when_dead(url: &str) {
+    use rollcall_core::{ProtocolMode, SiloStatus};
+    let cluster = rollcall_tests::unique_id("carts-life");
+    let events: Events = Arc::default();
+    let store = rollcall::connect(url).await.expect("connect");
+    let table = store
+        .membership_table(&cluster, ProtocolMode::Extended)
+        .expect("membership table");
+    let first = start(0, url, &cluster, &events).await;
+    let known = first.http.rsplit(':').next().expect("port").to_owned();
+    // The second process's row, caught as soon as it is written, and its
+    // port connected to at once.
+    let watch = {
+        let table = table.clone();
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "no second row within 60 s"
+                );
+                if let Ok(snapshot) = table.read_all().await {
+                    let advertised = snapshot
+                        .rows()
+                        .map(|e| e.proxy_port)
+                        .find(|p| *p != 0 && p.to_string() != known);
+                    if let Some(port) = advertised {
+                        let connected = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
+                        return (port, connected.map(|_| ()).map_err(|e| e.to_string()));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    let second = start(1, url, &cluster, &events).await;
+    let (port, connected) = watch.await.expect("the watch");
+    assert_eq!(
+        second.http.rsplit(':').next(),
+        Some(port.to_string().as_str()),
+        "the row caught is the second process's"
+    );
+    assert!(
+        connected.is_ok(),
+        "the advertised port {port} refused a connection the moment it was advertised: {connected:?}"
+    );
+    // Frozen until declared Dead, then woken.
+    let mut frozen = first;
+    signal(&frozen, "STOP");
+    let declared = tokio::time::Instant::now();
+    loop {
+        let snapshot = table.read_all().await.expect("read the table");
+        if snapshot
+            .rows()
+            .any(|e| e.silo.to_string() == frozen.silo && e.status == SiloStatus::Dead)
+        {
+            break;
+        }
+        assert!(
+            declared.elapsed() < Duration::from_secs(60),
+            "the frozen silo was not declared Dead within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    signal(&frozen, "CONT");
+    let status = tokio::time::timeout(Duration::from_secs(30), frozen.child.wait())
+        .await
+        .expect("the woken silo exits within 30 s")
+        .expect("wait");
+    assert_eq!(
+        status.code(),
+        Some(70),
+        "the woken silo read itself Dead: {status}"
+    );
+    let mut second = second;
+    signal(&second, "TERM");
+    let status = tokio::time::timeout(Duration::from_secs(30), second.child.wait())
+        .await
+        .expect("a graceful leave within 30 s")
+        .expect("wait");
+    assert_eq!(status.code(), Some(0), "a graceful leave: {status}");
+}
+
+#[cfg(feature = "redis")]
+#[actix::test]
+async fn a_carts_silo_on_redis_listens_before_it_advertises_and_exits_70_when_dead() {
+    let Some(b) = rollcall_tests::fixtures::redis().await else {
+        return;
+    };
+    a_carts_silo_listens_before_it_advertises_and_exits_70_when_dead(&b.endpoint).await;
 }
 
 #[cfg(feature = "redis")]
