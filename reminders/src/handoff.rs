@@ -142,6 +142,14 @@ pub struct HeldShard {
     /// (until `draining_until`) for this many hosts to end the shard's
     /// activations.
     pub host_pending: usize,
+    /// When the last completed load of the shard here (its acquire, or a
+    /// refresh) began reading it. A row this silo has no slot for whose first
+    /// occurrence is at or after it was not there when that load read, so it
+    /// was registered since, while this silo held the shard: none of its
+    /// occurrences was delivered, and each one is owed from its first
+    /// (within [`MAX_CATCH_UP`]) however late its notice or a refresh finds
+    /// it.
+    pub known_from: Option<Timestamp>,
     /// Rows the last load read.
     pub rows: u64,
     /// A notice for this shard was not read while its acquire load ran (the

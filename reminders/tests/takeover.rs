@@ -677,3 +677,29 @@ mod paged_sweep {
         }
     }
 }
+
+/// Found by the crash-and-failover sweep run at 1,000 schedules: the store
+/// out during a registration, its notice read failed; a refresh of the
+/// shard found the row 293 ms after its first tick, whose late delivery
+/// (4,293 to 4,310 ms) overran the second occurrence (4,300 ms), and
+/// `Skip` dropped it. An occurrence already due when planned is a catch-up:
+/// it goes on through what falls due while it runs.
+#[test]
+fn a_row_learned_after_its_first_tick_skips_nothing_its_late_delivery_overran() {
+    let (w, end) = crash_with(0, 590, 0, 1, Some(164), true);
+    assert_none_missed(&w, end, 0);
+}
+
+/// Found by the same sweep after that fix, and the cause of a kind it had
+/// found before: the store went out as eight actors registered, every
+/// notice read failed, and the refresh that followed read the rows 3.5 s
+/// after their first ticks: `Skip` planned them from then, and 114
+/// periodic and cron occurrences were lost, though this silo held their
+/// shards all along and nobody else could have delivered them. A row that
+/// a held shard's last load did not see, first due at or after that load
+/// began, is owed from its first occurrence (`HeldShard::known_from`).
+#[test]
+fn registrations_whose_notices_fail_in_an_outage_lose_no_tick() {
+    let (w, end) = crash_with(0, 611, 0, 1, Some(0), true);
+    assert_none_missed(&w, end, 0);
+}

@@ -63,6 +63,17 @@ impl ReminderMachine {
             return;
         }
         let (loaded, takeover) = (held.loaded, held.takeover.is_some());
+        // Registered since the shard's last load here (see
+        // `HeldShard::known_from`): owed from its first occurrence, however
+        // late this silo learns of it (a notice read or a refresh after a
+        // store outage; the long takeover sweep lost 114 occurrences of rows
+        // registered as the store went out, their notice reads failed and a
+        // refresh found them 3.5 s after their first ticks).
+        let registered_since = loaded
+            && !takeover
+            && self.queue.get(&key).is_none()
+            && held.known_from.is_some_and(|k| timing.start_at >= k)
+            && now.saturating_duration_since(timing.start_at) <= MAX_CATCH_UP;
         // A release owes every occurrence up to its watermark, which the
         // releasing silo's clock set: one ahead of this silo's sets it past
         // now, and those occurrences are owed all the same.
@@ -75,7 +86,16 @@ impl ReminderMachine {
         let start = if held.is_done(&key, row.etag.as_str()) {
             Start::Delivered
         } else {
-            held.start(&key, &timing, now)
+            match held.start(&key, &timing, now) {
+                Start::Plan(_) if registered_since => {
+                    let before = Timestamp::from_millis(timing.start_at.as_millis().saturating_sub(1));
+                    match timing.after(before) {
+                        Some(first) => Start::Owed(first),
+                        None => Start::Delivered,
+                    }
+                }
+                other => other,
+            }
         };
         // A takeover's acquire load: what the missed-tick policy skips before
         // the takeover time (rule 1 of `handoff`), counted and recorded.
@@ -137,6 +157,17 @@ impl ReminderMachine {
                 })
             }
         };
+        // An occurrence already due when it is planned (learned late: a
+        // notice or a load that read the row after its time, a `FireOnce`
+        // catch-up) waited for the store, not for a handler: like an owed
+        // one, it goes on in turn through what falls due while its own
+        // delivery runs, instead of Skip's overrun dropping the next one
+        // (the long takeover sweep, seed 0 with a failover: a refresh found
+        // a row 293 ms after its first tick, whose delivery then overran
+        // the second by 7 ms).
+        if planned.is_some_and(|p| p.scheduled < now) {
+            catch_up = true;
+        }
         let Some(next) = planned else {
             // Nothing is left to deliver: every occurrence is at or before the
             // floor, or the schedule ended. A row with an end, or a one-shot,

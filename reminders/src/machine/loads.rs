@@ -406,6 +406,7 @@ impl ReminderMachine {
             }
             LoadKind::Acquire | LoadKind::Refresh => {
                 held.rows = run.rows;
+                held.known_from = held.known_from.max(Some(run.started));
                 if run.again {
                     held.reread = true;
                 }
