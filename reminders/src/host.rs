@@ -89,10 +89,16 @@ impl<H: Clone> HostTable<H> {
         }
     }
 
-    /// Where a message for `actor` goes, given the fence this silo holds for
-    /// its shard now (`None`: not held) and whether an activation is still
-    /// running (`alive`). An activation under another epoch, or one that
-    /// stopped, is removed first (returned, with why).
+    /// Where a message for `actor` goes, given the fence this silo may act
+    /// under for its shard now (`None`: not held, or held but not confirmed
+    /// now) and whether an activation is still running (`alive`). An
+    /// activation under another epoch, or one that stopped, is removed first
+    /// (returned, with why). With no fence now, an activation stays, paused:
+    /// the message is refused, and the activation serves again once the
+    /// fence is back at its epoch (a lapse of the silo's confirmation, a
+    /// store read slower than two thirds of the lease period, is a pause,
+    /// never a second activation at one epoch); it ends when its shard goes
+    /// ([`held`](Self::held)).
     pub fn route(
         &mut self,
         actor: &ActorId,
@@ -100,6 +106,9 @@ impl<H: Clone> HostTable<H> {
         alive: impl Fn(&H) -> bool,
     ) -> (Route<H>, Option<(Fence, H, Deactivation)>) {
         let mut ended = None;
+        if now.is_none() && self.active.contains_key(actor) {
+            return (Route::NotHere, None);
+        }
         if let Some((fence, handle)) = self.active.get(actor) {
             let same = now.as_ref().is_some_and(|f| f.epoch == fence.epoch);
             if same && alive(handle) {
@@ -123,18 +132,20 @@ impl<H: Clone> HostTable<H> {
         self.active.insert(actor, (fence, handle));
     }
 
-    /// The held shards changed: `raw` as the reminder service holds them,
-    /// `effective` those it may act on now ([`Held::epoch_at`](crate::Held::epoch_at)).
-    /// Every activation whose shard is not in `effective` at its fence's epoch
-    /// ends. Each shard (and epoch) `raw` no longer holds since the last call
-    /// is `released`, with its ending activations: its release waits for
-    /// them (`Reminders::host_drained` once they ended); the other ending
+    /// The held shards changed: `raw` as the reminder service holds them
+    /// (confirmed now or not). Every activation whose shard is not in `raw`
+    /// at its fence's epoch ends; one whose shard is held but may not be
+    /// acted on now (its confirmation lapsed, [`Held::epoch_at`](crate::Held::epoch_at))
+    /// stays, paused ([`route`](Self::route) refuses its messages). Each
+    /// shard (and epoch) `raw` no longer holds since the last call is
+    /// `released`, with its ending activations: its release waits for them
+    /// (`Reminders::host_drained` once they ended); the other ending
     /// activations are `ended`.
-    pub fn held(&mut self, raw: &HeldMap, effective: &HeldMap) -> HeldChange<H> {
+    pub fn held(&mut self, raw: &HeldMap) -> HeldChange<H> {
         let gone: Vec<ActorId> = self
             .active
             .iter()
-            .filter(|(_, (f, _))| effective.get(&f.shard) != Some(&f.epoch))
+            .filter(|(_, (f, _))| raw.get(&f.shard) != Some(&f.epoch))
             .map(|(a, _)| a.clone())
             .collect();
         let mut ended: Vec<Ending<H>> = gone
@@ -302,17 +313,8 @@ mod runtime {
             actix::spawn(async move {
                 while held.changed().await.is_ok() {
                     let Some(inner) = weak.upgrade() else { return };
-                    let now = inner.reminders.clock_now();
-                    let (raw, effective): (crate::api::HeldMap, crate::api::HeldMap) = {
-                        let h = held.borrow_and_update();
-                        let effective = h
-                            .shards
-                            .keys()
-                            .filter_map(|k| Some((*k, h.epoch_at(*k, now)?)))
-                            .collect();
-                        (h.shards.clone(), effective)
-                    };
-                    let change = inner.lock().held(&raw, &effective);
+                    let raw = held.borrow_and_update().shards.clone();
+                    let change = inner.lock().held(&raw);
                     for (shard, epoch, theirs) in change.released {
                         let inner = inner.clone();
                         actix::spawn(async move {
@@ -506,13 +508,40 @@ mod tests {
         let kb = t.shard_of(&b);
         t.activated(b.clone(), fence(kb, 1), 11);
         let both = HeldMap::from([(kb, 1), (k, 5)]);
-        let change = t.held(&both, &both);
+        let change = t.held(&both);
         assert!(change.released.is_empty() && change.ended.is_empty());
-        // Shard k goes from the service (released at epoch 5), shard kb is
-        // held but may not be acted on (its confirmation lapsed).
-        let change = t.held(&HeldMap::from([(kb, 1)]), &HeldMap::new());
+        // Shard k goes from the service (released at epoch 5); shard kb stays
+        // held (whether or not its confirmation lapsed meanwhile).
+        let change = t.held(&HeldMap::from([(kb, 1)]));
         assert_eq!(change.released, vec![(k, 5, vec![(a, fence(k, 5), 10)])]);
-        assert_eq!(change.ended, vec![(b, fence(kb, 1), 11)]);
+        assert!(change.ended.is_empty());
+        assert_eq!(t.len(), 1);
+        // Shard kb goes too.
+        let change = t.held(&HeldMap::new());
+        assert_eq!(change.released, vec![(kb, 1, vec![(b, fence(kb, 1), 11)])]);
         assert!(t.is_empty());
+    }
+
+    /// Issue 72, item 2: a lapse of the silo's confirmation (the fence is
+    /// `None` for a while, the shard still held at the same epoch) pauses an
+    /// activation: its messages are refused meanwhile, and it serves again
+    /// afterwards. Before, the `None` dropped it without a `Deactivate` and
+    /// the next `Some` activated a second one at the same epoch.
+    #[test]
+    fn a_lapse_pauses_an_activation_and_never_activates_a_second() {
+        let mut t: HostTable<u32> = HostTable::new(16);
+        let a = ActorId::new("cart", "1").unwrap();
+        let k = t.shard_of(&a);
+        let (r, _) = t.route(&a, Some(fence(k, 2)), |_| true);
+        assert_eq!(r, Route::Activate(fence(k, 2)));
+        t.activated(a.clone(), fence(k, 2), 1);
+        assert_eq!(t.route(&a, None, |_| true), (Route::NotHere, None));
+        assert_eq!(t.len(), 1, "paused, not dropped");
+        assert_eq!(t.route(&a, Some(fence(k, 2)), |_| true), (Route::Here(1), None));
+        // A change of the held shards during the lapse (the shard still
+        // held) ends nothing either.
+        let change = t.held(&HeldMap::from([(k, 2)]));
+        assert!(change.released.is_empty() && change.ended.is_empty());
+        assert_eq!(t.route(&a, Some(fence(k, 2)), |_| true), (Route::Here(1), None));
     }
 }

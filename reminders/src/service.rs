@@ -735,11 +735,6 @@ impl Reminders {
         }
     }
 
-    /// The service's clock, now (UTC ms).
-    pub(crate) fn clock_now(&self) -> Timestamp {
-        self.inner.clock.now()
-    }
-
     /// The service's shard count (recorded in the store).
     pub fn shards(&self) -> u32 {
         self.inner.shards
