@@ -806,27 +806,28 @@ mod tests {
         );
     }
 
+    /// Three silos, `a` and `b` Active, `c` Dead, and the view of them.
+    fn two_live_one_dead() -> ([rollcall::SiloAddress; 3], MembershipSnapshot) {
+        let silos: [rollcall::SiloAddress; 3] = [
+            "10.0.0.1:1@1".parse().unwrap(),
+            "10.0.0.2:1@1".parse().unwrap(),
+            "10.0.0.3:1@1".parse().unwrap(),
+        ];
+        let mut snap = MembershipSnapshot::default();
+        for (s, status) in silos
+            .iter()
+            .zip([SiloStatus::Active, SiloStatus::Active, SiloStatus::Dead])
+        {
+            snap.insert(MembershipEntry::new(*s, status, Timestamp::EPOCH), Etag::new("e"));
+        }
+        (silos, snap)
+    }
+
     /// `rollcall status` names a live silo whose clock is beyond the bound,
     /// with its offset, and nothing else.
     #[test]
     fn status_names_the_silos_whose_clock_is_beyond_the_bound() {
-        let (a, b, c): (
-            rollcall::SiloAddress,
-            rollcall::SiloAddress,
-            rollcall::SiloAddress,
-        ) = (
-            "10.0.0.1:1@1".parse().unwrap(),
-            "10.0.0.2:1@1".parse().unwrap(),
-            "10.0.0.3:1@1".parse().unwrap(),
-        );
-        let mut snap = MembershipSnapshot::default();
-        for (s, status) in [
-            (a, SiloStatus::Active),
-            (b, SiloStatus::Active),
-            (c, SiloStatus::Dead),
-        ] {
-            snap.insert(MembershipEntry::new(s, status, Timestamp::EPOCH), Etag::new("e"));
-        }
+        let ([a, b, c], snap) = two_live_one_dead();
         let row = |s: rollcall::SiloAddress, offset: i64, within: bool| rollcall::MetricsRow {
             clock_offset_ms: Some(offset),
             clock_within_bound: Some(within),
@@ -849,23 +850,7 @@ mod tests {
     /// silo whose row carries them, and nothing for the others.
     #[test]
     fn status_prints_the_live_silos_store_connections() {
-        let (a, b, c): (
-            rollcall::SiloAddress,
-            rollcall::SiloAddress,
-            rollcall::SiloAddress,
-        ) = (
-            "10.0.0.1:1@1".parse().unwrap(),
-            "10.0.0.2:1@1".parse().unwrap(),
-            "10.0.0.3:1@1".parse().unwrap(),
-        );
-        let mut snap = MembershipSnapshot::default();
-        for (s, status) in [
-            (a, SiloStatus::Active),
-            (b, SiloStatus::Active),
-            (c, SiloStatus::Dead),
-        ] {
-            snap.insert(MembershipEntry::new(s, status, Timestamp::EPOCH), Etag::new("e"));
-        }
+        let ([a, b, c], snap) = two_live_one_dead();
         let seen = rollcall::StoreConnection {
             endpoints: "10.0.0.9:2379".into(),
             channels: 2,
