@@ -320,7 +320,15 @@ impl ReminderAgent {
                     // Let other tasks run between pieces even when the table answers
                     // without waiting (the memory table): a load never holds the thread.
                     tokio::task::yield_now().await;
-                    bounded(timeout, table.read_rows_in_range(piece.begin, piece.end)).await
+                    let began = std::time::Instant::now();
+                    let read = bounded(timeout, table.read_rows_in_range(piece.begin, piece.end)).await;
+                    tracing::debug!(
+                        rows = read.as_ref().map_or(0, Vec::len),
+                        ms = began.elapsed().as_millis() as u64,
+                        ok = read.is_ok(),
+                        "load piece read"
+                    );
+                    read
                 };
                 self.answer(ctx, call, move |result| Event::PieceRead {
                     load,
@@ -392,16 +400,29 @@ impl ReminderAgent {
                 // answers within `table_operation_timeout` per call, the
                 // pages' cleanup included.
                 let call = async move {
+                    let began = std::time::Instant::now();
                     let mut write = leases
                         .prepare(&lease)
                         .map_err(|e| crate::shards::WriteFailed::of(&e.into()))?;
+                    let pages = write.pages_left();
                     while bounded(timeout, leases.send_pages(&mut write))
                         .await
                         .map_err(|e| crate::shards::WriteFailed::of(&e))?
                     {}
+                    let paged = began.elapsed();
                     let result = bounded(timeout, leases.commit(&write))
                         .await
                         .map_err(|e| crate::shards::WriteFailed::of(&e))?;
+                    tracing::debug!(
+                        shard,
+                        status = ?lease.status,
+                        exceptions = lease.exceptions.len(),
+                        pages,
+                        pages_ms = paged.as_millis() as u64,
+                        row_ms = (began.elapsed() - paged).as_millis() as u64,
+                        landed = result.is_ok(),
+                        "lease written"
+                    );
                     if result.is_ok() {
                         // Best effort, but before the answer: the shard's next
                         // write here must not race a delete of the pages it names.

@@ -289,13 +289,27 @@ pub async fn lease_a_garbage_row_is_a_typed_error(store: Store) {
     assert_eq!(leases.read(6).await.unwrap(), ShardLease { etag: e, ..fixed });
 }
 
-/// `n` exceptions of `id_bytes`-byte actor ids, due one ms apart.
+/// `n` exceptions of about `id_bytes`-byte actor ids, due one ms apart.
+/// The ids' tails are pseudo-random letters and digits, as hashed ids are,
+/// so compressed pages stay near three quarters of their size (repeated
+/// bytes would shrink every page set to one call).
 fn many_exceptions(n: usize, id_bytes: usize) -> Vec<LeaseException> {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
     (0..n)
         .map(|i| {
-            let head = format!("cart/{i}-");
+            let head = format!("cart/é{i}-");
+            let tail: String = (0..id_bytes.saturating_sub(head.len()))
+                .map(|_| {
+                    // xorshift64: deterministic, so every run writes the same pages.
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    ALPHABET[(state % 64) as usize] as char
+                })
+                .collect();
             LeaseException {
-                actor_id: format!("{head}{}", "é".repeat(id_bytes.saturating_sub(head.len()) / 2)),
+                actor_id: format!("{head}{tail}"),
                 name: format!("n{i}"),
                 next: Timestamp::from_millis(1_795_000_000_000 + i as u64),
                 etag: (i % 2 == 0).then(|| Etag::new(format!("e{i}"))),
@@ -467,6 +481,24 @@ pub async fn lease_exceptions_past_one_row_go_to_pages(store: Store) {
     leases.write(&other).await.unwrap().expect("paged write");
     table.delete_pages(3, None).await.unwrap();
     assert!(matches!(leases.read(3).await, Err(Error::Corrupt { .. })));
+
+    // A page that is not what a writer stores is Corrupt too, never a panic
+    // or a lease owing less: gzip's magic then garbage, and a gzip stream
+    // that inflates past any page (1 MiB of zeros).
+    let mut fifth = acquired(&ShardLease::vacant(5), owner);
+    fifth.exceptions = many_exceptions(1_500, 300);
+    leases.write(&fifth).await.unwrap().expect("paged write");
+    let fifth_set = rollcall_core::lease::page_set(fifth.epoch, LeaseStatus::Owned);
+    let bomb = {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        gz.write_all(&vec![0u8; 1 << 20]).unwrap();
+        gz.finish().unwrap()
+    };
+    for page in [vec![0x1f, 0x8b, 8, 0, 1, 2, 3], bomb] {
+        table.write_pages(5, &fifth_set, 0, &[page]).await.unwrap();
+        assert!(matches!(leases.read(5).await, Err(Error::Corrupt { .. })));
+    }
 
     // The page calls themselves.
     table

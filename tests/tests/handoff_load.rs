@@ -1204,20 +1204,14 @@ mod etcd {
         a_release_during_a_backlog_hands_over_every_owed_tick(&url, mass_due()).await;
     }
 
-    /// Fails (before and after issue 70's bounded page calls): over a
-    /// 200-ms round trip, HTTP/2 flow control paces both ways at about one
-    /// 64-KiB window a round trip. Measured: the release's read of the
-    /// shard's 19,920 rows took 4.4 s, its first 1-MiB page call 3.9 s, so
-    /// the release (5 s of drain, then those) did not land within the
-    /// holder's 10-s `shutdown_timeout`. Still fails on the channel issue
-    /// 71 builds (run 2026-12-07: the lease still named the holder 10 s
-    /// after its stop): the client's receive windows were 2 MiB a stream
-    /// already (hyper's default; the read is 20 pages of 1,000 keys, a
-    /// round trip each), and the page writes are paced by etcd's own receive
-    /// window, which no client setting changes. Redis, over the same proxy,
-    /// passes.
+    /// Failed until the release sent fewer bytes: over a 200-ms round trip
+    /// etcd's HTTP/2 flow control paces a request at about one 64-KiB window
+    /// a round trip, the release's read of the shard's 19,920 rows took 4.4 s
+    /// (20 range requests of 1,000 keys) and its first 1-MiB page call 3.9
+    /// s, so it did not land within the holder's 10-s `shutdown_timeout`.
+    /// Now the pages are gzipped (a fifth of the bytes: 8 pages in 1.0 s)
+    /// and a scan sizes its range requests by bytes (1.5 s).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    #[ignore = "known failure: etcd's own HTTP/2 receive window paces page writes to ~64 KiB per round trip; the client-side limits of issue 71 do not change it"]
     async fn a_release_of_a_mass_due_time_over_a_far_etcd_lands_and_loses_nothing() {
         let Some(backend) = rollcall_tests::fixtures::etcd().await else {
             return;
