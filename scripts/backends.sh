@@ -8,7 +8,7 @@
 #   backends_stop
 #
 # Installs with apt-get (Debian packages redis-server, redis-tools, etcd-server,
-# protobuf-compiler, libprotobuf-dev) when root, and moto[server] with pip into ./.venv.
+# protobuf-compiler, libprotobuf-dev, libfaketime, ...) when root, and moto[server] with pip into ./.venv.
 # Not root and something missing: prints what to install, or how to use Docker
 # instead (cargo test --features rollcall-tests/docker with a running Docker daemon).
 
@@ -34,6 +34,8 @@ backends_install() {
   [ -d /usr/share/fonts/truetype/dejavu ] || missing+=(fonts-dejavu-core)
   # The partition tests: network namespaces, a bridge and blackhole routes.
   command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  # The carts clock test steps one real process's wall clock (LD_PRELOAD).
+  [ -f /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || missing+=(libfaketime)
   if ((${#missing[@]})); then
     if [ "$(id -u)" = 0 ]; then
       backends_log "installing ${missing[*]} with apt-get"

@@ -44,10 +44,22 @@ struct Process {
 }
 
 async fn start(index: usize, url: &str, cluster: &str, events: &Events) -> Process {
+    start_with(index, url, cluster, events, &[]).await
+}
+
+/// [`start`] with more environment variables for the process.
+async fn start_with(
+    index: usize,
+    url: &str,
+    cluster: &str,
+    events: &Events,
+    env: &[(&str, String)],
+) -> Process {
     let silo = format!("127.0.0.1:{}", free_port().expect("port"));
     let http = format!("127.0.0.1:{}", free_port().expect("port"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_carts"))
         .args([url, cluster, &silo, &http])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
@@ -118,6 +130,10 @@ struct Load {
     acked: Rc<RefCell<Vec<u64>>>,
     stop: Rc<std::cell::Cell<bool>>,
     failed: Rc<RefCell<Vec<String>>>,
+    /// Per cart: when it was last acknowledged, and the longest time
+    /// between two of its acknowledgements (or from [`Load::gaps_from`] to
+    /// the first after it).
+    gaps: Rc<RefCell<Vec<(tokio::time::Instant, Duration)>>>,
 }
 
 impl Load {
@@ -127,14 +143,19 @@ impl Load {
             acked: Rc::new(RefCell::new(vec![0; CARTS])),
             stop: Rc::default(),
             failed: Rc::default(),
+            gaps: Rc::new(RefCell::new(vec![
+                (tokio::time::Instant::now(), Duration::ZERO);
+                CARTS
+            ])),
         };
         let mut tasks = Vec::new();
         for c in 0..CLIENTS {
-            let (silos, acked, stop, failed) = (
+            let (silos, acked, stop, failed, gaps) = (
                 load.silos.clone(),
                 load.acked.clone(),
                 load.stop.clone(),
                 load.failed.clone(),
+                load.gaps.clone(),
             );
             tasks.push(actix::spawn(async move {
                 let client = awc::Client::builder().timeout(Duration::from_secs(10)).finish();
@@ -165,6 +186,10 @@ impl Load {
                                         .push(format!("cart {cart}: request {request} answered count {n}"));
                                 }
                                 acked.borrow_mut()[cart] = request;
+                                let now = tokio::time::Instant::now();
+                                let (last, longest) = &mut gaps.borrow_mut()[cart];
+                                *longest = (*longest).max(now - *last);
+                                *last = now;
                                 break;
                             }
                             _ => {
@@ -184,6 +209,26 @@ impl Load {
             }));
         }
         (load, tasks)
+    }
+
+    /// Measures the gaps from now on only (the clients' start, the carts'
+    /// first activations, are not a fault's doing).
+    fn gaps_from_now(&self) {
+        let now = tokio::time::Instant::now();
+        for g in self.gaps.borrow_mut().iter_mut() {
+            *g = (now, Duration::ZERO);
+        }
+    }
+
+    /// The longest gap between two acknowledgements of one cart, and the cart.
+    fn longest_gap(&self) -> (Duration, usize) {
+        let gaps = self.gaps.borrow();
+        let (cart, (_, gap)) = gaps
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, (_, g))| *g)
+            .expect("carts");
+        (*gap, cart)
     }
 }
 
@@ -405,6 +450,211 @@ async fn a_carts_silo_listens_before_it_advertises_and_exits_70_when_dead(url: &
         .expect("a graceful leave within 30 s")
         .expect("wait");
     assert_eq!(status.code(), Some(0), "a graceful leave: {status}");
+}
+
+/// Where Debian's libfaketime puts its multi-threaded build.
+const FAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+
+/// The holder of each of the service's 1,024 shards (`None`: released,
+/// vacant, or its read failed this time), read at once.
+async fn holders(leases: &rollcall_core::lease::ShardLeases) -> Vec<Option<String>> {
+    use rollcall_core::lease::LeaseStatus;
+    let reads = (0..rollcall_core::DEFAULT_SHARDS).map(|k| leases.read_head(k));
+    futures_util::future::join_all(reads)
+        .await
+        .into_iter()
+        .map(|r| {
+            r.ok()
+                .filter(|l| l.status == LeaseStatus::Owned)
+                .and_then(|l| l.owner.map(|o| o.to_string()))
+        })
+        .collect()
+}
+
+/// Issue 70's (c), on the carts example itself: four carts processes under
+/// the clients' load, each one's wall clock under libfaketime's control
+/// (`LD_PRELOAD`, monotonic time left alone): the one holding the most
+/// shards has its clock run 3 s ahead while it still answers probes and
+/// serves HTTP. Every shard is Owned by another silo within the lease
+/// period plus `lease_poll` plus the time to measure the step and spread the
+/// row (5 s), plus the 1 s libfaketime takes to read its file; none goes back
+/// to it while its clock is off; once right, it holds shards again. The
+/// carts are served throughout: every increment is acknowledged (retried on
+/// any silo), the longest time between two acknowledgements of one cart
+/// stays under 15 s (a takeover, plus a client's turn through its other
+/// carts), and every stored count is its acknowledged increments. The fault
+/// lasts 8 s in CI; `ROLLCALL_CLOCK_FAULT_S=90` runs the issue's 90 s.
+async fn a_carts_silo_whose_clock_runs_ahead_leaves_the_ring(url: &str) {
+    if !std::path::Path::new(FAKETIME).exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{FAKETIME} is missing (scripts/backends.sh installs libfaketime)"
+        );
+        eprintln!("skipped: {FAKETIME} is missing");
+        return;
+    }
+    let fault_for = Duration::from_secs(
+        std::env::var("ROLLCALL_CLOCK_FAULT_S")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8),
+    );
+    let cluster = rollcall_tests::unique_id("carts-clock");
+    let dir = std::env::temp_dir().join(&cluster);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let events: Events = Arc::default();
+    let mut procs = Vec::new();
+    let mut clocks = Vec::new();
+    for i in 0..4 {
+        let spec = dir.join(format!("clock-{i}"));
+        std::fs::write(&spec, "+0\n").expect("clock spec");
+        let env = [
+            ("LD_PRELOAD", FAKETIME.to_owned()),
+            ("FAKETIME_TIMESTAMP_FILE", spec.display().to_string()),
+            ("FAKETIME_CACHE_DURATION", "1".to_owned()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
+        ];
+        procs.push(start_with(i, url, &cluster, &events, &env).await);
+        clocks.push(spec);
+    }
+    let (load, tasks) = Load::start(procs.iter().map(|p| p.http.clone()).collect());
+    let all_served = rollcall_tests::sim::wait_for(Duration::from_secs(60), || {
+        load.acked.borrow().iter().all(|n| *n > 0)
+    })
+    .await;
+    assert!(all_served.is_some(), "every cart is served within 60 s");
+    load.gaps_from_now();
+
+    let conn = rollcall::connect(url).await.expect("connect");
+    let leases = rollcall_core::lease::ShardLeases::open(
+        conn.lease_table(&cluster).expect("lease table"),
+        rollcall_core::DEFAULT_SHARDS,
+    )
+    .await
+    .expect("leases");
+    let before = holders(&leases).await;
+    let victim = (0..procs.len())
+        .max_by_key(|i| {
+            before
+                .iter()
+                .filter(|h| h.as_deref() == Some(procs[*i].silo.as_str()))
+                .count()
+        })
+        .expect("four");
+    let victim_silo = procs[victim].silo.clone();
+    let held_before = before
+        .iter()
+        .filter(|h| h.as_deref() == Some(victim_silo.as_str()))
+        .count();
+    assert!(held_before > 0, "the faulted silo holds shards");
+
+    std::fs::write(&clocks[victim], "+3\n").expect("clock spec");
+    let faulted_at = tokio::time::Instant::now();
+    let moved_in = loop {
+        let h = holders(&leases).await;
+        if h.iter().all(|o| o.as_ref().is_some_and(|o| *o != victim_silo)) {
+            break faulted_at.elapsed();
+        }
+        assert!(
+            faulted_at.elapsed() < Duration::from_secs(30),
+            "30 s after its clock ran 3 s ahead, {} shards are not held by another silo",
+            h.iter()
+                .filter(|o| o.as_ref().is_none_or(|o| *o == victim_silo))
+                .count()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let held_off = tokio::time::Instant::now();
+    while held_off.elapsed() < fault_for {
+        let h = holders(&leases).await;
+        let back = h
+            .iter()
+            .filter(|o| o.as_deref() == Some(victim_silo.as_str()))
+            .count();
+        assert_eq!(back, 0, "shards went back to the silo while its clock was off");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    std::fs::write(&clocks[victim], "+0\n").expect("clock spec");
+    let right_at = tokio::time::Instant::now();
+    loop {
+        let h = holders(&leases).await;
+        if h.iter().any(|o| o.as_deref() == Some(victim_silo.as_str())) {
+            break;
+        }
+        assert!(
+            right_at.elapsed() < Duration::from_secs(30),
+            "30 s after its clock is right the silo holds no shard"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let back_in = right_at.elapsed();
+    // A few more turns of every client after the handoffs back.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    load.stop.set(true);
+    for t in tasks {
+        t.await.expect("a client");
+    }
+    let failed = load.failed.borrow().clone();
+    assert!(failed.is_empty(), "{failed:?}");
+    let (gap, gap_cart) = load.longest_gap();
+    let acked = load.acked.borrow().clone();
+    let states = StateStorage::new(conn.state_table(&cluster).expect("state table"));
+    let mut wrong = Vec::new();
+    for (cart, want) in acked.iter().enumerate() {
+        let read = states
+            .read(&StateKey::new(format!("cart/{cart}"), "cart").expect("key"))
+            .await
+            .expect("read");
+        let count = if read.record_exists {
+            serde_json::from_slice::<serde_json::Value>(&read.data).expect("a cart")["count"]
+                .as_u64()
+                .expect("count")
+        } else {
+            0
+        };
+        if count != *want {
+            wrong.push((cart, count, *want));
+        }
+    }
+    let running = procs.iter_mut().all(|p| matches!(p.child.try_wait(), Ok(None)));
+    eprintln!(
+        "carts clock: {held_before} shards left the silo 3 s ahead in {moved_in:?}, none back for \
+         {fault_for:?}, shards back {back_in:?} after its clock was right; {} increments \
+         acknowledged; longest gap between two of one cart's {gap:?} (cart {gap_cart}); {} fenced writes",
+        acked.iter().sum::<u64>(),
+        FENCED.lock().unwrap().len()
+    );
+    assert!(running, "every carts process still runs");
+    assert!(
+        moved_in <= Duration::from_secs(2 + 1 + 2 + 1),
+        "the shards left the silo 3 s ahead in {moved_in:?}"
+    );
+    assert!(
+        gap < Duration::from_secs(15),
+        "cart {gap_cart} went {gap:?} between two acknowledged increments"
+    );
+    assert!(wrong.is_empty(), "(cart, stored, acknowledged): {wrong:?}");
+    for p in &procs {
+        signal(p, "TERM");
+    }
+}
+
+#[cfg(feature = "redis")]
+#[actix::test]
+async fn a_carts_silo_on_redis_whose_clock_runs_ahead_leaves_the_ring() {
+    let Some(b) = rollcall_tests::fixtures::redis().await else {
+        return;
+    };
+    a_carts_silo_whose_clock_runs_ahead_leaves_the_ring(&b.endpoint).await;
+}
+
+#[cfg(feature = "etcd")]
+#[actix::test]
+async fn a_carts_silo_on_etcd_whose_clock_runs_ahead_leaves_the_ring() {
+    let Some(b) = rollcall_tests::fixtures::etcd().await else {
+        return;
+    };
+    a_carts_silo_whose_clock_runs_ahead_leaves_the_ring(&format!("etcd://{}", b.endpoint)).await;
 }
 
 #[cfg(feature = "redis")]
