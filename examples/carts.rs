@@ -181,7 +181,8 @@ async fn add(req: HttpRequest, path: web::Path<(String, u64)>, front: web::Data<
     match front.host.send(&actor, Add(request)).await {
         Ok(Ok(n)) => HttpResponse::Ok().body(n.to_string()),
         Ok(Err(CartError::Unavailable(e))) => HttpResponse::ServiceUnavailable().body(e),
-        Ok(Err(CartError::Moved)) | Err(HostError::NotHere(_)) | Err(HostError::Stopped(_)) => {
+        Ok(Err(CartError::Moved))
+        | Err(HostError::NotHere(_) | HostError::Stopped(_) | HostError::Lapsed(_)) => {
             forward(&req, &actor, &front).await
         }
     }

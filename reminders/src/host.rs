@@ -22,7 +22,10 @@
 //!   a paused process). Orleans' directory finds such duplicates after the
 //!   fact (and never deactivated them, seed 003: "currently not implemented");
 //!   here the store orders them: every write of the older activation is
-//!   refused, and the first refusal deactivates it.
+//!   refused, and the first refusal deactivates it. Its reads are not
+//!   answered either: [`ActorHost::send`] checks the fence again when the
+//!   answer comes and withholds one whose fence lapsed meanwhile
+//!   ([`HostError::Lapsed`]).
 
 use std::collections::HashMap;
 
@@ -202,6 +205,16 @@ pub enum HostError {
     /// handler stopped it): the message may or may not have been handled.
     #[error("actor `{0}` stopped before it answered")]
     Stopped(String),
+    /// The activation answered, but by then this silo no longer held the
+    /// actor's shard at the fence the message was routed under (the shard
+    /// was released or lost, or the silo's confirmation lapsed: a process
+    /// frozen or cut off while its handler was parked at an `.await`). The
+    /// answer is withheld, since another activation may have accepted writes
+    /// meanwhile and it could be stale. The message was handled: its fenced
+    /// writes landed or were refused. Retry on the owner, idempotently (issue
+    /// 72, item 2).
+    #[error("actor `{0}`'s fence lapsed before its answer: retry on the owner")]
+    Lapsed(String),
 }
 
 #[cfg(feature = "runtime")]
@@ -337,7 +350,13 @@ mod runtime {
         /// # Errors
         /// [`HostError::NotHere`] when this silo does not hold its shard.
         pub fn get(&self, actor: &ActorId) -> Result<Addr<A>, HostError> {
+            self.route(actor).map(|(addr, _)| addr)
+        }
+
+        /// [`get`](Self::get), with the fence the activation runs under.
+        fn route(&self, actor: &ActorId) -> Result<(Addr<A>, Fence), HostError> {
             let now = self.inner.reminders.fence(actor);
+            let fence_now = now.clone();
             let mut table = self.inner.lock();
             let (route, ended) = table.route(actor, now, Addr::connected);
             let mut events = Vec::new();
@@ -349,17 +368,17 @@ mod runtime {
                     why,
                 });
             }
-            let out = match route {
-                Route::Here(addr) => Ok(addr),
-                Route::NotHere => Err(HostError::NotHere(actor.to_string())),
-                Route::Activate(fence) => {
+            let out = match (route, fence_now) {
+                (Route::Here(addr), Some(fence)) => Ok((addr, fence)),
+                (Route::Here(_) | Route::NotHere, _) => Err(HostError::NotHere(actor.to_string())),
+                (Route::Activate(fence), _) => {
                     let addr = (self.inner.activate)(actor.clone(), fence.clone()).start();
                     table.activated(actor.clone(), fence.clone(), addr.clone());
                     events.push(HostEvent::Activated {
                         actor: actor.clone(),
-                        fence,
+                        fence: fence.clone(),
                     });
-                    Ok(addr)
+                    Ok((addr, fence))
                 }
             };
             drop(table);
@@ -370,21 +389,35 @@ mod runtime {
         }
 
         /// Delivers `msg` to `actor`'s activation here (activating it first
-        /// if needed) and waits for its answer.
+        /// if needed) and waits for its answer. The fence is checked twice:
+        /// when the message is routed and when the answer comes. Ownership of
+        /// a shard at one epoch is one unbroken stretch of time, so an answer
+        /// that passes both checks was computed while this activation was
+        /// the actor's only one; an answer that fails the second is withheld
+        /// ([`HostError::Lapsed`]): a handler parked at an `.await` across a
+        /// freeze, or a message queued behind one, never answers from memory
+        /// after a successor accepted writes.
         ///
         /// # Errors
         /// [`HostError::NotHere`] when this silo does not hold its shard;
-        /// [`HostError::Stopped`] when the activation stopped first.
+        /// [`HostError::Stopped`] when the activation stopped first;
+        /// [`HostError::Lapsed`] when the shard's fence lapsed before the
+        /// answer (the message was handled).
         pub async fn send<M>(&self, actor: &ActorId, msg: M) -> Result<M::Result, HostError>
         where
             A: Handler<M>,
             M: Message + Send + 'static,
             M::Result: Send,
         {
-            let addr = self.get(actor)?;
-            addr.send(msg)
+            let (addr, fence) = self.route(actor)?;
+            let answer = addr
+                .send(msg)
                 .await
-                .map_err(|_| HostError::Stopped(actor.to_string()))
+                .map_err(|_| HostError::Stopped(actor.to_string()))?;
+            match self.inner.reminders.fence(actor) {
+                Some(now) if now.epoch == fence.epoch => Ok(answer),
+                _ => Err(HostError::Lapsed(actor.to_string())),
+            }
         }
 
         /// A write of `actor` under `fence` was refused by the store

@@ -2167,3 +2167,213 @@ async fn a_graceful_handoff_activates_an_actor_only_after_its_deactivation() {
         );
     }
 }
+
+/// Issue 72, item 6: a release waits for an actor host only while the host
+/// has activations of the shard to end. A host created after its silo's
+/// shards were held, with no activation, and a leave before the host saw
+/// any change of the held shards (its watch reports changes, and the one it
+/// would act on, the release, is its first): the leave does not wait out
+/// the 5-s drain for a report that never comes.
+#[actix::test]
+async fn a_host_with_no_activations_holds_no_release_back() {
+    use actix::{Actor, Context, Handler};
+    use rollcall_reminders::{ActorHost, Deactivate};
+
+    struct Idle;
+    impl Actor for Idle {
+        type Context = Context<Self>;
+    }
+    impl Handler<Deactivate> for Idle {
+        type Result = ();
+        fn handle(&mut self, _: Deactivate, _: &mut Context<Self>) {}
+    }
+
+    let store: rollcall_tests::Store = std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new());
+    let cluster = rollcall_tests::unique_id("idle-host");
+    let (silos, services) = placed_silos(&store, &cluster, &[0]).await;
+    let held = rollcall_tests::sim::wait_for(Duration::from_secs(30), || {
+        let h = services[0].held_shards();
+        let h = h.borrow();
+        h.shards.len() == services[0].shards() as usize && h.confirmed_until.is_some()
+    })
+    .await;
+    assert!(held.is_some(), "the one silo holds every shard");
+    let host = ActorHost::new(&services[0], |_, _| Idle);
+    let began = std::time::Instant::now();
+    let left = tokio::time::timeout(Duration::from_secs(30), silos[0].shutdown()).await;
+    let took = began.elapsed();
+    assert!(matches!(left, Ok(Ok(_))), "the silo leaves: {left:?}");
+    assert_eq!(host.active(), 0);
+    assert!(
+        took < rollcall_reminders::handoff::MAX_DRAIN,
+        "the leave took {took:?}: its releases waited out the drain for a host with nothing to end"
+    );
+}
+
+/// Issue 72, item 2 (written first; it failed: the parked `Count` answered
+/// 3 after the successor had answered 13): an activation's answer is
+/// withheld once its shard's fence lapsed. Three silos; a `Count` handler
+/// of the first is parked at an `.await` (as one across a SIGSTOP would
+/// be); that silo's clock then runs 3 s ahead, the shard goes to another
+/// silo, whose activation accepts 10 `Add`s; then the parked handler answers from
+/// its memory. The client, which was already given 13, must not receive a
+/// lower count: the host reports `HostError::Lapsed` instead.
+#[actix::test]
+async fn a_parked_answer_of_a_lapsed_activation_is_withheld() {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use actix::{Actor, ActorFutureExt, Context, Handler, Message, WrapFuture};
+    use rollcall_core::{ClusterMembershipOptions, OnDeclaredDead, Silo};
+    use rollcall_reminders::{ActorHost, Deactivate, HostError};
+
+    /// The counts as stored (one map for both silos, standing in for the
+    /// state table) and the parked handler's release.
+    #[derive(Clone, Default)]
+    struct World {
+        stored: Arc<Mutex<HashMap<String, u64>>>,
+        park: Arc<Mutex<Option<tokio::sync::oneshot::Receiver<()>>>>,
+        parked: Arc<AtomicBool>,
+    }
+    struct Counter {
+        actor: String,
+        count: u64,
+        world: World,
+    }
+    impl Actor for Counter {
+        type Context = Context<Self>;
+    }
+    #[derive(Message)]
+    #[rtype(result = "u64")]
+    struct Add;
+    impl Handler<Add> for Counter {
+        type Result = u64;
+        fn handle(&mut self, _: Add, _: &mut Context<Self>) -> u64 {
+            self.count += 1;
+            self.world
+                .stored
+                .lock()
+                .unwrap()
+                .insert(self.actor.clone(), self.count);
+            self.count
+        }
+    }
+    #[derive(Message)]
+    #[rtype(result = "u64")]
+    struct Count;
+    impl Handler<Count> for Counter {
+        type Result = actix::ResponseActFuture<Self, u64>;
+        fn handle(&mut self, _: Count, _: &mut Context<Self>) -> Self::Result {
+            let park = self.world.park.lock().unwrap().take();
+            self.world.parked.store(true, Ordering::SeqCst);
+            Box::pin(
+                async move {
+                    if let Some(p) = park {
+                        let _ = p.await;
+                    }
+                }
+                .into_actor(self)
+                .map(|(), this, _| this.count),
+            )
+        }
+    }
+    // An activation that keeps running after its deactivation (a flush
+    // that outlives the drain): its parked handler still answers.
+    impl Handler<Deactivate> for Counter {
+        type Result = ();
+        fn handle(&mut self, _: Deactivate, _: &mut Context<Self>) {}
+    }
+
+    let store: rollcall_tests::Store = std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new());
+    let cluster = rollcall_tests::unique_id("lapsed");
+    let faults = rollcall_tests::silo_process::Faults::default();
+    let mut silos = Vec::new();
+    let mut services = Vec::new();
+    for faulted in [true, false, false] {
+        let mut builder = Silo::builder(store.clone(), cluster.as_str())
+            .listen("127.0.0.1:0".parse().unwrap())
+            .options(ClusterMembershipOptions::fast())
+            .on_declared_dead(OnDeclaredDead::StopSilo);
+        if faulted {
+            builder = builder.clock(Arc::new(faults.clock.clone()));
+        }
+        let silo = builder.start().await.expect("silo joins");
+        let mut reminders =
+            rollcall_reminders::Reminders::builder(&silo, store.clone()).service_id(cluster.as_str());
+        if faulted {
+            reminders = reminders.clock(Arc::new(faults.clock.clone()));
+        }
+        services.push(reminders.start().await.expect("reminders start"));
+        silos.push(silo);
+    }
+    let world = World::default();
+    let hosts: Vec<_> = services
+        .iter()
+        .map(|svc| {
+            let w = world.clone();
+            ActorHost::new(svc, move |actor, _| Counter {
+                actor: actor.to_string(),
+                count: w
+                    .stored
+                    .lock()
+                    .unwrap()
+                    .get(&actor.to_string())
+                    .copied()
+                    .unwrap_or(0),
+                world: w.clone(),
+            })
+        })
+        .collect();
+    let actors: Vec<_> = (0..50).map(actor).collect();
+    wait_placement_settled(&silos, &services, &actors).await;
+    let a = actors
+        .iter()
+        .find(|a| services[0].fence(a).is_some())
+        .expect("an actor on the first silo")
+        .clone();
+    for want in 1..=3 {
+        assert_eq!(hosts[0].send(&a, Add).await.expect("hosted"), want);
+    }
+    let (release, park) = tokio::sync::oneshot::channel();
+    *world.park.lock().unwrap() = Some(park);
+    let parked_host = hosts[0].clone();
+    let parked_actor = a.clone();
+    let parked = actix::spawn(async move { parked_host.send(&parked_actor, Count).await });
+    assert!(
+        rollcall_tests::sim::wait_for(Duration::from_secs(10), || world.parked.load(Ordering::SeqCst))
+            .await
+            .is_some(),
+        "the Count handler runs"
+    );
+    faults.clock.set_ahead(Duration::from_secs(3));
+    assert!(
+        rollcall_tests::sim::wait_for(Duration::from_secs(30), || {
+            services[1..].iter().any(|s| s.fence(&a).is_some())
+        })
+        .await
+        .is_some(),
+        "another silo takes the actor's shard"
+    );
+    let successor = 1 + usize::from(services[2].fence(&a).is_some());
+    let mut given = 0;
+    for _ in 0..10 {
+        given = loop {
+            // The successor activates it once the first's release landed.
+            match hosts[successor].send(&a, Add).await {
+                Ok(n) => break n,
+                Err(e) => {
+                    assert!(matches!(e, HostError::NotHere(_)), "{e}");
+                    tokio::task::yield_now().await;
+                }
+            }
+        };
+    }
+    assert_eq!(given, 13, "the successor counts on from the stored 3");
+    release.send(()).expect("the parked handler waits");
+    let answer = parked.await.expect("the parked send");
+    assert!(
+        matches!(answer, Err(HostError::Lapsed(_))),
+        "a client given {given} then received {answer:?}"
+    );
+}
