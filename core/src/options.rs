@@ -417,6 +417,18 @@ pub struct ReminderOptions {
     /// Must be in 1..=65,536. Costs a due index per kind (one more B-tree
     /// entry per reminder).
     pub max_deliveries_per_kind: Option<usize>,
+    /// How long the release of a shard waits for actor hosts' activations of
+    /// it to handle `Deactivate` (a write-behind actor's flush) before it is
+    /// written anyway: the next holder activates an actor only after its old
+    /// activation ended or this passed. Longer than the deliveries' drain
+    /// (5 s) so a slow flush lands under its own fence; what a flush still
+    /// running after it writes is refused (`Error::Fenced`) and lost. Must be
+    /// shorter than the silo's `shutdown_timeout`, which bounds a graceful
+    /// leave's releases (the rest is for the release's own read and write):
+    /// checked when the service starts. Default 7.5 s, three quarters of the
+    /// default `shutdown_timeout`.
+    #[serde(with = "humantime_serde")]
+    pub deactivate_drain: Duration,
 }
 
 impl Default for ReminderOptions {
@@ -439,6 +451,7 @@ impl Default for ReminderOptions {
             max_deliveries: 1024,
             run_history: 20,
             max_deliveries_per_kind: None,
+            deactivate_drain: Duration::from_millis(7_500),
         }
     }
 }
@@ -459,6 +472,7 @@ impl ReminderOptions {
         require_positive("delivery_timeout", self.delivery_timeout)?;
         require_positive("table_operation_timeout", self.table_operation_timeout)?;
         require_positive("lease_period", self.lease_period)?;
+        require_positive("deactivate_drain", self.deactivate_drain)?;
         require_positive("lease_poll", self.lease_poll)?;
         if !(1..=1024).contains(&self.ring_points_per_silo) {
             return Err(Error::invalid_config(

@@ -102,7 +102,8 @@ impl RemindersBuilder {
     /// inside the silo's actix `System`.
     ///
     /// # Errors
-    /// [`ReminderError::Table`] for invalid options or service id, a shard count
+    /// [`ReminderError::Table`] for invalid options (a `deactivate_drain` not
+    /// shorter than the silo's `shutdown_timeout` among them) or service id, a shard count
     /// other than the one the service was first started with
     /// ([`Error::InvalidConfig`](rollcall_core::Error::InvalidConfig)
     /// naming both), or a table that stays unreachable for
@@ -111,6 +112,17 @@ impl RemindersBuilder {
     /// silo already (one per id per silo, for the silo's life).
     pub async fn start(self) -> Result<Reminders, ReminderError> {
         self.options.validate()?;
+        let shutdown_timeout = self.silo.options().shutdown_timeout;
+        if self.options.deactivate_drain >= shutdown_timeout {
+            return Err(rollcall_core::Error::invalid_config(
+                "deactivate_drain",
+                format!(
+                    "{:?} is not shorter than the silo's shutdown_timeout ({shutdown_timeout:?}), which bounds a graceful leave's releases",
+                    self.options.deactivate_drain
+                ),
+            )
+            .into());
+        }
         let service_id = self
             .service_id
             .unwrap_or_else(|| self.silo.cluster_id().to_owned());
@@ -694,8 +706,8 @@ impl Reminders {
     }
 
     /// Registers an actor host: while its guard lives, a release of a shard
-    /// waits (at most the drain: `delivery_timeout`, capped by
-    /// `handoff::MAX_DRAIN`) for [`host_drained`](Self::host_drained) of the
+    /// waits (at most the options' `deactivate_drain`) for
+    /// [`host_drained`](Self::host_drained) of the
     /// shard before it is written, so the next holder activates the shard's
     /// actors only after this silo's activations ended.
     pub(crate) fn register_host(&self) -> HostGuard {

@@ -2377,3 +2377,111 @@ async fn a_parked_answer_of_a_lapsed_activation_is_withheld() {
         "a client given {given} then received {answer:?}"
     );
 }
+
+/// Issue 72, item 3 (written first; it failed: the flush was refused as
+/// `Fenced` and the 5 acknowledged increments were lost): the release of a
+/// leaving silo waits for its activations' deactivations up to
+/// `deactivate_drain` (7.5 s by default), not the deliveries' 5-s drain. A
+/// write-behind counter acknowledges from memory and writes on `Deactivate`,
+/// a flush that takes 7 s; its silo leaves gracefully (as on SIGTERM); the
+/// successor reads every acknowledged increment.
+#[actix::test]
+async fn a_write_behind_flush_within_the_deactivate_drain_loses_nothing() {
+    use actix::{Actor, ActorContext, ActorFutureExt, AsyncContext, Context, Handler, Message, WrapFuture};
+    use rollcall::state::{PersistentState, StateKey, StateStorage};
+    use rollcall_reminders::{ActorHost, Deactivate};
+
+    struct Counter {
+        state: PersistentState<u64>,
+        pending: u64,
+    }
+    impl Actor for Counter {
+        type Context = Context<Self>;
+        fn started(&mut self, ctx: &mut Context<Self>) {
+            let state = self.state.clone();
+            ctx.wait(
+                async move { state.load().await }
+                    .into_actor(self)
+                    .map(|r, _, _| r.expect("load")),
+            );
+        }
+    }
+    #[derive(Message)]
+    #[rtype(result = "u64")]
+    struct Add;
+    impl Handler<Add> for Counter {
+        type Result = u64;
+        fn handle(&mut self, _: Add, _: &mut Context<Self>) -> u64 {
+            self.pending += 1;
+            self.state.read(|c| *c) + self.pending
+        }
+    }
+    #[derive(Message)]
+    #[rtype(result = "u64")]
+    struct Get;
+    impl Handler<Get> for Counter {
+        type Result = u64;
+        fn handle(&mut self, _: Get, _: &mut Context<Self>) -> u64 {
+            self.state.read(|c| *c) + self.pending
+        }
+    }
+    impl Handler<Deactivate> for Counter {
+        type Result = actix::ResponseActFuture<Self, ()>;
+        fn handle(&mut self, _: Deactivate, _: &mut Context<Self>) -> Self::Result {
+            let (state, pending) = (self.state.clone(), std::mem::take(&mut self.pending));
+            Box::pin(
+                async move {
+                    // A slow flush: 7 s, then the write.
+                    tokio::time::sleep(Duration::from_secs(7)).await;
+                    state.update(|c| *c += pending).await
+                }
+                .into_actor(self)
+                .map(|r, _, ctx| {
+                    if let Err(e) = r {
+                        eprintln!("the flush failed: {e}");
+                    }
+                    ctx.stop();
+                }),
+            )
+        }
+    }
+
+    let store: rollcall_tests::Store = std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new());
+    let cluster = rollcall_tests::unique_id("write-behind");
+    let (silos, services) = placed_silos(&store, &cluster, &[0, 0]).await;
+    let states = StateStorage::new(store.state_table(&cluster).expect("state table"));
+    let hosts: Vec<_> = services
+        .iter()
+        .map(|svc| {
+            let states = states.clone();
+            ActorHost::new(svc, move |actor, fence| Counter {
+                state: PersistentState::new(
+                    states.fenced(fence),
+                    StateKey::new(actor.to_string(), "count").expect("key"),
+                ),
+                pending: 0,
+            })
+        })
+        .collect();
+    let actors: Vec<_> = (0..50).map(actor).collect();
+    wait_placement_settled(&silos, &services, &actors).await;
+    let a = actors
+        .iter()
+        .find(|a| services[0].fence(a).is_some())
+        .expect("an actor on the first silo")
+        .clone();
+    for want in 1..=5 {
+        assert_eq!(hosts[0].send(&a, Add).await.expect("hosted"), want);
+    }
+    silos[0].shutdown().await.expect("a graceful leave");
+    let moved =
+        rollcall_tests::sim::wait_for(Duration::from_secs(30), || services[1].fence(&a).is_some()).await;
+    assert!(moved.is_some(), "the survivor holds the actor's shard");
+    let read = loop {
+        match hosts[1].send(&a, Get).await {
+            Ok(n) => break n,
+            Err(_) => tokio::task::yield_now().await,
+        }
+    };
+    assert_eq!(read, 5, "the successor reads every acknowledged increment");
+}

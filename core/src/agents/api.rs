@@ -505,6 +505,11 @@ impl SiloHandle {
         r
     }
 
+    /// The options this silo runs with.
+    pub fn options(&self) -> &ClusterMembershipOptions {
+        &self.options
+    }
+
     /// The bound of [`shutdown`](Self::shutdown) and [`stop`](Self::stop):
     /// `shutdown_timeout` for the [leave hooks](Self::on_leave) (graceful shutdown
     /// only), then `shutdown_timeout + table_operation_timeout` (a write already sent

@@ -530,7 +530,12 @@ impl ReminderMachine {
         if self.in_flight.get(&k).is_some_and(|n| *n > 0) || held.host_pending > 0 {
             // Wait for the deliveries in flight (rule 2 of `handoff`) and the
             // hosts' activations of the shard.
-            let drain = self.options.delivery_timeout.min(crate::handoff::MAX_DRAIN);
+            // Deliveries get `MAX_DRAIN`; activations that flush on
+            // `Deactivate` get `deactivate_drain` (issue 72, item 3).
+            let mut drain = self.options.delivery_timeout.min(crate::handoff::MAX_DRAIN);
+            if held.host_pending > 0 {
+                drain = drain.max(self.options.deactivate_drain);
+            }
             let until = self.now.saturating_add(drain);
             held.draining_until = Some(until);
             self.out.push(Action::SetTimer(Timer::Drain, until));
