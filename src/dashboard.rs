@@ -900,7 +900,7 @@ mod tests {
             triggered: false,
         };
         table
-            .append_run("cart/1", "tick", &run, 20)
+            .append_run("cart/1", "tick", &run, 20, None)
             .await
             .expect("append");
         let dashboard = super::Dashboard::new(store, "orders");

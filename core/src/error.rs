@@ -73,14 +73,16 @@ pub enum Error {
         /// The etag found (`None`: no record).
         current: Option<crate::Etag>,
     },
-    /// A state write or clear under a [`Fence`](crate::Fence) found the
-    /// fence's shard lease no longer at the fence's epoch, held (another silo
-    /// acquired it since, or it was released): the writer is no longer the
-    /// actor's owner. Checked by the store in the write's own transaction;
-    /// nothing was written. Not retried: the actor's new owner writes it.
-    #[error("state `{key}` is fenced: shard {shard} of service `{service}` is no longer held at epoch {epoch} (now: {current:?})")]
+    /// A write under a [`Fence`](crate::Fence) (a state write or clear, or a
+    /// shard holder's reminder-row write: a removal, `last_fired`, a run
+    /// append) found the fence's shard lease no longer at the fence's epoch,
+    /// held (another silo acquired it since, or it was released): the writer
+    /// is no longer the owner. Checked by the store in the write's own
+    /// transaction; nothing was written. Not retried: the new owner writes it.
+    #[error("`{key}` is fenced: shard {shard} of service `{service}` is no longer held at epoch {epoch} (now: {current:?})")]
     Fenced {
-        /// The state (`actor#name`).
+        /// What was written: a state (`actor#name`), or a reminder
+        /// (`reminder actor/name`).
         key: String,
         /// The lease's service.
         service: String,

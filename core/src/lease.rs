@@ -153,6 +153,46 @@ impl Fence {
     pub fn token(&self) -> String {
         self.epoch.to_string()
     }
+
+    /// Checks that this fence can fence a reminder-row write of `actor_id`
+    /// in `service`'s table: the fence's service is `service` and its shard
+    /// is the actor's.
+    ///
+    /// # Errors
+    /// [`Error::InvalidInput`] naming what differs; nothing may be written.
+    pub fn check_reminder(&self, service: &str, actor_id: &str) -> Result<()> {
+        if self.service != service {
+            return Err(Error::invalid_input(
+                "fence",
+                format!(
+                    "fences service `{}`, not the reminder table's `{service}`",
+                    self.service
+                ),
+            ));
+        }
+        if !self.covers(actor_id) {
+            return Err(Error::invalid_input(
+                "fence",
+                format!(
+                    "shard {} of {} does not hold actor `{actor_id}`",
+                    self.shard, self.shards
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The [`Error::Fenced`] of a reminder-row write of `(actor_id, name)`
+    /// under this fence, the lease now held at `current` (`None`: released).
+    pub fn refused_reminder(&self, actor_id: &str, name: &str, current: Option<u64>) -> Error {
+        Error::Fenced {
+            key: format!("reminder {actor_id}/{name}"),
+            service: self.service.clone(),
+            shard: self.shard,
+            epoch: self.epoch,
+            current,
+        }
+    }
 }
 
 /// Whether a shard's lease is held.

@@ -206,7 +206,7 @@ pub async fn remove_prefix(
             .map(|row| async move {
                 let removed = crate::bounded(
                     call_timeout,
-                    table.remove_row(&row.actor_id, &row.name, &row.etag),
+                    table.remove_row(&row.actor_id, &row.name, &row.etag, None),
                     timed_out("removing a row"),
                 )
                 .await;

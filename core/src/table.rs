@@ -10,8 +10,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::{
-    Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipSnapshot, ReminderEntry,
-    Result, SiloAddress, TableVersion, Timestamp, WriteKind, WriteOrigin,
+    lease::Fence, Etag, HistoryQuery, MembershipDelta, MembershipEntry, MembershipEvent, MembershipSnapshot,
+    ReminderEntry, Result, SiloAddress, TableVersion, Timestamp, WriteKind, WriteOrigin,
 };
 
 /// Whether writes are ordered by the version row.
@@ -287,20 +287,33 @@ pub trait ReminderTable: Send + Sync + std::fmt::Debug {
 
     /// Deletes the reminder if its etag is `etag`. `Ok(false)` if it is missing or the
     /// etag is stale.
-    async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool>;
+    ///
+    /// Under `fence` (the write of a shard's holder: a one-shot delivered), the
+    /// store also compares the fence's shard lease in the same transaction:
+    /// [`Error::Fenced`](crate::Error::Fenced), nothing deleted, once the lease
+    /// is no longer held at the fence's epoch. `None`: the caller is not a
+    /// holder (an application's `unregister`).
+    async fn remove_row(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        fence: Option<&Fence>,
+    ) -> Result<bool>;
 
     /// Records `fired_at` as the reminder's [`last_fired`](ReminderEntry::last_fired)
     /// time if the row exists with etag `etag`, **without changing the etag** (like
     /// the membership table's IAmAlive column): a handle holding the etag stays valid
     /// while the service persists ticks. `Ok(false)` if the row is missing or the etag
     /// is stale (the reminder was re-registered or removed meanwhile), and nothing is
-    /// written.
+    /// written. Under `fence`, refused as [`remove_row`](Self::remove_row) is.
     async fn update_last_fired(
         &self,
         actor_id: &str,
         name: &str,
         etag: &Etag,
         fired_at: Timestamp,
+        fence: Option<&Fence>,
     ) -> Result<bool>;
 
     /// Sets the reminder's [`paused`](ReminderEntry::paused) column to `paused`
@@ -325,11 +338,20 @@ pub trait ReminderTable: Send + Sync + std::fmt::Debug {
     /// appends to one history all land (none overwrites another). Stored
     /// where the row is (on Redis in the shard's slot).
     ///
+    /// Under `fence`, refused as [`remove_row`](Self::remove_row) is.
+    ///
     /// # Errors
     /// [`Error::InvalidInput`](crate::Error::InvalidInput) for a key past the
-    /// limits or `keep` outside 1..=1,000; the backend's errors.
-    async fn append_run(&self, actor_id: &str, name: &str, run: &crate::RunRecord, keep: usize)
-        -> Result<()>;
+    /// limits or `keep` outside 1..=1,000; [`Error::Fenced`](crate::Error::Fenced);
+    /// the backend's errors.
+    async fn append_run(
+        &self,
+        actor_id: &str,
+        name: &str,
+        run: &crate::RunRecord,
+        keep: usize,
+        fence: Option<&Fence>,
+    ) -> Result<()>;
 
     /// The run history of reminder `(actor_id, name)`, newest first (empty if
     /// none).

@@ -16,13 +16,48 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::primitives::Blob;
-use aws_sdk_dynamodb::types::{AttributeValue, ReturnValue};
+use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, ReturnValue, TransactWriteItem};
 use rollcall_core::lease::{LeaseTable, LeaseWrite};
-use rollcall_core::{Error, Etag, Expected, Result};
+use rollcall_core::{Error, Etag, Expected, Fence, Result};
 use tokio::sync::OnceCell;
 
 use crate::conn::{is_condition_failed, n, new_etag, s, Attrs, Conn, Item};
 use crate::schema::{self, SHARD_KEY, SORT_KEY};
+
+/// The `ConditionCheck` of a fenced write (a state commit, a holder's
+/// reminder-row write): the lease item of the fence's shard (in the
+/// reminders table, where `service`'s leases are) has the fence's epoch as
+/// its fence token.
+pub(crate) fn fence_check(conn: &Conn, service: &str, f: &Fence) -> Result<TransactWriteItem> {
+    let check = ConditionCheck::builder()
+        .table_name(&conn.config.reminders_table)
+        .set_key(Some(lease_item_key(service, f.shard)))
+        .condition_expression("#f = :f")
+        .expression_attribute_names("#f", FENCE)
+        .expression_attribute_values(":f", n(f.epoch))
+        .build()
+        .map_err(|e| Error::backend(format!("dynamodb condition check: {e}")))?;
+    Ok(TransactWriteItem::builder().condition_check(check).build())
+}
+
+/// The fence token of the lease item of `f`'s shard now (consistent read;
+/// `None`: released, or no item).
+pub(crate) async fn fence_token(conn: &Conn, service: &str, f: &Fence) -> Result<Option<u64>> {
+    let table = &conn.config.reminders_table;
+    let out = conn
+        .client
+        .get_item()
+        .table_name(table)
+        .set_key(Some(lease_item_key(service, f.shard)))
+        .consistent_read(true)
+        .send()
+        .await
+        .map_err(|e| conn.error("GetItem", table, e))?;
+    Ok(out
+        .item
+        .as_ref()
+        .and_then(|i| Attrs(i).opt_n::<u64>(FENCE).ok().flatten()))
+}
 
 const ROW: &str = "Row";
 const ETAG: &str = "ETag";

@@ -9,9 +9,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::update_item::builders::UpdateItemFluentBuilder;
 use aws_sdk_dynamodb::primitives::Blob;
-use aws_sdk_dynamodb::types::AttributeValue;
+use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, TransactWriteItem, Update};
 use rollcall_core::{
-    actor_hash, Error, Etag, MissedTickPolicy, ReminderEntry, ReminderTable, Result, RunRecord, Timestamp,
+    actor_hash, Error, Etag, Fence, MissedTickPolicy, ReminderEntry, ReminderTable, Result, RunRecord,
+    Timestamp,
 };
 
 use crate::conn::{n, new_etag, s, Attrs, Conn, Item};
@@ -278,6 +279,33 @@ impl DynamoDbReminderTable {
         Ok(self.conn.conditional(what, self.table_name(), sent)?.is_some())
     }
 
+    /// A holder's write `op` of reminder `(actor_id, name)` under `fence`: one
+    /// `TransactWriteItems` of the fence's `ConditionCheck` and `op`.
+    /// `Ok(false)` when `op`'s own condition failed (nothing written); the
+    /// fence's refusal when its lease is no longer at its epoch (read after
+    /// a failed transaction, to tell the two apart).
+    async fn fenced(
+        &self,
+        what: &str,
+        fence: &Fence,
+        (actor_id, name): (&str, &str),
+        op: TransactWriteItem,
+    ) -> Result<bool> {
+        let check = crate::lease::fence_check(&self.conn, &self.service_id, fence)?;
+        if self
+            .conn
+            .transact(what, self.table_name(), vec![check, op])
+            .await?
+        {
+            return Ok(true);
+        }
+        let current = crate::lease::fence_token(&self.conn, &self.service_id, fence).await?;
+        if current != Some(fence.epoch) {
+            return Err(fence.refused_reminder(actor_id, name, current));
+        }
+        Ok(false)
+    }
+
     /// The key of the run history of `(actor, name)`.
     fn runs_key(&self, actor: &str, name: &str) -> Item {
         let hash = actor_hash(actor);
@@ -404,10 +432,31 @@ impl ReminderTable for DynamoDbReminderTable {
         Ok(etag)
     }
 
-    async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
+    async fn remove_row(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        fence: Option<&Fence>,
+    ) -> Result<bool> {
         LIMITS.check_key(actor_id, name)?;
+        if let Some(f) = fence {
+            f.check_reminder(&self.service_id, actor_id)?;
+        }
         if etag.is_empty() {
             return Ok(false);
+        }
+        if let Some(f) = fence {
+            let delete = Delete::builder()
+                .table_name(self.table_name())
+                .set_key(Some(self.key(actor_hash(actor_id), actor_id, name)))
+                .condition_expression("#e = :e")
+                .expression_attribute_names("#e", ETAG)
+                .expression_attribute_values(":e", s(etag.as_str()))
+                .build()
+                .map_err(|e| Error::backend(format!("dynamodb delete: {e}")))?;
+            let op = TransactWriteItem::builder().delete(delete).build();
+            return self.fenced("remove_row", f, (actor_id, name), op).await;
         }
         let sent = self
             .conn
@@ -432,7 +481,28 @@ impl ReminderTable for DynamoDbReminderTable {
         name: &str,
         etag: &Etag,
         fired_at: Timestamp,
+        fence: Option<&Fence>,
     ) -> Result<bool> {
+        if let Some(f) = fence {
+            LIMITS.check_key(actor_id, name)?;
+            f.check_reminder(&self.service_id, actor_id)?;
+            if etag.is_empty() {
+                return Ok(false);
+            }
+            let update = Update::builder()
+                .table_name(self.table_name())
+                .set_key(Some(self.key(actor_hash(actor_id), actor_id, name)))
+                .update_expression("SET #f = :f")
+                .condition_expression("#e = :e")
+                .expression_attribute_names("#e", ETAG)
+                .expression_attribute_names("#f", LAST_FIRED)
+                .expression_attribute_values(":e", s(etag.as_str()))
+                .expression_attribute_values(":f", s(fired_at.to_string()))
+                .build()
+                .map_err(|e| Error::backend(format!("dynamodb update: {e}")))?;
+            let op = TransactWriteItem::builder().update(update).build();
+            return self.fenced("update_last_fired", f, (actor_id, name), op).await;
+        }
         self.update_under_etag("update_last_fired", actor_id, name, etag, |u| {
             u.update_expression("SET #f = :f")
                 .expression_attribute_names("#f", LAST_FIRED)
@@ -460,9 +530,19 @@ impl ReminderTable for DynamoDbReminderTable {
         .await
     }
 
-    async fn append_run(&self, actor_id: &str, name: &str, run: &RunRecord, keep: usize) -> Result<()> {
+    async fn append_run(
+        &self,
+        actor_id: &str,
+        name: &str,
+        run: &RunRecord,
+        keep: usize,
+        fence: Option<&Fence>,
+    ) -> Result<()> {
         LIMITS.check_key(actor_id, name)?;
         rollcall_core::check_run_keep(keep)?;
+        if let Some(f) = fence {
+            f.check_reminder(&self.service_id, actor_id)?;
+        }
         let key = self.runs_key(actor_id, name);
         // Read, prepend, write if unchanged; again on a race. A write that
         // timed out but landed shows as `run` at the front on the next read.
@@ -476,6 +556,26 @@ impl ReminderTable for DynamoDbReminderTable {
             let mut item = key.clone();
             item.insert(RUNS.into(), s(json));
             item.insert(RUNS_VERSION.into(), AttributeValue::N((version + 1).to_string()));
+            if let Some(f) = fence {
+                let put = Put::builder()
+                    .table_name(self.table_name())
+                    .set_item(Some(item))
+                    .expression_attribute_names("#v", RUNS_VERSION);
+                let put = if version == 0 {
+                    put.condition_expression("attribute_not_exists(#v)")
+                } else {
+                    put.condition_expression("#v = :v")
+                        .expression_attribute_values(":v", AttributeValue::N(version.to_string()))
+                };
+                let put = put
+                    .build()
+                    .map_err(|e| Error::backend(format!("dynamodb put: {e}")))?;
+                let op = TransactWriteItem::builder().put(put).build();
+                if self.fenced("append_run", f, (actor_id, name), op).await? {
+                    return Ok(());
+                }
+                continue;
+            }
             let put = self
                 .conn
                 .client

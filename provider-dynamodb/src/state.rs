@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::primitives::Blob;
-use aws_sdk_dynamodb::types::{AttributeValue, ConditionCheck, Delete, Put, ReturnValue, TransactWriteItem};
+use aws_sdk_dynamodb::types::{AttributeValue, Delete, Put, ReturnValue, TransactWriteItem};
 use rollcall_core::state::{replaced_generation, Commit, HeaderWrite, StateLimits, StateTable};
 use rollcall_core::{Error, Etag, Expected, Fence, KeyLimits, Result, StateKey, Timestamp};
 use tokio::sync::OnceCell;
@@ -225,41 +225,6 @@ impl DynamoDbStateTable {
         Ok(Commit::Conflict { index: 0, current })
     }
 
-    /// The `ConditionCheck` of a fenced commit: the lease item of the fence's
-    /// shard (in the reminders table, where the service's leases are) has the
-    /// fence's epoch as its fence token.
-    fn fence_check(&self, f: &Fence) -> Result<TransactWriteItem> {
-        let check = ConditionCheck::builder()
-            .table_name(&self.conn.config.reminders_table)
-            .set_key(Some(crate::lease::lease_item_key(&self.service_id, f.shard)))
-            .condition_expression("#f = :f")
-            .expression_attribute_names("#f", crate::lease::FENCE)
-            .expression_attribute_values(":f", n(f.epoch))
-            .build()
-            .map_err(|e| Error::backend(format!("dynamodb condition check: {e}")))?;
-        Ok(TransactWriteItem::builder().condition_check(check).build())
-    }
-
-    /// The fence token of the lease item of `f`'s shard now (consistent read;
-    /// `None`: released, or no item).
-    async fn fence_token(&self, f: &Fence) -> Result<Option<u64>> {
-        let table = &self.conn.config.reminders_table;
-        let out = self
-            .conn
-            .client
-            .get_item()
-            .table_name(table)
-            .set_key(Some(crate::lease::lease_item_key(&self.service_id, f.shard)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| self.conn.error("GetItem", table, e))?;
-        Ok(out
-            .item
-            .as_ref()
-            .and_then(|i| Attrs(i).opt_n::<u64>(crate::lease::FENCE).ok().flatten()))
-    }
-
     /// The transaction of a commit (the fence's `ConditionCheck` first, then
     /// each write's chunks and conditional header), tried again while
     /// concurrent transactions cancel it. Its `Done` has no `replaced`.
@@ -268,7 +233,7 @@ impl DynamoDbStateTable {
             let now = Timestamp::now().as_millis();
             let mut ops = Vec::new();
             if let Some(f) = fence {
-                ops.push(self.fence_check(f)?);
+                ops.push(crate::lease::fence_check(&self.conn, &self.service_id, f)?);
             }
             let mut etags = Vec::with_capacity(writes.len());
             for w in writes {
@@ -314,7 +279,7 @@ impl DynamoDbStateTable {
             }
             // A failed condition, or a concurrent transaction: which one?
             if let Some(f) = fence {
-                let current = self.fence_token(f).await?;
+                let current = crate::lease::fence_token(&self.conn, &self.service_id, f).await?;
                 if current != Some(f.epoch) {
                     return Ok(Commit::Fenced { current });
                 }

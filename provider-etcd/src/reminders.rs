@@ -11,7 +11,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 use rollcall_core::KeyLimits;
-use rollcall_core::{actor_hash, Error, Etag, ReminderEntry, ReminderTable, Result, RunRecord, Timestamp};
+use rollcall_core::{
+    actor_hash, Error, Etag, Fence, ReminderEntry, ReminderTable, Result, RunRecord, Timestamp,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::conn::{revision, Conn};
@@ -47,6 +49,9 @@ pub struct EtcdReminderTable {
     conn: Arc<Conn>,
     keys: ReminderKeys,
     service_id: String,
+    /// The base of the service's lease keys (a fenced write compares its
+    /// shard's fence key).
+    lease_base: String,
 }
 
 impl EtcdReminderTable {
@@ -54,6 +59,7 @@ impl EtcdReminderTable {
         EtcdReminderTable {
             conn,
             keys: ReminderKeys::new(prefix, service_id),
+            lease_base: crate::lease::lease_base(prefix, service_id),
             service_id: service_id.to_owned(),
         }
     }
@@ -101,6 +107,42 @@ impl EtcdReminderTable {
                 e
             })
             .collect())
+    }
+
+    /// Under `fence`: the compare of its shard's fence key (a missing key
+    /// fails a value compare) and the read that names the current token when
+    /// the transaction fails, after the fence's own checks.
+    fn fence_guard(&self, fence: Option<&Fence>, actor_id: &str) -> Result<Option<(Compare, TxnOp, String)>> {
+        let Some(f) = fence else { return Ok(None) };
+        f.check_reminder(&self.service_id, actor_id)?;
+        let key = crate::lease::fence_key(&self.lease_base, f.shard);
+        Ok(Some((
+            Compare::value(key.clone(), CompareOp::Equal, f.token()),
+            TxnOp::get(key.clone(), None),
+            key,
+        )))
+    }
+
+    /// After a failed transaction with `fence`'s guard: the refusal when the
+    /// fence key (read in its else branch) no longer holds the fence's token.
+    fn refused(
+        fence: Option<&Fence>,
+        resp: &etcd_client::TxnResponse,
+        key: Option<&str>,
+        actor_id: &str,
+        name: &str,
+    ) -> Option<Error> {
+        let (f, key) = (fence?, key?);
+        let token = resp.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(g) => g
+                .kvs()
+                .iter()
+                .find(|kv| kv.key() == key.as_bytes())
+                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()),
+            _ => None,
+        });
+        (token.as_deref() != Some(f.token().as_str()))
+            .then(|| f.refused_reminder(actor_id, name, token.and_then(|t| t.parse().ok())))
     }
 
     /// Every reminder with a key in `[start, end)`, a page at a time, every page read
@@ -232,20 +274,42 @@ impl ReminderTable for EtcdReminderTable {
         Ok(Etag::new(revision.to_string()))
     }
 
-    async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
+    async fn remove_row(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        fence: Option<&Fence>,
+    ) -> Result<bool> {
         KeyLimits::CORE.check_key(actor_id, name)?;
+        let guard = self.fence_guard(fence, actor_id)?;
         let Some(rev) = revision(etag).filter(|r| *r > 0) else {
             return Ok(false);
         };
         let key = self.keys.row(actor_hash(actor_id), actor_id, name);
+        let mut when = vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)];
+        let mut otherwise = Vec::new();
+        let fence_key = guard.map(|(c, read, k)| {
+            when.push(c);
+            otherwise.push(read);
+            k
+        });
         let txn = Txn::new()
-            .when(vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
+            .when(when)
             .and_then(vec![
                 TxnOp::delete(ReminderKeys::fired(&key), None),
                 TxnOp::delete(ReminderKeys::paused(&key), None),
                 TxnOp::delete(key, None),
-            ]);
-        Ok(self.conn.txn("reminder remove_row", txn).await?.succeeded())
+            ])
+            .or_else(otherwise);
+        let resp = self.conn.txn("reminder remove_row", txn).await?;
+        if resp.succeeded() {
+            return Ok(true);
+        }
+        match Self::refused(fence, &resp, fence_key.as_deref(), actor_id, name) {
+            Some(e) => Err(e),
+            None => Ok(false),
+        }
     }
 
     async fn update_last_fired(
@@ -254,26 +318,39 @@ impl ReminderTable for EtcdReminderTable {
         name: &str,
         etag: &Etag,
         fired_at: Timestamp,
+        fence: Option<&Fence>,
     ) -> Result<bool> {
         KeyLimits::CORE.check_key(actor_id, name)?;
+        let guard = self.fence_guard(fence, actor_id)?;
         let Some(rev) = revision(etag).filter(|r| *r > 0) else {
             return Ok(false);
         };
         let key = self.keys.row(actor_hash(actor_id), actor_id, name);
+        let mut when = vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)];
+        let mut otherwise = Vec::new();
+        let fence_key = guard.map(|(c, read, k)| {
+            when.push(c);
+            otherwise.push(read);
+            k
+        });
         // The row's mod_revision is the etag; the put goes to the fired key, so the
         // etag stays.
         let txn = Txn::new()
-            .when(vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
+            .when(when)
             .and_then(vec![TxnOp::put(
                 ReminderKeys::fired(&key),
                 fired_json(fired_at)?,
                 None,
-            )]);
-        Ok(self
-            .conn
-            .txn("reminder update_last_fired", txn)
-            .await?
-            .succeeded())
+            )])
+            .or_else(otherwise);
+        let resp = self.conn.txn("reminder update_last_fired", txn).await?;
+        if resp.succeeded() {
+            return Ok(true);
+        }
+        match Self::refused(fence, &resp, fence_key.as_deref(), actor_id, name) {
+            Some(e) => Err(e),
+            None => Ok(false),
+        }
     }
 
     async fn update_paused(
@@ -295,9 +372,17 @@ impl ReminderTable for EtcdReminderTable {
         Ok(self.conn.txn("reminder update_paused", txn).await?.succeeded())
     }
 
-    async fn append_run(&self, actor_id: &str, name: &str, run: &RunRecord, keep: usize) -> Result<()> {
+    async fn append_run(
+        &self,
+        actor_id: &str,
+        name: &str,
+        run: &RunRecord,
+        keep: usize,
+        fence: Option<&Fence>,
+    ) -> Result<()> {
         KeyLimits::CORE.check_key(actor_id, name)?;
         rollcall_core::check_run_keep(keep)?;
+        let fence_guard = self.fence_guard(fence, actor_id)?;
         let key = self.keys.runs(actor_hash(actor_id), actor_id, name);
         // Read, prepend, write if unchanged; again on a race (a handoff's
         // two holders). A write that timed out but landed shows as `run` at
@@ -314,11 +399,28 @@ impl ReminderTable for EtcdReminderTable {
             } else {
                 Compare::mod_revision(key.clone(), CompareOp::Equal, rev)
             };
+            let mut when = vec![guard];
+            let mut otherwise = Vec::new();
+            if let Some((c, read, _)) = &fence_guard {
+                when.push(c.clone());
+                otherwise.push(read.clone());
+            }
             let txn = Txn::new()
-                .when(vec![guard])
-                .and_then(vec![TxnOp::put(key.clone(), json, None)]);
-            if self.conn.txn("reminder append_run", txn).await?.succeeded() {
+                .when(when)
+                .and_then(vec![TxnOp::put(key.clone(), json, None)])
+                .or_else(otherwise);
+            let resp = self.conn.txn("reminder append_run", txn).await?;
+            if resp.succeeded() {
                 return Ok(());
+            }
+            if let Some(e) = Self::refused(
+                fence,
+                &resp,
+                fence_guard.as_ref().map(|g| g.2.as_str()),
+                actor_id,
+                name,
+            ) {
+                return Err(e);
             }
         }
         Err(Error::backend(format!(

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use rollcall_core::KeyLimits;
-use rollcall_core::{actor_hash, Etag, ReminderEntry, ReminderTable, Result, RunRecord, Timestamp};
+use rollcall_core::{actor_hash, Etag, Fence, ReminderEntry, ReminderTable, Result, RunRecord, Timestamp};
 
 use crate::MemoryStore;
 
@@ -21,6 +21,31 @@ pub struct MemoryReminderTable {
 
 fn key_of(actor_id: &str, name: &str) -> (u32, String, String) {
     (actor_hash(actor_id), actor_id.to_owned(), name.to_owned())
+}
+
+impl MemoryReminderTable {
+    /// Under `fence`: the leases' lock, held by the caller across its write
+    /// (taken before the services' lock, as a fenced state commit takes it),
+    /// once the fence's lease is found at its epoch.
+    fn fence_held(
+        &self,
+        actor_id: &str,
+        name: &str,
+        fence: Option<&Fence>,
+    ) -> Result<Option<std::sync::MutexGuard<'_, std::collections::HashMap<String, crate::lease::Leases>>>>
+    {
+        let Some(f) = fence else {
+            return Ok(None);
+        };
+        f.check_reminder(&self.service_id, actor_id)?;
+        self.store.check_available()?;
+        let leases = crate::lock(&self.store.inner.leases);
+        let current = leases.get(&f.service).and_then(|l| l.fence(f.shard));
+        if current != Some(f.epoch) {
+            return Err(f.refused_reminder(actor_id, name, current));
+        }
+        Ok(Some(leases))
+    }
 }
 
 #[async_trait]
@@ -81,8 +106,15 @@ impl ReminderTable for MemoryReminderTable {
         Ok(etag)
     }
 
-    async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
+    async fn remove_row(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        fence: Option<&Fence>,
+    ) -> Result<bool> {
         KeyLimits::CORE.check_key(actor_id, name)?;
+        let _leases = self.fence_held(actor_id, name, fence)?;
         self.store.with_service(&self.service_id, |s| {
             let key = key_of(actor_id, name);
             if s.get(&key).is_some_and(|e| &e.etag == etag) {
@@ -100,8 +132,10 @@ impl ReminderTable for MemoryReminderTable {
         name: &str,
         etag: &Etag,
         fired_at: Timestamp,
+        fence: Option<&Fence>,
     ) -> Result<bool> {
         KeyLimits::CORE.check_key(actor_id, name)?;
+        let _leases = self.fence_held(actor_id, name, fence)?;
         self.store
             .with_service(&self.service_id, |s| match s.get_mut(&key_of(actor_id, name)) {
                 Some(e) if &e.etag == etag => {
@@ -130,9 +164,17 @@ impl ReminderTable for MemoryReminderTable {
             })
     }
 
-    async fn append_run(&self, actor_id: &str, name: &str, run: &RunRecord, keep: usize) -> Result<()> {
+    async fn append_run(
+        &self,
+        actor_id: &str,
+        name: &str,
+        run: &RunRecord,
+        keep: usize,
+        fence: Option<&Fence>,
+    ) -> Result<()> {
         KeyLimits::CORE.check_key(actor_id, name)?;
         rollcall_core::check_run_keep(keep)?;
+        let _leases = self.fence_held(actor_id, name, fence)?;
         let key = (self.service_id.clone(), actor_id.to_owned(), name.to_owned());
         self.store.with_runs(|runs| {
             rollcall_core::prepend_run(runs.entry(key).or_default(), run, keep);

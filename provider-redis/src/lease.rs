@@ -47,6 +47,14 @@ return redis.call('GET', KEYS[1])
 
 /// Records `shards` as the shard count of the service of `keys` unless one is
 /// recorded; the recorded count.
+/// The fence token of shard `k`'s lease: its epoch while held (`None`:
+/// released or never acquired, or not a number).
+pub(crate) async fn read_fence(router: &Router, keys: &ReminderKeys, k: u32) -> Result<Option<u64>> {
+    let cmd = redis::cmd("HGET").arg(keys.lease(k)).arg("fence").clone();
+    let token: Option<String> = router.query(&keys.shard_tag(k), "read fence", &cmd).await?;
+    Ok(token.and_then(|t| t.parse().ok()))
+}
+
 pub(crate) async fn record_shard_count(router: &Router, keys: &ReminderKeys, shards: u32) -> Result<u32> {
     let key = keys.count();
     let recorded: String = router

@@ -19,7 +19,7 @@ use std::sync::{Arc, LazyLock};
 use async_trait::async_trait;
 use rollcall_core::KeyLimits;
 use rollcall_core::{
-    actor_hash, hash_shard, Error, Etag, ReminderEntry, ReminderTable, Result, RunRecord, Timestamp,
+    actor_hash, hash_shard, Error, Etag, Fence, ReminderEntry, ReminderTable, Result, RunRecord, Timestamp,
     DEFAULT_SHARDS,
 };
 use tokio::sync::OnceCell;
@@ -50,6 +50,7 @@ return #members
 static APPEND_RUN: LazyLock<redis::Script> = LazyLock::new(|| {
     redis::Script::new(
         r"
+if KEYS[3] and redis.call('HGET', KEYS[3], 'fence') ~= ARGV[4] then return -2 end
 if redis.call('LINDEX', KEYS[1], 0) == ARGV[1] then return 0 end
 redis.call('LPUSH', KEYS[1], ARGV[1])
 redis.call('LTRIM', KEYS[1], 0, tonumber(ARGV[2]) - 1)
@@ -198,54 +199,105 @@ impl RedisReminderTable {
     /// (which must keep exactly one reply) with `MULTI ... EXEC`. `Ok(false)` for
     /// a missing row, another etag, or a row changed between the `GET` and the
     /// `EXEC`.
+    /// Under `fence`, the checks before anything is sent: the fence is this
+    /// service's, its shard count the table's and its shard the row's.
+    fn check_fence(&self, fence: Option<&Fence>, actor_id: &str, shards: u32) -> Result<()> {
+        let Some(f) = fence else { return Ok(()) };
+        f.check_reminder(&self.service_id, actor_id)?;
+        if f.shards != shards {
+            return Err(Error::invalid_input(
+                "fence",
+                format!(
+                    "the fence counts {} shards; service `{}` has {shards}",
+                    f.shards, self.service_id
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
     async fn when_etag_matches<F>(
         &self,
         what: &'static str,
         k: u32,
+        (actor_id, name): (&str, &str),
         member: &str,
         etag: &Etag,
+        fence: Option<&Fence>,
         write: F,
     ) -> Result<bool>
     where
         F: Fn(ReminderEntry, &str) -> Result<redis::Pipeline>,
     {
         let row_key = self.keys.row(k, member);
-        let (row_key, write) = (&row_key, &write);
+        // Under a fence the shard's lease hash (same slot) is watched and its
+        // fence field compared too; its writes (the holder's own checkpoints)
+        // abort the EXEC, which is then tried again.
+        let lease_key = fence.map(|_| self.keys.lease(k));
+        let (row_key, lease_key, write) = (&row_key, &lease_key, &write);
         self.router
             .run(&self.keys.shard_tag(k), |node: Arc<Node>| async move {
                 node.timed(what, async {
                     let mut con = node.dedicated().await?;
                     let r = async {
-                        // Pooled connections never carry a WATCH (conn::WatchConnections).
-                        let (raw,): (Option<String>,) = redis::pipe()
-                            .cmd("WATCH")
-                            .arg(row_key)
-                            .ignore()
-                            .get(row_key)
-                            .query_async(&mut con)
-                            .await
-                            .map_err(|e| backend("WATCH and GET", e))?;
-                        let row = match raw {
-                            Some(r) => Some(decode(&r, row_key)?).filter(|row| row.etag == *etag),
-                            None => None,
-                        };
-                        let Some(row) = row else {
-                            redis::cmd("UNWATCH")
-                                .query_async::<()>(&mut con)
+                        for _ in 0..16 {
+                            // Pooled connections never carry a WATCH (conn::WatchConnections).
+                            let mut read = redis::pipe();
+                            read.cmd("WATCH")
+                                .arg(row_key)
+                                .arg(lease_key.as_slice())
+                                .ignore()
+                                .get(row_key);
+                            if let Some(lease) = lease_key {
+                                read.hget(lease, "fence");
+                            } else {
+                                // Keeps the reply's shape.
+                                read.cmd("ECHO").arg("");
+                            }
+                            let (raw, token): (Option<String>, Option<String>) = read
+                                .query_async(&mut con)
                                 .await
-                                .map_err(|e| backend("UNWATCH", e))?;
-                            return Ok(false);
-                        };
-                        // An aborted EXEC answers nil.
-                        let done: Option<(redis::Value,)> = write(row, row_key)?
-                            .query_async(&mut con)
-                            .await
-                            .map_err(|e| backend("EXEC", e))?;
-                        if done.is_some() {
-                            // Acknowledged only once the replicas asked for have it.
-                            node.wait_for_replicas(&mut con).await?;
+                                .map_err(|e| backend("WATCH and GET", e))?;
+                            if let Some(f) = fence {
+                                if token.as_deref() != Some(f.token().as_str()) {
+                                    redis::cmd("UNWATCH")
+                                        .query_async::<()>(&mut con)
+                                        .await
+                                        .map_err(|e| backend("UNWATCH", e))?;
+                                    let current = token.and_then(|t| t.parse().ok());
+                                    return Err(f.refused_reminder(actor_id, name, current));
+                                }
+                            }
+                            let row = match raw {
+                                Some(r) => Some(decode(&r, row_key)?).filter(|row| row.etag == *etag),
+                                None => None,
+                            };
+                            let Some(row) = row else {
+                                redis::cmd("UNWATCH")
+                                    .query_async::<()>(&mut con)
+                                    .await
+                                    .map_err(|e| backend("UNWATCH", e))?;
+                                return Ok(false);
+                            };
+                            // An aborted EXEC answers nil.
+                            let done: Option<(redis::Value,)> = write(row, row_key)?
+                                .query_async(&mut con)
+                                .await
+                                .map_err(|e| backend("EXEC", e))?;
+                            if done.is_some() {
+                                // Acknowledged only once the replicas asked for have it.
+                                node.wait_for_replicas(&mut con).await?;
+                                return Ok(true);
+                            }
+                            if fence.is_none() {
+                                // Only the row was watched: it changed.
+                                return Ok(false);
+                            }
                         }
-                        Ok(done.is_some())
+                        Err(Error::backend(format!(
+                            "{row_key}: 16 fenced writes aborted in a row"
+                        )))
                     }
                     .await;
                     if r.is_err() {
@@ -355,16 +407,32 @@ impl ReminderTable for RedisReminderTable {
         Ok(etag)
     }
 
-    async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
+    async fn remove_row(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        fence: Option<&Fence>,
+    ) -> Result<bool> {
         KeyLimits::CORE.check_key(actor_id, name)?;
-        let k = hash_shard(actor_hash(actor_id), self.shards().await?);
+        let shards = self.shards().await?;
+        self.check_fence(fence, actor_id, shards)?;
+        let k = hash_shard(actor_hash(actor_id), shards);
         let member = ReminderKeys::member(actor_id, name);
         let ring = self.keys.ring(k);
-        self.when_etag_matches("remove_row", k, &member, etag, |_, row_key| {
-            let mut p = redis::pipe();
-            p.atomic().del(row_key).ignore().zrem(&ring, &member);
-            Ok(p)
-        })
+        self.when_etag_matches(
+            "remove_row",
+            k,
+            (actor_id, name),
+            &member,
+            etag,
+            fence,
+            |_, row_key| {
+                let mut p = redis::pipe();
+                p.atomic().del(row_key).ignore().zrem(&ring, &member);
+                Ok(p)
+            },
+        )
         .await
     }
 
@@ -374,20 +442,31 @@ impl ReminderTable for RedisReminderTable {
         name: &str,
         etag: &Etag,
         fired_at: Timestamp,
+        fence: Option<&Fence>,
     ) -> Result<bool> {
         KeyLimits::CORE.check_key(actor_id, name)?;
-        let k = hash_shard(actor_hash(actor_id), self.shards().await?);
+        let shards = self.shards().await?;
+        self.check_fence(fence, actor_id, shards)?;
+        let k = hash_shard(actor_hash(actor_id), shards);
         let member = ReminderKeys::member(actor_id, name);
-        self.when_etag_matches("update_last_fired", k, &member, etag, |mut row, row_key| {
-            // Same JSON with the same etag: handles holding it stay valid.
-            row.last_fired = Some(fired_at);
-            let json =
-                serde_json::to_string(&row).map_err(|e| Error::backend(format!("encode reminder: {e}")))?;
-            let mut p = redis::pipe();
-            // EXISTS is the one reply kept: a committed EXEC is a non-empty array.
-            p.atomic().set(row_key, json).ignore().exists(row_key);
-            Ok(p)
-        })
+        self.when_etag_matches(
+            "update_last_fired",
+            k,
+            (actor_id, name),
+            &member,
+            etag,
+            fence,
+            |mut row, row_key| {
+                // Same JSON with the same etag: handles holding it stay valid.
+                row.last_fired = Some(fired_at);
+                let json = serde_json::to_string(&row)
+                    .map_err(|e| Error::backend(format!("encode reminder: {e}")))?;
+                let mut p = redis::pipe();
+                // EXISTS is the one reply kept: a committed EXEC is a non-empty array.
+                p.atomic().set(row_key, json).ignore().exists(row_key);
+                Ok(p)
+            },
+        )
         .await
     }
 
@@ -401,29 +480,51 @@ impl ReminderTable for RedisReminderTable {
         KeyLimits::CORE.check_key(actor_id, name)?;
         let k = hash_shard(actor_hash(actor_id), self.shards().await?);
         let member = ReminderKeys::member(actor_id, name);
-        self.when_etag_matches("update_paused", k, &member, etag, |mut row, row_key| {
-            // Same JSON with the same etag, as update_last_fired.
-            row.paused = paused;
-            let json =
-                serde_json::to_string(&row).map_err(|e| Error::backend(format!("encode reminder: {e}")))?;
-            let mut p = redis::pipe();
-            p.atomic().set(row_key, json).ignore().exists(row_key);
-            Ok(p)
-        })
+        self.when_etag_matches(
+            "update_paused",
+            k,
+            (actor_id, name),
+            &member,
+            etag,
+            None,
+            |mut row, row_key| {
+                // Same JSON with the same etag, as update_last_fired.
+                row.paused = paused;
+                let json = serde_json::to_string(&row)
+                    .map_err(|e| Error::backend(format!("encode reminder: {e}")))?;
+                let mut p = redis::pipe();
+                p.atomic().set(row_key, json).ignore().exists(row_key);
+                Ok(p)
+            },
+        )
         .await
     }
 
-    async fn append_run(&self, actor_id: &str, name: &str, run: &RunRecord, keep: usize) -> Result<()> {
+    async fn append_run(
+        &self,
+        actor_id: &str,
+        name: &str,
+        run: &RunRecord,
+        keep: usize,
+        fence: Option<&Fence>,
+    ) -> Result<()> {
         KeyLimits::CORE.check_key(actor_id, name)?;
         rollcall_core::check_run_keep(keep)?;
-        let k = hash_shard(actor_hash(actor_id), self.shards().await?);
+        let shards = self.shards().await?;
+        self.check_fence(fence, actor_id, shards)?;
+        let k = hash_shard(actor_hash(actor_id), shards);
         let member = ReminderKeys::member(actor_id, name);
         let json = serde_json::to_string(run).map_err(|e| Error::backend(format!("encode run: {e}")))?;
-        // One slot (the shard's tag): the push, the trim and the index in one
-        // script (and a `WAIT` for the replicas when the store asks for one).
-        let keys = [self.keys.runs(k, &member), self.keys.runs_index(k)];
-        let args = [json, keep.to_string(), member];
-        let _: i64 = self
+        // One slot (the shard's tag): the fence's compare, the push, the trim
+        // and the index in one script (and a `WAIT` for the replicas when the
+        // store asks for one).
+        let mut keys = vec![self.keys.runs(k, &member), self.keys.runs_index(k)];
+        let mut args = vec![json, keep.to_string(), member];
+        if let Some(f) = fence {
+            keys.push(self.keys.lease(k));
+            args.push(f.token());
+        }
+        let n: i64 = self
             .router
             .invoke_write(
                 &self.keys.shard_tag(k),
@@ -434,6 +535,13 @@ impl ReminderTable for RedisReminderTable {
                 |n: &i64| *n == 1,
             )
             .await?;
+        if let (-2, Some(f)) = (n, fence) {
+            let current = crate::lease::read_fence(&self.router, &self.keys, k)
+                .await
+                .ok()
+                .flatten();
+            return Err(f.refused_reminder(actor_id, name, current));
+        }
         Ok(())
     }
 

@@ -361,16 +361,26 @@ impl ReminderAgent {
                     result,
                 });
             }
-            Action::Write(write) => {
+            Action::Write(write, fence) => {
                 let w = write.clone();
                 let parked = self.parked.clone();
-                let call = async move { bounded(timeout, apply_write(&*table, parked.as_deref(), &w)).await };
+                let call = async move {
+                    bounded(
+                        timeout,
+                        apply_write(&*table, parked.as_deref(), &w, fence.as_ref()),
+                    )
+                    .await
+                };
                 self.answer(ctx, call, move |result| Event::Written { write, result });
             }
             Action::AppendRun(w) => {
                 let keep = self.options.run_history;
                 let call = async move {
-                    bounded(timeout, table.append_run(&w.actor, &w.name, &w.record, keep)).await
+                    bounded(
+                        timeout,
+                        table.append_run(&w.actor, &w.name, &w.record, keep, w.fence.as_ref()),
+                    )
+                    .await
                 };
                 self.answer(ctx, call, move |result: Result<(), ReminderError>| {
                     if let Err(e) = &result {

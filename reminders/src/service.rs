@@ -528,7 +528,13 @@ impl Reminders {
     pub async fn unregister(&self, handle: &ReminderHandle) -> Result<(), ReminderError> {
         let t = self.inner.options.table_operation_timeout;
         let actor = handle.actor.to_string();
-        let removed = bounded(t, self.inner.table.remove_row(&actor, &handle.name, &handle.etag)).await?;
+        let removed = bounded(
+            t,
+            self.inner
+                .table
+                .remove_row(&actor, &handle.name, &handle.etag, None),
+        )
+        .await?;
         if removed {
             self.notify_owner(&actor, &handle.name);
             bounded(t, self.inner.table.remove_runs(&actor, &handle.name)).await?;

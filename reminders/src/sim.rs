@@ -632,7 +632,7 @@ impl World {
             return false;
         }
         let via = active[self.sched.rng().random_range(0..active.len())];
-        if !now_or_fail(self.table.remove_row(actor, name, &life.etag)).unwrap_or(false) {
+        if !now_or_fail(self.table.remove_row(actor, name, &life.etag, None)).unwrap_or(false) {
             return false;
         }
         let now = self.now();
@@ -1052,11 +1052,13 @@ impl World {
                 };
                 self.sched.push(lat, i, Ev::Handled(tick, Box::new(event)));
             }
-            Action::Write(write) => {
+            Action::Write(write, fence) => {
                 let table = self.table.clone();
                 let parked = self.parked.clone();
-                let (lat, result) =
-                    self.table_call(i, crate::machine::apply_write(&*table, Some(&*parked), &write));
+                let (lat, result) = self.table_call(
+                    i,
+                    crate::machine::apply_write(&*table, Some(&*parked), &write, fence.as_ref()),
+                );
                 self.sched
                     .push(lat, i, Ev::Machine(Box::new(Event::Written { write, result })));
             }

@@ -235,9 +235,15 @@ impl ReminderTable for CountingReminders {
         bump(&self.counts.row_writes);
         self.inner.upsert_row(entry).await
     }
-    async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> Result<bool> {
+    async fn remove_row(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        fence: Option<&rollcall_core::Fence>,
+    ) -> Result<bool> {
         bump(&self.counts.row_writes);
-        self.inner.remove_row(actor_id, name, etag).await
+        self.inner.remove_row(actor_id, name, etag, fence).await
     }
     async fn append_run(
         &self,
@@ -245,9 +251,10 @@ impl ReminderTable for CountingReminders {
         name: &str,
         run: &rollcall_core::RunRecord,
         keep: usize,
+        fence: Option<&rollcall_core::Fence>,
     ) -> Result<()> {
         bump(&self.counts.row_writes);
-        self.inner.append_run(actor_id, name, run, keep).await
+        self.inner.append_run(actor_id, name, run, keep, fence).await
     }
     async fn read_runs(&self, actor_id: &str, name: &str) -> Result<Vec<rollcall_core::RunRecord>> {
         self.inner.read_runs(actor_id, name).await
@@ -272,9 +279,12 @@ impl ReminderTable for CountingReminders {
         name: &str,
         etag: &Etag,
         fired_at: Timestamp,
+        fence: Option<&rollcall_core::Fence>,
     ) -> Result<bool> {
         bump(&self.counts.row_writes);
-        self.inner.update_last_fired(actor_id, name, etag, fired_at).await
+        self.inner
+            .update_last_fired(actor_id, name, etag, fired_at, fence)
+            .await
     }
     async fn clear(&self) -> Result<()> {
         self.inner.clear().await

@@ -141,7 +141,13 @@ pub async fn keys_reminders_at_and_past_the_limit(store: Store) {
         let rows = table.read_rows_for(&actor).await.expect("read_rows_for");
         assert!(rows.iter().any(|r| r.name == name), "read_rows_for finds it");
         assert!(table
-            .update_last_fired(&actor, &name, &etag, Timestamp::from_millis(1_795_000_001_000))
+            .update_last_fired(
+                &actor,
+                &name,
+                &etag,
+                Timestamp::from_millis(1_795_000_001_000),
+                None
+            )
             .await
             .expect("update_last_fired"));
         written.insert((actor, name, etag));
@@ -154,10 +160,14 @@ pub async fn keys_reminders_at_and_past_the_limit(store: Store) {
         invalid_input(table.upsert_row(&entry).await, what, "upsert_row");
         invalid_input(table.read_row(&actor, &name).await, what, "read_row");
         let etag = rollcall_core::Etag::from("e");
-        invalid_input(table.remove_row(&actor, &name, &etag).await, what, "remove_row");
+        invalid_input(
+            table.remove_row(&actor, &name, &etag, None).await,
+            what,
+            "remove_row",
+        );
         invalid_input(
             table
-                .update_last_fired(&actor, &name, &etag, Timestamp::from_millis(1))
+                .update_last_fired(&actor, &name, &etag, Timestamp::from_millis(1), None)
                 .await,
             what,
             "update_last_fired",
@@ -169,7 +179,10 @@ pub async fn keys_reminders_at_and_past_the_limit(store: Store) {
     let all = table.read_rows_in_range(0, 0).await.expect("the whole ring");
     assert_eq!(all.len(), written.len(), "nothing written past the limits");
     for (actor, name, etag) in written {
-        assert!(table.remove_row(&actor, &name, &etag).await.expect("remove_row"));
+        assert!(table
+            .remove_row(&actor, &name, &etag, None)
+            .await
+            .expect("remove_row"));
     }
     assert!(table.read_rows_in_range(0, 0).await.expect("ring").is_empty());
 }

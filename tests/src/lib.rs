@@ -210,6 +210,7 @@ macro_rules! conformance_tests {
                 reminder_table::remove_prefix_is_exact_and_safe_to_run_again,
                 reminder_table::paused_keeps_the_etag,
                 reminder_table::run_history_keeps_the_newest,
+                reminder_table::holder_writes_under_a_stale_fence_are_refused,
                 key_limits::keys_membership_names_at_and_past_the_limit,
                 key_limits::keys_reminders_at_and_past_the_limit,
                 key_limits::keys_metrics_ids_at_and_past_the_limit,

@@ -156,19 +156,28 @@ pub async fn remove_row_preconditions(store: Store) {
     let e = reminder(&*table, "actor", "r", None);
     let first = table.upsert_row(&e).await.expect("upsert");
     let second = table.upsert_row(&e).await.expect("upsert");
-    assert!(!table.remove_row("actor", "r", &first).await.expect("stale etag"));
     assert!(!table
-        .remove_row("actor", "other", &second)
+        .remove_row("actor", "r", &first, None)
+        .await
+        .expect("stale etag"));
+    assert!(!table
+        .remove_row("actor", "other", &second, None)
         .await
         .expect("wrong name"));
     assert!(!table
-        .remove_row("other", "r", &second)
+        .remove_row("other", "r", &second, None)
         .await
         .expect("wrong actor"));
     assert!(table.read_row("actor", "r").await.expect("read").is_some());
-    assert!(table.remove_row("actor", "r", &second).await.expect("right etag"));
+    assert!(table
+        .remove_row("actor", "r", &second, None)
+        .await
+        .expect("right etag"));
     assert!(table.read_row("actor", "r").await.expect("read").is_none());
-    assert!(!table.remove_row("actor", "r", &second).await.expect("again"));
+    assert!(!table
+        .remove_row("actor", "r", &second, None)
+        .await
+        .expect("again"));
     assert!(
         table.read_rows_in_range(0, 0).await.expect("range").is_empty(),
         "removed row must leave the range index"
@@ -186,7 +195,7 @@ pub async fn last_fired_keeps_the_etag(store: Store) {
     let etag = table.upsert_row(&e).await.expect("upsert");
     let at = Timestamp::from_millis(1_795_000_060_321);
     assert!(table
-        .update_last_fired("actor", "r", &etag, at)
+        .update_last_fired("actor", "r", &etag, at, None)
         .await
         .expect("update_last_fired"));
     let read = table.read_row("actor", "r").await.expect("read").expect("row");
@@ -194,7 +203,7 @@ pub async fn last_fired_keeps_the_etag(store: Store) {
     assert_eq!(read.last_fired, Some(at));
     let later = Timestamp::from_millis(at.as_millis() + 60_000);
     assert!(table
-        .update_last_fired("actor", "r", &etag, later)
+        .update_last_fired("actor", "r", &etag, later, None)
         .await
         .expect("again"));
     assert_eq!(
@@ -218,11 +227,11 @@ pub async fn last_fired_keeps_the_etag(store: Store) {
         "an upsert writes the entry's own last_fired"
     );
     assert!(!table
-        .update_last_fired("actor", "r", &etag, later)
+        .update_last_fired("actor", "r", &etag, later, None)
         .await
         .expect("stale"));
     assert!(!table
-        .update_last_fired("actor", "nope", &fresh, later)
+        .update_last_fired("actor", "nope", &fresh, later, None)
         .await
         .expect("missing"));
     assert_eq!(
@@ -250,9 +259,9 @@ pub async fn last_fired_keeps_the_etag(store: Store) {
             .last_fired,
         Some(at)
     );
-    assert!(table.remove_row("actor", "r", &etag).await.expect("remove"));
+    assert!(table.remove_row("actor", "r", &etag, None).await.expect("remove"));
     assert!(!table
-        .update_last_fired("actor", "r", &etag, later)
+        .update_last_fired("actor", "r", &etag, later, None)
         .await
         .expect("removed"));
     assert!(table.read_rows_in_range(0, 0).await.expect("range").is_empty());
@@ -261,7 +270,7 @@ pub async fn last_fired_keeps_the_etag(store: Store) {
         let odd = reminder(&*table, "actor", name, None);
         let etag = table.upsert_row(&odd).await.expect("upsert");
         assert!(table
-            .update_last_fired("actor", name, &etag, at)
+            .update_last_fired("actor", name, &etag, at, None)
             .await
             .expect("record"));
     }
@@ -485,7 +494,10 @@ pub async fn concurrent_removes_with_one_etag_have_one_winner(store: Store) {
             let (table, barrier, name, etag) = (table.clone(), barrier.clone(), name.clone(), etag.clone());
             tasks.push(tokio::spawn(async move {
                 barrier.wait().await;
-                table.remove_row("actor", &name, &etag).await.expect("remove_row")
+                table
+                    .remove_row("actor", &name, &etag, None)
+                    .await
+                    .expect("remove_row")
             }));
         }
         let mut wins = 0;
@@ -534,7 +546,10 @@ pub async fn clear_racing_upserts_leaves_no_half_row(store: Store) {
                 "read_row and the range read disagree about {actor}/{name} after clear raced upserts"
             );
             if let Some(e) = one {
-                assert!(table.remove_row(&actor, &name, &e.etag).await.expect("remove"));
+                assert!(table
+                    .remove_row(&actor, &name, &e.etag, None)
+                    .await
+                    .expect("remove"));
             }
         }
     }
@@ -697,6 +712,7 @@ pub async fn pages_by_prefix_return_each_row_once(store: Store) {
                     .await
                     .expect("read")
                     .map_or_else(Etag::default, |r| r.etag),
+                None,
             )
             .await
             .expect("remove")
@@ -766,7 +782,13 @@ impl ReminderTable for Racing {
     async fn upsert_row(&self, entry: &ReminderEntry) -> rollcall_core::Result<Etag> {
         self.inner.upsert_row(entry).await
     }
-    async fn remove_row(&self, actor_id: &str, name: &str, etag: &Etag) -> rollcall_core::Result<bool> {
+    async fn remove_row(
+        &self,
+        actor_id: &str,
+        name: &str,
+        etag: &Etag,
+        fence: Option<&rollcall_core::Fence>,
+    ) -> rollcall_core::Result<bool> {
         let n = self.removes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         if let (0, Some(victim)) = (n, &self.victim) {
             self.inner.upsert_row(victim).await?;
@@ -774,7 +796,7 @@ impl ReminderTable for Racing {
         if n >= self.fail_after {
             return Err(Error::backend("the deleting process crashed"));
         }
-        self.inner.remove_row(actor_id, name, etag).await
+        self.inner.remove_row(actor_id, name, etag, fence).await
     }
     async fn update_last_fired(
         &self,
@@ -782,8 +804,11 @@ impl ReminderTable for Racing {
         name: &str,
         etag: &Etag,
         fired_at: Timestamp,
+        fence: Option<&rollcall_core::Fence>,
     ) -> rollcall_core::Result<bool> {
-        self.inner.update_last_fired(actor_id, name, etag, fired_at).await
+        self.inner
+            .update_last_fired(actor_id, name, etag, fired_at, fence)
+            .await
     }
     async fn update_paused(
         &self,
@@ -800,8 +825,9 @@ impl ReminderTable for Racing {
         name: &str,
         run: &RunRecord,
         keep: usize,
+        fence: Option<&rollcall_core::Fence>,
     ) -> rollcall_core::Result<()> {
-        self.inner.append_run(actor_id, name, run, keep).await
+        self.inner.append_run(actor_id, name, run, keep, fence).await
     }
     async fn read_runs(&self, actor_id: &str, name: &str) -> rollcall_core::Result<Vec<RunRecord>> {
         self.inner.read_runs(actor_id, name).await
@@ -916,7 +942,7 @@ pub async fn paused_keeps_the_etag(store: Store) {
         .expect("pause"));
     let fired = Timestamp::from_millis(1_795_000_060_321);
     assert!(table
-        .update_last_fired("cart/1", "r", &e1, fired)
+        .update_last_fired("cart/1", "r", &e1, fired, None)
         .await
         .expect("fired"));
     let by_key = table.read_row("cart/1", "r").await.expect("read").expect("row");
@@ -982,7 +1008,7 @@ pub async fn paused_keeps_the_etag(store: Store) {
         .update_paused("cart/1", "r", &e2, Some(since))
         .await
         .expect("pause"));
-    assert!(table.remove_row("cart/1", "r", &e2).await.expect("remove"));
+    assert!(table.remove_row("cart/1", "r", &e2, None).await.expect("remove"));
     table.upsert_row(&row).await.expect("register after removal");
     assert_eq!(
         table
@@ -1026,7 +1052,7 @@ pub async fn run_history_keeps_the_newest(store: Store) {
     ];
     for i in 0..25u64 {
         table
-            .append_run("cart/1", "r", &run(i, outcomes[(i % 5) as usize]), 20)
+            .append_run("cart/1", "r", &run(i, outcomes[(i % 5) as usize]), 20, None)
             .await
             .expect("append");
     }
@@ -1039,7 +1065,7 @@ pub async fn run_history_keeps_the_newest(store: Store) {
     assert_eq!(runs, expected, "newest first, every field");
     // The same record again (a retried append that landed): nothing added.
     table
-        .append_run("cart/1", "r", &run(24, outcomes[4]), 20)
+        .append_run("cart/1", "r", &run(24, outcomes[4]), 20, None)
         .await
         .expect("again");
     assert_eq!(
@@ -1049,7 +1075,7 @@ pub async fn run_history_keeps_the_newest(store: Store) {
     );
     // A smaller keep trims.
     table
-        .append_run("cart/1", "r", &run(25, RunOutcome::Ok), 3)
+        .append_run("cart/1", "r", &run(25, RunOutcome::Ok), 3, None)
         .await
         .expect("append");
     assert_eq!(table.read_runs("cart/1", "r").await.expect("read").len(), 3);
@@ -1062,7 +1088,7 @@ pub async fn run_history_keeps_the_newest(store: Store) {
         let table = table.clone();
         async move {
             table
-                .append_run("cart/2", "r", &run(i, RunOutcome::Ok), 100)
+                .append_run("cart/2", "r", &run(i, RunOutcome::Ok), 100, None)
                 .await
         }
     });
@@ -1084,13 +1110,15 @@ pub async fn run_history_keeps_the_newest(store: Store) {
     let e = table.upsert_row(&row).await.expect("upsert");
     assert_eq!(table.read_rows_in_range(0, 0).await.expect("range").len(), 1);
     assert_eq!(table.read_page("", None, 100).await.expect("page").rows.len(), 1);
-    assert!(table.remove_row("cart/1", "r", &e).await.expect("remove"));
+    assert!(table.remove_row("cart/1", "r", &e, None).await.expect("remove"));
     assert_eq!(table.read_runs("cart/1", "r").await.expect("read").len(), 3);
     table.remove_runs("cart/1", "r").await.expect("remove runs");
     table.remove_runs("cart/1", "r").await.expect("idempotent");
     assert!(table.read_runs("cart/1", "r").await.expect("read").is_empty());
     assert!(matches!(
-        table.append_run("cart/1", "r", &run(0, RunOutcome::Ok), 0).await,
+        table
+            .append_run("cart/1", "r", &run(0, RunOutcome::Ok), 0, None)
+            .await,
         Err(Error::InvalidInput { .. })
     ));
     table.clear().await.expect("clear");
@@ -1099,4 +1127,180 @@ pub async fn run_history_keeps_the_newest(store: Store) {
         "clear takes histories"
     );
     other.clear().await.expect("cleanup");
+}
+
+/// Issue 72, item 5: the reminder-row writes a shard's holder makes (a
+/// one-shot's removal, `last_fired`, a run append) carry its lease's fence
+/// and the store compares it in the write's own transaction. Under epoch e
+/// each lands; once another silo acquired the shard (e + 1) each under e is
+/// `Error::Fenced` naming e + 1 and changes nothing, and under e + 1 each
+/// lands; after a release each is `Fenced` naming no holder. A fence of
+/// another shard or service is `InvalidInput`; unfenced writes (an
+/// application's `unregister`) are unchanged.
+pub async fn holder_writes_under_a_stale_fence_are_refused(store: Store) {
+    use rollcall_core::lease::{LeaseStatus, ShardLease, ShardLeases};
+    use rollcall_core::{actor_shard, Fence, SiloAddress, DEFAULT_SHARDS};
+
+    let table = fresh_table(&store).await;
+    let service = table.service_id().to_owned();
+    let leases = ShardLeases::open(store.lease_table(&service).expect("lease table"), DEFAULT_SHARDS)
+        .await
+        .expect("leases");
+    let actor = "cart/1";
+    let shard = actor_shard(actor, DEFAULT_SHARDS);
+    let fence = |epoch| Fence {
+        service: service.clone(),
+        shards: DEFAULT_SHARDS,
+        shard,
+        epoch,
+    };
+    let acquire = |lease: &ShardLease, port: u16| ShardLease {
+        epoch: lease.epoch + 1,
+        owner: Some(SiloAddress::new(([127, 0, 0, 1], port).into(), 1_795_000_000_000)),
+        status: LeaseStatus::Owned,
+        ..lease.clone()
+    };
+    let once = table
+        .upsert_row(&reminder(&*table, actor, "once", None))
+        .await
+        .expect("upsert");
+    let tick = table
+        .upsert_row(&reminder(&*table, actor, "tick", Some(Duration::from_secs(60))))
+        .await
+        .expect("upsert");
+    let first = acquire(&ShardLease::vacant(shard), 11111);
+    leases.write(&first).await.expect("write").expect("acquired");
+    let e = fence(first.epoch);
+    let run = |i: u64| RunRecord {
+        scheduled: Timestamp::from_millis(1_795_000_000_000 + i),
+        at: Timestamp::from_millis(1_795_000_000_500 + i),
+        attempts: 1,
+        outcome: RunOutcome::Ok,
+        silo: "127.0.0.1:11111@1".into(),
+        triggered: false,
+    };
+    let t = |ms: u64| Timestamp::from_millis(1_795_000_000_000 + ms);
+
+    // Under e, while e holds: each lands.
+    assert!(table
+        .update_last_fired(actor, "tick", &tick, t(1), Some(&e))
+        .await
+        .expect("last_fired under e"));
+    table
+        .append_run(actor, "tick", &run(1), 20, Some(&e))
+        .await
+        .expect("append under e");
+
+    // Another silo acquires: e + 1.
+    let second = ShardLease {
+        etag: leases.read(shard).await.expect("read").etag,
+        ..acquire(&first, 22222)
+    };
+    leases.write(&second).await.expect("write").expect("acquired");
+    let refused = |r: Result<bool, Error>, what: &str, current: Option<u64>| match r {
+        Err(Error::Fenced {
+            epoch,
+            current: c,
+            shard: s,
+            ..
+        }) => {
+            assert_eq!((epoch, s, c), (first.epoch, shard, current), "{what}");
+        }
+        other => panic!("{what} under a stale fence: {other:?}"),
+    };
+    refused(
+        table.remove_row(actor, "once", &once, Some(&e)).await,
+        "remove_row",
+        Some(second.epoch),
+    );
+    refused(
+        table
+            .update_last_fired(actor, "tick", &tick, t(2), Some(&e))
+            .await,
+        "update_last_fired",
+        Some(second.epoch),
+    );
+    refused(
+        table
+            .append_run(actor, "tick", &run(2), 20, Some(&e))
+            .await
+            .map(|()| true),
+        "append_run",
+        Some(second.epoch),
+    );
+    // Nothing changed.
+    let row = table
+        .read_row(actor, "once")
+        .await
+        .expect("read")
+        .expect("still there");
+    assert_eq!(row.etag, once);
+    let row = table.read_row(actor, "tick").await.expect("read").expect("there");
+    assert_eq!((row.etag.clone(), row.last_fired), (tick.clone(), Some(t(1))));
+    assert_eq!(table.read_runs(actor, "tick").await.expect("runs"), vec![run(1)]);
+
+    // Under e + 1: each lands.
+    let e1 = fence(second.epoch);
+    assert!(table
+        .update_last_fired(actor, "tick", &tick, t(3), Some(&e1))
+        .await
+        .expect("last_fired under e + 1"));
+    table
+        .append_run(actor, "tick", &run(3), 20, Some(&e1))
+        .await
+        .expect("append under e + 1");
+    assert_eq!(
+        table.read_runs(actor, "tick").await.expect("runs"),
+        vec![run(3), run(1)]
+    );
+    assert!(table
+        .remove_row(actor, "once", &once, Some(&e1))
+        .await
+        .expect("remove under e + 1"));
+    assert!(table.read_row(actor, "once").await.expect("read").is_none());
+    // A stale etag under the current fence is `Ok(false)`, as unfenced.
+    assert!(!table
+        .update_last_fired(actor, "tick", &Etag::new("no-such-etag"), t(4), Some(&e1))
+        .await
+        .expect("a stale etag"));
+
+    // Released: no holder, every fenced write refused.
+    let released = ShardLease {
+        status: LeaseStatus::Released,
+        etag: leases.read(shard).await.expect("read").etag,
+        ..second.clone()
+    };
+    leases.write(&released).await.expect("write").expect("released");
+    match table
+        .update_last_fired(actor, "tick", &tick, t(5), Some(&e1))
+        .await
+    {
+        Err(Error::Fenced { current: None, .. }) => {}
+        other => panic!("last_fired under a released lease: {other:?}"),
+    }
+
+    // A fence that cannot fence this write.
+    let other_shard = Fence {
+        shard: (shard + 1) % DEFAULT_SHARDS,
+        ..e1.clone()
+    };
+    let other_service = Fence {
+        service: format!("{service}-other"),
+        ..e1.clone()
+    };
+    for f in [&other_shard, &other_service] {
+        assert!(matches!(
+            table.update_last_fired(actor, "tick", &tick, t(6), Some(f)).await,
+            Err(Error::InvalidInput { .. })
+        ));
+    }
+    // Unfenced writes are unchanged.
+    assert!(table
+        .update_last_fired(actor, "tick", &tick, t(7), None)
+        .await
+        .expect("unfenced"));
+    assert!(table
+        .remove_row(actor, "tick", &tick, None)
+        .await
+        .expect("unfenced"));
 }

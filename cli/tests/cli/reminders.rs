@@ -463,7 +463,7 @@ fn redis_reminders_pause_resume_and_trigger_one_reminder() {
             silo: "127.0.0.1:4100@7".into(),
             triggered: false,
         };
-        rt.block_on(table.append_run("cart/1", "expire", &record, 20))
+        rt.block_on(table.append_run("cart/1", "expire", &record, 20, None))
             .unwrap();
     }
     let (ok, out, err) = run(&["history", "cart/1", "expire"]);

@@ -169,8 +169,12 @@ pub enum Action {
         /// The tick (`Err`: none can be built: a failed delivery).
         tick: Result<ReminderTick, String>,
     },
-    /// A table write, bounded; answer with [`Event::Written`].
-    Write(Write),
+    /// A table write, bounded; answer with [`Event::Written`]. Under the
+    /// fence of the shard's lease as this silo holds it when the write is
+    /// sent (`None` for a parked row: it goes to the parked table), so the
+    /// store refuses it once another silo acquired the shard (issue 72,
+    /// item 5).
+    Write(Write, Option<rollcall_core::Fence>),
     /// Append a record to a reminder's run history (`append_run`, keeping the
     /// options' `run_history`), bounded; answer with [`Event::RunAppended`].
     AppendRun(super::RunWrite),

@@ -376,7 +376,7 @@ impl ReminderMachine {
     }
 
     /// Feeds the shard machine and carries out what it asks within this machine.
-    fn feed_shards(&mut self, event: ShardEvent) {
+    pub(super) fn feed_shards(&mut self, event: ShardEvent) {
         let mut actions = self.shards.handle(self.now, event);
         let mut stops = Vec::new();
         while !actions.is_empty() {
@@ -556,6 +556,18 @@ impl ReminderMachine {
         }
         self.loads.queue_final(k);
         self.start_loads();
+    }
+
+    /// The fence of the shard of `actor` as this silo holds it (stopping
+    /// included: its release may not have landed), if it holds it.
+    pub(super) fn fence_of(&self, actor: &str) -> Option<rollcall_core::Fence> {
+        let shard = rollcall_core::actor_shard(actor, self.count);
+        self.held.get(&shard).map(|h| rollcall_core::Fence {
+            service: self.service.clone(),
+            shards: self.count,
+            shard,
+            epoch: h.lease_epoch,
+        })
     }
 
     /// The hashes of shard `k`.

@@ -29,6 +29,10 @@ pub struct RunWrite {
     pub name: SmolStr,
     /// The record.
     pub record: RunRecord,
+    /// The fence of the reminder's shard as this silo holds it when the
+    /// append is sent: the store refuses the append once another silo
+    /// acquired the shard.
+    pub fence: Option<rollcall_core::Fence>,
 }
 
 /// The records waiting and the appends running.
@@ -64,6 +68,7 @@ impl ReminderMachine {
                 silo: self.me.to_string(),
                 triggered,
             },
+            fence: None,
         };
         if self.runs.waiting.len() >= RUN_QUEUE {
             self.runs.waiting.pop_front();
@@ -76,9 +81,15 @@ impl ReminderMachine {
     /// Starts the appends there is room for.
     pub(super) fn pump_runs(&mut self) {
         while self.runs.in_flight < MAX_RUN_WRITES {
-            let Some(write) = self.runs.waiting.pop_front() else {
+            let Some(mut write) = self.runs.waiting.pop_front() else {
                 return;
             };
+            // A shard no longer held here: its new holder keeps the history.
+            let Some(fence) = self.fence_of(&write.actor) else {
+                Counters::bump(&self.counters.runs_dropped);
+                continue;
+            };
+            write.fence = Some(fence);
             self.runs.in_flight += 1;
             self.out.push(Action::AppendRun(write));
         }

@@ -177,6 +177,7 @@ pub(crate) async fn apply_write(
     table: &dyn rollcall_core::ReminderTable,
     parked: Option<&dyn rollcall_core::ReminderTable>,
     write: &Write,
+    fence: Option<&rollcall_core::Fence>,
 ) -> rollcall_core::Result<()> {
     match write {
         Write::Park { row } => match parked {
@@ -188,9 +189,12 @@ pub(crate) async fn apply_write(
                 Ok(())
             }
         },
-        Write::Remove { key, etag } => table.remove_row(key.actor(), key.name(), etag).await.map(drop),
+        Write::Remove { key, etag } => table
+            .remove_row(key.actor(), key.name(), etag, fence)
+            .await
+            .map(drop),
         Write::LastFired { key, etag, at } => table
-            .update_last_fired(key.actor(), key.name(), etag, *at)
+            .update_last_fired(key.actor(), key.name(), etag, *at, fence)
             .await
             .map(drop),
     }
@@ -200,11 +204,39 @@ impl ReminderMachine {
     /// Asks for the writes the queue lets out.
     pub(super) fn pump_writes(&mut self) {
         while let Some(write) = self.writes.next() {
-            self.out.push(Action::Write(write));
+            let fence = match &write {
+                Write::Park { .. } => None,
+                Write::Remove { key, .. } | Write::LastFired { key, .. } => {
+                    match self.fence_of(key.actor()) {
+                        Some(f) => Some(f),
+                        None => {
+                            // The shard is no longer held here: its release named
+                            // a pending removal `done`, and its next holder
+                            // writes what it needs; a write now could only be
+                            // refused.
+                            self.writes.written(write, true);
+                            continue;
+                        }
+                    }
+                }
+            };
+            self.out.push(Action::Write(write, fence));
         }
     }
 
     pub(super) fn written(&mut self, write: Write, result: Result<(), ReminderError>) {
+        if let Err(ReminderError::Table(rollcall_core::Error::Fenced { shard, epoch, .. })) = &result {
+            // The store's lease is not this silo's acquire: read it again at
+            // once (shards rule 10: an acquire a store failover lost is
+            // written again). The write is retried after the backoff, under
+            // the fence this silo then holds; once the shard is no longer
+            // held here it is dropped instead (`pump_writes`): its new holder
+            // writes what it needs (issue 72, item 5).
+            self.feed_shards(crate::shards::ShardEvent::Fenced {
+                shard: *shard,
+                epoch: *epoch,
+            });
+        }
         let Err(err) = result else {
             let quiet = self.loads.idle() && self.notices.in_flight() == 0;
             if let (Write::Remove { key, etag }, false) = (&write, quiet) {
