@@ -463,16 +463,25 @@ impl StateTable for DynamoDbStateTable {
         // The generations the headers publish now (a transaction returns no old
         // items), so that their chunks can be deleted after. A fenced write of
         // one small header reads it beside its transaction instead of before
-        // (one round trip, not two): a read that sees the new header already
-        // only costs the old chunks until a sweep.
+        // (one round trip, not two). That read may answer after this write
+        // and even after a later writer's: it is trusted only when it names
+        // the etag this write replaced (issue 72, item 6: a read held back
+        // 3 s named a later writer's generation, whose chunks were then
+        // deleted). A read not trusted costs the old chunks until a sweep.
         if let ([w], Some(_)) = (writes, fence) {
             if w.chunks.is_empty() {
                 let (old, committed) =
                     futures_util::future::join(self.header_item(w.key), self.transact(writes, fence)).await;
+                let replaced = match (&w.expected, old) {
+                    (Expected::Etag(e), Ok(Some(item))) if matches!(item.get(ETAG), Some(AttributeValue::S(found)) if found == e.as_str()) => {
+                        replaced_of(&item)
+                    }
+                    _ => None,
+                };
                 return Ok(match committed? {
                     Commit::Done { etags, .. } => Commit::Done {
                         etags,
-                        replaced: vec![old.ok().flatten().as_ref().and_then(replaced_of)],
+                        replaced: vec![replaced],
                     },
                     other => other,
                 });

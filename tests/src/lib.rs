@@ -19,6 +19,7 @@ pub mod delay;
 pub mod fenced_state;
 pub mod fixtures;
 pub mod goaway;
+pub mod http_delay;
 pub mod key_limits;
 pub mod lease_table;
 pub mod membership_table;

@@ -668,3 +668,103 @@ async fn the_state_table_has_its_kind_index_and_ttl() {
         Some(&aws_sdk_dynamodb::types::TimeToLiveStatus::Enabled)
     );
 }
+
+/// Issue 72, item 6 (written first; it failed: the later writer's state
+/// read back without its chunks): a fenced write of one small header reads
+/// the header it replaces beside its transaction, and the write machine
+/// deletes the chunks of the generation that read names. Here that read is
+/// held back 3 s (a proxy in front of the server, for one writer's
+/// `GetItem`s only) while a second writer replaces the first's header with a
+/// large, chunked state. The late read then names the second writer's
+/// generation; trusting it deleted that writer's chunks. Now a read is
+/// trusted only when it names the etag the write replaced, and the later
+/// state reads back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_header_read_never_deletes_a_later_writers_chunks() {
+    use rollcall_core::lease::{LeaseStatus, ShardLease, ShardLeases};
+    use rollcall_core::{
+        actor_shard, Codec, Expected, Fence, SiloAddress, StateKey, StateStorage, DEFAULT_SHARDS,
+    };
+    use rollcall_tests::http_delay::TargetDelayProxy;
+
+    let Some(b) = fixtures::dynamodb().await else {
+        return;
+    };
+    let upstream: std::net::SocketAddr = b
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .expect("the server's address");
+    let proxy = TargetDelayProxy::start(upstream, "GetItem").await;
+    let direct = store_at(&fixtures::dynamodb_url(&b.endpoint)).await;
+    let slow = store_at(&fixtures::dynamodb_url(&format!("http://{}", proxy.addr()))).await;
+    let service = unique_id("late-read");
+    let actor = "cart/1";
+    let shard = actor_shard(actor, DEFAULT_SHARDS);
+    let leases = ShardLeases::open(direct.lease_table(&service).expect("lease table"), DEFAULT_SHARDS)
+        .await
+        .expect("leases");
+    let lease = ShardLease {
+        epoch: 1,
+        owner: Some(SiloAddress::new(([127, 0, 0, 1], 11111).into(), 1)),
+        status: LeaseStatus::Owned,
+        ..ShardLease::vacant(shard)
+    };
+    leases.write(&lease).await.expect("write").expect("acquired");
+    let fence = Fence {
+        service: service.clone(),
+        shards: DEFAULT_SHARDS,
+        shard,
+        epoch: 1,
+    };
+    let key = StateKey::new(actor, "cart").expect("key");
+    let first = StateStorage::new(slow.state_table(&service).expect("state table")).fenced(fence.clone());
+    let second = StateStorage::new(direct.state_table(&service).expect("state table")).fenced(fence);
+    let v0 = second
+        .write(&key, Expected::Absent, Codec::Json, b"\"v0\"", None)
+        .await
+        .expect("v0");
+
+    // The first writer's small write; its header reads answer 3 s late.
+    proxy.set_delay(Duration::from_secs(3));
+    let late = tokio::spawn({
+        let (first, key) = (first.clone(), key.clone());
+        async move {
+            first
+                .write(&key, Expected::Etag(v0), Codec::Json, b"\"v1\"", None)
+                .await
+        }
+    });
+    // Once it landed, the second writer replaces it with a chunked state.
+    let v1 = loop {
+        let read = second.read(&key).await.expect("read");
+        if read.data == b"\"v1\"" {
+            break read.etag.expect("an etag");
+        }
+        assert!(
+            !late.is_finished(),
+            "the late write ended first: {:?}",
+            late.await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let big: Vec<u8> = (0..900 * 1024u32).map(|i| b'a' + (i % 26) as u8).collect();
+    let mut json = b"\"".to_vec();
+    json.extend_from_slice(&big);
+    json.push(b'"');
+    second
+        .write(&key, Expected::Etag(v1), Codec::Json, &json, None)
+        .await
+        .expect("the chunked write");
+    assert!(
+        !late.is_finished(),
+        "the late read answered before the chunked write landed"
+    );
+    late.await
+        .expect("the late write's task")
+        .expect("the late write");
+    assert!(proxy.held() > 0, "the header read was held back");
+    let read = second.read(&key).await.expect("the chunked state reads back");
+    assert_eq!(read.data.len(), json.len(), "the later state, whole");
+    assert!(read.data == json);
+}
