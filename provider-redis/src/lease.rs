@@ -47,6 +47,16 @@ return redis.call('GET', KEYS[1])
 
 /// Records `shards` as the shard count of the service of `keys` unless one is
 /// recorded; the recorded count.
+/// A precondition as the compare-and-set scripts take it (state commits,
+/// shard leases): the mode and the expected etag.
+pub(crate) fn precondition(e: &Expected) -> (&'static str, &str) {
+    match e {
+        Expected::Absent => ("absent", ""),
+        Expected::Etag(e) => ("etag", e.as_str()),
+        Expected::Any => ("any", ""),
+    }
+}
+
 /// The fence token of shard `k`'s lease: its epoch while held (`None`:
 /// released or never acquired, or not a number).
 pub(crate) async fn read_fence(router: &Router, keys: &ReminderKeys, k: u32) -> Result<Option<u64>> {
@@ -133,7 +143,7 @@ impl LeaseTable for RedisLeaseTable {
 
     async fn write_lease(&self, shard: u32, expected: &Expected, row: &[u8]) -> Result<LeaseWrite> {
         rollcall_core::lease::check_row(shard, row)?;
-        let (mode, want) = crate::state::precondition(expected);
+        let (mode, want) = precondition(expected);
         let etag = new_etag();
         let token = rollcall_core::lease::fence_token(row)
             .map(|e| e.to_string())

@@ -195,16 +195,6 @@ fn generations_key_at(base: &str, m: &str) -> String {
     format!("{base}:gs:{m}")
 }
 
-/// A precondition as the compare-and-set scripts take it (state commits,
-/// shard leases): the mode and the expected etag.
-pub(crate) fn precondition(e: &Expected) -> (&'static str, &str) {
-    match e {
-        Expected::Absent => ("absent", ""),
-        Expected::Etag(e) => ("etag", e.as_str()),
-        Expected::Any => ("any", ""),
-    }
-}
-
 fn key_of_member(m: &str) -> Option<StateKey> {
     let (a, n) = m.split_once('/')?;
     StateKey::new(unescape(a)?, unescape(n)?).ok()
@@ -432,7 +422,7 @@ impl StateTable for RedisStateTable {
                 let etag = new_etag();
                 let row = w.header.unwrap_or_default();
                 let (head, data) = row.split_at(row_head_len(row));
-                let (mode, expected) = precondition(&w.expected);
+                let (mode, expected) = crate::lease::precondition(&w.expected);
                 let expiry = w
                     .expires_at
                     .map(|t| t.as_millis().to_string())
@@ -475,7 +465,7 @@ impl StateTable for RedisStateTable {
                     keys.push(header_key_at(&base, &m));
                     keys.push(chunks_key_at(&base, &m, w.generation));
                     keys.push(generations_key_at(&base, &m));
-                    let (mode, expected) = precondition(&w.expected);
+                    let (mode, expected) = crate::lease::precondition(&w.expected);
                     let etag = w.header.as_ref().map(|_| new_etag());
                     args.push(mode.into());
                     args.push(expected.into());
