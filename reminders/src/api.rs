@@ -623,6 +623,11 @@ pub struct Held {
     /// holder stopped by then (lease fencing), so two silos never act on one
     /// shard at once (the reminders' rule 3).
     pub not_before: std::collections::BTreeMap<u32, Timestamp>,
+    /// Shards being released whose release waits for actor hosts (shard ->
+    /// the epoch released), while it waits: a level, not an event, so a
+    /// watch that coalesces changes still shows each one. A host reports
+    /// `host_drained` once per entry, after its activations of it ended.
+    pub releasing: HeldMap,
 }
 
 impl Held {

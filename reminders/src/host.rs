@@ -63,9 +63,9 @@ pub enum Route<H> {
 pub struct HostTable<H> {
     shards: u32,
     active: HashMap<ActorId, (Fence, H)>,
-    /// The shards held at the last [`held`](Self::held), as the service holds
-    /// them.
-    before: HeldMap,
+    /// The releases this table reported (shard -> epoch), while the service
+    /// still waits for them.
+    reported: HeldMap,
 }
 
 /// An activation that ends: the actor, its fence, its handle.
@@ -88,7 +88,7 @@ impl<H: Clone> HostTable<H> {
         HostTable {
             shards: shards.max(1),
             active: HashMap::new(),
-            before: HeldMap::new(),
+            reported: HeldMap::new(),
         }
     }
 
@@ -136,15 +136,20 @@ impl<H: Clone> HostTable<H> {
     }
 
     /// The held shards changed: `raw` as the reminder service holds them
-    /// (confirmed now or not). Every activation whose shard is not in `raw`
-    /// at its fence's epoch ends; one whose shard is held but may not be
-    /// acted on now (its confirmation lapsed, [`Held::epoch_at`](crate::Held::epoch_at))
-    /// stays, paused ([`route`](Self::route) refuses its messages). Each
-    /// shard (and epoch) `raw` no longer holds since the last call is
-    /// `released`, with its ending activations: its release waits for them
-    /// (`Reminders::host_drained` once they ended); the other ending
-    /// activations are `ended`.
-    pub fn held(&mut self, raw: &HeldMap) -> HeldChange<H> {
+    /// (confirmed now or not), and the releases that wait for hosts
+    /// (`releasing`, [`Held::releasing`](crate::Held::releasing)). Every
+    /// activation whose shard is not in `raw` at its fence's epoch ends; one
+    /// whose shard is held but may not be acted on now (its confirmation
+    /// lapsed, [`Held::epoch_at`](crate::Held::epoch_at)) stays, paused
+    /// ([`route`](Self::route) refuses its messages). Each release in
+    /// `releasing` not reported yet is `released`, once, with its ending
+    /// activations (none, if they ended earlier or never were): the service
+    /// waits for `Reminders::host_drained` once they ended. Being a level,
+    /// `releasing` shows a release however the watch coalesced the changes
+    /// (a release that came and went between two reads of the watch was
+    /// missed before, and its shard waited out the whole drain). The other
+    /// ending activations are `ended`.
+    pub fn held(&mut self, raw: &HeldMap, releasing: &HeldMap) -> HeldChange<H> {
         let gone: Vec<ActorId> = self
             .active
             .iter()
@@ -156,8 +161,9 @@ impl<H: Clone> HostTable<H> {
             .filter_map(|a| self.active.remove(&a).map(|(f, h)| (a, f, h)))
             .collect();
         let mut released = Vec::new();
-        for (shard, epoch) in std::mem::replace(&mut self.before, raw.clone()) {
-            if raw.get(&shard) == Some(&epoch) {
+        self.reported.retain(|k, e| releasing.get(k) == Some(e));
+        for (&shard, &epoch) in releasing {
+            if self.reported.insert(shard, epoch) == Some(epoch) {
                 continue;
             }
             let (theirs, rest) = ended
@@ -326,8 +332,11 @@ mod runtime {
             actix::spawn(async move {
                 while held.changed().await.is_ok() {
                     let Some(inner) = weak.upgrade() else { return };
-                    let raw = held.borrow_and_update().shards.clone();
-                    let change = inner.lock().held(&raw);
+                    let (raw, releasing) = {
+                        let h = held.borrow_and_update();
+                        (h.shards.clone(), h.releasing.clone())
+                    };
+                    let change = inner.lock().held(&raw, &releasing);
                     for (shard, epoch, theirs) in change.released {
                         let inner = inner.clone();
                         actix::spawn(async move {
@@ -541,18 +550,51 @@ mod tests {
         let kb = t.shard_of(&b);
         t.activated(b.clone(), fence(kb, 1), 11);
         let both = HeldMap::from([(kb, 1), (k, 5)]);
-        let change = t.held(&both);
+        let none = HeldMap::new();
+        let change = t.held(&both, &none);
         assert!(change.released.is_empty() && change.ended.is_empty());
-        // Shard k goes from the service (released at epoch 5); shard kb stays
-        // held (whether or not its confirmation lapsed meanwhile).
-        let change = t.held(&HeldMap::from([(kb, 1)]));
+        // Shard k goes from the service (released at epoch 5, the release
+        // waiting for hosts); shard kb stays held (whether or not its
+        // confirmation lapsed meanwhile).
+        let releasing_k = HeldMap::from([(k, 5)]);
+        let change = t.held(&HeldMap::from([(kb, 1)]), &releasing_k);
         assert_eq!(change.released, vec![(k, 5, vec![(a, fence(k, 5), 10)])]);
         assert!(change.ended.is_empty());
         assert_eq!(t.len(), 1);
+        // Reported once, however often the watch shows the same release.
+        let change = t.held(&HeldMap::from([(kb, 1)]), &releasing_k);
+        assert!(change.released.is_empty() && change.ended.is_empty());
         // Shard kb goes too.
-        let change = t.held(&HeldMap::new());
-        assert_eq!(change.released, vec![(kb, 1, vec![(b, fence(kb, 1), 11)])]);
+        let change = t.held(&none, &HeldMap::from([(kb, 1)]));
+        assert_eq!(
+            change.released,
+            vec![(kb, 1, vec![(b.clone(), fence(kb, 1), 11)])]
+        );
         assert!(t.is_empty());
+        // A shard that left without its release waiting for hosts: its
+        // activations end, nothing is reported.
+        t.activated(b.clone(), fence(kb, 2), 12);
+        let change = t.held(&HeldMap::from([(kb, 2)]), &none);
+        assert!(change.released.is_empty());
+        let change = t.held(&none, &none);
+        assert_eq!(change.ended, vec![(b, fence(kb, 2), 12)]);
+        assert!(change.released.is_empty());
+    }
+
+    /// Issue 72, item 6: a release that waits for hosts is reported even
+    /// when the watch coalesced the acquire and the release, so the table
+    /// never saw the shard held (before, a release was found only as a
+    /// shard leaving the held set since the last read, and one that came
+    /// and went between two reads was never reported: its shard waited out
+    /// the whole drain).
+    #[test]
+    fn a_release_the_watch_coalesced_is_still_reported() {
+        let mut t: HostTable<u32> = HostTable::new(16);
+        let change = t.held(&HeldMap::new(), &HeldMap::from([(3, 7)]));
+        assert_eq!(change.released, vec![(3, 7, Vec::new())]);
+        // Acquired again at a later epoch and released again: a new report.
+        let change = t.held(&HeldMap::new(), &HeldMap::from([(3, 9)]));
+        assert_eq!(change.released, vec![(3, 9, Vec::new())]);
     }
 
     /// Issue 72, item 2: a lapse of the silo's confirmation (the fence is
@@ -573,7 +615,7 @@ mod tests {
         assert_eq!(t.route(&a, Some(fence(k, 2)), |_| true), (Route::Here(1), None));
         // A change of the held shards during the lapse (the shard still
         // held) ends nothing either.
-        let change = t.held(&HeldMap::from([(k, 2)]));
+        let change = t.held(&HeldMap::from([(k, 2)]), &HeldMap::new());
         assert!(change.released.is_empty() && change.ended.is_empty());
         assert_eq!(t.route(&a, Some(fence(k, 2)), |_| true), (Route::Here(1), None));
     }

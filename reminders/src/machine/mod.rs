@@ -245,6 +245,8 @@ impl ReminderMachine {
                     let ours = held.lease_epoch == epoch && held.host_pending > 0;
                     if ours {
                         held.host_pending -= 1;
+                        // `Held::releasing` changes when none is left.
+                        self.fences_changed |= held.host_pending == 0;
                     }
                     ours && held.host_pending == 0 && held.draining_until.is_some()
                 });
@@ -316,11 +318,20 @@ impl ReminderMachine {
         self.arm_timer();
         let until = self.shards.confirmed_until();
         if std::mem::take(&mut self.fences_changed) || until != self.confirmed_until {
+            // Every change of a release's wait for hosts sets
+            // `fences_changed` (`stop`, `drained`, `Event::HostDrained`).
+            let releasing: crate::api::HeldMap = self
+                .held
+                .iter()
+                .filter(|(_, h)| h.stopping && h.host_pending > 0 && h.draining_until.is_some())
+                .map(|(k, h)| (*k, h.lease_epoch))
+                .collect();
             self.confirmed_until = until;
             self.out.push(Action::Held(crate::api::Held {
                 shards: self.fences.clone(),
                 confirmed_until: until,
                 not_before: self.not_before.clone(),
+                releasing,
             }));
         }
         std::mem::take(&mut self.out)
@@ -538,6 +549,8 @@ impl ReminderMachine {
             }
             let until = self.now.saturating_add(drain);
             held.draining_until = Some(until);
+            // Published in `Held::releasing` while hosts are waited for.
+            self.fences_changed |= held.host_pending > 0;
             self.out.push(Action::SetTimer(Timer::Drain, until));
             return None;
         }
@@ -554,6 +567,7 @@ impl ReminderMachine {
         if held.draining_until.take().is_none() {
             return;
         }
+        self.fences_changed |= held.host_pending > 0;
         self.loads.queue_final(k);
         self.start_loads();
     }
