@@ -145,6 +145,38 @@ impl EtcdReminderTable {
             .then(|| f.refused_reminder(actor_id, name, token.and_then(|t| t.parse().ok())))
     }
 
+    /// `ops` in one `Txn` if row `key` is at revision `rev` (and, under a
+    /// fence, its lease at the fence's epoch: `guard`). `Ok(false)` when the
+    /// row is not at `rev`; the fence's refusal when the lease moved on.
+    #[allow(clippy::too_many_arguments)]
+    async fn when_row_at(
+        &self,
+        what: &str,
+        key: &str,
+        rev: i64,
+        ops: Vec<TxnOp>,
+        guard: Option<(Compare, TxnOp, String)>,
+        fence: Option<&Fence>,
+        (actor_id, name): (&str, &str),
+    ) -> Result<bool> {
+        let mut when = vec![Compare::mod_revision(key, CompareOp::Equal, rev)];
+        let mut otherwise = Vec::new();
+        let fence_key = guard.map(|(c, read, k)| {
+            when.push(c);
+            otherwise.push(read);
+            k
+        });
+        let txn = Txn::new().when(when).and_then(ops).or_else(otherwise);
+        let resp = self.conn.txn(what, txn).await?;
+        if resp.succeeded() {
+            return Ok(true);
+        }
+        match Self::refused(fence, &resp, fence_key.as_deref(), actor_id, name) {
+            Some(e) => Err(e),
+            None => Ok(false),
+        }
+    }
+
     /// Every reminder with a key in `[start, end)`, a page at a time, every page read
     /// at the revision of the first.
     async fn scan(&self, mut start: Vec<u8>, end: Vec<u8>) -> Result<Vec<ReminderEntry>> {
@@ -287,29 +319,21 @@ impl ReminderTable for EtcdReminderTable {
             return Ok(false);
         };
         let key = self.keys.row(actor_hash(actor_id), actor_id, name);
-        let mut when = vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)];
-        let mut otherwise = Vec::new();
-        let fence_key = guard.map(|(c, read, k)| {
-            when.push(c);
-            otherwise.push(read);
-            k
-        });
-        let txn = Txn::new()
-            .when(when)
-            .and_then(vec![
-                TxnOp::delete(ReminderKeys::fired(&key), None),
-                TxnOp::delete(ReminderKeys::paused(&key), None),
-                TxnOp::delete(key, None),
-            ])
-            .or_else(otherwise);
-        let resp = self.conn.txn("reminder remove_row", txn).await?;
-        if resp.succeeded() {
-            return Ok(true);
-        }
-        match Self::refused(fence, &resp, fence_key.as_deref(), actor_id, name) {
-            Some(e) => Err(e),
-            None => Ok(false),
-        }
+        let ops = vec![
+            TxnOp::delete(ReminderKeys::fired(&key), None),
+            TxnOp::delete(ReminderKeys::paused(&key), None),
+            TxnOp::delete(key.clone(), None),
+        ];
+        self.when_row_at(
+            "reminder remove_row",
+            &key,
+            rev,
+            ops,
+            guard,
+            fence,
+            (actor_id, name),
+        )
+        .await
     }
 
     async fn update_last_fired(
@@ -326,31 +350,19 @@ impl ReminderTable for EtcdReminderTable {
             return Ok(false);
         };
         let key = self.keys.row(actor_hash(actor_id), actor_id, name);
-        let mut when = vec![Compare::mod_revision(key.clone(), CompareOp::Equal, rev)];
-        let mut otherwise = Vec::new();
-        let fence_key = guard.map(|(c, read, k)| {
-            when.push(c);
-            otherwise.push(read);
-            k
-        });
         // The row's mod_revision is the etag; the put goes to the fired key, so the
         // etag stays.
-        let txn = Txn::new()
-            .when(when)
-            .and_then(vec![TxnOp::put(
-                ReminderKeys::fired(&key),
-                fired_json(fired_at)?,
-                None,
-            )])
-            .or_else(otherwise);
-        let resp = self.conn.txn("reminder update_last_fired", txn).await?;
-        if resp.succeeded() {
-            return Ok(true);
-        }
-        match Self::refused(fence, &resp, fence_key.as_deref(), actor_id, name) {
-            Some(e) => Err(e),
-            None => Ok(false),
-        }
+        let ops = vec![TxnOp::put(ReminderKeys::fired(&key), fired_json(fired_at)?, None)];
+        self.when_row_at(
+            "reminder update_last_fired",
+            &key,
+            rev,
+            ops,
+            guard,
+            fence,
+            (actor_id, name),
+        )
+        .await
     }
 
     async fn update_paused(

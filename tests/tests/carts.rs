@@ -232,6 +232,29 @@ impl Load {
     }
 }
 
+/// The carts whose stored count is not their acknowledged increments
+/// (`acked[cart]`): (cart, stored, acknowledged).
+async fn wrong_counts(states: &StateStorage, acked: &[u64]) -> Vec<(usize, u64, u64)> {
+    let mut wrong = Vec::new();
+    for (cart, want) in acked.iter().enumerate() {
+        let read = states
+            .read(&StateKey::new(format!("cart/{cart}"), "cart").expect("key"))
+            .await
+            .expect("read");
+        let count = if read.record_exists {
+            serde_json::from_slice::<serde_json::Value>(&read.data).expect("a cart")["count"]
+                .as_u64()
+                .expect("count")
+        } else {
+            0
+        };
+        if count != *want {
+            wrong.push((cart, count, *want));
+        }
+    }
+    wrong
+}
+
 /// The longest time two activations of one actor on different processes
 /// overlapped, ms, and how many actors had any overlap. An activation ends at
 /// its `deactivated` line, or at `ends[process]`.
@@ -329,23 +352,7 @@ async fn counters_survive_a_rolling_deploy_and_kills(url: &str) {
     // Every cart's stored count is its acknowledged increments.
     let store = rollcall::connect(url).await.expect("connect");
     let states = StateStorage::new(store.state_table(&cluster).expect("state table"));
-    let mut wrong = Vec::new();
-    for (cart, want) in acked.iter().enumerate() {
-        let read = states
-            .read(&StateKey::new(format!("cart/{cart}"), "cart").expect("key"))
-            .await
-            .expect("read");
-        let count = if read.record_exists {
-            serde_json::from_slice::<serde_json::Value>(&read.data).expect("a cart")["count"]
-                .as_u64()
-                .expect("count")
-        } else {
-            0
-        };
-        if count != *want {
-            wrong.push((cart, count, *want));
-        }
-    }
+    let wrong = wrong_counts(&states, &acked).await;
     let (longest, actors) = coexistence(&events.lock().unwrap(), &ends);
     let fenced = FENCED.lock().unwrap().clone();
     let in_rolling = fenced
@@ -626,23 +633,7 @@ async fn a_carts_silo_whose_clock_runs_ahead_leaves_the_ring(url: &str) {
     let (gap, gap_cart) = load.longest_gap();
     let acked = load.acked.borrow().clone();
     let states = StateStorage::new(conn.state_table(&cluster).expect("state table"));
-    let mut wrong = Vec::new();
-    for (cart, want) in acked.iter().enumerate() {
-        let read = states
-            .read(&StateKey::new(format!("cart/{cart}"), "cart").expect("key"))
-            .await
-            .expect("read");
-        let count = if read.record_exists {
-            serde_json::from_slice::<serde_json::Value>(&read.data).expect("a cart")["count"]
-                .as_u64()
-                .expect("count")
-        } else {
-            0
-        };
-        if count != *want {
-            wrong.push((cart, count, *want));
-        }
-    }
+    let wrong = wrong_counts(&states, &acked).await;
     let running = procs.iter_mut().all(|p| matches!(p.child.try_wait(), Ok(None)));
     eprintln!(
         "carts clock: {held_before} shards left the silo 3 s ahead in {moved_in:?}, none back for \

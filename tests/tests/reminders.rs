@@ -1982,6 +1982,20 @@ async fn wait_placement_settled(
     );
 }
 
+/// Waits for placement to settle over 50 actors, then one of them whose
+/// shard the first silo holds.
+async fn settled_actor_on_the_first(
+    silos: &[rollcall_core::SiloHandle],
+    services: &[rollcall_reminders::Reminders],
+) -> rollcall_reminders::ActorId {
+    let actors: Vec<_> = (0..50).map(actor).collect();
+    wait_placement_settled(silos, services, &actors).await;
+    actors
+        .into_iter()
+        .find(|a| services[0].fence(a).is_some())
+        .expect("an actor on the first silo")
+}
+
 /// `Reminders::fence` and `Reminders::owner` name the holder of an actor's
 /// shard lease (issue 59): with two silos on real TCP (each advertising a
 /// proxy port), every actor's shard is held by exactly one of them, whose
@@ -2325,13 +2339,7 @@ async fn a_parked_answer_of_a_lapsed_activation_is_withheld() {
             })
         })
         .collect();
-    let actors: Vec<_> = (0..50).map(actor).collect();
-    wait_placement_settled(&silos, &services, &actors).await;
-    let a = actors
-        .iter()
-        .find(|a| services[0].fence(a).is_some())
-        .expect("an actor on the first silo")
-        .clone();
+    let a = settled_actor_on_the_first(&silos, &services).await;
     for want in 1..=3 {
         assert_eq!(hosts[0].send(&a, Add).await.expect("hosted"), want);
     }
@@ -2463,13 +2471,7 @@ async fn a_write_behind_flush_within_the_deactivate_drain_loses_nothing() {
             })
         })
         .collect();
-    let actors: Vec<_> = (0..50).map(actor).collect();
-    wait_placement_settled(&silos, &services, &actors).await;
-    let a = actors
-        .iter()
-        .find(|a| services[0].fence(a).is_some())
-        .expect("an actor on the first silo")
-        .clone();
+    let a = settled_actor_on_the_first(&silos, &services).await;
     for want in 1..=5 {
         assert_eq!(hosts[0].send(&a, Add).await.expect("hosted"), want);
     }
