@@ -2365,6 +2365,7 @@ async fn a_parked_answer_of_a_lapsed_activation_is_withheld() {
     );
     let successor = 1 + usize::from(services[2].fence(&a).is_some());
     let mut given = 0;
+    let adds_from = std::time::Instant::now();
     for _ in 0..10 {
         given = loop {
             // The successor activates it once the first's release landed.
@@ -2372,6 +2373,10 @@ async fn a_parked_answer_of_a_lapsed_activation_is_withheld() {
                 Ok(n) => break n,
                 Err(e) => {
                     assert!(matches!(e, HostError::NotHere(_)), "{e}");
+                    assert!(
+                        adds_from.elapsed() < Duration::from_secs(30),
+                        "the successor serves no Add within 30 s"
+                    );
                     tokio::task::yield_now().await;
                 }
             }
@@ -2479,10 +2484,17 @@ async fn a_write_behind_flush_within_the_deactivate_drain_loses_nothing() {
     let moved =
         rollcall_tests::sim::wait_for(Duration::from_secs(30), || services[1].fence(&a).is_some()).await;
     assert!(moved.is_some(), "the survivor holds the actor's shard");
+    let reads_from = std::time::Instant::now();
     let read = loop {
         match hosts[1].send(&a, Get).await {
             Ok(n) => break n,
-            Err(_) => tokio::task::yield_now().await,
+            Err(e) => {
+                assert!(
+                    reads_from.elapsed() < Duration::from_secs(30),
+                    "the survivor serves no Get within 30 s: {e}"
+                );
+                tokio::task::yield_now().await;
+            }
         }
     };
     assert_eq!(read, 5, "the successor reads every acknowledged increment");
