@@ -89,4 +89,4 @@ pub use table::{
 };
 #[cfg(feature = "runtime")]
 pub use time::TokioClock;
-pub use time::{duration_millis, Clock, ManualClock, SystemClock, Timestamp};
+pub use time::{boot_time, duration_millis, Clock, ManualClock, SystemClock, Timestamp};

@@ -117,6 +117,36 @@ impl<'de> Deserialize<'de> for Timestamp {
 pub trait Clock: Send + Sync + fmt::Debug {
     /// The current wall-clock time.
     fn now(&self) -> Timestamp;
+
+    /// Time on a clock that a step of the wall clock does not move, from a
+    /// fixed origin (the same at every call on one clock). Deadlines that
+    /// fence a silo (its confirmation of its own row plus the lease period, a
+    /// takeover time) are kept on it, so an NTP step back cannot stretch
+    /// them. Default: [`boot_time`] (Linux `CLOCK_BOOTTIME`, which also
+    /// counts time the machine was suspended).
+    fn monotonic(&self) -> Duration {
+        boot_time()
+    }
+}
+
+/// Time since the machine booted, suspended time included: Linux
+/// `CLOCK_BOOTTIME`. Where that clock does not exist, the monotonic clock
+/// since the first call in this process (which may not count a suspend).
+/// Never goes back; a step of the wall clock does not move it.
+pub fn boot_time() -> Duration {
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+        Duration::new(
+            u64::try_from(t.tv_sec).unwrap_or(0),
+            u32::try_from(t.tv_nsec).unwrap_or(0),
+        )
+    }
+    #[cfg(not(any(target_os = "linux", target_os = "android")))]
+    {
+        static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        ORIGIN.get_or_init(std::time::Instant::now).elapsed()
+    }
 }
 
 /// The operating system's wall clock ([`SystemTime::now`]).
@@ -170,6 +200,11 @@ impl Clock for TokioClock {
     fn now(&self) -> Timestamp {
         self.origin_wall.saturating_add(self.origin.elapsed())
     }
+
+    /// Tokio time since the clock was created (virtual under a paused clock).
+    fn monotonic(&self) -> Duration {
+        self.origin.elapsed()
+    }
 }
 
 /// A clock that only moves when told to; for unit tests of time-dependent logic.
@@ -197,11 +232,25 @@ impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
         Timestamp(self.0.load(Ordering::SeqCst))
     }
+
+    /// The wall time as a duration since the epoch: it moves only when told
+    /// (and back, if set back).
+    fn monotonic(&self) -> Duration {
+        Duration::from_millis(self.0.load(Ordering::SeqCst))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn boot_time_moves_forward() {
+        let a = boot_time();
+        std::thread::sleep(Duration::from_millis(20));
+        let b = boot_time();
+        assert!(b >= a + Duration::from_millis(20), "{a:?} then {b:?}");
+    }
 
     #[test]
     fn rfc3339_round_trip_keeps_millis() {

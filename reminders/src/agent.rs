@@ -517,8 +517,13 @@ impl ReminderAgent {
                 metrics::counter!(crate::api::TICKS_PARKED_METRIC, "service" => service, "silo" => silo)
                     .increment(1);
             }
-            Action::Held(map) => {
-                self.held.send_replace(map);
+            Action::Held(mut held) => {
+                // The deadlines onto the monotonic clock, from one reading of
+                // both clocks: a later step of the wall clock (which the step
+                // watch sees only at the next event) cannot stretch them.
+                let (now, monotonic) = (self.clock.now(), self.clock.monotonic());
+                held.monotonic = Some(crate::api::MonotonicDeadlines::of(&held, now, monotonic));
+                self.held.send_replace(held);
             }
             Action::Owned(n) => {
                 let (service, silo) = self.metric_labels();

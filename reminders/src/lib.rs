@@ -43,8 +43,9 @@ pub mod sim;
 #[cfg(feature = "runtime")]
 pub use api::ReminderTarget;
 pub use api::{
-    ActorId, Held, HeldMap, Lateness, Owner, ReminderError, ReminderHandle, ReminderList, ReminderSpec,
-    ReminderStats, ReminderTick, LATE_TICK, MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT, TICKS_DROPPED_METRIC,
+    ActorId, Held, HeldMap, Lateness, MonotonicDeadlines, Owner, ReminderError, ReminderHandle, ReminderList,
+    ReminderSpec, ReminderStats, ReminderTick, LATE_TICK, MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT,
+    TICKS_DROPPED_METRIC,
 };
 #[cfg(feature = "runtime")]
 pub use host::{ActorHost, Deactivate, HostEvent, DEACTIVATE_TIMEOUT};

@@ -687,7 +687,12 @@ impl Reminders {
     /// when another silo holds it, or nobody. Never waits.
     pub fn fence(&self, actor: &ActorId) -> Option<Fence> {
         let shard = actor_shard(&actor.to_string(), self.inner.shards);
-        let epoch = self.inner.held.borrow().epoch_at(shard, self.inner.clock.now())?;
+        let clock = &self.inner.clock;
+        let epoch = self
+            .inner
+            .held
+            .borrow()
+            .epoch_at(shard, clock.now(), clock.monotonic())?;
         Some(Fence {
             service: self.inner.service_id.clone(),
             shards: self.inner.shards,

@@ -159,23 +159,32 @@ pub fn run_until_sigterm_or(
     system.run()
 }
 
-/// A wall clock that runs a settable offset ahead of the system clock: a VM
-/// resumed from a pause, or a broken NTP set-up, in one process.
+/// A wall clock that runs a settable offset ahead of (or behind) the system
+/// clock: a VM resumed from a pause, an NTP step or a broken NTP set-up, in
+/// one process. Its monotonic time is the system's (a step moves only the
+/// wall clock, as on a real machine).
 #[derive(Clone, Debug, Default)]
-pub struct OffsetClock(std::sync::Arc<std::sync::atomic::AtomicU64>);
+pub struct OffsetClock(std::sync::Arc<std::sync::atomic::AtomicI64>);
 
 impl OffsetClock {
     /// From now on the clock reads the system time plus `ahead`.
     pub fn set_ahead(&self, ahead: std::time::Duration) {
-        let ms = u64::try_from(ahead.as_millis()).unwrap_or(u64::MAX);
+        let ms = i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX);
         self.0.store(ms, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// From now on the clock reads the system time less `behind`.
+    pub fn set_behind(&self, behind: std::time::Duration) {
+        let ms = i64::try_from(behind.as_millis()).unwrap_or(i64::MAX);
+        self.0.store(-ms, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
 impl rollcall::Clock for OffsetClock {
     fn now(&self) -> rollcall::Timestamp {
-        let ahead = self.0.load(std::sync::atomic::Ordering::SeqCst);
-        rollcall::Timestamp::from_millis(rollcall::Timestamp::now().as_millis().saturating_add(ahead))
+        let offset = self.0.load(std::sync::atomic::Ordering::SeqCst);
+        let now = rollcall::Timestamp::now().as_millis();
+        rollcall::Timestamp::from_millis(now.saturating_add_signed(offset))
     }
 }
 

@@ -2499,3 +2499,114 @@ async fn a_write_behind_flush_within_the_deactivate_drain_loses_nothing() {
     };
     assert_eq!(read, 5, "the successor reads every acknowledged increment");
 }
+
+/// Starts `n` silos on one memory store with the fast membership profile,
+/// each with a reminder service; the first one's wall clock and probe
+/// transport are `faults`' (its clock can step, its probes can be cut).
+async fn silos_with_a_faulted_first(
+    cluster: &str,
+    n: usize,
+    faults: &rollcall_tests::silo_process::Faults,
+) -> (Vec<rollcall_core::SiloHandle>, Vec<rollcall_reminders::Reminders>) {
+    use rollcall_core::{ClusterMembershipOptions, OnDeclaredDead, Silo};
+    use std::sync::Arc;
+    let store: rollcall_tests::Store = Arc::new(rollcall_provider_memory::MemoryStore::new());
+    let mut silos = Vec::new();
+    let mut services = Vec::new();
+    for i in 0..n {
+        let mut builder = Silo::builder(store.clone(), cluster)
+            .listen("127.0.0.1:0".parse().unwrap())
+            .options(ClusterMembershipOptions::fast())
+            .on_declared_dead(OnDeclaredDead::StopSilo);
+        if i == 0 {
+            builder = builder
+                .clock(Arc::new(faults.clock.clone()))
+                .transport(Arc::new(faults.transport.clone()));
+        }
+        let silo = builder.start().await.expect("silo joins");
+        let mut reminders = rollcall_reminders::Reminders::builder(&silo, store.clone()).service_id(cluster);
+        if i == 0 {
+            reminders = reminders.clock(Arc::new(faults.clock.clone()));
+        }
+        services.push(reminders.start().await.expect("reminders start"));
+        silos.push(silo);
+    }
+    (silos, services)
+}
+
+/// Waits (at most 10 s) for `service`'s next confirmation of its own row:
+/// a published [`Held`](rollcall_reminders::Held) whose `confirmed_until`
+/// moved on.
+async fn next_confirmation(service: &rollcall_reminders::Reminders) {
+    let mut held = service.held_shards();
+    let before = held.borrow_and_update().confirmed_until;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            held.changed().await.expect("the service runs");
+            if held.borrow_and_update().confirmed_until > before {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("a confirmation within 10 s");
+}
+
+/// Issue 72, item 4: a confirmation is a deadline on the monotonic clock,
+/// not on the wall clock. Right after a silo confirmed its row, its wall
+/// clock steps back 3 s and its thread freezes (a stop-the-world pause, a
+/// starved arbiter: the `std::thread::sleep` is the fault) for the lease
+/// period and a bit: when it runs again, before its agent handles any
+/// event, `fence()` is `None`, although the stepped-back wall clock says the
+/// confirmation has most of 3 s left. A successor may hold the shard by then.
+#[actix::test]
+async fn a_clock_stepped_back_does_not_stretch_a_confirmation() {
+    let faults = rollcall_tests::silo_process::Faults::default();
+    let cluster = rollcall_tests::unique_id("stepped-back");
+    let (silos, services) = silos_with_a_faulted_first(&cluster, 1, &faults).await;
+    let a = settled_actor_on_the_first(&silos, &services).await;
+    next_confirmation(&services[0]).await;
+    assert!(services[0].fence(&a).is_some(), "held and confirmed");
+    faults.clock.set_behind(Duration::from_secs(3));
+    let lease_period = ReminderOptions::default().lease_period;
+    // The fault: nothing on this thread runs, the reminder agent included.
+    std::thread::sleep(lease_period + Duration::from_millis(300));
+    assert_eq!(
+        services[0].fence(&a),
+        None,
+        "the lease period passed since the confirmation, whatever the wall clock says"
+    );
+}
+
+/// Issue 72, item 4, as the issue states it: three silos; right after the
+/// first confirmed its row, its wall clock steps back 3 s and its probes are
+/// cut, so its peers declare it Dead and one of them takes its shards over.
+/// `fence()` of an actor of the first silo, polled on every silo every 10 ms
+/// until 3 s after a successor holds it, is never `Some` on two silos.
+#[actix::test]
+async fn a_clock_stepped_back_never_fences_an_actor_on_two_silos() {
+    let faults = rollcall_tests::silo_process::Faults::default();
+    let cluster = rollcall_tests::unique_id("stepped-back-3");
+    let (silos, services) = silos_with_a_faulted_first(&cluster, 3, &faults).await;
+    let a = settled_actor_on_the_first(&silos, &services).await;
+    next_confirmation(&services[0]).await;
+    faults.clock.set_behind(Duration::from_secs(3));
+    faults.transport.cut_for(Duration::from_secs(60));
+    let start = std::time::Instant::now();
+    let mut taken_over: Option<std::time::Instant> = None;
+    let mut polls = 0u32;
+    while taken_over.is_none_or(|t| t.elapsed() < Duration::from_secs(3)) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no other silo held the actor within 30 s"
+        );
+        let holders: Vec<usize> = (0..3).filter(|i| services[*i].fence(&a).is_some()).collect();
+        assert!(holders.len() <= 1, "fenced on silos {holders:?} at once");
+        if holders.iter().any(|i| *i != 0) && taken_over.is_none() {
+            taken_over = Some(std::time::Instant::now());
+        }
+        polls += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(polls > 100, "polled {polls} times");
+}

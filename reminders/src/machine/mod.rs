@@ -332,6 +332,8 @@ impl ReminderMachine {
                 confirmed_until: until,
                 not_before: self.not_before.clone(),
                 releasing,
+                // The runtime adds the monotonic deadlines when it publishes.
+                monotonic: None,
             }));
         }
         std::mem::take(&mut self.out)
