@@ -1151,3 +1151,81 @@ async fn metrics_until(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Issue 73, item 1: a silo's membership runs on a thread of its own, not on
+/// the arbiter it was started from. Three silos on real TCP (fast profile);
+/// the second is started from an arbiter that then stays busy for 8 s (a
+/// user's CPU-heavy actor on it: the `std::thread::sleep` is that actor).
+/// Its peers keep getting its probe answers: no vote is written into its
+/// row during the 8 s or after, and it stays Active. Before, its probes went
+/// unanswered for the 8 s and its peers declared it Dead.
+#[actix::test]
+async fn a_silo_started_from_a_busy_arbiter_still_answers_its_probes() {
+    let (store, table) = tcp_store();
+    let first = tcp_silo(&store).await;
+    let arbiter = actix::Arbiter::new();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let s = store.clone();
+    assert!(arbiter.spawn_fn(move || {
+        actix::spawn(async move {
+            let _ = tx.send(tcp_silo(&s).await);
+        });
+    }));
+    let busy = rx.await.expect("the silo starts on the arbiter");
+    let third = tcp_silo(&store).await;
+    let everyone = [first.clone(), busy.clone(), third.clone()];
+    assert!(
+        wait_for(Duration::from_secs(30), || everyone.iter().all(|o| {
+            everyone
+                .iter()
+                .all(|s| o.snapshot().status_of(&s.address()) == Some(SiloStatus::Active))
+        }))
+        .await
+        .is_some(),
+        "all three see all three Active"
+    );
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    assert!(arbiter.spawn_fn(move || {
+        std::thread::sleep(Duration::from_secs(8));
+        let _ = done_tx.send(());
+    }));
+    let mut done = std::pin::pin!(done_rx);
+    let mut reads = 0;
+    loop {
+        let row = table
+            .read_all()
+            .await
+            .unwrap()
+            .entry(&busy.address())
+            .cloned()
+            .expect("its row");
+        assert!(
+            row.suspect_votes.is_empty() && row.status == SiloStatus::Active,
+            "a silo whose starting arbiter is busy was suspected: {:?} {:?}",
+            row.status,
+            row.suspect_votes
+        );
+        reads += 1;
+        tokio::select! {
+            _ = &mut done => break,
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+    assert!(
+        reads > 40,
+        "read its row {reads} times while its arbiter was busy"
+    );
+    // A vote written in the spell's last moments shows in this read.
+    let row = table
+        .read_all()
+        .await
+        .unwrap()
+        .entry(&busy.address())
+        .cloned()
+        .unwrap();
+    assert!(
+        row.suspect_votes.is_empty() && row.status == SiloStatus::Active,
+        "{row:?}"
+    );
+    arbiter.stop();
+}
