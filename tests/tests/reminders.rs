@@ -2502,7 +2502,8 @@ async fn a_write_behind_flush_within_the_deactivate_drain_loses_nothing() {
 
 /// Starts `n` silos on one memory store with the fast membership profile,
 /// each with a reminder service; the first one's wall clock and probe
-/// transport are `faults`' (its clock can step, its probes can be cut).
+/// transport are `faults`' (its clock can step, its probes can be cut), and
+/// it runs on the caller's thread (`own_thread(false)`).
 async fn silos_with_a_faulted_first(
     cluster: &str,
     n: usize,
@@ -2519,9 +2520,12 @@ async fn silos_with_a_faulted_first(
             .options(ClusterMembershipOptions::fast())
             .on_declared_dead(OnDeclaredDead::StopSilo);
         if i == 0 {
+            // On the caller's thread, its reminder service too: freezing
+            // the test's thread freezes its agent.
             builder = builder
                 .clock(Arc::new(faults.clock.clone()))
-                .transport(Arc::new(faults.transport.clone()));
+                .transport(Arc::new(faults.transport.clone()))
+                .own_thread(false);
         }
         let silo = builder.start().await.expect("silo joins");
         let mut reminders = rollcall_reminders::Reminders::builder(&silo, store.clone()).service_id(cluster);
@@ -2609,4 +2613,44 @@ async fn a_clock_stepped_back_never_fences_an_actor_on_two_silos() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(polls > 100, "polled {polls} times");
+}
+
+/// Issue 73, item 1: a reminder service runs on a thread of its own. The
+/// arbiter the application started it from stays busy for 4 s (twice the
+/// lease period: a CPU-heavy actor; the `std::thread::sleep` is that
+/// actor); `fence()`, polled every 10 ms from another thread meanwhile, never
+/// lapses, since the service confirms its silo's row on its own thread.
+/// Before, its confirmations waited for the busy arbiter and every fence
+/// lapsed after the lease period.
+#[actix::test]
+async fn a_busy_application_arbiter_lapses_no_fence() {
+    let store: rollcall_tests::Store = std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new());
+    let cluster = rollcall_tests::unique_id("busy-app");
+    let (silos, services) = placed_silos(&store, &cluster, &[0]).await;
+    let a = settled_actor_on_the_first(&silos, &services).await;
+    next_confirmation(&services[0]).await;
+    let busy = Duration::from_secs(4);
+    let poller = {
+        let service = services[0].clone();
+        let a = a.clone();
+        std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            let (mut polls, mut lapsed) = (0u32, 0u32);
+            while started.elapsed() < busy {
+                polls += 1;
+                if service.fence(&a).is_none() {
+                    lapsed += 1;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            (polls, lapsed)
+        })
+    };
+    std::thread::sleep(busy);
+    let (polls, lapsed) = poller.join().expect("the poller");
+    assert!(polls > 100, "polled {polls} times");
+    assert_eq!(
+        lapsed, 0,
+        "fence() lapsed at {lapsed} of {polls} polls while the application's arbiter was busy"
+    );
 }

@@ -252,6 +252,9 @@ pub struct SiloHandle {
     pub(super) leave_hooks: Arc<LeaveHooks>,
     /// Names claimed on this silo ([`SiloHandle::claim`]).
     pub(super) claims: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    /// Whether the membership agent runs on a thread of its own
+    /// ([`SiloBuilder::own_thread`]).
+    pub(super) own_thread: bool,
 }
 
 /// What a hook given to [`SiloHandle::on_leave`] returns: the work to finish before
@@ -423,6 +426,13 @@ impl SiloHandle {
     /// A watch of [`clock`](Self::clock): it changes when the report does.
     pub fn subscribe_clock(&self) -> watch::Receiver<crate::protocol::ClockReport> {
         self.clock.clone()
+    }
+
+    /// Whether this silo's membership runs on a thread of its own
+    /// ([`SiloBuilder::own_thread`]); its services (the reminder service)
+    /// follow the same choice.
+    pub fn own_thread(&self) -> bool {
+        self.own_thread
     }
 
     /// A watch of this silo's own status; it ends at Dead.

@@ -80,6 +80,7 @@ impl SiloBuilder {
     /// The join, run on the current arbiter; `arbiter` (when the silo runs on
     /// a thread of its own) is stopped when the membership agent stops.
     async fn start_on(self, arbiter: Option<actix::ArbiterHandle>) -> Result<SiloHandle, SiloError> {
+        let own_thread = arbiter.is_some();
         let table = self
             .store
             .membership_table(&self.cluster_id, self.options.protocol_mode())?;
@@ -207,6 +208,7 @@ impl SiloBuilder {
             health,
             leave_hooks: Arc::default(),
             claims: Arc::default(),
+            own_thread,
         };
         // The machine bounds the join: every write job gives up after a bounded number
         // of attempts and connectivity validation after max_join_attempt_time.
