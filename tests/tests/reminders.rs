@@ -2625,6 +2625,35 @@ async fn a_clock_stepped_back_never_fences_an_actor_on_two_silos() {
 #[actix::test]
 async fn a_busy_application_arbiter_lapses_no_fence() {
     let store: rollcall_tests::Store = std::sync::Arc::new(rollcall_provider_memory::MemoryStore::new());
+    busy_application_arbiter_lapses_no_fence(store).await;
+}
+
+/// [`a_busy_application_arbiter_lapses_no_fence`] on etcd, connected from the
+/// application's arbiter: the client's connection must not live there.
+#[cfg(feature = "etcd")]
+#[actix::test]
+async fn a_busy_application_arbiter_lapses_no_fence_on_etcd() {
+    let Some(b) = rollcall_tests::fixtures::etcd().await else {
+        return;
+    };
+    let store = rollcall::connect(&format!("etcd://{}", b.endpoint))
+        .await
+        .expect("connect");
+    busy_application_arbiter_lapses_no_fence(store).await;
+}
+
+/// The same on Redis.
+#[cfg(feature = "redis")]
+#[actix::test]
+async fn a_busy_application_arbiter_lapses_no_fence_on_redis() {
+    let Some(b) = rollcall_tests::fixtures::redis().await else {
+        return;
+    };
+    let store = rollcall::connect(&b.endpoint).await.expect("connect");
+    busy_application_arbiter_lapses_no_fence(store).await;
+}
+
+async fn busy_application_arbiter_lapses_no_fence(store: rollcall_tests::Store) {
     let cluster = rollcall_tests::unique_id("busy-app");
     let (silos, services) = placed_silos(&store, &cluster, &[0]).await;
     let a = settled_actor_on_the_first(&silos, &services).await;
