@@ -352,6 +352,17 @@ async fn tcp_silo(store: &Arc<dyn SystemStore>) -> rollcall_core::SiloHandle {
         .expect("tcp silo joins")
 }
 
+/// `silo`'s row in `table` as read now.
+async fn row_of(table: &dyn rollcall_core::MembershipTable, silo: &SiloAddress) -> MembershipEntry {
+    table
+        .read_all()
+        .await
+        .expect("read the table")
+        .entry(silo)
+        .cloned()
+        .expect("its row")
+}
+
 /// A fresh memory store and its "tcp" cluster table.
 fn tcp_store() -> (Arc<dyn SystemStore>, Arc<dyn rollcall_core::MembershipTable>) {
     use rollcall_core::ProtocolMode;
@@ -377,13 +388,7 @@ async fn t10_real_tcp_three_silos_one_killed_is_declared_dead() {
         took.is_some(),
         "the two survivors must declare the killed silo Dead over TCP"
     );
-    let row = table
-        .read_all()
-        .await
-        .unwrap()
-        .entry(&victim.address())
-        .cloned()
-        .unwrap();
+    let row = row_of(&*table, &victim.address()).await;
     assert_eq!(row.status, SiloStatus::Dead);
     assert!(
         !row.host_name.is_empty(),
@@ -1192,13 +1197,7 @@ async fn a_silo_started_from_a_busy_arbiter_still_answers_its_probes() {
     let mut done = std::pin::pin!(done_rx);
     let mut reads = 0;
     loop {
-        let row = table
-            .read_all()
-            .await
-            .unwrap()
-            .entry(&busy.address())
-            .cloned()
-            .expect("its row");
+        let row = row_of(&*table, &busy.address()).await;
         assert!(
             row.suspect_votes.is_empty() && row.status == SiloStatus::Active,
             "a silo whose starting arbiter is busy was suspected: {:?} {:?}",
@@ -1216,13 +1215,7 @@ async fn a_silo_started_from_a_busy_arbiter_still_answers_its_probes() {
         "read its row {reads} times while its arbiter was busy"
     );
     // A vote written in the spell's last moments shows in this read.
-    let row = table
-        .read_all()
-        .await
-        .unwrap()
-        .entry(&busy.address())
-        .cloned()
-        .unwrap();
+    let row = row_of(&*table, &busy.address()).await;
     assert!(
         row.suspect_votes.is_empty() && row.status == SiloStatus::Active,
         "{row:?}"
