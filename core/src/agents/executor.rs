@@ -218,19 +218,23 @@ impl MembershipAgent {
                 let version = self.machine.view_version();
                 let ping = async move {
                     let started = tokio::time::Instant::now();
-                    let sent = clock.now();
+                    let sent = (clock.now(), origin.elapsed());
                     let request = ProbeRequest::Ping {
                         from: me,
                         target,
                         version,
-                        sent_ms: sent.as_millis(),
+                        sent_ms: sent.0.as_millis(),
                     };
                     let response = transport
                         .request(target.endpoint(), &cluster, request, timeout)
                         .await;
                     let outcome = ProbeResponse::ping_outcome(&target, &response, started.elapsed());
-                    let sample =
-                        ProbeResponse::clock_sample(&target, &response, sent, clock.now(), origin.elapsed());
+                    let sample = ProbeResponse::clock_sample(
+                        &target,
+                        &response,
+                        sent,
+                        (clock.now(), origin.elapsed()),
+                    );
                     let event = Event::PingResult {
                         target,
                         seq,

@@ -49,6 +49,8 @@ pub struct ClockSample {
     pub peer_sent: Timestamp,
     /// `T4`: when the pong arrived, on this silo's wall clock.
     pub received: Timestamp,
+    /// The monotonic time when the ping was sent (the origin of `monotonic`).
+    pub sent_monotonic: Duration,
     /// The monotonic time when the pong arrived (any fixed origin, the same
     /// for every sample and [`ClockOffsets::report`]).
     pub monotonic: Duration,
@@ -57,10 +59,20 @@ pub struct ClockSample {
 impl ClockSample {
     /// This silo's clock ahead of the peer's (`-θ`), in ms, and the round trip
     /// less the peer's own time (`δ`, at least 0), in ms.
+    ///
+    /// `T1` is taken as `T4` less the round trip on the monotonic clock, so
+    /// both local times are read on the wall clock the pong came back to: a
+    /// step of the local clock while the ping was in flight would otherwise
+    /// count half of it in `θ` and shorten `δ` by all of it (a step back
+    /// makes the sample look the most precise of all). `sent` is what the
+    /// ping carried; it agrees with this `T1` unless the clock stepped.
     fn ahead_and_delay(&self) -> (i64, i64) {
         // In i128: a peer's garbage times cannot overflow.
-        let [t1, t2, t3, t4] =
-            [self.sent, self.peer_received, self.peer_sent, self.received].map(|t| i128::from(t.as_millis()));
+        let [t2, t3, t4] =
+            [self.peer_received, self.peer_sent, self.received].map(|t| i128::from(t.as_millis()));
+        let round_trip = i128::try_from(self.monotonic.saturating_sub(self.sent_monotonic).as_millis())
+            .unwrap_or(i128::MAX / 4);
+        let t1 = t4 - round_trip;
         let theta = ((t2 - t1) + (t3 - t4)) / 2;
         let delay = ((t4 - t1) - (t3 - t2)).max(0);
         let clamp = |v: i128| i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX });
@@ -272,8 +284,47 @@ mod tests {
             peer_received: at(t1 + one_way),
             peer_sent: at(t1 + one_way),
             received: Timestamp::from_millis(t1 + 2 * one_way),
+            sent_monotonic: Duration::from_millis(t1),
             monotonic: Duration::from_millis(t1 + 2 * one_way),
         }
+    }
+
+    /// A ping in flight while this silo's wall clock stepped back 3 s (a
+    /// clock fault put right): its wall times span the step, so `T4 - T1`
+    /// is -3 s and a rule on wall times alone reads half the step (+1.5 s)
+    /// with no uncertainty, the best sample there is. Seen in CI: a silo
+    /// whose clock was just put right read itself beyond the bound again
+    /// 50 ms later, and its shards moved twice more.
+    #[test]
+    fn a_ping_in_flight_across_a_step_measures_from_the_clock_it_came_back_to() {
+        let mut c = ClockOffsets::new(MAX);
+        for port in [1, 2, 3, 4] {
+            // Before the step: this clock 3 s ahead of every peer's.
+            c.sample(&ping(port, 10_000, -3_000, 1));
+        }
+        assert!(
+            !c.report(Timestamp::from_millis(10_002), Duration::from_millis(10_002))
+                .within_bound
+        );
+        // World time 7,010: sent at wall 10,010 (monotonic 10,010); the
+        // clock steps back to the world's; the pong comes back at world
+        // 7,012, wall 7,012, monotonic 10,012. The peers are at the world's
+        // time. (In CI every peer's ping was in flight.)
+        for port in [1, 2, 3, 4] {
+            c.sample(&ClockSample {
+                peer: silo(port),
+                sent: Timestamp::from_millis(10_010),
+                peer_received: Timestamp::from_millis(7_011),
+                peer_sent: Timestamp::from_millis(7_011),
+                received: Timestamp::from_millis(7_012),
+                sent_monotonic: Duration::from_millis(10_010),
+                monotonic: Duration::from_millis(10_012),
+            });
+        }
+        let r = c.report(Timestamp::from_millis(7_013), Duration::from_millis(10_013));
+        assert!(r.within_bound, "{r}");
+        assert!(r.offset_ms.is_some_and(|o| o.abs() <= 2), "{r}");
+        assert_eq!(r.uncertainty_ms, 1, "{r}");
     }
 
     const MAX: Duration = Duration::from_millis(500);
@@ -390,7 +441,8 @@ mod tests {
             peer_received: Timestamp::EPOCH,
             peer_sent: Timestamp::from_millis(u64::MAX),
             received: Timestamp::EPOCH,
-            monotonic: Duration::MAX,
+            sent_monotonic: Duration::MAX,
+            monotonic: Duration::ZERO,
         });
         let _ = c.report(Timestamp::from_millis(u64::MAX), Duration::ZERO);
         let _ = c.report(Timestamp::EPOCH, Duration::MAX);

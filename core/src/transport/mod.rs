@@ -142,14 +142,14 @@ impl ProbeResponse {
         crate::protocol::PingOutcome::classify(target, responder, rtt)
     }
 
-    /// The clock sample of a ping sent at `sent` whose answer `response` came
-    /// back at `received` (monotonic time `monotonic`): `Some` for a `Pong`.
+    /// The clock sample of a ping sent at wall time `sent` (monotonic
+    /// `sent_monotonic`) whose answer `response` came back at `received`
+    /// (monotonic `monotonic`): `Some` for a `Pong`.
     pub fn clock_sample(
         target: &SiloAddress,
         response: &Result<ProbeResponse, TransportError>,
-        sent: crate::Timestamp,
-        received: crate::Timestamp,
-        monotonic: Duration,
+        (sent, sent_monotonic): (crate::Timestamp, Duration),
+        (received, monotonic): (crate::Timestamp, Duration),
     ) -> Option<crate::protocol::ClockSample> {
         match response {
             Ok(ProbeResponse::Pong {
@@ -164,6 +164,7 @@ impl ProbeResponse {
                     peer_received: crate::Timestamp::from_millis(*received_ms),
                     peer_sent: crate::Timestamp::from_millis(*sent_ms),
                     received,
+                    sent_monotonic,
                     monotonic,
                 })
             }
