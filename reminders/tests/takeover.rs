@@ -434,6 +434,53 @@ fn a_silo_beyond_the_clock_bound_leaves_the_ring_and_comes_back() {
     }
 }
 
+/// The bound flaps as a silo comes back: its clock is right again, it takes
+/// shards, and `flap` ms later it reads itself beyond the bound once more
+/// (CI saw this 50 ms after a 3-s clock fault was put right: pings in
+/// flight across the step), then within again 2 s later. Shards move to
+/// it, away and back while their loads and releases are in flight; nothing
+/// is delivered twice and nothing is lost (CI's run of the real processes
+/// lost 8 ticks here).
+#[test]
+fn a_bound_that_flaps_as_a_silo_comes_back_loses_and_repeats_nothing() {
+    let cfg = Config::default();
+    for seed in 0..3 {
+        for flap in [0, 10, 50, 100, 200, 400, 800, 1_500, 3_000] {
+            let mut w = three_silos_with_rows(cfg.clone(), seed, 30_000);
+            w.run_for(3_000);
+            let off = busiest(&w);
+            w.set_clock_offset(off, 3_000);
+            w.clock_beyond(off, true);
+            w.run_for(6_000);
+            assert_eq!(held_by(&w, off), 0, "seed {seed} flap {flap}: shards left");
+            w.set_clock_offset(off, 0);
+            w.clock_beyond(off, false);
+            w.run_for(flap);
+            w.clock_beyond(off, true);
+            w.run_for(2_000);
+            w.clock_beyond(off, false);
+            w.run_for(10_000);
+            assert!(
+                held_by(&w, off) > 0,
+                "seed {seed} flap {flap}: silo {off} takes its share back"
+            );
+            let end = w.now() - 5_000;
+            let repeated = w.duplicates();
+            assert!(
+                repeated.is_empty(),
+                "seed {seed} flap {flap}: repeated {repeated:?}"
+            );
+            let missed = w.missed(end, 0);
+            assert!(
+                missed.is_empty(),
+                "seed {seed} flap {flap}: {} missed, e.g. {:?}",
+                missed.len(),
+                &missed[..missed.len().min(5)]
+            );
+        }
+    }
+}
+
 /// Issue 70, item 2: the holder checkpoints its progress every interval
 /// while it delivers, and a crash long after the acquire costs at most the
 /// time since the last checkpoint: nothing is lost (under `Skip` too),
