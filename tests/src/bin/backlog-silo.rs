@@ -34,6 +34,7 @@
 //! the tick's scheduled time, fenced by the tick's fence, and logs the tick
 //! only when that write landed; a write the store refuses as fenced prints
 //! `fenced ACTOR EPOCH`, any other failure goes to stderr).
+//! `BACKLOG_RUN_HISTORY`: the run history kept per reminder (default 20).
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -256,6 +257,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             .options(ReminderOptions {
                 minimum_period: Duration::from_secs(1),
                 max_deliveries,
+                run_history: env_or("BACKLOG_RUN_HISTORY", ReminderOptions::default().run_history),
                 ..ReminderOptions::default()
             })
             .target(move |_: &ActorId| Some(logger.clone()))
