@@ -139,6 +139,8 @@ pub(crate) async fn storm(
         let start = Silo::builder(store.clone(), cluster_id.clone())
             .listen(addr)
             .transport(Arc::new(net.transport(addr)))
+            // The paused tokio clock is this thread's: the silo stays on it.
+            .own_thread(false)
             .options(options.clone())
             .clock(clock.clone())
             .seed(seed.wrapping_mul(1_000_003).wrapping_add(i as u64))

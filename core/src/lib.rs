@@ -38,6 +38,8 @@
 pub mod agents;
 mod error;
 pub mod history;
+#[cfg(feature = "io")]
+pub mod io;
 pub mod key_escape;
 pub mod lease;
 mod limits;

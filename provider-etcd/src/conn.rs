@@ -310,7 +310,16 @@ fn endpoint(url: &str, config: &EtcdConfig, tls: Option<&TlsOptions>) -> Result<
 }
 
 impl Conn {
+    /// Opens the pool on the `rollcall-io` thread
+    /// ([`rollcall_core::io::on_io`]): the channels' connection and balancer
+    /// tasks live there, not on the caller's arbiter, whose actors may keep
+    /// it busy while the silo's own threads need the store.
     pub(crate) async fn open(config: &EtcdConfig) -> Result<Conn> {
+        let config = config.clone();
+        rollcall_core::io::on_io(async move { Self::open_here(&config).await }).await
+    }
+
+    async fn open_here(config: &EtcdConfig) -> Result<Conn> {
         let mut options = ConnectOptions::new()
             // A member cut off from its leader fails at once instead of waiting.
             .with_require_leader(true)

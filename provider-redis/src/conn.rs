@@ -314,9 +314,12 @@ impl deadpool::managed::Manager for WatchConnections {
         let cfg = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(Some(self.timeout));
-        self.client
-            .get_multiplexed_async_connection_with_config(&cfg)
-            .await
+        // On the rollcall-io thread, as the shared connection.
+        let client = self.client.clone();
+        rollcall_core::io::on_io(
+            async move { client.get_multiplexed_async_connection_with_config(&cfg).await },
+        )
+        .await
     }
 
     async fn recycle(
@@ -406,7 +409,13 @@ impl Node {
             .set_number_of_retries(1);
         let inner = self
             .shared
-            .get_or_try_init(|| async { self.client.get_connection_manager_with_config(cfg).await })
+            .get_or_try_init(|| {
+                // Opened on the rollcall-io thread: its driver lives there,
+                // not on a caller's arbiter that the application may keep
+                // busy (`rollcall_core::io`).
+                let client = self.client.clone();
+                rollcall_core::io::on_io(async move { client.get_connection_manager_with_config(cfg).await })
+            })
             .await
             .cloned()
             .map_err(|e| backend(&format!("connect to {}", redact_password(&self.url)), e))?;

@@ -47,6 +47,11 @@ pub(crate) struct ReminderAgent {
     pub monotonic_origin: tokio::time::Instant,
     /// Where [`Action::Held`] goes (`Reminders::held_shards`).
     pub held: tokio::sync::watch::Sender<crate::api::Held>,
+    /// The silo's membership views, forwarded to this agent by a task on its
+    /// own arbiter (set when it starts there).
+    pub views: Option<rollcall_core::Subscription>,
+    /// The service's own thread, when it runs on one: stopped with the agent.
+    pub arbiter: Option<actix::ArbiterHandle>,
 }
 
 impl Actor for ReminderAgent {
@@ -58,6 +63,10 @@ impl Actor for ReminderAgent {
         self.held.send_replace(crate::api::Held::default());
         // Another service of this id may start on this silo now.
         self.claim = None;
+        self.views = None;
+        if let Some(arbiter) = self.arbiter.take() {
+            arbiter.stop();
+        }
     }
 
     fn started(&mut self, ctx: &mut Context<Self>) {

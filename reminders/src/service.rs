@@ -210,8 +210,27 @@ impl RemindersBuilder {
             leave_replies: Vec::new(),
             step: rollcall_core::protocol::StepWatch::new(),
             monotonic_origin: tokio::time::Instant::now(),
-        }
-        .start();
+            views: None,
+            arbiter: None,
+        };
+        // On a thread of its own when the silo's membership has one: lease
+        // confirmations, lease writes and deliveries' bookkeeping then never
+        // wait for the application's arbiter (its handlers get the ticks by
+        // message), and the membership thread never waits for a mass due
+        // time's deliveries.
+        let silo = self.silo.clone();
+        let start = move |mut agent: ReminderAgent, ctx: &mut actix::Context<ReminderAgent>| {
+            agent.views = Some(silo.subscribe_recipient(actix::AsyncContext::address(ctx).recipient()));
+            agent
+        };
+        let agent = if self.silo.own_thread() {
+            let arbiter = actix::Arbiter::new();
+            let mut agent = agent;
+            agent.arbiter = Some(arbiter.handle());
+            ReminderAgent::start_in_arbiter(&arbiter.handle(), move |ctx| start(agent, ctx))
+        } else {
+            ReminderAgent::create(move |ctx| start(agent, ctx))
+        };
         // A graceful shutdown of the silo first releases this service's shards,
         // then waits for the notices of its last registrations.
         let notices_sending = Arc::new(tokio::sync::RwLock::new(()));
@@ -230,7 +249,6 @@ impl RemindersBuilder {
                 let _ = tokio::time::timeout(NOTICE_DRAIN, sending.write()).await;
             })
         });
-        let subscription = self.silo.subscribe_recipient(agent.clone().recipient());
         let (tx, rx) = oneshot::channel();
         agent
             .send(WhenLoaded(tx))
@@ -262,7 +280,6 @@ impl RemindersBuilder {
                 held,
 
                 _agent: agent,
-                _subscription: subscription,
                 _leave_hook: leave_hook,
             }),
         })
@@ -311,7 +328,6 @@ struct Inner {
     held: tokio::sync::watch::Receiver<crate::api::Held>,
 
     _agent: Addr<ReminderAgent>,
-    _subscription: rollcall_core::Subscription,
     _leave_hook: rollcall_core::LeaveHookGuard,
 }
 

@@ -90,6 +90,8 @@ impl SimCluster {
                     .wrapping_add(u64::from(n) << 32 | generation),
             )
             .transport(Arc::new(self.net.transport(addr)))
+            // The paused tokio clock is this thread's: the silo stays on it.
+            .own_thread(false)
             .options(self.options.clone())
             .clock(self.clock.clone())
             .host_name(format!("host-{n}"))

@@ -87,6 +87,7 @@ impl Silo {
             on_declared_dead: OnDeclaredDead::default(),
             seed: None,
             shared_secret: None,
+            own_thread: true,
         }
     }
 }
@@ -111,6 +112,7 @@ pub struct SiloBuilder {
     pub(super) on_declared_dead: OnDeclaredDead,
     pub(super) seed: Option<u64>,
     pub(super) shared_secret: Option<crate::transport::SharedSecret>,
+    pub(super) own_thread: bool,
 }
 
 impl SiloBuilder {
@@ -162,6 +164,21 @@ impl SiloBuilder {
     /// The wall clock (default [`SystemClock`]; tests use [`TokioClock`](crate::TokioClock)).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// Whether the membership agent and the probe endpoint run on a thread of
+    /// the silo's own (an actix `Arbiter` it starts, and stops when the silo
+    /// stops). Default `true`: probes, probe answers, votes and IAmAlive then
+    /// never wait for the caller's arbiter, however busy the application's
+    /// actors or the reminder deliveries keep it (a silo whose own thread runs
+    /// late is declared Dead by peers that are fine: Kafka's KIP-62, Akka's
+    /// internal dispatcher, Orleans answering pings before scheduling).
+    /// `false` runs them on the caller's arbiter: needed under tokio's paused
+    /// clock (simulated networks), where a thread of its own would run on real
+    /// time.
+    pub fn own_thread(mut self, own: bool) -> Self {
+        self.own_thread = own;
         self
     }
 
@@ -235,6 +252,9 @@ pub struct SiloHandle {
     pub(super) leave_hooks: Arc<LeaveHooks>,
     /// Names claimed on this silo ([`SiloHandle::claim`]).
     pub(super) claims: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    /// Whether the membership agent runs on a thread of its own
+    /// ([`SiloBuilder::own_thread`]).
+    pub(super) own_thread: bool,
 }
 
 /// What a hook given to [`SiloHandle::on_leave`] returns: the work to finish before
@@ -406,6 +426,13 @@ impl SiloHandle {
     /// A watch of [`clock`](Self::clock): it changes when the report does.
     pub fn subscribe_clock(&self) -> watch::Receiver<crate::protocol::ClockReport> {
         self.clock.clone()
+    }
+
+    /// Whether this silo's membership runs on a thread of its own
+    /// ([`SiloBuilder::own_thread`]); its services (the reminder service)
+    /// follow the same choice.
+    pub fn own_thread(&self) -> bool {
+        self.own_thread
     }
 
     /// A watch of this silo's own status; it ends at Dead.

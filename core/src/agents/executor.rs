@@ -85,6 +85,10 @@ pub(crate) struct MembershipAgent {
     pub(crate) clock_offsets: ClockOffsets,
     /// The origin of the monotonic times given to `clock_offsets`.
     pub(crate) monotonic_origin: tokio::time::Instant,
+    /// The silo's own thread, when it runs on one
+    /// ([`SiloBuilder::own_thread`](crate::SiloBuilder::own_thread)): stopped
+    /// with the agent.
+    pub(crate) arbiter: Option<actix::ArbiterHandle>,
 }
 
 /// A handle call waiting for the machine's answer.
@@ -398,6 +402,10 @@ impl Actor for MembershipAgent {
         self.listener = None;
         self.outputs.stop.send_replace(true);
         tracing::debug!(cluster = %self.cluster, silo = %self.me, "membership agent stopped");
+        // The silo's own thread ends with it (its probe connections too).
+        if let Some(arbiter) = self.arbiter.take() {
+            arbiter.stop();
+        }
     }
 }
 

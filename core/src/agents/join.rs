@@ -53,6 +53,34 @@ impl SiloBuilder {
     pub async fn start(self) -> Result<SiloHandle, SiloError> {
         self.options.validate()?;
         crate::validate_id("cluster_id", &self.cluster_id)?;
+        if !self.own_thread {
+            return self.start_on(None).await;
+        }
+        // The silo's own thread: everything the join starts (the probe
+        // endpoint's tasks, the agent and what it spawns) lives there.
+        let arbiter = actix::Arbiter::new();
+        let handle = arbiter.handle();
+        let (tx, rx) = oneshot::channel();
+        let spawned = arbiter.spawn_fn(move || {
+            actix::spawn(async move {
+                let _ = tx.send(self.start_on(Some(handle)).await);
+            });
+        });
+        let started = if spawned {
+            rx.await.unwrap_or(Err(SiloError::Stopped))
+        } else {
+            Err(SiloError::Stopped)
+        };
+        if started.is_err() {
+            arbiter.stop();
+        }
+        started
+    }
+
+    /// The join, run on the current arbiter; `arbiter` (when the silo runs on
+    /// a thread of its own) is stopped when the membership agent stops.
+    async fn start_on(self, arbiter: Option<actix::ArbiterHandle>) -> Result<SiloHandle, SiloError> {
+        let own_thread = arbiter.is_some();
         let table = self
             .store
             .membership_table(&self.cluster_id, self.options.protocol_mode())?;
@@ -161,6 +189,7 @@ impl SiloBuilder {
             counters: counters.clone(),
             vote_write: None,
             labels: crate::telemetry::SiloLabels::new(&self.cluster_id, &me),
+            arbiter,
         };
         let agent = ctx.run(agent);
         let handle = SiloHandle {
@@ -179,6 +208,7 @@ impl SiloBuilder {
             health,
             leave_hooks: Arc::default(),
             claims: Arc::default(),
+            own_thread,
         };
         // The machine bounds the join: every write job gives up after a bounded number
         // of attempts and connectivity validation after max_join_attempt_time.
