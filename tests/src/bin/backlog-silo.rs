@@ -35,6 +35,10 @@
 //! only when that write landed; a write the store refuses as fenced prints
 //! `fenced ACTOR EPOCH`, any other failure goes to stderr).
 //! `BACKLOG_RUN_HISTORY`: the run history kept per reminder (default 20).
+//! `BACKLOG_SPIN_MS`: each handler first spins this much CPU on the
+//! application's arbiter (a CPU-heavy actor). `BACKLOG_PROBE_REPORT` (set):
+//! a thread of its own prints `probes P99_MS FAILED SUSPICIONS VOTES` (the
+//! silo's membership counters) every 250 ms.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -48,6 +52,8 @@ use rollcall_reminders::{ActorId, ReminderSpec, ReminderTick, Reminders};
 
 struct Logger {
     silo: String,
+    /// CPU spun in the handler itself, before its future (`BACKLOG_SPIN_MS`).
+    spin: Duration,
     handler: Duration,
     out: Arc<Mutex<std::fs::File>>,
     stop: Option<Arc<StopAfter>>,
@@ -92,6 +98,12 @@ impl Handler<ReminderTick> for Logger {
     type Result = ResponseFuture<()>;
 
     fn handle(&mut self, t: ReminderTick, _: &mut Context<Self>) -> Self::Result {
+        if !self.spin.is_zero() {
+            let until = std::time::Instant::now() + self.spin;
+            while std::time::Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        }
         let (silo, out, handler) = (self.silo.clone(), self.out.clone(), self.handler);
         let (stop, states) = (self.stop.clone(), self.states.clone());
         Box::pin(async move {
@@ -241,8 +253,20 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             Some(_) => Some(StateStorage::new(store.state_table(&cluster)?)),
             None => None,
         };
+        if std::env::var_os("BACKLOG_PROBE_REPORT").is_some() {
+            let silo = silo.clone();
+            std::thread::spawn(move || loop {
+                let c = silo.counters();
+                println!(
+                    "probes {} {} {} {}",
+                    c.probe_rtt_p99_ms, c.probes_failed, c.suspicions_sent, c.votes_written
+                );
+                std::thread::sleep(Duration::from_millis(250));
+            });
+        }
         let logger = Logger {
             silo: silo.address().to_string(),
+            spin: Duration::from_millis(env_or("BACKLOG_SPIN_MS", 0)),
             handler,
             out,
             stop: stop.clone(),
