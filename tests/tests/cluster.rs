@@ -1222,3 +1222,62 @@ async fn a_silo_started_from_a_busy_arbiter_still_answers_its_probes() {
     );
     arbiter.stop();
 }
+
+/// Issue 73, item 5: a graceful leave runs on the silo's own thread, not on
+/// the caller's. A silo's `shutdown()` is called from an arbiter that then
+/// stays busy for 6 s (a CPU-heavy actor); the silo's row still leaves
+/// Active within 2 s (a leave hook of 100 ms, then the ShuttingDown and
+/// Dead writes), and the caller gets `Ok` once its arbiter runs again.
+/// Before, the leave hooks and the row writes waited for that arbiter.
+#[actix::test]
+async fn a_shutdown_called_from_a_busy_arbiter_leaves_at_once() {
+    let (store, table) = tcp_store();
+    let first = tcp_silo(&store).await;
+    let leaver = tcp_silo(&store).await;
+    let _hook = leaver.on_leave(|| Box::pin(tokio::time::sleep(Duration::from_millis(100))));
+    assert!(
+        wait_for(Duration::from_secs(30), || {
+            first.snapshot().status_of(&leaver.address()) == Some(SiloStatus::Active)
+        })
+        .await
+        .is_some(),
+        "the first silo sees the leaver Active"
+    );
+    let arbiter = actix::Arbiter::new();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let l = leaver.clone();
+    assert!(arbiter.spawn_fn(move || {
+        actix::spawn(async move {
+            let _ = done_tx.send(l.shutdown().await);
+        });
+        // The shutdown future above gets its first poll, then the arbiter
+        // is busy.
+        actix::spawn(async {
+            tokio::task::yield_now().await;
+            std::thread::sleep(Duration::from_secs(6));
+        });
+    }));
+    let called = std::time::Instant::now();
+    let left = loop {
+        let row = row_of(&*table, &leaver.address()).await;
+        if row.status != SiloStatus::Active {
+            break called.elapsed();
+        }
+        assert!(
+            called.elapsed() < Duration::from_secs(10),
+            "the leaver's row is still Active 10 s after its shutdown was called"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        left < Duration::from_secs(2),
+        "the row left Active {left:?} after shutdown() was called from a busy arbiter"
+    );
+    let answer = tokio::time::timeout(Duration::from_secs(30), done_rx)
+        .await
+        .expect("shutdown() answers once its caller's arbiter runs")
+        .expect("the answer");
+    assert!(answer.is_ok(), "{answer:?}");
+    arbiter.stop();
+    let _ = first.shutdown().await;
+}
