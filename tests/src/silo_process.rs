@@ -132,7 +132,12 @@ pub fn run_until_sigterm(
 
 /// [`run_until_sigterm`], but the graceful shutdown also starts when `stop`
 /// completes: a process that stops itself at a point of its own work, which
-/// a test watching from outside could miss under load.
+/// a test watching from outside could miss under load. The signal is
+/// waited for on the silo's own thread
+/// ([`SiloHandle::shutdown_on_signals`](rollcall::SiloHandle::shutdown_on_signals)),
+/// so the leave starts however busy the application's arbiter is; `term`
+/// (installed early, so that a SIGTERM before the silo is up does not kill
+/// the process) is the fallback if that cannot be installed.
 ///
 /// # Errors
 /// The system's own error when it cannot run.
@@ -144,12 +149,23 @@ pub fn run_until_sigterm_or(
     keep: Box<dyn Any>,
 ) -> std::io::Result<()> {
     system.block_on(async move {
+        let on_signal = silo.shutdown_on_signals().await;
         actix::spawn(async move {
-            tokio::select! {
-                _ = term.recv() => {}
-                () = stop => {}
-            }
-            if let Err(e) = silo.shutdown().await {
+            let shut = match on_signal {
+                Ok(done) => tokio::select! {
+                    r = done => r.unwrap_or(Err(rollcall::SiloError::Stopped)),
+                    () = stop => silo.shutdown().await,
+                },
+                Err(e) => {
+                    eprintln!("signals on the silo's thread: {e}; waiting here");
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        () = stop => {}
+                    }
+                    silo.shutdown().await
+                }
+            };
+            if let Err(e) = shut {
                 eprintln!("graceful shutdown: {e}");
             }
             drop(keep);

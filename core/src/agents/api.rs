@@ -252,9 +252,10 @@ pub struct SiloHandle {
     pub(super) leave_hooks: Arc<LeaveHooks>,
     /// Names claimed on this silo ([`SiloHandle::claim`]).
     pub(super) claims: Arc<std::sync::Mutex<std::collections::BTreeSet<String>>>,
-    /// Whether the membership agent runs on a thread of its own
-    /// ([`SiloBuilder::own_thread`]).
-    pub(super) own_thread: bool,
+    /// The silo's own thread, when it has one ([`SiloBuilder::own_thread`]):
+    /// where the membership agent runs, and where a leave runs whoever asks
+    /// for it.
+    pub(super) arbiter: Option<actix::ArbiterHandle>,
 }
 
 /// What a hook given to [`SiloHandle::on_leave`] returns: the work to finish before
@@ -432,7 +433,7 @@ impl SiloHandle {
     /// ([`SiloBuilder::own_thread`]); its services (the reminder service)
     /// follow the same choice.
     pub fn own_thread(&self) -> bool {
-        self.own_thread
+        self.arbiter.is_some()
     }
 
     /// A watch of this silo's own status; it ends at Dead.
@@ -492,7 +493,87 @@ impl SiloHandle {
         Ok((**self.latest.borrow()).clone())
     }
 
+    /// The leave, run on the silo's own thread when it has one: the leave
+    /// hooks and the row writes then never wait for the caller's arbiter (a
+    /// saturated application arbiter polled them seconds late), only its
+    /// answer does.
     async fn leave(&self, graceful: bool) -> Result<(), SiloError> {
+        let Some(arbiter) = &self.arbiter else {
+            return self.leave_here(graceful).await;
+        };
+        let (tx, rx) = oneshot::channel();
+        let me = self.clone();
+        if !arbiter.spawn(async move {
+            let _ = tx.send(me.leave_here(graceful).await);
+        }) {
+            return Err(SiloError::Stopped);
+        }
+        match rx.await {
+            Ok(r) => r,
+            // The silo's thread ended before the leave's answer was sent
+            // (the agent stops it once it stops): its own status tells
+            // whether the leave got through.
+            Err(_) if *self.status.borrow() == SiloStatus::Dead && graceful => Ok(()),
+            Err(_) => Err(SiloError::Stopped),
+        }
+    }
+
+    /// Waits on the silo's own thread (or the current arbiter without one)
+    /// for SIGTERM or SIGINT, then shuts the silo down gracefully
+    /// ([`shutdown`](Self::shutdown)). Neither the signal nor the leave waits
+    /// for the application's arbiter, however busy its actors keep it (a
+    /// SIGTERM task on a saturated arbiter was polled 15 s late). Returns,
+    /// once the handlers are installed, a receiver of the shutdown's result,
+    /// answered when the leave is over (within
+    /// [`shutdown_bound`](Self::shutdown_bound) of the signal): the
+    /// application stops its `System` then. Call it once per silo.
+    ///
+    /// # Errors
+    /// The OS error if a signal handler cannot be installed;
+    /// [`std::io::ErrorKind::NotConnected`] if the silo's thread is gone.
+    #[cfg(unix)]
+    pub async fn shutdown_on_signals(&self) -> std::io::Result<oneshot::Receiver<Result<(), SiloError>>> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (installed_tx, installed_rx) = oneshot::channel();
+        let (done_tx, done_rx) = oneshot::channel();
+        let me = self.clone();
+        let watch = async move {
+            let signals =
+                signal(SignalKind::terminate()).and_then(|t| Ok((t, signal(SignalKind::interrupt())?)));
+            let (mut term, mut int) = match signals {
+                Ok(s) => {
+                    let _ = installed_tx.send(Ok(()));
+                    s
+                }
+                Err(e) => {
+                    let _ = installed_tx.send(Err(e));
+                    return;
+                }
+            };
+            let which = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            tracing::info!(silo = %me.address, signal = which, "shutting down on a signal");
+            let _ = done_tx.send(me.leave_here(true).await);
+        };
+        let spawned = match &self.arbiter {
+            Some(arbiter) => arbiter.spawn(watch),
+            None => {
+                actix::spawn(watch);
+                true
+            }
+        };
+        let gone = || std::io::Error::new(std::io::ErrorKind::NotConnected, "the silo's thread is gone");
+        if !spawned {
+            return Err(gone());
+        }
+        installed_rx.await.map_err(|_| gone())??;
+        Ok(done_rx)
+    }
+
+    /// The leave, on the current arbiter.
+    async fn leave_here(&self, graceful: bool) -> Result<(), SiloError> {
         let bound = self.shutdown_bound();
         if graceful && !self.is_stopped() {
             // The subsystems hand their work over while this silo is still Active

@@ -80,7 +80,6 @@ impl SiloBuilder {
     /// The join, run on the current arbiter; `arbiter` (when the silo runs on
     /// a thread of its own) is stopped when the membership agent stops.
     async fn start_on(self, arbiter: Option<actix::ArbiterHandle>) -> Result<SiloHandle, SiloError> {
-        let own_thread = arbiter.is_some();
         let table = self
             .store
             .membership_table(&self.cluster_id, self.options.protocol_mode())?;
@@ -189,7 +188,7 @@ impl SiloBuilder {
             counters: counters.clone(),
             vote_write: None,
             labels: crate::telemetry::SiloLabels::new(&self.cluster_id, &me),
-            arbiter,
+            arbiter: arbiter.clone(),
         };
         let agent = ctx.run(agent);
         let handle = SiloHandle {
@@ -208,7 +207,7 @@ impl SiloBuilder {
             health,
             leave_hooks: Arc::default(),
             claims: Arc::default(),
-            own_thread,
+            arbiter,
         };
         // The machine bounds the join: every write job gives up after a bounded number
         // of attempts and connectivity validation after max_join_attempt_time.

@@ -38,7 +38,8 @@
 //! `BACKLOG_SPIN_MS`: each handler first spins this much CPU on the
 //! application's arbiter (a CPU-heavy actor). `BACKLOG_PROBE_REPORT` (set):
 //! a thread of its own prints `probes P99_MS FAILED SUSPICIONS VOTES` (the
-//! silo's membership counters) every 250 ms.
+//! silo's membership counters) every 250 ms. Every silo prints
+//! `leaving <unix ms>` when its leave begins (a leave hook).
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -253,6 +254,13 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             Some(_) => Some(StateStorage::new(store.state_table(&cluster)?)),
             None => None,
         };
+        // `leaving <unix ms>` when the leave's hooks start (where the leave
+        // runs: the silo's own thread).
+        let leaving = silo.on_leave(|| {
+            Box::pin(async {
+                println!("leaving {}", SystemClock.now().as_millis());
+            })
+        });
         if std::env::var_os("BACKLOG_PROBE_REPORT").is_some() {
             let silo = silo.clone();
             std::thread::spawn(move || loop {
@@ -328,7 +336,7 @@ fn run(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         println!("ready {}", silo.address());
-        Ok::<_, Box<dyn std::error::Error>>((term, silo, reminders))
+        Ok::<_, Box<dyn std::error::Error>>((term, silo, (reminders, leaving)))
     })?;
     let (term, silo, reminders) = started;
     // Printed when the shutdown begins: a process whose one thread is
