@@ -151,16 +151,29 @@ pub fn run_until_sigterm_or(
     system.block_on(async move {
         let on_signal = silo.shutdown_on_signals().await;
         actix::spawn(async move {
+            let mut stop = std::pin::pin!(stop);
             let shut = match on_signal {
                 Ok(done) => tokio::select! {
-                    r = done => r.unwrap_or(Err(rollcall::SiloError::Stopped)),
-                    () = stop => silo.shutdown().await,
+                    r = done => match r {
+                        Ok(r) => r,
+                        Err(_) => {
+                            // The silo's thread ended with no signal (the
+                            // silo read itself Dead): the process runs on
+                            // until its SIGTERM or stop, as before.
+                            tokio::select! {
+                                _ = term.recv() => {}
+                                () = &mut stop => {}
+                            }
+                            silo.shutdown().await
+                        }
+                    },
+                    () = &mut stop => silo.shutdown().await,
                 },
                 Err(e) => {
                     eprintln!("signals on the silo's thread: {e}; waiting here");
                     tokio::select! {
                         _ = term.recv() => {}
-                        () = stop => {}
+                        () = &mut stop => {}
                     }
                     silo.shutdown().await
                 }

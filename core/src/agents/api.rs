@@ -526,7 +526,10 @@ impl SiloHandle {
     /// once the handlers are installed, a receiver of the shutdown's result,
     /// answered when the leave is over (within
     /// [`shutdown_bound`](Self::shutdown_bound) of the signal): the
-    /// application stops its `System` then. Call it once per silo.
+    /// application stops its `System` then. The receiver fails (closed with
+    /// no value) when the silo's thread ends with no signal: the silo
+    /// stopped otherwise (declared Dead, killed, shut down by a call). Call
+    /// it once per silo.
     ///
     /// # Errors
     /// The OS error if a signal handler cannot be installed;
