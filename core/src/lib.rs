@@ -41,11 +41,12 @@ pub mod history;
 #[cfg(feature = "io")]
 pub mod io;
 pub mod key_escape;
-pub mod lease;
+pub use ownership::lease;
 mod limits;
 mod membership;
 pub mod metrics_table;
 mod options;
+pub mod ownership;
 pub mod paging;
 pub mod protocol;
 mod reminder;
@@ -70,7 +71,6 @@ pub use agents::{
 pub use error::{bounded, retry_transient};
 pub use error::{redact_password, BoxError, Error, Result, SiloError, TransportError};
 pub use history::{HistoryQuery, MembershipEvent, WriteKind, WriteOrigin, DEFAULT_HISTORY_CAPACITY};
-pub use lease::{Fence, LeaseStatus, LeaseTable, ShardLease, ShardLeases};
 pub use limits::KeyLimits;
 pub use membership::{
     CorruptRow, Etag, IntoRows, MembershipDelta, MembershipEntry, MembershipRow, MembershipRows,
@@ -78,10 +78,12 @@ pub use membership::{
 };
 pub use metrics_table::{MembershipCounters, MetricsReport, MetricsRole, MetricsRow, MetricsTable};
 pub use options::{ClusterMembershipOptions, MissedTickPolicy, ReminderOptions};
+pub use ownership::{actor_hash, actor_shard, hash_shard, ActorId, DEFAULT_SHARDS};
+pub use ownership::{Fence, LeaseStatus, LeaseTable, ShardLease, ShardLeases};
 pub use paging::{PageToken, ReminderPage, Removed};
 pub use reminder::{
-    actor_hash, actor_shard, check_run_keep, hash_in_range, hash_shard, parked_service_id, prepend_run,
-    ReminderEntry, RetryPolicy, RunOutcome, RunRecord, DEFAULT_SHARDS, MAX_REMINDER_PAYLOAD, MAX_RUN_HISTORY,
+    check_run_keep, hash_in_range, parked_service_id, prepend_run, ReminderEntry, RetryPolicy, RunOutcome,
+    RunRecord, MAX_REMINDER_PAYLOAD, MAX_RUN_HISTORY,
 };
 pub use silo::{SiloAddress, SiloStatus};
 pub use state::{ClearMode, Codec, Expected, StateKey, StateRead, StateStorage, StateTable};

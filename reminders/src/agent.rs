@@ -46,7 +46,7 @@ pub(crate) struct ReminderAgent {
     /// The monotonic origin `step` reads against.
     pub monotonic_origin: tokio::time::Instant,
     /// Where [`Action::Held`] goes (`Reminders::held_shards`).
-    pub held: tokio::sync::watch::Sender<crate::api::Held>,
+    pub held: tokio::sync::watch::Sender<crate::Held>,
     /// The silo's membership views, forwarded to this agent by a task on its
     /// own arbiter (set when it starts there).
     pub views: Option<rollcall_core::Subscription>,
@@ -60,7 +60,7 @@ impl Actor for ReminderAgent {
     fn stopped(&mut self, _: &mut Context<Self>) {
         // A stopped service holds nothing (its silo stopped: left, or read
         // itself Dead).
-        self.held.send_replace(crate::api::Held::default());
+        self.held.send_replace(crate::Held::default());
         // Another service of this id may start on this silo now.
         self.claim = None;
         self.views = None;
@@ -531,7 +531,7 @@ impl ReminderAgent {
                 // both clocks: a later step of the wall clock (which the step
                 // watch sees only at the next event) cannot stretch them.
                 let (now, monotonic) = (self.clock.now(), self.clock.monotonic());
-                held.monotonic = Some(crate::api::MonotonicDeadlines::of(&held, now, monotonic));
+                held.monotonic = Some(crate::MonotonicDeadlines::of(&held, now, monotonic));
                 self.held.send_replace(held);
             }
             Action::Owned(n) => {

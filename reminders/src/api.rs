@@ -1,24 +1,17 @@
 //! The types applications see: actor ids, ticks, the target resolver, handles,
 //! errors and counters.
 
-use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 #[cfg(feature = "runtime")]
 use actix::Recipient;
+use rollcall_core::ownership::ActorId;
 use rollcall_core::{Error, Etag, MissedTickPolicy, ReminderEntry, RetryPolicy, Timestamp};
 
-/// Longest actor id (`kind/key`) accepted, in bytes (the core limit,
-/// [`KeyLimits::CORE`](rollcall_core::KeyLimits::CORE)). A provider may store
-/// less ([`SystemStore::key_limits`](rollcall_core::SystemStore::key_limits):
-/// DynamoDB's are 1,008 bytes); its table then refuses a longer id with
-/// [`Error::InvalidInput`](rollcall_core::Error::InvalidInput) before anything
-/// is written.
-pub const MAX_ACTOR_ID: usize = 1024;
 /// Longest reminder name accepted, in bytes; a provider may store less, as for
-/// [`MAX_ACTOR_ID`].
+/// [`MAX_ACTOR_ID`](rollcall_core::ownership::MAX_ACTOR_ID).
 pub const MAX_NAME: usize = 1024;
 
 /// One page of reminders ([`Reminders::list_kind`](crate::Reminders::list_kind)):
@@ -30,95 +23,6 @@ pub struct ReminderList {
     /// The next page's token (pass it back as `after`); `None`: this was the
     /// last page.
     pub next: Option<rollcall_core::PageToken>,
-}
-
-/// The actor a reminder belongs to: an actor kind (its type, e.g. `"cart"`) and a
-/// key within the kind (e.g. `"42"`). Stored in the reminder table as `kind/key`,
-/// which is also the text the ring hash ([`actor_hash`](rollcall_core::actor_hash))
-/// is computed over.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ActorId {
-    kind: String,
-    key: String,
-}
-
-/// Whether `kind` has no `/` and no control characters.
-fn valid_kind(kind: &str) -> bool {
-    !kind.contains('/') && !kind.chars().any(char::is_control)
-}
-
-impl ActorId {
-    /// An actor id.
-    ///
-    /// # Errors
-    /// [`ReminderError::InvalidActor`] for an empty kind or key, a kind containing
-    /// `/` or control characters, or an id over [`MAX_ACTOR_ID`] bytes.
-    pub fn new(kind: impl Into<String>, key: impl Into<String>) -> Result<ActorId, ReminderError> {
-        let (kind, key) = (kind.into(), key.into());
-        let bad = |why: &str| {
-            Err(ReminderError::InvalidActor(
-                format!("{kind}/{key}"),
-                why.to_owned(),
-            ))
-        };
-        if kind.is_empty() || key.is_empty() {
-            return bad("kind and key must not be empty");
-        }
-        if !valid_kind(&kind) {
-            return bad("the kind must not contain `/` or control characters");
-        }
-        if kind.len() + 1 + key.len() > MAX_ACTOR_ID {
-            return bad("longer than 1024 bytes");
-        }
-        Ok(ActorId { kind, key })
-    }
-
-    /// The prefix of the ids of every actor of kind `kind`: `kind/` (for
-    /// [`Reminders::list_prefix`](crate::Reminders::list_prefix) and the bulk
-    /// deletes).
-    ///
-    /// # Errors
-    /// [`ReminderError::InvalidActor`] for a kind [`new`](Self::new) refuses:
-    /// empty, or with `/` or control characters.
-    pub fn kind_prefix(kind: &str) -> Result<String, ReminderError> {
-        if kind.is_empty() || !valid_kind(kind) {
-            return Err(ReminderError::InvalidActor(
-                kind.to_owned(),
-                "a kind is not empty and has no `/` or control characters".into(),
-            ));
-        }
-        Ok(format!("{kind}/"))
-    }
-
-    /// Parses the stored form `kind/key` (split at the first `/`).
-    ///
-    /// # Errors
-    /// [`ReminderError::InvalidActor`] if there is no `/` or a part is invalid.
-    pub fn parse(s: &str) -> Result<ActorId, ReminderError> {
-        match s.split_once('/') {
-            Some((kind, key)) => ActorId::new(kind, key),
-            None => Err(ReminderError::InvalidActor(
-                s.to_owned(),
-                "expected `kind/key`".into(),
-            )),
-        }
-    }
-
-    /// The actor kind.
-    pub fn kind(&self) -> &str {
-        &self.kind
-    }
-
-    /// The key within the kind.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-}
-
-impl fmt::Display for ActorId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.kind, self.key)
-    }
 }
 
 /// One tick of a reminder, sent to the actor's recipient (an actix message
@@ -440,7 +344,8 @@ pub enum ReminderError {
         /// The minimum.
         minimum: Duration,
     },
-    /// An actor id that is not `kind/key` or is too long.
+    /// An actor id that is not `kind/key` or is too long: the id, and why
+    /// ([`InvalidActorId`](rollcall_core::ownership::InvalidActorId)).
     #[error("invalid actor id `{0}`: {1}")]
     InvalidActor(String, String),
     /// An empty or too long reminder name.
@@ -602,90 +507,9 @@ pub(crate) struct Counters {
     pub lateness: std::sync::Mutex<Option<hdrhistogram::Histogram<u64>>>,
 }
 
-/// The shards a silo holds and keeps (not releasing), each with the epoch it
-/// acquired it at: shard -> epoch.
-pub type HeldMap = std::collections::BTreeMap<u32, u64>;
-
-/// What a silo holds, as its reminder service publishes it
-/// (`Reminders::held_shards`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Held {
-    /// The shards held and kept, each with its epoch.
-    pub shards: HeldMap,
-    /// Until when (UTC ms) the silo may act as their holder: its last
-    /// confirmation of its own membership row Active plus the lease period
-    /// (lease fencing, the rule that stops a silo declared Dead before its
-    /// successor takes over). `None`: not confirmed yet, or the service
-    /// stopped. After it, the silo holds nothing, whatever `shards` says.
-    pub confirmed_until: Option<Timestamp>,
-    /// Shards taken over from a silo declared Dead, and the takeover time
-    /// (UTC ms) before which the silo does not act as their holder: the Dead
-    /// holder stopped by then (lease fencing), so two silos never act on one
-    /// shard at once (the reminders' rule 3).
-    pub not_before: std::collections::BTreeMap<u32, Timestamp>,
-    /// Shards being released whose release waits for actor hosts (shard ->
-    /// the epoch released), while it waits: a level, not an event, so a
-    /// watch that coalesces changes still shows each one. A host reports
-    /// `host_drained` once per entry, after its activations of it ended.
-    pub releasing: HeldMap,
-    /// `confirmed_until` and `not_before` again, as deadlines on the service
-    /// clock's [`monotonic`](rollcall_core::Clock::monotonic) time (by
-    /// default `CLOCK_BOOTTIME`), which a step of the wall clock does not
-    /// move: a clock stepped back right after a confirmation cannot stretch
-    /// it (issue 72). The service sets them when it publishes; `None` where
-    /// nothing does (the simulation): the wall-clock deadlines alone count
-    /// then.
-    pub monotonic: Option<MonotonicDeadlines>,
-}
-
-/// [`Held`]'s deadlines on a monotonic clock
-/// ([`Clock::monotonic`](rollcall_core::Clock::monotonic), a duration since
-/// its origin).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct MonotonicDeadlines {
-    /// Until when the silo may act as the holder: [`Held::confirmed_until`].
-    pub confirmed_until: Option<std::time::Duration>,
-    /// Per shard taken over, the time before which it does not act as the
-    /// holder: [`Held::not_before`].
-    pub not_before: std::collections::BTreeMap<u32, std::time::Duration>,
-}
-
-impl MonotonicDeadlines {
-    /// `held`'s wall-clock deadlines moved onto the monotonic clock, given
-    /// one reading of both clocks taken together: wall time `now` (UTC ms)
-    /// at monotonic time `monotonic`.
-    pub fn of(held: &Held, now: Timestamp, monotonic: std::time::Duration) -> Self {
-        let on = |t: Timestamp| {
-            if t >= now {
-                monotonic.saturating_add(t.saturating_duration_since(now))
-            } else {
-                monotonic.saturating_sub(now.saturating_duration_since(t))
-            }
-        };
-        MonotonicDeadlines {
-            confirmed_until: held.confirmed_until.map(on),
-            not_before: held.not_before.iter().map(|(k, t)| (*k, on(*t))).collect(),
-        }
-    }
-}
-
-impl Held {
-    /// The epoch `shard` is held at, if held at wall time `now` (UTC ms)
-    /// and, when [`monotonic`](Held::monotonic) deadlines are set, at
-    /// monotonic time `monotonic` too: both clocks must agree, so a step of
-    /// either one only shortens the hold.
-    pub fn epoch_at(&self, shard: u32, now: Timestamp, monotonic: std::time::Duration) -> Option<u64> {
-        let wall = self.confirmed_until.is_some_and(|u| now < u)
-            && self.not_before.get(&shard).is_none_or(|t| now >= *t);
-        let steady = self.monotonic.as_ref().is_none_or(|m| {
-            m.confirmed_until.is_some_and(|u| monotonic < u)
-                && m.not_before.get(&shard).is_none_or(|t| monotonic >= *t)
-        });
-        if wall && steady {
-            self.shards.get(&shard).copied()
-        } else {
-            None
-        }
+impl From<rollcall_core::ownership::InvalidActorId> for ReminderError {
+    fn from(e: rollcall_core::ownership::InvalidActorId) -> Self {
+        ReminderError::InvalidActor(e.0, e.1)
     }
 }
 
@@ -773,20 +597,5 @@ mod tests {
         let l = c.take_lateness().expect("a window");
         assert_eq!(l.ticks, 2);
         assert!(l.max_ms >= 86_000_000 && l.max_ms <= 87_000_000, "{l:?}");
-    }
-
-    #[test]
-    fn actor_ids_round_trip_and_bad_ones_are_typed_errors() {
-        let a = ActorId::new("cart", "user/42").unwrap();
-        assert_eq!(a.to_string(), "cart/user/42");
-        assert_eq!(ActorId::parse("cart/user/42").unwrap(), a);
-        for bad in ["", "cart", "/x", "cart/"] {
-            assert!(
-                matches!(ActorId::parse(bad), Err(ReminderError::InvalidActor(..))),
-                "{bad:?}"
-            );
-        }
-        assert!(ActorId::new("a\nb", "k").is_err());
-        assert!(ActorId::new("k", "x".repeat(MAX_ACTOR_ID)).is_err());
     }
 }

@@ -31,7 +31,7 @@ use std::collections::HashMap;
 
 use rollcall_core::{actor_shard, Fence};
 
-use crate::api::{ActorId, HeldMap};
+use crate::{ActorId, HeldMap};
 
 /// Why an activation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -234,7 +234,7 @@ mod runtime {
     use rollcall_core::Fence;
 
     use super::{Deactivation, HostError, HostTable, Route};
-    use crate::api::ActorId;
+    use crate::ActorId;
     use crate::Reminders;
 
     /// An activation starting or ending, for logs and measurements.

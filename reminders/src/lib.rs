@@ -8,7 +8,8 @@
 //!
 //! The rules (pure, no actix, tokio or sockets: they build without the default
 //! `runtime` feature):
-//! - [`ring`]: which Active silo a shard is assigned to (property-tested).
+//! - [`ring`] (the ownership layer's, [`rollcall_core::ownership`]): which
+//!   Active silo a shard is assigned to (property-tested).
 //! - [`shards`]: which shards this silo holds, decided by compare-and-set on
 //!   their lease rows ([`shards::ShardMachine`]).
 //! - [`handoff`]: what the holder of a shard delivers from the lease it
@@ -32,7 +33,6 @@ pub mod handoff;
 pub mod host;
 pub mod machine;
 mod queue;
-pub mod ring;
 pub mod schedule;
 #[cfg(feature = "runtime")]
 mod service;
@@ -43,15 +43,20 @@ pub mod sim;
 #[cfg(feature = "runtime")]
 pub use api::ReminderTarget;
 pub use api::{
-    ActorId, Held, HeldMap, Lateness, MonotonicDeadlines, Owner, ReminderError, ReminderHandle, ReminderList,
-    ReminderSpec, ReminderStats, ReminderTick, LATE_TICK, MAX_ACTOR_ID, MAX_NAME, MAX_REPEAT,
-    TICKS_DROPPED_METRIC,
+    Lateness, Owner, ReminderError, ReminderHandle, ReminderList, ReminderSpec, ReminderStats, ReminderTick,
+    LATE_TICK, MAX_NAME, MAX_REPEAT, TICKS_DROPPED_METRIC,
 };
 #[cfg(feature = "runtime")]
 pub use host::{ActorHost, Deactivate, HostEvent, DEACTIVATE_TIMEOUT};
 pub use host::{Deactivation, HeldChange, HostError, HostTable};
 pub use machine::{
     LOAD_PIECE_ROWS, MAX_DELIVERIES, MAX_LOADS, MAX_NOTICE_READS, MAX_WRITES, NOTICE_BATCH, NOTICE_QUEUE,
+};
+/// The ring, re-exported from the ownership layer
+/// ([`rollcall_core::ownership::ring`]).
+pub use rollcall_core::ownership::ring;
+pub use rollcall_core::ownership::{
+    ActorId, Held, HeldMap, InvalidActorId, MonotonicDeadlines, MAX_ACTOR_ID,
 };
 pub use rollcall_core::{
     MissedTickPolicy, PageToken, ReminderEntry, ReminderOptions, ReminderTable, Removed, RetryPolicy,

@@ -18,14 +18,15 @@ use tokio::sync::oneshot;
 use crate::agent::bounded;
 use crate::agent::{Leave, ReminderAgent, WhenLoaded};
 use crate::api::{
-    ActorId, Counters, Owner, ReminderError, ReminderHandle, ReminderList, ReminderSpec, ReminderStats,
+    Counters, Owner, ReminderError, ReminderHandle, ReminderList, ReminderSpec, ReminderStats,
     ReminderTarget, MAX_NAME, MAX_REPEAT,
 };
 use crate::machine::{
     notice_target, release_topic, topic, NoticeRetry, ReminderMachine, ShardNotice, NOTICE_QUEUE,
 };
-use crate::ring::Ring;
 use crate::schedule::{Calendar, Timing};
+use crate::ActorId;
+use rollcall_core::ownership::ring::Ring;
 
 /// Configures and starts a silo's reminder service. See [`Reminders::builder`].
 pub struct RemindersBuilder {
@@ -190,7 +191,7 @@ impl RemindersBuilder {
         };
         let machine = ReminderMachine::new(self.silo.address(), &service_id, options.clone(), shards, rng);
         let counters = machine.counters();
-        let (held_tx, held) = tokio::sync::watch::channel(crate::api::Held::default());
+        let (held_tx, held) = tokio::sync::watch::channel(crate::Held::default());
         let agent = ReminderAgent {
             claim: Some(claim),
             held: held_tx,
@@ -325,7 +326,7 @@ struct Inner {
     /// (at most one entry per shard).
     owners: std::sync::Mutex<HashMap<u32, (Option<Owner>, Timestamp)>>,
     /// The shards this silo holds and keeps (the agent publishes them).
-    held: tokio::sync::watch::Receiver<crate::api::Held>,
+    held: tokio::sync::watch::Receiver<crate::Held>,
 
     _agent: Addr<ReminderAgent>,
     _leave_hook: rollcall_core::LeaveHookGuard,
@@ -728,7 +729,7 @@ impl Reminders {
     /// watches it). The shard of an actor is
     /// [`actor_shard`](rollcall_core::actor_shard)`(actor, shards)` with the
     /// service's [`shards`](Self::shards).
-    pub fn held_shards(&self) -> tokio::sync::watch::Receiver<crate::api::Held> {
+    pub fn held_shards(&self) -> tokio::sync::watch::Receiver<crate::Held> {
         self.inner.held.clone()
     }
 

@@ -57,7 +57,7 @@
 //!    releases the ones it holds (rule 4, which compares no clocks) and takes
 //!    none until it is back. Its membership row says so
 //!    (`clock_beyond_bound`), so the ring leaves it out (rule 1,
-//!    [`Ring::of_active`](crate::ring::Ring::of_active)) and the others take
+//!    [`Ring::of_active`](rollcall_core::ownership::ring::Ring::of_active)) and the others take
 //!    its released shards as in any graceful handoff, within about a lease
 //!    period plus `lease_poll`; when its row says it is within again, the ring
 //!    gives its share back. Only when every silo is beyond do its shards wait:
@@ -150,37 +150,15 @@ use std::time::Duration;
 use rollcall_core::lease::{LeaseException, LeaseStatus, ShardLease};
 use rollcall_core::{Etag, MembershipSnapshot, SiloAddress, SiloStatus, Timestamp};
 
-use crate::ring::{Ring, RingRange};
+use rollcall_core::ownership::ring::Ring;
 
 mod checkpoint;
 mod heal;
 pub use checkpoint::{checkpoint_of, CHECKPOINT_EXCEPTIONS};
 pub use heal::{HINT_AFTER_POLLS, REVERIFY_POLLS};
-
-/// The hash range of shard `k` of `shards` (1 or more): exactly the hashes
-/// `h` with `(h * shards) >> 32 == k`, the actors
-/// [`actor_shard`](rollcall_core::actor_shard) maps to `k`.
-pub fn shard_range(k: u32, shards: u32) -> RingRange {
-    let s = u64::from(shards.max(1));
-    let first = (u64::from(k) << 32).div_ceil(s);
-    let next = (u64::from(k + 1) << 32).div_ceil(s);
-    RingRange {
-        begin: (first as u32).wrapping_sub(1),
-        end: (next - 1) as u32,
-    }
-}
-
-/// The first hash of shard `k`'s range.
-fn shard_start(k: u32, shards: u32) -> u32 {
-    shard_range(k, shards).begin.wrapping_add(1)
-}
-
-/// The silo `ring` assigns `actor_id`'s shard to (of `shards`): where its
-/// registration notices go.
-pub fn shard_owner(ring: &Ring, actor_id: &str, shards: u32) -> Option<SiloAddress> {
-    let k = rollcall_core::actor_shard(actor_id, shards);
-    ring.owner_of(shard_start(k, shards))
-}
+use rollcall_core::ownership::shard_start;
+/// The shard function, re-exported from the ownership layer.
+pub use rollcall_core::ownership::{shard_owner, shard_range};
 
 /// Options of a [`ShardMachine`].
 #[derive(Clone, Debug)]

@@ -28,9 +28,9 @@ use rollcall_core::{
 };
 
 use crate::machine::{Action, Event, Inbound, NoticeRetry, ReminderMachine, Timer};
-use crate::ring::Ring;
 use crate::shards::{shard_owner, ShardEvent};
 use crate::ReminderError;
+use rollcall_core::ownership::ring::Ring;
 use rollcall_core::ShardLeases;
 
 /// The service id of the world's reminders.

@@ -9,10 +9,11 @@ use rollcall_core::{hash_shard, Etag, MissedTickPolicy, ReminderEntry, RunOutcom
 use smol_str::SmolStr;
 
 use super::{backoff, Action, Key, ReminderMachine, Timer};
-use crate::api::{ActorId, Counters, ReminderTick};
+use crate::api::{Counters, ReminderTick};
 use crate::handoff::{HeldShard, Start, MAX_CATCH_UP};
 use crate::queue::{key_of, kind_of};
 use crate::schedule::{after_attempt, plan, AfterAttempt, Learned, Planned, Timing};
+use crate::ActorId;
 
 /// The default of `ReminderOptions::max_deliveries`: deliveries running at
 /// once per silo.

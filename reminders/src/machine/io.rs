@@ -10,8 +10,8 @@ use smol_str::SmolStr;
 
 use super::{Key, LoadId, ReleaseHint, Write};
 use crate::api::{ReminderError, ReminderTick};
-use crate::ring::RingRange;
 use crate::shards::ShardEvent;
+use rollcall_core::ownership::ring::RingRange;
 
 /// A message that reached the silo on one of the service's topics.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -199,7 +199,7 @@ pub enum Action {
     LeaveDone,
     /// The shards this silo holds and keeps changed: publish them
     /// (`Reminders::held_shards`, `Reminders::fence`).
-    Held(crate::api::Held),
+    Held(crate::Held),
     /// Arm `timer` at this time (replacing the one armed).
     SetTimer(Timer, Timestamp),
     /// Disarm `timer`.

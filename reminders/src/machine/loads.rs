@@ -16,9 +16,9 @@ use super::{Action, ReminderMachine, Timer};
 use crate::api::{Counters, ReminderError};
 use crate::handoff::{HeldShard, Seen};
 use crate::queue::key_of;
-use crate::ring::RingRange;
 use crate::schedule::Learned;
 use crate::shards::{shard_range, ShardEvent};
+use rollcall_core::ownership::ring::RingRange;
 
 /// Shard loads running at once.
 pub const MAX_LOADS: usize = 16;

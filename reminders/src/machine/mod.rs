@@ -113,7 +113,7 @@ pub struct ReminderMachine {
     held: BTreeMap<u32, HeldShard>,
     /// The shards held and kept (not stopping), by epoch: what
     /// [`Action::Held`] publishes.
-    fences: crate::api::HeldMap,
+    fences: crate::HeldMap,
     /// `fences` changed since the last [`Action::Held`].
     fences_changed: bool,
     /// The `confirmed_until` of the last [`Action::Held`].
@@ -320,14 +320,14 @@ impl ReminderMachine {
         if std::mem::take(&mut self.fences_changed) || until != self.confirmed_until {
             // Every change of a release's wait for hosts sets
             // `fences_changed` (`stop`, `drained`, `Event::HostDrained`).
-            let releasing: crate::api::HeldMap = self
+            let releasing: crate::HeldMap = self
                 .held
                 .iter()
                 .filter(|(_, h)| h.stopping && h.host_pending > 0 && h.draining_until.is_some())
                 .map(|(k, h)| (*k, h.lease_epoch))
                 .collect();
             self.confirmed_until = until;
-            self.out.push(Action::Held(crate::api::Held {
+            self.out.push(Action::Held(crate::Held {
                 shards: self.fences.clone(),
                 confirmed_until: until,
                 not_before: self.not_before.clone(),

@@ -139,7 +139,7 @@ fn control(reminders: Reminders) {
                 continue;
             };
             let answer = match ActorId::parse(actor) {
-                Err(e) => Err(e),
+                Err(e) => Err(e.into()),
                 Ok(a) => match verb {
                     "pause" => reminders.pause(&a, name).await,
                     "resume" => reminders.resume(&a, name).await,

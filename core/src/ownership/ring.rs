@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use rollcall_core::{hash_in_range, MembershipSnapshot, SiloAddress, SiloStatus};
+use crate::{hash_in_range, MembershipSnapshot, SiloAddress, SiloStatus};
 
 /// A ring range `(begin, end]` of 32-bit hashes, wrapping when `begin >= end`
 /// (`(x, x)` is the whole ring), as [`hash_in_range`] defines it and
@@ -99,7 +99,7 @@ impl Ring {
 
     /// The ring of the Active silos of a membership view, less those whose row
     /// says their clock is beyond the cluster's bound
-    /// ([`MembershipEntry::clock_beyond_bound`](rollcall_core::MembershipEntry::clock_beyond_bound)):
+    /// ([`MembershipEntry::clock_beyond_bound`](crate::MembershipEntry::clock_beyond_bound)):
     /// the ring every reminder service of the cluster computes from the same
     /// table version. A silo whose clock is off cannot hold a lease safely, so its
     /// shards go to the others while it stays a member. When every Active silo
@@ -200,13 +200,9 @@ mod tests {
         let view = |flags: [bool; 2]| {
             let mut v = MembershipSnapshot::default();
             for (s, beyond) in [a, b].into_iter().zip(flags) {
-                let mut e = rollcall_core::MembershipEntry::new(
-                    s,
-                    SiloStatus::Active,
-                    rollcall_core::Timestamp::EPOCH,
-                );
+                let mut e = crate::MembershipEntry::new(s, SiloStatus::Active, crate::Timestamp::EPOCH);
                 e.clock_beyond_bound = beyond;
-                v.insert(e, rollcall_core::Etag::new("1"));
+                v.insert(e, crate::Etag::new("1"));
             }
             v
         };

@@ -1,0 +1,33 @@
+//! Shard ownership: the layer that decides, through fenced leases in the
+//! store, which silo acts for which actors. Reminders and placement are its
+//! tenants; neither owns it.
+//!
+//! - [`shard`]: the shard function. An actor id ([`ActorId`], `kind/key`)
+//!   hashes to one of a service's shards ([`actor_shard`]); a shard covers a
+//!   contiguous range of the hash ring ([`shard_range`]).
+//! - [`ring`]: which Active silo a shard is assigned to ([`Ring`], Orleans'
+//!   consistent ring with virtual buckets), the same on every silo that read
+//!   the same membership version.
+//! - [`lease`]: one lease row per shard in the store, held by compare-and-set
+//!   at an epoch that every acquire raises (the fencing token,
+//!   [`Fence`]); the store checks a tenant's writes against it.
+//! - [`held`]: what a silo holds, at which epoch and until when it may act as
+//!   the holder ([`Held`]), as the lease rules publish it for the tenants to
+//!   check.
+//!
+//! Which shards a silo acquires, releases and heals is decided by the
+//! lease rules' sans-io machine, today `rollcall_reminders::shards` (the
+//! reminder service runs it for both tenants). Everything here is pure but
+//! [`lease::ShardLeases`], whose calls go to the store's lease table.
+
+pub mod actor;
+pub mod held;
+pub mod lease;
+pub mod ring;
+pub mod shard;
+
+pub use actor::{ActorId, InvalidActorId, MAX_ACTOR_ID};
+pub use held::{Held, HeldMap, MonotonicDeadlines};
+pub use lease::{Fence, LeaseStatus, LeaseTable, ShardLease, ShardLeases};
+pub use ring::{points_of, Ring, RingRange};
+pub use shard::{actor_hash, actor_shard, hash_shard, shard_owner, shard_range, shard_start, DEFAULT_SHARDS};
