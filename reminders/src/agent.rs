@@ -422,16 +422,16 @@ impl ReminderAgent {
                     let began = std::time::Instant::now();
                     let mut write = leases
                         .prepare(&lease)
-                        .map_err(|e| crate::shards::WriteFailed::of(&e.into()))?;
+                        .map_err(|e| crate::shards::write_failed(&e.into()))?;
                     let pages = write.pages_left();
                     while bounded(timeout, leases.send_pages(&mut write))
                         .await
-                        .map_err(|e| crate::shards::WriteFailed::of(&e))?
+                        .map_err(|e| crate::shards::write_failed(&e))?
                     {}
                     let paged = began.elapsed();
                     let result = bounded(timeout, leases.commit(&write))
                         .await
-                        .map_err(|e| crate::shards::WriteFailed::of(&e))?;
+                        .map_err(|e| crate::shards::write_failed(&e))?;
                     tracing::debug!(
                         shard,
                         status = ?lease.status,

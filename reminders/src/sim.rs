@@ -1098,7 +1098,7 @@ impl World {
                 if let (Ok(Ok(_)), Some(before)) = (&result, before) {
                     self.lease_before.insert(shard, before);
                 }
-                let result = result.map_err(|e| crate::shards::WriteFailed::of(&e));
+                let result = result.map_err(|e| crate::shards::write_failed(&e));
                 self.sched.push(
                     lat,
                     i,

@@ -15,19 +15,24 @@
 //!   the holder ([`Held`]), as the lease rules publish it for the tenants to
 //!   check.
 //!
-//! Which shards a silo acquires, releases and heals is decided by the
-//! lease rules' sans-io machine, today `rollcall_reminders::shards` (the
-//! reminder service runs it for both tenants). Everything here is pure but
-//! [`lease::ShardLeases`], whose calls go to the store's lease table.
+//! - [`machine`]: the lease rules, a sans-io machine ([`ShardMachine`]):
+//!   which shards this silo acquires, releases, checkpoints and heals, and
+//!   when its tenants may act for them. Today the reminder service drives it
+//!   for both tenants and publishes [`Held`].
+//!
+//! Everything here is pure but [`lease::ShardLeases`], whose calls go to the
+//! store's lease table.
 
 pub mod actor;
 pub mod held;
 pub mod lease;
+pub mod machine;
 pub mod ring;
 pub mod shard;
 
 pub use actor::{ActorId, InvalidActorId, MAX_ACTOR_ID};
 pub use held::{Held, HeldMap, MonotonicDeadlines};
 pub use lease::{Fence, LeaseStatus, LeaseTable, ShardLease, ShardLeases};
+pub use machine::{ShardAction, ShardEvent, ShardMachine, ShardOptions};
 pub use ring::{points_of, Ring, RingRange};
 pub use shard::{actor_hash, actor_shard, hash_shard, shard_owner, shard_range, shard_start, DEFAULT_SHARDS};

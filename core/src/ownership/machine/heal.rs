@@ -7,8 +7,8 @@
 //! it neither holds nor wants (a lost release, found by the silo waiting for
 //! it) is released. The rules are in the parent module's docs.
 
-use rollcall_core::lease::{LeaseStatus, ShardLease};
-use rollcall_core::{Etag, SiloAddress, Timestamp};
+use crate::lease::{LeaseStatus, ShardLease};
+use crate::{Etag, SiloAddress, Timestamp};
 
 use super::{after, ShardAction, ShardEvent, ShardMachine, Slot, WriteFailed};
 

@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use rollcall_core::lease::{LeaseException, PagesFrom, ShardLease};
-use rollcall_core::{Etag, Timestamp};
+use crate::lease::{LeaseException, PagesFrom, ShardLease};
+use crate::{Etag, Timestamp};
 
 use super::{after, Progress, ShardAction, ShardMachine, Slot, Stopped, WriteFailed};
 
