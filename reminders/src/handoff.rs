@@ -138,10 +138,6 @@ pub struct HeldShard {
     /// Delivery stopped with deliveries in flight: the release load waits
     /// for them until this time ([`MAX_DRAIN`]).
     pub draining_until: Option<Timestamp>,
-    /// Delivery stopped while actor hosts run: the release load also waits
-    /// (until `draining_until`) for this many hosts to end the shard's
-    /// activations.
-    pub host_pending: usize,
     /// When the last completed load of the shard here (its acquire, or a
     /// refresh) began reading it. A row this silo has no slot for whose first
     /// occurrence is at or after it was not there when that load read, so it

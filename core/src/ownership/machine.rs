@@ -508,6 +508,22 @@ impl ShardMachine {
             && self.confirmed(now)
     }
 
+    /// The service's shard count ([`ShardOptions::shards`]).
+    pub fn shard_count(&self) -> u32 {
+        self.options.shards.max(1)
+    }
+
+    /// Whether the silo leaves ([`ShardEvent::Leave`] came).
+    pub fn leaving(&self) -> bool {
+        self.leaving
+    }
+
+    /// The cluster's `max_clock_offset`, as the last [`ShardEvent::Clock`]
+    /// said (zero before one came).
+    pub fn max_clock_offset(&self) -> Duration {
+        self.max_clock_offset
+    }
+
     /// Whether no shard is on its way to this silo: none is being read,
     /// confirmed, acquired or loaded (a shard a live silo still holds does not
     /// count: it comes when that silo releases it).

@@ -31,7 +31,7 @@ pub mod ring;
 pub mod shard;
 
 pub use actor::{ActorId, InvalidActorId, MAX_ACTOR_ID};
-pub use held::{Held, HeldMap, MonotonicDeadlines};
+pub use held::{Held, HeldBook, HeldMap, MonotonicDeadlines};
 pub use lease::{Fence, LeaseStatus, LeaseTable, ShardLease, ShardLeases};
 pub use machine::{ShardAction, ShardEvent, ShardMachine, ShardOptions};
 pub use ring::{points_of, Ring, RingRange};

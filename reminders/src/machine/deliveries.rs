@@ -105,7 +105,7 @@ impl ReminderMachine {
                 // The takeover time is this long after the holder was seen
                 // Dead (shards rule 3; at once without fencing).
                 let wait = if self.options.lease_fencing {
-                    self.options.lease_period + self.max_clock_offset
+                    self.options.lease_period + self.shards.max_clock_offset()
                 } else {
                     Duration::ZERO
                 };
@@ -206,7 +206,7 @@ impl ReminderMachine {
     /// its cap when `max_deliveries_per_kind` is set.
     fn next_due(&self) -> Option<Timestamp> {
         match self.options.max_deliveries_per_kind {
-            Some(cap) => self.queue.next_due_per_kind(cap, &self.kind_running),
+            Some(cap) => self.queue.next_due_per_kind(cap, &self.in_flight.per_kind),
             None => self.queue.next_due(),
         }
     }
@@ -215,7 +215,7 @@ impl ReminderMachine {
     /// slot is taken or the silo is leaving.
     pub(super) fn arm_timer(&mut self) {
         let next = match self.next_due() {
-            Some(next) if self.deliveries < self.options.max_deliveries && !self.leaving => {
+            Some(next) if self.in_flight.total < self.options.max_deliveries && !self.shards.leaving() => {
                 next.max(self.pause.until())
             }
             _ => {
@@ -234,12 +234,14 @@ impl ReminderMachine {
 
     pub(super) fn deliver_due(&mut self) {
         let now = self.now;
-        if self.leaving || !self.pause.check(now, self.shards.confirmed(now)) {
+        if self.shards.leaving() || !self.pause.check(now, self.shards.confirmed(now)) {
             return;
         }
-        let room = self.options.max_deliveries.saturating_sub(self.deliveries);
+        let room = self.options.max_deliveries.saturating_sub(self.in_flight.total);
         let due = match self.options.max_deliveries_per_kind {
-            Some(cap) => self.queue.take_due_per_kind(now, room, cap, &self.kind_running),
+            Some(cap) => self
+                .queue
+                .take_due_per_kind(now, room, cap, &self.in_flight.per_kind),
             None => self.queue.take_due(now, room),
         };
         for key in due {
@@ -247,7 +249,7 @@ impl ReminderMachine {
                 continue;
             };
             let (k, etag, scheduled) = (
-                hash_shard(slot.hash, self.count),
+                hash_shard(slot.hash, self.shards.shard_count()),
                 slot.etag.clone(),
                 slot.next.scheduled,
             );
@@ -282,17 +284,14 @@ impl ReminderMachine {
                     payload: slot.payload(),
                     fence: rollcall_core::Fence {
                         service: self.service.clone(),
-                        shards: self.count,
+                        shards: self.shards.shard_count(),
                         shard: k,
                         epoch: self.held.get(&k).map_or(0, |h| h.lease_epoch),
                     },
                 })
                 .map_err(|e| e.to_string());
-            self.deliveries += 1;
-            *self.in_flight.entry(k).or_default() += 1;
-            if self.options.max_deliveries_per_kind.is_some() {
-                *self.kind_running.entry(SmolStr::new(kind_of(&key))).or_default() += 1;
-            }
+            let capped = self.options.max_deliveries_per_kind.is_some();
+            self.in_flight.started(k, capped.then(|| kind_of(&key)));
             if let Some(h) = self.held.get_mut(&k) {
                 h.started_through = h.started_through.max(Some(scheduled));
             }
@@ -312,22 +311,9 @@ impl ReminderMachine {
         scheduled: Timestamp,
         res: Result<(), String>,
     ) {
-        self.deliveries = self.deliveries.saturating_sub(1);
         let capped = self.options.max_deliveries_per_kind.is_some();
-        if let Some(n) = capped.then(|| self.kind_running.get_mut(kind_of(&key))).flatten() {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                self.kind_running.remove(kind_of(&key));
-            }
-        }
-        let k = rollcall_core::actor_shard(key.actor(), self.count);
-        let left = self.in_flight.get_mut(&k).map(|n| {
-            *n = n.saturating_sub(1);
-            *n
-        });
-        if left == Some(0) {
-            self.in_flight.remove(&k);
-        }
+        let k = rollcall_core::actor_shard(key.actor(), self.shards.shard_count());
+        let left = self.in_flight.ended(k, capped.then(|| kind_of(&key)));
         let now = self.now;
         let current = self
             .queue
@@ -358,10 +344,8 @@ impl ReminderMachine {
         }
         self.publish_gauges();
         if left == Some(0)
-            && self
-                .held
-                .get(&k)
-                .is_some_and(|h| h.draining_until.is_some() && h.host_pending == 0)
+            && self.held.get(&k).is_some_and(|h| h.draining_until.is_some())
+            && self.book.hosts_pending(k) == 0
         {
             // The last delivery the stopping shard waited for: its release
             // load reads the outcome (delivered, or owed when it failed).
@@ -500,5 +484,72 @@ impl ReminderMachine {
                 }
             }
         }
+    }
+}
+
+/// The deliveries in flight: in all, per shard (a stopping shard waits for
+/// its own) and, with `max_deliveries_per_kind`, per actor kind.
+#[derive(Debug, Default)]
+pub(super) struct InFlight {
+    pub(super) total: usize,
+    per_shard: std::collections::BTreeMap<u32, usize>,
+    pub(super) per_kind: std::collections::HashMap<SmolStr, usize>,
+}
+
+impl InFlight {
+    /// A delivery in shard `k` started; `kind` when kinds are capped.
+    fn started(&mut self, k: u32, kind: Option<&str>) {
+        self.total += 1;
+        *self.per_shard.entry(k).or_default() += 1;
+        if let Some(kind) = kind {
+            *self.per_kind.entry(SmolStr::new(kind)).or_default() += 1;
+        }
+    }
+
+    /// A delivery in shard `k` ended; answers how many of the shard's are
+    /// still in flight (`None`: none was).
+    fn ended(&mut self, k: u32, kind: Option<&str>) -> Option<usize> {
+        self.total = self.total.saturating_sub(1);
+        if let Some(kind) = kind {
+            if let Some(n) = self.per_kind.get_mut(kind) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.per_kind.remove(kind);
+                }
+            }
+        }
+        let n = self.per_shard.get_mut(&k)?;
+        *n = n.saturating_sub(1);
+        let left = *n;
+        if left == 0 {
+            self.per_shard.remove(&k);
+        }
+        Some(left)
+    }
+
+    /// The deliveries of shard `k` in flight.
+    pub(super) fn of_shard(&self, k: u32) -> usize {
+        self.per_shard.get(&k).copied().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod in_flight_tests {
+    use super::InFlight;
+
+    #[test]
+    fn in_flight_counts_in_all_per_shard_and_per_kind() {
+        let mut f = InFlight::default();
+        f.started(1, Some("cart"));
+        f.started(1, Some("cart"));
+        f.started(2, None);
+        assert_eq!((f.total, f.of_shard(1), f.of_shard(2)), (3, 2, 1));
+        assert_eq!(f.per_kind.get("cart"), Some(&2));
+        assert_eq!(f.ended(1, Some("cart")), Some(1));
+        assert_eq!(f.ended(1, Some("cart")), Some(0));
+        assert!(f.per_kind.is_empty(), "a kind with none running is forgotten");
+        assert_eq!(f.ended(2, None), Some(0));
+        assert_eq!(f.ended(3, None), None, "a shard with none in flight");
+        assert_eq!(f.total, 0, "never below zero");
     }
 }

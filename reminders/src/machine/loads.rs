@@ -265,7 +265,7 @@ impl Loads {
 impl ReminderMachine {
     /// Starts the loads that wait, while there is room.
     pub(super) fn start_loads(&mut self) {
-        let (held, count) = (&self.held, self.count);
+        let (held, count) = (&self.held, self.shards.shard_count());
         let started = self.loads.start(
             |k| held.contains_key(&k),
             |k| shard_range(k, count),
@@ -325,7 +325,7 @@ impl ReminderMachine {
                     let listed_from = self
                         .held
                         .get(&k)
-                        .and_then(|h| h.listing_from(self.max_clock_offset));
+                        .and_then(|h| h.listing_from(self.shards.max_clock_offset()));
                     if let Some(e) = HeldShard::delivered(&row, listed_from) {
                         if let Some(run) = self.loads.running(load) {
                             run.exceptions.push(e);
@@ -350,7 +350,7 @@ impl ReminderMachine {
                         delivering: slot.delivering,
                     });
                 let owed = self.held.get(&k).and_then(|h| {
-                    let listed_from = h.listing_from(self.max_clock_offset);
+                    let listed_from = h.listing_from(self.shards.max_clock_offset());
                     h.owed(&row, seen, listed_from)
                 });
                 if let Some(e) = owed {
@@ -394,7 +394,7 @@ impl ReminderMachine {
                 // holder plans it from the watermark (the rows seen owe
                 // their own exceptions up to the stop).
                 let started_through = held.started_through;
-                let listed_from = held.listing_from(self.max_clock_offset);
+                let listed_from = held.listing_from(self.shards.max_clock_offset());
                 self.drop_shard(k);
                 let event = ShardEvent::Stopped {
                     shard: k,

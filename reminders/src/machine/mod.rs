@@ -51,6 +51,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::Rng;
 use rollcall_core::lease::ShardLease;
+use rollcall_core::ownership::HeldBook;
 use rollcall_core::{ReminderOptions, SiloAddress, Timestamp};
 
 use crate::api::Counters;
@@ -107,41 +108,25 @@ pub struct ReminderMachine {
     rng: StdRng,
     now: Timestamp,
     out: Vec<Action>,
+    /// The lease rules (the ownership layer's): which shards this silo
+    /// holds; also the shard count, the leave and the clock bound.
     shards: ShardMachine,
-    /// The service's shard count (at least 1).
-    count: u32,
     held: BTreeMap<u32, HeldShard>,
-    /// The shards held and kept (not stopping), by epoch: what
-    /// [`Action::Held`] publishes.
-    fences: crate::HeldMap,
-    /// `fences` changed since the last [`Action::Held`].
-    fences_changed: bool,
-    /// The `confirmed_until` of the last [`Action::Held`].
-    confirmed_until: Option<Timestamp>,
-    /// The takeover times of the shards in `fences` taken over from a Dead
-    /// holder.
-    not_before: BTreeMap<u32, Timestamp>,
-    /// Actor hosts running on this service ([`Event::Hosts`]).
-    hosts: usize,
+    /// The shards held and kept (not stopping) by epoch, their takeover
+    /// times, the actor hosts ([`Event::Hosts`]) and the releases waiting
+    /// for them: what [`Action::Held`] publishes.
+    book: HeldBook,
     queue: Queue,
     loads: Loads,
     notices: NoticeReads,
     writes: WriteQueue,
     runs: Runs,
     lease_calls: LeaseCalls<Action>,
-    /// Deliveries in flight.
-    deliveries: usize,
-    /// Deliveries in flight per shard (a stopping shard waits for its own).
-    in_flight: BTreeMap<u32, usize>,
-    /// Deliveries in flight per actor kind (kept with `max_deliveries_per_kind`).
-    kind_running: std::collections::HashMap<smol_str::SmolStr, usize>,
+    /// Deliveries in flight: in all, per shard, per kind.
+    in_flight: deliveries::InFlight,
     /// Whether the silo delivers (Active and confirmed), and the resume rule.
     pause: Pause,
     armed: Armed,
-    leaving: bool,
-    /// The cluster's `max_clock_offset`, as the last [`Event::Clock`] said:
-    /// how far before its watermark a release names every row it knows of.
-    max_clock_offset: Duration,
 }
 
 impl ReminderMachine {
@@ -155,7 +140,7 @@ impl ReminderMachine {
         rng: StdRng,
     ) -> Self {
         let shard_options = ShardOptions {
-            shards,
+            shards: shards.max(1),
             ring_points_per_silo: options.ring_points_per_silo,
             lease_period: options.lease_period,
             fencing: options.lease_fencing,
@@ -170,13 +155,8 @@ impl ReminderMachine {
             now: Timestamp::from_millis(0),
             out: Vec::new(),
             shards: ShardMachine::new(me, shard_options),
-            count: shards.max(1),
             held: BTreeMap::new(),
-            fences: BTreeMap::new(),
-            fences_changed: false,
-            confirmed_until: None,
-            not_before: BTreeMap::new(),
-            hosts: 0,
+            book: HeldBook::new(),
             queue: if options.max_deliveries_per_kind.is_some() {
                 Queue::per_kind()
             } else {
@@ -187,13 +167,9 @@ impl ReminderMachine {
             writes: WriteQueue::default(),
             runs: Runs::default(),
             lease_calls: LeaseCalls::default(),
-            deliveries: 0,
-            in_flight: BTreeMap::new(),
-            kind_running: std::collections::HashMap::new(),
+            in_flight: deliveries::InFlight::default(),
             pause: Pause::default(),
             armed: Armed::default(),
-            leaving: false,
-            max_clock_offset: Duration::ZERO,
             options,
         }
     }
@@ -221,7 +197,7 @@ impl ReminderMachine {
 
     /// Deliveries in flight.
     pub fn deliveries(&self) -> usize {
-        self.deliveries
+        self.in_flight.total
     }
 
     /// Table writes in flight.
@@ -238,18 +214,15 @@ impl ReminderMachine {
     pub fn handle(&mut self, now: Timestamp, event: Event) -> Vec<Action> {
         self.now = now;
         match event {
-            Event::Hosts(delta) => self.hosts = self.hosts.saturating_add_signed(delta),
+            Event::Hosts(delta) => self.book.hosts_changed(delta),
             Event::HostDrained { shard, epoch } => {
-                let idle = self.in_flight.get(&shard).is_none_or(|n| *n == 0);
-                let waiting = self.held.get_mut(&shard).is_some_and(|held| {
-                    let ours = held.lease_epoch == epoch && held.host_pending > 0;
-                    if ours {
-                        held.host_pending -= 1;
-                        // `Held::releasing` changes when none is left.
-                        self.fences_changed |= held.host_pending == 0;
-                    }
-                    ours && held.host_pending == 0 && held.draining_until.is_some()
-                });
+                let idle = self.in_flight.of_shard(shard) == 0;
+                let last = self.book.host_drained(shard, epoch);
+                let waiting = last
+                    && self
+                        .held
+                        .get(&shard)
+                        .is_some_and(|h| h.lease_epoch == epoch && h.draining_until.is_some());
                 if waiting && idle {
                     self.drained(shard);
                 }
@@ -263,7 +236,6 @@ impl ReminderMachine {
                 within_bound,
                 max_offset,
             } => {
-                self.max_clock_offset = max_offset;
                 self.feed_shards(ShardEvent::Clock {
                     within_bound,
                     max_offset,
@@ -272,10 +244,9 @@ impl ReminderMachine {
             Event::Notices(batch) => self.notices(batch),
             Event::Releases(batch) => self.hints(batch),
             Event::Leave => {
-                if self.leaving {
+                if self.shards.leaving() {
                     self.out.push(Action::LeaveDone);
                 } else {
-                    self.leaving = true;
                     self.feed_shards(ShardEvent::Leave);
                 }
             }
@@ -316,25 +287,9 @@ impl ReminderMachine {
             self.out.push(Action::Loaded);
         }
         self.arm_timer();
-        let until = self.shards.confirmed_until();
-        if std::mem::take(&mut self.fences_changed) || until != self.confirmed_until {
-            // Every change of a release's wait for hosts sets
-            // `fences_changed` (`stop`, `drained`, `Event::HostDrained`).
-            let releasing: crate::HeldMap = self
-                .held
-                .iter()
-                .filter(|(_, h)| h.stopping && h.host_pending > 0 && h.draining_until.is_some())
-                .map(|(k, h)| (*k, h.lease_epoch))
-                .collect();
-            self.confirmed_until = until;
-            self.out.push(Action::Held(crate::Held {
-                shards: self.fences.clone(),
-                confirmed_until: until,
-                not_before: self.not_before.clone(),
-                releasing,
-                // The runtime adds the monotonic deadlines when it publishes.
-                monotonic: None,
-            }));
+        // The runtime adds the monotonic deadlines when it publishes.
+        if let Some(held) = self.book.publish(self.shards.confirmed_until()) {
+            self.out.push(Action::Held(held));
         }
         std::mem::take(&mut self.out)
     }
@@ -371,13 +326,10 @@ impl ReminderMachine {
                 for k in over {
                     tracing::warn!(
                         shard = k,
-                        in_flight = self.in_flight.get(&k).copied().unwrap_or(0),
-                        hosts_pending = self.held.get(&k).map_or(0, |h| h.host_pending),
+                        in_flight = self.in_flight.of_shard(k),
+                        hosts_pending = self.book.hosts_pending(k),
                         "deliveries or activations still running when the drain ended: the release goes on"
                     );
-                    if let Some(h) = self.held.get_mut(&k) {
-                        h.host_pending = 0;
-                    }
                     self.drained(k);
                 }
             }
@@ -451,7 +403,7 @@ impl ReminderMachine {
             // whose first occurrence is within the clock bound before it
             // may have been registered after it (by a clock behind).
             held.checkpoint = lease.owed_from;
-            held.clock_bound = self.max_clock_offset;
+            held.clock_bound = self.shards.max_clock_offset();
         }
         held.exception_etags = owed
             .iter()
@@ -464,9 +416,9 @@ impl ReminderMachine {
                 .filter_map(|e| Some((Key::new(&e.actor_id, &e.name), e.etag.clone()?)))
                 .collect();
         }
-        self.set_fence(k, Some(held.lease_epoch));
+        self.book.set(k, Some(held.lease_epoch));
         if let Some(t) = takeover {
-            self.not_before.insert(k, t);
+            self.book.not_before(k, t);
         }
         self.held.insert(k, held);
         self.loads.queue(k, LoadKind::Acquire);
@@ -513,7 +465,8 @@ impl ReminderMachine {
 
     /// Forgets shard `k` (another epoch holds it, or it is taken again).
     fn drop_shard(&mut self, k: u32) {
-        self.set_fence(k, None);
+        self.book.set(k, None);
+        self.book.end_wait(k);
         if self.held.remove(&k).is_none() {
             return;
         }
@@ -526,7 +479,11 @@ impl ReminderMachine {
     /// Shards rule 4's first half: delivery in `k` stops, its rows are read
     /// once more. Returns the answer at once when there is nothing to read.
     fn stop(&mut self, k: u32) -> Option<ShardEvent> {
-        self.set_fence(k, None);
+        self.book.set(k, None);
+        let hosts = match self.held.get(&k) {
+            Some(held) => self.book.wait_for_hosts(k, held.lease_epoch),
+            None => 0,
+        };
         let Some(held) = self.held.get_mut(&k) else {
             // Nothing held here (cannot happen: a held shard is loaded first).
             return Some(ShardEvent::Stopped {
@@ -538,21 +495,18 @@ impl ReminderMachine {
         };
         held.stopping = true;
         held.stopped_at = self.now;
-        held.host_pending = self.hosts;
         self.loads.cancel(k);
-        if self.in_flight.get(&k).is_some_and(|n| *n > 0) || held.host_pending > 0 {
+        if self.in_flight.of_shard(k) > 0 || hosts > 0 {
             // Wait for the deliveries in flight (rule 2 of `handoff`) and the
             // hosts' activations of the shard.
             // Deliveries get `MAX_DRAIN`; activations that flush on
             // `Deactivate` get `deactivate_drain` (issue 72, item 3).
             let mut drain = self.options.delivery_timeout.min(crate::handoff::MAX_DRAIN);
-            if held.host_pending > 0 {
+            if hosts > 0 {
                 drain = drain.max(self.options.deactivate_drain);
             }
             let until = self.now.saturating_add(drain);
             held.draining_until = Some(until);
-            // Published in `Held::releasing` while hosts are waited for.
-            self.fences_changed |= held.host_pending > 0;
             self.out.push(Action::SetTimer(Timer::Drain, until));
             return None;
         }
@@ -569,7 +523,7 @@ impl ReminderMachine {
         if held.draining_until.take().is_none() {
             return;
         }
-        self.fences_changed |= held.host_pending > 0;
+        self.book.end_wait(k);
         self.loads.queue_final(k);
         self.start_loads();
     }
@@ -577,10 +531,10 @@ impl ReminderMachine {
     /// The fence of the shard of `actor` as this silo holds it (stopping
     /// included: its release may not have landed), if it holds it.
     pub(super) fn fence_of(&self, actor: &str) -> Option<rollcall_core::Fence> {
-        let shard = rollcall_core::actor_shard(actor, self.count);
+        let shard = rollcall_core::actor_shard(actor, self.shards.shard_count());
         self.held.get(&shard).map(|h| rollcall_core::Fence {
             service: self.service.clone(),
-            shards: self.count,
+            shards: self.shards.shard_count(),
             shard,
             epoch: h.lease_epoch,
         })
@@ -588,18 +542,8 @@ impl ReminderMachine {
 
     /// The hashes of shard `k`.
     fn hashes(&self, k: u32) -> std::ops::RangeInclusive<u32> {
-        let r = shard_range(k, self.count);
+        let r = shard_range(k, self.shards.shard_count());
         r.begin.wrapping_add(1)..=r.end
-    }
-
-    /// Records whether this silo holds shard `k` (at `epoch`) and keeps it;
-    /// published by [`Action::Held`] at the end of the event.
-    fn set_fence(&mut self, k: u32, epoch: Option<u64>) {
-        self.fences_changed |= match epoch {
-            Some(e) => self.fences.insert(k, e) != Some(e),
-            None => self.fences.remove(&k).is_some(),
-        };
-        self.not_before.remove(&k);
     }
 
     fn publish_gauges(&self) {

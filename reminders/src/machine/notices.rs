@@ -144,7 +144,7 @@ impl ReminderMachine {
                 continue; // a lost hint costs a poll
             };
             match serde_json::from_slice::<ReleaseHint>(&body) {
-                Ok(h) if h.service == self.service && h.shard < self.count => {
+                Ok(h) if h.service == self.service && h.shard < self.shards.shard_count() => {
                     self.feed_shards(ShardEvent::Hint { shard: h.shard })
                 }
                 Ok(_) => {}
@@ -174,7 +174,9 @@ impl ReminderMachine {
     fn notice(&mut self, from: SiloAddress, body: &[u8]) {
         let Ok(n) = serde_json::from_slice::<ChangedNotice>(body) else {
             match serde_json::from_slice::<ShardNotice>(body) {
-                Ok(n) if n.service == self.service && n.shard < self.count => self.reread_shard(n.shard),
+                Ok(n) if n.service == self.service && n.shard < self.shards.shard_count() => {
+                    self.reread_shard(n.shard)
+                }
                 Ok(_) => {}
                 Err(_) => tracing::debug!(%from, "undecodable reminder notice dropped"),
             }
@@ -184,7 +186,7 @@ impl ReminderMachine {
             return;
         }
         Counters::bump(&self.counters.notices);
-        let k = actor_shard(&n.actor, self.count);
+        let k = actor_shard(&n.actor, self.shards.shard_count());
         let held = self.held.get(&k);
         if held.is_none_or(|h| h.stopping || !h.loaded) {
             tracing::debug!(silo = %self.me, actor = %n.actor, shard = k,
@@ -237,7 +239,7 @@ impl ReminderMachine {
         key: Key,
         result: Result<Option<ReminderEntry>, ReminderError>,
     ) {
-        let k = actor_shard(key.actor(), self.count);
+        let k = actor_shard(key.actor(), self.shards.shard_count());
         let again = self.notices.end(&key);
         self.apply_row_read(k, lease_epoch, key.clone(), result);
         if again && HeldShard::takes_notices(self.held.get(&k)) {
