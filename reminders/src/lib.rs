@@ -30,7 +30,6 @@
 mod agent;
 mod api;
 pub mod handoff;
-pub mod host;
 pub mod machine;
 mod queue;
 pub mod schedule;
@@ -46,18 +45,21 @@ pub use api::{
     Lateness, Owner, ReminderError, ReminderHandle, ReminderList, ReminderSpec, ReminderStats, ReminderTick,
     LATE_TICK, MAX_NAME, MAX_REPEAT, TICKS_DROPPED_METRIC,
 };
-#[cfg(feature = "runtime")]
-pub use host::{ActorHost, Deactivate, HostEvent, DEACTIVATE_TIMEOUT};
-pub use host::{Deactivation, HeldChange, HostError, HostTable};
 pub use machine::{
     LOAD_PIECE_ROWS, MAX_DELIVERIES, MAX_LOADS, MAX_NOTICE_READS, MAX_WRITES, NOTICE_BATCH, NOTICE_QUEUE,
 };
+/// Placement, re-exported from the ownership layer
+/// ([`rollcall_core::ownership::host`]).
+pub use rollcall_core::ownership::host;
 /// The ring, re-exported from the ownership layer
 /// ([`rollcall_core::ownership::ring`]).
 pub use rollcall_core::ownership::ring;
+#[cfg(feature = "runtime")]
+pub use rollcall_core::ownership::{ActorHost, Deactivate, HostEvent, ShardOwnership, DEACTIVATE_TIMEOUT};
 pub use rollcall_core::ownership::{
     ActorId, Held, HeldMap, InvalidActorId, MonotonicDeadlines, MAX_ACTOR_ID,
 };
+pub use rollcall_core::ownership::{Deactivation, HeldChange, HostError, HostTable};
 pub use rollcall_core::{
     MissedTickPolicy, PageToken, ReminderEntry, ReminderOptions, ReminderTable, Removed, RetryPolicy,
     RunOutcome, RunRecord, MAX_REMINDER_PAYLOAD,

@@ -35,7 +35,6 @@ mod placement;
 pub use builder::RemindersBuilder;
 use outside::{send_to_holder, BULK_CONCURRENCY, BULK_PAGE};
 pub use outside::{set_paused, tell_holder, tell_shard_holders, trigger_row, Told, ToldShards};
-pub(crate) use placement::HostGuard;
 
 /// How long a graceful leave waits for the notices of its last registrations
 /// (six sends 500 ms apart, a lease read before each): 5 s.
@@ -62,6 +61,8 @@ struct Inner {
     owners: std::sync::Mutex<HashMap<u32, (Option<Owner>, Timestamp)>>,
     /// The shards this silo holds and keeps (the agent publishes them).
     held: tokio::sync::watch::Receiver<crate::Held>,
+    /// The handle placement and fenced state use (`Reminders::ownership`).
+    ownership: rollcall_core::ownership::ShardOwnership,
 
     _agent: Addr<ReminderAgent>,
     _leave_hook: rollcall_core::LeaveHookGuard,

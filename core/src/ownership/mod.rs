@@ -15,6 +15,10 @@
 //!   the holder ([`Held`]), as the lease rules publish it for the tenants to
 //!   check.
 //!
+//! - [`host`]: placement, a tenant: one activation per actor on the silo
+//!   holding its shard ([`HostTable`]'s rules, carried out for actix actors
+//!   by `ActorHost`), through a [`ShardOwnership`] handle on whichever
+//!   service drives the leases.
 //! - [`machine`]: the lease rules, a sans-io machine ([`ShardMachine`]):
 //!   which shards this silo acquires, releases, checkpoints and heals, and
 //!   when its tenants may act for them. Today the reminder service drives it
@@ -24,14 +28,22 @@
 //! store's lease table.
 
 pub mod actor;
+#[cfg(feature = "runtime")]
+mod handle;
 pub mod held;
+pub mod host;
 pub mod lease;
 pub mod machine;
 pub mod ring;
 pub mod shard;
 
 pub use actor::{ActorId, InvalidActorId, MAX_ACTOR_ID};
+#[cfg(feature = "runtime")]
+pub use handle::{HostRegistration, OwnershipFeed, ShardOwnership};
 pub use held::{Held, HeldBook, HeldMap, MonotonicDeadlines};
+#[cfg(feature = "runtime")]
+pub use host::{ActorHost, Deactivate, HostEvent, DEACTIVATE_TIMEOUT};
+pub use host::{Deactivation, HeldChange, HostError, HostTable, Route};
 pub use lease::{Fence, LeaseStatus, LeaseTable, ShardLease, ShardLeases};
 pub use machine::{ShardAction, ShardEvent, ShardMachine, ShardOptions};
 pub use ring::{points_of, Ring, RingRange};

@@ -137,6 +137,18 @@ pub enum Event {
     Shard(ShardEvent),
 }
 
+#[cfg(feature = "runtime")]
+impl From<rollcall_core::ownership::OwnershipFeed> for Event {
+    fn from(feed: rollcall_core::ownership::OwnershipFeed) -> Self {
+        use rollcall_core::ownership::OwnershipFeed;
+        match feed {
+            OwnershipFeed::Hosts(delta) => Event::Hosts(delta),
+            OwnershipFeed::HostDrained { shard, epoch } => Event::HostDrained { shard, epoch },
+            OwnershipFeed::Fenced { shard, epoch } => Event::Shard(ShardEvent::Fenced { shard, epoch }),
+        }
+    }
+}
+
 /// What the machine asks its executor to do.
 #[derive(Debug)]
 pub enum Action {

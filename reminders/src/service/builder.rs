@@ -240,6 +240,16 @@ impl RemindersBuilder {
         }
         Ok(Reminders {
             inner: Arc::new(Inner {
+                ownership: {
+                    let agent = agent.clone();
+                    rollcall_core::ownership::ShardOwnership::new(
+                        &service_id,
+                        shards,
+                        self.clock.clone(),
+                        held.clone(),
+                        move |feed| agent.do_send(crate::agent::Feed(crate::machine::Event::from(feed))),
+                    )
+                },
                 view: self.silo.subscribe(),
                 ring: std::sync::Mutex::default(),
                 silo: self.silo,

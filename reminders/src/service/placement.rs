@@ -6,21 +6,6 @@
 
 use super::*;
 
-/// An actor host's registration with the service
-/// ([`Reminders::register_host`]); dropping it unregisters.
-pub(crate) struct HostGuard {
-    reminders: Reminders,
-}
-
-impl Drop for HostGuard {
-    fn drop(&mut self) {
-        self.reminders
-            .inner
-            ._agent
-            .do_send(crate::agent::Feed(crate::machine::Event::Hosts(-1)));
-    }
-}
-
 impl Reminders {
     /// The silo `actor`'s shard is assigned to in this silo's current
     /// membership view (the ring of Active silos); `None` if no silo is
@@ -37,19 +22,7 @@ impl Reminders {
     /// are refused by the store once another silo took the shard over. `None`
     /// when another silo holds it, or nobody. Never waits.
     pub fn fence(&self, actor: &ActorId) -> Option<Fence> {
-        let shard = actor_shard(&actor.to_string(), self.inner.shards);
-        let clock = &self.inner.clock;
-        let epoch = self
-            .inner
-            .held
-            .borrow()
-            .epoch_at(shard, clock.now(), clock.monotonic())?;
-        Some(Fence {
-            service: self.inner.service_id.clone(),
-            shards: self.inner.shards,
-            shard,
-            epoch,
-        })
+        self.inner.ownership.fence(actor)
     }
 
     /// The shards this silo holds and keeps, each with the epoch it acquired
@@ -67,46 +40,12 @@ impl Reminders {
         self.inner.held.clone()
     }
 
-    /// Registers an actor host: while its guard lives, a release of a shard
-    /// waits (at most the options' `deactivate_drain`) for
-    /// [`host_drained`](Self::host_drained) of the
-    /// shard before it is written, so the next holder activates the shard's
-    /// actors only after this silo's activations ended.
-    pub(crate) fn register_host(&self) -> HostGuard {
-        self.inner
-            ._agent
-            .do_send(crate::agent::Feed(crate::machine::Event::Hosts(1)));
-        HostGuard {
-            reminders: self.clone(),
-        }
-    }
-
-    /// The actor hosts ended every activation of `shard` held at `epoch`
-    /// (see [`register_host`](Self::register_host)). Never waits.
-    pub(crate) fn host_drained(&self, shard: u32, epoch: u64) {
-        self.inner
-            ._agent
-            .do_send(crate::agent::Feed(crate::machine::Event::HostDrained {
-                shard,
-                epoch,
-            }));
-    }
-
-    /// A store refused a write under `fence` (`Error::Fenced`): the shard's
-    /// lease row is read again at once (shards rule 10), so a lease whose
-    /// acquire a store failover lost heals now, not at its next
-    /// verification.
-    pub(crate) fn lease_fenced(&self, fence: &rollcall_core::Fence) {
-        if fence.service == self.inner.service_id {
-            self.inner
-                ._agent
-                .do_send(crate::agent::Feed(crate::machine::Event::Shard(
-                    crate::shards::ShardEvent::Fenced {
-                        shard: fence.shard,
-                        epoch: fence.epoch,
-                    },
-                )));
-        }
+    /// The handle placement uses ([`ActorHost::new`](crate::ActorHost::new)
+    /// takes it, or `&Reminders`): the fences, the held-shards watch, and
+    /// the hosts' registrations, drains and fenced writes, which go to this
+    /// service's agent.
+    pub fn ownership(&self) -> rollcall_core::ownership::ShardOwnership {
+        self.inner.ownership.clone()
     }
 
     /// The service's shard count (recorded in the store).
@@ -198,4 +137,10 @@ pub(super) fn owner_in(inner: &Inner, actor_id: &str) -> Option<SiloAddress> {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     *ring = std::mem::take(&mut *ring).follow(&inner.view.borrow(), inner.options.ring_points_per_silo);
     crate::shards::shard_owner(&ring, actor_id, inner.shards)
+}
+
+impl From<&Reminders> for rollcall_core::ownership::ShardOwnership {
+    fn from(r: &Reminders) -> Self {
+        r.ownership()
+    }
 }

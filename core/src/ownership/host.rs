@@ -1,22 +1,22 @@
-//! Hosting actors where their shard is held: one activation per actor, on the
-//! silo whose reminder service holds the actor's shard lease, under that
-//! lease's [`Fence`].
+//! Hosting actors where their shard is held (placement, a tenant of the
+//! shard leases): one activation per actor, on the silo that holds the
+//! actor's shard lease, under that lease's [`Fence`].
 //!
 //! The rules are [`HostTable`]'s (sans-io: what a message, a change of the
 //! held shards or a fenced write does to the activations); [`ActorHost`]
 //! carries them out for actix actors.
 //!
 //! - **Activate** an actor on its first message while this silo holds its
-//!   shard ([`Reminders::fence`](crate::Reminders::fence)), with that fence: its
+//!   shard ([`ShardOwnership::fence`](super::ShardOwnership::fence)), with that fence: its
 //!   state storage is fenced by it, so the store refuses its writes once
 //!   another silo acquired the shard.
 //! - **Deactivate** it when its shard is no longer held at its fence's epoch
 //!   (being released: before the release is written; lost; taken again at
 //!   another epoch), or when a write under its fence was refused
-//!   ([`Error::Fenced`](rollcall_core::Error::Fenced)): the older fence gives
+//!   ([`Error::Fenced`](crate::Error::Fenced)): the older fence gives
 //!   way. Messages already in its mailbox are handled first; later ones are
 //!   refused ([`HostError::NotHere`]) and go to the owner
-//!   ([`Reminders::owner`](crate::Reminders::owner)).
+//!   (the service's `owner`: the lease row's holder).
 //! - **Duplicates.** Two silos can host one actor for a moment only while
 //!   the older holder has not yet learnt that it lost the shard (a partition,
 //!   a paused process). Orleans' directory finds such duplicates after the
@@ -29,9 +29,8 @@
 
 use std::collections::HashMap;
 
-use rollcall_core::{actor_shard, Fence};
-
-use crate::{ActorId, HeldMap};
+use super::{actor_shard, ActorId, HeldMap};
+use crate::Fence;
 
 /// Why an activation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,14 +136,14 @@ impl<H: Clone> HostTable<H> {
 
     /// The held shards changed: `raw` as the reminder service holds them
     /// (confirmed now or not), and the releases that wait for hosts
-    /// (`releasing`, [`Held::releasing`](crate::Held::releasing)). Every
+    /// (`releasing`, [`Held::releasing`](super::Held::releasing)). Every
     /// activation whose shard is not in `raw` at its fence's epoch ends; one
     /// whose shard is held but may not be acted on now (its confirmation
-    /// lapsed, [`Held::epoch_at`](crate::Held::epoch_at)) stays, paused
+    /// lapsed, [`Held::epoch_at`](super::Held::epoch_at)) stays, paused
     /// ([`route`](Self::route) refuses its messages). Each release in
     /// `releasing` not reported yet is `released`, once, with its ending
     /// activations (none, if they ended earlier or never were): the service
-    /// waits for `Reminders::host_drained` once they ended. Being a level,
+    /// waits for `ShardOwnership::host_drained` once they ended. Being a level,
     /// `releasing` shows a release however the watch coalesced the changes
     /// (a release that came and went between two reads of the watch was
     /// missed before, and its shard waited out the whole drain). The other
@@ -204,7 +203,7 @@ impl<H: Clone> HostTable<H> {
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
     /// This silo does not hold the actor's shard (any more): ask
-    /// [`Reminders::owner`](crate::Reminders::owner) where it lives.
+    /// the service's `owner` where it lives.
     #[error("actor `{0}` is not hosted here")]
     NotHere(String),
     /// The activation stopped before it answered (it was deactivated, or its
@@ -231,11 +230,10 @@ mod runtime {
     use std::sync::{Arc, Mutex};
 
     use actix::{Actor, Addr, Context, Handler, Message};
-    use rollcall_core::Fence;
 
     use super::{Deactivation, HostError, HostTable, Route};
-    use crate::ActorId;
-    use crate::Reminders;
+    use crate::ownership::{ActorId, HostRegistration, ShardOwnership};
+    use crate::Fence;
 
     /// An activation starting or ending, for logs and measurements.
     #[derive(Clone, Debug)]
@@ -262,7 +260,7 @@ mod runtime {
 
     /// How long a deactivation waits for an activation to handle
     /// [`Deactivate`] (after what its mailbox holds): 10 s. The release it
-    /// holds back waits at most the reminders' drain anyway.
+    /// holds back waits at most the service's drain anyway.
     pub const DEACTIVATE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
     /// Sent to an activation whose shard goes, after every message already in
@@ -275,14 +273,14 @@ mod runtime {
     type OnEvent = dyn Fn(HostEvent) + Send + Sync;
 
     struct Inner<A: Actor<Context = Context<A>>> {
-        _registered: crate::service::HostGuard,
-        reminders: Reminders,
+        _registered: HostRegistration,
+        ownership: ShardOwnership,
         activate: Box<Activate<A>>,
         table: Mutex<HostTable<Addr<A>>>,
         on_event: Option<Box<OnEvent>>,
     }
 
-    /// Hosts actix actors of one reminder service on the silo holding each
+    /// Hosts actix actors of one service on the silo holding each
     /// one's shard ([module docs](super)): `send` activates an actor on its
     /// first message here (`activate(actor, fence)` builds it; fence its state
     /// storage with the fence, `StateStorage::fenced`), and the host ends the
@@ -302,32 +300,35 @@ mod runtime {
     }
 
     impl<A: Actor<Context = Context<A>> + Handler<Deactivate>> ActorHost<A> {
-        /// A host of the actors of `reminders`' service, built by `activate`.
-        /// Starts watching the held shards ([`Reminders::held_shards`]).
+        /// A host of the actors of `ownership`'s service (a
+        /// [`ShardOwnership`], or what converts into one: `&Reminders`,
+        /// `&Placement`), built by `activate`. Starts watching the held
+        /// shards ([`ShardOwnership::held_shards`]).
         pub fn new(
-            reminders: &Reminders,
+            ownership: impl Into<ShardOwnership>,
             activate: impl Fn(ActorId, Fence) -> A + Send + Sync + 'static,
         ) -> Self {
-            Self::with_events(reminders, activate, None)
+            Self::with_events(ownership, activate, None)
         }
 
         /// [`new`](Self::new), calling `on_event` on every activation and
         /// deactivation (from the thread that caused it: keep it short).
         pub fn with_events(
-            reminders: &Reminders,
+            ownership: impl Into<ShardOwnership>,
             activate: impl Fn(ActorId, Fence) -> A + Send + Sync + 'static,
             on_event: Option<Box<dyn Fn(HostEvent) + Send + Sync>>,
         ) -> Self {
+            let ownership = ownership.into();
             let host = ActorHost {
                 inner: Arc::new(Inner {
-                    _registered: reminders.register_host(),
-                    reminders: reminders.clone(),
+                    _registered: ownership.register_host(),
                     activate: Box::new(activate),
-                    table: Mutex::new(HostTable::new(reminders.shards())),
+                    table: Mutex::new(HostTable::new(ownership.shards())),
                     on_event,
+                    ownership,
                 }),
             };
-            let mut held = reminders.held_shards();
+            let mut held = host.inner.ownership.held_shards();
             let weak = Arc::downgrade(&host.inner);
             actix::spawn(async move {
                 while held.changed().await.is_ok() {
@@ -341,7 +342,7 @@ mod runtime {
                         let inner = inner.clone();
                         actix::spawn(async move {
                             inner.deactivate(theirs).await;
-                            inner.reminders.host_drained(shard, epoch);
+                            inner.ownership.host_drained(shard, epoch);
                         });
                     }
                     if !change.ended.is_empty() {
@@ -364,7 +365,7 @@ mod runtime {
 
         /// [`get`](Self::get), with the fence the activation runs under.
         fn route(&self, actor: &ActorId) -> Result<(Addr<A>, Fence), HostError> {
-            let now = self.inner.reminders.fence(actor);
+            let now = self.inner.ownership.fence(actor);
             let fence_now = now.clone();
             let mut table = self.inner.lock();
             let (route, ended) = table.route(actor, now, Addr::connected);
@@ -423,19 +424,19 @@ mod runtime {
                 .send(msg)
                 .await
                 .map_err(|_| HostError::Stopped(actor.to_string()))?;
-            match self.inner.reminders.fence(actor) {
+            match self.inner.ownership.fence(actor) {
                 Some(now) if now.epoch == fence.epoch => Ok(answer),
                 _ => Err(HostError::Lapsed(actor.to_string())),
             }
         }
 
         /// A write of `actor` under `fence` was refused by the store
-        /// ([`Error::Fenced`](rollcall_core::Error::Fenced)): its activation
-        /// under that fence ends, and the reminder service reads the shard's
-        /// lease row again at once (a lease a store failover lost heals).
+        /// ([`Error::Fenced`](crate::Error::Fenced)): its activation
+        /// under that fence ends, and the service driving the leases reads
+        /// the shard's lease row again at once (a lease a store failover lost heals).
         /// Call it from the handler that saw the error.
         pub fn fenced(&self, actor: &ActorId, fence: &Fence) {
-            self.inner.reminders.lease_fenced(fence);
+            self.inner.ownership.lease_fenced(fence);
             let ended = self.inner.lock().fenced(actor, fence.epoch);
             if let Some((fence, addr)) = ended {
                 drop(addr);
