@@ -91,8 +91,11 @@ impl Actor for ReminderAgent {
             in_batches(rx, ctx.address(), |b| NoticesReceived(b, true));
         }
         // The clock report: beyond the bound, the shards go (rule 9).
-        let mut clock = self.silo.subscribe_clock();
-        let report = *clock.borrow_and_update();
+        let me = ctx.address();
+        let report = rollcall_core::ownership::calls::follow_clock_bound(&self.silo, move |report| {
+            let me = me.clone();
+            async move { me.send(ClockChanged(report)).await.is_ok() }
+        });
         self.run(
             Event::Clock {
                 within_bound: report.within_bound,
@@ -100,20 +103,6 @@ impl Actor for ReminderAgent {
             },
             ctx,
         );
-        let me = ctx.address();
-        actix::spawn(async move {
-            // Only a change across the bound matters to the shards.
-            let mut within = report.within_bound;
-            while clock.changed().await.is_ok() {
-                let report = *clock.borrow_and_update();
-                if report.within_bound != within {
-                    within = report.within_bound;
-                    if me.send(ClockChanged(report)).await.is_err() {
-                        return;
-                    }
-                }
-            }
-        });
         self.run(Event::Start, ctx);
     }
 }
@@ -412,46 +401,10 @@ impl ReminderAgent {
             }
             Action::WriteLease(lease) => {
                 let shard = lease.shard;
-                // Each store call is bounded on its own (pages in calls of at
-                // most `PAGE_CALL_BYTES`, then the row): a release that owes
-                // tens of thousands lands however slow the store, and a retry
-                // resumes the pages an attempt cut short had sent. The whole
-                // answers within `table_operation_timeout` per call, the
-                // pages' cleanup included.
+                // Each store call bounded on its own; the whole answers within
+                // `table_operation_timeout` per call (`calls::write_lease`).
                 let call = async move {
-                    let began = std::time::Instant::now();
-                    let mut write = leases
-                        .prepare(&lease)
-                        .map_err(|e| crate::shards::write_failed(&e.into()))?;
-                    let pages = write.pages_left();
-                    while bounded(timeout, leases.send_pages(&mut write))
-                        .await
-                        .map_err(|e| crate::shards::write_failed(&e))?
-                    {}
-                    let paged = began.elapsed();
-                    let result = bounded(timeout, leases.commit(&write))
-                        .await
-                        .map_err(|e| crate::shards::write_failed(&e))?;
-                    tracing::debug!(
-                        shard,
-                        status = ?lease.status,
-                        exceptions = lease.exceptions.len(),
-                        pages,
-                        pages_ms = paged.as_millis() as u64,
-                        row_ms = (began.elapsed() - paged).as_millis() as u64,
-                        landed = result.is_ok(),
-                        "lease written"
-                    );
-                    if result.is_ok() {
-                        // Best effort, but before the answer: the shard's next
-                        // write here must not race a delete of the pages it names.
-                        let cleanup = async {
-                            leases.cleanup(&write).await;
-                            Ok::<(), ()>(())
-                        };
-                        let _ = rollcall_core::bounded(timeout, cleanup, |_| ()).await;
-                    }
-                    Ok(result)
+                    rollcall_core::ownership::calls::write_lease(&leases, &lease, timeout).await
                 };
                 self.answer(ctx, call, move |result| {
                     Event::Shard(ShardEvent::Written { shard, result })
@@ -546,13 +499,11 @@ impl ReminderAgent {
         &self,
         silo: rollcall_core::SiloAddress,
     ) -> impl std::future::Future<Output = Result<Option<SiloStatus>, String>> + 'static {
-        let (membership, timeout) = (self.membership.clone(), self.options.table_operation_timeout);
-        async move {
-            bounded(timeout, membership.read_row(&silo))
-                .await
-                .map(|snapshot| snapshot.entry(&silo).map(|e| e.status))
-                .map_err(|e| e.to_string())
-        }
+        rollcall_core::ownership::calls::read_status(
+            self.membership.clone(),
+            silo,
+            self.options.table_operation_timeout,
+        )
     }
 
     /// The `service` and `silo` labels of this agent's `metrics` series.

@@ -29,11 +29,15 @@
 
 pub mod actor;
 #[cfg(feature = "runtime")]
+pub mod calls;
+#[cfg(feature = "runtime")]
 mod handle;
 pub mod held;
 pub mod host;
 pub mod lease;
 pub mod machine;
+#[cfg(feature = "runtime")]
+pub mod placement;
 pub mod ring;
 pub mod shard;
 
@@ -46,5 +50,7 @@ pub use host::{ActorHost, Deactivate, HostEvent, DEACTIVATE_TIMEOUT};
 pub use host::{Deactivation, HeldChange, HostError, HostTable, Route};
 pub use lease::{Fence, LeaseStatus, LeaseTable, ShardLease, ShardLeases};
 pub use machine::{ShardAction, ShardEvent, ShardMachine, ShardOptions};
+#[cfg(feature = "runtime")]
+pub use placement::{Placement, PlacementBuilder, PlacementOptions};
 pub use ring::{points_of, Ring, RingRange};
 pub use shard::{actor_hash, actor_shard, hash_shard, shard_owner, shard_range, shard_start, DEFAULT_SHARDS};

@@ -106,7 +106,9 @@ impl RemindersBuilder {
         // this start fails).
         let claim = self
             .silo
-            .claim(&format!("reminders/{service_id}"))
+            .claim(&rollcall_core::ownership::placement::lease_driver_claim(
+                &service_id,
+            ))
             .ok_or_else(|| ReminderError::AlreadyRunning {
                 service: service_id.clone(),
                 silo: self.silo.address().to_string(),
