@@ -190,11 +190,16 @@ async fn cluster(
     let actors: Vec<ActorId> = (0..300)
         .map(|i| ActorId::new("cart", i.to_string()))
         .collect::<Result<_, _>>()?;
+    // Settled: each actor held by exactly the silo the ring assigns it to,
+    // in every silo's view (not a moment of the joiners' takeovers, when one
+    // silo may still hold them all and `lookups` finds none held here).
     crate::r2::until(Duration::from_secs(60), || {
-        silos.iter().all(|s| s.snapshot().active().count() == 3)
-            && actors
-                .iter()
-                .all(|a| services.iter().filter(|s| s.fence(a).is_some()).count() == 1)
+        silos.iter().all(|s| s.snapshot().active().count() == 3) && actors.iter().all(|a| {
+            let holders: Vec<usize> = (0..services.len())
+                .filter(|i| services[*i].fence(a).is_some())
+                .collect();
+            matches!(holders[..], [i] if services.iter().all(|s| s.owner_of(a) == Some(silos[i].address())))
+        })
     })
     .await?;
     Ok((silos, services))
