@@ -191,3 +191,52 @@ async fn placement_hosts_actors_with_no_reminder_service() {
         );
     }
 }
+
+/// A crash with placement alone: the first silo is killed (nothing
+/// written); the second declares it Dead and, after the takeover time,
+/// holds every shard at a later epoch and hosts the actors, while the
+/// killed silo answers no fence from its kill on.
+#[actix::test]
+async fn placement_takes_a_crashed_silos_actors_over() {
+    let store: rollcall_tests::Store = Arc::new(rollcall_provider_memory::MemoryStore::new());
+    let cluster = rollcall_tests::unique_id("place-crash");
+    let (silos, services) = placed_silos(&store, &cluster, 2).await;
+    let log: Log = Arc::default();
+    let survivor = {
+        let log = log.clone();
+        ActorHost::new(&services[1], move |actor, _| Probe {
+            silo: 1,
+            actor: actor.to_string(),
+            log: log.clone(),
+        })
+    };
+    let actors: Vec<ActorId> = (0..50)
+        .map(|i| ActorId::new("probe", i.to_string()).unwrap())
+        .collect();
+    let settled = rollcall_tests::sim::wait_for(Duration::from_secs(30), || {
+        silos.iter().all(|s| s.snapshot().active().count() == 2)
+            && actors
+                .iter()
+                .all(|a| (services[0].fence(a).is_some()) != (services[1].fence(a).is_some()))
+    })
+    .await;
+    assert!(settled.is_some(), "every actor's shard held by one silo");
+    let on_first: Vec<(ActorId, u64)> = actors
+        .iter()
+        .filter_map(|a| services[0].fence(a).map(|f| (a.clone(), f.epoch)))
+        .collect();
+    assert!(!on_first.is_empty(), "the first silo holds some actors");
+    silos[0].kill();
+    let none = rollcall_tests::sim::wait_for(Duration::from_secs(5), || {
+        on_first.iter().all(|(a, _)| services[0].fence(a).is_none())
+    })
+    .await;
+    assert!(none.is_some(), "a killed silo answers no fence");
+    for (a, old) in &on_first {
+        let moved =
+            rollcall_tests::sim::wait_for(Duration::from_secs(30), || services[1].fence(a).is_some()).await;
+        assert!(moved.is_some(), "{a} taken over by the survivor");
+        assert!(services[1].fence(a).unwrap().epoch > *old, "{a}: a later epoch");
+        assert_eq!(survivor.send(a, Ping).await.expect("hosted on the survivor"), 1);
+    }
+}
