@@ -1,7 +1,10 @@
-//! Reminder shard leases: who owns each shard of a reminder service, held in the
-//! store rather than in peer messages.
+//! Shard leases: who holds each shard of a service, held in the store rather
+//! than in peer messages. Every tenant of the ownership layer acts under
+//! them: placement hosts a shard's actors where its lease is held, and a
+//! reminder service delivers their ticks there (the watermark and
+//! exceptions below are that tenant's part of the row).
 //!
-//! A reminder service has a fixed number of shards S (recorded in the store
+//! A service has a fixed number of shards S (recorded in the store
 //! when the service is first used: [`ShardLeases::open`]); shard `k` holds the
 //! actors [`actor_shard`](crate::actor_shard) maps to `k`. Each shard has one
 //! lease row ([`ShardLease`]), written only by conditional writes on its etag:

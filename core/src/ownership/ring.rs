@@ -1,4 +1,5 @@
-//! The reminder ring: which silo owns which part of the 32-bit hash space.
+//! The ring: which Active silo a part of the 32-bit hash space, and so a
+//! shard ([`shard_owner`](super::shard_owner)), is assigned to.
 //!
 //! Every Active silo takes `points_per_silo` points on the ring, each at
 //! `xxh32("{silo}/{i}", seed 0)` for `i` in `0..points_per_silo` (`silo` printed as
