@@ -527,7 +527,6 @@ impl MoveTimeline {
             }
             if self.taken[i].is_none() && owned && owner.as_deref().is_some_and(|o| o != silo) {
                 self.taken[i] = Some(now);
-                self.left[i].get_or_insert(now);
             }
         }
     }

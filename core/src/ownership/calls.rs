@@ -12,7 +12,7 @@ use crate::{bounded, Error, Etag, MembershipTable, SiloAddress, SiloStatus};
 
 /// A call that gave no answer within `timeout`: transient, its outcome
 /// unknown.
-fn timed_out(timeout: Duration) -> Error {
+pub(crate) fn timed_out(timeout: Duration) -> Error {
     Error::backend(format!("no answer within {timeout:?}"))
 }
 

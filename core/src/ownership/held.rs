@@ -143,11 +143,6 @@ impl HeldBook {
         self.changed |= self.not_before.insert(k, t) != Some(t);
     }
 
-    /// The epoch this silo keeps shard `k` at, if it does.
-    pub fn epoch(&self, k: u32) -> Option<u64> {
-        self.fences.get(&k).copied()
-    }
-
     /// `delta` actor hosts started (positive) or ended (negative).
     pub fn hosts_changed(&mut self, delta: isize) {
         self.hosts = self.hosts.saturating_add_signed(delta);

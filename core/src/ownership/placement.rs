@@ -159,17 +159,15 @@ impl PlacementBuilder {
         let timeout = options.table_operation_timeout;
         let lease_table = self.store.lease_table(&service_id)?;
         let what = format!("lease table of service {service_id}");
-        let leases = crate::retry_transient(&what, options.initialization_timeout, || {
-            let table = lease_table.clone();
-            let shards = self.shards;
-            async move {
-                crate::bounded(timeout, ShardLeases::open(table, shards), |t| {
-                    Error::backend(format!("no answer within {t:?}"))
-                })
-                .await
-            }
-        })
-        .await?;
+        let leases =
+            crate::retry_transient(&what, options.initialization_timeout, || {
+                let table = lease_table.clone();
+                let shards = self.shards;
+                async move {
+                    crate::bounded(timeout, ShardLeases::open(table, shards), super::calls::timed_out).await
+                }
+            })
+            .await?;
         let membership = self
             .store
             .membership_table(self.silo.cluster_id(), crate::ProtocolMode::default())?;
@@ -355,9 +353,11 @@ impl Placement {
     pub async fn holder(&self, actor: &ActorId) -> Result<Option<(SiloAddress, u64)>, Error> {
         let shard = super::actor_shard(&actor.to_string(), self.shards());
         let timeout = self.inner.options.table_operation_timeout;
-        let lease = crate::bounded(timeout, self.inner.leases.read_head(shard), |t| {
-            Error::backend(format!("no answer within {t:?}"))
-        })
+        let lease = crate::bounded(
+            timeout,
+            self.inner.leases.read_head(shard),
+            super::calls::timed_out,
+        )
         .await?;
         let Some(owner) = lease.owner.filter(|_| lease.status == LeaseStatus::Owned) else {
             return Ok(None);
@@ -467,8 +467,14 @@ impl Actor for PlacementAgent {
 impl PlacementAgent {
     /// Feeds the machine `event` and carries out what it asks.
     fn run(&mut self, event: ShardEvent, ctx: &mut Context<Self>) {
+        let actions = self.machine.handle(self.clock.now(), event);
+        self.carry_out(actions, ctx);
+    }
+
+    /// Carries out `actions` and what the machine answers to them at once,
+    /// then publishes what changed.
+    fn carry_out(&mut self, mut actions: Vec<ShardAction>, ctx: &mut Context<Self>) {
         let now = self.clock.now();
-        let mut actions = self.machine.handle(now, event);
         while !actions.is_empty() {
             let mut next = Vec::new();
             for action in actions {
@@ -503,11 +509,9 @@ impl PlacementAgent {
                             leases.read(shard).await
                         }
                     };
-                    crate::bounded(timeout, read, |t| {
-                        Error::backend(format!("no answer within {t:?}"))
-                    })
-                    .await
-                    .map_err(|e| e.to_string())
+                    crate::bounded(timeout, read, super::calls::timed_out)
+                        .await
+                        .map_err(|e| e.to_string())
                 };
                 self.answer(ctx, call, move |result| ShardEvent::Read { shard, result });
             }
@@ -628,24 +632,10 @@ impl PlacementAgent {
                 );
                 act.book.end_wait(shard);
                 let actions = act.stopped(shard, now);
-                act.run_actions(actions, ctx);
+                act.carry_out(actions, ctx);
             }
             act.arm_drain(now, ctx);
         }));
-    }
-
-    /// Carries out actions the machine already answered, then publishes.
-    fn run_actions(&mut self, mut actions: Vec<ShardAction>, ctx: &mut Context<Self>) {
-        let now = self.clock.now();
-        while !actions.is_empty() {
-            let mut next = Vec::new();
-            for action in actions {
-                next.extend(self.execute(action, now, ctx));
-            }
-            actions = next;
-        }
-        // Publishes and answers the waiters, with nothing new to feed.
-        self.run(ShardEvent::Tick, ctx);
     }
 
     /// Runs `call` on the agent's context; its result is fed back.
@@ -700,15 +690,11 @@ impl Handler<Feed> for PlacementAgent {
                 if self.book.host_drained(shard, epoch) && self.drains.contains_key(&shard) {
                     let now = self.clock.now();
                     let actions = self.stopped(shard, now);
-                    self.run_actions(actions, ctx);
-                    return;
+                    self.carry_out(actions, ctx);
                 }
             }
-            OwnershipFeed::Fenced { shard, epoch } => {
-                return self.run(ShardEvent::Fenced { shard, epoch }, ctx)
-            }
+            OwnershipFeed::Fenced { shard, epoch } => self.run(ShardEvent::Fenced { shard, epoch }, ctx),
         }
-        self.run(ShardEvent::Tick, ctx);
     }
 }
 
